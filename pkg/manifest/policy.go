@@ -1,0 +1,243 @@
+package manifest
+
+import (
+	"path"
+	"slices"
+	"strings"
+)
+
+// Defaults for every limit a manifest may leave out. They follow murmur's capabilities block
+// where it has the key, so a capsule's grants carry over unchanged.
+const (
+	DefaultDeadlineSeconds   = 3600
+	DefaultWasmMemoryBytes   = 512 << 20
+	DefaultCgroupMemoryBytes = 4 << 30
+	DefaultCgroupPidsMax     = 256
+	DefaultCgroupCPUPercent  = 200
+	DefaultMaxOpenFiles      = 1024
+	DefaultMaxFileSizeBytes  = 4 << 30
+	DefaultCPUSeconds        = 3600
+	DefaultMaxProcesses      = 128
+	DefaultMemoryBytes       = 2 << 30
+	DefaultWorkdirMaxBytes   = 10 << 30
+	DefaultSpawnMaxDepth     = 3
+	DefaultSpawnMaxChildren  = 4
+)
+
+// What inference.on_exhausted may say.
+const (
+	OnExhaustedFail = "fail"
+	OnExhaustedWait = "wait"
+)
+
+// Limit is a resolved limit beside its declared form. Value is always usable; Declared is
+// nil when the manifest said nothing, so a declared value equal to the default is still
+// told apart from the default.
+type Limit struct {
+	Value    int64
+	Declared *int64
+}
+
+func resolve(declared *int64, def int64) Limit {
+	if declared == nil {
+		return Limit{Value: def}
+	}
+	v := *declared
+	return Limit{Value: v, Declared: &v}
+}
+
+// Policy is a manifest's capabilities lowered to one fully resolved value: no field is
+// "unset". Every absent block, absent key, false and empty list is a deny.
+type Policy struct {
+	// Containment is the manifest's floor; DefaultClass when it names none.
+	Containment         Class
+	ContainmentDeclared bool
+	Network             NetworkPolicy
+	Filesystem          FilesystemPolicy
+	Shell               ShellPolicy
+	Spawn               SpawnPolicy
+	Env                 EnvPolicy
+	Limits              LimitsPolicy
+	Resources           ResourcesPolicy
+	Inference           InferencePolicy
+}
+
+// NetworkPolicy is where the program may connect.
+type NetworkPolicy struct {
+	Allow       []NetRule
+	UnixSockets bool
+}
+
+// FilesystemPolicy is what the program may do in its workdir.
+type FilesystemPolicy struct {
+	// Scope is the workdir subtree the program may write, clean and relative; "" is the
+	// whole workdir.
+	Scope       string
+	WorkdirExec bool
+	ReadOnly    []string
+}
+
+// ShellPolicy is what the program may exec besides run.command[0].
+type ShellPolicy struct {
+	Allow []string
+}
+
+// SpawnPolicy is what the session may spawn.
+type SpawnPolicy struct {
+	Allow           []string
+	WorkdirSnapshot []string
+	MaxDepth        Limit
+	MaxChildren     Limit
+}
+
+// EnvPolicy is which host variables pass through.
+type EnvPolicy struct {
+	Allow []string
+}
+
+// LimitsPolicy is capabilities.limits resolved.
+type LimitsPolicy struct {
+	DeadlineSeconds Limit
+	MemoryBytes     Limit
+}
+
+// ResourcesPolicy is capabilities.resources resolved.
+type ResourcesPolicy struct {
+	CgroupMemoryBytes Limit
+	CgroupPidsMax     Limit
+	CgroupCPUPercent  Limit
+	MaxOpenFiles      Limit
+	MaxFileSizeBytes  Limit
+	CPUSeconds        Limit
+	MaxProcesses      Limit
+	MemoryBytes       Limit
+	WorkdirMaxBytes   Limit
+}
+
+// InferencePolicy is the inference block resolved.
+type InferencePolicy struct {
+	Upstream string
+	Model    string
+	// MaxSessionTokens is nil when the session has no ceiling of its own.
+	MaxSessionTokens *int64
+	OnExhausted      string
+}
+
+// Lower resolves a manifest's capabilities into a Policy.
+func Lower(m *Manifest) Policy {
+	c := m.Capabilities
+	if c == nil {
+		c = &Capabilities{}
+	}
+	p := Policy{Containment: DefaultClass}
+	if c.Containment != nil {
+		p.Containment, p.ContainmentDeclared = *c.Containment, true
+	}
+
+	if n := c.Network; n != nil {
+		for _, e := range n.Allow {
+			// Parse has validated every entry.
+			if r, err := ParseNetRule(e); err == nil && !slices.Contains(p.Network.Allow, r) {
+				p.Network.Allow = append(p.Network.Allow, r)
+			}
+		}
+		p.Network.UnixSockets = deref(n.UnixSockets)
+	}
+
+	if f := c.Filesystem; f != nil {
+		if f.Scope != nil {
+			if s := path.Clean(*f.Scope); s != "." {
+				p.Filesystem.Scope = s
+			}
+		}
+		p.Filesystem.WorkdirExec = deref(f.WorkdirExec)
+		for _, ro := range f.ReadOnly {
+			if ro = strings.TrimSpace(ro); ro != "" {
+				p.Filesystem.ReadOnly = appendUnique(p.Filesystem.ReadOnly, path.Clean(ro))
+			}
+		}
+	}
+
+	if s := c.Shell; s != nil {
+		p.Shell.Allow = unique(s.Allow)
+	}
+
+	var sp Spawn
+	if c.Spawn != nil {
+		sp = *c.Spawn
+	}
+	p.Spawn = SpawnPolicy{
+		Allow:           unique(sp.Allow),
+		WorkdirSnapshot: unique(sp.WorkdirSnapshot),
+		MaxDepth:        resolve(sp.MaxDepth, DefaultSpawnMaxDepth),
+		MaxChildren:     resolve(sp.MaxChildren, DefaultSpawnMaxChildren),
+	}
+
+	if e := c.Env; e != nil {
+		p.Env.Allow = unique(e.Allow)
+	}
+
+	var l Limits
+	if c.Limits != nil {
+		l = *c.Limits
+	}
+	p.Limits = LimitsPolicy{
+		DeadlineSeconds: resolve(l.DeadlineSeconds, DefaultDeadlineSeconds),
+		MemoryBytes:     resolve(l.MemoryBytes, DefaultWasmMemoryBytes),
+	}
+
+	var r Resources
+	if c.Resources != nil {
+		r = *c.Resources
+	}
+	p.Resources = ResourcesPolicy{
+		CgroupMemoryBytes: resolve(r.CgroupMemoryBytes, DefaultCgroupMemoryBytes),
+		CgroupPidsMax:     resolve(r.CgroupPidsMax, DefaultCgroupPidsMax),
+		CgroupCPUPercent:  resolve(r.CgroupCPUPercent, DefaultCgroupCPUPercent),
+		MaxOpenFiles:      resolve(r.MaxOpenFiles, DefaultMaxOpenFiles),
+		MaxFileSizeBytes:  resolve(r.MaxFileSizeBytes, DefaultMaxFileSizeBytes),
+		CPUSeconds:        resolve(r.CPUSeconds, DefaultCPUSeconds),
+		MaxProcesses:      resolve(r.MaxProcesses, DefaultMaxProcesses),
+		MemoryBytes:       resolve(r.MemoryBytes, DefaultMemoryBytes),
+		WorkdirMaxBytes:   resolve(r.WorkdirMaxBytes, DefaultWorkdirMaxBytes),
+	}
+
+	p.Inference.OnExhausted = OnExhaustedFail
+	if inf := m.Inference; inf != nil {
+		p.Inference.Upstream = inf.Upstream
+		p.Inference.Model = inf.Model
+		if inf.MaxSessionTokens != nil {
+			v := *inf.MaxSessionTokens
+			p.Inference.MaxSessionTokens = &v
+		}
+		if inf.OnExhausted != "" {
+			p.Inference.OnExhausted = inf.OnExhausted
+		}
+	}
+	return p
+}
+
+// LowerDeadline lowers the deadline to seconds when that is shorter; a deadline can only be
+// lowered from outside the manifest. The declared form is kept.
+func (p *Policy) LowerDeadline(seconds int64) {
+	if seconds > 0 && seconds < p.Limits.DeadlineSeconds.Value {
+		p.Limits.DeadlineSeconds.Value = seconds
+	}
+}
+
+func deref(b *bool) bool { return b != nil && *b }
+
+func unique(in []string) []string {
+	var out []string
+	for _, s := range in {
+		out = appendUnique(out, s)
+	}
+	return out
+}
+
+func appendUnique(list []string, s string) []string {
+	if slices.Contains(list, s) {
+		return list
+	}
+	return append(list, s)
+}
