@@ -1,0 +1,5 @@
+package artifact
+
+import "syscall"
+
+const nofollow = syscall.O_NOFOLLOW

@@ -1,0 +1,103 @@
+package containment
+
+import (
+	"strings"
+	"testing"
+
+	"roost.dev/roost/pkg/manifest"
+)
+
+func policy(t *testing.T, caps string) manifest.Policy {
+	t.Helper()
+	m, err := manifest.Parse([]byte("name: a\nversion: 0.1.0\nrun: {command: [x]}\n"+caps), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return manifest.Lower(m)
+}
+
+func TestDecide(t *testing.T) {
+	catalog := NewCatalog(Host{Root: true})
+	cases := []struct {
+		name        string
+		caps        string
+		daemon, run manifest.Class
+		floor       manifest.Class
+		met         bool
+		reason      string
+	}{
+		{"default is advisory", "", 0, 0, manifest.Advisory, true, `floor "advisory" from default`},
+		{"unconfined by manifest", "capabilities: {containment: unconfined}", 0, 0, manifest.Unconfined, true, "capabilities.containment"},
+		{"daemon raises", "capabilities: {containment: unconfined}", manifest.Advisory, 0, manifest.Advisory, true, "roostd --containment"},
+		{"run cannot lower", "capabilities: {containment: advisory}", 0, manifest.Unconfined, manifest.Advisory, true, "capabilities.containment"},
+		{"sealed refused", "capabilities: {containment: sealed}", 0, 0, manifest.Sealed, false, `containment floor "sealed" (from capabilities.containment) cannot be met: this build and host deliver at most "advisory"`},
+		{"scoped by run refused", "", 0, manifest.Scoped, manifest.Scoped, false, `floor "scoped" (from run --containment)`},
+		{"workdir_exec with scoped", "capabilities: {containment: scoped, filesystem: {workdir_exec: true}}", 0, 0, manifest.Scoped, false, "workdir_exec: true makes exec allowlists unenforceable"},
+		{"workdir_exec with advisory", "capabilities: {filesystem: {workdir_exec: true}}", 0, 0, manifest.Advisory, true, "caps the class at advisory"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := policy(t, c.caps)
+			d := Decide(&p, Sources(&p, c.daemon, c.run), catalog)
+			if d.Floor != c.floor || d.Met != c.met {
+				t.Fatalf("decision %+v", d)
+			}
+			if c.met && d.Achieved != c.floor {
+				t.Fatalf("achieved %v, want the floor %v", d.Achieved, c.floor)
+			}
+			if !c.met && d.Achieved != manifest.ClassNone {
+				t.Fatalf("refused decision claims %v", d.Achieved)
+			}
+			if !strings.Contains(d.Reason, c.reason) {
+				t.Fatalf("reason %q does not contain %q", d.Reason, c.reason)
+			}
+		})
+	}
+}
+
+func TestGrantsNeverClaimWhatAPlainProcessCannotHold(t *testing.T) {
+	p := policy(t, "capabilities: {network: {allow: [example.com]}, shell: {allow: [sh]}, filesystem: {scope: src}}")
+	for _, root := range []bool{true, false} {
+		grants := Grants(manifest.Advisory, &p, Host{Root: root})
+		byKey := map[string]Grant{}
+		for _, g := range grants {
+			byKey[g.Key] = g
+		}
+		for _, key := range []string{"network.allow", "network.unix_sockets", "filesystem.scope", "filesystem.read_only", "shell.allow", "resources.cgroup_memory_bytes", "resources.workdir_max_bytes", "spawn.allow"} {
+			if byKey[key].Enforcement != Advisory {
+				t.Errorf("%s claimed %q in an advisory session", key, byKey[key].Enforcement)
+			}
+		}
+		for _, key := range []string{"env.allow", "limits.deadline_seconds", "resources.max_open_files", "resources.memory_bytes"} {
+			if byKey[key].Enforcement != Enforced {
+				t.Errorf("%s is %q; roost enforces it", key, byKey[key].Enforcement)
+			}
+		}
+		want := Enforced
+		if root {
+			want = Advisory
+		}
+		if byKey["resources.max_processes"].Enforcement != want {
+			t.Errorf("max_processes as root=%v: %q", root, byKey["resources.max_processes"].Enforcement)
+		}
+		if byKey["network.allow"].Value != "example.com" || byKey["resources.max_open_files"].Value != "1024 (default)" {
+			t.Errorf("values: %+v %+v", byKey["network.allow"], byKey["resources.max_open_files"])
+		}
+	}
+	// Nothing is claimed for a class this build cannot run.
+	for _, g := range Grants(manifest.Sealed, &p, Host{}) {
+		if g.Enforcement != "" {
+			t.Fatalf("sealed grant %s claims %q", g.Key, g.Enforcement)
+		}
+	}
+}
+
+func TestCatalog(t *testing.T) {
+	c := NewCatalog(Probe())
+	if c.Strongest() != manifest.Advisory {
+		t.Fatalf("strongest %v", c.Strongest())
+	}
+	if c.Lookup(manifest.Sealed).Available || !c.Lookup(manifest.Unconfined).Available {
+		t.Fatalf("catalog %+v", c)
+	}
+}

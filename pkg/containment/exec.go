@@ -1,0 +1,90 @@
+package containment
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+// execMain is roost-exec: it applies the limits a process can only set on itself and execs
+// the program in its place, keeping its pid. On failure it says why on execErrFD and exits
+// 127; on success the exec closes execErrFD, which roost-init reads as "started".
+func execMain() {
+	errPipe := os.NewFile(execErrFD, "exec-error")
+	fail := func(format string, args ...any) {
+		fmt.Fprintf(errPipe, format, args...)
+		os.Exit(127)
+	}
+	syscall.CloseOnExec(execErrFD)
+	syscall.CloseOnExec(execSpecFD)
+	var spec execSpec
+	if err := readSpec(execSpecFD, &spec); err != nil {
+		fail("roost-exec: reading spec: %v", err)
+	}
+	if len(spec.Argv) == 0 {
+		fail("roost-exec: empty command")
+	}
+	for _, rl := range spec.Rlimits {
+		lim := syscall.Rlimit{Cur: rl.Value, Max: rl.Value}
+		if err := syscall.Setrlimit(rl.Resource, &lim); err != nil {
+			fail("%s: setrlimit to %d: %v", rl.Name, rl.Value, err)
+		}
+	}
+	path, err := lookPath(spec.Argv[0], envValue(spec.Env, "PATH"))
+	if err != nil {
+		fail("%v", err)
+	}
+	err = syscall.Exec(path, spec.Argv, spec.Env)
+	fail("exec %s: %v", path, err)
+}
+
+func envValue(env []string, key string) string {
+	for i := len(env) - 1; i >= 0; i-- {
+		if v, ok := strings.CutPrefix(env[i], key+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// lookPath finds a command the way a shell does: a name with a slash is used as it is, a
+// bare name is searched on path.
+func lookPath(name, path string) (string, error) {
+	if strings.Contains(name, "/") {
+		if err := executable(name); err != nil {
+			return "", fmt.Errorf("command %s: %w", name, err)
+		}
+		return name, nil
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			continue
+		}
+		candidate := filepath.Join(dir, name)
+		if executable(candidate) == nil {
+			return candidate, nil
+		}
+	}
+	return "", fmt.Errorf("command %q not found on PATH (%s)", name, path)
+}
+
+func executable(path string) error {
+	info, err := os.Stat(path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return errors.New("no such file")
+		}
+		return err
+	}
+	if info.IsDir() {
+		return errors.New("is a directory")
+	}
+	if info.Mode().Perm()&0o111 == 0 {
+		return errors.New("is not executable")
+	}
+	return nil
+}

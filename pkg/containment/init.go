@@ -1,0 +1,283 @@
+package containment
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// roostd's binary plays three roles, told apart by argv[0]: the daemon, roost-init (the
+// per-session supervisor that outlives the daemon and records the program's end) and
+// roost-exec (a short-lived stage that applies the limits a process can only set on itself,
+// then execs the program).
+const (
+	InitName = "roost-init"
+	ExecName = "roost-exec"
+)
+
+// Descriptors roost-init is started with (after stdin, stdout, stderr on /dev/null).
+const (
+	initSpecFD   = 3 // read: the initSpec, JSON, until EOF
+	initReportFD = 4 // write: one initReport line once the program runs or has failed to start
+	initStdoutFD = 5 // the program's stdout
+	initStderrFD = 6 // the program's stderr
+)
+
+// Descriptors roost-exec is started with, after the program's stdin, stdout and stderr.
+const (
+	execSpecFD = 3 // read: the execSpec, JSON, until EOF
+	execErrFD  = 4 // write: why exec failed; closed by a successful exec (close-on-exec)
+)
+
+// maxSpecSize bounds what a helper reads from its spec pipe.
+const maxSpecSize = 4 << 20
+
+type initSpec struct {
+	RecordsDir string   `json:"records_dir"`
+	Exec       execSpec `json:"exec"`
+}
+
+type execSpec struct {
+	Argv    []string `json:"argv"`
+	Env     []string `json:"env"`
+	Dir     string   `json:"dir"`
+	Rlimits []Rlimit `json:"rlimits"`
+}
+
+type initReport struct {
+	Ref   *ProcessRef `json:"ref,omitempty"`
+	Error string      `json:"error,omitempty"`
+}
+
+// RunHelper runs the role args[0] names and exits; it returns false when args name no
+// helper role, and the caller goes on as the daemon. Call it first thing in main.
+func RunHelper(args []string) bool {
+	if len(args) == 0 {
+		return false
+	}
+	switch filepath.Base(args[0]) {
+	case InitName:
+		os.Exit(initMain())
+	case ExecName:
+		execMain()
+		os.Exit(127)
+	}
+	return false
+}
+
+func readSpec(fd int, v any) error {
+	f := os.NewFile(uintptr(fd), "spec")
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxSpecSize+1))
+	if err != nil {
+		return err
+	}
+	if len(data) > maxSpecSize {
+		return errors.New("spec too large")
+	}
+	return json.Unmarshal(data, v)
+}
+
+// initMain is roost-init: it starts the program through roost-exec, reports it, forwards
+// signals to its process group, reaps everything below it, and records the end in exit.json
+// before it exits. It runs in its own session so nothing aimed at roostd reaches it.
+func initMain() int {
+	report := os.NewFile(initReportFD, "report")
+	var spec initSpec
+	if err := readSpec(initSpecFD, &spec); err != nil {
+		writeReport(report, initReport{Error: "roost-init: reading spec: " + err.Error()})
+		return 1
+	}
+	fail := func(msg string) int {
+		info := ExitInfo{Code: 127, StartError: msg, EndedAt: time.Now().UTC()}
+		if err := writeJSONDurably(filepath.Join(spec.RecordsDir, ExitFile), info); err != nil {
+			msg += "; and writing exit.json: " + err.Error()
+		}
+		writeReport(report, initReport{Error: msg})
+		return 1
+	}
+
+	// The program must not be able to read this process's memory or descriptors.
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	// Become the reaper of every orphan below us, so a daemonised grandchild stays ours to
+	// kill when the session ends.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return fail("roost-init: PR_SET_CHILD_SUBREAPER: " + err.Error())
+	}
+	sigs := make(chan os.Signal, 32)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
+
+	pid, startErr := startExec(spec.Exec)
+	if startErr != "" {
+		return fail(startErr)
+	}
+	startedAt := time.Now().UTC()
+	ref := ProcessRef{InitPID: os.Getpid(), PID: pid, StartedAt: startedAt}
+	ref.InitStart, _ = StartTime(ref.InitPID)
+	ref.PIDStart, _ = StartTime(pid)
+	if err := writeJSONDurably(filepath.Join(spec.RecordsDir, InitFile), ref); err != nil {
+		// Without init.json a restarted daemon cannot find the session; end it now rather
+		// than run something nobody can supervise.
+		_ = signalGroup(pid, syscall.SIGKILL)
+		reapAll(pid)
+		return fail("roost-init: writing init.json: " + err.Error())
+	}
+	writeReport(report, initReport{Ref: &ref})
+	report.Close()
+
+	go func() {
+		for sig := range sigs {
+			_ = signalGroup(pid, sig.(syscall.Signal))
+		}
+	}()
+
+	status := waitFor(pid)
+	info := ExitInfo{PID: pid, StartedAt: startedAt, EndedAt: time.Now().UTC()}
+	switch {
+	case status.Signaled():
+		info.Signal = int(status.Signal())
+		info.Code = 128 + info.Signal
+	default:
+		info.Code = status.ExitStatus()
+	}
+	err := writeJSONDurably(filepath.Join(spec.RecordsDir, ExitFile), info)
+	// The session ends with its program: nothing it left behind outlives it.
+	reapAll(pid)
+	if err != nil {
+		return 1
+	}
+	return 0
+}
+
+func writeReport(w io.Writer, r initReport) {
+	data, _ := json.Marshal(r)
+	// The daemon may be gone; a failed write changes nothing here.
+	_, _ = w.Write(append(data, '\n'))
+}
+
+// startExec starts roost-exec in a new process group and hands it the spec. It returns the
+// program's pid once exec succeeded, or why the program could not start.
+func startExec(spec execSpec) (int, string) {
+	specR, specW, err := os.Pipe()
+	if err != nil {
+		return 0, "roost-init: " + err.Error()
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		return 0, "roost-init: " + err.Error()
+	}
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return 0, "roost-init: " + err.Error()
+	}
+	attr := &syscall.ProcAttr{
+		Dir:   spec.Dir,
+		Env:   []string{},
+		Files: []uintptr{devnull.Fd(), initStdoutFD, initStderrFD, specR.Fd(), errW.Fd()},
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	}
+	pid, err := syscall.ForkExec("/proc/self/exe", []string{ExecName}, attr)
+	devnull.Close()
+	specR.Close()
+	errW.Close()
+	if err != nil {
+		specW.Close()
+		errR.Close()
+		if spec.Dir != "" {
+			if _, statErr := os.Stat(spec.Dir); statErr != nil {
+				return 0, fmt.Sprintf("working directory %s: %v", spec.Dir, statErr)
+			}
+		}
+		return 0, "roost-init: starting roost-exec: " + err.Error()
+	}
+	data, _ := json.Marshal(spec)
+	_, werr := specW.Write(data)
+	specW.Close()
+	msg, _ := io.ReadAll(io.LimitReader(errR, 64<<10))
+	errR.Close()
+	if len(msg) > 0 || werr != nil {
+		waitFor(pid)
+		if len(msg) == 0 {
+			msg = []byte("roost-init: handing the spec to roost-exec: " + werr.Error())
+		}
+		return 0, strings.TrimSpace(string(msg))
+	}
+	return pid, ""
+}
+
+// waitFor reaps children until pid has ended and returns its status. Other children reaped
+// meanwhile are orphans adopted as subreaper.
+func waitFor(pid int) syscall.WaitStatus {
+	for {
+		var status syscall.WaitStatus
+		got, err := syscall.Wait4(-1, &status, 0, nil)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil {
+			return syscall.WaitStatus(0xff << 8)
+		}
+		if got == pid {
+			return status
+		}
+	}
+}
+
+// reapAll kills the program's process group and every process still below roost-init, and
+// reaps them, until none is left.
+func reapAll(pgid int) {
+	_ = signalGroup(pgid, syscall.SIGKILL)
+	self := os.Getpid()
+	for {
+		for _, child := range childrenOf(self) {
+			_ = syscall.Kill(child, syscall.SIGKILL)
+		}
+		_, err := syscall.Wait4(-1, nil, 0, nil)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// childrenOf lists the processes whose parent is ppid.
+func childrenOf(ppid int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		i := strings.LastIndexByte(string(data), ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(string(data[i+1:]))
+		if len(fields) > 1 {
+			if p, err := strconv.Atoi(fields[1]); err == nil && p == ppid {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,181 @@
+package containment
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"roost.dev/roost/pkg/manifest"
+)
+
+// Host is what a probe of this machine found. Every fact is read from the kernel at probe
+// time; nothing is inferred from version strings.
+type Host struct {
+	Kernel string
+	// LandlockABI is the Landlock ABI version the kernel offers; 0 when it has none.
+	LandlockABI int
+	// Cgroups is "v2", "hybrid" or "v1".
+	Cgroups string
+	// Seccomp says the kernel offers seccomp filters.
+	Seccomp bool
+	// UserNamespaces is the user.max_user_namespaces limit; 0 when user namespaces are off.
+	UserNamespaces int
+	Root           bool
+}
+
+// Probe reads the host's facts.
+func Probe() Host {
+	h := Host{Root: os.Geteuid() == 0}
+	var uts unix.Utsname
+	if unix.Uname(&uts) == nil {
+		h.Kernel = unix.ByteSliceToString(uts.Release[:])
+	}
+	if abi, _, errno := unix.Syscall(unix.SYS_LANDLOCK_CREATE_RULESET, 0, 0, unix.LANDLOCK_CREATE_RULESET_VERSION); errno == 0 {
+		h.LandlockABI = int(abi)
+	}
+	h.Cgroups = cgroupLayout()
+	if data, err := os.ReadFile("/proc/self/status"); err == nil {
+		h.Seccomp = bytes.Contains(data, []byte("\nSeccomp:"))
+	}
+	if data, err := os.ReadFile("/proc/sys/user/max_user_namespaces"); err == nil {
+		h.UserNamespaces, _ = strconv.Atoi(strings.TrimSpace(string(data)))
+	}
+	return h
+}
+
+func cgroupLayout() string {
+	var st unix.Statfs_t
+	if unix.Statfs("/sys/fs/cgroup", &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+		return "v2"
+	}
+	if _, err := os.Stat("/sys/fs/cgroup/unified"); err == nil {
+		return "hybrid"
+	}
+	return "v1"
+}
+
+// Capability says whether one class can be delivered here, and what holds a session of it
+// or why it cannot be had.
+type Capability struct {
+	Class     manifest.Class
+	Available bool
+	Detail    string
+}
+
+// Catalog is what this build can deliver on this host, one entry per class, weakest first.
+type Catalog []Capability
+
+// NewCatalog judges each class against the host. This build runs unconfined and advisory
+// sessions; the kernel-enforced classes are judged unavailable with the reason.
+func NewCatalog(h Host) Catalog {
+	landlock := "the kernel has no Landlock"
+	if h.LandlockABI > 0 {
+		landlock = fmt.Sprintf("the kernel offers Landlock ABI %d", h.LandlockABI)
+	}
+	return Catalog{
+		{manifest.Unconfined, true, "plain child process under roost-init; environment, rlimits and deadline applied"},
+		{manifest.Advisory, true, "plain child process under roost-init; environment, rlimits and deadline applied, every other grant recorded, not enforced"},
+		{manifest.Scoped, false, "this build has no scoped runtime (Landlock and seccomp on the host's view); " + landlock},
+		{manifest.Sealed, false, "this build has no sealed runtime (libcontainer namespaces, cgroup, seccomp, composed root)"},
+	}
+}
+
+// Lookup returns the entry for class.
+func (c Catalog) Lookup(class manifest.Class) Capability {
+	for _, e := range c {
+		if e.Class == class {
+			return e
+		}
+	}
+	return Capability{Class: class, Detail: "unknown class"}
+}
+
+// Strongest is the strongest class available.
+func (c Catalog) Strongest() manifest.Class {
+	best := manifest.ClassNone
+	for _, e := range c {
+		if e.Available {
+			best = max(best, e.Class)
+		}
+	}
+	return best
+}
+
+// Check is one probed fact with a verdict and, for a problem, what to do about it.
+type Check struct {
+	Name   string
+	Status string // ok | warn | fail | info
+	Detail string
+	Hint   string
+}
+
+// Checks turns the probe into findings an operator can act on.
+func (h Host) Checks() []Check {
+	var out []Check
+	out = append(out, Check{Name: "kernel", Status: "info", Detail: h.Kernel})
+	if h.Root {
+		out = append(out, Check{Name: "privileges", Status: "ok", Detail: "roostd runs as root"})
+	} else {
+		out = append(out, Check{Name: "privileges", Status: "warn", Detail: "roostd does not run as root",
+			Hint: "run roostd as root (see deploy/systemd/roostd.service); namespaces and cgroups need it"})
+	}
+	if h.LandlockABI > 0 {
+		out = append(out, Check{Name: "landlock", Status: "ok", Detail: fmt.Sprintf("ABI %d", h.LandlockABI)})
+	} else {
+		out = append(out, Check{Name: "landlock", Status: "warn", Detail: "not offered by the kernel",
+			Hint: "boot a kernel with CONFIG_SECURITY_LANDLOCK=y and landlock in the lsm= list"})
+	}
+	if h.Seccomp {
+		out = append(out, Check{Name: "seccomp", Status: "ok", Detail: "available"})
+	} else {
+		out = append(out, Check{Name: "seccomp", Status: "warn", Detail: "not offered by the kernel", Hint: "boot a kernel with CONFIG_SECCOMP_FILTER=y"})
+	}
+	out = append(out, Check{Name: "cgroups", Status: "info", Detail: h.Cgroups})
+	if h.UserNamespaces > 0 {
+		out = append(out, Check{Name: "user namespaces", Status: "ok", Detail: fmt.Sprintf("user.max_user_namespaces = %d", h.UserNamespaces)})
+	} else {
+		out = append(out, Check{Name: "user namespaces", Status: "info", Detail: "disabled (user.max_user_namespaces = 0)"})
+	}
+	return out
+}
+
+// CheckStateDir measures what a durable registry write costs in dir: one small write and
+// fsync, the floor under every committed session change.
+func CheckStateDir(dir string) Check {
+	c := Check{Name: "state dir fsync"}
+	f, err := os.CreateTemp(dir, ".doctor-*")
+	if err != nil {
+		c.Status, c.Detail, c.Hint = "fail", err.Error(), "make the state directory writable by roostd"
+		return c
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	const rounds = 5
+	var total time.Duration
+	for range rounds {
+		start := time.Now()
+		if _, err := f.Write(make([]byte, 512)); err != nil {
+			c.Status, c.Detail = "fail", err.Error()
+			return c
+		}
+		if err := f.Sync(); err != nil {
+			c.Status, c.Detail = "fail", err.Error()
+			return c
+		}
+		total += time.Since(start)
+	}
+	avg := total / rounds
+	c.Detail = fmt.Sprintf("%s: %v per write+fsync", filepath.Clean(dir), avg.Round(time.Microsecond))
+	c.Status = "ok"
+	if avg > 20*time.Millisecond {
+		c.Status = "warn"
+		c.Hint = "session changes commit at the speed of fsync; put the state directory on faster storage"
+	}
+	return c
+}

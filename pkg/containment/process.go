@@ -1,0 +1,201 @@
+package containment
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// Process is a session's running program as the daemon sees it.
+type Process interface {
+	// Ref identifies the processes, for the registry and for re-attaching after a restart.
+	Ref() ProcessRef
+	// Done is closed once the session's supervisor has ended, its exit recorded.
+	Done() <-chan struct{}
+	// Signal sends sig to the program's whole process group.
+	Signal(sig syscall.Signal) error
+	// Exit reads how the program ended; call it after Done is closed.
+	Exit() (ExitInfo, error)
+}
+
+// StartError is a program that could not be started: the session ends start_failed.
+type StartError struct{ Msg string }
+
+func (e *StartError) Error() string { return e.Msg }
+
+// reportTimeout bounds how long Start waits for roost-init to say the program runs.
+const reportTimeout = 30 * time.Second
+
+// ProcessRuntime runs sessions of the classes that need no kernel sandbox (unconfined,
+// advisory) as a plain process tree under roost-init.
+type ProcessRuntime struct {
+	// Self is the roost binary that plays roost-init and roost-exec.
+	Self string
+}
+
+// NewProcessRuntime returns a runtime that re-executes the running binary as roost-init.
+func NewProcessRuntime() *ProcessRuntime {
+	return &ProcessRuntime{Self: "/proc/self/exe"}
+}
+
+type plainProcess struct {
+	ref        ProcessRef
+	recordsDir string
+	watch      *exitWatch
+	// cmd is set when this daemon started roost-init: it must reap it.
+	cmd *exec.Cmd
+}
+
+var _ Process = (*plainProcess)(nil)
+
+// Start starts spec's program under a new roost-init and returns once it runs. Output goes
+// to files in the records directory, never through a pipe the daemon holds.
+func (r *ProcessRuntime) Start(ctx context.Context, spec Spec) (Process, error) {
+	stdout, err := openLog(filepath.Join(spec.RecordsDir, StdoutFile))
+	if err != nil {
+		return nil, err
+	}
+	defer stdout.Close()
+	stderr, err := openLog(filepath.Join(spec.RecordsDir, StderrFile))
+	if err != nil {
+		return nil, err
+	}
+	defer stderr.Close()
+	specR, specW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer specW.Close()
+	reportR, reportW, err := os.Pipe()
+	if err != nil {
+		specR.Close()
+		return nil, err
+	}
+	defer reportR.Close()
+
+	cmd := &exec.Cmd{
+		Path:       r.Self,
+		Args:       []string{InitName, spec.SessionID},
+		Dir:        "/",
+		Env:        []string{},
+		ExtraFiles: []*os.File{specR, reportW, stdout, stderr},
+		// Its own session: a signal or hangup aimed at roostd's group never reaches it, and
+		// no parent-death signal is set, so it outlives the daemon.
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
+	}
+	err = cmd.Start()
+	specR.Close()
+	reportW.Close()
+	if err != nil {
+		return nil, fmt.Errorf("starting roost-init: %w", err)
+	}
+	data, err := json.Marshal(initSpec{RecordsDir: spec.RecordsDir, Exec: execSpec{
+		Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, Rlimits: spec.Rlimits,
+	}})
+	if err == nil {
+		_, err = specW.Write(data)
+	}
+	specW.Close()
+	if err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("handing the spec to roost-init: %w", err)
+	}
+
+	rep, err := readReport(ctx, reportR)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, err
+	}
+	if rep.Error != "" || rep.Ref == nil {
+		_ = cmd.Wait()
+		if rep.Error == "" {
+			rep.Error = "roost-init ended without starting the program"
+		}
+		return nil, &StartError{Msg: rep.Error}
+	}
+	w, err := watchExit(rep.Ref.InitPID, rep.Ref.InitStart)
+	if err != nil && !errors.Is(err, ErrGone) {
+		return nil, err
+	}
+	p := &plainProcess{ref: *rep.Ref, recordsDir: spec.RecordsDir, cmd: cmd, watch: w}
+	if w == nil {
+		// roost-init already ended: the program was quicker than us.
+		p.watch = &exitWatch{done: make(chan struct{})}
+		close(p.watch.done)
+	}
+	return p, nil
+}
+
+func openLog(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|noFollow|syscall.O_CLOEXEC, 0o600)
+}
+
+func readReport(ctx context.Context, r *os.File) (initReport, error) {
+	type result struct {
+		rep initReport
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		line, err := bufio.NewReader(r).ReadBytes('\n')
+		if len(line) == 0 && err != nil {
+			ch <- result{err: errors.New("roost-init ended before reporting")}
+			return
+		}
+		var rep initReport
+		if err := json.Unmarshal(line, &rep); err != nil {
+			ch <- result{err: fmt.Errorf("roost-init report: %w", err)}
+			return
+		}
+		ch <- result{rep: rep}
+	}()
+	timer := time.NewTimer(reportTimeout)
+	defer timer.Stop()
+	select {
+	case res := <-ch:
+		return res.rep, res.err
+	case <-timer.C:
+		return initReport{}, fmt.Errorf("roost-init did not report within %s", reportTimeout)
+	case <-ctx.Done():
+		return initReport{}, ctx.Err()
+	}
+}
+
+// Attach re-attaches to a session a previous daemon started, from the identities in its
+// init.json. ErrGone when its supervisor is no longer running.
+func (r *ProcessRuntime) Attach(recordsDir string, ref ProcessRef) (Process, error) {
+	w, err := watchExit(ref.InitPID, ref.InitStart)
+	if err != nil {
+		return nil, err
+	}
+	return &plainProcess{ref: ref, recordsDir: recordsDir, watch: w}, nil
+}
+
+func (p *plainProcess) Ref() ProcessRef       { return p.ref }
+func (p *plainProcess) Done() <-chan struct{} { return p.watch.done }
+
+func (p *plainProcess) Signal(sig syscall.Signal) error {
+	select {
+	case <-p.watch.done:
+		return ErrGone
+	default:
+	}
+	return signalGroup(p.ref.PID, sig)
+}
+
+func (p *plainProcess) Exit() (ExitInfo, error) {
+	<-p.watch.done
+	if p.cmd != nil {
+		_ = p.cmd.Wait()
+	}
+	return ReadExit(p.recordsDir)
+}
