@@ -30,6 +30,11 @@ func execMain() {
 	}
 	for _, rl := range spec.Rlimits {
 		lim := syscall.Rlimit{Cur: rl.Value, Max: rl.Value}
+		if rl.Resource == syscall.RLIMIT_CPU {
+			// At the soft limit the kernel sends SIGXCPU, at the hard one SIGKILL. A second
+			// between them lets the program (and roost's exit report) see why.
+			lim.Max++
+		}
 		if err := syscall.Setrlimit(rl.Resource, &lim); err != nil {
 			fail("%s: setrlimit to %d: %v", rl.Name, rl.Value, err)
 		}

@@ -202,11 +202,12 @@ func TestProcessFileSizeLimitKills(t *testing.T) {
 }
 
 func TestAttachAfterRestart(t *testing.T) {
-	s := spec(t, "/bin/sh", "-c", `trap 'exit 7' TERM; while :; do sleep 0.05; done`)
+	s := spec(t, "/bin/sh", "-c", `trap 'exit 7' TERM; touch ready; while :; do sleep 0.05; done`)
 	first, err := NewProcessRuntime().Start(context.Background(), s)
 	if err != nil {
 		t.Fatal(err)
 	}
+	waitFile(t, filepath.Join(s.Dir, "ready"))
 	// A second runtime, as a restarted daemon would have, finds the session from init.json.
 	ref, err := ReadInit(s.RecordsDir)
 	if err != nil {
@@ -232,6 +233,16 @@ func TestAttachAfterRestart(t *testing.T) {
 	if _, err := NewProcessRuntime().Attach(s.RecordsDir, self); !errors.Is(err, ErrGone) {
 		t.Fatalf("attach with a wrong start time: %v", err)
 	}
+}
+
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+	}
+	t.Fatalf("%s never appeared", path)
 }
 
 func TestStartTime(t *testing.T) {

@@ -1,0 +1,71 @@
+package session
+
+import (
+	"encoding/binary"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// The registry's layout. Every bucket path lives in this file; a test compares the tree a
+// fresh registry holds against this comment.
+//
+//	v1/                          schema bucket; key "version" = uvarint migration level
+//	  sessions/
+//	    <session id>/            one bucket per session
+//	      state        = the state's name (kept apart so state scans read a few bytes)
+//	      record       = the Record as JSON, without its state
+//	      manifest     = capsule.yaml exactly as staged
+//	      explanation  = the effective grants at staging (roost.v1.Explanation, protojson)
+//	  events/                    its bucket sequence is the last event's number
+//	    <seq, 8 bytes big-endian> = an Event as JSON
+var (
+	bucketV1       = []byte("v1")
+	keyVersion     = []byte("version")
+	bucketSessions = []byte("sessions")
+	bucketEvents   = []byte("events")
+
+	keyState       = []byte("state")
+	keyRecord      = []byte("record")
+	keyManifest    = []byte("manifest")
+	keyExplanation = []byte("explanation")
+)
+
+func getBucket(tx *bolt.Tx, keys ...[]byte) *bolt.Bucket {
+	b := tx.Bucket(keys[0])
+	for _, k := range keys[1:] {
+		if b == nil {
+			return nil
+		}
+		b = b.Bucket(k)
+	}
+	return b
+}
+
+func createBucketIfNotExists(tx *bolt.Tx, keys ...[]byte) (*bolt.Bucket, error) {
+	b, err := tx.CreateBucketIfNotExists(keys[0])
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range keys[1:] {
+		if b, err = b.CreateBucketIfNotExists(k); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+func sessionsBucket(tx *bolt.Tx) *bolt.Bucket { return getBucket(tx, bucketV1, bucketSessions) }
+
+func sessionBucket(tx *bolt.Tx, id string) *bolt.Bucket {
+	return getBucket(tx, bucketV1, bucketSessions, []byte(id))
+}
+
+func createSessionBucket(tx *bolt.Tx, id string) (*bolt.Bucket, error) {
+	return sessionsBucket(tx).CreateBucket([]byte(id))
+}
+
+func eventsBucket(tx *bolt.Tx) *bolt.Bucket { return getBucket(tx, bucketV1, bucketEvents) }
+
+func seqKey(seq uint64) []byte {
+	return binary.BigEndian.AppendUint64(nil, seq)
+}

@@ -1,0 +1,193 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/manifest"
+)
+
+// defaultPath is the PATH a program gets unless its manifest sets one.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// Launch starts a staged session and returns once its program runs, or once it has failed
+// to start (the session is then exited with start_failed, and that is not an error of
+// Launch).
+//
+// It takes two transactions on purpose: launching is written before the process exists, so
+// a daemon that dies in between leaves a record recovery can resolve, never a process
+// nobody knows of.
+func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
+	rec, err := m.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	l := m.hold(rec.ID)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if rec, err = m.Get(rec.ID); err != nil {
+		m.release(rec.ID, l)
+		return nil, err
+	}
+	if rec.State != Staged {
+		m.release(rec.ID, l)
+		return nil, fmt.Errorf("session %s is %s; only a staged session can be launched: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
+	}
+	class, err := manifest.ParseClass(rec.Achieved)
+	if err != nil {
+		m.release(rec.ID, l)
+		return nil, fmt.Errorf("session %s: %v: %w", rec.ID, err, errdefs.ErrDataLoss)
+	}
+	runtime := m.cfg.Runtimes[class]
+	if runtime == nil {
+		m.release(rec.ID, l)
+		return nil, fmt.Errorf("session %s needs a %s runtime, which this daemon does not have: %w", rec.ID, class, errdefs.ErrFailedPrecondition)
+	}
+	spec, err := m.launchSpec(rec, class)
+	if err != nil {
+		m.release(rec.ID, l)
+		return nil, err
+	}
+
+	began := time.Now()
+	if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Launching) }); err != nil {
+		m.release(rec.ID, l)
+		return nil, err
+	}
+	proc, err := m.start(ctx, rec, spec, runtime)
+	if err != nil {
+		if m.cfg.Observer != nil {
+			m.cfg.Observer.SessionStartFailed(class)
+		}
+		var se *containment.StartError
+		detail := err.Error()
+		if !errors.As(err, &se) {
+			detail = "roost could not start the program: " + detail
+		}
+		m.endWithoutProcess(l, rec, StatusStartFailed, detail)
+		return m.Get(rec.ID)
+	}
+
+	ref := proc.Ref()
+	rec.Process = &ref
+	rec.StartedAt = ref.StartedAt
+	rec.DeadlineAt = ref.StartedAt.Add(rec.Deadline)
+	if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Running) }); err != nil {
+		// The program runs but the registry refused the record: end it rather than leave
+		// a process nobody can see.
+		_ = proc.Signal(sigKill)
+		return nil, err
+	}
+	if m.cfg.Observer != nil {
+		m.cfg.Observer.SessionStarted(class, time.Since(began))
+	}
+	m.supervise(l, rec, proc)
+	return rec, nil
+}
+
+// start makes the session's directories, writes the start of its trace and starts the
+// program. The launch outlives the RPC that asked for it: a client going away mid-launch
+// must not leave a half-started session.
+func (m *Manager) start(ctx context.Context, rec *Record, spec containment.Spec, runtime Runtime) (containment.Process, error) {
+	if err := os.MkdirAll(rec.RecordsDir, 0o700); err != nil {
+		return nil, fmt.Errorf("records directory: %w", err)
+	}
+	if err := os.MkdirAll(rec.Workdir, 0o700); err != nil {
+		return nil, fmt.Errorf("workdir: %w", err)
+	}
+	var explanation []byte
+	_ = m.reg.View(func(tx *Tx) (err error) {
+		explanation, err = tx.Explanation(rec.ID)
+		return err
+	})
+	if err := appendTrace(rec.RecordsDir, traceStart(rec, explanation)); err != nil {
+		return nil, fmt.Errorf("trace: %w", err)
+	}
+	return runtime.Start(context.WithoutCancel(ctx), spec)
+}
+
+// launchSpec builds the program's start from the manifest recorded at staging.
+func (m *Manager) launchSpec(rec *Record, class manifest.Class) (containment.Spec, error) {
+	var raw []byte
+	if err := m.reg.View(func(tx *Tx) (err error) {
+		raw, err = tx.Manifest(rec.ID)
+		return err
+	}); err != nil {
+		return containment.Spec{}, err
+	}
+	man, err := manifest.Parse(raw, rec.Capsule.Source+"/"+manifest.FileName)
+	if err != nil {
+		return containment.Spec{}, fmt.Errorf("session %s: its recorded manifest no longer parses: %w", rec.ID, err)
+	}
+	policy := manifest.Lower(man)
+	return containment.Spec{
+		SessionID:  rec.ID,
+		Class:      class,
+		Argv:       rec.Command,
+		Env:        environment(rec, man, &policy, m.cfg.HostEnv),
+		Dir:        rec.Workdir,
+		RecordsDir: rec.RecordsDir,
+		Rlimits:    containment.Rlimits(&policy),
+	}, nil
+}
+
+// environment is the program's whole environment: PATH and HOME defaults, the host
+// variables env.allow names, the manifest's literal env (which wins over both), then
+// roost's own ROOST_* variables, which nothing overrides. Sorted, so it is reproducible.
+func environment(rec *Record, man *manifest.Manifest, p *manifest.Policy, host []string) []string {
+	env := map[string]string{"PATH": defaultPath, "HOME": rec.Workdir}
+	for _, kv := range host {
+		k, v, ok := strings.Cut(kv, "=")
+		if ok && slices.Contains(p.Env.Allow, k) && !manifest.CredentialShaped(k) {
+			env[k] = v
+		}
+	}
+	for k, v := range man.Env {
+		env[k] = v
+	}
+	env["ROOST_SESSION_ID"] = rec.ID
+	env["ROOST_CAPSULE"] = rec.Capsule.Name + "@" + rec.Capsule.Version
+	env["ROOST_CAPSULE_DIR"] = rec.Capsule.Source
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// hold returns the session's live entry, creating it.
+func (m *Manager) hold(id string) *liveSession {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l := m.live[id]
+	if l == nil {
+		l = &liveSession{ended: make(chan struct{})}
+		m.live[id] = l
+	}
+	return l
+}
+
+// release drops a live entry that never got a process.
+func (m *Manager) release(id string, l *liveSession) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.live[id] == l && l.proc == nil {
+		delete(m.live, id)
+	}
+}
+
+// lookup returns the live entry of a session, if the daemon holds one.
+func (m *Manager) lookup(id string) *liveSession {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.live[id]
+}

@@ -1,0 +1,277 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/manifest"
+)
+
+// DefaultStopGrace is how long a stop or a deadline waits after SIGTERM before SIGKILL.
+const DefaultStopGrace = 10 * time.Second
+
+// Runtime starts and re-attaches the programs of one containment class.
+type Runtime interface {
+	Start(ctx context.Context, spec containment.Spec) (containment.Process, error)
+	Attach(recordsDir string, ref containment.ProcessRef) (containment.Process, error)
+}
+
+// Observer hears about session starts and recoveries, for metrics.
+type Observer interface {
+	SessionStarted(class manifest.Class, took time.Duration)
+	SessionStartFailed(class manifest.Class)
+	SessionRecovered(outcome string)
+}
+
+// Config is what a Manager needs.
+type Config struct {
+	StateDir string
+	// DaemonFloor is roostd --containment; ClassNone when unset.
+	DaemonFloor manifest.Class
+	Host        containment.Host
+	Catalog     containment.Catalog
+	// Runtimes runs each class the catalog offers.
+	Runtimes map[manifest.Class]Runtime
+	Observer Observer
+	Logger   *slog.Logger
+	// StopGrace is the deadline's grace between SIGTERM and SIGKILL; DefaultStopGrace when 0.
+	StopGrace time.Duration
+	// HostEnv is the environment env.allow draws from; os.Environ() when nil.
+	HostEnv []string
+}
+
+// Manager runs sessions: it is the only way the rest of roost changes one.
+type Manager struct {
+	cfg     Config
+	reg     *Registry
+	changed *notifier
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu   sync.Mutex
+	live map[string]*liveSession
+}
+
+// liveSession is the daemon's hold on a session that has (or may have) a process.
+type liveSession struct {
+	// mu orders everything done to the session: launch, stop, kill, deadline, end.
+	mu        sync.Mutex
+	proc      containment.Process
+	ended     chan struct{}
+	deadline  *time.Timer
+	killTimer *time.Timer
+}
+
+// Open opens the state directory's registry, reconciles every session it lists as live
+// with what actually runs, and returns a Manager ready to serve.
+func Open(cfg Config) (*Manager, error) {
+	if cfg.StopGrace == 0 {
+		cfg.StopGrace = DefaultStopGrace
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.HostEnv == nil {
+		cfg.HostEnv = os.Environ()
+	}
+	for _, dir := range []string{cfg.StateDir, filepath.Join(cfg.StateDir, workDir), filepath.Join(cfg.StateDir, recordsDir)} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("state directory: %w", err)
+		}
+	}
+	reg, err := OpenRegistry(filepath.Join(cfg.StateDir, DBFile))
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &Manager{cfg: cfg, reg: reg, changed: newNotifier(), ctx: ctx, cancel: cancel, live: map[string]*liveSession{}}
+	if err := m.recover(); err != nil {
+		cancel()
+		reg.Close()
+		return nil, fmt.Errorf("recovering sessions: %w", err)
+	}
+	return m, nil
+}
+
+// Close lets go of every session without touching it (they run on under roost-init) and
+// closes the registry.
+func (m *Manager) Close() error {
+	m.cancel()
+	m.mu.Lock()
+	for _, l := range m.live {
+		l.stopTimers()
+	}
+	m.mu.Unlock()
+	m.wg.Wait()
+	return m.reg.Close()
+}
+
+// SchemaVersion names the registry's layout.
+func (m *Manager) SchemaVersion() string { return m.reg.SchemaVersion() }
+
+// Sub-directories of the state directory.
+const (
+	workDir    = "work"
+	recordsDir = "records"
+)
+
+func (m *Manager) recordsDirFor(id string) string {
+	return filepath.Join(m.cfg.StateDir, recordsDir, id)
+}
+
+// update runs one registry transaction and wakes everyone waiting for a change once it has
+// committed.
+func (m *Manager) update(fn func(*Tx) error) error {
+	events, err := m.reg.Update(fn)
+	if len(events) > 0 {
+		m.changed.broadcast()
+	}
+	return err
+}
+
+// Get returns one session; id may be a unique prefix of a session id.
+func (m *Manager) Get(id string) (*Record, error) {
+	var rec *Record
+	err := m.reg.View(func(tx *Tx) (err error) {
+		rec, err = resolve(tx, id)
+		return err
+	})
+	return rec, err
+}
+
+// minPrefix is the shortest id prefix accepted in place of a whole id.
+const minPrefix = len("ses_") + 4
+
+// resolve finds a session by its id or a unique prefix of it.
+func resolve(tx *Tx, id string) (*Record, error) {
+	if id == "" {
+		return nil, fmt.Errorf("no session id given: %w", errdefs.ErrInvalidArgument)
+	}
+	rec, err := tx.Get(id)
+	if err == nil || !errdefs.IsNotFound(err) || len(id) < minPrefix {
+		return rec, err
+	}
+	var match []string
+	_ = sessionsBucket(tx.tx).ForEachBucket(func(k []byte) error {
+		if strings.HasPrefix(string(k), id) {
+			match = append(match, string(k))
+		}
+		return nil
+	})
+	switch len(match) {
+	case 0:
+		return nil, err
+	case 1:
+		return tx.Get(match[0])
+	default:
+		return nil, fmt.Errorf("session id prefix %q matches %d sessions; give more of it: %w", id, len(match), errdefs.ErrInvalidArgument)
+	}
+}
+
+// List returns staged and live sessions, or all of them.
+func (m *Manager) List(all bool) ([]*Record, error) {
+	var recs []*Record
+	err := m.reg.View(func(tx *Tx) (err error) {
+		keep := func(s State) bool { return s != Exited }
+		if all {
+			keep = nil
+		}
+		recs, err = tx.List(keep)
+		return err
+	})
+	return recs, err
+}
+
+// CountByState counts sessions in each state.
+func (m *Manager) CountByState() map[State]int {
+	var counts map[State]int
+	_ = m.reg.View(func(tx *Tx) error {
+		counts = tx.CountByState()
+		return nil
+	})
+	return counts
+}
+
+// Wait blocks until the session has ended and returns its final record.
+func (m *Manager) Wait(ctx context.Context, id string) (*Record, error) {
+	rec, err := m.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	return m.waitState(ctx, rec.ID, func(r *Record) bool { return r.State == Exited })
+}
+
+// waitState re-reads the session after every committed change until done accepts it.
+func (m *Manager) waitState(ctx context.Context, id string, done func(*Record) bool) (*Record, error) {
+	for {
+		changed := m.changed.wait()
+		rec, err := m.Get(id)
+		if err != nil {
+			return nil, err
+		}
+		if done(rec) {
+			return rec, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// notifier wakes every waiter when the registry has changed. Waiters re-read what they need
+// from the registry, so a wake-up carries no data and none can be lost or reordered.
+type notifier struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func newNotifier() *notifier { return &notifier{ch: make(chan struct{})} }
+
+// wait returns a channel closed by the next broadcast. Take it before reading the state it
+// guards, so a change between the read and the wait is not missed.
+func (n *notifier) wait() <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.ch
+}
+
+func (n *notifier) broadcast() {
+	n.mu.Lock()
+	close(n.ch)
+	n.ch = make(chan struct{})
+	n.mu.Unlock()
+}
+
+func (l *liveSession) stopTimers() {
+	if l.deadline != nil {
+		l.deadline.Stop()
+	}
+	if l.killTimer != nil {
+		l.killTimer.Stop()
+	}
+}
+
+// signalName names a signal the way operators write it.
+func signalName(sig syscall.Signal) string {
+	if name := unixSignalName(sig); name != "" {
+		return name
+	}
+	return fmt.Sprintf("signal %d", int(sig))
+}
+
+var errNotLive = errors.New("not live")

@@ -1,0 +1,570 @@
+package session
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/manifest"
+)
+
+// The test binary plays roost-init and roost-exec, as roostd's binary does.
+func TestMain(m *testing.M) {
+	if containment.RunHelper(os.Args) {
+		return
+	}
+	os.Exit(m.Run())
+}
+
+type recorder struct {
+	mu        sync.Mutex
+	started   int
+	failed    int
+	recovered []string
+}
+
+func (r *recorder) SessionStarted(manifest.Class, time.Duration) {
+	r.mu.Lock()
+	r.started++
+	r.mu.Unlock()
+}
+func (r *recorder) SessionStartFailed(manifest.Class) { r.mu.Lock(); r.failed++; r.mu.Unlock() }
+func (r *recorder) SessionRecovered(o string) {
+	r.mu.Lock()
+	r.recovered = append(r.recovered, o)
+	r.mu.Unlock()
+}
+
+func testConfig(stateDir string, obs *recorder) Config {
+	host := containment.Host{Root: os.Geteuid() == 0}
+	rt := containment.NewProcessRuntime()
+	return Config{
+		StateDir:  stateDir,
+		Host:      host,
+		Catalog:   containment.NewCatalog(host),
+		Runtimes:  map[manifest.Class]Runtime{manifest.Unconfined: rt, manifest.Advisory: rt},
+		Observer:  obs,
+		StopGrace: 500 * time.Millisecond,
+		HostEnv:   []string{"LANG=C.UTF-8", "SECRET_TOKEN=hunter2", "OTHER=x"},
+	}
+}
+
+func openManager(t *testing.T, stateDir string) (*Manager, *recorder) {
+	t.Helper()
+	obs := &recorder{}
+	m, err := Open(testConfig(stateDir, obs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m, obs
+}
+
+// capsule writes a capsule directory with the given run.command and extra manifest text.
+func capsule(t *testing.T, command string, extra string) string {
+	t.Helper()
+	dir := t.TempDir()
+	src := "name: test\nversion: 0.1.0\nrun:\n  command: [\"/bin/sh\", \"-c\", " + jsonString(command) + "]\n" + extra
+	if err := os.WriteFile(filepath.Join(dir, manifest.FileName), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func jsonString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+func run(t *testing.T, m *Manager, opts StageOptions) *Record {
+	t.Helper()
+	rec, err := m.Stage(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, err = m.Launch(context.Background(), rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+func waitEnd(t *testing.T, m *Manager, id string) *Record {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rec, err := m.Wait(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+func logs(t *testing.T, m *Manager, id string) (string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err := m.Logs(context.Background(), id, false, func(stream string, data []byte) error {
+		if stream == Stdout {
+			out.Write(data)
+		} else {
+			errOut.Write(data)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errOut.String()
+}
+
+func TestRunToCompletion(t *testing.T) {
+	m, obs := openManager(t, t.TempDir())
+	dir := capsule(t, `echo "hello $GREETING"; echo oops >&2; echo data > out.txt; env | sort > env.txt`,
+		"env:\n  GREETING: world\ncapabilities:\n  env:\n    allow: [LANG]\n")
+	rec := run(t, m, StageOptions{Capsule: dir})
+	if rec.State != Running && rec.State != Exited {
+		t.Fatalf("state after launch: %s", rec.State)
+	}
+	rec = waitEnd(t, m, rec.ID)
+	if rec.ExitStatus != StatusOK || *rec.ExitCode != 0 || rec.Detail != "exited with code 0" {
+		t.Fatalf("end: %+v", rec)
+	}
+	if rec.StartedAt.IsZero() || rec.EndedAt.Before(rec.StartedAt) || rec.Declared != "advisory" || rec.Achieved != "advisory" {
+		t.Fatalf("record: %+v", rec)
+	}
+	if !strings.HasPrefix(rec.Capsule.SHA256, "sha256:") || rec.Capsule.Name != "test" {
+		t.Fatalf("capsule: %+v", rec.Capsule)
+	}
+	stdout, stderr := logs(t, m, rec.ID)
+	if stdout != "hello world\n" || stderr != "oops\n" {
+		t.Fatalf("logs %q %q", stdout, stderr)
+	}
+	if data, err := os.ReadFile(filepath.Join(rec.Workdir, "out.txt")); err != nil || string(data) != "data\n" {
+		t.Fatalf("workdir output: %q %v", data, err)
+	}
+	if info, err := os.Stat(rec.Workdir); err != nil || info.Mode().Perm() != 0o700 {
+		t.Fatalf("workdir mode: %v %v", info.Mode(), err)
+	}
+
+	envData, _ := os.ReadFile(filepath.Join(rec.Workdir, "env.txt"))
+	env := strings.Split(strings.TrimSpace(string(envData)), "\n")
+	for _, want := range []string{"LANG=C.UTF-8", "GREETING=world", "ROOST_SESSION_ID=" + rec.ID, "ROOST_CAPSULE=test@0.1.0", "ROOST_CAPSULE_DIR=" + dir, "HOME=" + rec.Workdir} {
+		if !slices.Contains(env, want) {
+			t.Errorf("environment lacks %s:\n%s", want, envData)
+		}
+	}
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "SECRET_TOKEN=") || strings.HasPrefix(kv, "OTHER=") {
+			t.Errorf("host variable not in env.allow leaked: %s", kv)
+		}
+	}
+
+	trace := readTrace(t, rec.RecordsDir)
+	if len(trace) != 2 || trace[0]["event_type"] != "session_start" || trace[1]["event_type"] != "session_end" {
+		t.Fatalf("trace: %v", trace)
+	}
+	grants, _ := trace[0]["effective_grants"].(map[string]any)
+	if grants == nil || grants["containment"].(map[string]any)["achieved"] != "advisory" {
+		t.Fatalf("session_start lacks the effective grants: %v", trace[0])
+	}
+	if trace[1]["exit_status"] != "ok" {
+		t.Fatalf("session_end: %v", trace[1])
+	}
+	if obs.started != 1 {
+		t.Fatalf("observer saw %d starts", obs.started)
+	}
+}
+
+func readTrace(t *testing.T, dir string) []map[string]any {
+	t.Helper()
+	f, err := os.Open(filepath.Join(dir, TraceFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []map[string]any
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var rec map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			t.Fatalf("trace line %q: %v", sc.Text(), err)
+		}
+		out = append(out, rec)
+	}
+	return out
+}
+
+func TestExitStatuses(t *testing.T) {
+	m, _ := openManager(t, t.TempDir())
+	cases := []struct {
+		command string
+		status  ExitStatus
+		code    int
+		detail  string
+	}{
+		{"exit 3", StatusError, 3, "exited with code 3"},
+		{"kill -SEGV $$", StatusCrashed, 128 + 11, "killed by SIGSEGV"},
+		{"ulimit -St 1; while :; do :; done", StatusCrashed, 128 + int(syscall.SIGXCPU), "resources.cpu_seconds used up"},
+	}
+	for _, c := range cases {
+		rec := waitEnd(t, m, run(t, m, StageOptions{Capsule: capsule(t, c.command, "")}).ID)
+		if rec.ExitStatus != c.status || *rec.ExitCode != c.code || !strings.Contains(rec.Detail, c.detail) {
+			t.Errorf("%q: %s %d %q", c.command, rec.ExitStatus, *rec.ExitCode, rec.Detail)
+		}
+	}
+}
+
+func TestStartFailure(t *testing.T) {
+	m, obs := openManager(t, t.TempDir())
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, manifest.FileName), []byte("name: t\nversion: 0.1.0\nrun:\n  command: [no-such-program-roost]\n"), 0o644)
+	rec := run(t, m, StageOptions{Capsule: dir})
+	if rec.State != Exited || rec.ExitStatus != StatusStartFailed || rec.ExitCode != nil || !strings.Contains(rec.Detail, "no-such-program-roost") {
+		t.Fatalf("record: %+v", rec)
+	}
+	if obs.failed != 1 {
+		t.Fatalf("observer saw %d failures", obs.failed)
+	}
+}
+
+func TestDeadline(t *testing.T) {
+	m, _ := openManager(t, t.TempDir())
+	rec := run(t, m, StageOptions{Capsule: capsule(t, "sleep 30", "capabilities:\n  limits:\n    deadline_seconds: 1\n")})
+	if rec.DeadlineAt.Sub(rec.StartedAt) != time.Second {
+		t.Fatalf("deadline_at %v started %v", rec.DeadlineAt, rec.StartedAt)
+	}
+	rec = waitEnd(t, m, rec.ID)
+	if rec.ExitStatus != StatusDeadlineReached || *rec.ExitCode != 128+int(syscall.SIGTERM) {
+		t.Fatalf("end: %+v", rec)
+	}
+	// A program that ignores SIGTERM is killed once the grace has passed.
+	rec = run(t, m, StageOptions{Capsule: capsule(t, "trap '' TERM; sleep 30", ""), Deadline: time.Second})
+	rec = waitEnd(t, m, rec.ID)
+	if rec.ExitStatus != StatusDeadlineReached || *rec.ExitCode != 128+int(syscall.SIGKILL) {
+		t.Fatalf("end: %+v", rec)
+	}
+}
+
+func TestDeadlineOptionOnlyLowers(t *testing.T) {
+	m, _ := openManager(t, t.TempDir())
+	dir := capsule(t, "true", "capabilities:\n  limits:\n    deadline_seconds: 5\n")
+	rec, err := m.Stage(StageOptions{Capsule: dir, Deadline: time.Hour})
+	if err != nil || rec.Deadline != 5*time.Second {
+		t.Fatalf("deadline %v %v", rec.Deadline, err)
+	}
+	if _, err := m.Stage(StageOptions{Capsule: dir, Deadline: 1500 * time.Millisecond}); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("fractional deadline: %v", err)
+	}
+}
+
+func TestStopAndKill(t *testing.T) {
+	m, _ := openManager(t, t.TempDir())
+	rec := run(t, m, StageOptions{Capsule: capsule(t, "sleep 30", "")})
+	stopped, err := m.Stop(context.Background(), rec.ID, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stopped.State != Exited || stopped.ExitStatus != StatusTerminated || *stopped.ExitCode != 143 {
+		t.Fatalf("stop: %+v", stopped)
+	}
+	// Stopping again is harmless; killing an ended session is refused.
+	if again, err := m.Stop(context.Background(), rec.ID, time.Second); err != nil || again.ExitStatus != StatusTerminated {
+		t.Fatalf("second stop: %+v %v", again, err)
+	}
+	if _, err := m.Kill(context.Background(), rec.ID, syscall.SIGKILL); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("kill of an ended session: %v", err)
+	}
+
+	rec = run(t, m, StageOptions{Capsule: capsule(t, "trap '' TERM; sleep 30", "")})
+	killed, err := m.Kill(context.Background(), rec.ID, syscall.SIGKILL)
+	if err != nil || killed.ExitStatus != StatusTerminated || *killed.ExitCode != 137 {
+		t.Fatalf("kill: %+v %v", killed, err)
+	}
+
+	// A signal the program handles does not end it, and does not make its later end a
+	// termination.
+	rec = run(t, m, StageOptions{Capsule: capsule(t, "trap 'exit 0' USR1; touch ready; while :; do sleep 0.05; done", "")})
+	waitFile(t, filepath.Join(rec.Workdir, "ready"))
+	got, err := m.Kill(context.Background(), rec.ID, syscall.SIGUSR1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != Exited {
+		got = waitEnd(t, m, rec.ID)
+	}
+	if got.ExitStatus != StatusOK {
+		t.Fatalf("handled signal: %+v", got)
+	}
+
+	staged, _ := m.Stage(StageOptions{Capsule: capsule(t, "true", "")})
+	if _, err := m.Stop(context.Background(), staged.ID, time.Second); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("stop of a staged session: %v", err)
+	}
+}
+
+func TestStageRefusals(t *testing.T) {
+	state := t.TempDir()
+	m, _ := openManager(t, state)
+	bad := capsule(t, "true", "capabilities:\n  netwrok: {}\n")
+	_, err := m.Stage(StageOptions{Capsule: bad})
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "capabilities.netwrok: unknown key") {
+		t.Fatalf("misspelt key: %v", err)
+	}
+	_, err = m.Stage(StageOptions{Capsule: capsule(t, "true", "capabilities:\n  containment: sealed\n")})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), `floor "sealed"`) || !strings.Contains(err.Error(), `at most "advisory"`) {
+		t.Fatalf("sealed floor: %v", err)
+	}
+	_, err = m.Stage(StageOptions{Capsule: capsule(t, "true", ""), Containment: manifest.Scoped})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "run --containment") {
+		t.Fatalf("scoped by option: %v", err)
+	}
+	for path, check := range map[string]func(error) bool{
+		"relative/path":                    errdefs.IsInvalidArgument,
+		"/nonexistent/capsule":             errdefs.IsNotFound,
+		t.TempDir():                        errdefs.IsInvalidArgument,
+		filepath.Join(bad, "capsule.yaml"): errdefs.IsInvalidArgument,
+	} {
+		if _, err := m.Stage(StageOptions{Capsule: path}); !check(err) {
+			t.Errorf("capsule %q: %v", path, err)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "f")
+	os.WriteFile(file, nil, 0o644)
+	if _, err := m.Stage(StageOptions{Capsule: capsule(t, "true", ""), Workdir: file}); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("workdir that is a file: %v", err)
+	}
+	recs, _ := m.List(true)
+	if len(recs) != 0 {
+		t.Fatalf("refused stages left %d sessions", len(recs))
+	}
+	m.reg.View(func(tx *Tx) error {
+		if tx.LastSeq() != 0 {
+			t.Errorf("refused stages left events")
+		}
+		return nil
+	})
+}
+
+func TestRemove(t *testing.T) {
+	m, _ := openManager(t, t.TempDir())
+	staged, _ := m.Stage(StageOptions{Capsule: capsule(t, "true", "")})
+	if err := m.Remove(staged.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Get(staged.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("removed session still there: %v", err)
+	}
+
+	rec := run(t, m, StageOptions{Capsule: capsule(t, "sleep 30", "")})
+	if err := m.Remove(rec.ID); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("remove of a running session: %v", err)
+	}
+	m.Kill(context.Background(), rec.ID, syscall.SIGKILL)
+	if err := m.Remove(rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{rec.RecordsDir, rec.Workdir} {
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s survived rm: %v", dir, err)
+		}
+	}
+
+	// A workdir the operator named is theirs: rm leaves it.
+	mine := filepath.Join(t.TempDir(), "mine")
+	rec = run(t, m, StageOptions{Capsule: capsule(t, "echo x > f", ""), Workdir: mine})
+	waitEnd(t, m, rec.ID)
+	if err := m.Remove(rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(mine, "f")); err != nil {
+		t.Fatalf("operator's workdir was removed: %v", err)
+	}
+}
+
+func TestIDPrefix(t *testing.T) {
+	m, _ := openManager(t, t.TempDir())
+	rec, _ := m.Stage(StageOptions{Capsule: capsule(t, "true", "")})
+	got, err := m.Get(rec.ID[:len(rec.ID)-3])
+	if err != nil || got.ID != rec.ID {
+		t.Fatalf("prefix lookup: %v", err)
+	}
+	m.Stage(StageOptions{Capsule: capsule(t, "true", "")})
+	if _, err := m.Get("ses_"); !errdefs.IsNotFound(err) {
+		t.Fatalf("too-short prefix: %v", err)
+	}
+	if _, err := m.Get(rec.ID[:minPrefix]); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("ambiguous prefix: %v", err)
+	}
+}
+
+func TestEventsReplayAndFollow(t *testing.T) {
+	m, _ := openManager(t, t.TempDir())
+	rec := run(t, m, StageOptions{Capsule: capsule(t, "true", "")})
+	waitEnd(t, m, rec.ID)
+	var got []Event
+	if err := m.Events(context.Background(), 0, false, func(ev Event) error { got = append(got, ev); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	types := []string{}
+	for i, ev := range got {
+		if ev.Seq != uint64(i+1) {
+			t.Fatalf("event %d has seq %d", i, ev.Seq)
+		}
+		types = append(types, ev.Type)
+	}
+	want := []string{EventStaged, EventLaunching, EventRunning, EventExited}
+	if !slices.Equal(types, want) {
+		t.Fatalf("events %v, want %v", types, want)
+	}
+
+	// A follower from the last seen sequence gets exactly what commits next.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	followed := make(chan Event, 16)
+	go m.Events(ctx, got[len(got)-1].Seq, true, func(ev Event) error { followed <- ev; return nil })
+	m.Remove(rec.ID)
+	select {
+	case ev := <-followed:
+		if ev.Type != EventRemoved || ev.Seq != uint64(len(got)+1) {
+			t.Fatalf("followed %+v", ev)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("follower saw nothing")
+	}
+}
+
+func TestLogsFollow(t *testing.T) {
+	m, _ := openManager(t, t.TempDir())
+	rec := run(t, m, StageOptions{Capsule: capsule(t, "for i in 1 2 3 4 5; do echo line $i; sleep 0.1; done; echo end >&2", "")})
+	var out bytes.Buffer
+	err := m.Logs(context.Background(), rec.ID, true, func(stream string, data []byte) error {
+		out.WriteString(stream + ":" + string(data))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	for _, want := range []string{"line 1", "line 5", "stderr:end\n"} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("followed logs %q lack %q", got, want)
+		}
+	}
+	final, _ := m.Get(rec.ID)
+	if final.State != Exited {
+		t.Fatalf("logs -f returned before the end: %s", final.State)
+	}
+}
+
+// A daemon that goes away leaves its sessions running; the next one re-attaches to those
+// still running and records the ends of those that finished meanwhile.
+func TestRecovery(t *testing.T) {
+	state := t.TempDir()
+	obs := &recorder{}
+	m, err := Open(testConfig(state, obs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	quick := run(t, m, StageOptions{Capsule: capsule(t, "sleep 0.3; echo done; exit 4", "")})
+	slow := run(t, m, StageOptions{Capsule: capsule(t, "trap 'exit 9' TERM; touch ready; while :; do sleep 0.05; done", "")})
+	waitFile(t, filepath.Join(slow.Workdir, "ready"))
+	lost := run(t, m, StageOptions{Capsule: capsule(t, "sleep 30", "")})
+	timed := run(t, m, StageOptions{Capsule: capsule(t, "sleep 30", ""), Deadline: 2 * time.Second})
+	m.Close()
+
+	// While no daemon runs: quick ends by itself; lost loses its supervisor's records.
+	time.Sleep(600 * time.Millisecond)
+	os.Remove(filepath.Join(lost.RecordsDir, containment.InitFile))
+	syscall.Kill(lost.Process.InitPID, syscall.SIGKILL)
+	syscall.Kill(-lost.Process.PID, syscall.SIGKILL)
+	// This test process is roost-init's parent (a real daemon that died would not be, and
+	// init would be reaped by the host's init): reap it so it is truly gone.
+	syscall.Wait4(lost.Process.InitPID, nil, 0, nil)
+	os.Remove(filepath.Join(lost.RecordsDir, containment.ExitFile))
+
+	m2, obs2 := openManager(t, state)
+	got, _ := m2.Get(quick.ID)
+	if got.State != Exited || got.ExitStatus != StatusError || *got.ExitCode != 4 {
+		t.Fatalf("quick after restart: %+v", got)
+	}
+	if out, _ := logs(t, m2, quick.ID); out != "done\n" {
+		t.Fatalf("quick's output: %q", out)
+	}
+	got, _ = m2.Get(lost.ID)
+	if got.State != Exited || got.ExitStatus != StatusLost || got.Detail == "" {
+		t.Fatalf("lost after restart: %+v", got)
+	}
+	got, _ = m2.Get(slow.ID)
+	if got.State != Running {
+		t.Fatalf("slow after restart: %+v", got)
+	}
+	stopped, err := m2.Stop(context.Background(), slow.ID, 5*time.Second)
+	if err != nil || stopped.ExitStatus != StatusTerminated || *stopped.ExitCode != 9 {
+		t.Fatalf("stop after restart: %+v %v", stopped, err)
+	}
+	// The deadline is re-armed from its absolute time.
+	got = waitEnd(t, m2, timed.ID)
+	if got.ExitStatus != StatusDeadlineReached {
+		t.Fatalf("deadline after restart: %+v", got)
+	}
+	slices.Sort(obs2.recovered)
+	if !slices.Equal(obs2.recovered, []string{RecoveredAttached, RecoveredAttached, RecoveredExited, RecoveredLost}) {
+		t.Fatalf("recovery outcomes %v", obs2.recovered)
+	}
+	// Every transition is in the event log once, in order.
+	var seqs []uint64
+	m2.Events(context.Background(), 0, false, func(ev Event) error { seqs = append(seqs, ev.Seq); return nil })
+	for i, s := range seqs {
+		if s != uint64(i+1) {
+			t.Fatalf("event sequence %v", seqs)
+		}
+	}
+}
+
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+	}
+	t.Fatalf("%s never appeared", path)
+}
+
+func TestSecondManagerRefused(t *testing.T) {
+	state := t.TempDir()
+	openManager(t, state)
+	_, err := Open(testConfig(state, &recorder{}))
+	if !errors.Is(err, ErrLocked) {
+		t.Fatalf("second manager: %v", err)
+	}
+}
+
+func TestLeftoversSwept(t *testing.T) {
+	state := t.TempDir()
+	m, _ := openManager(t, state)
+	m.Close()
+	stray := filepath.Join(state, recordsDir, "ses_0123456789abcdef0123456789abcdef")
+	keep := filepath.Join(state, recordsDir, "not-a-session")
+	os.MkdirAll(stray, 0o700)
+	os.MkdirAll(keep, 0o700)
+	openManager(t, state)
+	if _, err := os.Stat(stray); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("leftover records dir survived: %v", err)
+	}
+	if _, err := os.Stat(keep); err != nil {
+		t.Fatalf("a directory roost did not make was removed: %v", err)
+	}
+}

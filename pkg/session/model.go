@@ -1,0 +1,110 @@
+// Package session owns sessions: their records in the bbolt registry, the one function
+// that moves them between states, and the supervisor that stages, launches, watches, stops
+// and recovers them. Where things happen:
+//
+//	stage.go    a session is created (capsule read, policy lowered, containment decided)
+//	launch.go   it is launched under its containment runtime
+//	supervise.go  its deadline, stop and kill, and the recording of its end
+//	recover.go  a restarted daemon reconciles what the registry says with what runs
+//	remove.go   it is forgotten
+//	registry.go, buckets.go, migrations.go  the registry; nothing else touches its buckets
+package session
+
+import (
+	"time"
+
+	"roost.dev/roost/pkg/containment"
+)
+
+// State is where a session is in its life.
+type State string
+
+// The states, in the order a session normally passes through them.
+const (
+	Staged    State = "staged"
+	Launching State = "launching"
+	Running   State = "running"
+	Paused    State = "paused"
+	Stopping  State = "stopping"
+	Exited    State = "exited"
+)
+
+// States lists every state.
+var States = []State{Staged, Launching, Running, Paused, Stopping, Exited}
+
+// Live reports whether a process may exist for a session in this state.
+func (s State) Live() bool {
+	return s == Launching || s == Running || s == Paused || s == Stopping
+}
+
+// ExitStatus is how a session ended.
+type ExitStatus string
+
+// The exit statuses.
+const (
+	StatusOK              ExitStatus = "ok"
+	StatusError           ExitStatus = "error"
+	StatusCrashed         ExitStatus = "crashed"
+	StatusTerminated      ExitStatus = "terminated"
+	StatusDeadlineReached ExitStatus = "deadline_reached"
+	StatusStartFailed     ExitStatus = "start_failed"
+	StatusLost            ExitStatus = "lost"
+)
+
+// EndRequest is why roost itself was ending a session, recorded before it signals so an end
+// observed later (even by a restarted daemon) is classified by its cause.
+type EndRequest string
+
+// The end requests.
+const (
+	EndNone     EndRequest = ""
+	EndStop     EndRequest = "stop"
+	EndKill     EndRequest = "kill"
+	EndDeadline EndRequest = "deadline"
+)
+
+// Record is a session as the registry keeps it.
+type Record struct {
+	ID      string     `json:"id"`
+	Capsule CapsuleRef `json:"capsule"`
+	// State is kept under its own key in the session's bucket (see buckets.go), not in the
+	// JSON, so state scans read a few bytes per session.
+	State      State      `json:"-"`
+	ExitStatus ExitStatus `json:"exit_status,omitempty"`
+	ExitCode   *int       `json:"exit_code,omitempty"`
+	Detail     string     `json:"detail,omitempty"`
+	// Declared is the containment floor, Achieved the class it runs under.
+	Declared string `json:"declared"`
+	Achieved string `json:"achieved"`
+	ParentID string `json:"parent_id,omitempty"`
+	Workdir  string `json:"workdir"`
+	// OwnsWorkdir is true when roost made the workdir under its state dir; removing the
+	// session removes it. A workdir the operator named is never removed.
+	OwnsWorkdir bool   `json:"owns_workdir,omitempty"`
+	RecordsDir  string `json:"records_dir"`
+	// Command is the program's command line as staged.
+	Command []string `json:"command"`
+	// Deadline is the session's wall-clock budget, from the moment it runs.
+	Deadline   time.Duration `json:"deadline"`
+	DeadlineAt time.Time     `json:"deadline_at,omitzero"`
+	CreatedAt  time.Time     `json:"created_at"`
+	StartedAt  time.Time     `json:"started_at,omitzero"`
+	EndedAt    time.Time     `json:"ended_at,omitzero"`
+	// Process names the running processes, for signals and for re-attaching after a restart.
+	Process    *containment.ProcessRef `json:"process,omitempty"`
+	EndRequest EndRequest              `json:"end_request,omitempty"`
+	// EndSignal is the signal roost sent for an EndKill request.
+	EndSignal int `json:"end_signal,omitempty"`
+	// KillAt is when a stop under way escalates to SIGKILL; kept so a restarted daemon
+	// escalates on time.
+	KillAt time.Time `json:"kill_at,omitzero"`
+	Tokens int64     `json:"tokens,omitempty"`
+}
+
+// CapsuleRef names what a session runs.
+type CapsuleRef struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	SHA256  string `json:"sha256"`
+	Source  string `json:"source"`
+}

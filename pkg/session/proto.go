@@ -1,0 +1,135 @@
+package session
+
+import (
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/manifest"
+)
+
+// Proto is the session as the API (and `roostctl inspect --json`) shows it.
+func (r *Record) Proto() *roostv1.Session {
+	s := &roostv1.Session{
+		Id: r.ID,
+		Capsule: &roostv1.CapsuleRef{
+			Name: r.Capsule.Name, Version: r.Capsule.Version, Sha256: r.Capsule.SHA256, Source: r.Capsule.Source,
+		},
+		State:       string(r.State),
+		ExitStatus:  string(r.ExitStatus),
+		Containment: &roostv1.ContainmentState{Declared: r.Declared, Achieved: r.Achieved},
+		ParentId:    r.ParentID,
+		Workdir:     r.Workdir,
+		RecordsDir:  r.RecordsDir,
+		CreatedAt:   timestamp(r.CreatedAt),
+		StartedAt:   timestamp(r.StartedAt),
+		EndedAt:     timestamp(r.EndedAt),
+		DeadlineAt:  timestamp(r.DeadlineAt),
+		Spend:       &roostv1.Spend{Tokens: r.Tokens},
+		Detail:      r.Detail,
+		Command:     r.Command,
+	}
+	if r.ExitCode != nil {
+		code := int32(*r.ExitCode)
+		s.ExitCode = &code
+	}
+	if r.Process != nil && r.State.Live() {
+		s.Pid = int32(r.Process.PID)
+	}
+	return s
+}
+
+// Proto is the event as the API shows it.
+func (e *Event) Proto() *roostv1.Event {
+	ev := &roostv1.Event{
+		Seq:        e.Seq,
+		Time:       timestamp(e.Time),
+		Type:       e.Type,
+		SessionId:  e.SessionID,
+		State:      string(e.State),
+		ExitStatus: string(e.ExitStatus),
+		Detail:     e.Detail,
+	}
+	if e.ExitCode != nil {
+		code := int32(*e.ExitCode)
+		ev.ExitCode = &code
+	}
+	return ev
+}
+
+func timestamp(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
+}
+
+func (m *Manager) explanation(p *plan) *roostv1.Explanation {
+	d := p.decision
+	e := &roostv1.Explanation{
+		Capsule: &roostv1.CapsuleRef{Name: p.ref.Name, Version: p.ref.Version, Sha256: p.ref.SHA256, Source: p.ref.Source},
+		Containment: &roostv1.ContainmentDecision{
+			Floor:    d.Floor.String(),
+			Achieved: d.Achieved.String(),
+			Met:      d.Met,
+			Reason:   d.Reason,
+		},
+		Policy: policyProto(&p.policy),
+	}
+	for _, s := range d.Sources {
+		e.Containment.Sources = append(e.Containment.Sources, &roostv1.FloorSource{Source: s.Source, Class: s.Class.String()})
+	}
+	class := d.Achieved
+	if !d.Met {
+		class = d.Floor
+	}
+	for _, g := range containment.Grants(class, &p.policy, m.cfg.Host) {
+		e.Grants = append(e.Grants, &roostv1.Grant{Key: g.Key, Value: g.Value, Enforcement: g.Enforcement, Mechanism: g.Mechanism})
+	}
+	return e
+}
+
+func limitProto(l manifest.Limit) *roostv1.Limit {
+	return &roostv1.Limit{Value: l.Value, Declared: l.Declared}
+}
+
+func policyProto(p *manifest.Policy) *roostv1.Policy {
+	allow := make([]string, len(p.Network.Allow))
+	for i, r := range p.Network.Allow {
+		allow[i] = r.String()
+	}
+	r := &p.Resources
+	return &roostv1.Policy{
+		Containment: p.Containment.String(),
+		Network:     &roostv1.NetworkPolicy{Allow: allow, UnixSockets: p.Network.UnixSockets},
+		Filesystem: &roostv1.FilesystemPolicy{
+			Scope: p.Filesystem.Scope, WorkdirExec: p.Filesystem.WorkdirExec, ReadOnly: p.Filesystem.ReadOnly,
+		},
+		Shell: &roostv1.ShellPolicy{Allow: p.Shell.Allow},
+		Spawn: &roostv1.SpawnPolicy{
+			Allow: p.Spawn.Allow, WorkdirSnapshot: p.Spawn.WorkdirSnapshot,
+			MaxDepth: limitProto(p.Spawn.MaxDepth), MaxChildren: limitProto(p.Spawn.MaxChildren),
+		},
+		Env: &roostv1.EnvPolicy{Allow: p.Env.Allow},
+		Limits: &roostv1.LimitsPolicy{
+			DeadlineSeconds: limitProto(p.Limits.DeadlineSeconds), MemoryBytes: limitProto(p.Limits.MemoryBytes),
+		},
+		Resources: &roostv1.ResourcesPolicy{
+			CgroupMemoryBytes: limitProto(r.CgroupMemoryBytes),
+			CgroupPidsMax:     limitProto(r.CgroupPidsMax),
+			CgroupCpuPercent:  limitProto(r.CgroupCPUPercent),
+			MaxOpenFiles:      limitProto(r.MaxOpenFiles),
+			MaxFileSizeBytes:  limitProto(r.MaxFileSizeBytes),
+			CpuSeconds:        limitProto(r.CPUSeconds),
+			MaxProcesses:      limitProto(r.MaxProcesses),
+			MemoryBytes:       limitProto(r.MemoryBytes),
+			WorkdirMaxBytes:   limitProto(r.WorkdirMaxBytes),
+		},
+		Inference: &roostv1.InferencePolicy{
+			Upstream: p.Inference.Upstream, Model: p.Inference.Model,
+			MaxSessionTokens: p.Inference.MaxSessionTokens, OnExhausted: p.Inference.OnExhausted,
+		},
+	}
+}

@@ -1,0 +1,296 @@
+package session
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	bolt "go.etcd.io/bbolt"
+)
+
+// DBFile is the registry's file name inside the state directory.
+const DBFile = "roost.db"
+
+// lockTimeout is how long Open waits for another process's lock on the registry before it
+// gives up: a second daemon on the same state dir must fail at once, not hang.
+const lockTimeout = 200 * time.Millisecond
+
+// ErrLocked means another process holds the registry.
+var ErrLocked = errors.New("the registry is held by another process")
+
+// Registry is the durable record of every session and every event. Each Update is one
+// fsynced bbolt transaction; its events are returned only once it has committed.
+type Registry struct {
+	db *bolt.DB
+}
+
+// OpenRegistry opens (creating when absent) and migrates the registry at path.
+func OpenRegistry(path string) (*Registry, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, fmt.Errorf("%s: %w: another roostd is using this state directory", path, ErrLocked)
+		}
+		return nil, fmt.Errorf("opening the registry %s: %w", path, err)
+	}
+	if err := migrate(db); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return &Registry{db: db}, nil
+}
+
+// Close closes the registry file.
+func (r *Registry) Close() error { return r.db.Close() }
+
+// SchemaVersion names the registry's layout and migration level, e.g. "v1.1".
+func (r *Registry) SchemaVersion() string { return fmt.Sprintf("%s.%d", schemaVersion, dbVersion) }
+
+// View runs fn in a read-only transaction.
+func (r *Registry) View(fn func(*Tx) error) error {
+	return r.db.View(func(btx *bolt.Tx) error { return fn(&Tx{tx: btx}) })
+}
+
+// Update runs fn in one read-write transaction and returns the events it emitted once the
+// transaction has committed. When fn fails nothing is written and no event exists.
+func (r *Registry) Update(fn func(*Tx) error) ([]Event, error) {
+	var events []Event
+	err := r.db.Update(func(btx *bolt.Tx) error {
+		tx := &Tx{tx: btx, writable: true}
+		if err := fn(tx); err != nil {
+			return err
+		}
+		events = tx.events
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return events, nil
+}
+
+// Tx is one registry transaction.
+type Tx struct {
+	tx       *bolt.Tx
+	writable bool
+	events   []Event
+}
+
+func notFound(id string) error {
+	return fmt.Errorf("session %q: %w", id, errdefs.ErrNotFound)
+}
+
+// Get reads one session.
+func (t *Tx) Get(id string) (*Record, error) {
+	b := sessionBucket(t.tx, id)
+	if b == nil {
+		return nil, notFound(id)
+	}
+	return readRecord(id, b)
+}
+
+func readRecord(id string, b *bolt.Bucket) (*Record, error) {
+	rec := &Record{}
+	if err := json.Unmarshal(b.Get(keyRecord), rec); err != nil {
+		return nil, fmt.Errorf("session %s: record is unreadable: %v: %w", id, err, errdefs.ErrDataLoss)
+	}
+	rec.State = State(b.Get(keyState))
+	return rec, nil
+}
+
+// List reads every session whose state passes keep (every session when keep is nil), in id
+// order, which is creation order.
+func (t *Tx) List(keep func(State) bool) ([]*Record, error) {
+	var out []*Record
+	err := sessionsBucket(t.tx).ForEachBucket(func(k []byte) error {
+		b := sessionsBucket(t.tx).Bucket(k)
+		if keep != nil && !keep(State(b.Get(keyState))) {
+			return nil
+		}
+		rec, err := readRecord(string(k), b)
+		if err != nil {
+			return err
+		}
+		out = append(out, rec)
+		return nil
+	})
+	return out, err
+}
+
+// CountByState counts sessions in each state, reading only their state keys.
+func (t *Tx) CountByState() map[State]int {
+	counts := map[State]int{}
+	sessions := sessionsBucket(t.tx)
+	_ = sessions.ForEachBucket(func(k []byte) error {
+		counts[State(sessions.Bucket(k).Get(keyState))]++
+		return nil
+	})
+	return counts
+}
+
+// Manifest returns the capsule.yaml a session was staged with.
+func (t *Tx) Manifest(id string) ([]byte, error) { return t.blob(id, keyManifest) }
+
+// Explanation returns the effective grants recorded when the session was staged.
+func (t *Tx) Explanation(id string) ([]byte, error) { return t.blob(id, keyExplanation) }
+
+func (t *Tx) blob(id string, key []byte) ([]byte, error) {
+	b := sessionBucket(t.tx, id)
+	if b == nil {
+		return nil, notFound(id)
+	}
+	// bbolt's slices are valid only inside the transaction.
+	return slices.Clone(b.Get(key)), nil
+}
+
+// Create records a new session in state staged.
+func (t *Tx) Create(rec *Record, manifest, explanation []byte) error {
+	if err := transition(rec, Staged); err != nil {
+		return err
+	}
+	b, err := createSessionBucket(t.tx, rec.ID)
+	if err != nil {
+		if errors.Is(err, bolt.ErrBucketExists) {
+			return fmt.Errorf("session %q: %w", rec.ID, errdefs.ErrAlreadyExists)
+		}
+		return err
+	}
+	for k, v := range map[string][]byte{string(keyManifest): manifest, string(keyExplanation): explanation} {
+		if err := b.Put([]byte(k), v); err != nil {
+			return err
+		}
+	}
+	return t.write(rec, b, EventStaged)
+}
+
+// Transition moves a session to a new state, saving every change made to rec, and emits the
+// event that names the move. Illegal moves are refused (see transition.go).
+func (t *Tx) Transition(rec *Record, to State) error {
+	b := sessionBucket(t.tx, rec.ID)
+	if b == nil {
+		return notFound(rec.ID)
+	}
+	if stored := State(b.Get(keyState)); stored != rec.State {
+		return fmt.Errorf("session %s changed underneath (%s, not %s): %w", rec.ID, stored, rec.State, errdefs.ErrConflict)
+	}
+	if err := transition(rec, to); err != nil {
+		return err
+	}
+	return t.write(rec, b, eventFor(to))
+}
+
+// Save writes changes to a session that leave its state alone; no event.
+func (t *Tx) Save(rec *Record) error {
+	b := sessionBucket(t.tx, rec.ID)
+	if b == nil {
+		return notFound(rec.ID)
+	}
+	if stored := State(b.Get(keyState)); stored != rec.State {
+		return fmt.Errorf("session %s changed underneath (%s, not %s): %w", rec.ID, stored, rec.State, errdefs.ErrConflict)
+	}
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return b.Put(keyRecord, data)
+}
+
+// Delete forgets a session; only a staged or ended one may go.
+func (t *Tx) Delete(rec *Record) error {
+	sessions := sessionsBucket(t.tx)
+	if sessions.Bucket([]byte(rec.ID)) == nil {
+		return notFound(rec.ID)
+	}
+	if err := transition(rec, removed); err != nil {
+		return err
+	}
+	if err := sessions.DeleteBucket([]byte(rec.ID)); err != nil {
+		return err
+	}
+	return t.emit(Event{Type: EventRemoved, SessionID: rec.ID})
+}
+
+func (t *Tx) write(rec *Record, b *bolt.Bucket, event string) error {
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if err := b.Put(keyRecord, data); err != nil {
+		return err
+	}
+	if err := b.Put(keyState, []byte(rec.State)); err != nil {
+		return err
+	}
+	ev := Event{Type: event, SessionID: rec.ID, State: rec.State, ExitStatus: rec.ExitStatus, Detail: rec.Detail}
+	if rec.ExitCode != nil {
+		code := *rec.ExitCode
+		ev.ExitCode = &code
+	}
+	return t.emit(ev)
+}
+
+func (t *Tx) emit(ev Event) error {
+	events := eventsBucket(t.tx)
+	seq, err := events.NextSequence()
+	if err != nil {
+		return err
+	}
+	ev.Seq = seq
+	ev.Time = time.Now().UTC()
+	data, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	if err := events.Put(seqKey(seq), data); err != nil {
+		return err
+	}
+	t.events = append(t.events, ev)
+	return nil
+}
+
+// EventsSince returns up to limit events with a sequence number above since, in order.
+func (t *Tx) EventsSince(since uint64, limit int) ([]Event, error) {
+	var out []Event
+	c := eventsBucket(t.tx).Cursor()
+	for k, v := c.Seek(seqKey(since + 1)); k != nil && len(out) < limit; k, v = c.Next() {
+		var ev Event
+		if err := json.Unmarshal(v, &ev); err != nil {
+			return nil, fmt.Errorf("event %d is unreadable: %v: %w", binary.BigEndian.Uint64(k), err, errdefs.ErrDataLoss)
+		}
+		out = append(out, ev)
+	}
+	return out, nil
+}
+
+// LastSeq is the sequence number of the newest event; 0 when there is none.
+func (t *Tx) LastSeq() uint64 { return eventsBucket(t.tx).Sequence() }
+
+// Event is one committed change to the registry.
+type Event struct {
+	Seq        uint64     `json:"seq"`
+	Time       time.Time  `json:"time"`
+	Type       string     `json:"type"`
+	SessionID  string     `json:"session_id"`
+	State      State      `json:"state,omitempty"`
+	ExitStatus ExitStatus `json:"exit_status,omitempty"`
+	ExitCode   *int       `json:"exit_code,omitempty"`
+	Detail     string     `json:"detail,omitempty"`
+}
+
+// Event types.
+const (
+	EventStaged    = "session.staged"
+	EventLaunching = "session.launching"
+	EventRunning   = "session.running"
+	EventPaused    = "session.paused"
+	EventStopping  = "session.stopping"
+	EventExited    = "session.exited"
+	EventRemoved   = "session.removed"
+)
+
+func eventFor(s State) string { return "session." + strings.ToLower(string(s)) }

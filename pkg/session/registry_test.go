@@ -1,0 +1,240 @@
+package session
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	bolt "go.etcd.io/bbolt"
+)
+
+func openTestRegistry(t *testing.T) (*Registry, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), DBFile)
+	r, err := OpenRegistry(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r, path
+}
+
+func stage(t *testing.T, r *Registry, id string) *Record {
+	t.Helper()
+	rec := &Record{ID: id, Capsule: CapsuleRef{Name: "x", Version: "0.1.0"}}
+	if _, err := r.Update(func(tx *Tx) error { return tx.Create(rec, []byte("m"), []byte("e")) }); err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+// Every pair of states: the table allows exactly the moves it lists, and transition refuses
+// the rest with FailedPrecondition, leaving the record untouched.
+func TestTransitionMatrix(t *testing.T) {
+	all := append([]State{none}, States...)
+	all = append(all, removed)
+	allowed := map[[2]State]bool{
+		{none, Staged}: true, {Staged, Launching}: true, {Staged, removed}: true,
+		{Launching, Running}: true, {Launching, Exited}: true,
+		{Running, Paused}: true, {Running, Stopping}: true, {Running, Exited}: true,
+		{Paused, Running}: true, {Paused, Stopping}: true, {Paused, Exited}: true,
+		{Stopping, Exited}: true, {Exited, removed}: true,
+	}
+	for _, from := range all {
+		for _, to := range all {
+			rec := &Record{ID: "ses_x", State: from}
+			err := transition(rec, to)
+			if allowed[[2]State{from, to}] {
+				if err != nil || rec.State != to {
+					t.Errorf("%q -> %q refused: %v", from, to, err)
+				}
+				continue
+			}
+			if err == nil {
+				t.Errorf("%q -> %q allowed", from, to)
+			} else if !errdefs.IsFailedPrecondition(err) {
+				t.Errorf("%q -> %q: error not FailedPrecondition: %v", from, to, err)
+			}
+			if rec.State != from {
+				t.Errorf("%q -> %q: refused move changed the state to %q", from, to, rec.State)
+			}
+		}
+	}
+}
+
+// The bucket tree a fresh registry holds is the one buckets.go documents.
+func TestBucketTreeMatchesSchema(t *testing.T) {
+	r, _ := openTestRegistry(t)
+	stage(t, r, "ses_a")
+	var tree []string
+	err := r.db.View(func(tx *bolt.Tx) error {
+		var walk func(prefix string, b *bolt.Bucket) error
+		walk = func(prefix string, b *bolt.Bucket) error {
+			return b.ForEach(func(k, v []byte) error {
+				name := string(k)
+				if prefix == "v1/events/" {
+					name = "<seq>"
+				}
+				if v == nil {
+					if prefix == "v1/sessions/" {
+						name = "<session id>"
+					}
+					tree = append(tree, prefix+name+"/")
+					return walk(prefix+name+"/", b.Bucket(k))
+				}
+				tree = append(tree, prefix+name)
+				return nil
+			})
+		}
+		return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+			tree = append(tree, string(name)+"/")
+			return walk(string(name)+"/", b)
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree = slices.Compact(tree)
+	want := []string{
+		"v1/", "v1/events/", "v1/events/<seq>", "v1/sessions/", "v1/sessions/<session id>/",
+		"v1/sessions/<session id>/explanation", "v1/sessions/<session id>/manifest",
+		"v1/sessions/<session id>/record", "v1/sessions/<session id>/state", "v1/version",
+	}
+	sort.Strings(tree)
+	if !slices.Equal(tree, want) {
+		t.Fatalf("bucket tree:\n%s\nwant:\n%s", strings.Join(tree, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestRegistryRefusesNewerSchema(t *testing.T) {
+	r, path := openTestRegistry(t)
+	if err := r.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketV1).Put(keyVersion, binary.AppendUvarint(nil, dbVersion+1))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	_, err := OpenRegistry(path)
+	if err == nil || !strings.Contains(err.Error(), "newer than this roostd") {
+		t.Fatalf("opened a newer registry: %v", err)
+	}
+}
+
+func TestRegistryLockedByAnother(t *testing.T) {
+	_, path := openTestRegistry(t)
+	_, err := OpenRegistry(path)
+	if !errors.Is(err, ErrLocked) {
+		t.Fatalf("second open: %v", err)
+	}
+}
+
+func TestEventsSurviveReopenInOrder(t *testing.T) {
+	r, path := openTestRegistry(t)
+	for i := range 5 {
+		stage(t, r, fmt.Sprintf("ses_%d", i))
+	}
+	rec := stage(t, r, "ses_x")
+	if _, err := r.Update(func(tx *Tx) error { return tx.Transition(rec, Launching) }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Update(func(tx *Tx) error { return tx.Delete(rec) }); err == nil {
+		t.Fatal("deleted a launching session")
+	}
+	r.Close()
+
+	r2, err := OpenRegistry(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	var all, tail []Event
+	r2.View(func(tx *Tx) error {
+		all, _ = tx.EventsSince(0, 100)
+		tail, _ = tx.EventsSince(5, 100)
+		return nil
+	})
+	if len(all) != 7 {
+		t.Fatalf("want 7 events, got %d", len(all))
+	}
+	for i, ev := range all {
+		if ev.Seq != uint64(i+1) {
+			t.Fatalf("event %d has seq %d", i, ev.Seq)
+		}
+	}
+	if len(tail) != 2 || tail[0].Type != EventStaged || tail[0].SessionID != "ses_x" || tail[1].Type != EventLaunching {
+		t.Fatalf("events after 5: %+v", tail)
+	}
+	// New events continue the sequence; none is reused.
+	stage(t, r2, "ses_y")
+	r2.View(func(tx *Tx) error {
+		if tx.LastSeq() != 8 {
+			t.Errorf("last seq %d", tx.LastSeq())
+		}
+		return nil
+	})
+}
+
+func TestFailedUpdateWritesNothing(t *testing.T) {
+	r, _ := openTestRegistry(t)
+	events, err := r.Update(func(tx *Tx) error {
+		if err := tx.Create(&Record{ID: "ses_a"}, nil, nil); err != nil {
+			return err
+		}
+		return errors.New("boom")
+	})
+	if err == nil || events != nil {
+		t.Fatalf("events %v err %v", events, err)
+	}
+	r.View(func(tx *Tx) error {
+		if _, err := tx.Get("ses_a"); !errdefs.IsNotFound(err) {
+			t.Errorf("rolled-back session exists: %v", err)
+		}
+		if tx.LastSeq() != 0 {
+			t.Errorf("rolled-back event left seq %d", tx.LastSeq())
+		}
+		return nil
+	})
+}
+
+func TestRecordRoundTripAndStaleWrites(t *testing.T) {
+	r, _ := openTestRegistry(t)
+	rec := stage(t, r, "ses_a")
+	code := 3
+	rec.ExitCode = &code
+	rec.Detail = "d"
+	if _, err := r.Update(func(tx *Tx) error { return tx.Save(rec) }); err != nil {
+		t.Fatal(err)
+	}
+	// A writer holding an out-of-date copy is refused rather than overwriting.
+	stale := *rec
+	if _, err := r.Update(func(tx *Tx) error { return tx.Transition(rec, Launching) }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Update(func(tx *Tx) error { return tx.Save(&stale) }); !errdefs.IsConflict(err) {
+		t.Fatalf("stale save: %v", err)
+	}
+	r.View(func(tx *Tx) error {
+		got, err := tx.Get("ses_a")
+		if err != nil || got.State != Launching || *got.ExitCode != 3 || got.Detail != "d" {
+			t.Errorf("got %+v %v", got, err)
+		}
+		counts := tx.CountByState()
+		if counts[Launching] != 1 || len(counts) != 1 {
+			t.Errorf("counts %v", counts)
+		}
+		m, _ := tx.Manifest("ses_a")
+		if string(m) != "m" {
+			t.Errorf("manifest %q", m)
+		}
+		return nil
+	})
+	if _, err := r.Update(func(tx *Tx) error { return tx.Create(&Record{ID: "ses_a"}, nil, nil) }); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("duplicate create: %v", err)
+	}
+}

@@ -1,0 +1,204 @@
+package session
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/google/uuid"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
+	"roost.dev/roost/pkg/artifact"
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/manifest"
+)
+
+// StageOptions is what an operator asks for beyond the capsule itself.
+type StageOptions struct {
+	// Capsule is an absolute path to a capsule directory or its capsule.yaml.
+	Capsule string
+	// Workdir, when set, is an absolute directory used instead of <state-dir>/work/<id>.
+	Workdir string
+	// Deadline lowers limits.deadline_seconds; 0 leaves it.
+	Deadline time.Duration
+	// Containment raises the floor; ClassNone leaves it.
+	Containment manifest.Class
+}
+
+// plan is everything decided about a capsule before anything is recorded: the same
+// decisions serve Stage and Explain.
+type plan struct {
+	dir      string
+	raw      []byte
+	manifest *manifest.Manifest
+	policy   manifest.Policy
+	decision containment.Decision
+	ref      CapsuleRef
+}
+
+// Explain decides what Stage would, without recording anything.
+func (m *Manager) Explain(opts StageOptions) (*roostv1.Explanation, error) {
+	p, err := m.plan(opts)
+	if err != nil {
+		return nil, err
+	}
+	return m.explanation(p), nil
+}
+
+// Stage reads and validates the capsule, decides its containment, and records a session in
+// state staged. A capsule that is invalid, or whose floor this host cannot meet, is refused
+// and leaves no trace in the registry.
+func (m *Manager) Stage(opts StageOptions) (*Record, error) {
+	p, err := m.plan(opts)
+	if err != nil {
+		return nil, err
+	}
+	if !p.decision.Met {
+		return nil, errdefs.ErrFailedPrecondition.WithMessage(p.decision.Reason)
+	}
+	if p.manifest.Run.Wasm != "" {
+		return nil, errdefs.ErrFailedPrecondition.WithMessage(fmt.Sprintf("%s: run.wasm: this build has no WASM runner; give run.command instead", filepath.Join(p.dir, manifest.FileName)))
+	}
+	id, err := newID()
+	if err != nil {
+		return nil, err
+	}
+	workdir, owns := opts.Workdir, false
+	if workdir == "" {
+		workdir, owns = filepath.Join(m.cfg.StateDir, workDir, id), true
+	} else if err := checkWorkdir(workdir); err != nil {
+		return nil, err
+	}
+	explanation, err := explanationJSON.Marshal(m.explanation(p))
+	if err != nil {
+		return nil, err
+	}
+	rec := &Record{
+		ID:          id,
+		Capsule:     p.ref,
+		Declared:    p.decision.Floor.String(),
+		Achieved:    p.decision.Achieved.String(),
+		Workdir:     workdir,
+		OwnsWorkdir: owns,
+		RecordsDir:  m.recordsDirFor(id),
+		Command:     command(p.dir, p.manifest.Run),
+		Deadline:    time.Duration(p.policy.Limits.DeadlineSeconds.Value) * time.Second,
+		CreatedAt:   time.Now().UTC(),
+	}
+	if err := m.update(func(tx *Tx) error { return tx.Create(rec, p.raw, explanation) }); err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// command is the program's command line: run.command then run.args. A program named by a
+// relative path with a slash (bin/agent) lives in the capsule directory.
+func command(capsuleDir string, run manifest.Run) []string {
+	argv := append(append([]string{}, run.Command...), run.Args...)
+	if !filepath.IsAbs(argv[0]) && strings.Contains(argv[0], "/") {
+		argv[0] = filepath.Join(capsuleDir, argv[0])
+	}
+	return argv
+}
+
+func checkWorkdir(dir string) error {
+	if !filepath.IsAbs(dir) {
+		return fmt.Errorf("workdir %q is not absolute: %w", dir, errdefs.ErrInvalidArgument)
+	}
+	info, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("workdir %s: %v: %w", dir, err, errdefs.ErrInvalidArgument)
+	case !info.IsDir():
+		return fmt.Errorf("workdir %s is not a directory: %w", dir, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func (m *Manager) plan(opts StageOptions) (*plan, error) {
+	dir, raw, err := readCapsule(opts.Capsule)
+	if err != nil {
+		return nil, err
+	}
+	man, err := manifest.Parse(raw, filepath.Join(dir, manifest.FileName))
+	if err != nil {
+		return nil, err
+	}
+	policy := manifest.Lower(man)
+	if opts.Deadline != 0 {
+		if opts.Deadline < time.Second || opts.Deadline%time.Second != 0 {
+			return nil, fmt.Errorf("deadline %s: give a whole number of seconds, at least 1s: %w", opts.Deadline, errdefs.ErrInvalidArgument)
+		}
+		policy.LowerDeadline(int64(opts.Deadline / time.Second))
+	}
+	digest, err := artifact.DigestDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("capsule %s: %v: %w", dir, err, errdefs.ErrInvalidArgument)
+	}
+	decision := containment.Decide(&policy, containment.Sources(&policy, m.cfg.DaemonFloor, opts.Containment), m.cfg.Catalog)
+	return &plan{
+		dir:      dir,
+		raw:      raw,
+		manifest: man,
+		policy:   policy,
+		decision: decision,
+		ref:      CapsuleRef{Name: man.Name, Version: man.Version, SHA256: digest, Source: dir},
+	}, nil
+}
+
+// readCapsule finds the capsule directory and reads its manifest.
+func readCapsule(path string) (dir string, raw []byte, err error) {
+	if path == "" {
+		return "", nil, fmt.Errorf("no capsule given: %w", errdefs.ErrInvalidArgument)
+	}
+	if !filepath.IsAbs(path) {
+		return "", nil, fmt.Errorf("capsule path %q is not absolute: %w", path, errdefs.ErrInvalidArgument)
+	}
+	dir = filepath.Clean(path)
+	info, err := os.Stat(dir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return "", nil, fmt.Errorf("capsule %s: no such directory: %w", dir, errdefs.ErrNotFound)
+		}
+		return "", nil, fmt.Errorf("capsule %s: %v: %w", dir, err, errdefs.ErrInvalidArgument)
+	}
+	if !info.IsDir() {
+		if filepath.Base(dir) != manifest.FileName {
+			return "", nil, fmt.Errorf("capsule %s: not a directory (give the directory that holds %s): %w", dir, manifest.FileName, errdefs.ErrInvalidArgument)
+		}
+		dir = filepath.Dir(dir)
+	}
+	f, err := os.Open(filepath.Join(dir, manifest.FileName))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return "", nil, fmt.Errorf("capsule %s: no %s in it: %w", dir, manifest.FileName, errdefs.ErrInvalidArgument)
+		}
+		return "", nil, fmt.Errorf("capsule %s: %v: %w", dir, err, errdefs.ErrInvalidArgument)
+	}
+	defer f.Close()
+	raw, err = io.ReadAll(io.LimitReader(f, manifest.MaxSize+1))
+	if err != nil {
+		return "", nil, fmt.Errorf("capsule %s: %v: %w", dir, err, errdefs.ErrInvalidArgument)
+	}
+	return dir, raw, nil
+}
+
+// newID returns a session id: "ses_" and a UUIDv7 in hex, so ids sort by creation time.
+func newID() (string, error) {
+	u, err := uuid.NewV7()
+	if err != nil {
+		return "", err
+	}
+	return "ses_" + strings.ReplaceAll(u.String(), "-", ""), nil
+}
+
+var explanationJSON = protojson.MarshalOptions{UseProtoNames: true, EmitDefaultValues: true}

@@ -1,0 +1,264 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"roost.dev/roost/pkg/containment"
+)
+
+const (
+	sigTerm = syscall.SIGTERM
+	sigKill = syscall.SIGKILL
+)
+
+// killWait bounds how long Kill waits to see whether a signal other than SIGKILL ends the
+// session before it answers with the session as it is.
+const killWait = time.Second
+
+// supervise takes charge of a running session: its deadline, the SIGKILL of a stop under
+// way, and the recording of its end. The caller holds l.mu.
+func (m *Manager) supervise(l *liveSession, rec *Record, proc containment.Process) {
+	l.proc = proc
+	if !rec.DeadlineAt.IsZero() {
+		l.deadline = time.AfterFunc(max(time.Until(rec.DeadlineAt), 0), func() { m.expire(rec.ID, l) })
+	}
+	if rec.State == Stopping {
+		m.armKill(l, rec)
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		select {
+		case <-proc.Done():
+		case <-m.ctx.Done():
+			// The daemon is shutting down: the session runs on, and the next daemon
+			// records its end.
+			return
+		}
+		info, err := proc.Exit()
+		m.recordEnd(rec.ID, l, info, err)
+	}()
+}
+
+func (m *Manager) expire(id string, l *liveSession) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if m.ctx.Err() != nil {
+		return
+	}
+	if err := m.beginStop(l, id, EndDeadline, m.cfg.StopGrace); err != nil {
+		m.cfg.Logger.Error("deadline", "session", id, "err", err)
+	}
+}
+
+// beginStop records why roost is ending the session, moves it to stopping and sends
+// SIGTERM; SIGKILL follows after grace. A session already stopping keeps its reason, and a
+// shorter grace only brings the SIGKILL forward. The caller holds l.mu.
+func (m *Manager) beginStop(l *liveSession, id string, why EndRequest, grace time.Duration) error {
+	rec, err := m.Get(id)
+	if err != nil {
+		return err
+	}
+	killAt := time.Now().Add(grace).UTC()
+	switch rec.State {
+	case Running, Paused:
+		rec.EndRequest, rec.KillAt = why, killAt
+		if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Stopping) }); err != nil {
+			return err
+		}
+		if err := l.proc.Signal(sigTerm); err != nil && !errors.Is(err, containment.ErrGone) {
+			return err
+		}
+		m.armKill(l, rec)
+	case Stopping:
+		if killAt.Before(rec.KillAt) {
+			rec.KillAt = killAt
+			if err := m.update(func(tx *Tx) error { return tx.Save(rec) }); err != nil {
+				return err
+			}
+			m.armKill(l, rec)
+		}
+	}
+	return nil
+}
+
+func (m *Manager) armKill(l *liveSession, rec *Record) {
+	if l.killTimer != nil {
+		l.killTimer.Stop()
+	}
+	proc := l.proc
+	l.killTimer = time.AfterFunc(max(time.Until(rec.KillAt), 0), func() { _ = proc.Signal(sigKill) })
+}
+
+// Stop ends a session: SIGTERM, then SIGKILL after grace. It returns once the end is
+// recorded. Stopping a session that has already ended returns it as it is.
+func (m *Manager) Stop(ctx context.Context, id string, grace time.Duration) (*Record, error) {
+	rec, err := m.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	switch rec.State {
+	case Staged:
+		return nil, fmt.Errorf("session %s is staged and has never run; remove it with rm: %w", rec.ID, errdefs.ErrFailedPrecondition)
+	case Exited:
+		return rec, nil
+	}
+	l := m.lookup(rec.ID)
+	if l == nil {
+		return nil, fmt.Errorf("session %s is %s but not supervised by this daemon: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
+	}
+	l.mu.Lock()
+	err = m.beginStop(l, rec.ID, EndStop, grace)
+	l.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-l.ended:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return m.Get(rec.ID)
+}
+
+// Kill sends sig to every process of the session. For SIGKILL it returns once the end is
+// recorded; for another signal, once the session has ended or a moment has passed.
+func (m *Manager) Kill(ctx context.Context, id string, sig syscall.Signal) (*Record, error) {
+	rec, err := m.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	if !rec.State.Live() {
+		return nil, fmt.Errorf("session %s is %s; only a running session can be signalled: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
+	}
+	l := m.lookup(rec.ID)
+	if l == nil {
+		return nil, fmt.Errorf("session %s is %s but not supervised by this daemon: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
+	}
+	l.mu.Lock()
+	if rec, err = m.Get(rec.ID); err != nil || rec.State == Exited {
+		l.mu.Unlock()
+		return rec, err
+	}
+	// A stop or deadline under way keeps its reason: the kill only hurries it.
+	if rec.EndRequest == EndNone || rec.EndRequest == EndKill {
+		rec.EndRequest, rec.EndSignal = EndKill, int(sig)
+		if err := m.update(func(tx *Tx) error { return tx.Save(rec) }); err != nil {
+			l.mu.Unlock()
+			return nil, err
+		}
+	}
+	err = l.proc.Signal(sig)
+	l.mu.Unlock()
+	if err != nil && !errors.Is(err, containment.ErrGone) {
+		return nil, fmt.Errorf("signalling session %s: %w", rec.ID, err)
+	}
+	var timeout <-chan time.Time
+	if sig != sigKill {
+		timeout = time.After(killWait)
+	}
+	select {
+	case <-l.ended:
+	case <-timeout:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return m.Get(rec.ID)
+}
+
+// recordEnd records how a supervised session ended.
+func (m *Manager) recordEnd(id string, l *liveSession, info containment.ExitInfo, exitErr error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	rec, err := m.Get(id)
+	if err != nil {
+		m.cfg.Logger.Error("recording end", "session", id, "err", err)
+		return
+	}
+	status, code, detail := classify(rec, info, exitErr)
+	ended := info.EndedAt
+	if ended.IsZero() {
+		ended = time.Now().UTC()
+	}
+	m.finish(l, rec, status, code, detail, ended)
+}
+
+// endWithoutProcess ends a session that has no process to wait for: it failed to start or
+// was found gone. The caller holds l.mu.
+func (m *Manager) endWithoutProcess(l *liveSession, rec *Record, status ExitStatus, detail string) {
+	m.finish(l, rec, status, nil, detail, time.Now().UTC())
+}
+
+// finish writes the session's end: trace first, then the registry, so a crash between the
+// two leaves a session recovery will end again rather than an end with no trace. The caller
+// holds l.mu.
+func (m *Manager) finish(l *liveSession, rec *Record, status ExitStatus, code *int, detail string, ended time.Time) {
+	l.stopTimers()
+	if rec.State != Exited {
+		rec.ExitStatus, rec.ExitCode, rec.Detail, rec.EndedAt = status, code, detail, ended
+		if err := appendTrace(rec.RecordsDir, traceEnd(rec)); err != nil {
+			m.cfg.Logger.Warn("trace", "session", rec.ID, "err", err)
+		}
+		if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Exited) }); err != nil {
+			m.cfg.Logger.Error("recording end", "session", rec.ID, "err", err)
+			return
+		}
+	}
+	m.mu.Lock()
+	if m.live[rec.ID] == l {
+		delete(m.live, rec.ID)
+	}
+	m.mu.Unlock()
+	select {
+	case <-l.ended:
+	default:
+		close(l.ended)
+	}
+}
+
+// classify turns how a program ended, and why roost was ending it, into an exit status.
+func classify(rec *Record, info containment.ExitInfo, exitErr error) (ExitStatus, *int, string) {
+	if exitErr != nil {
+		if errors.Is(exitErr, containment.ErrNoExitRecord) {
+			return StatusLost, nil, "the session's supervisor ended without recording how the program ended"
+		}
+		return StatusLost, nil, "the session's exit record is unreadable: " + exitErr.Error()
+	}
+	if info.StartError != "" {
+		return StatusStartFailed, nil, info.StartError
+	}
+	code := info.Code
+	how := fmt.Sprintf("exited with code %d", code)
+	if info.Signal != 0 {
+		how = "killed by " + signalName(syscall.Signal(info.Signal))
+	}
+	switch {
+	case rec.EndRequest == EndDeadline:
+		return StatusDeadlineReached, &code, fmt.Sprintf("deadline of %s reached; %s", rec.Deadline, how)
+	case rec.EndRequest == EndStop:
+		return StatusTerminated, &code, "stopped by roostctl stop; " + how
+	case rec.EndRequest == EndKill && info.Signal != 0 && info.Signal == rec.EndSignal:
+		return StatusTerminated, &code, "killed by roostctl kill with " + signalName(syscall.Signal(info.Signal))
+	case info.Signal != 0:
+		switch syscall.Signal(info.Signal) {
+		case syscall.SIGXCPU:
+			how += ": resources.cpu_seconds used up"
+		case syscall.SIGXFSZ:
+			how += ": a file reached resources.max_file_size_bytes"
+		}
+		return StatusCrashed, &code, how
+	case code == 0:
+		return StatusOK, &code, how
+	default:
+		return StatusError, &code, how
+	}
+}
+
+func unixSignalName(sig syscall.Signal) string { return unix.SignalName(sig) }

@@ -1,0 +1,99 @@
+package session
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// TraceFile is the session's record of its life, one JSON object per line.
+const TraceFile = "trace.jsonl"
+
+type traceRecord struct {
+	EventType string    `json:"event_type"`
+	SessionID string    `json:"session_id"`
+	Timestamp time.Time `json:"timestamp"`
+	Capsule   string    `json:"capsule,omitempty"`
+	// EffectiveGrants is the explanation recorded at staging: what `roostctl explain
+	// --json` prints for the capsule.
+	EffectiveGrants json.RawMessage `json:"effective_grants,omitempty"`
+	Command         []string        `json:"command,omitempty"`
+	ExitStatus      ExitStatus      `json:"exit_status,omitempty"`
+	ExitCode        *int            `json:"exit_code,omitempty"`
+	Detail          string          `json:"detail,omitempty"`
+	DurationMS      *int64          `json:"duration_ms,omitempty"`
+}
+
+func traceStart(rec *Record, explanation []byte) traceRecord {
+	return traceRecord{
+		EventType:       "session_start",
+		SessionID:       rec.ID,
+		Timestamp:       time.Now().UTC(),
+		Capsule:         rec.Capsule.Name + "@" + rec.Capsule.Version,
+		EffectiveGrants: explanation,
+		Command:         rec.Command,
+	}
+}
+
+func traceEnd(rec *Record) traceRecord {
+	t := traceRecord{
+		EventType:  "session_end",
+		SessionID:  rec.ID,
+		Timestamp:  rec.EndedAt,
+		ExitStatus: rec.ExitStatus,
+		ExitCode:   rec.ExitCode,
+		Detail:     rec.Detail,
+	}
+	if !rec.StartedAt.IsZero() {
+		ms := rec.EndedAt.Sub(rec.StartedAt).Milliseconds()
+		t.DurationMS = &ms
+	}
+	return t
+}
+
+// appendTrace appends one record and syncs it. A session_end already present (written by a
+// daemon that died before committing the end) is not written twice.
+func appendTrace(dir string, t traceRecord) error {
+	path := filepath.Join(dir, TraceFile)
+	if t.EventType == "session_end" && traceHas(path, "session_end") {
+		return nil
+	}
+	data, err := json.Marshal(t)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(append(data, '\n')); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func traceHas(path, eventType string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	needle := []byte(`"event_type":"` + eventType + `"`)
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	for sc.Scan() {
+		if bytes.Contains(sc.Bytes(), needle) {
+			return true
+		}
+	}
+	return false
+}
