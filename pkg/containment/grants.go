@@ -44,7 +44,7 @@ func Rlimits(p *manifest.Policy) []Rlimit {
 func Grants(class manifest.Class, p *manifest.Policy, h Host) []Grant {
 	plain := class == manifest.Unconfined || class == manifest.Advisory
 	g := &grantList{plain: plain}
-	noKernel := "not enforced: a " + class.String() + " session has no kernel sandbox"
+	noKernel := "not enforced: the " + class.String() + " class has no kernel sandbox"
 
 	g.add("containment", class.String(), Enforced, "the class this session runs under")
 	g.add("network.allow", netList(p.Network.Allow), Advisory, noKernel+" (no network namespace); the program reaches whatever the host reaches")

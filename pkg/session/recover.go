@@ -30,8 +30,9 @@ func (m *Manager) recover() error {
 		return err
 	}
 	for _, rec := range recs {
+		was := rec.State
 		outcome := m.recoverOne(rec)
-		m.cfg.Logger.Info("recovered session", "session", rec.ID, "state", rec.State, "outcome", outcome)
+		m.cfg.Logger.Info("recovered session", "session", rec.ID, "was", was, "outcome", outcome, "now", rec.State)
 		if m.cfg.Observer != nil {
 			m.cfg.Observer.SessionRecovered(outcome)
 		}

@@ -82,7 +82,7 @@ type Tx struct {
 }
 
 func notFound(id string) error {
-	return fmt.Errorf("session %q: %w", id, errdefs.ErrNotFound)
+	return fmt.Errorf("no session %q: %w", id, errdefs.ErrNotFound)
 }
 
 // Get reads one session.

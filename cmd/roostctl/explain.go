@@ -1,0 +1,84 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
+)
+
+func (a *app) explainCommand() *cobra.Command {
+	var containment string
+	var deadline time.Duration
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "explain CAPSULE",
+		Short: "Show a capsule's effective grants and containment, without running it",
+		Long: `explain reads CAPSULE as stage would and prints what a session of it would get: the
+containment floor and where it comes from, the class this host delivers (or why it
+cannot), and every grant with its resolved value and what enforces it. Nothing is
+recorded. The JSON form is what a session's trace.jsonl records as session_start.`,
+		Args: exactArgs(1, "one CAPSULE"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			abs, err := filepath.Abs(args[0])
+			if err != nil {
+				return err
+			}
+			req := &roostv1.ExplainRequest{Capsule: abs, Containment: containment}
+			if deadline != 0 {
+				req.Deadline = durationpb.New(deadline)
+			}
+			c, err := a.capsules()
+			if err != nil {
+				return err
+			}
+			resp, err := c.Explain(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			e := resp.GetExplanation()
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), e)
+			}
+			printExplanation(cmd, e)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&containment, "containment", "", "explain with this floor, as run --containment")
+	cmd.Flags().DurationVar(&deadline, "deadline", 0, "explain with this deadline, as run --deadline")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the explanation as JSON")
+	return cmd
+}
+
+func printExplanation(cmd *cobra.Command, e *roostv1.Explanation) {
+	out := cmd.OutOrStdout()
+	c := e.GetCapsule()
+	d := e.GetContainment()
+	fmt.Fprintf(out, "capsule      %s@%s  %s\n", c.GetName(), c.GetVersion(), c.GetSha256())
+	fmt.Fprintf(out, "source       %s\n", c.GetSource())
+	fmt.Fprintf(out, "floor        %s  (", d.GetFloor())
+	for i, s := range d.GetSources() {
+		if i > 0 {
+			fmt.Fprint(out, ", ")
+		}
+		fmt.Fprintf(out, "%s: %s", s.GetSource(), s.GetClass())
+	}
+	fmt.Fprintln(out, ")")
+	if d.GetMet() {
+		fmt.Fprintf(out, "achieved     %s\n", d.GetAchieved())
+	} else {
+		fmt.Fprintf(out, "achieved     none: staging would be refused\n")
+	}
+	fmt.Fprintf(out, "decision     %s\n\n", d.GetReason())
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "GRANT\tVALUE\tENFORCEMENT\tHOW")
+	for _, g := range e.GetGrants() {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", g.GetKey(), g.GetValue(), orDash(g.GetEnforcement()), g.GetMechanism())
+	}
+	tw.Flush()
+}

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
+)
+
+// jsonOptions give proto field names (snake_case) and keep zero values, so every key a
+// script matches on is present.
+var jsonOptions = protojson.MarshalOptions{UseProtoNames: true, EmitDefaultValues: true}
+
+func marshal(m proto.Message) (json.RawMessage, error) {
+	data, err := jsonOptions.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	// protojson varies its whitespace on purpose; compact it for a stable form.
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, data); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// printJSON writes one message, indented.
+func printJSON(w io.Writer, m proto.Message) error {
+	data, err := marshal(m)
+	if err != nil {
+		return err
+	}
+	return writeIndented(w, data)
+}
+
+// printJSONList writes messages as one indented JSON array.
+func printJSONList[T proto.Message](w io.Writer, items []T) error {
+	var buf bytes.Buffer
+	buf.WriteByte('[')
+	for i, it := range items {
+		data, err := marshal(it)
+		if err != nil {
+			return err
+		}
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		buf.Write(data)
+	}
+	buf.WriteByte(']')
+	return writeIndented(w, buf.Bytes())
+}
+
+// printJSONLine writes one message as a single line.
+func printJSONLine(w io.Writer, m proto.Message) error {
+	data, err := marshal(m)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", data)
+	return err
+}
+
+func writeIndented(w io.Writer, data []byte) error {
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, data, "", "  "); err != nil {
+		return err
+	}
+	buf.WriteByte('\n')
+	_, err := w.Write(buf.Bytes())
+	return err
+}
+
+// sessionExitCode is what run and wait exit with for an ended session: the capsule's own
+// exit code, 124 when its deadline ended it, 125 when it never started, 255 when how it
+// ended is unknown.
+func sessionExitCode(s *roostv1.Session) int {
+	switch s.GetExitStatus() {
+	case "deadline_reached":
+		return exitDeadline
+	case "start_failed":
+		return exitNoLaunch
+	case "lost", "":
+		return exitLost
+	}
+	if s.ExitCode == nil {
+		return exitLost
+	}
+	return int(s.GetExitCode())
+}
+
+// outcome says in a few words how a session stands.
+func outcome(s *roostv1.Session) string {
+	switch {
+	case s.GetState() != "exited":
+		return s.GetState()
+	case s.ExitCode != nil:
+		return fmt.Sprintf("%s (%d)", s.GetExitStatus(), s.GetExitCode())
+	default:
+		return s.GetExitStatus()
+	}
+}
+
+func ago(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "-"
+	}
+	d := time.Since(ts.AsTime())
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds ago", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm ago", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh ago", int(d.Hours()))
+	default:
+		return fmt.Sprintf("%dd ago", int(d.Hours()/24))
+	}
+}
+
+func stamp(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "-"
+	}
+	return ts.AsTime().Local().Format(time.RFC3339)
+}
+
+// printSession writes one session for a person to read.
+func printSession(w io.Writer, s *roostv1.Session) {
+	row := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(w, "%-13s %s\n", k+":", v)
+		}
+	}
+	row("id", s.GetId())
+	row("capsule", s.GetCapsule().GetName()+"@"+s.GetCapsule().GetVersion())
+	row("sha256", strings.TrimPrefix(s.GetCapsule().GetSha256(), "sha256:"))
+	row("source", s.GetCapsule().GetSource())
+	row("state", s.GetState())
+	if s.GetState() == "exited" {
+		row("exit status", s.GetExitStatus())
+		if s.ExitCode != nil {
+			row("exit code", fmt.Sprint(s.GetExitCode()))
+		}
+	}
+	row("detail", s.GetDetail())
+	row("containment", fmt.Sprintf("declared %s, achieved %s", s.GetContainment().GetDeclared(), orDash(s.GetContainment().GetAchieved())))
+	row("parent", s.GetParentId())
+	row("command", strings.Join(s.GetCommand(), " "))
+	if s.GetPid() != 0 {
+		row("pid", fmt.Sprint(s.GetPid()))
+	}
+	row("workdir", s.GetWorkdir())
+	row("records", s.GetRecordsDir())
+	row("created", stamp(s.GetCreatedAt()))
+	if s.GetStartedAt() != nil {
+		row("started", stamp(s.GetStartedAt()))
+	}
+	if s.GetDeadlineAt() != nil && s.GetState() != "exited" {
+		row("deadline", stamp(s.GetDeadlineAt()))
+	}
+	if s.GetEndedAt() != nil {
+		row("ended", stamp(s.GetEndedAt()))
+	}
+	row("tokens", fmt.Sprint(s.GetSpend().GetTokens()))
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

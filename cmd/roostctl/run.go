@@ -1,0 +1,275 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
+)
+
+// stageFlags are the options run and stage share.
+type stageFlags struct {
+	workdir     string
+	deadline    time.Duration
+	containment string
+	json        bool
+}
+
+func (f *stageFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.workdir, "workdir", "", "use DIR as the session's working directory (created if missing; kept on rm)")
+	cmd.Flags().DurationVar(&f.deadline, "deadline", 0, "end the session after DUR (whole seconds); can only lower limits.deadline_seconds")
+	cmd.Flags().StringVar(&f.containment, "containment", "", "require at least this class: unconfined, advisory, scoped or sealed")
+	cmd.Flags().BoolVar(&f.json, "json", false, "print the session record as JSON")
+}
+
+// request resolves paths against roostctl's own working directory: the daemon has another.
+func (f *stageFlags) request(capsule string) (*roostv1.StageRequest, error) {
+	abs, err := filepath.Abs(capsule)
+	if err != nil {
+		return nil, err
+	}
+	req := &roostv1.StageRequest{Capsule: abs, Containment: f.containment}
+	if f.workdir != "" {
+		if req.Workdir, err = filepath.Abs(f.workdir); err != nil {
+			return nil, err
+		}
+	}
+	if f.deadline != 0 {
+		if f.deadline < time.Second || f.deadline%time.Second != 0 {
+			return nil, usageError{fmt.Errorf("--deadline %s: give a whole number of seconds, at least 1s", f.deadline)}
+		}
+		req.Deadline = durationpb.New(f.deadline)
+	}
+	return req, nil
+}
+
+func (a *app) stageCommand() *cobra.Command {
+	var f stageFlags
+	cmd := &cobra.Command{
+		Use:   "stage CAPSULE",
+		Short: "Validate a capsule and record a session for it, without starting it",
+		Long: `stage reads CAPSULE (a directory holding capsule.yaml), validates it, decides its
+containment and records a session in state "staged". It prints the session id.
+
+Exit codes: 0 staged; 125 the capsule was refused (the reason is on stderr).`,
+		Args: exactArgs(1, "one CAPSULE"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := a.stage(cmd.Context(), &f, args[0])
+			if err != nil {
+				return withCode(exitNoLaunch, err)
+			}
+			if f.json {
+				return printJSON(cmd.OutOrStdout(), s)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), s.GetId())
+			return nil
+		},
+	}
+	f.register(cmd)
+	return cmd
+}
+
+func (a *app) stage(ctx context.Context, f *stageFlags, capsule string) (*roostv1.Session, error) {
+	req, err := f.request(capsule)
+	if err != nil {
+		return nil, err
+	}
+	c, err := a.sessions()
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Stage(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetSession(), nil
+}
+
+func (a *app) launchCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "launch SESSION",
+		Short: "Start a staged session",
+		Long: `launch starts a session staged earlier and returns once its program runs.
+
+Exit codes: 0 launched; 125 it could not be launched or its program did not start.`,
+		Args: exactArgs(1, "one SESSION"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.sessions()
+			if err != nil {
+				return err
+			}
+			resp, err := c.Launch(cmd.Context(), &roostv1.LaunchRequest{Id: args[0]})
+			if err != nil {
+				return withCode(exitNoLaunch, err)
+			}
+			s := resp.GetSession()
+			if asJSON {
+				if err := printJSON(cmd.OutOrStdout(), s); err != nil {
+					return err
+				}
+			} else {
+				fmt.Fprintln(cmd.OutOrStdout(), s.GetId())
+			}
+			if s.GetExitStatus() == "start_failed" {
+				return withCode(exitNoLaunch, errors.New(s.GetDetail()))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the session record as JSON")
+	return cmd
+}
+
+func (a *app) runCommand() *cobra.Command {
+	var f stageFlags
+	var detach bool
+	cmd := &cobra.Command{
+		Use:   "run CAPSULE",
+		Short: "Stage and launch a capsule, stream its output and exit with its exit code",
+		Long: `run stages and launches CAPSULE (a directory holding capsule.yaml), streams the
+program's stdout and stderr to roostctl's own, and exits when the session ends.
+
+Ctrl-C stops the session (SIGTERM, then SIGKILL after 10s); a second Ctrl-C kills it.
+
+Exit codes: the capsule's exit code; 124 its deadline was reached; 125 roost could not
+stage or launch it (the reason is on stderr); 128+N when signal N ended it (137 killed,
+143 stopped); 255 roost lost track of how it ended.
+
+With --detach, run prints the session id and returns once the program runs. With --json,
+it prints the session record as JSON instead of the program's output (the final record,
+unless --detach).`,
+		Example: `  roostctl run examples/hello
+  roostctl run --deadline 30s --workdir ./out examples/hello
+  roostctl run --detach examples/hello && roostctl ps`,
+		Args: exactArgs(1, "one CAPSULE"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.run(cmd, &f, detach, args[0])
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "return once the session runs; print its id")
+	return cmd
+}
+
+func (a *app) run(cmd *cobra.Command, f *stageFlags, detach bool, capsule string) error {
+	ctx := cmd.Context()
+	staged, err := a.stage(ctx, f, capsule)
+	if err != nil {
+		return withCode(exitNoLaunch, err)
+	}
+	c, _ := a.sessions()
+	// From here the session exists: interrupting roostctl stops it rather than leaving it
+	// running unattended.
+	interrupts := make(chan os.Signal, 2)
+	signal.Notify(interrupts, os.Interrupt)
+	defer signal.Stop(interrupts)
+
+	launched, err := c.Launch(ctx, &roostv1.LaunchRequest{Id: staged.GetId()})
+	if err != nil {
+		return withCode(exitNoLaunch, fmt.Errorf("session %s: %w", staged.GetId(), err))
+	}
+	s := launched.GetSession()
+	if s.GetExitStatus() == "start_failed" {
+		if f.json {
+			_ = printJSON(cmd.OutOrStdout(), s)
+		}
+		return withCode(exitNoLaunch, fmt.Errorf("session %s did not start: %s", s.GetId(), s.GetDetail()))
+	}
+	if detach {
+		if f.json {
+			return printJSON(cmd.OutOrStdout(), s)
+		}
+		fmt.Fprintln(cmd.OutOrStdout(), s.GetId())
+		return nil
+	}
+
+	streamCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		count := 0
+		for {
+			select {
+			case <-interrupts:
+				count++
+				if count == 1 {
+					fmt.Fprintf(os.Stderr, "roostctl: stopping session %s (Ctrl-C again to kill it)\n", s.GetId())
+					go c.Stop(context.WithoutCancel(streamCtx), &roostv1.StopRequest{Id: s.GetId()})
+				} else {
+					go c.Kill(context.WithoutCancel(streamCtx), &roostv1.KillRequest{Id: s.GetId(), Signal: "KILL"})
+				}
+			case <-streamCtx.Done():
+				return
+			}
+		}
+	}()
+
+	if !f.json {
+		if err := a.copyLogs(streamCtx, s.GetId(), true, cmd.OutOrStdout(), cmd.ErrOrStderr()); err != nil {
+			return err
+		}
+	}
+	final, err := c.Wait(ctx, &roostv1.WaitRequest{Id: s.GetId()})
+	if err != nil {
+		return err
+	}
+	end := final.GetSession()
+	if f.json {
+		if err := printJSON(cmd.OutOrStdout(), end); err != nil {
+			return err
+		}
+	}
+	return sessionExit(end)
+}
+
+// sessionExit turns an ended session into roostctl's exit: the capsule's code, with what
+// roost knows said on stderr when the code alone would not tell.
+func sessionExit(s *roostv1.Session) error {
+	code := sessionExitCode(s)
+	switch s.GetExitStatus() {
+	case "ok", "error":
+		return withCode(code, nil)
+	}
+	return withCode(code, fmt.Errorf("session %s %s: %s", s.GetId(), s.GetExitStatus(), s.GetDetail()))
+}
+
+// copyLogs streams a session's output to stdout and stderr.
+func (a *app) copyLogs(ctx context.Context, id string, follow bool, stdout, stderr io.Writer) error {
+	c, err := a.sessions()
+	if err != nil {
+		return err
+	}
+	stream, err := c.Logs(ctx, &roostv1.LogsRequest{Id: id, Follow: follow})
+	if err != nil {
+		return err
+	}
+	for {
+		chunk, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		w := stdout
+		if chunk.GetStream() == "stderr" {
+			w = stderr
+		}
+		if _, err := w.Write(chunk.GetData()); err != nil {
+			if errors.Is(err, syscall.EPIPE) {
+				return nil
+			}
+			return err
+		}
+	}
+}

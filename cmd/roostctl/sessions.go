@@ -1,0 +1,224 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
+)
+
+func (a *app) psCommand() *cobra.Command {
+	var all, asJSON, quiet bool
+	cmd := &cobra.Command{
+		Use:   "ps",
+		Short: "List sessions (staged and live by default)",
+		Long: `ps lists sessions that are staged or live; --all adds those that have ended.
+With --json it prints a JSON array of the same objects inspect --json prints.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.sessions()
+			if err != nil {
+				return err
+			}
+			resp, err := c.List(cmd.Context(), &roostv1.ListRequest{All: all})
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			switch {
+			case asJSON:
+				return printJSONList(out, resp.GetSessions())
+			case quiet:
+				for _, s := range resp.GetSessions() {
+					fmt.Fprintln(out, s.GetId())
+				}
+				return nil
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "SESSION\tCAPSULE\tSTATE\tCLASS\tCREATED\tDETAIL")
+			for _, s := range resp.GetSessions() {
+				fmt.Fprintf(tw, "%s\t%s@%s\t%s\t%s\t%s\t%s\n", s.GetId(), s.GetCapsule().GetName(), s.GetCapsule().GetVersion(),
+					outcome(s), orDash(s.GetContainment().GetAchieved()), ago(s.GetCreatedAt()), s.GetDetail())
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "include sessions that have ended")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of session records")
+	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print session ids only")
+	return cmd
+}
+
+func (a *app) inspectCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "inspect SESSION",
+		Short: "Show one session's whole record",
+		Long:  `inspect shows a session's record. SESSION is its id or a unique prefix of it.`,
+		Args:  exactArgs(1, "one SESSION"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.sessions()
+			if err != nil {
+				return err
+			}
+			resp, err := c.Get(cmd.Context(), &roostv1.GetRequest{Id: args[0]})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), resp.GetSession())
+			}
+			printSession(cmd.OutOrStdout(), resp.GetSession())
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the record as JSON")
+	return cmd
+}
+
+func (a *app) waitCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "wait SESSION",
+		Short: "Block until a session ends; exit with its exit code",
+		Long: `wait blocks until SESSION has ended and exits as run would: the capsule's exit code,
+124 deadline reached, 125 never started, 255 lost.`,
+		Args: exactArgs(1, "one SESSION"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.sessions()
+			if err != nil {
+				return err
+			}
+			resp, err := c.Wait(cmd.Context(), &roostv1.WaitRequest{Id: args[0]})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if err := printJSON(cmd.OutOrStdout(), resp.GetSession()); err != nil {
+					return err
+				}
+			}
+			return sessionExit(resp.GetSession())
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the final record as JSON")
+	return cmd
+}
+
+func (a *app) stopCommand() *cobra.Command {
+	var grace time.Duration
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "stop SESSION...",
+		Short: "Stop sessions: SIGTERM, then SIGKILL after the grace period",
+		Long: `stop sends SIGTERM to every process of each SESSION, then SIGKILL once --grace has
+passed, and returns once each end is recorded. Stopping an ended session does nothing.`,
+		Args: minArgs(1, "at least one SESSION"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if grace < 0 {
+				return usageError{fmt.Errorf("--grace %s: must not be negative", grace)}
+			}
+			c, err := a.sessions()
+			if err != nil {
+				return err
+			}
+			var failed error
+			for _, id := range args {
+				resp, err := c.Stop(cmd.Context(), &roostv1.StopRequest{Id: id, Grace: durationpb.New(grace)})
+				if err != nil {
+					failed = errors.Join(failed, fmt.Errorf("%s: %s", id, a.describe(err)))
+					continue
+				}
+				a.printEnded(cmd, resp.GetSession(), asJSON)
+			}
+			return failed
+		},
+	}
+	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the final records as JSON, one per line")
+	return cmd
+}
+
+func (a *app) printEnded(cmd *cobra.Command, s *roostv1.Session, asJSON bool) {
+	if asJSON {
+		_ = printJSONLine(cmd.OutOrStdout(), s)
+		return
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", s.GetId(), outcome(s))
+}
+
+func (a *app) killCommand() *cobra.Command {
+	var signal string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "kill SESSION...",
+		Short: "Send a signal to every process of sessions (SIGKILL by default)",
+		Long: `kill sends --signal to every process of each SESSION. For SIGKILL, or any signal that
+ends the session, it returns once the end is recorded.`,
+		Args: minArgs(1, "at least one SESSION"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.sessions()
+			if err != nil {
+				return err
+			}
+			var failed error
+			for _, id := range args {
+				resp, err := c.Kill(cmd.Context(), &roostv1.KillRequest{Id: id, Signal: signal})
+				if err != nil {
+					if status.Code(err) == codes.InvalidArgument {
+						return usageError{errors.New(a.describe(err))}
+					}
+					failed = errors.Join(failed, fmt.Errorf("%s: %s", id, a.describe(err)))
+					continue
+				}
+				a.printEnded(cmd, resp.GetSession(), asJSON)
+			}
+			return failed
+		},
+	}
+	cmd.Flags().StringVarP(&signal, "signal", "s", "KILL", "signal name (TERM, SIGHUP) or number")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the records as JSON, one per line")
+	return cmd
+}
+
+func (a *app) rmCommand() *cobra.Command {
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "rm SESSION...",
+		Short: "Forget ended or staged sessions and delete their records",
+		Long: `rm forgets each SESSION and deletes its records directory, and its workdir when roost
+made it (a --workdir given to run is kept). A live session is refused unless --force,
+which kills it first.`,
+		Args: minArgs(1, "at least one SESSION"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.sessions()
+			if err != nil {
+				return err
+			}
+			var failed error
+			for _, id := range args {
+				if force {
+					if _, err := c.Kill(cmd.Context(), &roostv1.KillRequest{Id: id, Signal: "KILL"}); err != nil && status.Code(err) != codes.FailedPrecondition {
+						failed = errors.Join(failed, fmt.Errorf("%s: %s", id, a.describe(err)))
+						continue
+					}
+				}
+				if _, err := c.Remove(cmd.Context(), &roostv1.RemoveRequest{Id: id}); err != nil {
+					failed = errors.Join(failed, fmt.Errorf("%s: %s", id, a.describe(err)))
+					continue
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), id)
+			}
+			return failed
+		},
+	}
+	cmd.Flags().BoolVarP(&force, "force", "f", false, "kill a live session before removing it")
+	return cmd
+}

@@ -1,0 +1,232 @@
+// roostd is roost's daemon: it keeps the session registry, supervises sessions and serves
+// the control API on a unix socket and metrics over HTTP.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"roost.dev/roost/pkg/config"
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/metrics"
+	"roost.dev/roost/pkg/server"
+	"roost.dev/roost/pkg/session"
+	"roost.dev/roost/pkg/version"
+)
+
+func main() {
+	// The same binary is each session's roost-init and roost-exec; those roles never reach
+	// the daemon's flag parsing.
+	if containment.RunHelper(os.Args) {
+		return
+	}
+	os.Exit(run(os.Args[1:]))
+}
+
+type options struct {
+	stateDir      string
+	socket        string
+	metricsAddr   string
+	configFile    string
+	maxDepth      int
+	maxConcurrent int
+	machineTokens int64
+	containment   string
+	showVersion   bool
+}
+
+func parseFlags(args []string) (*options, error) {
+	o := &options{}
+	fs := pflag.NewFlagSet("roostd", pflag.ContinueOnError)
+	fs.StringVar(&o.stateDir, "state-dir", "/var/lib/roost", "directory for the registry, session records and workdirs")
+	fs.StringVar(&o.socket, "socket", "/run/roost/roostd.sock", "unix socket the control API listens on (mode 0660)")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1:9464", `HOST:PORT serving /metrics; "" disables`)
+	fs.StringVar(&o.configFile, "config", "", "YAML file with inference upstreams and other long settings")
+	fs.IntVar(&o.maxDepth, "max-depth", 3, "delegation depth allowed below a top-level session")
+	fs.IntVar(&o.maxConcurrent, "max-concurrent", 4, "live children per parent session")
+	fs.Int64Var(&o.machineTokens, "machine-tokens-per-day", 0, "machine-wide token ceiling per UTC day; 0 = none")
+	fs.StringVar(&o.containment, "containment", "", "host-wide containment floor: unconfined, advisory, scoped or sealed")
+	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "Usage: roostd [flags]\n\nroostd keeps roost's session registry and supervises sessions.\n\nFlags:\n%s", fs.FlagUsages())
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q (roostd takes only flags)", fs.Arg(0))
+	}
+	switch {
+	case o.maxDepth < 0:
+		return nil, fmt.Errorf("--max-depth %d: must be 0 or more", o.maxDepth)
+	case o.maxConcurrent < 0:
+		return nil, fmt.Errorf("--max-concurrent %d: must be 0 or more", o.maxConcurrent)
+	case o.machineTokens < 0:
+		return nil, fmt.Errorf("--machine-tokens-per-day %d: must be 0 or more", o.machineTokens)
+	}
+	return o, nil
+}
+
+func run(args []string) int {
+	o, err := parseFlags(args)
+	if errors.Is(err, pflag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "roostd:", err)
+		return 2
+	}
+	if o.showVersion {
+		fmt.Println("roostd", version.Version, version.Commit)
+		return 0
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := serve(o, log); err != nil {
+		log.Error("roostd stopped", "err", err)
+		fmt.Fprintln(os.Stderr, "roostd:", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(o *options, log *slog.Logger) error {
+	var floor manifest.Class
+	if o.containment != "" {
+		c, err := manifest.ParseClass(o.containment)
+		if err != nil {
+			return fmt.Errorf("--containment: %w", err)
+		}
+		floor = c
+	}
+	if o.configFile != "" {
+		if _, err := config.Load(o.configFile); err != nil {
+			return fmt.Errorf("--config: %w", err)
+		}
+	}
+	stateDir, err := filepath.Abs(o.stateDir)
+	if err != nil {
+		return err
+	}
+
+	host := containment.Probe()
+	catalog := containment.NewCatalog(host)
+	plain := containment.NewProcessRuntime()
+	var mtr *metrics.Metrics
+	var sessions *session.Manager
+	states := make([]string, len(session.States))
+	for i, s := range session.States {
+		states[i] = string(s)
+	}
+	mtr = metrics.New(states, func() map[string]int {
+		out := map[string]int{}
+		if sessions != nil {
+			for s, n := range sessions.CountByState() {
+				out[string(s)] = n
+			}
+		}
+		return out
+	})
+	sessions, err = session.Open(session.Config{
+		StateDir:    stateDir,
+		DaemonFloor: floor,
+		Host:        host,
+		Catalog:     catalog,
+		Runtimes:    map[manifest.Class]session.Runtime{manifest.Unconfined: plain, manifest.Advisory: plain},
+		Observer:    mtr,
+		Logger:      log,
+	})
+	if err != nil {
+		return err
+	}
+	defer sessions.Close()
+
+	lis, err := listen(o.socket)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(o.socket)
+	srv := server.New(server.Config{Sessions: sessions, StateDir: stateDir, StartedAt: time.Now(), Logger: log})
+
+	var metricsSrv *http.Server
+	if o.metricsAddr != "" {
+		mlis, err := net.Listen("tcp", o.metricsAddr)
+		if err != nil {
+			lis.Close()
+			return fmt.Errorf("--metrics-addr %s: %w", o.metricsAddr, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", mtr.Handler())
+		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = metricsSrv.Serve(mlis) }()
+		log.Info("serving metrics", "addr", mlis.Addr().String())
+	}
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	log.Info("roostd serving", "socket", o.socket, "state_dir", stateDir, "version", version.Version, "strongest_class", catalog.Strongest().String())
+
+	select {
+	case sig := <-sigs:
+		log.Info("shutting down; sessions keep running", "signal", sig.String())
+	case err := <-served:
+		return err
+	}
+	// Stop accepting, let short RPCs finish; followers of logs and events are cut off.
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(2 * time.Second):
+		srv.Stop()
+	}
+	if metricsSrv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = metricsSrv.Shutdown(ctx)
+		cancel()
+	}
+	return nil
+}
+
+// listen opens the control socket with mode 0660. A socket file left by a daemon that died
+// is replaced; one a live daemon answers on is not.
+func listen(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("--socket: %w", err)
+	}
+	if _, err := os.Stat(path); err == nil {
+		if conn, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			conn.Close()
+			return nil, fmt.Errorf("--socket %s: another roostd is serving on it", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("--socket %s: removing the stale socket: %w", path, err)
+		}
+	}
+	// Create it with no access at all, then open it to the group: nobody can connect in
+	// between with wider rights.
+	old := syscall.Umask(0o777)
+	lis, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("--socket %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		lis.Close()
+		return nil, fmt.Errorf("--socket %s: %w", path, err)
+	}
+	return lis, nil
+}

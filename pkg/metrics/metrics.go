@@ -1,0 +1,87 @@
+// Package metrics exposes roostd to Prometheus. Labels are bounded sets (states, classes,
+// outcomes); no session id is ever a label.
+package metrics
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"roost.dev/roost/pkg/manifest"
+)
+
+// Metrics holds roostd's collectors and hears session starts and recoveries.
+type Metrics struct {
+	registry  *prometheus.Registry
+	starts    *prometheus.CounterVec
+	startTime *prometheus.HistogramVec
+	recovered *prometheus.CounterVec
+}
+
+// New registers the Go and process collectors, roost's counters, and a gauge of sessions
+// per state read through count at every scrape, so it can never drift from the registry.
+func New(states []string, count func() map[string]int) *Metrics {
+	m := &Metrics{
+		registry: prometheus.NewRegistry(),
+		starts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "roost_session_starts_total",
+			Help: "Session launches, by containment class and result (started, failed).",
+		}, []string{"class", "result"}),
+		startTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "roost_session_start_seconds",
+			Help:    "Time from a launch request to the session's program running.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+		}, []string{"class"}),
+		recovered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "roost_recovered_sessions_total",
+			Help: "Live sessions found at daemon start, by outcome (attached, exited, lost).",
+		}, []string{"outcome"}),
+	}
+	m.registry.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.starts, m.startTime, m.recovered,
+		&stateCollector{states: states, count: count, desc: prometheus.NewDesc(
+			"roost_sessions", "Sessions in the registry, by state.", []string{"state"}, nil)},
+	)
+	return m
+}
+
+// Handler serves the metrics in the Prometheus exposition format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{Registry: m.registry})
+}
+
+// SessionStarted counts a launch that got its program running.
+func (m *Metrics) SessionStarted(class manifest.Class, took time.Duration) {
+	m.starts.WithLabelValues(class.String(), "started").Inc()
+	m.startTime.WithLabelValues(class.String()).Observe(took.Seconds())
+}
+
+// SessionStartFailed counts a launch whose program did not start.
+func (m *Metrics) SessionStartFailed(class manifest.Class) {
+	m.starts.WithLabelValues(class.String(), "failed").Inc()
+}
+
+// SessionRecovered counts one live session reconciled at start.
+func (m *Metrics) SessionRecovered(outcome string) {
+	m.recovered.WithLabelValues(outcome).Inc()
+}
+
+type stateCollector struct {
+	states []string
+	count  func() map[string]int
+	desc   *prometheus.Desc
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	counts := c.count()
+	for _, s := range c.states {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(counts[s]), s)
+	}
+}

@@ -1,0 +1,265 @@
+// Package server is roostd's gRPC API: each service forwards to the package that owns the
+// work, and every error leaves through ToStatus.
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/session"
+	"roost.dev/roost/pkg/version"
+)
+
+// Config is what the services need.
+type Config struct {
+	Sessions  *session.Manager
+	StateDir  string
+	StartedAt time.Time
+	Logger    *slog.Logger
+}
+
+// New returns a gRPC server with every roost service registered.
+func New(cfg Config) *grpc.Server {
+	srv := grpc.NewServer(
+		grpc.ChainUnaryInterceptor(unaryInterceptor(cfg.Logger)),
+		grpc.ChainStreamInterceptor(streamInterceptor(cfg.Logger)),
+		// Bound what one request may carry; roost's requests are small.
+		grpc.MaxRecvMsgSize(1<<20),
+	)
+	roostv1.RegisterSessionServiceServer(srv, &sessionService{m: cfg.Sessions})
+	roostv1.RegisterCapsuleServiceServer(srv, &capsuleService{m: cfg.Sessions})
+	roostv1.RegisterSystemServiceServer(srv, &systemService{cfg: cfg})
+	return srv
+}
+
+type sessionService struct {
+	roostv1.UnimplementedSessionServiceServer
+	m *session.Manager
+}
+
+var _ roostv1.SessionServiceServer = (*sessionService)(nil)
+
+func stageOptions(capsule, workdir, class string, deadline *durationpb.Duration) (session.StageOptions, error) {
+	opts := session.StageOptions{Capsule: capsule, Workdir: workdir}
+	if class != "" {
+		c, err := manifest.ParseClass(class)
+		if err != nil {
+			return opts, fmt.Errorf("containment: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		opts.Containment = c
+	}
+	if deadline != nil {
+		if err := deadline.CheckValid(); err != nil {
+			return opts, fmt.Errorf("deadline: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		opts.Deadline = deadline.AsDuration()
+		if opts.Deadline <= 0 {
+			return opts, fmt.Errorf("deadline %s: must be positive: %w", opts.Deadline, errdefs.ErrInvalidArgument)
+		}
+	}
+	return opts, nil
+}
+
+func (s *sessionService) Stage(ctx context.Context, req *roostv1.StageRequest) (*roostv1.StageResponse, error) {
+	opts, err := stageOptions(req.GetCapsule(), req.GetWorkdir(), req.GetContainment(), req.GetDeadline())
+	if err != nil {
+		return nil, err
+	}
+	rec, err := s.m.Stage(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &roostv1.StageResponse{Session: rec.Proto()}, nil
+}
+
+func (s *sessionService) Launch(ctx context.Context, req *roostv1.LaunchRequest) (*roostv1.LaunchResponse, error) {
+	rec, err := s.m.Launch(ctx, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return &roostv1.LaunchResponse{Session: rec.Proto()}, nil
+}
+
+func (s *sessionService) Get(ctx context.Context, req *roostv1.GetRequest) (*roostv1.GetResponse, error) {
+	rec, err := s.m.Get(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return &roostv1.GetResponse{Session: rec.Proto()}, nil
+}
+
+func (s *sessionService) List(ctx context.Context, req *roostv1.ListRequest) (*roostv1.ListResponse, error) {
+	recs, err := s.m.List(req.GetAll())
+	if err != nil {
+		return nil, err
+	}
+	resp := &roostv1.ListResponse{Sessions: make([]*roostv1.Session, len(recs))}
+	for i, rec := range recs {
+		resp.Sessions[i] = rec.Proto()
+	}
+	return resp, nil
+}
+
+func (s *sessionService) Wait(ctx context.Context, req *roostv1.WaitRequest) (*roostv1.WaitResponse, error) {
+	rec, err := s.m.Wait(ctx, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return &roostv1.WaitResponse{Session: rec.Proto()}, nil
+}
+
+func (s *sessionService) Stop(ctx context.Context, req *roostv1.StopRequest) (*roostv1.StopResponse, error) {
+	grace := session.DefaultStopGrace
+	if g := req.GetGrace(); g != nil {
+		if err := g.CheckValid(); err != nil || g.AsDuration() < 0 {
+			return nil, fmt.Errorf("grace: must be a duration of 0 or more: %w", errdefs.ErrInvalidArgument)
+		}
+		grace = g.AsDuration()
+	}
+	rec, err := s.m.Stop(ctx, req.GetId(), grace)
+	if err != nil {
+		return nil, err
+	}
+	return &roostv1.StopResponse{Session: rec.Proto()}, nil
+}
+
+func (s *sessionService) Kill(ctx context.Context, req *roostv1.KillRequest) (*roostv1.KillResponse, error) {
+	sig, err := ParseSignal(req.GetSignal())
+	if err != nil {
+		return nil, err
+	}
+	rec, err := s.m.Kill(ctx, req.GetId(), sig)
+	if err != nil {
+		return nil, err
+	}
+	return &roostv1.KillResponse{Session: rec.Proto()}, nil
+}
+
+// ParseSignal reads a signal as operators write it: "KILL", "SIGKILL", "sigkill" or "9".
+// Empty means SIGKILL.
+func ParseSignal(s string) (syscall.Signal, error) {
+	if s == "" {
+		return syscall.SIGKILL, nil
+	}
+	var n int
+	if _, err := fmt.Sscanf(s, "%d", &n); err == nil && fmt.Sprint(n) == s {
+		if n <= 0 || n > 64 {
+			return 0, fmt.Errorf("signal %s: out of range 1-64: %w", s, errdefs.ErrInvalidArgument)
+		}
+		return syscall.Signal(n), nil
+	}
+	name := s
+	if len(name) < 3 || !equalFold(name[:3], "SIG") {
+		name = "SIG" + name
+	}
+	for i := 1; i <= 64; i++ {
+		if n := unix.SignalName(syscall.Signal(i)); n != "" && equalFold(n, name) {
+			return syscall.Signal(i), nil
+		}
+	}
+	return 0, fmt.Errorf("signal %q: not a signal name or number: %w", s, errdefs.ErrInvalidArgument)
+}
+
+func equalFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range len(a) {
+		x, y := a[i], b[i]
+		if 'a' <= x && x <= 'z' {
+			x -= 'a' - 'A'
+		}
+		if 'a' <= y && y <= 'z' {
+			y -= 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *sessionService) Remove(ctx context.Context, req *roostv1.RemoveRequest) (*roostv1.RemoveResponse, error) {
+	if err := s.m.Remove(req.GetId()); err != nil {
+		return nil, err
+	}
+	return &roostv1.RemoveResponse{}, nil
+}
+
+func (s *sessionService) Logs(req *roostv1.LogsRequest, stream grpc.ServerStreamingServer[roostv1.LogsResponse]) error {
+	return s.m.Logs(stream.Context(), req.GetId(), req.GetFollow(), func(name string, data []byte) error {
+		return stream.Send(&roostv1.LogsResponse{Stream: name, Data: data})
+	})
+}
+
+func (s *sessionService) Events(req *roostv1.EventsRequest, stream grpc.ServerStreamingServer[roostv1.EventsResponse]) error {
+	return s.m.Events(stream.Context(), req.GetSince(), req.GetFollow(), func(ev session.Event) error {
+		return stream.Send(&roostv1.EventsResponse{Event: ev.Proto()})
+	})
+}
+
+type capsuleService struct {
+	roostv1.UnimplementedCapsuleServiceServer
+	m *session.Manager
+}
+
+var _ roostv1.CapsuleServiceServer = (*capsuleService)(nil)
+
+func (s *capsuleService) Explain(ctx context.Context, req *roostv1.ExplainRequest) (*roostv1.ExplainResponse, error) {
+	opts, err := stageOptions(req.GetCapsule(), "", req.GetContainment(), req.GetDeadline())
+	if err != nil {
+		return nil, err
+	}
+	e, err := s.m.Explain(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &roostv1.ExplainResponse{Explanation: e}, nil
+}
+
+type systemService struct {
+	roostv1.UnimplementedSystemServiceServer
+	cfg Config
+}
+
+var _ roostv1.SystemServiceServer = (*systemService)(nil)
+
+func (s *systemService) Health(context.Context, *roostv1.HealthRequest) (*roostv1.HealthResponse, error) {
+	return &roostv1.HealthResponse{Status: "serving", StartedAt: timestamppb.New(s.cfg.StartedAt), StateDir: s.cfg.StateDir}, nil
+}
+
+func (s *systemService) Version(context.Context, *roostv1.VersionRequest) (*roostv1.VersionResponse, error) {
+	return &roostv1.VersionResponse{
+		Version:   version.Version,
+		Commit:    version.Commit,
+		GoVersion: runtime.Version(),
+		Schema:    s.cfg.Sessions.SchemaVersion(),
+	}, nil
+}
+
+func (s *systemService) Doctor(context.Context, *roostv1.DoctorRequest) (*roostv1.DoctorResponse, error) {
+	// Probe afresh: a doctor's answer is about the host now, not at daemon start.
+	host := containment.Probe()
+	catalog := containment.NewCatalog(host)
+	resp := &roostv1.DoctorResponse{Strongest: catalog.Strongest().String()}
+	for _, c := range catalog {
+		resp.Classes = append(resp.Classes, &roostv1.ClassReport{Class: c.Class.String(), Available: c.Available, Detail: c.Detail})
+	}
+	for _, c := range append(host.Checks(), containment.CheckStateDir(s.cfg.StateDir)) {
+		resp.Checks = append(resp.Checks, &roostv1.HostCheck{Name: c.Name, Status: c.Status, Detail: c.Detail, Hint: c.Hint})
+	}
+	return resp, nil
+}

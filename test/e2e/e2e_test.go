@@ -1,0 +1,526 @@
+// Package e2e drives roost end to end: it builds roostd and roostctl, starts the daemon on
+// a temporary state directory and uses it only through roostctl, as an operator would.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "roost-e2e-bin-")
+	if err != nil {
+		panic(err)
+	}
+	build := exec.Command("go", "build", "-o", dir, "roost.dev/roost/cmd/roostd", "roost.dev/roost/cmd/roostctl")
+	build.Stdout, build.Stderr = os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building roost:", err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// daemon is one roostd on a temporary state directory.
+type daemon struct {
+	t           *testing.T
+	stateDir    string
+	socket      string
+	metricsAddr string
+	cmd         *exec.Cmd
+	log         *bytes.Buffer
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func newDaemon(t *testing.T) *daemon {
+	t.Helper()
+	state := t.TempDir()
+	d := &daemon{t: t, stateDir: state, socket: filepath.Join(state, "roostd.sock"), metricsAddr: freePort(t)}
+	d.start()
+	t.Cleanup(func() {
+		if d.cmd == nil || d.cmd.ProcessState != nil {
+			return
+		}
+		// Sessions outlive the daemon by design; end what a test left running.
+		for _, id := range strings.Fields(d.ctl("ps", "-q").stdout) {
+			d.ctl("kill", id)
+		}
+		d.cmd.Process.Signal(syscall.SIGTERM)
+		d.cmd.Wait()
+	})
+	return d
+}
+
+func (d *daemon) start() {
+	d.t.Helper()
+	d.log = &bytes.Buffer{}
+	d.cmd = exec.Command(filepath.Join(binDir, "roostd"), "--state-dir", d.stateDir, "--socket", d.socket, "--metrics-addr", d.metricsAddr)
+	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	if err := d.cmd.Start(); err != nil {
+		d.t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if res := d.ctl("version"); res.code == 0 {
+			return
+		}
+	}
+	d.t.Fatalf("roostd did not come up:\n%s", d.log)
+}
+
+func (d *daemon) kill9() {
+	d.t.Helper()
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	d.cmd.Wait()
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// ctl runs roostctl against this daemon, through ROOST_SOCKET as an operator's shell would.
+func (d *daemon) ctl(args ...string) result {
+	d.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "roostctl"), args...)
+	cmd.Env = append(os.Environ(), "ROOST_SOCKET="+d.socket)
+	cmd.Dir = repoRoot()
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	res := result{stdout: out.String(), stderr: errOut.String()}
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		res.code = ee.ExitCode()
+	case err != nil:
+		d.t.Fatalf("roostctl %v: %v", args, err)
+	}
+	return res
+}
+
+func (d *daemon) ok(args ...string) string {
+	d.t.Helper()
+	res := d.ctl(args...)
+	if res.code != 0 {
+		d.t.Fatalf("roostctl %s: exit %d\nstdout: %s\nstderr: %s\nroostd: %s", strings.Join(args, " "), res.code, res.stdout, res.stderr, d.log)
+	}
+	return res.stdout
+}
+
+type session struct {
+	ID         string `json:"id"`
+	State      string `json:"state"`
+	ExitStatus string `json:"exit_status"`
+	ExitCode   *int   `json:"exit_code"`
+	Detail     string `json:"detail"`
+	Workdir    string `json:"workdir"`
+	RecordsDir string `json:"records_dir"`
+	Capsule    struct {
+		Name    string `json:"name"`
+		Version string `json:"version"`
+		SHA256  string `json:"sha256"`
+	} `json:"capsule"`
+	Containment struct {
+		Declared string `json:"declared"`
+		Achieved string `json:"achieved"`
+	} `json:"containment"`
+}
+
+func (d *daemon) inspect(id string) session {
+	d.t.Helper()
+	var s session
+	if err := json.Unmarshal([]byte(d.ok("inspect", "--json", id)), &s); err != nil {
+		d.t.Fatal(err)
+	}
+	return s
+}
+
+func (d *daemon) ps() []session {
+	d.t.Helper()
+	var list []session
+	if err := json.Unmarshal([]byte(d.ok("ps", "--all", "--json")), &list); err != nil {
+		d.t.Fatal(err)
+	}
+	return list
+}
+
+type event struct {
+	Seq       string `json:"seq"`
+	Type      string `json:"type"`
+	SessionID string `json:"session_id"`
+}
+
+func (d *daemon) events(since int) []event {
+	d.t.Helper()
+	var out []event
+	sc := bufio.NewScanner(strings.NewReader(d.ok("events", "--json", "--since", fmt.Sprint(since))))
+	for sc.Scan() {
+		var ev event
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			d.t.Fatalf("event line %q: %v", sc.Text(), err)
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+// capsule writes a capsule whose program is a shell script.
+func capsule(t *testing.T, name, script, extra string) string {
+	t.Helper()
+	dir := t.TempDir()
+	cmd, _ := json.Marshal([]string{"/bin/sh", "-c", script})
+	src := fmt.Sprintf("name: %s\nversion: 0.1.0\nrun:\n  command: %s\n%s", name, cmd, extra)
+	if err := os.WriteFile(filepath.Join(dir, "capsule.yaml"), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func TestRunHello(t *testing.T) {
+	d := newDaemon(t)
+	res := d.ctl("run", "examples/hello")
+	if res.code != 0 || !strings.Contains(res.stdout, "hello from hello@0.1.0 (ses_") {
+		t.Fatalf("run examples/hello: %+v", res)
+	}
+	list := d.ps()
+	if len(list) != 1 {
+		t.Fatalf("ps --all: %+v", list)
+	}
+	s := d.inspect(list[0].ID)
+	if s.State != "exited" || s.ExitStatus != "ok" || *s.ExitCode != 0 || s.Capsule.Name != "hello" || !strings.HasPrefix(s.Capsule.SHA256, "sha256:") {
+		t.Fatalf("inspect: %+v", s)
+	}
+	if data, err := os.ReadFile(filepath.Join(s.Workdir, "out.txt")); err != nil || string(data) != "hello\n" {
+		t.Fatalf("the capsule's file: %q %v", data, err)
+	}
+	// ps --json lists the very objects inspect --json prints.
+	var raw []json.RawMessage
+	json.Unmarshal([]byte(d.ok("ps", "--all", "--json")), &raw)
+	var one json.RawMessage
+	json.Unmarshal([]byte(d.ok("inspect", "--json", s.ID)), &one)
+	var a, b bytes.Buffer
+	json.Compact(&a, raw[0])
+	json.Compact(&b, one)
+	if a.String() != b.String() {
+		t.Fatalf("ps --json and inspect --json differ:\n%s\n%s", a.String(), b.String())
+	}
+}
+
+func TestExitCodes(t *testing.T) {
+	d := newDaemon(t)
+	res := d.ctl("run", capsule(t, "three", "echo out; echo err >&2; exit 3", ""))
+	if res.code != 3 || res.stdout != "out\n" || res.stderr != "err\n" {
+		t.Fatalf("exit 3 capsule: %+v", res)
+	}
+
+	start := time.Now()
+	res = d.ctl("run", capsule(t, "sleepy", "sleep 30", "capabilities:\n  limits:\n    deadline_seconds: 1\n"))
+	if res.code != 124 || time.Since(start) > 15*time.Second {
+		t.Fatalf("deadline: %+v after %s", res, time.Since(start))
+	}
+	last := d.ps()
+	s := d.inspect(last[len(last)-1].ID)
+	if s.ExitStatus != "deadline_reached" {
+		t.Fatalf("inspect after deadline: %+v", s)
+	}
+
+	// run --deadline lowers the manifest's deadline.
+	if res = d.ctl("run", "--deadline", "1s", capsule(t, "sleepy", "sleep 30", "")); res.code != 124 {
+		t.Fatalf("run --deadline: %+v", res)
+	}
+
+	res = d.ctl("run", capsule(t, "missing", "exec /nonexistent/program", ""))
+	if res.code != 127 {
+		t.Fatalf("shell's own not-found: %+v", res)
+	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "capsule.yaml"), []byte("name: nostart\nversion: 0.1.0\nrun:\n  command: [no-such-program]\n"), 0o644)
+	res = d.ctl("run", dir)
+	if res.code != 125 || !strings.Contains(res.stderr, "no-such-program") {
+		t.Fatalf("program not found: %+v", res)
+	}
+}
+
+func TestBadManifestRecordsNothing(t *testing.T) {
+	d := newDaemon(t)
+	before := len(d.events(0))
+	res := d.ctl("run", capsule(t, "typo", "true", "capabilities:\n  netwrok:\n    allow: []\n"))
+	if res.code != 125 || !strings.Contains(res.stderr, "capabilities.netwrok: unknown key") || !strings.Contains(res.stderr, "capsule.yaml:6:3") {
+		t.Fatalf("misspelt key: %+v", res)
+	}
+	res = d.ctl("run", capsule(t, "sealed", "true", "capabilities:\n  containment: sealed\n"))
+	if res.code != 125 || !strings.Contains(res.stderr, `containment floor "sealed"`) {
+		t.Fatalf("unmeetable floor: %+v", res)
+	}
+	if res = d.ctl("run", "--containment", "nope", "examples/hello"); res.code != 125 || !strings.Contains(res.stderr, `"nope" is not a containment class`) {
+		t.Fatalf("bad --containment: %+v", res)
+	}
+	if res = d.ctl("run", "/no/such/capsule"); res.code != 125 || !strings.Contains(res.stderr, "no such directory") {
+		t.Fatalf("missing capsule: %+v", res)
+	}
+	if len(d.ps()) != 0 || len(d.events(0)) != before {
+		t.Fatal("a refused capsule reached the registry")
+	}
+	if res = d.ctl("inspect", "ses_nope"); res.code != 1 || !strings.Contains(res.stderr, `no session "ses_nope"`) {
+		t.Fatalf("unknown session: %+v", res)
+	}
+	if res = d.ctl("ps", "extra"); res.code != 2 {
+		t.Fatalf("usage error: %+v", res)
+	}
+}
+
+func TestStopKillLogsRemove(t *testing.T) {
+	d := newDaemon(t)
+	id := strings.TrimSpace(d.ok("run", "--detach", capsule(t, "ticker", "i=0; while :; do i=$((i+1)); echo tick $i; sleep 0.1; done", "")))
+	time.Sleep(300 * time.Millisecond)
+	if res := d.ctl("rm", id); res.code != 1 || !strings.Contains(res.stderr, "stop it before removing it") {
+		t.Fatalf("rm of a running session: %+v", res)
+	}
+	out := d.ok("stop", "--grace", "5s", id)
+	if !strings.Contains(out, "terminated (143)") {
+		t.Fatalf("stop: %q", out)
+	}
+	if res := d.ctl("wait", id); res.code != 143 {
+		t.Fatalf("wait after stop: %+v", res)
+	}
+	if logs := d.ok("logs", id); !strings.HasPrefix(logs, "tick 1\ntick 2\n") {
+		t.Fatalf("logs: %q", logs)
+	}
+
+	id = strings.TrimSpace(d.ok("run", "-d", capsule(t, "stubborn", "trap '' TERM; sleep 30", "")))
+	if out := d.ok("kill", id); !strings.Contains(out, "terminated (137)") {
+		t.Fatalf("kill: %q", out)
+	}
+
+	id = strings.TrimSpace(d.ok("run", "-d", capsule(t, "counter", "for i in 1 2 3; do echo n$i; sleep 0.2; done", "")))
+	if logs := d.ok("logs", "-f", id); logs != "n1\nn2\nn3\n" {
+		t.Fatalf("logs -f: %q", logs)
+	}
+	s := d.inspect(id)
+	d.ok("rm", id)
+	if _, err := os.Stat(s.RecordsDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("records survived rm: %v", err)
+	}
+	if res := d.ctl("inspect", id); res.code == 0 {
+		t.Fatal("removed session still inspectable")
+	}
+}
+
+func TestEventsFollow(t *testing.T) {
+	d := newDaemon(t)
+	cmd := exec.Command(filepath.Join(binDir, "roostctl"), "events", "--follow", "--json")
+	cmd.Env = append(os.Environ(), "ROOST_SOCKET="+d.socket)
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	d.ok("run", "examples/hello")
+	sc := bufio.NewScanner(stdout)
+	var types []string
+	done := make(chan struct{})
+	go func() {
+		for len(types) < 4 && sc.Scan() {
+			var ev event
+			json.Unmarshal(sc.Bytes(), &ev)
+			types = append(types, ev.Type)
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("follower got %v", types)
+	}
+	if !slices.Equal(types, []string{"session.staged", "session.launching", "session.running", "session.exited"}) {
+		t.Fatalf("followed %v", types)
+	}
+}
+
+// kill -9 of roostd loses nothing: every staged session and every event is there after a
+// restart, and a session that ran through the crash has its exact end recorded.
+func TestDaemonKilledLosesNothing(t *testing.T) {
+	d := newDaemon(t)
+	var staged []string
+	for i := range 3 {
+		staged = append(staged, strings.TrimSpace(d.ok("stage", capsule(t, fmt.Sprintf("s%d", i), "true", ""))))
+	}
+	running := strings.TrimSpace(d.ok("run", "-d", capsule(t, "through", "echo before; sleep 1; echo after; exit 5", "")))
+	d.ok("run", "examples/hello")
+	eventsBefore := d.events(0)
+	d.kill9()
+	time.Sleep(1500 * time.Millisecond)
+	d.start()
+
+	list := d.ps()
+	ids := map[string]session{}
+	for _, s := range list {
+		ids[s.ID] = s
+	}
+	for _, id := range staged {
+		if ids[id].State != "staged" {
+			t.Errorf("staged session %s after restart: %+v", id, ids[id])
+		}
+	}
+	if s := ids[running]; s.State != "exited" || s.ExitStatus != "error" || *s.ExitCode != 5 {
+		t.Fatalf("session that ran through the crash: %+v", s)
+	}
+	if logs := d.ok("logs", running); logs != "before\nafter\n" {
+		t.Fatalf("its output: %q", logs)
+	}
+	after := d.events(0)
+	if len(after) < len(eventsBefore) {
+		t.Fatalf("events lost: %d before, %d after", len(eventsBefore), len(after))
+	}
+	for i, ev := range after {
+		if ev.Seq != fmt.Sprint(i+1) {
+			t.Fatalf("event %d has seq %s: not dense and ordered", i, ev.Seq)
+		}
+		if i < len(eventsBefore) && ev != eventsBefore[i] {
+			t.Fatalf("event %d changed across the restart: %+v vs %+v", i, eventsBefore[i], ev)
+		}
+	}
+	tail := d.events(len(eventsBefore))
+	if len(tail) != len(after)-len(eventsBefore) || (len(tail) > 0 && tail[0].Seq != fmt.Sprint(len(eventsBefore)+1)) {
+		t.Fatalf("--since %d: %+v", len(eventsBefore), tail)
+	}
+}
+
+func TestSecondDaemonRefused(t *testing.T) {
+	d := newDaemon(t)
+	start := time.Now()
+	out, err := exec.Command(filepath.Join(binDir, "roostd"), "--state-dir", d.stateDir, "--socket", filepath.Join(t.TempDir(), "other.sock"), "--metrics-addr", "").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "another roostd is using this state directory") || time.Since(start) > 5*time.Second {
+		t.Fatalf("second roostd: %v %s (after %s)", err, out, time.Since(start))
+	}
+	out, err = exec.Command(filepath.Join(binDir, "roostd"), "--state-dir", t.TempDir(), "--socket", d.socket, "--metrics-addr", "").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "another roostd is serving on it") {
+		t.Fatalf("second roostd on the same socket: %v %s", err, out)
+	}
+}
+
+func TestSigtermLeavesSessionsRunning(t *testing.T) {
+	d := newDaemon(t)
+	id := strings.TrimSpace(d.ok("run", "-d", capsule(t, "survivor", "trap 'exit 7' TERM; touch ready; while :; do sleep 0.05; done", "")))
+	s := d.inspect(id)
+	for i := 0; i < 200; i++ {
+		if _, err := os.Stat(filepath.Join(s.Workdir, "ready")); err == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	if err := d.cmd.Wait(); err != nil {
+		t.Fatalf("roostd after SIGTERM: %v\n%s", err, d.log)
+	}
+	if _, err := os.Stat(d.socket); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("socket left behind: %v", err)
+	}
+	d.start()
+	if s := d.inspect(id); s.State != "running" {
+		t.Fatalf("session after a clean restart: %+v", s)
+	}
+	out := d.ok("stop", id)
+	if !strings.Contains(out, "terminated (7)") {
+		t.Fatalf("stop after restart: %q", out)
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	d := newDaemon(t)
+	d.ok("run", "examples/hello")
+	resp, err := http.Get("http://" + d.metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{`roost_sessions{state="exited"} 1`, `roost_session_starts_total{class="advisory",result="started"} 1`, "roost_session_start_seconds_bucket", "go_goroutines", "process_resident_memory_bytes"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	if strings.Contains(string(body), "ses_") {
+		t.Error("a session id is a metric label")
+	}
+}
+
+func TestExplainDoctorVersion(t *testing.T) {
+	d := newDaemon(t)
+	var e struct {
+		Containment struct {
+			Floor    string `json:"floor"`
+			Achieved string `json:"achieved"`
+			Met      bool   `json:"met"`
+		} `json:"containment"`
+		Grants []struct {
+			Key         string `json:"key"`
+			Enforcement string `json:"enforcement"`
+		} `json:"grants"`
+	}
+	if err := json.Unmarshal([]byte(d.ok("explain", "--json", "examples/hello")), &e); err != nil {
+		t.Fatal(err)
+	}
+	if !e.Containment.Met || e.Containment.Achieved != "advisory" || len(e.Grants) < 20 {
+		t.Fatalf("explain: %+v", e)
+	}
+	out := d.ok("explain", "--containment", "sealed", "examples/hello")
+	if !strings.Contains(out, "staging would be refused") {
+		t.Fatalf("explain with an unmeetable floor: %s", out)
+	}
+	var doc struct {
+		Classes []struct {
+			Class     string `json:"class"`
+			Available bool   `json:"available"`
+		} `json:"classes"`
+		Strongest string `json:"strongest"`
+	}
+	json.Unmarshal([]byte(d.ok("doctor", "--json")), &doc)
+	if doc.Strongest != "advisory" || len(doc.Classes) != 4 {
+		t.Fatalf("doctor: %+v", doc)
+	}
+	if out := d.ok("version"); !strings.Contains(out, "roostd") {
+		t.Fatalf("version: %s", out)
+	}
+	res := (&daemon{t: t, socket: filepath.Join(t.TempDir(), "none.sock")}).ctl("ps")
+	if res.code != 1 || !strings.Contains(res.stderr, "cannot reach roostd") {
+		t.Fatalf("no daemon: %+v", res)
+	}
+}
