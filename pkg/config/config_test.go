@@ -21,10 +21,10 @@ func TestParse(t *testing.T) {
 		t.Fatalf("empty file: %v", err)
 	}
 	bad := map[string]string{
-		"inference:\n  upstreams:\n    - name: a\n      formt: openai\n": "field formt not found",
-		strings.Replace(good, "format: openai", "format: gemini", 1):    "format: \"gemini\"",
-		strings.Replace(good, "https://api.openai.com", "api", 1):        "url: \"api\"",
-		strings.Replace(good, "/etc/roost/openai.key", "key", 1):         "api_key_file",
+		"inference:\n  upstreams:\n    - name: a\n      formt: openai\n":                                 "field formt not found",
+		strings.Replace(good, "format: openai", "format: gemini", 1):                                     "format: \"gemini\"",
+		strings.Replace(good, "https://api.openai.com", "api", 1):                                        "url: \"api\"",
+		strings.Replace(good, "/etc/roost/openai.key", "key", 1):                                         "api_key_file",
 		good + "    - name: openai\n      format: openai\n      url: http://x\n      api_key_file: /k\n": "declared twice",
 		"listen: x\n": "field listen not found",
 	}

@@ -286,13 +286,6 @@ func set[T any](dst *T, read func(*yaml.Node, string) T) func(*yaml.Node, string
 	return func(n *yaml.Node, path string) { *dst = read(n, path) }
 }
 
-func (d *decoder) strPtr(n *yaml.Node, path string) *string {
-	if s, ok := d.str(n, path); ok {
-		return &s
-	}
-	return nil
-}
-
 func (d *decoder) strVal(n *yaml.Node, path string) string {
 	s, _ := d.str(n, path)
 	return s

@@ -2,7 +2,6 @@ package session
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -273,5 +272,3 @@ func signalName(sig syscall.Signal) string {
 	}
 	return fmt.Sprintf("signal %d", int(sig))
 }
-
-var errNotLive = errors.New("not live")

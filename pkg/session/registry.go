@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 )
 
 // DBFile is the registry's file name inside the state directory.
@@ -33,7 +34,7 @@ type Registry struct {
 func OpenRegistry(path string) (*Registry, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout})
 	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
+		if errors.Is(err, bolterrors.ErrTimeout) {
 			return nil, fmt.Errorf("%s: %w: another roostd is using this state directory", path, ErrLocked)
 		}
 		return nil, fmt.Errorf("opening the registry %s: %w", path, err)
@@ -155,7 +156,7 @@ func (t *Tx) Create(rec *Record, manifest, explanation []byte) error {
 	}
 	b, err := createSessionBucket(t.tx, rec.ID)
 	if err != nil {
-		if errors.Is(err, bolt.ErrBucketExists) {
+		if errors.Is(err, bolterrors.ErrBucketExists) {
 			return fmt.Errorf("session %q: %w", rec.ID, errdefs.ErrAlreadyExists)
 		}
 		return err
