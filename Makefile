@@ -13,6 +13,7 @@ all: build
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/roostd ./cmd/roostctl
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o bin/ ./cmd/roost-init
 
 ## test: everything CI checks: formatting, vet, staticcheck, the API lint and freshness of the
 ## generated code, unit tests (with the race detector) and the end-to-end tests.

@@ -122,7 +122,7 @@ func serve(o *options, log *slog.Logger) error {
 
 	host := containment.Probe()
 	catalog := containment.NewCatalog(host)
-	plain := containment.NewProcessRuntime()
+	plain := containment.NewProcessRuntime(initBinary(log))
 	var mtr *metrics.Metrics
 	var sessions *session.Manager
 	states := make([]string, len(session.States))
@@ -199,6 +199,26 @@ func serve(o *options, log *slog.Logger) error {
 		cancel()
 	}
 	return nil
+}
+
+// initBinary finds roost-init next to roostd. Without it, sessions start under roostd's
+// own binary playing roost-init, which works but costs several milliseconds per launch.
+func initBinary(log *slog.Logger) string {
+	exe, err := os.Executable()
+	if err == nil {
+		path := filepath.Join(filepath.Dir(exe), "roost-init")
+		info, err := os.Stat(path)
+		switch {
+		case err != nil:
+		case info.Mode().Perm()&0o022 != 0:
+			// roostd runs it as root: a binary others can rewrite would be theirs to run.
+			log.Warn("ignoring roost-init: it is writable by group or others", "path", path, "mode", info.Mode().String())
+		case info.Mode().IsRegular() && info.Mode().Perm()&0o100 != 0:
+			return path
+		}
+	}
+	log.Warn("roost-init not found next to roostd; sessions start under roostd's own binary (slower launches)")
+	return containment.SelfInit
 }
 
 // listen opens the control socket with mode 0660. A socket file left by a daemon that died

@@ -31,11 +31,11 @@ type Grant struct {
 func Rlimits(p *manifest.Policy) []Rlimit {
 	r := p.Resources
 	return []Rlimit{
-		{"resources.max_open_files", unix.RLIMIT_NOFILE, uint64(r.MaxOpenFiles.Value)},
-		{"resources.max_file_size_bytes", unix.RLIMIT_FSIZE, uint64(r.MaxFileSizeBytes.Value)},
-		{"resources.cpu_seconds", unix.RLIMIT_CPU, uint64(r.CPUSeconds.Value)},
-		{"resources.max_processes", unix.RLIMIT_NPROC, uint64(r.MaxProcesses.Value)},
-		{"resources.memory_bytes", unix.RLIMIT_AS, uint64(r.MemoryBytes.Value)},
+		{Name: "resources.max_open_files", Resource: unix.RLIMIT_NOFILE, Value: uint64(r.MaxOpenFiles.Value)},
+		{Name: "resources.max_file_size_bytes", Resource: unix.RLIMIT_FSIZE, Value: uint64(r.MaxFileSizeBytes.Value)},
+		{Name: "resources.cpu_seconds", Resource: unix.RLIMIT_CPU, Value: uint64(r.CPUSeconds.Value)},
+		{Name: "resources.max_processes", Resource: unix.RLIMIT_NPROC, Value: uint64(r.MaxProcesses.Value)},
+		{Name: "resources.memory_bytes", Resource: unix.RLIMIT_AS, Value: uint64(r.MemoryBytes.Value)},
 	}
 }
 

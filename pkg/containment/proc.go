@@ -1,42 +1,20 @@
 package containment
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"roost.dev/roost/pkg/containment/roostinit"
 )
 
 const noFollow = syscall.O_NOFOLLOW
 
-// StartTime returns a process's start time in clock ticks since boot (field 22 of
-// /proc/<pid>/stat). Together with the pid it names one process for the life of the host.
-func StartTime(pid int) (uint64, error) {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// The command name (field 2) may hold spaces and parentheses; fields resume after the
-	// last ')'.
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: malformed", pid)
-	}
-	fields := bytes.Fields(data[i+1:])
-	// fields[0] is field 3 (state); the start time is field 22.
-	const idx = 22 - 3
-	if len(fields) <= idx {
-		return 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
-	}
-	return strconv.ParseUint(string(fields[idx]), 10, 64)
-}
-
-// ErrGone means the process a ProcessRef names no longer exists.
-var ErrGone = errors.New("process is gone")
+// StartTime returns a process's start time in clock ticks since boot.
+func StartTime(pid int) (uint64, error) { return roostinit.StartTime(pid) }
 
 // exitWatch delivers a process's end, whether or not it is our child, through a pidfd
 // registered with the Go runtime's poller, so a thousand watched sessions cost no thread.
@@ -83,14 +61,4 @@ func watchExit(pid int, start uint64) (*exitWatch, error) {
 	return w, nil
 }
 
-// signalGroup sends sig to the process group led by pid.
-func signalGroup(pid int, sig syscall.Signal) error {
-	if pid <= 1 {
-		return fmt.Errorf("refusing to signal process group %d", pid)
-	}
-	err := unix.Kill(-pid, sig)
-	if errors.Is(err, unix.ESRCH) {
-		return ErrGone
-	}
-	return err
-}
+func signalGroup(pid int, sig syscall.Signal) error { return roostinit.SignalGroup(pid, sig) }

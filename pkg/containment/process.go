@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"roost.dev/roost/pkg/containment/roostinit"
 )
 
 // Process is a session's running program as the daemon sees it.
@@ -36,14 +38,18 @@ const reportTimeout = 30 * time.Second
 // ProcessRuntime runs sessions of the classes that need no kernel sandbox (unconfined,
 // advisory) as a plain process tree under roost-init.
 type ProcessRuntime struct {
-	// Self is the roost binary that plays roost-init and roost-exec.
-	Self string
+	// Init is the binary that plays roost-init and roost-exec.
+	Init string
 }
 
-// NewProcessRuntime returns a runtime that re-executes the running binary as roost-init.
-func NewProcessRuntime() *ProcessRuntime {
-	return &ProcessRuntime{Self: "/proc/self/exe"}
+// NewProcessRuntime returns a runtime that starts sessions under the roost-init binary at
+// init; "/proc/self/exe" when the running binary plays roost-init itself (see RunHelper).
+func NewProcessRuntime(init string) *ProcessRuntime {
+	return &ProcessRuntime{Init: init}
 }
+
+// SelfInit is the init path of a binary that calls RunHelper first thing in main.
+const SelfInit = "/proc/self/exe"
 
 type plainProcess struct {
 	ref        ProcessRef
@@ -80,8 +86,9 @@ func (r *ProcessRuntime) Start(ctx context.Context, spec Spec) (Process, error) 
 	}
 	defer reportR.Close()
 
+	// roost-init's descriptors, in its order: spec (3), report (4), stdout (5), stderr (6).
 	cmd := &exec.Cmd{
-		Path:       r.Self,
+		Path:       r.Init,
 		Args:       []string{InitName, spec.SessionID},
 		Dir:        "/",
 		Env:        []string{},
@@ -96,7 +103,7 @@ func (r *ProcessRuntime) Start(ctx context.Context, spec Spec) (Process, error) 
 	if err != nil {
 		return nil, fmt.Errorf("starting roost-init: %w", err)
 	}
-	data, err := json.Marshal(initSpec{RecordsDir: spec.RecordsDir, Exec: execSpec{
+	data, err := json.Marshal(roostinit.InitSpec{RecordsDir: spec.RecordsDir, Exec: roostinit.ExecSpec{
 		Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, Rlimits: spec.Rlimits,
 	}})
 	if err == nil {
@@ -139,9 +146,9 @@ func openLog(path string) (*os.File, error) {
 	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|noFollow|syscall.O_CLOEXEC, 0o600)
 }
 
-func readReport(ctx context.Context, r *os.File) (initReport, error) {
+func readReport(ctx context.Context, r *os.File) (roostinit.Report, error) {
 	type result struct {
-		rep initReport
+		rep roostinit.Report
 		err error
 	}
 	ch := make(chan result, 1)
@@ -151,7 +158,7 @@ func readReport(ctx context.Context, r *os.File) (initReport, error) {
 			ch <- result{err: errors.New("roost-init ended before reporting")}
 			return
 		}
-		var rep initReport
+		var rep roostinit.Report
 		if err := json.Unmarshal(line, &rep); err != nil {
 			ch <- result{err: fmt.Errorf("roost-init report: %w", err)}
 			return
@@ -164,9 +171,9 @@ func readReport(ctx context.Context, r *os.File) (initReport, error) {
 	case res := <-ch:
 		return res.rep, res.err
 	case <-timer.C:
-		return initReport{}, fmt.Errorf("roost-init did not report within %s", reportTimeout)
+		return roostinit.Report{}, fmt.Errorf("roost-init did not report within %s", reportTimeout)
 	case <-ctx.Done():
-		return initReport{}, ctx.Err()
+		return roostinit.Report{}, ctx.Err()
 	}
 }
 

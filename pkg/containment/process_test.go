@@ -66,7 +66,7 @@ func readFile(t *testing.T, path string) string {
 
 func TestProcessRecordsExitAndOutput(t *testing.T) {
 	s := spec(t, "/bin/sh", "-c", `echo out; echo err >&2; pwd; exit 3`)
-	p, err := NewProcessRuntime().Start(context.Background(), s)
+	p, err := NewProcessRuntime(SelfInit).Start(context.Background(), s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestProcessStartFailure(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			s := spec(t, argv...)
-			_, err := NewProcessRuntime().Start(context.Background(), s)
+			_, err := NewProcessRuntime(SelfInit).Start(context.Background(), s)
 			var se *StartError
 			if !errors.As(err, &se) {
 				t.Fatalf("want StartError, got %v", err)
@@ -121,7 +121,7 @@ func TestProcessStartFailure(t *testing.T) {
 func TestProcessMissingWorkdir(t *testing.T) {
 	s := spec(t, "/bin/true")
 	s.Dir = filepath.Join(s.Dir, "gone")
-	_, err := NewProcessRuntime().Start(context.Background(), s)
+	_, err := NewProcessRuntime(SelfInit).Start(context.Background(), s)
 	var se *StartError
 	if !errors.As(err, &se) || !strings.Contains(se.Msg, "gone") {
 		t.Fatalf("want StartError naming the directory, got %v", err)
@@ -131,7 +131,7 @@ func TestProcessMissingWorkdir(t *testing.T) {
 func TestProcessSignalGroup(t *testing.T) {
 	// The shell's child sleeps too: a group signal must reach both.
 	s := spec(t, "/bin/sh", "-c", "sleep 60 & wait")
-	p, err := NewProcessRuntime().Start(context.Background(), s)
+	p, err := NewProcessRuntime(SelfInit).Start(context.Background(), s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestProcessSignalGroup(t *testing.T) {
 func TestProcessLeavesNothingBehind(t *testing.T) {
 	// A daemonised grandchild in a session of its own must still end with the session.
 	s := spec(t, "/bin/sh", "-c", `setsid sleep 300 & echo $! > bg.pid; sleep 0.2; exit 0`)
-	p, err := NewProcessRuntime().Start(context.Background(), s)
+	p, err := NewProcessRuntime(SelfInit).Start(context.Background(), s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,11 +169,11 @@ func TestProcessLeavesNothingBehind(t *testing.T) {
 func TestProcessRlimits(t *testing.T) {
 	s := spec(t, "/bin/sh", "-c", `ulimit -n; ulimit -f; ulimit -t`)
 	s.Rlimits = []Rlimit{
-		{"resources.max_open_files", unix.RLIMIT_NOFILE, 77},
-		{"resources.max_file_size_bytes", unix.RLIMIT_FSIZE, 512 * 1024},
-		{"resources.cpu_seconds", unix.RLIMIT_CPU, 42},
+		{Name: "resources.max_open_files", Resource: unix.RLIMIT_NOFILE, Value: 77},
+		{Name: "resources.max_file_size_bytes", Resource: unix.RLIMIT_FSIZE, Value: 512 * 1024},
+		{Name: "resources.cpu_seconds", Resource: unix.RLIMIT_CPU, Value: 42},
 	}
-	p, err := NewProcessRuntime().Start(context.Background(), s)
+	p, err := NewProcessRuntime(SelfInit).Start(context.Background(), s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,8 +186,8 @@ func TestProcessRlimits(t *testing.T) {
 
 func TestProcessFileSizeLimitKills(t *testing.T) {
 	s := spec(t, "/bin/sh", "-c", `head -c 100000 /dev/zero > big`)
-	s.Rlimits = []Rlimit{{"resources.max_file_size_bytes", unix.RLIMIT_FSIZE, 4096}}
-	p, err := NewProcessRuntime().Start(context.Background(), s)
+	s.Rlimits = []Rlimit{{Name: "resources.max_file_size_bytes", Resource: unix.RLIMIT_FSIZE, Value: 4096}}
+	p, err := NewProcessRuntime(SelfInit).Start(context.Background(), s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +203,7 @@ func TestProcessFileSizeLimitKills(t *testing.T) {
 
 func TestAttachAfterRestart(t *testing.T) {
 	s := spec(t, "/bin/sh", "-c", `trap 'exit 7' TERM; touch ready; while :; do sleep 0.05; done`)
-	first, err := NewProcessRuntime().Start(context.Background(), s)
+	first, err := NewProcessRuntime(SelfInit).Start(context.Background(), s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestAttachAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := NewProcessRuntime().Attach(s.RecordsDir, ref)
+	again, err := NewProcessRuntime(SelfInit).Attach(s.RecordsDir, ref)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,11 +226,11 @@ func TestAttachAfterRestart(t *testing.T) {
 	waitDone(t, first)
 
 	// Once it has ended, attaching reports it gone, and a recycled pid is not mistaken for it.
-	if _, err := NewProcessRuntime().Attach(s.RecordsDir, ref); !errors.Is(err, ErrGone) {
+	if _, err := NewProcessRuntime(SelfInit).Attach(s.RecordsDir, ref); !errors.Is(err, ErrGone) {
 		t.Fatalf("attach to ended session: %v", err)
 	}
 	self := ProcessRef{InitPID: os.Getpid(), InitStart: 12345}
-	if _, err := NewProcessRuntime().Attach(s.RecordsDir, self); !errors.Is(err, ErrGone) {
+	if _, err := NewProcessRuntime(SelfInit).Attach(s.RecordsDir, self); !errors.Is(err, ErrGone) {
 		t.Fatalf("attach with a wrong start time: %v", err)
 	}
 }

@@ -50,7 +50,7 @@ func (r *recorder) SessionRecovered(o string) {
 
 func testConfig(stateDir string, obs *recorder) Config {
 	host := containment.Host{Root: os.Geteuid() == 0}
-	rt := containment.NewProcessRuntime()
+	rt := containment.NewProcessRuntime(containment.SelfInit)
 	return Config{
 		StateDir:  stateDir,
 		Host:      host,

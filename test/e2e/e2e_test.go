@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	build := exec.Command("go", "build", "-o", dir, "roost.dev/roost/cmd/roostd", "roost.dev/roost/cmd/roostctl")
+	build := exec.Command("go", "build", "-o", dir, "roost.dev/roost/cmd/roostd", "roost.dev/roost/cmd/roostctl", "roost.dev/roost/cmd/roost-init")
 	build.Stdout, build.Stderr = os.Stdout, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building roost:", err)

@@ -1,4 +1,4 @@
-package containment
+package roostinit
 
 import (
 	"encoding/json"
@@ -16,10 +16,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// roostd's binary plays three roles, told apart by argv[0]: the daemon, roost-init (the
-// per-session supervisor that outlives the daemon and records the program's end) and
-// roost-exec (a short-lived stage that applies the limits a process can only set on itself,
-// then execs the program).
+// The binary plays two roles, told apart by argv[0]: roost-init (the per-session supervisor
+// that outlives the daemon and records the program's end) and roost-exec (a short-lived
+// stage that applies the limits a process can only set on itself, then execs the program).
 const (
 	InitName = "roost-init"
 	ExecName = "roost-exec"
@@ -27,41 +26,24 @@ const (
 
 // Descriptors roost-init is started with (after stdin, stdout, stderr on /dev/null).
 const (
-	initSpecFD   = 3 // read: the initSpec, JSON, until EOF
-	initReportFD = 4 // write: one initReport line once the program runs or has failed to start
+	initSpecFD   = 3 // read: the InitSpec, JSON, until EOF
+	initReportFD = 4 // write: one Report line once the program runs or has failed to start
 	initStdoutFD = 5 // the program's stdout
 	initStderrFD = 6 // the program's stderr
 )
 
 // Descriptors roost-exec is started with, after the program's stdin, stdout and stderr.
 const (
-	execSpecFD = 3 // read: the execSpec, JSON, until EOF
+	ExecSpecFD = 3 // read: the ExecSpec, JSON, until EOF
 	execErrFD  = 4 // write: why exec failed; closed by a successful exec (close-on-exec)
 )
 
 // maxSpecSize bounds what a helper reads from its spec pipe.
 const maxSpecSize = 4 << 20
 
-type initSpec struct {
-	RecordsDir string   `json:"records_dir"`
-	Exec       execSpec `json:"exec"`
-}
-
-type execSpec struct {
-	Argv    []string `json:"argv"`
-	Env     []string `json:"env"`
-	Dir     string   `json:"dir"`
-	Rlimits []Rlimit `json:"rlimits"`
-}
-
-type initReport struct {
-	Ref   *ProcessRef `json:"ref,omitempty"`
-	Error string      `json:"error,omitempty"`
-}
-
-// RunHelper runs the role args[0] names and exits; it returns false when args name no
-// helper role, and the caller goes on as the daemon. Call it first thing in main.
-func RunHelper(args []string) bool {
+// Run runs the role args[0] names and exits; it returns false when args name no role, and
+// the caller goes on as whatever else it is. Call it first thing in main.
+func Run(args []string) bool {
 	if len(args) == 0 {
 		return false
 	}
@@ -93,9 +75,9 @@ func readSpec(fd int, v any) error {
 // before it exits. It runs in its own session so nothing aimed at roostd reaches it.
 func initMain() int {
 	report := os.NewFile(initReportFD, "report")
-	var spec initSpec
+	var spec InitSpec
 	if err := readSpec(initSpecFD, &spec); err != nil {
-		writeReport(report, initReport{Error: "roost-init: reading spec: " + err.Error()})
+		writeReport(report, Report{Error: "roost-init: reading spec: " + err.Error()})
 		return 1
 	}
 	fail := func(msg string) int {
@@ -103,7 +85,7 @@ func initMain() int {
 		if err := writeJSONDurably(filepath.Join(spec.RecordsDir, ExitFile), info); err != nil {
 			msg += "; and writing exit.json: " + err.Error()
 		}
-		writeReport(report, initReport{Error: msg})
+		writeReport(report, Report{Error: msg})
 		return 1
 	}
 
@@ -128,16 +110,16 @@ func initMain() int {
 	if err := writeJSONDurably(filepath.Join(spec.RecordsDir, InitFile), ref); err != nil {
 		// Without init.json a restarted daemon cannot find the session; end it now rather
 		// than run something nobody can supervise.
-		_ = signalGroup(pid, syscall.SIGKILL)
+		_ = SignalGroup(pid, syscall.SIGKILL)
 		reapAll(pid)
 		return fail("roost-init: writing init.json: " + err.Error())
 	}
-	writeReport(report, initReport{Ref: &ref})
+	writeReport(report, Report{Ref: &ref})
 	report.Close()
 
 	go func() {
 		for sig := range sigs {
-			_ = signalGroup(pid, sig.(syscall.Signal))
+			_ = SignalGroup(pid, sig.(syscall.Signal))
 		}
 	}()
 
@@ -159,7 +141,7 @@ func initMain() int {
 	return 0
 }
 
-func writeReport(w io.Writer, r initReport) {
+func writeReport(w io.Writer, r Report) {
 	data, _ := json.Marshal(r)
 	// The daemon may be gone; a failed write changes nothing here.
 	_, _ = w.Write(append(data, '\n'))
@@ -167,7 +149,7 @@ func writeReport(w io.Writer, r initReport) {
 
 // startExec starts roost-exec in a new process group and hands it the spec. It returns the
 // program's pid once exec succeeded, or why the program could not start.
-func startExec(spec execSpec) (int, string) {
+func startExec(spec ExecSpec) (int, string) {
 	specR, specW, err := os.Pipe()
 	if err != nil {
 		return 0, "roost-init: " + err.Error()
@@ -236,7 +218,7 @@ func waitFor(pid int) syscall.WaitStatus {
 // reapAll kills the program's process group and every process still below roost-init, and
 // reaps them, until none is left.
 func reapAll(pgid int) {
-	_ = signalGroup(pgid, syscall.SIGKILL)
+	_ = SignalGroup(pgid, syscall.SIGKILL)
 	self := os.Getpid()
 	for {
 		for _, child := range childrenOf(self) {

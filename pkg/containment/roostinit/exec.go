@@ -1,4 +1,4 @@
-package containment
+package roostinit
 
 import (
 	"errors"
@@ -20,9 +20,9 @@ func execMain() {
 		os.Exit(127)
 	}
 	syscall.CloseOnExec(execErrFD)
-	syscall.CloseOnExec(execSpecFD)
-	var spec execSpec
-	if err := readSpec(execSpecFD, &spec); err != nil {
+	syscall.CloseOnExec(ExecSpecFD)
+	var spec ExecSpec
+	if err := readSpec(ExecSpecFD, &spec); err != nil {
 		fail("roost-exec: reading spec: %v", err)
 	}
 	if len(spec.Argv) == 0 {

@@ -1,0 +1,187 @@
+// Package roostinit is roost-init, the small supervisor each session runs under, and
+// roost-exec, the stage that applies a process's own limits and execs the program. It is
+// kept apart, with almost no dependencies, because it is its own binary (cmd/roost-init):
+// it starts twice per session launch, so its start-up cost is paid on every launch.
+//
+// roost-init outlives roostd. It records the program's identity in init.json once it runs
+// and how it ended in exit.json, so a restarted daemon learns what happened while it was
+// away.
+package roostinit
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// Files roost-init and roostd keep in a session's records directory.
+const (
+	StdoutFile = "stdout.log"
+	StderrFile = "stderr.log"
+	// InitFile records the supervisor's and the program's process identities once the
+	// program runs. A restarted roostd finds a live session through it.
+	InitFile = "init.json"
+	// ExitFile records how the program ended.
+	ExitFile = "exit.json"
+)
+
+// InitSpec is what roostd hands roost-init on its spec pipe.
+type InitSpec struct {
+	RecordsDir string   `json:"records_dir"`
+	Exec       ExecSpec `json:"exec"`
+}
+
+// ExecSpec is the program's start, handed on to roost-exec.
+type ExecSpec struct {
+	Argv    []string `json:"argv"`
+	Env     []string `json:"env"`
+	Dir     string   `json:"dir"`
+	Rlimits []Rlimit `json:"rlimits"`
+}
+
+// Report is roost-init's one line to roostd: the program runs (Ref), or why it could not
+// start (Error).
+type Report struct {
+	Ref   *ProcessRef `json:"ref,omitempty"`
+	Error string      `json:"error,omitempty"`
+}
+
+// Rlimit is one resource limit applied to the program before it starts.
+type Rlimit struct {
+	// Name is the manifest key it comes from, e.g. "resources.max_open_files".
+	Name     string `json:"name"`
+	Resource int    `json:"resource"`
+	Value    uint64 `json:"value"`
+}
+
+// ProcessRef identifies a running session's processes across daemon restarts. Start times
+// (clock ticks since boot, from /proc/<pid>/stat) guard against a recycled pid.
+type ProcessRef struct {
+	InitPID   int       `json:"init_pid"`
+	InitStart uint64    `json:"init_start"`
+	PID       int       `json:"pid"`
+	PIDStart  uint64    `json:"pid_start"`
+	StartedAt time.Time `json:"started_at"`
+}
+
+// ExitInfo is how a program ended.
+type ExitInfo struct {
+	PID int `json:"pid,omitempty"`
+	// Code is the exit code when the program exited; Signal the signal number when a signal
+	// ended it (Code is then 128+Signal).
+	Code   int `json:"code"`
+	Signal int `json:"signal,omitempty"`
+	// StartError is set when the program never started (e.g. its command was not found).
+	StartError string    `json:"start_error,omitempty"`
+	StartedAt  time.Time `json:"started_at,omitzero"`
+	EndedAt    time.Time `json:"ended_at"`
+}
+
+// ErrNoExitRecord means roost-init left no exit.json: it died without recording an end.
+var ErrNoExitRecord = errors.New("no exit record")
+
+// ErrGone means a process no longer exists.
+var ErrGone = errors.New("process is gone")
+
+// ReadExit reads a session's exit.json.
+func ReadExit(recordsDir string) (ExitInfo, error) {
+	var info ExitInfo
+	err := readJSON(filepath.Join(recordsDir, ExitFile), &info)
+	if errors.Is(err, fs.ErrNotExist) {
+		return info, ErrNoExitRecord
+	}
+	return info, err
+}
+
+// ReadInit reads a session's init.json.
+func ReadInit(recordsDir string) (ProcessRef, error) {
+	var ref ProcessRef
+	return ref, readJSON(filepath.Join(recordsDir, InitFile), &ref)
+}
+
+func readJSON(path string, v any) error {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := json.NewDecoder(f).Decode(v); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// writeJSONDurably writes v to path so that a crash leaves either the old file or the whole
+// new one: a temporary file, fsync, rename, fsync of the directory.
+func writeJSONDurably(path string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(append(data, '\n')); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	return dir.Sync()
+}
+
+// StartTime returns a process's start time in clock ticks since boot (field 22 of
+// /proc/<pid>/stat). Together with the pid it names one process for the life of the host.
+func StartTime(pid int) (uint64, error) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces and parentheses; fields resume after the
+	// last ')'.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: malformed", pid)
+	}
+	fields := bytes.Fields(data[i+1:])
+	// fields[0] is field 3 (state); the start time is field 22.
+	const idx = 22 - 3
+	if len(fields) <= idx {
+		return 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
+	}
+	return strconv.ParseUint(string(fields[idx]), 10, 64)
+}
+
+// SignalGroup sends sig to the process group led by pid.
+func SignalGroup(pid int, sig syscall.Signal) error {
+	if pid <= 1 {
+		return fmt.Errorf("refusing to signal process group %d", pid)
+	}
+	err := syscall.Kill(-pid, sig)
+	if errors.Is(err, syscall.ESRCH) {
+		return ErrGone
+	}
+	return err
+}
