@@ -1,9 +1,11 @@
 package containment
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -62,3 +64,24 @@ func watchExit(pid int, start uint64) (*exitWatch, error) {
 }
 
 func signalGroup(pid int, sig syscall.Signal) error { return roostinit.SignalGroup(pid, sig) }
+
+// FindInit looks for a running roost-init of the session: the one way to find a supervisor
+// started by a daemon that died before roost-init wrote init.json.
+func FindInit(sessionID string) (pid int, ok bool) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, false
+	}
+	want := []byte(InitName + "\x00" + sessionID + "\x00")
+	for _, e := range entries {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && bytes.Equal(cmdline, want) {
+			return n, true
+		}
+	}
+	return 0, false
+}

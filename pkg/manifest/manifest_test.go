@@ -2,6 +2,7 @@ package manifest
 
 import (
 	"errors"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -340,5 +341,18 @@ func TestSizeBound(t *testing.T) {
 	big := head + "env:\n  A: \"" + strings.Repeat("x", MaxSize) + "\"\n"
 	if err := parseErr(t, big); !strings.Contains(err.Error(), "the limit is") {
 		t.Fatalf("size: %v", err)
+	}
+}
+
+// The reference manifest README.md shows is valid and declares every key.
+func TestReferenceManifest(t *testing.T) {
+	data, err := os.ReadFile("testdata/full.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := mustParse(t, string(data))
+	p := Lower(m)
+	if p.Resources.WorkdirMaxBytes.Declared == nil || p.Spawn.MaxChildren.Declared == nil || p.Limits.MemoryBytes.Declared == nil {
+		t.Fatalf("reference manifest leaves keys undeclared: %+v", p)
 	}
 }

@@ -568,3 +568,43 @@ func TestLeftoversSwept(t *testing.T) {
 		t.Fatalf("a directory roost did not make was removed: %v", err)
 	}
 }
+
+// A daemon that died after roost-init started but before the session was recorded running
+// leaves a launching session; the next daemon finds its program through init.json.
+func TestRecoverMidLaunch(t *testing.T) {
+	state := t.TempDir()
+	m, err := Open(testConfig(state, &recorder{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := m.Stage(StageOptions{Capsule: capsule(t, "echo started; sleep 0.5; exit 6", "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Do what Launch does, up to the moment it would record the session running.
+	spec, err := m.launchSpec(rec, manifest.Advisory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Launching) }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.start(context.Background(), rec, spec, m.cfg.Runtimes[manifest.Advisory]); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+
+	m2, obs := openManager(t, state)
+	got := waitEnd(t, m2, rec.ID)
+	if got.ExitStatus != StatusError || *got.ExitCode != 6 || got.StartedAt.IsZero() {
+		t.Fatalf("after recovery: %+v", got)
+	}
+	if len(obs.recovered) != 1 || (obs.recovered[0] != RecoveredAttached && obs.recovered[0] != RecoveredExited) {
+		t.Fatalf("recovery outcome %v", obs.recovered)
+	}
+	var types []string
+	m2.Events(context.Background(), 0, false, func(ev Event) error { types = append(types, ev.Type); return nil })
+	if !slices.Equal(types, []string{EventStaged, EventLaunching, EventRunning, EventExited}) && !slices.Equal(types, []string{EventStaged, EventLaunching, EventExited}) {
+		t.Fatalf("events %v", types)
+	}
+}

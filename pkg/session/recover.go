@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
+	"time"
 
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
@@ -57,9 +59,13 @@ func (m *Manager) recoverOne(rec *Record) string {
 	ref := rec.Process
 	if ref == nil {
 		// The daemon died during launch, before it recorded the process; roost-init
-		// writes init.json before it reports, so look there.
-		if r, err := containment.ReadInit(rec.RecordsDir); err == nil {
-			ref = &r
+		// writes init.json before it reports, so look there, giving a roost-init still
+		// starting the time to write it.
+		ref = m.awaitInit(rec)
+		if info, err := containment.ReadExit(rec.RecordsDir); err == nil {
+			status, code, detail := classify(rec, info, nil)
+			m.finish(l, rec, status, code, detail, info.EndedAt)
+			return RecoveredExited
 		}
 	}
 	class, _ := manifest.ParseClass(rec.Achieved)
@@ -96,6 +102,30 @@ func (m *Manager) recoverOne(rec *Record) string {
 	}
 	m.supervise(l, rec, proc)
 	return RecoveredAttached
+}
+
+// initWait bounds how long recovery waits for a roost-init caught mid-start to write
+// init.json.
+const initWait = 10 * time.Second
+
+// awaitInit returns the process identities of a session caught mid-launch: from init.json,
+// or, while a roost-init of the session is still running, once it has written one.
+func (m *Manager) awaitInit(rec *Record) *containment.ProcessRef {
+	for deadline := time.Now().Add(initWait); ; time.Sleep(20 * time.Millisecond) {
+		if r, err := containment.ReadInit(rec.RecordsDir); err == nil {
+			return &r
+		}
+		pid, running := containment.FindInit(rec.ID)
+		if !running {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			// A supervisor that cannot say what it runs is not one anybody can supervise.
+			m.cfg.Logger.Warn("killing a roost-init that never wrote init.json", "session", rec.ID, "pid", pid)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			return nil
+		}
+	}
 }
 
 // sweepLeftovers removes records and work directories of sessions the registry no longer

@@ -1,0 +1,66 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+)
+
+// BenchmarkStage is one Stage: read and validate the capsule, digest it, decide its
+// containment, and commit the session (one fsynced bbolt transaction).
+func BenchmarkStage(b *testing.B) {
+	m, err := Open(testConfig(b.TempDir(), &recorder{}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	dir := capsuleB(b)
+	for b.Loop() {
+		if _, err := m.Stage(StageOptions{Capsule: dir}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkEventsReplay replays 10,000 events from the registry, as `roostctl events
+// --since 0` does.
+func BenchmarkEventsReplay(b *testing.B) {
+	r, err := OpenRegistry(b.TempDir() + "/" + DBFile)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	const n = 10000
+	for i := 0; i < n; i += 500 {
+		if _, err := r.Update(func(tx *Tx) error {
+			for j := i; j < i+500; j++ {
+				if err := tx.Create(&Record{ID: fmt.Sprintf("ses_%08d", j)}, nil, nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	m := &Manager{reg: r, changed: newNotifier()}
+	b.ResetTimer()
+	for b.Loop() {
+		count := 0
+		if err := m.Events(context.Background(), 0, false, func(Event) error { count++; return nil }); err != nil || count != n {
+			b.Fatalf("%d events, %v", count, err)
+		}
+	}
+}
+
+func capsuleB(b *testing.B) string {
+	b.Helper()
+	dir := b.TempDir()
+	if err := writeFile(dir+"/capsule.yaml", "name: bench\nversion: 0.1.0\nrun:\n  command: [/bin/true]\n"); err != nil {
+		b.Fatal(err)
+	}
+	return dir
+}
+
+func writeFile(path, data string) error { return os.WriteFile(path, []byte(data), 0o644) }
