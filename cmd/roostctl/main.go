@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -65,9 +63,7 @@ func execute(args []string) int {
 	a := &app{}
 	root := a.rootCommand()
 	root.SetArgs(args)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-	err := root.ExecuteContext(ctx)
+	err := root.ExecuteContext(context.Background())
 	if a.conn != nil {
 		a.conn.Close()
 	}

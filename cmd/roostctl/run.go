@@ -140,7 +140,8 @@ func (a *app) runCommand() *cobra.Command {
 		Long: `run stages and launches CAPSULE (a directory holding capsule.yaml), streams the
 program's stdout and stderr to roostctl's own, and exits when the session ends.
 
-Ctrl-C stops the session (SIGTERM, then SIGKILL after 10s); a second Ctrl-C kills it.
+Ctrl-C (or SIGTERM to roostctl) stops the session: SIGTERM, then SIGKILL after 10s; a
+second one kills it.
 
 Exit codes: the capsule's exit code; 124 its deadline was reached; 125 roost could not
 stage or launch it (the reason is on stderr); 128+N when signal N ended it (137 killed,
@@ -172,7 +173,7 @@ func (a *app) run(cmd *cobra.Command, f *stageFlags, detach bool, capsule string
 	// From here the session exists: interrupting roostctl stops it rather than leaving it
 	// running unattended.
 	interrupts := make(chan os.Signal, 2)
-	signal.Notify(interrupts, os.Interrupt)
+	signal.Notify(interrupts, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(interrupts)
 
 	launched, err := c.Launch(ctx, &roostv1.LaunchRequest{Id: staged.GetId()})

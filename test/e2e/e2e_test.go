@@ -524,3 +524,31 @@ func TestExplainDoctorVersion(t *testing.T) {
 		t.Fatalf("no daemon: %+v", res)
 	}
 }
+
+// Ctrl-C in `roostctl run` stops the session instead of abandoning it, and run exits with
+// the session's code.
+func TestRunInterrupted(t *testing.T) {
+	d := newDaemon(t)
+	cmd := exec.Command(filepath.Join(binDir, "roostctl"), "run", capsule(t, "patient", "echo waiting; sleep 30", ""))
+	cmd.Env = append(os.Environ(), "ROOST_SOCKET="+d.socket)
+	stdout, _ := cmd.StdoutPipe()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, _ := bufio.NewReader(stdout).ReadString('\n')
+	if line != "waiting\n" {
+		t.Fatalf("first line %q", line)
+	}
+	cmd.Process.Signal(os.Interrupt)
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 143 || !strings.Contains(stderr.String(), "stopping session") {
+		t.Fatalf("run after Ctrl-C: %v\n%s", err, stderr.String())
+	}
+	list := d.ps()
+	if len(list) != 1 || list[0].State != "exited" || list[0].ExitStatus != "terminated" {
+		t.Fatalf("session after Ctrl-C: %+v", list)
+	}
+}
