@@ -86,13 +86,23 @@ func (r *ProcessRuntime) Start(ctx context.Context, spec Spec) (Process, error) 
 	}
 	defer reportR.Close()
 
-	// roost-init's descriptors, in its order: spec (3), report (4), stdout (5), stderr (6).
+	records, err := os.OpenFile(spec.RecordsDir, os.O_RDONLY|syscall.O_DIRECTORY|noFollow|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		specR.Close()
+		reportW.Close()
+		return nil, fmt.Errorf("records directory: %w", err)
+	}
+	defer records.Close()
+	// roost-init's descriptors, in its order: its stdout and stderr are the program's, then
+	// spec (3), report (4) and the records directory (5).
 	cmd := &exec.Cmd{
 		Path:       r.Init,
 		Args:       []string{InitName, spec.SessionID},
 		Dir:        "/",
 		Env:        []string{},
-		ExtraFiles: []*os.File{specR, reportW, stdout, stderr},
+		Stdout:     stdout,
+		Stderr:     stderr,
+		ExtraFiles: []*os.File{specR, reportW, records},
 		// Its own session: a signal or hangup aimed at roostd's group never reaches it, and
 		// no parent-death signal is set, so it outlives the daemon.
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
@@ -103,7 +113,7 @@ func (r *ProcessRuntime) Start(ctx context.Context, spec Spec) (Process, error) 
 	if err != nil {
 		return nil, fmt.Errorf("starting roost-init: %w", err)
 	}
-	data, err := json.Marshal(roostinit.InitSpec{RecordsDir: spec.RecordsDir, Exec: roostinit.ExecSpec{
+	data, err := json.Marshal(roostinit.InitSpec{Exec: roostinit.ExecSpec{
 		Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, Rlimits: spec.Rlimits,
 	}})
 	if err == nil {
@@ -177,14 +187,46 @@ func readReport(ctx context.Context, r *os.File) (roostinit.Report, error) {
 	}
 }
 
-// Attach re-attaches to a session a previous daemon started, from the identities in its
-// init.json. ErrGone when its supervisor is no longer running.
-func (r *ProcessRuntime) Attach(recordsDir string, ref ProcessRef) (Process, error) {
+// initWait bounds how long Attach waits for a roost-init caught mid-start to write
+// init.json.
+const initWait = 10 * time.Second
+
+// Attach re-attaches to a session a previous daemon started. ref is what the registry
+// recorded; nil when the daemon died before recording it, and then init.json, written by
+// roost-init before it reports, names the processes. ErrGone when the supervisor is no
+// longer running.
+func (r *ProcessRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (Process, error) {
+	if ref == nil {
+		found, err := awaitInit(sessionID, recordsDir)
+		if err != nil {
+			return nil, err
+		}
+		ref = found
+	}
 	w, err := watchExit(ref.InitPID, ref.InitStart)
 	if err != nil {
 		return nil, err
 	}
-	return &plainProcess{ref: ref, recordsDir: recordsDir, watch: w}, nil
+	return &plainProcess{ref: *ref, recordsDir: recordsDir, watch: w}, nil
+}
+
+// awaitInit reads init.json, giving a roost-init of the session that is still starting the
+// time to write it.
+func awaitInit(sessionID, recordsDir string) (*ProcessRef, error) {
+	for deadline := time.Now().Add(initWait); ; time.Sleep(20 * time.Millisecond) {
+		if ref, err := ReadInit(recordsDir); err == nil {
+			return &ref, nil
+		}
+		pid, running := FindInit(sessionID)
+		if !running {
+			return nil, ErrGone
+		}
+		if time.Now().After(deadline) {
+			// A supervisor that cannot say what it runs is not one anybody can supervise.
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			return nil, fmt.Errorf("roost-init (pid %d) wrote no init.json within %s; killed it", pid, initWait)
+		}
+	}
 }
 
 func (p *plainProcess) Ref() ProcessRef       { return p.ref }

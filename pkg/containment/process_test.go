@@ -213,7 +213,7 @@ func TestAttachAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := NewProcessRuntime(SelfInit).Attach(s.RecordsDir, ref)
+	again, err := NewProcessRuntime(SelfInit).Attach(s.SessionID, s.RecordsDir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,11 +226,11 @@ func TestAttachAfterRestart(t *testing.T) {
 	waitDone(t, first)
 
 	// Once it has ended, attaching reports it gone, and a recycled pid is not mistaken for it.
-	if _, err := NewProcessRuntime(SelfInit).Attach(s.RecordsDir, ref); !errors.Is(err, ErrGone) {
+	if _, err := NewProcessRuntime(SelfInit).Attach(s.SessionID, s.RecordsDir, &ref); !errors.Is(err, ErrGone) {
 		t.Fatalf("attach to ended session: %v", err)
 	}
 	self := ProcessRef{InitPID: os.Getpid(), InitStart: 12345}
-	if _, err := NewProcessRuntime(SelfInit).Attach(s.RecordsDir, self); !errors.Is(err, ErrGone) {
+	if _, err := NewProcessRuntime(SelfInit).Attach(s.SessionID, s.RecordsDir, &self); !errors.Is(err, ErrGone) {
 		t.Fatalf("attach with a wrong start time: %v", err)
 	}
 }

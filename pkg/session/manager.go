@@ -23,7 +23,9 @@ const DefaultStopGrace = 10 * time.Second
 // Runtime starts and re-attaches the programs of one containment class.
 type Runtime interface {
 	Start(ctx context.Context, spec containment.Spec) (containment.Process, error)
-	Attach(recordsDir string, ref containment.ProcessRef) (containment.Process, error)
+	// Attach re-attaches to a session a previous daemon started; ref is nil when that
+	// daemon died before recording the process.
+	Attach(sessionID, recordsDir string, ref *containment.ProcessRef) (containment.Process, error)
 }
 
 // Observer hears about session starts and recoveries, for metrics.

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
-	"time"
 
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
@@ -56,29 +54,15 @@ func (m *Manager) recoverOne(rec *Record) string {
 		return RecoveredExited
 	}
 
-	ref := rec.Process
-	if ref == nil {
-		// The daemon died during launch, before it recorded the process; roost-init
-		// writes init.json before it reports, so look there, giving a roost-init still
-		// starting the time to write it.
-		ref = m.awaitInit(rec)
-		if info, err := containment.ReadExit(rec.RecordsDir); err == nil {
-			status, code, detail := classify(rec, info, nil)
-			m.finish(l, rec, status, code, detail, info.EndedAt)
-			return RecoveredExited
-		}
-	}
 	class, _ := manifest.ParseClass(rec.Achieved)
 	runtime := m.cfg.Runtimes[class]
-	switch {
-	case ref == nil:
-		m.endWithoutProcess(l, rec, StatusLost, fmt.Sprintf("roostd stopped while the session was %s, and no supervisor record (init.json) or exit record was found", rec.State))
-		return RecoveredLost
-	case runtime == nil:
+	if runtime == nil {
 		m.endWithoutProcess(l, rec, StatusLost, fmt.Sprintf("this daemon has no %s runtime to re-attach the session with", rec.Achieved))
 		return RecoveredLost
 	}
-	proc, err := runtime.Attach(rec.RecordsDir, *ref)
+	// Without a recorded process the daemon died mid-launch; the runtime knows where its
+	// supervisor leaves word.
+	proc, err := runtime.Attach(rec.ID, rec.RecordsDir, rec.Process)
 	if err != nil {
 		// It may have ended between the look at exit.json and the attach.
 		if info, rerr := containment.ReadExit(rec.RecordsDir); rerr == nil {
@@ -86,14 +70,19 @@ func (m *Manager) recoverOne(rec *Record) string {
 			m.finish(l, rec, status, code, detail, info.EndedAt)
 			return RecoveredExited
 		}
+		detail := "its supervisor is gone and left no exit record"
 		if !errors.Is(err, containment.ErrGone) {
-			m.cfg.Logger.Warn("re-attaching", "session", rec.ID, "err", err)
+			detail = "re-attaching failed: " + err.Error()
 		}
-		m.endWithoutProcess(l, rec, StatusLost, fmt.Sprintf("its supervisor (pid %d) is gone and left no exit record", ref.InitPID))
+		if rec.Process == nil {
+			detail = fmt.Sprintf("roostd stopped while the session was %s; %s", rec.State, detail)
+		}
+		m.endWithoutProcess(l, rec, StatusLost, detail)
 		return RecoveredLost
 	}
 	if rec.State == Launching {
-		rec.Process = ref
+		ref := proc.Ref()
+		rec.Process = &ref
 		rec.StartedAt = ref.StartedAt
 		rec.DeadlineAt = ref.StartedAt.Add(rec.Deadline)
 		if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Running) }); err != nil {
@@ -102,30 +91,6 @@ func (m *Manager) recoverOne(rec *Record) string {
 	}
 	m.supervise(l, rec, proc)
 	return RecoveredAttached
-}
-
-// initWait bounds how long recovery waits for a roost-init caught mid-start to write
-// init.json.
-const initWait = 10 * time.Second
-
-// awaitInit returns the process identities of a session caught mid-launch: from init.json,
-// or, while a roost-init of the session is still running, once it has written one.
-func (m *Manager) awaitInit(rec *Record) *containment.ProcessRef {
-	for deadline := time.Now().Add(initWait); ; time.Sleep(20 * time.Millisecond) {
-		if r, err := containment.ReadInit(rec.RecordsDir); err == nil {
-			return &r
-		}
-		pid, running := containment.FindInit(rec.ID)
-		if !running {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			// A supervisor that cannot say what it runs is not one anybody can supervise.
-			m.cfg.Logger.Warn("killing a roost-init that never wrote init.json", "session", rec.ID, "pid", pid)
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			return nil
-		}
-	}
 }
 
 // sweepLeftovers removes records and work directories of sessions the registry no longer

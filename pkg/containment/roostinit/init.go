@@ -24,13 +24,17 @@ const (
 	ExecName = "roost-exec"
 )
 
-// Descriptors roost-init is started with (after stdin, stdout, stderr on /dev/null).
+// Descriptors roost-init is started with, after stdin (/dev/null) and the program's stdout
+// and stderr. The records directory comes as a descriptor, not a path: in a sealed session
+// it is outside roost-init's root, and a descriptor of it held by a non-dumpable PID 1 is
+// out of the program's reach.
 const (
 	initSpecFD   = 3 // read: the InitSpec, JSON, until EOF
 	initReportFD = 4 // write: one Report line once the program runs or has failed to start
-	initStdoutFD = 5 // the program's stdout
-	initStderrFD = 6 // the program's stderr
+	initRecordsFD = 5 // the session's records directory, where init.json and exit.json go
 )
+
+// roost-init's own stdout and stderr are the program's: it never writes to them itself.
 
 // Descriptors roost-exec is started with, after the program's stdin, stdout and stderr.
 const (
@@ -74,6 +78,12 @@ func readSpec(fd int, v any) error {
 // signals to its process group, reaps everything below it, and records the end in exit.json
 // before it exits. It runs in its own session so nothing aimed at roostd reaches it.
 func initMain() int {
+	// Nothing roost-init was handed may reach the program: above all not the records
+	// directory, where it could forge its own exit.
+	for fd := initSpecFD; fd <= initRecordsFD; fd++ {
+		syscall.CloseOnExec(fd)
+	}
+	const records = initRecordsFD
 	report := os.NewFile(initReportFD, "report")
 	var spec InitSpec
 	if err := readSpec(initSpecFD, &spec); err != nil {
@@ -82,7 +92,7 @@ func initMain() int {
 	}
 	fail := func(msg string) int {
 		info := ExitInfo{Code: 127, StartError: msg, EndedAt: time.Now().UTC()}
-		if err := writeJSONDurably(filepath.Join(spec.RecordsDir, ExitFile), info); err != nil {
+		if err := writeJSONDurably(records, ExitFile, info); err != nil {
 			msg += "; and writing exit.json: " + err.Error()
 		}
 		writeReport(report, Report{Error: msg})
@@ -107,7 +117,7 @@ func initMain() int {
 	ref := ProcessRef{InitPID: os.Getpid(), PID: pid, StartedAt: startedAt}
 	ref.InitStart, _ = StartTime(ref.InitPID)
 	ref.PIDStart, _ = StartTime(pid)
-	if err := writeJSONDurably(filepath.Join(spec.RecordsDir, InitFile), ref); err != nil {
+	if err := writeJSONDurably(records, InitFile, ref); err != nil {
 		// Without init.json a restarted daemon cannot find the session; end it now rather
 		// than run something nobody can supervise.
 		_ = SignalGroup(pid, syscall.SIGKILL)
@@ -132,7 +142,7 @@ func initMain() int {
 	default:
 		info.Code = status.ExitStatus()
 	}
-	err := writeJSONDurably(filepath.Join(spec.RecordsDir, ExitFile), info)
+	err := writeJSONDurably(records, ExitFile, info)
 	// The session ends with its program: nothing it left behind outlives it.
 	reapAll(pid)
 	if err != nil {
@@ -165,7 +175,7 @@ func startExec(spec ExecSpec) (int, string) {
 	attr := &syscall.ProcAttr{
 		Dir:   spec.Dir,
 		Env:   []string{},
-		Files: []uintptr{devnull.Fd(), initStdoutFD, initStderrFD, specR.Fd(), errW.Fd()},
+		Files: []uintptr{devnull.Fd(), 1, 2, specR.Fd(), errW.Fd()},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	}
 	pid, err := syscall.ForkExec("/proc/self/exe", []string{ExecName}, attr)

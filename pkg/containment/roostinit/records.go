@@ -19,6 +19,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Files roost-init and roostd keep in a session's records directory.
@@ -34,8 +36,7 @@ const (
 
 // InitSpec is what roostd hands roost-init on its spec pipe.
 type InitSpec struct {
-	RecordsDir string   `json:"records_dir"`
-	Exec       ExecSpec `json:"exec"`
+	Exec ExecSpec `json:"exec"`
 }
 
 // ExecSpec is the program's start, handed on to roost-exec.
@@ -118,18 +119,19 @@ func readJSON(path string, v any) error {
 	return nil
 }
 
-// writeJSONDurably writes v to path so that a crash leaves either the old file or the whole
-// new one: a temporary file, fsync, rename, fsync of the directory.
-func writeJSONDurably(path string, v any) error {
+// writeJSONDurably writes v as name in the directory dirfd so that a crash leaves either
+// the old file or the whole new one: a temporary file, fsync, rename, fsync of the directory.
+func writeJSONDurably(dirfd int, name string, v any) error {
 	data, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	tmp := name + ".tmp"
+	fd, err := unix.Openat(dirfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", tmp, err)
 	}
+	f := os.NewFile(uintptr(fd), tmp)
 	if _, err := f.Write(append(data, '\n')); err != nil {
 		f.Close()
 		return err
@@ -141,15 +143,10 @@ func writeJSONDurably(path string, v any) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
+	if err := unix.Renameat(dirfd, tmp, dirfd, name); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
 	}
-	dir, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-	return dir.Sync()
+	return unix.Fsync(dirfd)
 }
 
 // StartTime returns a process's start time in clock ticks since boot (field 22 of
