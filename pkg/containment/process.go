@@ -229,6 +229,9 @@ func awaitInit(sessionID, recordsDir string) (*ProcessRef, error) {
 	}
 }
 
+// Release holds nothing for a plain session.
+func (r *ProcessRuntime) Release(string) error { return nil }
+
 func (p *plainProcess) Ref() ProcessRef       { return p.ref }
 func (p *plainProcess) Done() <-chan struct{} { return p.watch.done }
 

@@ -53,8 +53,12 @@ type Spec struct {
 	// of Env.
 	Argv []string
 	Env  []string
-	// Dir is the program's working directory.
+	// Dir is the program's working directory: the session's workdir on the host.
 	Dir        string
 	RecordsDir string
+	CapsuleDir string
 	Rlimits    []Rlimit
+	// Policy is the session's resolved policy; runtimes that hold it with the kernel
+	// (sealed) read their limits and mounts from it.
+	Policy *manifest.Policy
 }

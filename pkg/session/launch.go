@@ -135,7 +135,9 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class) (containment.Spe
 		Env:        environment(rec, man, &policy, m.cfg.HostEnv),
 		Dir:        rec.Workdir,
 		RecordsDir: rec.RecordsDir,
+		CapsuleDir: rec.Capsule.Source,
 		Rlimits:    containment.Rlimits(&policy),
+		Policy:     &policy,
 	}, nil
 }
 

@@ -26,6 +26,9 @@ type Runtime interface {
 	// Attach re-attaches to a session a previous daemon started; ref is nil when that
 	// daemon died before recording the process.
 	Attach(sessionID, recordsDir string, ref *containment.ProcessRef) (containment.Process, error)
+	// Release frees what the runtime holds for an ended session (a container, a composed
+	// root). It is safe to call more than once, and for a session it never started.
+	Release(sessionID string) error
 }
 
 // Observer hears about session starts and recoveries, for metrics.

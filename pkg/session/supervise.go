@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/manifest"
 )
 
 const (
@@ -201,6 +202,11 @@ func (m *Manager) endWithoutProcess(l *liveSession, rec *Record, status ExitStat
 // holds l.mu.
 func (m *Manager) finish(l *liveSession, rec *Record, status ExitStatus, code *int, detail string, ended time.Time) {
 	l.stopTimers()
+	if class, err := manifest.ParseClass(rec.Achieved); err == nil && m.cfg.Runtimes[class] != nil {
+		if err := m.cfg.Runtimes[class].Release(rec.ID); err != nil {
+			m.cfg.Logger.Warn("releasing the session's runtime resources", "session", rec.ID, "err", err)
+		}
+	}
 	if rec.State != Exited {
 		rec.ExitStatus, rec.ExitCode, rec.Detail, rec.EndedAt = status, code, detail, ended
 		if err := appendTrace(rec.RecordsDir, traceEnd(rec)); err != nil {
@@ -246,6 +252,8 @@ func classify(rec *Record, info containment.ExitInfo, exitErr error) (ExitStatus
 		return StatusTerminated, &code, "stopped by roostctl stop; " + how
 	case rec.EndRequest == EndKill && info.Signal != 0 && info.Signal == rec.EndSignal:
 		return StatusTerminated, &code, "killed by roostctl kill with " + signalName(syscall.Signal(info.Signal))
+	case info.OOMKilled:
+		return StatusCrashed, &code, "oom"
 	case info.Signal != 0:
 		switch syscall.Signal(info.Signal) {
 		case syscall.SIGXCPU:

@@ -28,6 +28,13 @@ func execMain() {
 	if len(spec.Argv) == 0 {
 		fail("roost-exec: empty command")
 	}
+	// A sealed session's roost-init runs shielded from the OOM killer; the program must not
+	// inherit that shield (raising the score needs no privilege).
+	if data, err := os.ReadFile("/proc/self/oom_score_adj"); err == nil && strings.HasPrefix(strings.TrimSpace(string(data)), "-") {
+		if err := os.WriteFile("/proc/self/oom_score_adj", []byte("0"), 0); err != nil {
+			fail("roost-exec: resetting oom_score_adj: %v", err)
+		}
+	}
 	for _, rl := range spec.Rlimits {
 		lim := syscall.Rlimit{Cur: rl.Value, Max: rl.Value}
 		if rl.Resource == syscall.RLIMIT_CPU {

@@ -83,6 +83,9 @@ type ExitInfo struct {
 	StartError string    `json:"start_error,omitempty"`
 	StartedAt  time.Time `json:"started_at,omitzero"`
 	EndedAt    time.Time `json:"ended_at"`
+	// OOMKilled is set by the daemon, not roost-init: the kernel's OOM killer acted in the
+	// session's cgroup.
+	OOMKilled bool `json:"oom_killed,omitempty"`
 }
 
 // ErrNoExitRecord means roost-init left no exit.json: it died without recording an end.

@@ -1,0 +1,168 @@
+package containment
+
+import (
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+
+	"github.com/opencontainers/runc/libcontainer/specconv"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"roost.dev/roost/pkg/manifest"
+)
+
+// Where things sit inside a sealed root.
+const (
+	sealedWork     = "/work"
+	sealedCapsule  = "/capsule"
+	sealedInitDir  = "/.roost"
+	sealedInitPath = sealedInitDir + "/" + InitName
+	// sealedCgroupParent holds every sealed session's cgroup: /roost/<session>.
+	sealedCgroupParent = "/roost"
+	// devShmBytes bounds /dev/shm; it is memory, charged to the session's cgroup too.
+	devShmBytes = 64 << 20
+)
+
+// SealedLayout is where a sealed session's parts live on the host.
+type SealedLayout struct {
+	SessionID string
+	// Rootfs is the directory composed for the session (see composeRoot).
+	Rootfs     string
+	Workdir    string
+	CapsuleDir string
+	// Init is roost-init's binary on the host; it is bind-mounted read-only into the root.
+	Init string
+	// Sources maps a workdir-relative path (the scope, a read_only entry) to the host path
+	// mounted for it: a /proc/<pid>/fd/<n> of a descriptor resolved beneath the workdir, so
+	// no symlink the capsule planted can redirect the mount.
+	Sources map[string]string
+	// MergedUsr says /bin, /sbin, /lib and /lib64 are symlinks into /usr on this host.
+	MergedUsr bool
+	// EtcBinds are host /etc entries bound read-only (TLS certificates, alternatives).
+	EtcBinds []string
+}
+
+// SealedSpec describes a sealed session as an OCI runtime spec: the one description of its
+// root, namespaces, cgroup, capabilities and seccomp filter. roost converts it with runc's
+// specconv; `roostctl explain --oci` prints it as the config.json another runtime would run.
+func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
+	example := specconv.Example()
+	noexec := "noexec"
+	if p.Filesystem.WorkdirExec {
+		noexec = "exec"
+	}
+	mounts := []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", fmt.Sprintf("size=%d", devShmBytes)}},
+		{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro", "nosuid", "nodev"}},
+	}
+	if !l.MergedUsr {
+		for _, dir := range []string{"/bin", "/sbin", "/lib", "/lib64"} {
+			if _, err := os.Stat(dir); err == nil {
+				mounts = append(mounts, specs.Mount{Destination: dir, Type: "bind", Source: dir, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+			}
+		}
+	}
+	for _, e := range l.EtcBinds {
+		mounts = append(mounts, specs.Mount{Destination: e, Type: "bind", Source: e, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+	}
+	mounts = append(mounts,
+		specs.Mount{Destination: sealedCapsule, Type: "bind", Source: l.CapsuleDir, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
+		specs.Mount{Destination: sealedInitPath, Type: "bind", Source: l.Init, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+	)
+	mounts = append(mounts, workMounts(l, p, noexec)...)
+	mounts = append(mounts, specs.Mount{
+		Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
+		Options: []string{"nosuid", "nodev", noexec, "mode=1777", fmt.Sprintf("size=%d", tmpBytes(p))},
+	})
+
+	caps := &specs.LinuxCapabilities{}
+	spec := &specs.Spec{
+		Version:  specs.Version,
+		Root:     &specs.Root{Path: l.Rootfs, Readonly: true},
+		Hostname: "roost",
+		Process: &specs.Process{
+			User: specs.User{UID: 0, GID: 0},
+			// roost-init is PID 1; it starts the program (see roostinit).
+			Args:            []string{sealedInitPath, l.SessionID},
+			Env:             []string{"PATH=" + defaultPath},
+			Cwd:             "/",
+			Capabilities:    caps,
+			NoNewPrivileges: true,
+		},
+		Mounts: mounts,
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.CgroupNamespace},
+			},
+			CgroupsPath:   path.Join(sealedCgroupParent, l.SessionID),
+			Resources:     resources(p),
+			MaskedPaths:   example.Linux.MaskedPaths,
+			ReadonlyPaths: example.Linux.ReadonlyPaths,
+		},
+	}
+	seccomp, err := seccompProfile(spec, p.Network.UnixSockets)
+	if err != nil {
+		return nil, err
+	}
+	spec.Linux.Seccomp = seccomp
+	return spec, nil
+}
+
+// defaultPath is the PATH roost-init is started with inside a sealed root.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// workMounts mounts the workdir at /work so that the mounts themselves hold the filesystem
+// grants: the whole workdir writable, or (with a scope) read-only but for the scope; each
+// read_only subtree read-only on top. Without workdir_exec nothing under it executes.
+func workMounts(l SealedLayout, p *manifest.Policy, noexec string) []specs.Mount {
+	opts := func(rw string) []string { return []string{"bind", rw, "nosuid", "nodev", noexec} }
+	work := "rw"
+	if p.Filesystem.Scope != "" {
+		work = "ro"
+	}
+	mounts := []specs.Mount{{Destination: sealedWork, Type: "bind", Source: l.Workdir, Options: opts(work)}}
+	sub := func(rel, rw string) {
+		src, ok := l.Sources[rel]
+		if !ok {
+			src = filepath.Join(l.Workdir, rel)
+		}
+		mounts = append(mounts, specs.Mount{Destination: path.Join(sealedWork, rel), Type: "bind", Source: src, Options: opts(rw)})
+	}
+	if p.Filesystem.Scope != "" {
+		sub(p.Filesystem.Scope, "rw")
+	}
+	for _, ro := range p.Filesystem.ReadOnly {
+		sub(ro, "ro")
+	}
+	return mounts
+}
+
+// tmpBytes bounds the sealed /tmp: workdir_max_bytes, which the workdir and /tmp share,
+// and never more than the cgroup's memory, which tmpfs pages are charged to.
+func tmpBytes(p *manifest.Policy) int64 {
+	return min(p.Resources.WorkdirMaxBytes.Value, p.Resources.CgroupMemoryBytes.Value)
+}
+
+// cpuPeriod is the CFS period the cpu quota is expressed in (100 ms).
+const cpuPeriod = 100_000
+
+func resources(p *manifest.Policy) *specs.LinuxResources {
+	r := p.Resources
+	mem := r.CgroupMemoryBytes.Value
+	pids := r.CgroupPidsMax.Value
+	quota := r.CgroupCPUPercent.Value * cpuPeriod / 100
+	period := uint64(cpuPeriod)
+	deny := []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}
+	return &specs.LinuxResources{
+		Devices: deny,
+		// Swap equal to memory: the memory+swap limit is the memory limit, so no swap.
+		Memory: &specs.LinuxMemory{Limit: &mem, Swap: &mem},
+		Pids:   &specs.LinuxPids{Limit: &pids},
+		CPU:    &specs.LinuxCPU{Quota: &quota, Period: &period},
+	}
+}

@@ -1,0 +1,204 @@
+package containment
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// usrLinks are the top-level directories a merged-/usr host keeps as symlinks into /usr.
+var usrLinks = []string{"bin", "sbin", "lib", "lib64"}
+
+// etcBindCandidates are host /etc entries a sealed root needs read-only, when they exist:
+// TLS certificates and the alternatives some /usr/bin links point through.
+var etcBindCandidates = []string{"/etc/ssl/certs", "/etc/pki/tls/certs", "/etc/alternatives"}
+
+// hostShape reads how this host lays out its root.
+func hostShape() (merged bool, etcBinds []string) {
+	merged = true
+	for _, d := range usrLinks {
+		target, err := os.Readlink("/" + d)
+		if err != nil {
+			if _, statErr := os.Lstat("/" + d); statErr == nil {
+				merged = false
+			}
+			continue
+		}
+		if strings.TrimPrefix(target, "/") != "usr/"+d {
+			merged = false
+		}
+	}
+	for _, e := range etcBindCandidates {
+		if info, err := os.Stat(e); err == nil && info.IsDir() {
+			etcBinds = append(etcBinds, e)
+		}
+	}
+	return merged, etcBinds
+}
+
+// composeRoot lays out a sealed session's root in dir: the /usr symlinks (or mount points
+// for them), a generated /etc, and a mount point for everything SealedSpec mounts. The root
+// is mounted read-only, so everything here is fixed for the session's life.
+func composeRoot(dir string, l SealedLayout) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for _, d := range usrLinks {
+		if l.MergedUsr {
+			if err := os.Symlink("usr/"+d, filepath.Join(dir, d)); err != nil {
+				return err
+			}
+		} else if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	dirs := []string{"usr", "proc", "dev", "tmp", "work", "capsule", "etc", ".roost", "run"}
+	for _, e := range l.EtcBinds {
+		dirs = append(dirs, strings.TrimPrefix(e, "/"))
+	}
+	for _, d := range dirs {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := os.Chmod(filepath.Join(dir, "tmp"), 0o1777); err != nil {
+		return err
+	}
+	// The bind target for roost-init is a file.
+	if err := os.WriteFile(filepath.Join(dir, ".roost", InitName), nil, 0o555); err != nil {
+		return err
+	}
+	etc := filepath.Join(dir, "etc")
+	files := map[string]string{
+		"passwd":        "root:x:0:0:root:/work:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+		"group":         "root:x:0:\nnogroup:x:65534:\n",
+		"hostname":      "roost\n",
+		"hosts":         "127.0.0.1\tlocalhost roost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+		"nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n",
+		// A sealed session has only loopback: names resolve from /etc/hosts alone.
+		"resolv.conf": "# a sealed session reaches the network only through roost\n",
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(etc, name), []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+	// The dynamic loader finds multiarch libraries through its cache; copy it (and the
+	// zone, a link) so programs start as they do on the host.
+	if err := copyFile("/etc/ld.so.cache", filepath.Join(etc, "ld.so.cache")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if target, err := os.Readlink("/etc/localtime"); err == nil && strings.HasPrefix(target, "/usr/") {
+		if err := os.Symlink(target, filepath.Join(etc, "localtime")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// openBeneath opens rel inside dir as an O_PATH descriptor without following any symlink
+// and without leaving dir, whatever the capsule has planted in its workdir. rel must name a
+// directory.
+func openBeneath(dir, rel string) (*os.File, error) {
+	root, err := os.OpenFile(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	fd, err := unix.Openat2(int(root.Fd()), rel, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		switch {
+		case errors.Is(err, unix.ELOOP):
+			return nil, fmt.Errorf("%s: a symlink lies on the path; a workdir grant never follows one", rel)
+		case errors.Is(err, unix.EXDEV):
+			return nil, fmt.Errorf("%s: leaves the workdir", rel)
+		case errors.Is(err, unix.ENOTDIR):
+			return nil, fmt.Errorf("%s: not a directory", rel)
+		}
+		return nil, fmt.Errorf("%s: %w", rel, err)
+	}
+	return os.NewFile(uintptr(fd), filepath.Join(dir, rel)), nil
+}
+
+// prepareWorkSources makes the scope and read_only directories (missing ones are created,
+// beneath the workdir and without following links) and opens each as an O_PATH descriptor.
+// The mounts use the descriptors through /proc, so the paths cannot be swapped in between.
+func prepareWorkSources(workdir string, scope string, readOnly []string) (map[string]string, []*os.File, error) {
+	sources := map[string]string{}
+	var files []*os.File
+	fail := func(err error) (map[string]string, []*os.File, error) {
+		for _, f := range files {
+			f.Close()
+		}
+		return nil, nil, err
+	}
+	rels := readOnly
+	if scope != "" {
+		rels = append([]string{scope}, readOnly...)
+	}
+	for _, rel := range rels {
+		if err := mkdirBeneath(workdir, rel); err != nil {
+			return fail(err)
+		}
+		f, err := openBeneath(workdir, rel)
+		if err != nil {
+			return fail(err)
+		}
+		files = append(files, f)
+		sources[rel] = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), f.Fd())
+	}
+	return sources, files, nil
+}
+
+// mkdirBeneath creates rel's directories one component at a time, each opened beneath the
+// last without following links.
+func mkdirBeneath(dir, rel string) error {
+	cur, err := os.OpenFile(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer func() { cur.Close() }()
+	for _, part := range strings.Split(filepath.Clean(rel), "/") {
+		if err := unix.Mkdirat(int(cur.Fd()), part, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("%s: %w", rel, err)
+		}
+		fd, err := unix.Openat2(int(cur.Fd()), part, &unix.OpenHow{
+			Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+		})
+		if err != nil {
+			if errors.Is(err, unix.ELOOP) {
+				return fmt.Errorf("%s: a symlink lies on the path; a workdir grant never follows one", rel)
+			}
+			return fmt.Errorf("%s: %w", rel, err)
+		}
+		cur.Close()
+		cur = os.NewFile(uintptr(fd), part)
+	}
+	return nil
+}

@@ -1,0 +1,405 @@
+package containment
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/opencontainers/cgroups"
+	cgroupsmanager "github.com/opencontainers/cgroups/manager"
+	"github.com/opencontainers/runc/libcontainer"
+	"github.com/opencontainers/runc/libcontainer/specconv"
+
+	"roost.dev/roost/pkg/containment/roostinit"
+)
+
+// SealedRuntime runs sealed sessions: libcontainer builds each one's namespaces, cgroup,
+// seccomp filter and composed root from the OCI spec SealedSpec describes, and roost-init
+// is its PID 1.
+type SealedRuntime struct {
+	// containers is libcontainer's state root; roots holds the composed roots.
+	containers string
+	roots      string
+	// init is the static roost-init binary bind-mounted into every root.
+	init     string
+	merged   bool
+	etcBinds []string
+}
+
+// NewSealedRuntime keeps its state under stateDir and mounts init, a static roost-init
+// binary, into each root.
+func NewSealedRuntime(stateDir, init string) (*SealedRuntime, error) {
+	r := &SealedRuntime{
+		containers: filepath.Join(stateDir, "containers"),
+		roots:      filepath.Join(stateDir, "roots"),
+		init:       init,
+	}
+	for _, d := range []string{r.containers, r.roots} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	r.merged, r.etcBinds = hostShape()
+	return r, nil
+}
+
+// Layout is where the session's parts go; Explain shows it with placeholders.
+func (r *SealedRuntime) Layout(sessionID, workdir, capsuleDir string) SealedLayout {
+	return SealedLayout{
+		SessionID:  sessionID,
+		Rootfs:     filepath.Join(r.roots, sessionID),
+		Workdir:    workdir,
+		CapsuleDir: capsuleDir,
+		Init:       r.init,
+		MergedUsr:  r.merged,
+		EtcBinds:   r.etcBinds,
+	}
+}
+
+type sealedProcess struct {
+	ref        ProcessRef
+	recordsDir string
+	watch      *exitWatch
+	runtime    *SealedRuntime
+	container  *libcontainer.Container
+	// proc is set when this daemon started the container: it must reap its init.
+	proc *libcontainer.Process
+}
+
+var _ Process = (*sealedProcess)(nil)
+
+// Start builds the session's root and container and returns once roost-init reports the
+// program running.
+func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr error) {
+	if spec.Policy == nil {
+		return nil, errors.New("sealed start without a policy")
+	}
+	id := spec.SessionID
+	layout := r.Layout(id, spec.Dir, spec.CapsuleDir)
+	defer func() {
+		if retErr != nil {
+			_ = r.Release(id)
+		}
+	}()
+	sources, held, err := prepareWorkSources(spec.Dir, spec.Policy.Filesystem.Scope, spec.Policy.Filesystem.ReadOnly)
+	if err != nil {
+		return nil, &StartError{Msg: "workdir: " + err.Error()}
+	}
+	defer func() {
+		for _, f := range held {
+			f.Close()
+		}
+	}()
+	layout.Sources = sources
+	if err := composeRoot(layout.Rootfs, layout); err != nil {
+		return nil, fmt.Errorf("composing the root: %w", err)
+	}
+	ociSpec, err := SealedSpec(layout, spec.Policy)
+	if err != nil {
+		return nil, err
+	}
+	config, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{
+		CgroupName:   id,
+		NoNewKeyring: true,
+		Spec:         ociSpec,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("converting the OCI spec: %w", err)
+	}
+	container, err := libcontainer.Create(r.containers, id, config)
+	if err != nil {
+		return nil, fmt.Errorf("creating the container: %w", err)
+	}
+
+	stdout, err := openLog(filepath.Join(spec.RecordsDir, StdoutFile))
+	if err != nil {
+		return nil, err
+	}
+	defer stdout.Close()
+	stderr, err := openLog(filepath.Join(spec.RecordsDir, StderrFile))
+	if err != nil {
+		return nil, err
+	}
+	defer stderr.Close()
+	records, err := os.OpenFile(spec.RecordsDir, os.O_RDONLY|syscall.O_DIRECTORY|noFollow|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("records directory: %w", err)
+	}
+	defer records.Close()
+	specR, specW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer specW.Close()
+	reportR, reportW, err := os.Pipe()
+	if err != nil {
+		specR.Close()
+		return nil, err
+	}
+	defer reportR.Close()
+
+	// Inside the root the program runs at /work, its command from the sealed view.
+	execSpec := roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: sealedWork, Rlimits: spec.Rlimits}
+	proc := &libcontainer.Process{
+		Args:       []string{sealedInitPath, id},
+		Env:        []string{"PATH=" + defaultPath},
+		Cwd:        "/",
+		Stdout:     stdout,
+		Stderr:     stderr,
+		ExtraFiles: []*os.File{specR, reportW, records},
+		Init:       true,
+	}
+	err = container.Run(proc)
+	specR.Close()
+	reportW.Close()
+	if err != nil {
+		return nil, fmt.Errorf("starting the container: %w", err)
+	}
+	data, err := json.Marshal(roostinit.InitSpec{Exec: execSpec})
+	if err == nil {
+		_, err = specW.Write(data)
+	}
+	specW.Close()
+	if err != nil {
+		_ = container.Signal(syscall.SIGKILL)
+		_, _ = proc.Wait()
+		return nil, fmt.Errorf("handing the spec to roost-init: %w", err)
+	}
+	rep, err := readReport(ctx, reportR)
+	if err != nil {
+		_ = container.Signal(syscall.SIGKILL)
+		_, _ = proc.Wait()
+		return nil, err
+	}
+	if rep.Error != "" || rep.Ref == nil {
+		_, _ = proc.Wait()
+		if rep.Error == "" {
+			rep.Error = "roost-init ended without starting the program"
+		}
+		return nil, &StartError{Msg: rep.Error}
+	}
+	initPID, err := proc.Pid()
+	if err != nil {
+		return nil, err
+	}
+	ref, err := hostRef(initPID, rep.Ref)
+	if err != nil {
+		_ = container.Signal(syscall.SIGKILL)
+		_, _ = proc.Wait()
+		return nil, err
+	}
+	w, err := watchExit(ref.InitPID, ref.InitStart)
+	if errors.Is(err, ErrGone) {
+		w, err = &exitWatch{done: make(chan struct{})}, nil
+		close(w.done)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &sealedProcess{ref: ref, recordsDir: spec.RecordsDir, watch: w, runtime: r, container: container, proc: proc}, nil
+}
+
+// hostRef turns the pids roost-init saw in the session's pid namespace into the host's:
+// roost-init is the container's init; the program is its child whose innermost pid is the
+// one reported.
+func hostRef(initPID int, inner *ProcessRef) (ProcessRef, error) {
+	ref := ProcessRef{InitPID: initPID, StartedAt: inner.StartedAt}
+	var err error
+	if ref.InitStart, err = StartTime(initPID); err != nil {
+		return ref, err
+	}
+	for _, child := range childPIDs(initPID) {
+		if innermostPID(child) == inner.PID {
+			ref.PID = child
+			ref.PIDStart, err = StartTime(child)
+			return ref, err
+		}
+	}
+	return ref, fmt.Errorf("the session's program (pid %d inside) is not among roost-init's children", inner.PID)
+}
+
+// childPIDs lists pid's children, from every thread's children list.
+func childPIDs(pid int) []int {
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	var out []int
+	for _, t := range tasks {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(data)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// innermostPID is a process's pid in its own (innermost) pid namespace.
+func innermostPID(pid int) int {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				n, _ := strconv.Atoi(f[len(f)-1])
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+// Attach re-attaches to a sealed session from libcontainer's state.
+func (r *SealedRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (Process, error) {
+	container, err := libcontainer.Load(r.containers, sessionID)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrGone, err)
+	}
+	state, err := container.State()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrGone, err)
+	}
+	if ref == nil {
+		inner, err := awaitInner(recordsDir)
+		if err != nil {
+			return nil, err
+		}
+		found, err := hostRef(state.InitProcessPid, inner)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrGone, err)
+		}
+		ref = &found
+	}
+	w, err := watchExit(ref.InitPID, ref.InitStart)
+	if err != nil {
+		return nil, err
+	}
+	return &sealedProcess{ref: *ref, recordsDir: recordsDir, watch: w, runtime: r, container: container}, nil
+}
+
+// awaitInner reads the init.json roost-init writes inside the session (its pids are the
+// session's own), giving it a moment if it is still starting.
+func awaitInner(recordsDir string) (*ProcessRef, error) {
+	for deadline := time.Now().Add(initWait); ; time.Sleep(20 * time.Millisecond) {
+		if ref, err := ReadInit(recordsDir); err == nil {
+			return &ref, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, ErrGone
+		}
+	}
+}
+
+// Release removes what the runtime holds for an ended session: the container (its cgroup,
+// its libcontainer state) and the composed root. It handles a container whose creation a
+// crash cut short: state without state.json, cgroups libcontainer cannot load.
+func (r *SealedRuntime) Release(sessionID string) error {
+	var errs []error
+	if c, err := libcontainer.Load(r.containers, sessionID); err == nil {
+		if err := c.Destroy(); err != nil {
+			errs = append(errs, fmt.Errorf("destroying the container: %w", err))
+		}
+	} else {
+		if err := removeCgroups(sessionID); err != nil {
+			errs = append(errs, err)
+		}
+		if err := os.RemoveAll(filepath.Join(r.containers, sessionID)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.RemoveAll(filepath.Join(r.roots, sessionID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("removing the composed root: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// removeCgroups removes a session's cgroups by path, for the cases libcontainer cannot load.
+func removeCgroups(sessionID string) error {
+	m, err := cgroupsmanager.New(&cgroups.Cgroup{Path: filepath.Join(sealedCgroupParent, sessionID), Resources: &cgroups.Resources{}})
+	if err != nil {
+		return err
+	}
+	// Whatever is left there belongs to the ended session.
+	_ = signalCgroup(m, syscall.SIGKILL)
+	return m.Destroy()
+}
+
+func signalCgroup(m cgroups.Manager, sig syscall.Signal) error {
+	pids, err := m.GetAllPids()
+	if err != nil {
+		return err
+	}
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, sig)
+	}
+	return nil
+}
+
+func (p *sealedProcess) Ref() ProcessRef       { return p.ref }
+func (p *sealedProcess) Done() <-chan struct{} { return p.watch.done }
+
+func (p *sealedProcess) Signal(sig syscall.Signal) error {
+	select {
+	case <-p.watch.done:
+		return ErrGone
+	default:
+	}
+	return signalGroup(p.ref.PID, sig)
+}
+
+func (p *sealedProcess) Exit() (ExitInfo, error) {
+	<-p.watch.done
+	if p.proc != nil {
+		_, _ = p.proc.Wait()
+	}
+	info, err := ReadExit(p.recordsDir)
+	if err == nil && info.Signal == int(syscall.SIGKILL) && p.oomKilled() {
+		info.OOMKilled = true
+	}
+	return info, err
+}
+
+// oomKilled says whether the kernel's OOM killer acted in the session's cgroup.
+func (p *sealedProcess) oomKilled() bool {
+	stats, err := p.container.Stats()
+	if err != nil || stats.CgroupStats == nil {
+		return false
+	}
+	return stats.CgroupStats.MemoryStats.Stats["oom_kill"] > 0 || oomKillsV1(p.container) > 0
+}
+
+// oomKillsV1 reads memory.oom_control's oom_kill counter on a cgroup v1 host.
+func oomKillsV1(c *libcontainer.Container) uint64 {
+	state, err := c.State()
+	if err != nil {
+		return 0
+	}
+	dir, ok := state.CgroupPaths["memory"]
+	if !ok {
+		return 0
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "memory.oom_control"))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, _ := strconv.ParseUint(strings.TrimSpace(rest), 10, 64)
+			return n
+		}
+	}
+	return 0
+}

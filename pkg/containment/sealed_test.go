@@ -1,0 +1,100 @@
+package containment
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"roost.dev/roost/pkg/manifest"
+)
+
+var (
+	initOnce sync.Once
+	initBin  string
+	initErr  error
+)
+
+// staticInit builds cmd/roost-init once, static, as the Makefile does: sealed roots mount it.
+func staticInit(t *testing.T) string {
+	t.Helper()
+	initOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "roost-init-")
+		if err != nil {
+			initErr = err
+			return
+		}
+		initBin = filepath.Join(dir, InitName)
+		cmd := exec.Command("go", "build", "-trimpath", "-o", initBin, "roost.dev/roost/cmd/roost-init")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			initErr = fmt.Errorf("building roost-init: %v\n%s", err, out)
+		}
+	})
+	if initErr != nil {
+		t.Fatal(initErr)
+	}
+	return initBin
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("sealed sessions need root")
+	}
+}
+
+func sealedPolicy(t *testing.T, caps string) *manifest.Policy {
+	t.Helper()
+	p := policy(t, caps)
+	return &p
+}
+
+// sealedRun runs a shell script as a sealed session and returns its exit and output.
+func sealedRun(t *testing.T, caps, script string) (ExitInfo, string, string, Spec) {
+	t.Helper()
+	needRoot(t)
+	state := t.TempDir()
+	rt, err := NewSealedRuntime(state, staticInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := spec(t, "/bin/sh", "-c", script)
+	s.SessionID = "ses_" + strings.ReplaceAll(strings.ToLower(t.Name()), "/", "_")
+	s.Class = manifest.Sealed
+	s.Policy = sealedPolicy(t, caps)
+	s.CapsuleDir = t.TempDir()
+	s.Env = []string{"PATH=/usr/bin:/bin", "HOME=/work"}
+	p, err := rt.Start(context.Background(), s)
+	if err != nil {
+		t.Fatalf("sealed start: %v", err)
+	}
+	info := waitDone(t, p)
+	if err := rt.Release(s.SessionID); err != nil {
+		t.Errorf("release: %v", err)
+	}
+	out := readFile(t, filepath.Join(s.RecordsDir, StdoutFile))
+	errOut := readFile(t, filepath.Join(s.RecordsDir, StderrFile))
+	return info, out, errOut, s
+}
+
+func TestSealedBasics(t *testing.T) {
+	info, out, errOut, s := sealedRun(t, "capabilities: {containment: sealed}",
+		`ls -A / | tr '\n' ' '; echo; grep -E '^(Seccomp|NoNewPrivs|CapEff):' /proc/self/status; touch /usr/x 2>&1 || true; echo hi > /work/out.txt; exit 4`)
+	t.Logf("stdout:\n%s\nstderr:\n%s", out, errOut)
+	if info.Code != 4 {
+		t.Fatalf("exit %+v", info)
+	}
+	for _, want := range []string{"Seccomp:\t2", "NoNewPrivs:\t1", "CapEff:\t0000000000000000", "Read-only file system"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if data, err := os.ReadFile(filepath.Join(s.Dir, "out.txt")); err != nil || string(data) != "hi\n" {
+		t.Fatalf("workdir file: %q %v", data, err)
+	}
+}

@@ -1,0 +1,97 @@
+package containment
+
+import (
+	"runtime"
+	"slices"
+	"sort"
+
+	"github.com/moby/profiles/seccomp"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// seccompProfile is moby's default profile for the spec's capability set, plus roost's own
+// rule: without network.unix_sockets, socket(AF_UNIX, ...) and socketpair fail with EACCES.
+//
+// A syscall restricted by argument must not also be allowed outright (an unconditional
+// allow wins), so the AF_UNIX rule first takes socket, socketpair and socketcall out of the
+// profile's unconditional and domain-range rules, then puts back exactly what stays allowed.
+func seccompProfile(spec *specs.Spec, unixSockets bool) (*specs.LinuxSeccomp, error) {
+	profile, err := seccomp.GetDefaultProfile(spec)
+	if err != nil {
+		return nil, err
+	}
+	// Only the native ABI: on x86 the 32-bit socket(2) is reached through socketcall, whose
+	// arguments sit behind a pointer no filter reads, so libseccomp cannot hold an argument
+	// rule there; a session has no business running 32-bit code anyway.
+	if native, ok := nativeArch[runtime.GOARCH]; ok {
+		profile.Architectures = []specs.Arch{native}
+	}
+	if unixSockets {
+		return profile, nil
+	}
+	var domains []uint64
+	var kept []specs.LinuxSyscall
+	for _, sc := range profile.Syscalls {
+		if slices.Contains(sc.Names, "socket") && sc.Action == specs.ActAllow && len(sc.Args) == 1 && sc.Args[0].Index == 0 {
+			domains = append(domains, socketDomains(sc.Args[0])...)
+			continue
+		}
+		sc.Names = slices.DeleteFunc(slices.Clone(sc.Names), func(n string) bool {
+			// socketcall multiplexes socket(2) on 32-bit ABIs through a pointer no filter
+			// can read; it goes too.
+			return sc.Action == specs.ActAllow && (n == "socketpair" || n == "socketcall")
+		})
+		if len(sc.Names) > 0 {
+			kept = append(kept, sc)
+		}
+	}
+	domains = slices.DeleteFunc(domains, func(d uint64) bool { return d == unix.AF_UNIX })
+	sort.Slice(domains, func(i, j int) bool { return domains[i] < domains[j] })
+	domains = slices.Compact(domains)
+	for _, d := range domains {
+		kept = append(kept, specs.LinuxSyscall{
+			Names: []string{"socket"}, Action: specs.ActAllow,
+			Args: []specs.LinuxSeccompArg{{Index: 0, Value: d, Op: specs.OpEqualTo}},
+		})
+	}
+	eacces := uint(unix.EACCES)
+	kept = append(kept,
+		specs.LinuxSyscall{
+			Names: []string{"socket"}, Action: specs.ActErrno, ErrnoRet: &eacces,
+			Args: []specs.LinuxSeccompArg{{Index: 0, Value: unix.AF_UNIX, Op: specs.OpEqualTo}},
+		},
+		specs.LinuxSyscall{Names: []string{"socketpair"}, Action: specs.ActErrno, ErrnoRet: &eacces},
+	)
+	profile.Syscalls = kept
+	return profile, nil
+}
+
+var nativeArch = map[string]specs.Arch{
+	"amd64":   specs.ArchX86_64,
+	"arm64":   specs.ArchAARCH64,
+	"riscv64": specs.ArchRISCV64,
+	"ppc64le": specs.ArchPPC64LE,
+	"s390x":   specs.ArchS390X,
+}
+
+// socketDomains lists the address families one argument comparison of the profile allows.
+func socketDomains(arg specs.LinuxSeccompArg) []uint64 {
+	switch arg.Op {
+	case specs.OpEqualTo:
+		return []uint64{arg.Value}
+	case specs.OpLessThan:
+		var out []uint64
+		for d := uint64(unix.AF_UNIX); d < arg.Value; d++ {
+			out = append(out, d)
+		}
+		return out
+	case specs.OpLessEqual:
+		var out []uint64
+		for d := uint64(unix.AF_UNIX); d <= arg.Value; d++ {
+			out = append(out, d)
+		}
+		return out
+	}
+	return nil
+}
