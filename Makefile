@@ -2,27 +2,33 @@
 # capsules; `make test` runs every check CI runs.
 
 GO      ?= go
+# libcontainer's seccomp support is behind the seccomp build tag (and needs libseccomp-dev).
+export GOFLAGS := -tags=seccomp $(GOFLAGS)
 TOOLS   := $(CURDIR)/.tools/bin
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null)
 LDFLAGS := -X roost.dev/roost/pkg/version.Version=$(VERSION) -X roost.dev/roost/pkg/version.Commit=$(COMMIT)
 
-.PHONY: all build test unit e2e lint vet staticcheck fmt-check proto proto-check buf-lint demo bench fuzz tools clean
+.PHONY: all deps build test unit e2e lint vet staticcheck fmt-check proto proto-check buf-lint demo bench fuzz tools clean
 
 all: build
 
-build:
+build: deps
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/roostd ./cmd/roostctl
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o bin/ ./cmd/roost-init
+
+## deps: what building roostd needs beyond Go: libseccomp's headers, for libcontainer.
+deps:
+	@pkg-config --exists libseccomp || { echo "installing libseccomp-dev"; apt-get install -y -qq libseccomp-dev pkg-config; }
 
 ## test: everything CI checks: formatting, vet, staticcheck, the API lint and freshness of the
 ## generated code, unit tests (with the race detector) and the end-to-end tests.
 test: lint unit e2e
 
-unit:
+unit: deps
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/e2e)
 
-e2e:
+e2e: deps
 	$(GO) test -count=1 ./test/e2e/
 
 lint: fmt-check vet staticcheck buf-lint proto-check

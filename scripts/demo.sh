@@ -64,7 +64,7 @@ typo=$state/typo
 mkdir -p "$typo"
 printf 'name: typo\nversion: 0.1.0\nrun:\n  command: [/bin/true]\ncapabilities:\n  netwrok:\n    allow: [example.com]\n' >"$typo/capsule.yaml"
 expect 125 ./bin/roostctl run "$typo"
-expect 125 ./bin/roostctl run --containment sealed examples/hello
+expect 125 ./bin/roostctl run --containment scoped examples/hello
 
 id=$(./bin/roostctl run --detach examples/deadline)
 echo "started $id in the background"

@@ -120,9 +120,35 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 
-	host := containment.Probe()
-	catalog := containment.NewCatalog(host)
-	plain := containment.NewProcessRuntime(initBinary(log))
+	init := initBinary(log)
+	plain := containment.NewProcessRuntime(init)
+	runtimes := map[manifest.Class]session.Runtime{manifest.Unconfined: plain, manifest.Advisory: plain}
+	var sealed *containment.SealedRuntime
+	if init != containment.SelfInit {
+		// A sealed root mounts roost-init itself: it must be the small static binary.
+		if sealed, err = containment.NewSealedRuntime(stateDir, init); err != nil {
+			return fmt.Errorf("sealed runtime: %w", err)
+		}
+	}
+	assess := func(ctx context.Context) (containment.Host, containment.Catalog) {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		host := containment.Probe()
+		why := sealed.Rehearse(ctx)
+		if sealed == nil {
+			why = errors.New("roost-init was not found next to roostd; install it there (make build puts it in ./bin)")
+		}
+		return host, containment.NewCatalog(host, why)
+	}
+	host, catalog := assess(context.Background())
+	if sealed != nil {
+		// Even when the rehearsal fails, sessions a previous daemon sealed are re-attached
+		// and cleaned up through it; staging new ones follows the catalog.
+		runtimes[manifest.Sealed] = sealed
+	}
+	if c := catalog.Lookup(manifest.Sealed); !c.Available {
+		log.Warn("sealed sessions unavailable", "why", c.Detail)
+	}
 	var mtr *metrics.Metrics
 	var sessions *session.Manager
 	states := make([]string, len(session.States))
@@ -143,7 +169,7 @@ func serve(o *options, log *slog.Logger) error {
 		DaemonFloor: floor,
 		Host:        host,
 		Catalog:     catalog,
-		Runtimes:    map[manifest.Class]session.Runtime{manifest.Unconfined: plain, manifest.Advisory: plain},
+		Runtimes:    runtimes,
 		Observer:    mtr,
 		Logger:      log,
 	})
@@ -157,7 +183,7 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	defer os.Remove(o.socket)
-	srv := server.New(server.Config{Sessions: sessions, StateDir: stateDir, StartedAt: time.Now(), Logger: log})
+	srv := server.New(server.Config{Sessions: sessions, Assess: assess, StateDir: stateDir, StartedAt: time.Now(), Logger: log})
 
 	var metricsSrv *http.Server
 	if o.metricsAddr != "" {

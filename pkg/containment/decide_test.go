@@ -17,7 +17,7 @@ func policy(t *testing.T, caps string) manifest.Policy {
 }
 
 func TestDecide(t *testing.T) {
-	catalog := NewCatalog(Host{Root: true})
+	catalog := NewCatalog(Host{Root: true}, ErrNoSealedRuntime)
 	cases := []struct {
 		name        string
 		caps        string
@@ -85,15 +85,15 @@ func TestGrantsNeverClaimWhatAPlainProcessCannotHold(t *testing.T) {
 		}
 	}
 	// Nothing is claimed for a class this build cannot run.
-	for _, g := range Grants(manifest.Sealed, &p, Host{}) {
+	for _, g := range Grants(manifest.Scoped, &p, Host{}) {
 		if g.Enforcement != "" {
-			t.Fatalf("sealed grant %s claims %q", g.Key, g.Enforcement)
+			t.Fatalf("scoped grant %s claims %q", g.Key, g.Enforcement)
 		}
 	}
 }
 
 func TestCatalog(t *testing.T) {
-	c := NewCatalog(Probe())
+	c := NewCatalog(Probe(), ErrNoSealedRuntime)
 	if c.Strongest() != manifest.Advisory {
 		t.Fatalf("strongest %v", c.Strongest())
 	}

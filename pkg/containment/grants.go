@@ -42,59 +42,156 @@ func Rlimits(p *manifest.Policy) []Rlimit {
 // Grants lists every key of the policy with how a session of class holds it on this host.
 // A class this build cannot run gets values only: nothing is claimed for it.
 func Grants(class manifest.Class, p *manifest.Policy, h Host) []Grant {
-	plain := class == manifest.Unconfined || class == manifest.Advisory
-	g := &grantList{plain: plain}
-	noKernel := "not enforced: the " + class.String() + " class has no kernel sandbox"
-
-	g.add("containment", class.String(), Enforced, "the class this session runs under")
-	g.add("network.allow", netList(p.Network.Allow), Advisory, noKernel+" (no network namespace); the program reaches whatever the host reaches")
-	g.add("network.unix_sockets", strconv.FormatBool(p.Network.UnixSockets), Advisory, noKernel+" (no seccomp filter)")
-	g.add("filesystem.scope", orWhole(p.Filesystem.Scope), Advisory, noKernel+" (no Landlock, no mount confinement)")
-	g.add("filesystem.workdir_exec", strconv.FormatBool(p.Filesystem.WorkdirExec), Advisory, noKernel)
-	g.add("filesystem.read_only", list(p.Filesystem.ReadOnly), Advisory, noKernel)
-	g.add("shell.allow", list(p.Shell.Allow), Advisory, noKernel+" (no exec allowlist)")
-	noEndpoint := "this build serves no spawn endpoint, so roost starts no child for it; the program itself is not fenced off from roostd"
-	g.add("spawn.allow", list(p.Spawn.Allow), Advisory, noEndpoint)
-	g.add("spawn.workdir_snapshot", list(p.Spawn.WorkdirSnapshot), Advisory, noEndpoint)
-	g.add("spawn.max_depth", limit(p.Spawn.MaxDepth), Advisory, noEndpoint)
-	g.add("spawn.max_children", limit(p.Spawn.MaxChildren), Advisory, noEndpoint)
-	g.add("env.allow", list(p.Env.Allow), Enforced, "roost builds the environment: the manifest's env, these host variables, and ROOST_*")
-	g.add("limits.deadline_seconds", limit(p.Limits.DeadlineSeconds), Enforced, "roostd sends SIGTERM at the deadline and SIGKILL 10s later")
-	g.add("limits.memory_bytes", limit(p.Limits.MemoryBytes), NotApplicable, "bounds a WASM guest's memory; this session runs a command")
-	noCgroup := noKernel + " (no cgroup)"
-	g.add("resources.cgroup_memory_bytes", limit(p.Resources.CgroupMemoryBytes), Advisory, noCgroup)
-	g.add("resources.cgroup_pids_max", limit(p.Resources.CgroupPidsMax), Advisory, noCgroup)
-	g.add("resources.cgroup_cpu_percent", limit(p.Resources.CgroupCPUPercent), Advisory, noCgroup)
-	g.add("resources.max_open_files", limit(p.Resources.MaxOpenFiles), Enforced, "RLIMIT_NOFILE on every process")
-	g.add("resources.max_file_size_bytes", limit(p.Resources.MaxFileSizeBytes), Enforced, "RLIMIT_FSIZE on every process")
-	g.add("resources.cpu_seconds", limit(p.Resources.CPUSeconds), Enforced, "RLIMIT_CPU on every process")
-	if h.Root {
-		g.add("resources.max_processes", limit(p.Resources.MaxProcesses), Advisory, "RLIMIT_NPROC is set, but the kernel does not apply it to root, which this session runs as")
-	} else {
-		g.add("resources.max_processes", limit(p.Resources.MaxProcesses), Enforced, "RLIMIT_NPROC")
+	var out []Grant
+	switch class {
+	case manifest.Unconfined, manifest.Advisory:
+		out = plainGrants(class, p, h)
+	case manifest.Sealed:
+		out = sealedGrants(p)
+	default:
+		out = hold{}.grants(p)
 	}
-	g.add("resources.memory_bytes", limit(p.Resources.MemoryBytes), Enforced, "RLIMIT_AS on every process")
-	g.add("resources.workdir_max_bytes", limit(p.Resources.WorkdirMaxBytes), Advisory, noKernel+" (no quota)")
-	noGateway := "this build has no inference gateway or ledger"
-	g.add("inference.upstream", orNone(p.Inference.Upstream), NotApplicable, noGateway)
+	// The first row is the class in force, whatever the manifest asked for.
+	out[0].Value = class.String()
+	return out
+}
+
+// values is every policy key with its resolved value, in manifest order.
+func values(p *manifest.Policy) [][2]string {
 	tokens := "none"
 	if p.Inference.MaxSessionTokens != nil {
 		tokens = strconv.FormatInt(*p.Inference.MaxSessionTokens, 10)
 	}
-	g.add("inference.max_session_tokens", tokens, NotApplicable, noGateway)
-	g.add("inference.on_exhausted", p.Inference.OnExhausted, NotApplicable, noGateway)
+	r := p.Resources
+	return [][2]string{
+		{"containment", p.Containment.String()},
+		{"network.allow", netList(p.Network.Allow)},
+		{"network.unix_sockets", strconv.FormatBool(p.Network.UnixSockets)},
+		{"filesystem.scope", orWhole(p.Filesystem.Scope)},
+		{"filesystem.workdir_exec", strconv.FormatBool(p.Filesystem.WorkdirExec)},
+		{"filesystem.read_only", list(p.Filesystem.ReadOnly)},
+		{"shell.allow", list(p.Shell.Allow)},
+		{"spawn.allow", list(p.Spawn.Allow)},
+		{"spawn.workdir_snapshot", list(p.Spawn.WorkdirSnapshot)},
+		{"spawn.max_depth", limit(p.Spawn.MaxDepth)},
+		{"spawn.max_children", limit(p.Spawn.MaxChildren)},
+		{"env.allow", list(p.Env.Allow)},
+		{"limits.deadline_seconds", limit(p.Limits.DeadlineSeconds)},
+		{"limits.memory_bytes", limit(p.Limits.MemoryBytes)},
+		{"resources.cgroup_memory_bytes", limit(r.CgroupMemoryBytes)},
+		{"resources.cgroup_pids_max", limit(r.CgroupPidsMax)},
+		{"resources.cgroup_cpu_percent", limit(r.CgroupCPUPercent)},
+		{"resources.max_open_files", limit(r.MaxOpenFiles)},
+		{"resources.max_file_size_bytes", limit(r.MaxFileSizeBytes)},
+		{"resources.cpu_seconds", limit(r.CPUSeconds)},
+		{"resources.max_processes", limit(r.MaxProcesses)},
+		{"resources.memory_bytes", limit(r.MemoryBytes)},
+		{"resources.workdir_max_bytes", limit(r.WorkdirMaxBytes)},
+		{"inference.upstream", orNone(p.Inference.Upstream)},
+		{"inference.max_session_tokens", tokens},
+		{"inference.on_exhausted", p.Inference.OnExhausted},
+	}
+}
+
+// hold is how one class holds each key: enforcement and mechanism by key.
+type hold map[string][2]string
+
+func (hd hold) grants(p *manifest.Policy) []Grant {
+	g := &grantList{}
+	for _, kv := range values(p) {
+		how := hd[kv[0]]
+		g.add(kv[0], kv[1], how[0], how[1])
+	}
 	return g.out
 }
 
+// Held by roost itself, whatever the class.
+var common = hold{
+	"env.allow":                     {Enforced, "roost builds the environment: the manifest's env, these host variables, and ROOST_*"},
+	"limits.deadline_seconds":       {Enforced, "roostd sends SIGTERM at the deadline and SIGKILL 10s later"},
+	"limits.memory_bytes":           {NotApplicable, "bounds a WASM guest's memory; this session runs a command"},
+	"resources.max_open_files":      {Enforced, "RLIMIT_NOFILE on every process"},
+	"resources.max_file_size_bytes": {Enforced, "RLIMIT_FSIZE on every process"},
+	"resources.cpu_seconds":         {Enforced, "RLIMIT_CPU on every process"},
+	"resources.memory_bytes":        {Enforced, "RLIMIT_AS on every process"},
+	"inference.upstream":            {NotApplicable, "this build has no inference gateway or ledger"},
+	"inference.max_session_tokens":  {NotApplicable, "this build has no inference gateway or ledger"},
+	"inference.on_exhausted":        {NotApplicable, "this build has no inference gateway or ledger"},
+}
+
+func with(base hold, more hold) hold {
+	out := hold{}
+	for k, v := range base {
+		out[k] = v
+	}
+	for k, v := range more {
+		out[k] = v
+	}
+	return out
+}
+
+func plainGrants(class manifest.Class, p *manifest.Policy, h Host) []Grant {
+	noKernel := "not enforced: the " + class.String() + " class has no kernel sandbox"
+	noEndpoint := "this build serves no spawn endpoint, so roost starts no child for it; the program itself is not fenced off from roostd"
+	nproc := [2]string{Enforced, "RLIMIT_NPROC"}
+	if h.Root {
+		nproc = [2]string{Advisory, "RLIMIT_NPROC is set, but the kernel does not apply it to root, which this session runs as"}
+	}
+	return with(common, hold{
+		"containment":                   {Enforced, "the class this session runs under"},
+		"network.allow":                 {Advisory, noKernel + " (no network namespace); the program reaches whatever the host reaches"},
+		"network.unix_sockets":          {Advisory, noKernel + " (no seccomp filter)"},
+		"filesystem.scope":              {Advisory, noKernel + " (no Landlock, no mount confinement)"},
+		"filesystem.workdir_exec":       {Advisory, noKernel},
+		"filesystem.read_only":          {Advisory, noKernel},
+		"shell.allow":                   {Advisory, noKernel + " (no exec allowlist)"},
+		"spawn.allow":                   {Advisory, noEndpoint},
+		"spawn.workdir_snapshot":        {Advisory, noEndpoint},
+		"spawn.max_depth":               {Advisory, noEndpoint},
+		"spawn.max_children":            {Advisory, noEndpoint},
+		"resources.cgroup_memory_bytes": {Advisory, noKernel + " (no cgroup)"},
+		"resources.cgroup_pids_max":     {Advisory, noKernel + " (no cgroup)"},
+		"resources.cgroup_cpu_percent":  {Advisory, noKernel + " (no cgroup)"},
+		"resources.max_processes":       nproc,
+		"resources.workdir_max_bytes":   {Advisory, noKernel + " (no quota)"},
+	}).grants(p)
+}
+
+func sealedGrants(p *manifest.Policy) []Grant {
+	unix := [2]string{Enforced, "seccomp: socket(AF_UNIX) and socketpair fail with EACCES"}
+	if p.Network.UnixSockets {
+		unix = [2]string{Enforced, "allowed; the session's own namespaces leave only its own sockets to reach"}
+	}
+	exec := [2]string{Enforced, "/work and /tmp are mounted noexec"}
+	if p.Filesystem.WorkdirExec {
+		exec = [2]string{Enforced, "/work and /tmp are mounted exec"}
+	}
+	noSpawn := "sealed: roostd's socket is absent from the root, and this build serves no spawn endpoint"
+	return with(common, hold{
+		"containment":                   {Enforced, "libcontainer: mount, pid, ipc, uts, net and cgroup namespaces; a composed read-only root; no capabilities; no_new_privs; seccomp"},
+		"network.allow":                 {Enforced, "own network namespace with loopback only: nothing outside is reachable (the egress proxy that would admit these comes with the session endpoint)"},
+		"network.unix_sockets":          unix,
+		"filesystem.scope":              {Enforced, "mounts: /work is read-only but for the scope"},
+		"filesystem.workdir_exec":       exec,
+		"filesystem.read_only":          {Enforced, "read-only bind mounts over /work"},
+		"shell.allow":                   {Advisory, "not yet enforced: /work and /tmp are noexec, but any program under /usr can be run"},
+		"spawn.allow":                   {Enforced, noSpawn},
+		"spawn.workdir_snapshot":        {Enforced, noSpawn},
+		"spawn.max_depth":               {Enforced, noSpawn},
+		"spawn.max_children":            {Enforced, noSpawn},
+		"resources.cgroup_memory_bytes": {Enforced, "cgroup memory limit, swap 0; the OOM killer ends the session (crashed, oom)"},
+		"resources.cgroup_pids_max":     {Enforced, "cgroup pids.max"},
+		"resources.cgroup_cpu_percent":  {Enforced, "cgroup cpu quota per 100ms period"},
+		"resources.max_processes":       {Enforced, "cgroup pids.max holds the count (RLIMIT_NPROC does not bind root)"},
+		"resources.workdir_max_bytes":   {Advisory, "only /tmp is bounded (tmpfs size); the workdir is not yet"},
+	}).grants(p)
+}
+
 type grantList struct {
-	plain bool
-	out   []Grant
+	out []Grant
 }
 
 func (g *grantList) add(key, value, enforcement, mechanism string) {
-	if !g.plain {
-		enforcement, mechanism = "", ""
-	}
 	g.out = append(g.out, Grant{Key: key, Value: value, Enforcement: enforcement, Mechanism: mechanism})
 }
 

@@ -71,18 +71,24 @@ type Capability struct {
 // Catalog is what this build can deliver on this host, one entry per class, weakest first.
 type Catalog []Capability
 
-// NewCatalog judges each class against the host. This build runs unconfined and advisory
-// sessions; the kernel-enforced classes are judged unavailable with the reason.
-func NewCatalog(h Host) Catalog {
+// NewCatalog judges each class against the host. sealed is the outcome of rehearsing a
+// sealed session (see SealedRuntime.Rehearse): nil when it ran. The scoped class is not in
+// this build.
+func NewCatalog(h Host, sealed error) Catalog {
 	landlock := "the kernel has no Landlock"
 	if h.LandlockABI > 0 {
 		landlock = fmt.Sprintf("the kernel offers Landlock ABI %d", h.LandlockABI)
+	}
+	sealedCap := Capability{Class: manifest.Sealed, Available: sealed == nil,
+		Detail: "libcontainer: mount, pid, ipc, uts, net and cgroup namespaces; composed read-only root; cgroup memory, pids and cpu; seccomp; no capabilities; no_new_privs"}
+	if sealed != nil {
+		sealedCap.Detail = "rehearsing a sealed session failed: " + sealed.Error()
 	}
 	return Catalog{
 		{manifest.Unconfined, true, "plain child process under roost-init; environment, rlimits and deadline applied"},
 		{manifest.Advisory, true, "plain child process under roost-init; environment, rlimits and deadline applied, every other grant recorded, not enforced"},
 		{manifest.Scoped, false, "this build has no scoped runtime (Landlock and seccomp on the host's view); " + landlock},
-		{manifest.Sealed, false, "this build has no sealed runtime (libcontainer namespaces, cgroup, seccomp, composed root)"},
+		sealedCap,
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/opencontainers/runc/libcontainer/specconv"
 
 	"roost.dev/roost/pkg/containment/roostinit"
+	"roost.dev/roost/pkg/manifest"
 )
 
 // SealedRuntime runs sealed sessions: libcontainer builds each one's namespaces, cgroup,
@@ -223,7 +224,9 @@ func hostRef(initPID int, inner *ProcessRef) (ProcessRef, error) {
 			return ref, err
 		}
 	}
-	return ref, fmt.Errorf("the session's program (pid %d inside) is not among roost-init's children", inner.PID)
+	// Not among roost-init's children: the program has already ended (roost-init reaps at
+	// once). PID stays 0; there is nothing left to signal, and exit.json tells the rest.
+	return ref, nil
 }
 
 // childPIDs lists pid's children, from every thread's children list.
@@ -357,6 +360,9 @@ func (p *sealedProcess) Signal(sig syscall.Signal) error {
 		return ErrGone
 	default:
 	}
+	if p.ref.PID == 0 {
+		return ErrGone
+	}
 	return signalGroup(p.ref.PID, sig)
 }
 
@@ -402,4 +408,67 @@ func oomKillsV1(c *libcontainer.Container) uint64 {
 		}
 	}
 	return 0
+}
+
+// ErrNoSealedRuntime is why a daemon without a sealed runtime cannot run sealed sessions.
+var ErrNoSealedRuntime = errors.New("no sealed runtime")
+
+// Rehearse runs /usr/bin/true as a throwaway sealed session: namespaces, cgroup, seccomp,
+// composed root and roost-init, exactly as a session gets them. What fails here would fail
+// a session, so the answer is the host's real ability, not a guess from versions.
+func (r *SealedRuntime) Rehearse(ctx context.Context) error {
+	switch {
+	case r == nil:
+		return ErrNoSealedRuntime
+	case os.Geteuid() != 0:
+		return errors.New("roostd does not run as root; run it as root (deploy/systemd/roostd.service)")
+	case !seccompBuilt:
+		return errors.New("roostd was built without seccomp support; build it with -tags seccomp and libseccomp-dev (make build does)")
+	}
+	dir, err := os.MkdirTemp(r.roots, ".rehearsal-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	id := "rehearsal-" + filepath.Base(dir)[len(".rehearsal-"):]
+	spec := Spec{
+		SessionID:  id,
+		Class:      manifest.Sealed,
+		Argv:       []string{"/usr/bin/true"},
+		Env:        []string{"PATH=" + defaultPath},
+		Dir:        filepath.Join(dir, "work"),
+		RecordsDir: filepath.Join(dir, "records"),
+		CapsuleDir: filepath.Join(dir, "capsule"),
+		Policy:     rehearsalPolicy(),
+	}
+	for _, d := range []string{spec.Dir, spec.RecordsDir, spec.CapsuleDir} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return err
+		}
+	}
+	defer r.Release(id)
+	p, err := r.Start(ctx, spec)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-p.Done():
+	case <-ctx.Done():
+		_ = p.Signal(syscall.SIGKILL)
+		return ctx.Err()
+	}
+	info, err := p.Exit()
+	if err != nil {
+		return err
+	}
+	if info.Code != 0 {
+		return fmt.Errorf("/usr/bin/true exited %d in the rehearsal", info.Code)
+	}
+	return nil
+}
+
+func rehearsalPolicy() *manifest.Policy {
+	p := manifest.Lower(&manifest.Manifest{Name: "rehearsal", Version: "0.0.0", Run: manifest.Run{Command: []string{"/usr/bin/true"}}})
+	p.Containment = manifest.Sealed
+	return &p
 }

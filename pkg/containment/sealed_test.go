@@ -46,6 +46,9 @@ func needRoot(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("sealed sessions need root")
 	}
+	if !seccompBuilt {
+		t.Skip("built without the seccomp tag: run with -tags seccomp (make test does)")
+	}
 }
 
 func sealedPolicy(t *testing.T, caps string) *manifest.Policy {

@@ -25,8 +25,10 @@ import (
 
 // Config is what the services need.
 type Config struct {
-	Sessions  *session.Manager
-	StateDir  string
+	Sessions *session.Manager
+	// Assess probes the host and rehearses the classes the daemon can run, afresh.
+	Assess   func(context.Context) (containment.Host, containment.Catalog)
+	StateDir string
 	StartedAt time.Time
 	Logger    *slog.Logger
 }
@@ -250,10 +252,9 @@ func (s *systemService) Version(context.Context, *roostv1.VersionRequest) (*roos
 	}, nil
 }
 
-func (s *systemService) Doctor(context.Context, *roostv1.DoctorRequest) (*roostv1.DoctorResponse, error) {
+func (s *systemService) Doctor(ctx context.Context, _ *roostv1.DoctorRequest) (*roostv1.DoctorResponse, error) {
 	// Probe afresh: a doctor's answer is about the host now, not at daemon start.
-	host := containment.Probe()
-	catalog := containment.NewCatalog(host)
+	host, catalog := s.cfg.Assess(ctx)
 	resp := &roostv1.DoctorResponse{Strongest: catalog.Strongest().String()}
 	for _, c := range catalog {
 		resp.Classes = append(resp.Classes, &roostv1.ClassReport{Class: c.Class.String(), Available: c.Available, Detail: c.Detail})

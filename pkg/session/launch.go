@@ -128,11 +128,15 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class) (containment.Spe
 		return containment.Spec{}, fmt.Errorf("session %s: its recorded manifest no longer parses: %w", rec.ID, err)
 	}
 	policy := manifest.Lower(man)
+	view := hostView(rec)
+	if class == manifest.Sealed {
+		view = sealedView
+	}
 	return containment.Spec{
 		SessionID:  rec.ID,
 		Class:      class,
-		Argv:       rec.Command,
-		Env:        environment(rec, man, &policy, m.cfg.HostEnv),
+		Argv:       view.command(rec),
+		Env:        environment(rec, man, &policy, m.cfg.HostEnv, view),
 		Dir:        rec.Workdir,
 		RecordsDir: rec.RecordsDir,
 		CapsuleDir: rec.Capsule.Source,
@@ -141,11 +145,31 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class) (containment.Spe
 	}, nil
 }
 
+// view is where the program finds its workdir and its capsule's files: on the host's paths,
+// or at /work and /capsule inside a sealed root.
+type view struct {
+	work, capsule string
+}
+
+var sealedView = view{work: "/work", capsule: "/capsule"}
+
+func hostView(rec *Record) view { return view{work: rec.Workdir, capsule: rec.Capsule.Source} }
+
+// command is the staged command line as the program's view names it: a program from the
+// capsule directory moves with it.
+func (v view) command(rec *Record) []string {
+	argv := slices.Clone(rec.Command)
+	if rest, ok := strings.CutPrefix(argv[0], rec.Capsule.Source+"/"); ok {
+		argv[0] = v.capsule + "/" + rest
+	}
+	return argv
+}
+
 // environment is the program's whole environment: PATH and HOME defaults, the host
 // variables env.allow names, the manifest's literal env (which wins over both), then
 // roost's own ROOST_* variables, which nothing overrides. Sorted, so it is reproducible.
-func environment(rec *Record, man *manifest.Manifest, p *manifest.Policy, host []string) []string {
-	env := map[string]string{"PATH": defaultPath, "HOME": rec.Workdir}
+func environment(rec *Record, man *manifest.Manifest, p *manifest.Policy, host []string, v view) []string {
+	env := map[string]string{"PATH": defaultPath, "HOME": v.work}
 	for _, kv := range host {
 		k, v, ok := strings.Cut(kv, "=")
 		if ok && slices.Contains(p.Env.Allow, k) && !manifest.CredentialShaped(k) {
@@ -157,7 +181,7 @@ func environment(rec *Record, man *manifest.Manifest, p *manifest.Policy, host [
 	}
 	env["ROOST_SESSION_ID"] = rec.ID
 	env["ROOST_CAPSULE"] = rec.Capsule.Name + "@" + rec.Capsule.Version
-	env["ROOST_CAPSULE_DIR"] = rec.Capsule.Source
+	env["ROOST_CAPSULE_DIR"] = v.capsule
 	out := make([]string, 0, len(env))
 	for k, v := range env {
 		out = append(out, k+"="+v)

@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	build := exec.Command("go", "build", "-o", dir, "roost.dev/roost/cmd/roostd", "roost.dev/roost/cmd/roostctl", "roost.dev/roost/cmd/roost-init")
+	build := exec.Command("go", "build", "-tags", "seccomp", "-o", dir, "roost.dev/roost/cmd/roostd", "roost.dev/roost/cmd/roostctl", "roost.dev/roost/cmd/roost-init")
 	build.Stdout, build.Stderr = os.Stdout, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building roost:", err)
@@ -285,8 +285,8 @@ func TestBadManifestRecordsNothing(t *testing.T) {
 	if res.code != 125 || !strings.Contains(res.stderr, "capabilities.netwrok: unknown key") || !strings.Contains(res.stderr, "capsule.yaml:6:3") {
 		t.Fatalf("misspelt key: %+v", res)
 	}
-	res = d.ctl("run", capsule(t, "sealed", "true", "capabilities:\n  containment: sealed\n"))
-	if res.code != 125 || !strings.Contains(res.stderr, `containment floor "sealed"`) {
+	res = d.ctl("run", capsule(t, "execwork", "true", "capabilities:\n  containment: sealed\n  filesystem:\n    workdir_exec: true\n"))
+	if res.code != 125 || !strings.Contains(res.stderr, `containment floor "sealed"`) || !strings.Contains(res.stderr, "workdir_exec") {
 		t.Fatalf("unmeetable floor: %+v", res)
 	}
 	if res = d.ctl("run", "--containment", "nope", "examples/hello"); res.code != 125 || !strings.Contains(res.stderr, `"nope" is not a containment class`) {
@@ -501,7 +501,7 @@ func TestExplainDoctorVersion(t *testing.T) {
 	if !e.Containment.Met || e.Containment.Achieved != "advisory" || len(e.Grants) < 20 {
 		t.Fatalf("explain: %+v", e)
 	}
-	out := d.ok("explain", "--containment", "sealed", "examples/hello")
+	out := d.ok("explain", "--containment", "scoped", "examples/hello")
 	if !strings.Contains(out, "staging would be refused") {
 		t.Fatalf("explain with an unmeetable floor: %s", out)
 	}
@@ -513,7 +513,7 @@ func TestExplainDoctorVersion(t *testing.T) {
 		Strongest string `json:"strongest"`
 	}
 	json.Unmarshal([]byte(d.ok("doctor", "--json")), &doc)
-	if doc.Strongest != "advisory" || len(doc.Classes) != 4 {
+	if doc.Strongest != "sealed" || len(doc.Classes) != 4 {
 		t.Fatalf("doctor: %+v", doc)
 	}
 	if out := d.ok("version"); !strings.Contains(out, "roostd") {
