@@ -27,8 +27,8 @@ import (
 type Config struct {
 	Sessions *session.Manager
 	// Assess probes the host and rehearses the classes the daemon can run, afresh.
-	Assess   func(context.Context) (containment.Host, containment.Catalog)
-	StateDir string
+	Assess    func(context.Context) (containment.Host, containment.Catalog)
+	StateDir  string
 	StartedAt time.Time
 	Logger    *slog.Logger
 }

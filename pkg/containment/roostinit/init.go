@@ -29,8 +29,8 @@ const (
 // it is outside roost-init's root, and a descriptor of it held by a non-dumpable PID 1 is
 // out of the program's reach.
 const (
-	initSpecFD   = 3 // read: the InitSpec, JSON, until EOF
-	initReportFD = 4 // write: one Report line once the program runs or has failed to start
+	initSpecFD    = 3 // read: the InitSpec, JSON, until EOF
+	initReportFD  = 4 // write: one Report line once the program runs or has failed to start
 	initRecordsFD = 5 // the session's records directory, where init.json and exit.json go
 )
 
