@@ -15,21 +15,25 @@ import (
 func (a *app) explainCommand() *cobra.Command {
 	var containment string
 	var deadline time.Duration
-	var asJSON bool
+	var asJSON, oci bool
 	cmd := &cobra.Command{
 		Use:   "explain CAPSULE",
 		Short: "Show a capsule's effective grants and containment, without running it",
 		Long: `explain reads CAPSULE as stage would and prints what a session of it would get: the
 containment floor and where it comes from, the class this host delivers (or why it
 cannot), and every grant with its resolved value and what enforces it. Nothing is
-recorded. The JSON form is what a session's trace.jsonl records as session_start.`,
+recorded. The JSON form is what a session's trace.jsonl records as session_start.
+
+With --oci it prints instead the OCI runtime spec (config.json) a sealed session of the
+capsule runs with, as another runtime (runc, crun) would take it; paths name a session
+called SESSION.`,
 		Args: exactArgs(1, "one CAPSULE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			abs, err := filepath.Abs(args[0])
 			if err != nil {
 				return err
 			}
-			req := &roostv1.ExplainRequest{Capsule: abs, Containment: containment}
+			req := &roostv1.ExplainRequest{Capsule: abs, Containment: containment, Oci: oci}
 			if deadline != 0 {
 				req.Deadline = durationpb.New(deadline)
 			}
@@ -42,6 +46,10 @@ recorded. The JSON form is what a session's trace.jsonl records as session_start
 				return err
 			}
 			e := resp.GetExplanation()
+			if oci {
+				fmt.Fprintln(cmd.OutOrStdout(), resp.GetOciConfig())
+				return nil
+			}
 			if asJSON {
 				return printJSON(cmd.OutOrStdout(), e)
 			}
@@ -52,6 +60,7 @@ recorded. The JSON form is what a session's trace.jsonl records as session_start
 	cmd.Flags().StringVar(&containment, "containment", "", "explain with this floor, as run --containment")
 	cmd.Flags().DurationVar(&deadline, "deadline", 0, "explain with this deadline, as run --deadline")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the explanation as JSON")
+	cmd.Flags().BoolVar(&oci, "oci", false, "print the OCI runtime spec (config.json) of a sealed session instead")
 	return cmd
 }
 

@@ -17,6 +17,7 @@ import (
 	cgroupsmanager "github.com/opencontainers/cgroups/manager"
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/specconv"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/manifest"
@@ -471,4 +472,22 @@ func rehearsalPolicy() *manifest.Policy {
 	p := manifest.Lower(&manifest.Manifest{Name: "rehearsal", Version: "0.0.0", Run: manifest.Run{Command: []string{"/usr/bin/true"}}})
 	p.Containment = manifest.Sealed
 	return &p
+}
+
+// Describe returns the OCI runtime spec a sealed session with this policy would run under,
+// for a session id, workdir and capsule directory given (the mounts of workdir subtrees
+// name their paths, where a session mounts descriptors resolved beneath the workdir).
+func (r *SealedRuntime) Describe(sessionID, workdir, capsuleDir string, p *manifest.Policy) (*specs.Spec, error) {
+	return SealedSpec(r.Layout(sessionID, workdir, capsuleDir), p)
+}
+
+// Bundle composes a root for sessionID exactly as Start would and returns the OCI spec
+// that runs in it: an OCI bundle another runtime can run, for comparing runtimes on the same
+// root (bench/). Release(sessionID) removes it.
+func (r *SealedRuntime) Bundle(sessionID, workdir, capsuleDir string, p *manifest.Policy) (*specs.Spec, error) {
+	layout := r.Layout(sessionID, workdir, capsuleDir)
+	if err := composeRoot(layout.Rootfs, layout); err != nil {
+		return nil, err
+	}
+	return SealedSpec(layout, p)
 }

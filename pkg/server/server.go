@@ -225,11 +225,11 @@ func (s *capsuleService) Explain(ctx context.Context, req *roostv1.ExplainReques
 	if err != nil {
 		return nil, err
 	}
-	e, err := s.m.Explain(opts)
+	e, config, err := s.m.Explain(opts, req.GetOci())
 	if err != nil {
 		return nil, err
 	}
-	return &roostv1.ExplainResponse{Explanation: e}, nil
+	return &roostv1.ExplainResponse{Explanation: e, OciConfig: string(config)}, nil
 }
 
 type systemService struct {

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/google/uuid"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
@@ -43,13 +45,40 @@ type plan struct {
 	ref      CapsuleRef
 }
 
-// Explain decides what Stage would, without recording anything.
-func (m *Manager) Explain(opts StageOptions) (*roostv1.Explanation, error) {
+// OCIDescriber is a runtime that can show the OCI runtime spec a session would run with.
+type OCIDescriber interface {
+	Describe(sessionID, workdir, capsuleDir string, p *manifest.Policy) (*specs.Spec, error)
+}
+
+// describedSession stands in for a session id in a description of one.
+const describedSession = "SESSION"
+
+// Explain decides what Stage would, without recording anything. With oci it also returns
+// the OCI runtime spec a sealed session of the capsule would run with, as JSON.
+func (m *Manager) Explain(opts StageOptions, oci bool) (*roostv1.Explanation, []byte, error) {
 	p, err := m.plan(opts)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return m.explanation(p), nil
+	var config []byte
+	if oci {
+		d, ok := m.cfg.Runtimes[manifest.Sealed].(OCIDescriber)
+		if !ok {
+			return nil, nil, fmt.Errorf("this daemon has no sealed runtime to describe: %w", errdefs.ErrFailedPrecondition)
+		}
+		workdir := opts.Workdir
+		if workdir == "" {
+			workdir = filepath.Join(m.cfg.StateDir, workDir, describedSession)
+		}
+		spec, err := d.Describe(describedSession, workdir, p.dir, &p.policy)
+		if err != nil {
+			return nil, nil, err
+		}
+		if config, err = json.MarshalIndent(spec, "", "  "); err != nil {
+			return nil, nil, err
+		}
+	}
+	return m.explanation(p), config, nil
 }
 
 // Stage reads and validates the capsule, decides its containment, and records a session in

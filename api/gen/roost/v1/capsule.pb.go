@@ -29,7 +29,10 @@ type ExplainRequest struct {
 	// As StageRequest.containment.
 	Containment string `protobuf:"bytes,2,opt,name=containment,proto3" json:"containment,omitempty"`
 	// As StageRequest.deadline.
-	Deadline      *durationpb.Duration `protobuf:"bytes,3,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	Deadline *durationpb.Duration `protobuf:"bytes,3,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// Also return the OCI runtime spec (config.json) a sealed session of the capsule runs
+	// with, with the paths a session would get.
+	Oci           bool `protobuf:"varint,4,opt,name=oci,proto3" json:"oci,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -85,9 +88,18 @@ func (x *ExplainRequest) GetDeadline() *durationpb.Duration {
 	return nil
 }
 
+func (x *ExplainRequest) GetOci() bool {
+	if x != nil {
+		return x.Oci
+	}
+	return false
+}
+
 type ExplainResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Explanation   *Explanation           `protobuf:"bytes,1,opt,name=explanation,proto3" json:"explanation,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Explanation *Explanation           `protobuf:"bytes,1,opt,name=explanation,proto3" json:"explanation,omitempty"`
+	// The OCI runtime spec as JSON, when asked for with oci.
+	OciConfig     string `protobuf:"bytes,2,opt,name=oci_config,json=ociConfig,proto3" json:"oci_config,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -127,6 +139,13 @@ func (x *ExplainResponse) GetExplanation() *Explanation {
 		return x.Explanation
 	}
 	return nil
+}
+
+func (x *ExplainResponse) GetOciConfig() string {
+	if x != nil {
+		return x.OciConfig
+	}
+	return ""
 }
 
 // Explanation is the effective grants of a capsule and how this host holds it. The same
@@ -1076,13 +1095,16 @@ var File_roost_v1_capsule_proto protoreflect.FileDescriptor
 
 const file_roost_v1_capsule_proto_rawDesc = "" +
 	"\n" +
-	"\x16roost/v1/capsule.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16roost/v1/session.proto\"\x83\x01\n" +
+	"\x16roost/v1/capsule.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16roost/v1/session.proto\"\x95\x01\n" +
 	"\x0eExplainRequest\x12\x18\n" +
 	"\acapsule\x18\x01 \x01(\tR\acapsule\x12 \n" +
 	"\vcontainment\x18\x02 \x01(\tR\vcontainment\x125\n" +
-	"\bdeadline\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bdeadline\"J\n" +
+	"\bdeadline\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bdeadline\x12\x10\n" +
+	"\x03oci\x18\x04 \x01(\bR\x03oci\"i\n" +
 	"\x0fExplainResponse\x127\n" +
-	"\vexplanation\x18\x01 \x01(\v2\x15.roost.v1.ExplanationR\vexplanation\"\xd1\x01\n" +
+	"\vexplanation\x18\x01 \x01(\v2\x15.roost.v1.ExplanationR\vexplanation\x12\x1d\n" +
+	"\n" +
+	"oci_config\x18\x02 \x01(\tR\tociConfig\"\xd1\x01\n" +
 	"\vExplanation\x12.\n" +
 	"\acapsule\x18\x01 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x12?\n" +
 	"\vcontainment\x18\x02 \x01(\v2\x1d.roost.v1.ContainmentDecisionR\vcontainment\x12(\n" +
