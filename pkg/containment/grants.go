@@ -174,7 +174,7 @@ func sealedGrants(p *manifest.Policy) []Grant {
 		"filesystem.scope":              {Enforced, "mounts: /work is read-only but for the scope"},
 		"filesystem.workdir_exec":       exec,
 		"filesystem.read_only":          {Enforced, "read-only bind mounts over /work"},
-		"shell.allow":                   {Advisory, "not yet enforced: /work and /tmp are noexec, but any program under /usr can be run"},
+		"shell.allow":                   {Enforced, "Landlock EXECUTE: only run.command[0], these (looked up on PATH inside the root) and their interpreters"},
 		"spawn.allow":                   {Enforced, noSpawn},
 		"spawn.workdir_snapshot":        {Enforced, noSpawn},
 		"spawn.max_depth":               {Enforced, noSpawn},

@@ -149,7 +149,9 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	defer reportR.Close()
 
 	// Inside the root the program runs at /work, its command from the sealed view.
-	execSpec := roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: sealedWork, Rlimits: spec.Rlimits}
+	// Landlock holds the exec allowlist: the program, shell.allow, and their interpreters.
+	execSpec := roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: sealedWork, Rlimits: spec.Rlimits,
+		Landlock: &roostinit.Landlock{Exec: spec.Policy.Shell.Allow}}
 	proc := &libcontainer.Process{
 		Args:       []string{sealedInitPath, id},
 		Env:        []string{"PATH=" + defaultPath},

@@ -86,7 +86,7 @@ func sealedRun(t *testing.T, caps, script string) (ExitInfo, string, string, Spe
 }
 
 func TestSealedBasics(t *testing.T) {
-	info, out, errOut, s := sealedRun(t, "capabilities: {containment: sealed}",
+	info, out, errOut, s := sealedRun(t, "capabilities: {containment: sealed, shell: {allow: [ls, tr, grep, touch]}}",
 		`ls -A / | tr '\n' ' '; echo; grep -E '^(Seccomp|NoNewPrivs|CapEff):' /proc/self/status; touch /usr/x 2>&1 || true; echo hi > /work/out.txt; exit 4`)
 	t.Logf("stdout:\n%s\nstderr:\n%s", out, errOut)
 	if info.Code != 4 {
@@ -99,5 +99,18 @@ func TestSealedBasics(t *testing.T) {
 	}
 	if data, err := os.ReadFile(filepath.Join(s.Dir, "out.txt")); err != nil || string(data) != "hi\n" {
 		t.Fatalf("workdir file: %q %v", data, err)
+	}
+}
+
+func TestSealedExecAllowlist(t *testing.T) {
+	info, out, _, _ := sealedRun(t, "capabilities: {containment: sealed, shell: {allow: [ls]}}",
+		`ls / >/dev/null && echo ls-ran; cat /etc/hostname 2>&1 || echo cat-refused; /usr/bin/env true 2>&1 || echo env-refused`)
+	if info.Code != 0 {
+		t.Fatalf("exit %+v", info)
+	}
+	for _, want := range []string{"ls-ran", "Permission denied", "cat-refused", "env-refused"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
 	}
 }

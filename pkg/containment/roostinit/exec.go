@@ -50,6 +50,11 @@ func execMain() {
 	if err != nil {
 		fail("%v", err)
 	}
+	if spec.Landlock != nil {
+		if err := applyLandlock(spec.Landlock, path, envValue(spec.Env, "PATH")); err != nil {
+			fail("roost-exec: Landlock: %v", err)
+		}
+	}
 	err = syscall.Exec(path, spec.Argv, spec.Env)
 	fail("exec %s: %v", path, err)
 }

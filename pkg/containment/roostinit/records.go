@@ -45,6 +45,8 @@ type ExecSpec struct {
 	Env     []string `json:"env"`
 	Dir     string   `json:"dir"`
 	Rlimits []Rlimit `json:"rlimits"`
+	// Landlock, when set, confines the program before it starts.
+	Landlock *Landlock `json:"landlock,omitempty"`
 }
 
 // Report is roost-init's one line to roostd: the program runs (Ref), or why it could not
