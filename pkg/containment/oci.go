@@ -34,8 +34,8 @@ type SealedLayout struct {
 	// Init is roost-init's binary on the host; it is bind-mounted read-only into the root.
 	Init string
 	// Sources maps a workdir-relative path (the scope, a read_only entry) to the host path
-	// mounted for it: a /proc/<pid>/fd/<n> of a descriptor resolved beneath the workdir, so
-	// no symlink the capsule planted can redirect the mount.
+	// mounted for it, checked to resolve beneath the workdir with no symlink on the way
+	// (see prepareWorkSources).
 	Sources map[string]string
 	// MergedUsr says /bin, /sbin, /lib and /lib64 are symlinks into /usr on this host.
 	MergedUsr bool

@@ -146,33 +146,31 @@ func openBeneath(dir, rel string) (*os.File, error) {
 }
 
 // prepareWorkSources makes the scope and read_only directories (missing ones are created,
-// beneath the workdir and without following links) and opens each as an O_PATH descriptor.
-// The mounts use the descriptors through /proc, so the paths cannot be swapped in between.
-func prepareWorkSources(workdir string, scope string, readOnly []string) (map[string]string, []*os.File, error) {
+// beneath the workdir and without following links), checks each resolves beneath the
+// workdir with no symlink on its path, and returns the host path to mount for each.
+//
+// The mount itself happens in the session's new mount namespace, where a descriptor opened
+// here cannot be bind-mounted, so the checked path is passed on. What remains is a race with
+// something changing the workdir between this check and the mount: the session's own program
+// is not running yet, so only another session given the same --workdir could.
+func prepareWorkSources(workdir string, scope string, readOnly []string) (map[string]string, error) {
 	sources := map[string]string{}
-	var files []*os.File
-	fail := func(err error) (map[string]string, []*os.File, error) {
-		for _, f := range files {
-			f.Close()
-		}
-		return nil, nil, err
-	}
 	rels := readOnly
 	if scope != "" {
 		rels = append([]string{scope}, readOnly...)
 	}
 	for _, rel := range rels {
 		if err := mkdirBeneath(workdir, rel); err != nil {
-			return fail(err)
+			return nil, err
 		}
 		f, err := openBeneath(workdir, rel)
 		if err != nil {
-			return fail(err)
+			return nil, err
 		}
-		files = append(files, f)
-		sources[rel] = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), f.Fd())
+		f.Close()
+		sources[rel] = filepath.Join(workdir, filepath.Clean(rel))
 	}
-	return sources, files, nil
+	return sources, nil
 }
 
 // mkdirBeneath creates rel's directories one component at a time, each opened beneath the

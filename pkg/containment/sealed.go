@@ -91,15 +91,10 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 			_ = r.Release(id)
 		}
 	}()
-	sources, held, err := prepareWorkSources(spec.Dir, spec.Policy.Filesystem.Scope, spec.Policy.Filesystem.ReadOnly)
+	sources, err := prepareWorkSources(spec.Dir, spec.Policy.Filesystem.Scope, spec.Policy.Filesystem.ReadOnly)
 	if err != nil {
 		return nil, &StartError{Msg: "workdir: " + err.Error()}
 	}
-	defer func() {
-		for _, f := range held {
-			f.Close()
-		}
-	}()
 	layout.Sources = sources
 	if err := composeRoot(layout.Rootfs, layout); err != nil {
 		return nil, fmt.Errorf("composing the root: %w", err)
@@ -375,7 +370,9 @@ func (p *sealedProcess) Exit() (ExitInfo, error) {
 		_, _ = p.proc.Wait()
 	}
 	info, err := ReadExit(p.recordsDir)
-	if err == nil && info.Signal == int(syscall.SIGKILL) && p.oomKilled() {
+	// The OOM killer may have taken the program or one of its children (the program then
+	// ends on its own, often 137): either way the session died of memory.
+	if err == nil && info.StartError == "" && (info.Code != 0 || info.Signal != 0) && p.oomKilled() {
 		info.OOMKilled = true
 	}
 	return info, err
