@@ -63,12 +63,12 @@ func TestGrantsNeverClaimWhatAPlainProcessCannotHold(t *testing.T) {
 		for _, g := range grants {
 			byKey[g.Key] = g
 		}
-		for _, key := range []string{"network.allow", "network.unix_sockets", "filesystem.scope", "filesystem.read_only", "shell.allow", "resources.cgroup_memory_bytes", "resources.workdir_max_bytes", "spawn.allow"} {
+		for _, key := range []string{"network.allow", "network.unix_sockets", "filesystem.scope", "filesystem.read_only", "shell.allow", "resources.cgroup_memory_bytes", "spawn.allow"} {
 			if byKey[key].Enforcement != Advisory {
 				t.Errorf("%s claimed %q in an advisory session", key, byKey[key].Enforcement)
 			}
 		}
-		for _, key := range []string{"env.allow", "limits.deadline_seconds", "resources.max_open_files", "resources.memory_bytes"} {
+		for _, key := range []string{"env.allow", "limits.deadline_seconds", "resources.max_open_files", "resources.memory_bytes", "resources.workdir_max_bytes"} {
 			if byKey[key].Enforcement != Enforced {
 				t.Errorf("%s is %q; roost enforces it", key, byKey[key].Enforcement)
 			}

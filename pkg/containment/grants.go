@@ -119,6 +119,8 @@ var common = hold{
 	"inference.on_exhausted":        {NotApplicable, "this build has no inference gateway or ledger"},
 }
 
+var workdirGuard = [2]string{Enforced, "roostd measures the workdir every 2s (allocated blocks, links not followed) and stops the session once past it"}
+
 func with(base hold, more hold) hold {
 	out := hold{}
 	for k, v := range base {
@@ -153,7 +155,7 @@ func plainGrants(class manifest.Class, p *manifest.Policy, h Host) []Grant {
 		"resources.cgroup_pids_max":     {Advisory, noKernel + " (no cgroup)"},
 		"resources.cgroup_cpu_percent":  {Advisory, noKernel + " (no cgroup)"},
 		"resources.max_processes":       nproc,
-		"resources.workdir_max_bytes":   {Advisory, noKernel + " (no quota)"},
+		"resources.workdir_max_bytes":   workdirGuard,
 	}).grants(p)
 }
 
@@ -183,7 +185,7 @@ func sealedGrants(p *manifest.Policy) []Grant {
 		"resources.cgroup_pids_max":     {Enforced, "cgroup pids.max"},
 		"resources.cgroup_cpu_percent":  {Enforced, "cgroup cpu quota per 100ms period"},
 		"resources.max_processes":       {Enforced, "cgroup pids.max holds the count (RLIMIT_NPROC does not bind root)"},
-		"resources.workdir_max_bytes":   {Advisory, "only /tmp is bounded (tmpfs size); the workdir is not yet"},
+		"resources.workdir_max_bytes":   {Enforced, workdirGuard[1] + "; /tmp is a tmpfs of at most this size"},
 	}).grants(p)
 }
 

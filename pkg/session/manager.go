@@ -53,7 +53,13 @@ type Config struct {
 	StopGrace time.Duration
 	// HostEnv is the environment env.allow draws from; os.Environ() when nil.
 	HostEnv []string
+	// GuardInterval is how often a session's workdir is measured against
+	// resources.workdir_max_bytes; DefaultGuardInterval when 0.
+	GuardInterval time.Duration
 }
+
+// DefaultGuardInterval is how often the workdir guard measures a running session's workdir.
+const DefaultGuardInterval = 2 * time.Second
 
 // Manager runs sessions: it is the only way the rest of roost changes one.
 type Manager struct {
@@ -84,6 +90,9 @@ type liveSession struct {
 func Open(cfg Config) (*Manager, error) {
 	if cfg.StopGrace == 0 {
 		cfg.StopGrace = DefaultStopGrace
+	}
+	if cfg.GuardInterval == 0 {
+		cfg.GuardInterval = DefaultGuardInterval
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -52,13 +52,14 @@ func testConfig(stateDir string, obs *recorder) Config {
 	host := containment.Host{Root: os.Geteuid() == 0}
 	rt := containment.NewProcessRuntime(containment.SelfInit)
 	return Config{
-		StateDir:  stateDir,
-		Host:      host,
-		Catalog:   containment.NewCatalog(host, containment.ErrNoSealedRuntime),
-		Runtimes:  map[manifest.Class]Runtime{manifest.Unconfined: rt, manifest.Advisory: rt},
-		Observer:  obs,
-		StopGrace: 500 * time.Millisecond,
-		HostEnv:   []string{"LANG=C.UTF-8", "SECRET_TOKEN=hunter2", "OTHER=x"},
+		StateDir:      stateDir,
+		Host:          host,
+		Catalog:       containment.NewCatalog(host, containment.ErrNoSealedRuntime),
+		Runtimes:      map[manifest.Class]Runtime{manifest.Unconfined: rt, manifest.Advisory: rt},
+		Observer:      obs,
+		StopGrace:     500 * time.Millisecond,
+		GuardInterval: 100 * time.Millisecond,
+		HostEnv:       []string{"LANG=C.UTF-8", "SECRET_TOKEN=hunter2", "OTHER=x"},
 	}
 }
 
@@ -606,5 +607,21 @@ func TestRecoverMidLaunch(t *testing.T) {
 	m2.Events(context.Background(), 0, false, func(ev Event) error { types = append(types, ev.Type); return nil })
 	if !slices.Equal(types, []string{EventStaged, EventLaunching, EventRunning, EventExited}) && !slices.Equal(types, []string{EventStaged, EventLaunching, EventExited}) {
 		t.Fatalf("events %v", types)
+	}
+}
+
+func TestWorkdirGuard(t *testing.T) {
+	m, _ := openManager(t, t.TempDir())
+	rec := run(t, m, StageOptions{Capsule: capsule(t, "head -c 3000000 /dev/urandom > big; sleep 30",
+		"capabilities:\n  resources:\n    workdir_max_bytes: 1048576\n")})
+	rec = waitEnd(t, m, rec.ID)
+	if rec.ExitStatus != StatusTerminated || !strings.Contains(rec.Detail, "past resources.workdir_max_bytes (1048576)") {
+		t.Fatalf("end: %s %q", rec.ExitStatus, rec.Detail)
+	}
+	// A symlink to a large tree is not the workdir's size.
+	rec = run(t, m, StageOptions{Capsule: capsule(t, "ln -s /usr big; sleep 0.5",
+		"capabilities:\n  resources:\n    workdir_max_bytes: 1048576\n")})
+	if rec = waitEnd(t, m, rec.ID); rec.ExitStatus != StatusOK {
+		t.Fatalf("a symlink counted as its target: %s %q", rec.ExitStatus, rec.Detail)
 	}
 }

@@ -61,6 +61,8 @@ const (
 	EndStop     EndRequest = "stop"
 	EndKill     EndRequest = "kill"
 	EndDeadline EndRequest = "deadline"
+	// EndWorkdir: the workdir grew past resources.workdir_max_bytes.
+	EndWorkdir EndRequest = "workdir"
 )
 
 // Record is a session as the registry keeps it.
@@ -85,11 +87,13 @@ type Record struct {
 	// Command is the program's command line as staged.
 	Command []string `json:"command"`
 	// Deadline is the session's wall-clock budget, from the moment it runs.
-	Deadline   time.Duration `json:"deadline"`
-	DeadlineAt time.Time     `json:"deadline_at,omitzero"`
-	CreatedAt  time.Time     `json:"created_at"`
-	StartedAt  time.Time     `json:"started_at,omitzero"`
-	EndedAt    time.Time     `json:"ended_at,omitzero"`
+	Deadline time.Duration `json:"deadline"`
+	// WorkdirLimit is resources.workdir_max_bytes: how large the workdir may grow.
+	WorkdirLimit int64     `json:"workdir_limit,omitempty"`
+	DeadlineAt   time.Time `json:"deadline_at,omitzero"`
+	CreatedAt    time.Time `json:"created_at"`
+	StartedAt    time.Time `json:"started_at,omitzero"`
+	EndedAt      time.Time `json:"ended_at,omitzero"`
 	// Process names the running processes, for signals and for re-attaching after a restart.
 	Process    *containment.ProcessRef `json:"process,omitempty"`
 	EndRequest EndRequest              `json:"end_request,omitempty"`
@@ -98,7 +102,10 @@ type Record struct {
 	// KillAt is when a stop under way escalates to SIGKILL; kept so a restarted daemon
 	// escalates on time.
 	KillAt time.Time `json:"kill_at,omitzero"`
-	Tokens int64     `json:"tokens,omitempty"`
+	// EndDetail is what roost saw when it decided to end the session (e.g. the workdir's
+	// size), for the detail of its end.
+	EndDetail string `json:"end_detail,omitempty"`
+	Tokens    int64  `json:"tokens,omitempty"`
 }
 
 // CapsuleRef names what a session runs.

@@ -110,16 +110,17 @@ func (m *Manager) Stage(opts StageOptions) (*Record, error) {
 		return nil, err
 	}
 	rec := &Record{
-		ID:          id,
-		Capsule:     p.ref,
-		Declared:    p.decision.Floor.String(),
-		Achieved:    p.decision.Achieved.String(),
-		Workdir:     workdir,
-		OwnsWorkdir: owns,
-		RecordsDir:  m.recordsDirFor(id),
-		Command:     command(p.dir, p.manifest.Run),
-		Deadline:    time.Duration(p.policy.Limits.DeadlineSeconds.Value) * time.Second,
-		CreatedAt:   time.Now().UTC(),
+		ID:           id,
+		Capsule:      p.ref,
+		Declared:     p.decision.Floor.String(),
+		Achieved:     p.decision.Achieved.String(),
+		Workdir:      workdir,
+		OwnsWorkdir:  owns,
+		RecordsDir:   m.recordsDirFor(id),
+		Command:      command(p.dir, p.manifest.Run),
+		Deadline:     time.Duration(p.policy.Limits.DeadlineSeconds.Value) * time.Second,
+		WorkdirLimit: p.policy.Resources.WorkdirMaxBytes.Value,
+		CreatedAt:    time.Now().UTC(),
 	}
 	if err := m.update(func(tx *Tx) error { return tx.Create(rec, p.raw, explanation) }); err != nil {
 		return nil, err

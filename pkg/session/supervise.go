@@ -33,6 +33,10 @@ func (m *Manager) supervise(l *liveSession, rec *Record, proc containment.Proces
 	if rec.State == Stopping {
 		m.armKill(l, rec)
 	}
+	if rec.WorkdirLimit > 0 {
+		m.wg.Add(1)
+		go m.guardWorkdir(l, rec.ID, rec.Workdir, rec.WorkdirLimit, proc.Done())
+	}
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -63,6 +67,11 @@ func (m *Manager) expire(id string, l *liveSession) {
 // SIGTERM; SIGKILL follows after grace. A session already stopping keeps its reason, and a
 // shorter grace only brings the SIGKILL forward. The caller holds l.mu.
 func (m *Manager) beginStop(l *liveSession, id string, why EndRequest, grace time.Duration) error {
+	return m.beginStopSaying(l, id, why, "", grace)
+}
+
+// beginStopSaying is beginStop with what roost saw, kept for the detail of the end.
+func (m *Manager) beginStopSaying(l *liveSession, id string, why EndRequest, saw string, grace time.Duration) error {
 	rec, err := m.Get(id)
 	if err != nil {
 		return err
@@ -70,7 +79,7 @@ func (m *Manager) beginStop(l *liveSession, id string, why EndRequest, grace tim
 	killAt := time.Now().Add(grace).UTC()
 	switch rec.State {
 	case Running, Paused:
-		rec.EndRequest, rec.KillAt = why, killAt
+		rec.EndRequest, rec.KillAt, rec.EndDetail = why, killAt, saw
 		if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Stopping) }); err != nil {
 			return err
 		}
@@ -248,6 +257,8 @@ func classify(rec *Record, info containment.ExitInfo, exitErr error) (ExitStatus
 	switch {
 	case rec.EndRequest == EndDeadline:
 		return StatusDeadlineReached, &code, fmt.Sprintf("deadline of %s reached; %s", rec.Deadline, how)
+	case rec.EndRequest == EndWorkdir:
+		return StatusTerminated, &code, rec.EndDetail + "; " + how
 	case rec.EndRequest == EndStop:
 		return StatusTerminated, &code, "stopped by roostctl stop; " + how
 	case rec.EndRequest == EndKill && info.Signal != 0 && info.Signal == rec.EndSignal:
