@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# Compares a sealed roost session with `runc run` and `bwrap` running /usr/bin/true on the
+# same composed root, N times (default 30) interleaved, and prints median and p90 per tool.
+# Run as root from anywhere: bench/sealed.sh, or N=100 bench/sealed.sh.
+set -euo pipefail
+export LC_ALL=C
+
+N=${N:-30}
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+
+if [ "$(id -u)" -ne 0 ]; then
+	echo "bench/sealed.sh: run as root (sealed sessions and runc need it)" >&2
+	exit 1
+fi
+
+tmp=$(mktemp -d /tmp/roostbench.XXXXXX)
+roostd_pid=
+cleanup() {
+	set +e
+	if [ -n "$roostd_pid" ]; then
+		kill -TERM "$roostd_pid" 2>/dev/null
+		wait "$roostd_pid" 2>/dev/null
+	fi
+	if [ -d "$tmp/runc" ]; then
+		for id in $(runc --root "$tmp/runc" list -q 2>/dev/null); do
+			runc --root "$tmp/runc" delete -f "$id" >/dev/null 2>&1
+		done
+	fi
+	# cgroupfs directories go with rmdir only, leaves first.
+	find /sys/fs/cgroup -maxdepth 3 -depth -type d -path '*/roostbench*' -exec rmdir {} + 2>/dev/null
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+echo "== building"
+make build >/dev/null
+go build -tags seccomp -o "$tmp/bundle-tool" ./bench/bundle
+if ! command -v runc >/dev/null || ! command -v bwrap >/dev/null; then
+	apt-get install -y -qq runc bubblewrap >/dev/null ||
+		{ apt-get update -qq && apt-get install -y -qq runc bubblewrap >/dev/null; }
+fi
+
+# The capsule: /usr/bin/true, sealed, every other grant at its default.
+capsule=$tmp/capsule
+mkdir -p "$capsule" "$tmp/work" "$tmp/bundles" "$tmp/runc"
+cat >"$capsule/capsule.yaml" <<'EOF'
+name: bench-true
+version: 0.1.0
+run:
+  command: ["/usr/bin/true"]
+capabilities:
+  containment: sealed
+EOF
+
+echo "== starting roostd"
+state=$tmp/state
+mkdir -p "$state"
+./bin/roostd --state-dir "$state" --socket "$tmp/s" --metrics-addr "" >"$tmp/roostd.log" 2>&1 &
+roostd_pid=$!
+export ROOST_SOCKET=$tmp/s
+for _ in $(seq 100); do
+	[ -S "$tmp/s" ] && break
+	kill -0 "$roostd_pid" 2>/dev/null || { cat "$tmp/roostd.log" >&2; exit 1; }
+	sleep 0.1
+done
+if ! ./bin/roostctl doctor | grep -q '^sealed  *yes'; then
+	./bin/roostctl doctor >&2
+	echo "bench/sealed.sh: roostd cannot run sealed sessions on this host" >&2
+	exit 1
+fi
+
+# runc's root: what roost composes for a session, in a state dir of the bench's own.
+rootfs=$("$tmp/bundle-tool" --state-dir "$tmp/bundle-state" --init "$repo/bin/roost-init" \
+	--capsule "$capsule" --workdir "$tmp/work" --out "$tmp/bundle")
+
+# bwrap cannot take an OCI spec; these are the same mounts by hand.
+bwrap_args=(--unshare-all --die-with-parent --new-session --cap-drop ALL --hostname roost
+	--ro-bind /usr /usr)
+for d in bin sbin lib lib64; do
+	if [ -L "$rootfs/$d" ]; then
+		bwrap_args+=(--symlink "$(readlink "$rootfs/$d")" "/$d")
+	elif [ -d "/$d" ]; then
+		bwrap_args+=(--ro-bind "/$d" "/$d")
+	fi
+done
+bwrap_args+=(--ro-bind "$rootfs/etc" /etc)
+for e in /etc/ssl/certs /etc/pki/tls/certs /etc/alternatives; do
+	[ -d "$e" ] && bwrap_args+=(--ro-bind "$e" "$e")
+done
+bwrap_args+=(--ro-bind "$repo/bin/roost-init" /.roost/roost-init
+	--proc /proc --dev /dev --tmpfs /tmp --bind "$tmp/work" /work --ro-bind "$capsule" /capsule
+	--remount-ro / --chdir /)
+
+# Each tool appends its microseconds to $tmp/<tool>.us. The clock is $EPOCHREALTIME: timing
+# with $(date +%s%N) forks twice and adds about 2 ms here, as much as the floor itself.
+run_roost() { ./bin/roostctl run "$capsule"; }
+run_runc() {
+	local b=$tmp/bundles/$1
+	mkdir -p "$b"
+	sed "s#\"cgroupsPath\": \"/roostbench/runc\"#\"cgroupsPath\": \"/roostbench/runc-$1\"#" \
+		"$tmp/bundle/config.json" >"$b/config.json"
+	local t0 t1
+	t0=${EPOCHREALTIME/./}
+	runc --root "$tmp/runc" run --bundle "$b" "roostbench-$1" </dev/null
+	t1=${EPOCHREALTIME/./}
+	echo $((t1 - t0)) >>"$tmp/runc.us"
+	runc --root "$tmp/runc" delete -f "roostbench-$1" >/dev/null 2>&1 || true
+}
+run_bwrap() { bwrap "${bwrap_args[@]}" /usr/bin/true; }
+run_floor() { /usr/bin/true; }
+timed() {
+	local t0 t1
+	t0=${EPOCHREALTIME/./}
+	"run_$1"
+	t1=${EPOCHREALTIME/./}
+	echo $((t1 - t0)) >>"$tmp/$1.us"
+}
+measure() {
+	case $1 in
+	runc) run_runc "$2" ;;
+	*) timed "$1" ;;
+	esac
+}
+
+tools=(roost runc bwrap floor)
+echo "== warm-up (untimed)"
+for t in "${tools[@]}"; do measure "$t" warm; done
+rm -f "$tmp"/*.us
+
+echo "== $N iterations, interleaved"
+start=${EPOCHREALTIME/./}
+for i in $(seq "$N"); do
+	# Rotate the order so no tool always runs right after another.
+	for k in 0 1 2 3; do
+		measure "${tools[$(((i + k) % 4))]}" "$i"
+	done
+done
+elapsed=$(((${EPOCHREALTIME/./} - start) / 1000))
+
+# stats FILE: median and p90 (nearest rank) in ms.
+stats() {
+	sort -n "$1" | awk '{ v[NR] = $1 } END {
+		med = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+		r = int(0.9 * NR); if (r < 0.9 * NR) r++
+		printf "%.2f %.2f\n", med / 1000, v[r] / 1000 }'
+}
+read -r roost_med roost_p90 < <(stats "$tmp/roost.us")
+read -r runc_med runc_p90 < <(stats "$tmp/runc.us")
+read -r bwrap_med bwrap_p90 < <(stats "$tmp/bwrap.us")
+read -r floor_med floor_p90 < <(stats "$tmp/floor.us")
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+
+echo
+echo "sealed start of /usr/bin/true, N=$N, $(nproc) CPUs, $(uname -r), roost $(git describe --tags --always --dirty 2>/dev/null || echo '?')"
+echo "$(runc --version | head -1), $(bwrap --version)"
+echo
+printf '%-46s %10s %10s\n' "what" "median ms" "p90 ms"
+printf '%-46s %10s %10s\n' "roostctl run (stage+launch+wait, end to end)" "$roost_med" "$roost_p90"
+printf '%-46s %10s %10s\n' "runc run (same root, mounts, cgroup, seccomp)" "$runc_med" "$runc_p90"
+printf '%-46s %10s %10s\n' "bwrap (same mounts; no cgroup, no seccomp)" "$bwrap_med" "$bwrap_p90"
+printf '%-46s %10s %10s\n' "floor: /usr/bin/true exec'd from bash" "$floor_med" "$floor_p90"
+echo
+echo "roost/runc (medians):  $(ratio "$roost_med" "$runc_med")"
+echo "roost/bwrap (medians): $(ratio "$roost_med" "$bwrap_med")"
+echo
+echo "runc runs the program directly as the container's init; roost runs it under roost-init"
+echo "and roost-exec and records the session (registry, events, records) around it."
+echo "bwrap cannot apply cgroup limits, roost's seccomp filter, noexec on /work or tmpfs sizes;"
+echo "it also enters a user namespace (--unshare-all), which roost and runc do not."
+echo "timed loop: ${elapsed} ms"
