@@ -70,7 +70,7 @@ func printExplanation(cmd *cobra.Command, e *roostv1.Explanation) {
 	d := e.GetContainment()
 	fmt.Fprintf(out, "capsule      %s@%s  %s\n", c.GetName(), c.GetVersion(), c.GetSha256())
 	fmt.Fprintf(out, "source       %s\n", c.GetSource())
-	fmt.Fprintf(out, "floor        %s  (", d.GetFloor())
+	fmt.Fprintf(out, "floor        %s  (", d.GetDeclared())
 	for i, s := range d.GetSources() {
 		if i > 0 {
 			fmt.Fprint(out, ", ")
@@ -78,12 +78,13 @@ func printExplanation(cmd *cobra.Command, e *roostv1.Explanation) {
 		fmt.Fprintf(out, "%s: %s", s.GetSource(), s.GetClass())
 	}
 	fmt.Fprintln(out, ")")
-	if d.GetMet() {
+	if d.GetFloorMet() {
 		fmt.Fprintf(out, "achieved     %s\n", d.GetAchieved())
+		fmt.Fprintf(out, "mechanism    %s\n\n", d.GetMechanism())
 	} else {
 		fmt.Fprintf(out, "achieved     none: staging would be refused\n")
+		fmt.Fprintf(out, "shortfall    %s\n\n", d.GetShortfallReason())
 	}
-	fmt.Fprintf(out, "decision     %s\n\n", d.GetReason())
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "GRANT\tVALUE\tENFORCEMENT\tHOW")
 	for _, g := range e.GetGrants() {

@@ -29,7 +29,11 @@ type Decision struct {
 	// Achieved is the class the session runs under; ClassNone when the floor cannot be met.
 	Achieved manifest.Class
 	Met      bool
-	Reason   string
+	// Shortfall says why the floor cannot be met: the class, what this host achieves, the
+	// missing mechanism and the fix. Empty when it is met.
+	Shortfall string
+	// Mechanism is what holds a session of the achieved class.
+	Mechanism string
 }
 
 // Sources lists the requirements on a session: the manifest's class (or the default when it
@@ -68,19 +72,19 @@ func Decide(p *manifest.Policy, sources []FloorSource, catalog Catalog) Decision
 	// An executable workdir defeats any exec allowlist, so nothing above advisory can be
 	// claimed for it.
 	if p.Filesystem.WorkdirExec && d.Floor > manifest.Advisory {
-		d.Reason = fmt.Sprintf("containment floor %q (from %s) cannot be met: filesystem.workdir_exec: true makes exec allowlists unenforceable, which caps the class at advisory; drop workdir_exec or lower the floor", d.Floor, origin)
+		d.Shortfall = fmt.Sprintf("containment floor %q (from %s) cannot be met: filesystem.workdir_exec: true makes exec allowlists unenforceable, which caps the class at advisory; drop workdir_exec or lower the floor", d.Floor, origin)
 		return d
 	}
 	capability := catalog.Lookup(d.Floor)
 	if !capability.Available {
-		d.Reason = fmt.Sprintf("containment floor %q (from %s) cannot be met: this build and host deliver at most %q; %s: %s",
+		d.Shortfall = fmt.Sprintf("containment floor %q (from %s) cannot be met: this build and host deliver at most %q; %s: %s",
 			d.Floor, origin, catalog.Strongest(), d.Floor, capability.Detail)
 		return d
 	}
 	d.Achieved, d.Met = d.Floor, true
-	d.Reason = fmt.Sprintf("floor %q from %s; %s", d.Floor, origin, capability.Detail)
+	d.Mechanism = capability.Detail
 	if p.Filesystem.WorkdirExec {
-		d.Reason += "; filesystem.workdir_exec: true caps the class at advisory"
+		d.Mechanism += "; filesystem.workdir_exec: true caps the class at advisory"
 	}
 	return d
 }

@@ -26,10 +26,10 @@ func TestDecide(t *testing.T) {
 		met         bool
 		reason      string
 	}{
-		{"default is advisory", "", 0, 0, manifest.Advisory, true, `floor "advisory" from default`},
-		{"unconfined by manifest", "capabilities: {containment: unconfined}", 0, 0, manifest.Unconfined, true, "capabilities.containment"},
-		{"daemon raises", "capabilities: {containment: unconfined}", manifest.Advisory, 0, manifest.Advisory, true, "roostd --containment"},
-		{"run cannot lower", "capabilities: {containment: advisory}", 0, manifest.Unconfined, manifest.Advisory, true, "capabilities.containment"},
+		{"default is advisory", "", 0, 0, manifest.Advisory, true, "every other grant recorded"},
+		{"unconfined by manifest", "capabilities: {containment: unconfined}", 0, 0, manifest.Unconfined, true, "plain child process"},
+		{"daemon raises", "capabilities: {containment: unconfined}", manifest.Advisory, 0, manifest.Advisory, true, "every other grant recorded"},
+		{"run cannot lower", "capabilities: {containment: advisory}", 0, manifest.Unconfined, manifest.Advisory, true, "every other grant recorded"},
 		{"sealed refused", "capabilities: {containment: sealed}", 0, 0, manifest.Sealed, false, `containment floor "sealed" (from capabilities.containment) cannot be met: this build and host deliver at most "advisory"`},
 		{"scoped by run refused", "", 0, manifest.Scoped, manifest.Scoped, false, `floor "scoped" (from run --containment)`},
 		{"workdir_exec with scoped", "capabilities: {containment: scoped, filesystem: {workdir_exec: true}}", 0, 0, manifest.Scoped, false, "workdir_exec: true makes exec allowlists unenforceable"},
@@ -48,8 +48,11 @@ func TestDecide(t *testing.T) {
 			if !c.met && d.Achieved != manifest.ClassNone {
 				t.Fatalf("refused decision claims %v", d.Achieved)
 			}
-			if !strings.Contains(d.Reason, c.reason) {
-				t.Fatalf("reason %q does not contain %q", d.Reason, c.reason)
+			if got := d.Shortfall + d.Mechanism; !strings.Contains(got, c.reason) {
+				t.Fatalf("shortfall/mechanism %q does not contain %q", got, c.reason)
+			}
+			if c.met == (d.Shortfall != "") {
+				t.Fatalf("met=%v with shortfall %q", c.met, d.Shortfall)
 			}
 		})
 	}

@@ -174,8 +174,8 @@ func TestHostileScopeSymlinkRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "symlink") {
 		t.Fatalf("a symlinked scope was mounted: %v", err)
 	}
-	if _, statErr := os.Stat(filepath.Join(rt.roots, s.SessionID)); !os.IsNotExist(statErr) {
-		t.Fatalf("a refused start left its root behind: %v", statErr)
+	if _, statErr := os.Stat(filepath.Join(rt.containers, s.SessionID)); !os.IsNotExist(statErr) {
+		t.Fatalf("a refused start left its container state behind: %v", statErr)
 	}
 }
 

@@ -251,3 +251,22 @@ func (p *plainProcess) Exit() (ExitInfo, error) {
 	}
 	return ReadExit(p.recordsDir)
 }
+
+// Freezer is a Process whose processes freeze and thaw as one (its cgroup's freezer).
+type Freezer interface {
+	Pause() error
+	Resume() error
+}
+
+// Meter is a Process whose consumption can be read (from its cgroup).
+type Meter interface {
+	Usage() (Usage, error)
+}
+
+// Usage is what a session's processes use now.
+type Usage struct {
+	MemoryBytes     int64
+	MemoryPeakBytes int64
+	CPUSeconds      float64
+	Pids            int64
+}

@@ -26,10 +26,16 @@ import (
 // SealedRuntime runs sealed sessions: libcontainer builds each one's namespaces, cgroup,
 // seccomp filter and composed root from the OCI spec SealedSpec describes, and roost-init
 // is its PID 1.
+//
+// Every sealed session shares one composed root, made when the runtime starts: it holds
+// only mount points, symlinks and generated /etc files, identical for all sessions, and
+// each session mounts it read-only in its own mount namespace, so none can change it.
 type SealedRuntime struct {
-	// containers is libcontainer's state root; roots holds the composed roots.
+	// containers is libcontainer's state root; roots holds the composed roots (the shared
+	// one, and those Bundle makes).
 	containers string
 	roots      string
+	root       string
 	// init is the static roost-init binary bind-mounted into every root.
 	init     string
 	merged   bool
@@ -50,6 +56,15 @@ func NewSealedRuntime(stateDir, init string) (*SealedRuntime, error) {
 		}
 	}
 	r.merged, r.etcBinds = hostShape()
+	// Compose the shared root afresh at each start: the host's layout (ld.so.cache, the
+	// TLS certificates' place) may have changed while roostd was down.
+	r.root = filepath.Join(r.roots, "shared")
+	if err := os.RemoveAll(r.root); err != nil {
+		return nil, err
+	}
+	if err := composeRoot(r.root, r.Layout("", "", "")); err != nil {
+		return nil, fmt.Errorf("composing the sealed root: %w", err)
+	}
 	return r, nil
 }
 
@@ -57,7 +72,7 @@ func NewSealedRuntime(stateDir, init string) (*SealedRuntime, error) {
 func (r *SealedRuntime) Layout(sessionID, workdir, capsuleDir string) SealedLayout {
 	return SealedLayout{
 		SessionID:  sessionID,
-		Rootfs:     filepath.Join(r.roots, sessionID),
+		Rootfs:     r.root,
 		Workdir:    workdir,
 		CapsuleDir: capsuleDir,
 		Init:       r.init,
@@ -96,9 +111,6 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 		return nil, &StartError{Msg: "workdir: " + err.Error()}
 	}
 	layout.Sources = sources
-	if err := composeRoot(layout.Rootfs, layout); err != nil {
-		return nil, fmt.Errorf("composing the root: %w", err)
-	}
 	ociSpec, err := SealedSpec(layout, spec.Policy)
 	if err != nil {
 		return nil, err
@@ -321,10 +333,26 @@ func (r *SealedRuntime) Release(sessionID string) error {
 			errs = append(errs, err)
 		}
 	}
+	// A root Bundle composed for the session (the shared root stays).
 	if err := os.RemoveAll(filepath.Join(r.roots, sessionID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("removing the composed root: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// Held lists the sessions this runtime holds a container for: what Release frees.
+func (r *SealedRuntime) Held() ([]string, error) {
+	entries, err := os.ReadDir(r.containers)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, e := range entries {
+		if e.IsDir() {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids, nil
 }
 
 // removeCgroups removes a session's cgroups by path, for the cases libcontainer cannot load.
@@ -485,8 +513,38 @@ func (r *SealedRuntime) Describe(sessionID, workdir, capsuleDir string, p *manif
 // root (bench/). Release(sessionID) removes it.
 func (r *SealedRuntime) Bundle(sessionID, workdir, capsuleDir string, p *manifest.Policy) (*specs.Spec, error) {
 	layout := r.Layout(sessionID, workdir, capsuleDir)
+	layout.Rootfs = filepath.Join(r.roots, sessionID)
 	if err := composeRoot(layout.Rootfs, layout); err != nil {
 		return nil, err
 	}
 	return SealedSpec(layout, p)
+}
+
+var (
+	_ Freezer = (*sealedProcess)(nil)
+	_ Meter   = (*sealedProcess)(nil)
+)
+
+// Pause freezes the session's cgroup.
+func (p *sealedProcess) Pause() error { return p.container.Pause() }
+
+// Resume thaws the session's cgroup.
+func (p *sealedProcess) Resume() error { return p.container.Resume() }
+
+// Usage reads the session's cgroup.
+func (p *sealedProcess) Usage() (Usage, error) {
+	stats, err := p.container.Stats()
+	if err != nil {
+		return Usage{}, err
+	}
+	if stats.CgroupStats == nil {
+		return Usage{}, errors.New("no cgroup statistics")
+	}
+	c := stats.CgroupStats
+	return Usage{
+		MemoryBytes:     int64(c.MemoryStats.Usage.Usage),
+		MemoryPeakBytes: int64(c.MemoryStats.Usage.MaxUsage),
+		CPUSeconds:      float64(c.CpuStats.CpuUsage.TotalUsage) / 1e9,
+		Pids:            int64(c.PidsStats.Current),
+	}, nil
 }

@@ -102,6 +102,8 @@ type Record struct {
 	// KillAt is when a stop under way escalates to SIGKILL; kept so a restarted daemon
 	// escalates on time.
 	KillAt time.Time `json:"kill_at,omitzero"`
+	// PausedAt is when a paused session was frozen: the deadline does not run while paused.
+	PausedAt time.Time `json:"paused_at,omitzero"`
 	// EndDetail is what roost saw when it decided to end the session (e.g. the workdir's
 	// size), for the detail of its end.
 	EndDetail string `json:"end_detail,omitempty"`

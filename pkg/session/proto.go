@@ -71,10 +71,11 @@ func (m *Manager) explanation(p *plan) *roostv1.Explanation {
 	e := &roostv1.Explanation{
 		Capsule: &roostv1.CapsuleRef{Name: p.ref.Name, Version: p.ref.Version, Sha256: p.ref.SHA256, Source: p.ref.Source},
 		Containment: &roostv1.ContainmentDecision{
-			Floor:    d.Floor.String(),
-			Achieved: d.Achieved.String(),
-			Met:      d.Met,
-			Reason:   d.Reason,
+			Declared:        d.Floor.String(),
+			Achieved:        d.Achieved.String(),
+			FloorMet:        d.Met,
+			ShortfallReason: d.Shortfall,
+			Mechanism:       d.Mechanism,
 		},
 		Policy: policyProto(&p.policy),
 	}

@@ -93,17 +93,45 @@ func (m *Manager) recoverOne(rec *Record) string {
 	return RecoveredAttached
 }
 
-// sweepLeftovers removes records and work directories of sessions the registry no longer
-// has: what a crash between forgetting a session and deleting its files leaves behind.
+// Holder is a runtime that can list the sessions it still holds resources for.
+type Holder interface {
+	Held() ([]string, error)
+}
+
+// sweepLeftovers removes what sessions that are gone left behind: records and work
+// directories of sessions the registry no longer has (a crash between forgetting a session
+// and deleting its files), and runtime resources (containers, cgroups) of sessions that are
+// not live (a crash between recording an end and releasing them).
 func (m *Manager) sweepLeftovers() error {
 	known := map[string]bool{}
+	live := map[string]bool{}
 	if err := m.reg.View(func(tx *Tx) error {
 		return sessionsBucket(tx.tx).ForEachBucket(func(k []byte) error {
 			known[string(k)] = true
+			live[string(k)] = State(sessionsBucket(tx.tx).Bucket(k).Get(keyState)).Live()
 			return nil
 		})
 	}); err != nil {
 		return err
+	}
+	for _, rt := range m.cfg.Runtimes {
+		h, ok := rt.(Holder)
+		if !ok {
+			continue
+		}
+		held, err := h.Held()
+		if err != nil {
+			m.cfg.Logger.Warn("listing runtime leftovers", "err", err)
+			continue
+		}
+		for _, id := range held {
+			if !live[id] {
+				m.cfg.Logger.Info("releasing leftover runtime resources", "session", id)
+				if err := rt.Release(id); err != nil {
+					m.cfg.Logger.Warn("releasing leftover", "session", id, "err", err)
+				}
+			}
+		}
 	}
 	for _, sub := range []string{recordsDir, workDir} {
 		entries, err := os.ReadDir(filepath.Join(m.cfg.StateDir, sub))

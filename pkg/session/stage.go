@@ -90,7 +90,7 @@ func (m *Manager) Stage(opts StageOptions) (*Record, error) {
 		return nil, err
 	}
 	if !p.decision.Met {
-		return nil, errdefs.ErrFailedPrecondition.WithMessage(p.decision.Reason)
+		return nil, errdefs.ErrFailedPrecondition.WithMessage(p.decision.Shortfall)
 	}
 	if p.manifest.Run.Wasm != "" {
 		return nil, errdefs.ErrFailedPrecondition.WithMessage(fmt.Sprintf("%s: run.wasm: this build has no WASM runner; give run.command instead", filepath.Join(p.dir, manifest.FileName)))

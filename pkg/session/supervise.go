@@ -27,8 +27,8 @@ const killWait = time.Second
 // way, and the recording of its end. The caller holds l.mu.
 func (m *Manager) supervise(l *liveSession, rec *Record, proc containment.Process) {
 	l.proc = proc
-	if !rec.DeadlineAt.IsZero() {
-		l.deadline = time.AfterFunc(max(time.Until(rec.DeadlineAt), 0), func() { m.expire(rec.ID, l) })
+	if rec.State != Paused {
+		m.armDeadline(l, rec)
 	}
 	if rec.State == Stopping {
 		m.armKill(l, rec)
@@ -50,6 +50,18 @@ func (m *Manager) supervise(l *liveSession, rec *Record, proc containment.Proces
 		info, err := proc.Exit()
 		m.recordEnd(rec.ID, l, info, err)
 	}()
+}
+
+// armDeadline starts the timer that ends the session at its deadline. The caller holds l.mu.
+func (m *Manager) armDeadline(l *liveSession, rec *Record) {
+	if rec.DeadlineAt.IsZero() {
+		return
+	}
+	if l.deadline != nil {
+		l.deadline.Stop()
+	}
+	id := rec.ID
+	l.deadline = time.AfterFunc(max(time.Until(rec.DeadlineAt), 0), func() { m.expire(id, l) })
 }
 
 func (m *Manager) expire(id string, l *liveSession) {
@@ -79,6 +91,10 @@ func (m *Manager) beginStopSaying(l *liveSession, id string, why EndRequest, saw
 	killAt := time.Now().Add(grace).UTC()
 	switch rec.State {
 	case Running, Paused:
+		if rec.State == Paused {
+			// A frozen process cannot act on SIGTERM.
+			thaw(l)
+		}
 		rec.EndRequest, rec.KillAt, rec.EndDetail = why, killAt, saw
 		if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Stopping) }); err != nil {
 			return err
@@ -165,6 +181,9 @@ func (m *Manager) Kill(ctx context.Context, id string, sig syscall.Signal) (*Rec
 			return nil, err
 		}
 	}
+	if rec.State == Paused {
+		thaw(l)
+	}
 	err = l.proc.Signal(sig)
 	l.mu.Unlock()
 	if err != nil && !errors.Is(err, containment.ErrGone) {
@@ -207,15 +226,12 @@ func (m *Manager) endWithoutProcess(l *liveSession, rec *Record, status ExitStat
 }
 
 // finish writes the session's end: trace first, then the registry, so a crash between the
-// two leaves a session recovery will end again rather than an end with no trace. The caller
-// holds l.mu.
+// two leaves a session recovery will end again rather than an end with no trace. Then it
+// frees what the runtime held (a crash before that leaves leftovers the next start sweeps).
+// The caller holds l.mu.
 func (m *Manager) finish(l *liveSession, rec *Record, status ExitStatus, code *int, detail string, ended time.Time) {
 	l.stopTimers()
-	if class, err := manifest.ParseClass(rec.Achieved); err == nil && m.cfg.Runtimes[class] != nil {
-		if err := m.cfg.Runtimes[class].Release(rec.ID); err != nil {
-			m.cfg.Logger.Warn("releasing the session's runtime resources", "session", rec.ID, "err", err)
-		}
-	}
+	defer m.releaseRuntime(rec)
 	if rec.State != Exited {
 		rec.ExitStatus, rec.ExitCode, rec.Detail, rec.EndedAt = status, code, detail, ended
 		if err := appendTrace(rec.RecordsDir, traceEnd(rec)); err != nil {
@@ -235,6 +251,17 @@ func (m *Manager) finish(l *liveSession, rec *Record, status ExitStatus, code *i
 	case <-l.ended:
 	default:
 		close(l.ended)
+	}
+}
+
+// releaseRuntime frees what the session's runtime holds for it.
+func (m *Manager) releaseRuntime(rec *Record) {
+	class, err := manifest.ParseClass(rec.Achieved)
+	if err != nil || m.cfg.Runtimes[class] == nil {
+		return
+	}
+	if err := m.cfg.Runtimes[class].Release(rec.ID); err != nil {
+		m.cfg.Logger.Warn("releasing the session's runtime resources", "session", rec.ID, "err", err)
 	}
 }
 

@@ -55,7 +55,7 @@ func traceEnd(rec *Record) traceRecord {
 	return t
 }
 
-// appendTrace appends one record and syncs it. A session_end already present (written by a
+// appendTrace appends one record. A session_end already present (written by a
 // daemon that died before committing the end) is not written twice.
 func appendTrace(dir string, t traceRecord) error {
 	path := filepath.Join(dir, TraceFile)
@@ -74,9 +74,13 @@ func appendTrace(dir string, t traceRecord) error {
 		f.Close()
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
+	// session_end syncs the file, session_start with it: the registry, not the trace,
+	// is what survives a host crash mid-session.
+	if t.EventType == "session_end" {
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return err
+		}
 	}
 	return f.Close()
 }

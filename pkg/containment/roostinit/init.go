@@ -117,7 +117,9 @@ func initMain() int {
 	ref := ProcessRef{InitPID: os.Getpid(), PID: pid, StartedAt: startedAt}
 	ref.InitStart, _ = StartTime(ref.InitPID)
 	ref.PIDStart, _ = StartTime(pid)
-	if err := writeJSONDurably(records, InitFile, ref); err != nil {
+	// init.json only has to outlive roostd, not the host (the processes it names would not
+	// survive a host crash either): an atomic rename is enough, no fsync.
+	if err := writeJSONAtomically(records, InitFile, ref); err != nil {
 		// Without init.json a restarted daemon cannot find the session; end it now rather
 		// than run something nobody can supervise.
 		_ = SignalGroup(pid, syscall.SIGKILL)

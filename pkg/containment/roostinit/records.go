@@ -127,6 +127,16 @@ func readJSON(path string, v any) error {
 // writeJSONDurably writes v as name in the directory dirfd so that a crash leaves either
 // the old file or the whole new one: a temporary file, fsync, rename, fsync of the directory.
 func writeJSONDurably(dirfd int, name string, v any) error {
+	return writeJSON(dirfd, name, v, true)
+}
+
+// writeJSONAtomically is writeJSONDurably without the fsyncs: readers never see a partial
+// file, but a host crash may lose it.
+func writeJSONAtomically(dirfd int, name string, v any) error {
+	return writeJSON(dirfd, name, v, false)
+}
+
+func writeJSON(dirfd int, name string, v any, sync bool) error {
 	data, err := json.Marshal(v)
 	if err != nil {
 		return err
@@ -141,15 +151,20 @@ func writeJSONDurably(dirfd int, name string, v any) error {
 		f.Close()
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
+	if sync {
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return err
+		}
 	}
 	if err := f.Close(); err != nil {
 		return err
 	}
 	if err := unix.Renameat(dirfd, tmp, dirfd, name); err != nil {
 		return fmt.Errorf("%s: %w", name, err)
+	}
+	if !sync {
+		return nil
 	}
 	return unix.Fsync(dirfd)
 }

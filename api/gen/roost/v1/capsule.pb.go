@@ -223,15 +223,18 @@ func (x *Explanation) GetGrants() []*Grant {
 // and what this host delivers.
 type ContainmentDecision struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The strongest class any source asked for.
-	Floor   string         `protobuf:"bytes,1,opt,name=floor,proto3" json:"floor,omitempty"`
-	Sources []*FloorSource `protobuf:"bytes,2,rep,name=sources,proto3" json:"sources,omitempty"`
+	// The floor: the strongest class any source asked for.
+	Declared string         `protobuf:"bytes,1,opt,name=declared,proto3" json:"declared,omitempty"`
+	Sources  []*FloorSource `protobuf:"bytes,2,rep,name=sources,proto3" json:"sources,omitempty"`
 	// The class the session runs under; empty when the floor cannot be met.
 	Achieved string `protobuf:"bytes,3,opt,name=achieved,proto3" json:"achieved,omitempty"`
 	// False when the floor cannot be met; Stage then refuses the capsule.
-	Met bool `protobuf:"varint,4,opt,name=met,proto3" json:"met,omitempty"`
-	// Why the floor cannot be met, or why the achieved class is what it is.
-	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	FloorMet bool `protobuf:"varint,4,opt,name=floor_met,json=floorMet,proto3" json:"floor_met,omitempty"`
+	// Why the floor cannot be met: the class, what this host achieves, the missing mechanism
+	// and the fix. Empty when it is met.
+	ShortfallReason string `protobuf:"bytes,5,opt,name=shortfall_reason,json=shortfallReason,proto3" json:"shortfall_reason,omitempty"`
+	// What holds a session of the achieved class.
+	Mechanism     string `protobuf:"bytes,6,opt,name=mechanism,proto3" json:"mechanism,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -266,9 +269,9 @@ func (*ContainmentDecision) Descriptor() ([]byte, []int) {
 	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{3}
 }
 
-func (x *ContainmentDecision) GetFloor() string {
+func (x *ContainmentDecision) GetDeclared() string {
 	if x != nil {
-		return x.Floor
+		return x.Declared
 	}
 	return ""
 }
@@ -287,16 +290,23 @@ func (x *ContainmentDecision) GetAchieved() string {
 	return ""
 }
 
-func (x *ContainmentDecision) GetMet() bool {
+func (x *ContainmentDecision) GetFloorMet() bool {
 	if x != nil {
-		return x.Met
+		return x.FloorMet
 	}
 	return false
 }
 
-func (x *ContainmentDecision) GetReason() string {
+func (x *ContainmentDecision) GetShortfallReason() string {
 	if x != nil {
-		return x.Reason
+		return x.ShortfallReason
+	}
+	return ""
+}
+
+func (x *ContainmentDecision) GetMechanism() string {
+	if x != nil {
+		return x.Mechanism
 	}
 	return ""
 }
@@ -1109,13 +1119,14 @@ const file_roost_v1_capsule_proto_rawDesc = "" +
 	"\acapsule\x18\x01 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x12?\n" +
 	"\vcontainment\x18\x02 \x01(\v2\x1d.roost.v1.ContainmentDecisionR\vcontainment\x12(\n" +
 	"\x06policy\x18\x03 \x01(\v2\x10.roost.v1.PolicyR\x06policy\x12'\n" +
-	"\x06grants\x18\x04 \x03(\v2\x0f.roost.v1.GrantR\x06grants\"\xa2\x01\n" +
-	"\x13ContainmentDecision\x12\x14\n" +
-	"\x05floor\x18\x01 \x01(\tR\x05floor\x12/\n" +
+	"\x06grants\x18\x04 \x03(\v2\x0f.roost.v1.GrantR\x06grants\"\xe4\x01\n" +
+	"\x13ContainmentDecision\x12\x1a\n" +
+	"\bdeclared\x18\x01 \x01(\tR\bdeclared\x12/\n" +
 	"\asources\x18\x02 \x03(\v2\x15.roost.v1.FloorSourceR\asources\x12\x1a\n" +
-	"\bachieved\x18\x03 \x01(\tR\bachieved\x12\x10\n" +
-	"\x03met\x18\x04 \x01(\bR\x03met\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\";\n" +
+	"\bachieved\x18\x03 \x01(\tR\bachieved\x12\x1b\n" +
+	"\tfloor_met\x18\x04 \x01(\bR\bfloorMet\x12)\n" +
+	"\x10shortfall_reason\x18\x05 \x01(\tR\x0fshortfallReason\x12\x1c\n" +
+	"\tmechanism\x18\x06 \x01(\tR\tmechanism\";\n" +
 	"\vFloorSource\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x14\n" +
 	"\x05class\x18\x02 \x01(\tR\x05class\"o\n" +

@@ -52,7 +52,9 @@ type Session struct {
 	// The program's process id on the host while it runs.
 	Pid int32 `protobuf:"varint,16,opt,name=pid,proto3" json:"pid,omitempty"`
 	// The command line the program was started with.
-	Command       []string `protobuf:"bytes,17,rep,name=command,proto3" json:"command,omitempty"`
+	Command []string `protobuf:"bytes,17,rep,name=command,proto3" json:"command,omitempty"`
+	// What a live session with a cgroup uses now; absent otherwise.
+	Usage         *Usage `protobuf:"bytes,18,opt,name=usage,proto3" json:"usage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -206,6 +208,82 @@ func (x *Session) GetCommand() []string {
 	return nil
 }
 
+func (x *Session) GetUsage() *Usage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+// Usage is a live session's consumption, read from its cgroup.
+type Usage struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	MemoryBytes     int64                  `protobuf:"varint,1,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	MemoryPeakBytes int64                  `protobuf:"varint,2,opt,name=memory_peak_bytes,json=memoryPeakBytes,proto3" json:"memory_peak_bytes,omitempty"`
+	CpuSeconds      float64                `protobuf:"fixed64,3,opt,name=cpu_seconds,json=cpuSeconds,proto3" json:"cpu_seconds,omitempty"`
+	Pids            int64                  `protobuf:"varint,4,opt,name=pids,proto3" json:"pids,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Usage) Reset() {
+	*x = Usage{}
+	mi := &file_roost_v1_session_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Usage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Usage) ProtoMessage() {}
+
+func (x *Usage) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Usage.ProtoReflect.Descriptor instead.
+func (*Usage) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Usage) GetMemoryBytes() int64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *Usage) GetMemoryPeakBytes() int64 {
+	if x != nil {
+		return x.MemoryPeakBytes
+	}
+	return 0
+}
+
+func (x *Usage) GetCpuSeconds() float64 {
+	if x != nil {
+		return x.CpuSeconds
+	}
+	return 0
+}
+
+func (x *Usage) GetPids() int64 {
+	if x != nil {
+		return x.Pids
+	}
+	return 0
+}
+
 // CapsuleRef names what a session runs.
 type CapsuleRef struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -221,7 +299,7 @@ type CapsuleRef struct {
 
 func (x *CapsuleRef) Reset() {
 	*x = CapsuleRef{}
-	mi := &file_roost_v1_session_proto_msgTypes[1]
+	mi := &file_roost_v1_session_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -233,7 +311,7 @@ func (x *CapsuleRef) String() string {
 func (*CapsuleRef) ProtoMessage() {}
 
 func (x *CapsuleRef) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[1]
+	mi := &file_roost_v1_session_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -246,7 +324,7 @@ func (x *CapsuleRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapsuleRef.ProtoReflect.Descriptor instead.
 func (*CapsuleRef) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{1}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *CapsuleRef) GetName() string {
@@ -290,7 +368,7 @@ type ContainmentState struct {
 
 func (x *ContainmentState) Reset() {
 	*x = ContainmentState{}
-	mi := &file_roost_v1_session_proto_msgTypes[2]
+	mi := &file_roost_v1_session_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -302,7 +380,7 @@ func (x *ContainmentState) String() string {
 func (*ContainmentState) ProtoMessage() {}
 
 func (x *ContainmentState) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[2]
+	mi := &file_roost_v1_session_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -315,7 +393,7 @@ func (x *ContainmentState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainmentState.ProtoReflect.Descriptor instead.
 func (*ContainmentState) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{2}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ContainmentState) GetDeclared() string {
@@ -342,7 +420,7 @@ type Spend struct {
 
 func (x *Spend) Reset() {
 	*x = Spend{}
-	mi := &file_roost_v1_session_proto_msgTypes[3]
+	mi := &file_roost_v1_session_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -354,7 +432,7 @@ func (x *Spend) String() string {
 func (*Spend) ProtoMessage() {}
 
 func (x *Spend) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[3]
+	mi := &file_roost_v1_session_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -367,7 +445,7 @@ func (x *Spend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Spend.ProtoReflect.Descriptor instead.
 func (*Spend) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{3}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Spend) GetTokens() int64 {
@@ -394,7 +472,7 @@ type StageRequest struct {
 
 func (x *StageRequest) Reset() {
 	*x = StageRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[4]
+	mi := &file_roost_v1_session_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -406,7 +484,7 @@ func (x *StageRequest) String() string {
 func (*StageRequest) ProtoMessage() {}
 
 func (x *StageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[4]
+	mi := &file_roost_v1_session_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -419,7 +497,7 @@ func (x *StageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageRequest.ProtoReflect.Descriptor instead.
 func (*StageRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{4}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StageRequest) GetCapsule() string {
@@ -459,7 +537,7 @@ type StageResponse struct {
 
 func (x *StageResponse) Reset() {
 	*x = StageResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[5]
+	mi := &file_roost_v1_session_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -471,7 +549,7 @@ func (x *StageResponse) String() string {
 func (*StageResponse) ProtoMessage() {}
 
 func (x *StageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[5]
+	mi := &file_roost_v1_session_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -484,7 +562,7 @@ func (x *StageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageResponse.ProtoReflect.Descriptor instead.
 func (*StageResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{5}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StageResponse) GetSession() *Session {
@@ -503,7 +581,7 @@ type LaunchRequest struct {
 
 func (x *LaunchRequest) Reset() {
 	*x = LaunchRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[6]
+	mi := &file_roost_v1_session_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -515,7 +593,7 @@ func (x *LaunchRequest) String() string {
 func (*LaunchRequest) ProtoMessage() {}
 
 func (x *LaunchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[6]
+	mi := &file_roost_v1_session_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -528,7 +606,7 @@ func (x *LaunchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LaunchRequest.ProtoReflect.Descriptor instead.
 func (*LaunchRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{6}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *LaunchRequest) GetId() string {
@@ -547,7 +625,7 @@ type LaunchResponse struct {
 
 func (x *LaunchResponse) Reset() {
 	*x = LaunchResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[7]
+	mi := &file_roost_v1_session_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -559,7 +637,7 @@ func (x *LaunchResponse) String() string {
 func (*LaunchResponse) ProtoMessage() {}
 
 func (x *LaunchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[7]
+	mi := &file_roost_v1_session_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -572,7 +650,7 @@ func (x *LaunchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LaunchResponse.ProtoReflect.Descriptor instead.
 func (*LaunchResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{7}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *LaunchResponse) GetSession() *Session {
@@ -591,7 +669,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[8]
+	mi := &file_roost_v1_session_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -603,7 +681,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[8]
+	mi := &file_roost_v1_session_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -616,7 +694,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{8}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetRequest) GetId() string {
@@ -635,7 +713,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[9]
+	mi := &file_roost_v1_session_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -647,7 +725,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[9]
+	mi := &file_roost_v1_session_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -660,7 +738,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{9}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetResponse) GetSession() *Session {
@@ -680,7 +758,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[10]
+	mi := &file_roost_v1_session_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +770,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[10]
+	mi := &file_roost_v1_session_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +783,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{10}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListRequest) GetAll() bool {
@@ -724,7 +802,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[11]
+	mi := &file_roost_v1_session_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -736,7 +814,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[11]
+	mi := &file_roost_v1_session_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -749,7 +827,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{11}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListResponse) GetSessions() []*Session {
@@ -768,7 +846,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[12]
+	mi := &file_roost_v1_session_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -780,7 +858,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[12]
+	mi := &file_roost_v1_session_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -793,7 +871,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{12}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WaitRequest) GetId() string {
@@ -812,7 +890,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[13]
+	mi := &file_roost_v1_session_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +902,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[13]
+	mi := &file_roost_v1_session_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +915,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{13}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WaitResponse) GetSession() *Session {
@@ -858,7 +936,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[14]
+	mi := &file_roost_v1_session_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -870,7 +948,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[14]
+	mi := &file_roost_v1_session_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -883,7 +961,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{14}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StopRequest) GetId() string {
@@ -909,7 +987,7 @@ type StopResponse struct {
 
 func (x *StopResponse) Reset() {
 	*x = StopResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[15]
+	mi := &file_roost_v1_session_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +999,7 @@ func (x *StopResponse) String() string {
 func (*StopResponse) ProtoMessage() {}
 
 func (x *StopResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[15]
+	mi := &file_roost_v1_session_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +1012,7 @@ func (x *StopResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopResponse.ProtoReflect.Descriptor instead.
 func (*StopResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{15}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StopResponse) GetSession() *Session {
@@ -955,7 +1033,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[16]
+	mi := &file_roost_v1_session_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -967,7 +1045,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[16]
+	mi := &file_roost_v1_session_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -980,7 +1058,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{16}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *KillRequest) GetId() string {
@@ -1006,7 +1084,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[17]
+	mi := &file_roost_v1_session_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1018,7 +1096,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[17]
+	mi := &file_roost_v1_session_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1031,10 +1109,186 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{17}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *KillResponse) GetSession() *Session {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+type PauseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseRequest) Reset() {
+	*x = PauseRequest{}
+	mi := &file_roost_v1_session_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseRequest) ProtoMessage() {}
+
+func (x *PauseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
+func (*PauseRequest) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *PauseRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type PauseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       *Session               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseResponse) Reset() {
+	*x = PauseResponse{}
+	mi := &file_roost_v1_session_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseResponse) ProtoMessage() {}
+
+func (x *PauseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
+func (*PauseResponse) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *PauseResponse) GetSession() *Session {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+type ResumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeRequest) Reset() {
+	*x = ResumeRequest{}
+	mi := &file_roost_v1_session_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeRequest) ProtoMessage() {}
+
+func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
+func (*ResumeRequest) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ResumeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type ResumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       *Session               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeResponse) Reset() {
+	*x = ResumeResponse{}
+	mi := &file_roost_v1_session_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeResponse) ProtoMessage() {}
+
+func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
+func (*ResumeResponse) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ResumeResponse) GetSession() *Session {
 	if x != nil {
 		return x.Session
 	}
@@ -1050,7 +1304,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[18]
+	mi := &file_roost_v1_session_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1062,7 +1316,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[18]
+	mi := &file_roost_v1_session_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1075,7 +1329,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{18}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RemoveRequest) GetId() string {
@@ -1093,7 +1347,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[19]
+	mi := &file_roost_v1_session_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1359,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[19]
+	mi := &file_roost_v1_session_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1372,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{19}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{24}
 }
 
 type LogsRequest struct {
@@ -1131,7 +1385,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[20]
+	mi := &file_roost_v1_session_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1143,7 +1397,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[20]
+	mi := &file_roost_v1_session_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1156,7 +1410,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{20}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *LogsRequest) GetId() string {
@@ -1184,7 +1438,7 @@ type LogsResponse struct {
 
 func (x *LogsResponse) Reset() {
 	*x = LogsResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[21]
+	mi := &file_roost_v1_session_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1196,7 +1450,7 @@ func (x *LogsResponse) String() string {
 func (*LogsResponse) ProtoMessage() {}
 
 func (x *LogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[21]
+	mi := &file_roost_v1_session_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1209,7 +1463,7 @@ func (x *LogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
 func (*LogsResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{21}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *LogsResponse) GetStream() string {
@@ -1238,7 +1492,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[22]
+	mi := &file_roost_v1_session_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1250,7 +1504,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[22]
+	mi := &file_roost_v1_session_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1263,7 +1517,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{22}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *EventsRequest) GetSince() uint64 {
@@ -1289,7 +1543,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[23]
+	mi := &file_roost_v1_session_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1301,7 +1555,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[23]
+	mi := &file_roost_v1_session_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1314,7 +1568,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{23}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *EventsResponse) GetEvent() *Event {
@@ -1345,7 +1599,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_roost_v1_session_proto_msgTypes[24]
+	mi := &file_roost_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1357,7 +1611,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[24]
+	mi := &file_roost_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1370,7 +1624,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{24}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Event) GetSeq() uint64 {
@@ -1433,7 +1687,7 @@ var File_roost_v1_session_proto protoreflect.FileDescriptor
 
 const file_roost_v1_session_proto_rawDesc = "" +
 	"\n" +
-	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9b\x05\n" +
+	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc2\x05\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
 	"\acapsule\x18\x02 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x12\x14\n" +
@@ -1457,9 +1711,16 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\vdeadline_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"deadlineAt\x12\x10\n" +
 	"\x03pid\x18\x10 \x01(\x05R\x03pid\x12\x18\n" +
-	"\acommand\x18\x11 \x03(\tR\acommandB\f\n" +
+	"\acommand\x18\x11 \x03(\tR\acommand\x12%\n" +
+	"\x05usage\x18\x12 \x01(\v2\x0f.roost.v1.UsageR\x05usageB\f\n" +
 	"\n" +
-	"_exit_code\"j\n" +
+	"_exit_code\"\x8b\x01\n" +
+	"\x05Usage\x12!\n" +
+	"\fmemory_bytes\x18\x01 \x01(\x03R\vmemoryBytes\x12*\n" +
+	"\x11memory_peak_bytes\x18\x02 \x01(\x03R\x0fmemoryPeakBytes\x12\x1f\n" +
+	"\vcpu_seconds\x18\x03 \x01(\x01R\n" +
+	"cpuSeconds\x12\x12\n" +
+	"\x04pids\x18\x04 \x01(\x03R\x04pids\"j\n" +
 	"\n" +
 	"CapsuleRef\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -1504,6 +1765,14 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06signal\x18\x02 \x01(\tR\x06signal\";\n" +
 	"\fKillResponse\x12+\n" +
+	"\asession\x18\x01 \x01(\v2\x11.roost.v1.SessionR\asession\"\x1e\n" +
+	"\fPauseRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"<\n" +
+	"\rPauseResponse\x12+\n" +
+	"\asession\x18\x01 \x01(\v2\x11.roost.v1.SessionR\asession\"\x1f\n" +
+	"\rResumeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"=\n" +
+	"\x0eResumeResponse\x12+\n" +
 	"\asession\x18\x01 \x01(\v2\x11.roost.v1.SessionR\asession\"\x1f\n" +
 	"\rRemoveRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x10\n" +
@@ -1531,7 +1800,7 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\texit_code\x18\a \x01(\x05H\x00R\bexitCode\x88\x01\x01\x12\x16\n" +
 	"\x06detail\x18\b \x01(\tR\x06detailB\f\n" +
 	"\n" +
-	"_exit_code2\xcc\x04\n" +
+	"_exit_code2\xc3\x05\n" +
 	"\x0eSessionService\x128\n" +
 	"\x05Stage\x12\x16.roost.v1.StageRequest\x1a\x17.roost.v1.StageResponse\x12;\n" +
 	"\x06Launch\x12\x17.roost.v1.LaunchRequest\x1a\x18.roost.v1.LaunchResponse\x122\n" +
@@ -1539,7 +1808,9 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x04List\x12\x15.roost.v1.ListRequest\x1a\x16.roost.v1.ListResponse\x125\n" +
 	"\x04Wait\x12\x15.roost.v1.WaitRequest\x1a\x16.roost.v1.WaitResponse\x125\n" +
 	"\x04Stop\x12\x15.roost.v1.StopRequest\x1a\x16.roost.v1.StopResponse\x125\n" +
-	"\x04Kill\x12\x15.roost.v1.KillRequest\x1a\x16.roost.v1.KillResponse\x12;\n" +
+	"\x04Kill\x12\x15.roost.v1.KillRequest\x1a\x16.roost.v1.KillResponse\x128\n" +
+	"\x05Pause\x12\x16.roost.v1.PauseRequest\x1a\x17.roost.v1.PauseResponse\x12;\n" +
+	"\x06Resume\x12\x17.roost.v1.ResumeRequest\x1a\x18.roost.v1.ResumeResponse\x12;\n" +
 	"\x06Remove\x12\x17.roost.v1.RemoveRequest\x1a\x18.roost.v1.RemoveResponse\x127\n" +
 	"\x04Logs\x12\x15.roost.v1.LogsRequest\x1a\x16.roost.v1.LogsResponse0\x01\x12=\n" +
 	"\x06Events\x12\x17.roost.v1.EventsRequest\x1a\x18.roost.v1.EventsResponse0\x01B*Z(roost.dev/roost/api/gen/roost/v1;roostv1b\x06proto3"
@@ -1556,80 +1827,92 @@ func file_roost_v1_session_proto_rawDescGZIP() []byte {
 	return file_roost_v1_session_proto_rawDescData
 }
 
-var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_roost_v1_session_proto_goTypes = []any{
 	(*Session)(nil),               // 0: roost.v1.Session
-	(*CapsuleRef)(nil),            // 1: roost.v1.CapsuleRef
-	(*ContainmentState)(nil),      // 2: roost.v1.ContainmentState
-	(*Spend)(nil),                 // 3: roost.v1.Spend
-	(*StageRequest)(nil),          // 4: roost.v1.StageRequest
-	(*StageResponse)(nil),         // 5: roost.v1.StageResponse
-	(*LaunchRequest)(nil),         // 6: roost.v1.LaunchRequest
-	(*LaunchResponse)(nil),        // 7: roost.v1.LaunchResponse
-	(*GetRequest)(nil),            // 8: roost.v1.GetRequest
-	(*GetResponse)(nil),           // 9: roost.v1.GetResponse
-	(*ListRequest)(nil),           // 10: roost.v1.ListRequest
-	(*ListResponse)(nil),          // 11: roost.v1.ListResponse
-	(*WaitRequest)(nil),           // 12: roost.v1.WaitRequest
-	(*WaitResponse)(nil),          // 13: roost.v1.WaitResponse
-	(*StopRequest)(nil),           // 14: roost.v1.StopRequest
-	(*StopResponse)(nil),          // 15: roost.v1.StopResponse
-	(*KillRequest)(nil),           // 16: roost.v1.KillRequest
-	(*KillResponse)(nil),          // 17: roost.v1.KillResponse
-	(*RemoveRequest)(nil),         // 18: roost.v1.RemoveRequest
-	(*RemoveResponse)(nil),        // 19: roost.v1.RemoveResponse
-	(*LogsRequest)(nil),           // 20: roost.v1.LogsRequest
-	(*LogsResponse)(nil),          // 21: roost.v1.LogsResponse
-	(*EventsRequest)(nil),         // 22: roost.v1.EventsRequest
-	(*EventsResponse)(nil),        // 23: roost.v1.EventsResponse
-	(*Event)(nil),                 // 24: roost.v1.Event
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
+	(*Usage)(nil),                 // 1: roost.v1.Usage
+	(*CapsuleRef)(nil),            // 2: roost.v1.CapsuleRef
+	(*ContainmentState)(nil),      // 3: roost.v1.ContainmentState
+	(*Spend)(nil),                 // 4: roost.v1.Spend
+	(*StageRequest)(nil),          // 5: roost.v1.StageRequest
+	(*StageResponse)(nil),         // 6: roost.v1.StageResponse
+	(*LaunchRequest)(nil),         // 7: roost.v1.LaunchRequest
+	(*LaunchResponse)(nil),        // 8: roost.v1.LaunchResponse
+	(*GetRequest)(nil),            // 9: roost.v1.GetRequest
+	(*GetResponse)(nil),           // 10: roost.v1.GetResponse
+	(*ListRequest)(nil),           // 11: roost.v1.ListRequest
+	(*ListResponse)(nil),          // 12: roost.v1.ListResponse
+	(*WaitRequest)(nil),           // 13: roost.v1.WaitRequest
+	(*WaitResponse)(nil),          // 14: roost.v1.WaitResponse
+	(*StopRequest)(nil),           // 15: roost.v1.StopRequest
+	(*StopResponse)(nil),          // 16: roost.v1.StopResponse
+	(*KillRequest)(nil),           // 17: roost.v1.KillRequest
+	(*KillResponse)(nil),          // 18: roost.v1.KillResponse
+	(*PauseRequest)(nil),          // 19: roost.v1.PauseRequest
+	(*PauseResponse)(nil),         // 20: roost.v1.PauseResponse
+	(*ResumeRequest)(nil),         // 21: roost.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 22: roost.v1.ResumeResponse
+	(*RemoveRequest)(nil),         // 23: roost.v1.RemoveRequest
+	(*RemoveResponse)(nil),        // 24: roost.v1.RemoveResponse
+	(*LogsRequest)(nil),           // 25: roost.v1.LogsRequest
+	(*LogsResponse)(nil),          // 26: roost.v1.LogsResponse
+	(*EventsRequest)(nil),         // 27: roost.v1.EventsRequest
+	(*EventsResponse)(nil),        // 28: roost.v1.EventsResponse
+	(*Event)(nil),                 // 29: roost.v1.Event
+	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 31: google.protobuf.Duration
 }
 var file_roost_v1_session_proto_depIdxs = []int32{
-	1,  // 0: roost.v1.Session.capsule:type_name -> roost.v1.CapsuleRef
-	2,  // 1: roost.v1.Session.containment:type_name -> roost.v1.ContainmentState
-	25, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	25, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
-	25, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
-	3,  // 5: roost.v1.Session.spend:type_name -> roost.v1.Spend
-	25, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
-	26, // 7: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
-	0,  // 8: roost.v1.StageResponse.session:type_name -> roost.v1.Session
-	0,  // 9: roost.v1.LaunchResponse.session:type_name -> roost.v1.Session
-	0,  // 10: roost.v1.GetResponse.session:type_name -> roost.v1.Session
-	0,  // 11: roost.v1.ListResponse.sessions:type_name -> roost.v1.Session
-	0,  // 12: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
-	26, // 13: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
-	0,  // 14: roost.v1.StopResponse.session:type_name -> roost.v1.Session
-	0,  // 15: roost.v1.KillResponse.session:type_name -> roost.v1.Session
-	24, // 16: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
-	25, // 17: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
-	4,  // 18: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
-	6,  // 19: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
-	8,  // 20: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
-	10, // 21: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
-	12, // 22: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
-	14, // 23: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
-	16, // 24: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
-	18, // 25: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
-	20, // 26: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
-	22, // 27: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
-	5,  // 28: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
-	7,  // 29: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
-	9,  // 30: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
-	11, // 31: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
-	13, // 32: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
-	15, // 33: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
-	17, // 34: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
-	19, // 35: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
-	21, // 36: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
-	23, // 37: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
-	28, // [28:38] is the sub-list for method output_type
-	18, // [18:28] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	2,  // 0: roost.v1.Session.capsule:type_name -> roost.v1.CapsuleRef
+	3,  // 1: roost.v1.Session.containment:type_name -> roost.v1.ContainmentState
+	30, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	30, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
+	30, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
+	4,  // 5: roost.v1.Session.spend:type_name -> roost.v1.Spend
+	30, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
+	1,  // 7: roost.v1.Session.usage:type_name -> roost.v1.Usage
+	31, // 8: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
+	0,  // 9: roost.v1.StageResponse.session:type_name -> roost.v1.Session
+	0,  // 10: roost.v1.LaunchResponse.session:type_name -> roost.v1.Session
+	0,  // 11: roost.v1.GetResponse.session:type_name -> roost.v1.Session
+	0,  // 12: roost.v1.ListResponse.sessions:type_name -> roost.v1.Session
+	0,  // 13: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
+	31, // 14: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
+	0,  // 15: roost.v1.StopResponse.session:type_name -> roost.v1.Session
+	0,  // 16: roost.v1.KillResponse.session:type_name -> roost.v1.Session
+	0,  // 17: roost.v1.PauseResponse.session:type_name -> roost.v1.Session
+	0,  // 18: roost.v1.ResumeResponse.session:type_name -> roost.v1.Session
+	29, // 19: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
+	30, // 20: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
+	5,  // 21: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
+	7,  // 22: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
+	9,  // 23: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
+	11, // 24: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
+	13, // 25: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
+	15, // 26: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
+	17, // 27: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
+	19, // 28: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
+	21, // 29: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
+	23, // 30: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
+	25, // 31: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
+	27, // 32: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
+	6,  // 33: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
+	8,  // 34: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
+	10, // 35: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
+	12, // 36: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
+	14, // 37: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
+	16, // 38: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
+	18, // 39: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
+	20, // 40: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
+	22, // 41: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
+	24, // 42: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
+	26, // 43: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
+	28, // 44: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
+	33, // [33:45] is the sub-list for method output_type
+	21, // [21:33] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_session_proto_init() }
@@ -1638,14 +1921,14 @@ func file_roost_v1_session_proto_init() {
 		return
 	}
 	file_roost_v1_session_proto_msgTypes[0].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[24].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[29].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_session_proto_rawDesc), len(file_roost_v1_session_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

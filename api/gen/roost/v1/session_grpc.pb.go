@@ -26,6 +26,8 @@ const (
 	SessionService_Wait_FullMethodName   = "/roost.v1.SessionService/Wait"
 	SessionService_Stop_FullMethodName   = "/roost.v1.SessionService/Stop"
 	SessionService_Kill_FullMethodName   = "/roost.v1.SessionService/Kill"
+	SessionService_Pause_FullMethodName  = "/roost.v1.SessionService/Pause"
+	SessionService_Resume_FullMethodName = "/roost.v1.SessionService/Resume"
 	SessionService_Remove_FullMethodName = "/roost.v1.SessionService/Remove"
 	SessionService_Logs_FullMethodName   = "/roost.v1.SessionService/Logs"
 	SessionService_Events_FullMethodName = "/roost.v1.SessionService/Events"
@@ -57,6 +59,11 @@ type SessionServiceClient interface {
 	// Kill sends a signal to every process of the session. For a signal that ends it, the call
 	// returns once the end is recorded.
 	Kill(ctx context.Context, in *KillRequest, opts ...grpc.CallOption) (*KillResponse, error)
+	// Pause freezes every process of a running session (its cgroup's freezer); the deadline
+	// stops running while it is paused.
+	Pause(ctx context.Context, in *PauseRequest, opts ...grpc.CallOption) (*PauseResponse, error)
+	// Resume thaws a paused session.
+	Resume(ctx context.Context, in *ResumeRequest, opts ...grpc.CallOption) (*ResumeResponse, error)
 	// Remove forgets a staged or ended session and deletes its records directory.
 	Remove(ctx context.Context, in *RemoveRequest, opts ...grpc.CallOption) (*RemoveResponse, error)
 	// Logs streams the session's output; with follow set it ends when the session has ended
@@ -145,6 +152,26 @@ func (c *sessionServiceClient) Kill(ctx context.Context, in *KillRequest, opts .
 	return out, nil
 }
 
+func (c *sessionServiceClient) Pause(ctx context.Context, in *PauseRequest, opts ...grpc.CallOption) (*PauseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PauseResponse)
+	err := c.cc.Invoke(ctx, SessionService_Pause_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) Resume(ctx context.Context, in *ResumeRequest, opts ...grpc.CallOption) (*ResumeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResumeResponse)
+	err := c.cc.Invoke(ctx, SessionService_Resume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *sessionServiceClient) Remove(ctx context.Context, in *RemoveRequest, opts ...grpc.CallOption) (*RemoveResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RemoveResponse)
@@ -219,6 +246,11 @@ type SessionServiceServer interface {
 	// Kill sends a signal to every process of the session. For a signal that ends it, the call
 	// returns once the end is recorded.
 	Kill(context.Context, *KillRequest) (*KillResponse, error)
+	// Pause freezes every process of a running session (its cgroup's freezer); the deadline
+	// stops running while it is paused.
+	Pause(context.Context, *PauseRequest) (*PauseResponse, error)
+	// Resume thaws a paused session.
+	Resume(context.Context, *ResumeRequest) (*ResumeResponse, error)
 	// Remove forgets a staged or ended session and deletes its records directory.
 	Remove(context.Context, *RemoveRequest) (*RemoveResponse, error)
 	// Logs streams the session's output; with follow set it ends when the session has ended
@@ -257,6 +289,12 @@ func (UnimplementedSessionServiceServer) Stop(context.Context, *StopRequest) (*S
 }
 func (UnimplementedSessionServiceServer) Kill(context.Context, *KillRequest) (*KillResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Kill not implemented")
+}
+func (UnimplementedSessionServiceServer) Pause(context.Context, *PauseRequest) (*PauseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Pause not implemented")
+}
+func (UnimplementedSessionServiceServer) Resume(context.Context, *ResumeRequest) (*ResumeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Resume not implemented")
 }
 func (UnimplementedSessionServiceServer) Remove(context.Context, *RemoveRequest) (*RemoveResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Remove not implemented")
@@ -414,6 +452,42 @@ func _SessionService_Kill_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionService_Pause_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PauseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).Pause(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_Pause_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).Pause(ctx, req.(*PauseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_Resume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).Resume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_Resume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).Resume(ctx, req.(*ResumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _SessionService_Remove_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RemoveRequest)
 	if err := dec(in); err != nil {
@@ -488,6 +562,14 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Kill",
 			Handler:    _SessionService_Kill_Handler,
+		},
+		{
+			MethodName: "Pause",
+			Handler:    _SessionService_Pause_Handler,
+		},
+		{
+			MethodName: "Resume",
+			Handler:    _SessionService_Resume_Handler,
 		},
 		{
 			MethodName: "Remove",

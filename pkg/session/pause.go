@@ -1,0 +1,98 @@
+package session
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"roost.dev/roost/pkg/containment"
+)
+
+// Pause freezes every process of a running session. Time paused does not count against its
+// deadline.
+func (m *Manager) Pause(id string) (*Record, error) {
+	return m.freeze(id, Running, Paused, func(l *liveSession, f containment.Freezer, rec *Record) error {
+		if err := f.Pause(); err != nil {
+			return err
+		}
+		if l.deadline != nil {
+			l.deadline.Stop()
+		}
+		rec.PausedAt = time.Now().UTC()
+		return nil
+	})
+}
+
+// Resume thaws a paused session; its deadline moves on by the time it was paused.
+func (m *Manager) Resume(id string) (*Record, error) {
+	return m.freeze(id, Paused, Running, func(l *liveSession, f containment.Freezer, rec *Record) error {
+		if err := f.Resume(); err != nil {
+			return err
+		}
+		if !rec.DeadlineAt.IsZero() && !rec.PausedAt.IsZero() {
+			rec.DeadlineAt = rec.DeadlineAt.Add(time.Since(rec.PausedAt))
+		}
+		rec.PausedAt = time.Time{}
+		m.armDeadline(l, rec)
+		return nil
+	})
+}
+
+func (m *Manager) freeze(id string, from, to State, act func(*liveSession, containment.Freezer, *Record) error) (*Record, error) {
+	rec, err := m.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	l := m.lookup(rec.ID)
+	if l == nil || rec.State != from {
+		return nil, fmt.Errorf("session %s is %s; it must be %s: %w", rec.ID, rec.State, from, errdefs.ErrFailedPrecondition)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if rec, err = m.Get(rec.ID); err != nil {
+		return nil, err
+	}
+	if rec.State != from {
+		return nil, fmt.Errorf("session %s is %s; it must be %s: %w", rec.ID, rec.State, from, errdefs.ErrFailedPrecondition)
+	}
+	f, ok := l.proc.(containment.Freezer)
+	if !ok {
+		return nil, fmt.Errorf("session %s is %s: it has no cgroup to freeze; pause needs a sealed session: %w", rec.ID, rec.Achieved, errdefs.ErrFailedPrecondition)
+	}
+	if err := act(l, f, rec); err != nil {
+		return nil, fmt.Errorf("session %s: %w", rec.ID, err)
+	}
+	if err := m.update(func(tx *Tx) error { return tx.Transition(rec, to) }); err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// thaw resumes a paused session's processes so a signal can reach them. The caller holds
+// l.mu.
+func thaw(l *liveSession) {
+	if f, ok := l.proc.(containment.Freezer); ok {
+		_ = f.Resume()
+	}
+}
+
+// Usage is what a live session uses now; nil when it has no cgroup to read.
+func (m *Manager) Usage(id string) *containment.Usage {
+	l := m.lookup(id)
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	proc := l.proc
+	l.mu.Unlock()
+	meter, ok := proc.(containment.Meter)
+	if !ok {
+		return nil
+	}
+	u, err := meter.Usage()
+	if err != nil {
+		return nil
+	}
+	return &u
+}
