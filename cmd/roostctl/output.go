@@ -171,6 +171,24 @@ func printSession(w io.Writer, s *roostv1.Session) {
 		row("ended", stamp(s.GetEndedAt()))
 	}
 	row("tokens", fmt.Sprint(s.GetSpend().GetTokens()))
+	if u := s.GetUsage(); u != nil {
+		row("memory", fmt.Sprintf("%s (peak %s)", bytesIEC(u.GetMemoryBytes()), bytesIEC(u.GetMemoryPeakBytes())))
+		row("cpu", fmt.Sprintf("%.2fs", u.GetCpuSeconds()))
+		row("pids", fmt.Sprint(u.GetPids()))
+	}
+}
+
+func bytesIEC(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 func orDash(s string) string {

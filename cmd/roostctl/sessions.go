@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"text/tabwriter"
@@ -220,5 +221,51 @@ which kills it first.`,
 		},
 	}
 	cmd.Flags().BoolVarP(&force, "force", "f", false, "kill a live session before removing it")
+	return cmd
+}
+
+func (a *app) pauseCommand() *cobra.Command {
+	return a.freezeCommand("pause", "Freeze every process of running sessions (sealed sessions)",
+		`pause freezes each SESSION's cgroup: its processes stop where they are until resume.
+The deadline does not run while a session is paused.`,
+		func(ctx context.Context, c roostv1.SessionServiceClient, id string) (*roostv1.Session, error) {
+			resp, err := c.Pause(ctx, &roostv1.PauseRequest{Id: id})
+			return resp.GetSession(), err
+		})
+}
+
+func (a *app) resumeCommand() *cobra.Command {
+	return a.freezeCommand("resume", "Thaw paused sessions", `resume thaws each paused SESSION; its deadline moves on by the time it was paused.`,
+		func(ctx context.Context, c roostv1.SessionServiceClient, id string) (*roostv1.Session, error) {
+			resp, err := c.Resume(ctx, &roostv1.ResumeRequest{Id: id})
+			return resp.GetSession(), err
+		})
+}
+
+func (a *app) freezeCommand(name, short, long string, call func(context.Context, roostv1.SessionServiceClient, string) (*roostv1.Session, error)) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   name + " SESSION...",
+		Short: short,
+		Long:  long,
+		Args:  minArgs(1, "at least one SESSION"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.sessions()
+			if err != nil {
+				return err
+			}
+			var failed error
+			for _, id := range args {
+				s, err := call(cmd.Context(), c, id)
+				if err != nil {
+					failed = errors.Join(failed, fmt.Errorf("%s: %s", id, a.describe(err)))
+					continue
+				}
+				a.printEnded(cmd, s, asJSON)
+			}
+			return failed
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the records as JSON, one per line")
 	return cmd
 }

@@ -95,12 +95,39 @@ func (s *sessionService) Launch(ctx context.Context, req *roostv1.LaunchRequest)
 	return &roostv1.LaunchResponse{Session: rec.Proto()}, nil
 }
 
+// session is a record as the API shows it, with what it uses now when it is live.
+func (s *sessionService) session(rec *session.Record) *roostv1.Session {
+	out := rec.Proto()
+	if rec.State.Live() {
+		if u := s.m.Usage(rec.ID); u != nil {
+			out.Usage = &roostv1.Usage{MemoryBytes: u.MemoryBytes, MemoryPeakBytes: u.MemoryPeakBytes, CpuSeconds: u.CPUSeconds, Pids: u.Pids}
+		}
+	}
+	return out
+}
+
 func (s *sessionService) Get(ctx context.Context, req *roostv1.GetRequest) (*roostv1.GetResponse, error) {
 	rec, err := s.m.Get(req.GetId())
 	if err != nil {
 		return nil, err
 	}
-	return &roostv1.GetResponse{Session: rec.Proto()}, nil
+	return &roostv1.GetResponse{Session: s.session(rec)}, nil
+}
+
+func (s *sessionService) Pause(ctx context.Context, req *roostv1.PauseRequest) (*roostv1.PauseResponse, error) {
+	rec, err := s.m.Pause(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return &roostv1.PauseResponse{Session: s.session(rec)}, nil
+}
+
+func (s *sessionService) Resume(ctx context.Context, req *roostv1.ResumeRequest) (*roostv1.ResumeResponse, error) {
+	rec, err := s.m.Resume(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return &roostv1.ResumeResponse{Session: s.session(rec)}, nil
 }
 
 func (s *sessionService) List(ctx context.Context, req *roostv1.ListRequest) (*roostv1.ListResponse, error) {
@@ -110,7 +137,7 @@ func (s *sessionService) List(ctx context.Context, req *roostv1.ListRequest) (*r
 	}
 	resp := &roostv1.ListResponse{Sessions: make([]*roostv1.Session, len(recs))}
 	for i, rec := range recs {
-		resp.Sessions[i] = rec.Proto()
+		resp.Sessions[i] = s.session(rec)
 	}
 	return resp, nil
 }
