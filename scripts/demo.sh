@@ -54,7 +54,7 @@ echo "roostd state directory: $state"
 start_daemon
 
 step ./bin/roostctl doctor
-step ./bin/roostctl explain examples/limits
+step ./bin/roostctl explain examples/sealed
 expect 0 ./bin/roostctl run examples/hello
 expect 0 ./bin/roostctl run examples/limits
 expect 3 ./bin/roostctl run examples/countdown
@@ -64,7 +64,11 @@ typo=$state/typo
 mkdir -p "$typo"
 printf 'name: typo\nversion: 0.1.0\nrun:\n  command: [/bin/true]\ncapabilities:\n  netwrok:\n    allow: [example.com]\n' >"$typo/capsule.yaml"
 expect 125 ./bin/roostctl run "$typo"
-expect 125 ./bin/roostctl run --containment scoped examples/hello
+compile=$state/compile
+mkdir -p "$compile"
+printf 'name: compile\nversion: 0.1.0\nrun:\n  command: [/bin/true]\ncapabilities:\n  filesystem:\n    workdir_exec: true\n' >"$compile/capsule.yaml"
+expect 125 ./bin/roostctl run --containment sealed "$compile"
+expect 0 ./bin/roostctl run examples/sealed
 
 id=$(./bin/roostctl run --detach examples/deadline)
 echo "started $id in the background"

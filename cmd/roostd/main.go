@@ -124,30 +124,35 @@ func serve(o *options, log *slog.Logger) error {
 	plain := containment.NewProcessRuntime(init)
 	runtimes := map[manifest.Class]session.Runtime{manifest.Unconfined: plain, manifest.Advisory: plain}
 	var sealed *containment.SealedRuntime
+	var scoped *containment.ScopedRuntime
 	if init != containment.SelfInit {
 		// A sealed root mounts roost-init itself: it must be the small static binary.
 		if sealed, err = containment.NewSealedRuntime(stateDir, init); err != nil {
 			return fmt.Errorf("sealed runtime: %w", err)
 		}
+		if scoped, err = containment.NewScopedRuntime(stateDir, init); err != nil {
+			return fmt.Errorf("scoped runtime: %w", err)
+		}
+		// Even when a rehearsal fails, sessions a previous daemon started are re-attached
+		// and cleaned up through these; staging new ones follows the catalog.
+		runtimes[manifest.Sealed] = sealed
+		runtimes[manifest.Scoped] = scoped
 	}
+	noInit := errors.New("roost-init was not found next to roostd; install it there (make build puts it in ./bin)")
 	assess := func(ctx context.Context) (containment.Host, containment.Catalog) {
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		host := containment.Probe()
-		why := sealed.Rehearse(ctx)
 		if sealed == nil {
-			why = errors.New("roost-init was not found next to roostd; install it there (make build puts it in ./bin)")
+			return host, containment.NewCatalog(host, noInit, noInit)
 		}
-		return host, containment.NewCatalog(host, why)
+		return host, containment.NewCatalog(host, scoped.Rehearse(ctx), sealed.Rehearse(ctx))
 	}
 	host, catalog := assess(context.Background())
-	if sealed != nil {
-		// Even when the rehearsal fails, sessions a previous daemon sealed are re-attached
-		// and cleaned up through it; staging new ones follows the catalog.
-		runtimes[manifest.Sealed] = sealed
-	}
-	if c := catalog.Lookup(manifest.Sealed); !c.Available {
-		log.Warn("sealed sessions unavailable", "why", c.Detail)
+	for _, c := range catalog {
+		if !c.Available {
+			log.Warn("containment class unavailable", "class", c.Class.String(), "why", c.Detail)
+		}
 	}
 	var mtr *metrics.Metrics
 	var sessions *session.Manager

@@ -17,7 +17,7 @@ func policy(t *testing.T, caps string) manifest.Policy {
 }
 
 func TestDecide(t *testing.T) {
-	catalog := NewCatalog(Host{Root: true}, ErrNoSealedRuntime)
+	catalog := NewCatalog(Host{Root: true}, ErrNoRuntime, ErrNoRuntime)
 	cases := []struct {
 		name        string
 		caps        string
@@ -87,16 +87,24 @@ func TestGrantsNeverClaimWhatAPlainProcessCannotHold(t *testing.T) {
 			t.Errorf("values: %+v %+v", byKey["network.allow"], byKey["resources.max_open_files"])
 		}
 	}
-	// Nothing is claimed for a class this build cannot run.
-	for _, g := range Grants(manifest.Scoped, &p, Host{}) {
+	// Nothing is claimed for a class there is no runtime for.
+	for _, g := range Grants(manifest.ClassNone, &p, Host{}) {
 		if g.Enforcement != "" {
-			t.Fatalf("scoped grant %s claims %q", g.Key, g.Enforcement)
+			t.Fatalf("grant %s claims %q for no class", g.Key, g.Enforcement)
+		}
+	}
+	// Every row of every class this build runs says how it is held.
+	for _, class := range manifest.Classes {
+		for _, g := range Grants(class, &p, Host{Root: true}) {
+			if g.Enforcement == "" || g.Mechanism == "" {
+				t.Errorf("%s: %s has no enforcement or mechanism", class, g.Key)
+			}
 		}
 	}
 }
 
 func TestCatalog(t *testing.T) {
-	c := NewCatalog(Probe(), ErrNoSealedRuntime)
+	c := NewCatalog(Probe(), ErrNoRuntime, ErrNoRuntime)
 	if c.Strongest() != manifest.Advisory {
 		t.Fatalf("strongest %v", c.Strongest())
 	}

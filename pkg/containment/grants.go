@@ -48,6 +48,8 @@ func Grants(class manifest.Class, p *manifest.Policy, h Host) []Grant {
 		out = plainGrants(class, p, h)
 	case manifest.Sealed:
 		out = sealedGrants(p)
+	case manifest.Scoped:
+		out = scopedGrants(p)
 	default:
 		out = hold{}.grants(p)
 	}
@@ -155,6 +157,37 @@ func plainGrants(class manifest.Class, p *manifest.Policy, h Host) []Grant {
 		"resources.cgroup_pids_max":     {Advisory, noKernel + " (no cgroup)"},
 		"resources.cgroup_cpu_percent":  {Advisory, noKernel + " (no cgroup)"},
 		"resources.max_processes":       nproc,
+		"resources.workdir_max_bytes":   workdirGuard,
+	}).grants(p)
+}
+
+func scopedGrants(p *manifest.Policy) []Grant {
+	unix := [2]string{Enforced, "seccomp: socket(AF_UNIX) and socketpair fail with EACCES"}
+	spawn := [2]string{Enforced, "roostd's socket cannot be reached without AF_UNIX, and this build serves no spawn endpoint"}
+	if p.Network.UnixSockets {
+		unix = [2]string{Enforced, "allowed"}
+		spawn = [2]string{Advisory, "AF_UNIX is allowed, so roostd's socket is reachable from the host's view; this build serves no spawn endpoint"}
+	}
+	readOnly := [2]string{Enforced, "Landlock: nothing outside the scope is writable"}
+	if p.Filesystem.Scope == "" && len(p.Filesystem.ReadOnly) > 0 {
+		readOnly = [2]string{Advisory, "Landlock cannot take write access back inside a writable tree: give a scope that leaves these out, or use sealed"}
+	}
+	return with(common, hold{
+		"containment":                   {Enforced, "on the host's view: Landlock, cgroup, seccomp, no capabilities, no_new_privs"},
+		"network.allow":                 {Advisory, "no network namespace in this class: the program reaches whatever the host reaches"},
+		"network.unix_sockets":          unix,
+		"filesystem.scope":              {Enforced, "Landlock: only the scope (or the whole workdir) and a private TMPDIR are writable; the host is read-only"},
+		"filesystem.workdir_exec":       {Enforced, "Landlock EXECUTE: nothing but the allowlist executes"},
+		"filesystem.read_only":          readOnly,
+		"shell.allow":                   {Enforced, "Landlock EXECUTE: only run.command[0], these (looked up on PATH) and their interpreters"},
+		"spawn.allow":                   spawn,
+		"spawn.workdir_snapshot":        spawn,
+		"spawn.max_depth":               spawn,
+		"spawn.max_children":            spawn,
+		"resources.cgroup_memory_bytes": {Enforced, "cgroup memory limit, swap 0; the OOM killer ends the session (crashed, oom)"},
+		"resources.cgroup_pids_max":     {Enforced, "cgroup pids.max"},
+		"resources.cgroup_cpu_percent":  {Enforced, "cgroup cpu quota per 100ms period"},
+		"resources.max_processes":       {Enforced, "cgroup pids.max holds the count (RLIMIT_NPROC does not bind root)"},
 		"resources.workdir_max_bytes":   workdirGuard,
 	}).grants(p)
 }

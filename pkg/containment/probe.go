@@ -71,13 +71,13 @@ type Capability struct {
 // Catalog is what this build can deliver on this host, one entry per class, weakest first.
 type Catalog []Capability
 
-// NewCatalog judges each class against the host. sealed is the outcome of rehearsing a
-// sealed session (see SealedRuntime.Rehearse): nil when it ran. The scoped class is not in
-// this build.
-func NewCatalog(h Host, sealed error) Catalog {
-	landlock := "the kernel has no Landlock"
-	if h.LandlockABI > 0 {
-		landlock = fmt.Sprintf("the kernel offers Landlock ABI %d", h.LandlockABI)
+// NewCatalog judges each class against the host. scoped and sealed are the outcomes of
+// rehearsing a session of each (see Rehearse): nil when it ran.
+func NewCatalog(h Host, scoped, sealed error) Catalog {
+	scopedCap := Capability{Class: manifest.Scoped, Available: scoped == nil,
+		Detail: fmt.Sprintf("on the host's view: Landlock ABI %d (host read-only, workdir or scope writable, exec allowlist); cgroup memory, pids and cpu; seccomp; no capabilities; no_new_privs", h.LandlockABI)}
+	if scoped != nil {
+		scopedCap.Detail = "rehearsing a scoped session failed: " + scoped.Error()
 	}
 	sealedCap := Capability{Class: manifest.Sealed, Available: sealed == nil,
 		Detail: "libcontainer: mount, pid, ipc, uts, net and cgroup namespaces; composed read-only root; cgroup memory, pids and cpu; seccomp; no capabilities; no_new_privs"}
@@ -87,7 +87,7 @@ func NewCatalog(h Host, sealed error) Catalog {
 	return Catalog{
 		{manifest.Unconfined, true, "plain child process under roost-init; environment, rlimits and deadline applied"},
 		{manifest.Advisory, true, "plain child process under roost-init; environment, rlimits and deadline applied, every other grant recorded, not enforced"},
-		{manifest.Scoped, false, "this build has no scoped runtime (Landlock and seccomp on the host's view); " + landlock},
+		scopedCap,
 		sealedCap,
 	}
 }

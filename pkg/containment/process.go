@@ -64,6 +64,15 @@ var _ Process = (*plainProcess)(nil)
 // Start starts spec's program under a new roost-init and returns once it runs. Output goes
 // to files in the records directory, never through a pipe the daemon holds.
 func (r *ProcessRuntime) Start(ctx context.Context, spec Spec) (Process, error) {
+	p, err := r.start(ctx, spec, roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, Rlimits: spec.Rlimits})
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// start starts roost-init with exec as what roost-exec applies before the program.
+func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostinit.ExecSpec) (*plainProcess, error) {
 	stdout, err := openLog(filepath.Join(spec.RecordsDir, StdoutFile))
 	if err != nil {
 		return nil, err
@@ -113,9 +122,7 @@ func (r *ProcessRuntime) Start(ctx context.Context, spec Spec) (Process, error) 
 	if err != nil {
 		return nil, fmt.Errorf("starting roost-init: %w", err)
 	}
-	data, err := json.Marshal(roostinit.InitSpec{Exec: roostinit.ExecSpec{
-		Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, Rlimits: spec.Rlimits,
-	}})
+	data, err := json.Marshal(roostinit.InitSpec{Exec: execSpec})
 	if err == nil {
 		_, err = specW.Write(data)
 	}

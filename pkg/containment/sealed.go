@@ -225,7 +225,9 @@ func hostRef(initPID int, inner *ProcessRef) (ProcessRef, error) {
 	ref := ProcessRef{InitPID: initPID, StartedAt: inner.StartedAt}
 	var err error
 	if ref.InitStart, err = StartTime(initPID); err != nil {
-		return ref, err
+		// roost-init has already ended (a quick program): it is our unreaped child, so its
+		// pid cannot have been reused, and the end is in exit.json.
+		return ref, nil
 	}
 	for _, child := range childPIDs(initPID) {
 		if innermostPID(child) == inner.PID {
@@ -294,6 +296,8 @@ func (r *SealedRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (P
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrGone, err)
 		}
+		// libcontainer recorded the init's start time when it started it: the one to trust.
+		found.InitStart = state.InitProcessStartTime
 		ref = &found
 	}
 	w, err := watchExit(ref.InitPID, ref.InitStart)
@@ -438,22 +442,45 @@ func oomKillsV1(c *libcontainer.Container) uint64 {
 	return 0
 }
 
-// ErrNoSealedRuntime is why a daemon without a sealed runtime cannot run sealed sessions.
-var ErrNoSealedRuntime = errors.New("no sealed runtime")
+// ErrNoRuntime is why a daemon without a runtime for a class cannot run sessions of it.
+var ErrNoRuntime = errors.New("no runtime for the class")
+
+// starter is what rehearse needs of a runtime.
+type starter interface {
+	Start(ctx context.Context, spec Spec) (Process, error)
+	Release(sessionID string) error
+}
 
 // Rehearse runs /usr/bin/true as a throwaway sealed session: namespaces, cgroup, seccomp,
 // composed root and roost-init, exactly as a session gets them. What fails here would fail
 // a session, so the answer is the host's real ability, not a guess from versions.
 func (r *SealedRuntime) Rehearse(ctx context.Context) error {
+	if r == nil {
+		return ErrNoRuntime
+	}
+	return rehearse(ctx, r, manifest.Sealed, r.roots)
+}
+
+// Rehearse runs /usr/bin/true as a throwaway scoped session: cgroup, Landlock, seccomp,
+// capabilities and no_new_privs, exactly as a session gets them.
+func (r *ScopedRuntime) Rehearse(ctx context.Context) error {
+	if r == nil {
+		return ErrNoRuntime
+	}
+	if abi := Probe().LandlockABI; abi < 1 {
+		return errors.New("the kernel offers no Landlock; boot a kernel with CONFIG_SECURITY_LANDLOCK=y and landlock in the lsm= list")
+	}
+	return rehearse(ctx, r, manifest.Scoped, r.tmp)
+}
+
+func rehearse(ctx context.Context, r starter, class manifest.Class, scratch string) error {
 	switch {
-	case r == nil:
-		return ErrNoSealedRuntime
 	case os.Geteuid() != 0:
 		return errors.New("roostd does not run as root; run it as root (deploy/systemd/roostd.service)")
 	case !seccompBuilt:
 		return errors.New("roostd was built without seccomp support; build it with -tags seccomp and libseccomp-dev (make build does)")
 	}
-	dir, err := os.MkdirTemp(r.roots, ".rehearsal-")
+	dir, err := os.MkdirTemp(scratch, ".rehearsal-")
 	if err != nil {
 		return err
 	}
@@ -461,13 +488,13 @@ func (r *SealedRuntime) Rehearse(ctx context.Context) error {
 	id := "rehearsal-" + filepath.Base(dir)[len(".rehearsal-"):]
 	spec := Spec{
 		SessionID:  id,
-		Class:      manifest.Sealed,
+		Class:      class,
 		Argv:       []string{"/usr/bin/true"},
 		Env:        []string{"PATH=" + defaultPath},
 		Dir:        filepath.Join(dir, "work"),
 		RecordsDir: filepath.Join(dir, "records"),
 		CapsuleDir: filepath.Join(dir, "capsule"),
-		Policy:     rehearsalPolicy(),
+		Policy:     rehearsalPolicy(class),
 	}
 	for _, d := range []string{spec.Dir, spec.RecordsDir, spec.CapsuleDir} {
 		if err := os.Mkdir(d, 0o700); err != nil {
@@ -495,9 +522,9 @@ func (r *SealedRuntime) Rehearse(ctx context.Context) error {
 	return nil
 }
 
-func rehearsalPolicy() *manifest.Policy {
+func rehearsalPolicy(class manifest.Class) *manifest.Policy {
 	p := manifest.Lower(&manifest.Manifest{Name: "rehearsal", Version: "0.0.0", Run: manifest.Run{Command: []string{"/usr/bin/true"}}})
-	p.Containment = manifest.Sealed
+	p.Containment = class
 	return &p
 }
 

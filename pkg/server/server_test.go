@@ -112,7 +112,7 @@ func serve(t testing.TB, init string) roostv1.SessionServiceClient {
 	host := containment.Host{Root: os.Geteuid() == 0}
 	rt := containment.NewProcessRuntime(init)
 	m, err := session.Open(session.Config{
-		StateDir: state, Host: host, Catalog: containment.NewCatalog(host, containment.ErrNoSealedRuntime),
+		StateDir: state, Host: host, Catalog: containment.NewCatalog(host, containment.ErrNoRuntime, containment.ErrNoRuntime),
 		Runtimes: map[manifest.Class]session.Runtime{manifest.Advisory: rt, manifest.Unconfined: rt},
 	})
 	if err != nil {

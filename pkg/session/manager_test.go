@@ -54,7 +54,7 @@ func testConfig(stateDir string, obs *recorder) Config {
 	return Config{
 		StateDir:      stateDir,
 		Host:          host,
-		Catalog:       containment.NewCatalog(host, containment.ErrNoSealedRuntime),
+		Catalog:       containment.NewCatalog(host, containment.ErrNoRuntime, containment.ErrNoRuntime),
 		Runtimes:      map[manifest.Class]Runtime{manifest.Unconfined: rt, manifest.Advisory: rt},
 		Observer:      obs,
 		StopGrace:     500 * time.Millisecond,

@@ -501,8 +501,8 @@ func TestExplainDoctorVersion(t *testing.T) {
 	if !e.Containment.FloorMet || e.Containment.Declared != "advisory" || e.Containment.Achieved != "advisory" || len(e.Grants) < 20 {
 		t.Fatalf("explain: %+v", e)
 	}
-	out := d.ok("explain", "--containment", "scoped", "examples/hello")
-	if !strings.Contains(out, "staging would be refused") {
+	out := d.ok("explain", "--containment", "sealed", capsule(t, "execwork", "true", "capabilities:\n  filesystem:\n    workdir_exec: true\n"))
+	if !strings.Contains(out, "staging would be refused") || !strings.Contains(out, "workdir_exec") {
 		t.Fatalf("explain with an unmeetable floor: %s", out)
 	}
 	var doc struct {
@@ -550,5 +550,116 @@ func TestRunInterrupted(t *testing.T) {
 	list := d.ps()
 	if len(list) != 1 || list[0].State != "exited" || list[0].ExitStatus != "terminated" {
 		t.Fatalf("session after Ctrl-C: %+v", list)
+	}
+}
+
+// The sealed class end to end, as an operator sees it.
+func TestSealedThroughRoostctl(t *testing.T) {
+	d := newDaemon(t)
+	var doc struct {
+		Classes []struct {
+			Class     string `json:"class"`
+			Available bool   `json:"available"`
+			Detail    string `json:"detail"`
+		} `json:"classes"`
+	}
+	json.Unmarshal([]byte(d.ok("doctor", "--json")), &doc)
+	for _, c := range doc.Classes {
+		if !c.Available {
+			t.Fatalf("doctor: %s unavailable: %s", c.Class, c.Detail)
+		}
+	}
+
+	res := d.ctl("run", "examples/sealed")
+	if res.code != 0 {
+		t.Fatalf("run examples/sealed: %+v", res)
+	}
+	for _, want := range []string{"/ holds: .roost bin capsule dev etc lib lib64 proc run sbin tmp usr work", "Seccomp:\t2", "NoNewPrivs:\t1", "CapEff:\t0000000000000000", "Read-only file system", "No such file or directory", "wrote /work/out.txt"} {
+		if !strings.Contains(res.stdout, want) {
+			t.Errorf("sealed output lacks %q:\n%s", want, res.stdout)
+		}
+	}
+	list := d.ps()
+	s := d.inspect(list[len(list)-1].ID)
+	if data, err := os.ReadFile(filepath.Join(s.Workdir, "out.txt")); err != nil || string(data) != "written inside\n" {
+		t.Fatalf("/work/out.txt on the host: %q %v", data, err)
+	}
+	if s.Containment.Declared != "sealed" || s.Containment.Achieved != "sealed" {
+		t.Fatalf("containment: %+v", s.Containment)
+	}
+
+	// A memory bomb is killed and reported.
+	res = d.ctl("run", capsule(t, "membomb", "tail /dev/zero", "capabilities:\n  containment: sealed\n  resources:\n    cgroup_memory_bytes: 67108864\n  shell:\n    allow: [tail]\n"))
+	list = d.ps()
+	s = d.inspect(list[len(list)-1].ID)
+	if res.code != 137 || s.ExitStatus != "crashed" || s.Detail != "oom" {
+		t.Fatalf("memory bomb: exit %d, %s %q", res.code, s.ExitStatus, s.Detail)
+	}
+
+	// A fork bomb is held by pids.max, and the daemon answers throughout.
+	id := strings.TrimSpace(d.ok("run", "-d", capsule(t, "forkbomb", "b() { b | b; }; b",
+		"capabilities:\n  containment: sealed\n  resources:\n    cgroup_pids_max: 64\n  limits:\n    deadline_seconds: 3\n")))
+	start := time.Now()
+	for time.Since(start) < 2*time.Second {
+		t0 := time.Now()
+		if res := d.ctl("ps"); res.code != 0 {
+			t.Fatalf("ps during the fork bomb: %+v", res)
+		}
+		if took := time.Since(t0); took > 5*time.Second {
+			t.Fatalf("ps took %s during the fork bomb", took)
+		}
+	}
+	// The shell gives up once the kernel refuses its forks (or the deadline ends it).
+	if res := d.ctl("wait", id); res.code == 0 {
+		t.Fatalf("fork bomb session: %+v", res)
+	}
+
+	// Pause freezes it; the usage of a running sealed session is visible.
+	id = strings.TrimSpace(d.ok("run", "-d", capsule(t, "ticker", "while :; do echo tick; sleep 0.1; done", "capabilities:\n  containment: sealed\n  shell:\n    allow: [sleep]\n")))
+	time.Sleep(300 * time.Millisecond)
+	var withUsage struct {
+		Usage *struct {
+			Pids string `json:"pids"`
+		} `json:"usage"`
+	}
+	json.Unmarshal([]byte(d.ok("inspect", "--json", id)), &withUsage)
+	if withUsage.Usage == nil || withUsage.Usage.Pids == "0" {
+		t.Fatalf("no usage for a running sealed session")
+	}
+	d.ok("pause", id)
+	before := d.ok("logs", id)
+	time.Sleep(500 * time.Millisecond)
+	if after := d.ok("logs", id); after != before {
+		t.Fatalf("a paused session kept writing")
+	}
+	d.ok("resume", id)
+	if out := d.ok("stop", id); !strings.Contains(out, "terminated") {
+		t.Fatalf("stop: %s", out)
+	}
+
+	// Nothing of the ended sessions is left: no container, no cgroup, no mount. Resources
+	// are released just after the end is recorded.
+	var entries []os.DirEntry
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if entries, _ = os.ReadDir(filepath.Join(d.stateDir, "containers")); len(entries) == 0 {
+			break
+		}
+	}
+	if len(entries) != 0 {
+		t.Fatalf("container state left: %v", entries)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mounts), d.stateDir) {
+		t.Fatalf("mounts of the state dir remain on the host")
+	}
+	for _, ctrl := range []string{"memory", "pids", "cpu"} {
+		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", ctrl, "roost", "ses_*"))
+		for _, dir := range dirs {
+			for _, s := range d.ps() {
+				if strings.HasSuffix(dir, s.ID) {
+					t.Errorf("cgroup of ended session left: %s", dir)
+				}
+			}
+		}
 	}
 }

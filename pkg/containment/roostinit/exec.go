@@ -6,8 +6,12 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // execMain is roost-exec: it applies the limits a process can only set on itself and execs
@@ -19,14 +23,22 @@ func execMain() {
 		fmt.Fprintf(errPipe, format, args...)
 		os.Exit(127)
 	}
+	// Capabilities, no_new_privs and seccomp belong to a thread; execve keeps those of the
+	// thread that calls it, so everything below happens on this one.
+	runtime.LockOSThread()
 	syscall.CloseOnExec(execErrFD)
-	syscall.CloseOnExec(ExecSpecFD)
+	syscall.CloseOnExec(execSpecFD)
 	var spec ExecSpec
-	if err := readSpec(ExecSpecFD, &spec); err != nil {
+	if err := readSpec(execSpecFD, &spec); err != nil {
 		fail("roost-exec: reading spec: %v", err)
 	}
 	if len(spec.Argv) == 0 {
 		fail("roost-exec: empty command")
+	}
+	for _, procs := range spec.Cgroups {
+		if err := os.WriteFile(procs, []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
+			fail("roost-exec: joining the session's cgroup: %v", err)
+		}
 	}
 	// A sealed session's roost-init runs shielded from the OOM killer; the program must not
 	// inherit that shield (raising the score needs no privilege).
@@ -50,9 +62,24 @@ func execMain() {
 	if err != nil {
 		fail("%v", err)
 	}
+	if spec.NoNewPrivileges {
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			fail("roost-exec: no_new_privs: %v", err)
+		}
+	}
 	if spec.Landlock != nil {
 		if err := applyLandlock(spec.Landlock, path, envValue(spec.Env, "PATH")); err != nil {
 			fail("roost-exec: Landlock: %v", err)
+		}
+	}
+	if spec.DropCapabilities {
+		if err := dropCapabilities(); err != nil {
+			fail("roost-exec: dropping capabilities: %v", err)
+		}
+	}
+	if len(spec.Seccomp) > 0 {
+		if err := loadSeccomp(spec.Seccomp); err != nil {
+			fail("roost-exec: seccomp: %v", err)
 		}
 	}
 	err = syscall.Exec(path, spec.Argv, spec.Env)

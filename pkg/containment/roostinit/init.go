@@ -38,7 +38,7 @@ const (
 
 // Descriptors roost-exec is started with, after the program's stdin, stdout and stderr.
 const (
-	ExecSpecFD = 3 // read: the ExecSpec, JSON, until EOF
+	execSpecFD = 3 // read: the ExecSpec, JSON, until EOF
 	execErrFD  = 4 // write: why exec failed; closed by a successful exec (close-on-exec)
 )
 

@@ -47,6 +47,16 @@ type ExecSpec struct {
 	Rlimits []Rlimit `json:"rlimits"`
 	// Landlock, when set, confines the program before it starts.
 	Landlock *Landlock `json:"landlock,omitempty"`
+	// Cgroups lists cgroup.procs files the program joins before it starts.
+	Cgroups []string `json:"cgroups,omitempty"`
+	// NoNewPrivileges sets no_new_privs: nothing the program execs gains privileges.
+	NoNewPrivileges bool `json:"no_new_privileges,omitempty"`
+	// DropCapabilities empties every capability set, the bounding set included, so not
+	// even root regains one at exec.
+	DropCapabilities bool `json:"drop_capabilities,omitempty"`
+	// Seccomp is a compiled seccomp BPF program (struct sock_filter entries, native byte
+	// order) loaded last before exec.
+	Seccomp []byte `json:"seccomp,omitempty"`
 }
 
 // Report is roost-init's one line to roostd: the program runs (Ref), or why it could not

@@ -1,0 +1,78 @@
+package containment
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"roost.dev/roost/pkg/manifest"
+)
+
+// scopedRun runs a shell script as a scoped session and returns its exit and output.
+func scopedRun(t *testing.T, caps, script string) (ExitInfo, string, string, Spec) {
+	t.Helper()
+	needRoot(t)
+	rt, err := NewScopedRuntime(t.TempDir(), staticInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := spec(t, "/bin/sh", "-c", script)
+	s.SessionID = "ses_" + strings.ReplaceAll(strings.ToLower(t.Name()), "/", "_")
+	s.Class = manifest.Scoped
+	s.Policy = sealedPolicy(t, caps)
+	s.CapsuleDir = t.TempDir()
+	p, err := rt.Start(context.Background(), s)
+	if err != nil {
+		t.Fatalf("scoped start: %v", err)
+	}
+	info := waitDone(t, p)
+	if err := rt.Release(s.SessionID); err != nil {
+		t.Errorf("release: %v", err)
+	}
+	return info, readFile(t, filepath.Join(s.RecordsDir, StdoutFile)), readFile(t, filepath.Join(s.RecordsDir, StderrFile)), s
+}
+
+func TestScopedHoldsTheHostView(t *testing.T) {
+	outside := filepath.Join(t.TempDir(), "outside")
+	info, out, errOut, s := scopedRun(t, "capabilities: {containment: scoped, shell: {allow: [grep, touch, cat]}}",
+		`grep -E '^(Seccomp|NoNewPrivs|CapEff|CapBnd):' /proc/self/status
+cat /etc/hostname >/dev/null && echo "host readable"
+touch /etc/evil 2>/dev/null && echo "WROTE /etc" || echo "refused /etc"
+touch `+outside+` 2>/dev/null && echo "WROTE outside" || echo "refused outside"
+touch /tmp/evil 2>/dev/null && echo "WROTE /tmp" || echo "refused /tmp"
+touch "$TMPDIR/mine" && echo "own tmp writable"
+echo hi > out.txt && echo "workdir writable"
+ls / >/dev/null 2>&1 && echo "RAN ls" || echo "ls refused"`)
+	if info.Code != 0 {
+		t.Fatalf("exit %+v\n%s\n%s", info, out, errOut)
+	}
+	if strings.Contains(out, "WROTE") || strings.Contains(out, "RAN") {
+		t.Fatalf("scoped session escaped:\n%s", out)
+	}
+	expectOutput(t, out, "Seccomp:\t2", "NoNewPrivs:\t1", "CapEff:\t0000000000000000", "CapBnd:\t0000000000000000",
+		"host readable", "refused /etc", "refused outside", "refused /tmp", "own tmp writable", "workdir writable", "ls refused")
+	if data, err := os.ReadFile(filepath.Join(s.Dir, "out.txt")); err != nil || string(data) != "hi\n" {
+		t.Fatalf("workdir file: %q %v", data, err)
+	}
+}
+
+func TestScopedScopeAndSockets(t *testing.T) {
+	_, out, _, _ := scopedRun(t, "capabilities: {containment: scoped, filesystem: {scope: src}, shell: {allow: [touch, perl]}}",
+		`touch outside 2>/dev/null && echo "WROTE outside" || echo "refused outside"
+touch src/inside && echo "wrote inside"
+`+unixSocketProbe)
+	if strings.Contains(out, "WROTE") {
+		t.Fatalf("a write escaped the scope:\n%s", out)
+	}
+	expectOutput(t, out, "refused outside", "wrote inside", "unix socket: Permission denied", "inet socket: allowed")
+}
+
+func TestScopedMemoryBomb(t *testing.T) {
+	info, _, _, _ := scopedRun(t, "capabilities: {containment: scoped, resources: {cgroup_memory_bytes: 67108864}, shell: {allow: [tail]}}", `tail /dev/zero`)
+	if info.Code != 128+int(syscall.SIGKILL) || !info.OOMKilled {
+		t.Fatalf("memory bomb: %+v", info)
+	}
+}
