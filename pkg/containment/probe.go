@@ -142,13 +142,53 @@ func (h Host) Checks() []Check {
 	} else {
 		out = append(out, Check{Name: "seccomp", Status: "warn", Detail: "not offered by the kernel", Hint: "boot a kernel with CONFIG_SECCOMP_FILTER=y"})
 	}
-	out = append(out, Check{Name: "cgroups", Status: "info", Detail: h.Cgroups})
+	out = append(out, cgroupCheck(h.Cgroups))
+	if seccompBuilt {
+		out = append(out, Check{Name: "seccomp in roostd", Status: "ok", Detail: "built with libseccomp (the seccomp build tag)"})
+	} else {
+		out = append(out, Check{Name: "seccomp in roostd", Status: "fail", Detail: "built without seccomp support",
+			Hint: "install libseccomp-dev and build with -tags seccomp (make build does)"})
+	}
+	if data, err := os.ReadFile("/proc/sys/kernel/apparmor_restrict_unprivileged_userns"); err == nil {
+		v := strings.TrimSpace(string(data))
+		out = append(out, Check{Name: "apparmor userns restriction", Status: "info",
+			Detail: "kernel.apparmor_restrict_unprivileged_userns = " + v + "; roostd runs as root and creates namespaces without a user namespace, so it is not affected"})
+	}
 	if h.UserNamespaces > 0 {
 		out = append(out, Check{Name: "user namespaces", Status: "ok", Detail: fmt.Sprintf("user.max_user_namespaces = %d", h.UserNamespaces)})
 	} else {
 		out = append(out, Check{Name: "user namespaces", Status: "info", Detail: "disabled (user.max_user_namespaces = 0)"})
 	}
 	return out
+}
+
+// cgroupControllers are the controllers scoped and sealed sessions are held by.
+var cgroupControllers = []string{"memory", "pids", "cpu", "freezer"}
+
+func cgroupCheck(layout string) Check {
+	c := Check{Name: "cgroups"}
+	var missing []string
+	if layout == "v2" {
+		data, err := os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
+		for _, ctrl := range []string{"memory", "pids", "cpu"} {
+			if err != nil || !strings.Contains(string(data), ctrl) {
+				missing = append(missing, ctrl)
+			}
+		}
+	} else {
+		for _, ctrl := range cgroupControllers {
+			if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", ctrl)); err != nil {
+				missing = append(missing, ctrl)
+			}
+		}
+	}
+	if len(missing) > 0 {
+		c.Status, c.Detail = "fail", fmt.Sprintf("%s: the %s controller(s) are not available", layout, strings.Join(missing, ", "))
+		c.Hint = "mount the cgroup controllers (or boot with them enabled); scoped and sealed sessions need memory, pids and cpu limits"
+		return c
+	}
+	c.Status, c.Detail = "ok", layout+": "+strings.Join(cgroupControllers, ", ")+" available"
+	return c
 }
 
 // CheckStateDir measures what a durable registry write costs in dir: one small write and

@@ -663,3 +663,37 @@ func TestSealedThroughRoostctl(t *testing.T) {
 		}
 	}
 }
+
+// kill -9 of roostd while a sealed session runs: the next daemon records its exact end and
+// leaves nothing of it behind.
+func TestSealedSurvivesDaemonKill(t *testing.T) {
+	d := newDaemon(t)
+	id := strings.TrimSpace(d.ok("run", "-d", capsule(t, "through", "echo before; sleep 1; echo after; exit 5",
+		"capabilities:\n  containment: sealed\n  shell:\n    allow: [sleep]\n")))
+	d.kill9()
+	time.Sleep(2 * time.Second)
+	d.start()
+	s := d.inspect(id)
+	if s.State != "exited" || s.ExitStatus != "error" || *s.ExitCode != 5 {
+		t.Fatalf("after restart: %+v", s)
+	}
+	if out := d.ok("logs", id); out != "before\nafter\n" {
+		t.Fatalf("logs: %q", out)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(d.stateDir, "containers")); len(entries) != 0 {
+		t.Fatalf("container state left: %v", entries)
+	}
+
+	// Still running at the restart: re-attached, then stopped.
+	id = strings.TrimSpace(d.ok("run", "-d", capsule(t, "long", "trap 'exit 3' TERM; while :; do sleep 0.1; done",
+		"capabilities:\n  containment: sealed\n  shell:\n    allow: [sleep]\n")))
+	time.Sleep(300 * time.Millisecond)
+	d.kill9()
+	d.start()
+	if s := d.inspect(id); s.State != "running" {
+		t.Fatalf("after restart: %+v", s)
+	}
+	if out := d.ok("stop", id); !strings.Contains(out, "terminated (3)") {
+		t.Fatalf("stop after restart: %q", out)
+	}
+}
