@@ -19,7 +19,8 @@ build: deps
 
 ## deps: what building roostd needs beyond Go: libseccomp's headers, for libcontainer.
 deps:
-	@pkg-config --exists libseccomp || { echo "installing libseccomp-dev"; apt-get install -y -qq libseccomp-dev pkg-config; }
+	@pkg-config --exists libseccomp 2>/dev/null || { echo "installing libseccomp-dev"; \
+		apt-get install -y -qq libseccomp-dev pkg-config || { apt-get update -qq && apt-get install -y -qq libseccomp-dev pkg-config; }; }
 
 ## test: everything CI checks: formatting, vet, staticcheck, the API lint and freshness of the
 ## generated code, unit tests (with the race detector) and the end-to-end tests.
