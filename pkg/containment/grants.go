@@ -173,7 +173,7 @@ func scopedGrants(p *manifest.Policy) []Grant {
 		readOnly = [2]string{Advisory, "Landlock cannot take write access back inside a writable tree: give a scope that leaves these out, or use sealed"}
 	}
 	return with(common, hold{
-		"containment":                   {Enforced, "on the host's view: Landlock, cgroup, seccomp, no capabilities, no_new_privs"},
+		"containment":                   {Enforced, "on the host's view: Landlock, cgroup, seccomp (moby's default profile; no new namespaces, no ptrace), no capabilities, no_new_privs"},
 		"network.allow":                 {Advisory, "no network namespace in this class: the program reaches whatever the host reaches"},
 		"network.unix_sockets":          unix,
 		"filesystem.scope":              {Enforced, "Landlock: only the scope (or the whole workdir) and a private TMPDIR are writable; the host is read-only"},
@@ -203,7 +203,7 @@ func sealedGrants(p *manifest.Policy) []Grant {
 	}
 	noSpawn := "sealed: roostd's socket is absent from the root, and this build serves no spawn endpoint"
 	return with(common, hold{
-		"containment":                   {Enforced, "libcontainer: mount, pid, ipc, uts, net and cgroup namespaces; a composed read-only root; no capabilities; no_new_privs; seccomp"},
+		"containment":                   {Enforced, "libcontainer: mount, pid, ipc, uts, net and cgroup namespaces; a composed read-only root; no capabilities; no_new_privs; seccomp (moby's default profile; no new namespaces, no ptrace)"},
 		"network.allow":                 {Enforced, "own network namespace with loopback only: nothing outside is reachable (the egress proxy that would admit these comes with the session endpoint)"},
 		"network.unix_sockets":          unix,
 		"filesystem.scope":              {Enforced, "mounts: /work is read-only but for the scope"},

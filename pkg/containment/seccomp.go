@@ -27,6 +27,8 @@ func seccompProfile(spec *specs.Spec, unixSockets bool) (*specs.LinuxSeccomp, er
 	if native, ok := nativeArch[runtime.GOARCH]; ok {
 		profile.Architectures = []specs.Arch{native}
 	}
+	restrictUnshare(profile)
+	denyTracing(profile)
 	if unixSockets {
 		return profile, nil
 	}
@@ -73,6 +75,44 @@ var nativeArch = map[string]specs.Arch{
 	"riscv64": specs.ArchRISCV64,
 	"ppc64le": specs.ArchPPC64LE,
 	"s390x":   specs.ArchS390X,
+}
+
+// namespaceFlags are the clone flags that make a new namespace (CLONE_NEWNS, CLONE_NEWCGROUP,
+// CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET): the mask moby's
+// profile already holds clone(2) to.
+const namespaceFlags = 0x7E020000
+
+// restrictUnshare holds unshare(2) to the same rule as clone(2): no new namespace. moby's
+// profile allows unshare outright, which lets a program make a user namespace (and in it
+// every other kind), kernel surface a session has no use for.
+func restrictUnshare(profile *specs.LinuxSeccomp) {
+	for i := range profile.Syscalls {
+		sc := &profile.Syscalls[i]
+		if sc.Action == specs.ActAllow && len(sc.Args) == 0 {
+			sc.Names = slices.DeleteFunc(slices.Clone(sc.Names), func(n string) bool { return n == "unshare" })
+		}
+	}
+	profile.Syscalls = slices.DeleteFunc(profile.Syscalls, func(sc specs.LinuxSyscall) bool { return len(sc.Names) == 0 })
+	profile.Syscalls = append(profile.Syscalls, specs.LinuxSyscall{
+		Names: []string{"unshare"}, Action: specs.ActAllow,
+		Args: []specs.LinuxSeccompArg{{Index: 0, Value: namespaceFlags, ValueTwo: 0, Op: specs.OpMaskedEqual}},
+	})
+}
+
+// tracing are the syscalls that reach into another process: moby's profile allows them on
+// recent kernels, trusting the uid check. A session's processes all share one uid, so that
+// check would let any of them read and steer the others; roost refuses them outright (the
+// profile's default answer, EPERM). A session has no debugger to run.
+var tracing = []string{"ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd"}
+
+func denyTracing(profile *specs.LinuxSeccomp) {
+	for i := range profile.Syscalls {
+		sc := &profile.Syscalls[i]
+		if sc.Action == specs.ActAllow {
+			sc.Names = slices.DeleteFunc(slices.Clone(sc.Names), func(n string) bool { return slices.Contains(tracing, n) })
+		}
+	}
+	profile.Syscalls = slices.DeleteFunc(profile.Syscalls, func(sc specs.LinuxSyscall) bool { return len(sc.Names) == 0 })
 }
 
 // socketDomains lists the address families one argument comparison of the profile allows.
