@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -45,15 +46,17 @@ touch `+outside+` 2>/dev/null && echo "WROTE outside" || echo "refused outside"
 touch /tmp/evil 2>/dev/null && echo "WROTE /tmp" || echo "refused /tmp"
 touch "$TMPDIR/mine" && echo "own tmp writable"
 echo hi > out.txt && echo "workdir writable"
-ls / >/dev/null 2>&1 && echo "RAN ls" || echo "ls refused"`)
+ls / >/dev/null 2>&1 && echo "RAN ls" || echo "ls refused"
+kill -0 1 2>/dev/null && echo "SIGNALLED init" || echo "signal refused"
+kill -0 `+strconv.Itoa(os.Getpid())+` 2>/dev/null && echo "SIGNALLED the daemon" || echo "daemon signal refused"`)
 	if info.Code != 0 {
 		t.Fatalf("exit %+v\n%s\n%s", info, out, errOut)
 	}
-	if strings.Contains(out, "WROTE") || strings.Contains(out, "RAN") {
+	if strings.Contains(out, "WROTE") || strings.Contains(out, "RAN") || strings.Contains(out, "SIGNALLED") {
 		t.Fatalf("scoped session escaped:\n%s", out)
 	}
 	expectOutput(t, out, "Seccomp:\t2", "NoNewPrivs:\t1", "CapEff:\t0000000000000000", "CapBnd:\t0000000000000000",
-		"host readable", "refused /etc", "refused outside", "refused /tmp", "own tmp writable", "workdir writable", "ls refused")
+		"host readable", "refused /etc", "refused outside", "refused /tmp", "own tmp writable", "workdir writable", "ls refused", "signal refused", "daemon signal refused")
 	if data, err := os.ReadFile(filepath.Join(s.Dir, "out.txt")); err != nil || string(data) != "hi\n" {
 		t.Fatalf("workdir file: %q %v", data, err)
 	}

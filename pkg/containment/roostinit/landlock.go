@@ -66,7 +66,11 @@ func applyLandlock(l *Landlock, program, path string) error {
 			rules = append(rules, landlock.PathAccess(fileWriteRights, fs.WriteFiles...).IgnoreIfMissing())
 		}
 	}
-	return landlock.Config{HandledAccessFS: handled}.BestEffort().RestrictPaths(rules...)
+	// Scoped: signals and abstract unix sockets reach only processes in the same Landlock
+	// domain, so a program running as root on the host's view cannot signal roostd or any
+	// other root process (a same-uid kill needs no capability).
+	cfg := landlock.Config{HandledAccessFS: handled, Scoped: ll.ScopeSignal | ll.ScopeAbstractUnixSocket}
+	return cfg.BestEffort().Restrict(rules...)
 }
 
 // withInterpreters adds what executing each file needs executed with it: the dynamic loader
