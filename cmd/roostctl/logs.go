@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -8,6 +9,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 )
@@ -28,6 +32,42 @@ With -f it keeps printing until the session ends.`,
 	return cmd
 }
 
+// streamEvents prints events after since until the stream ends, keeping last current.
+func (a *app) streamEvents(ctx context.Context, c roostv1.SessionServiceClient, since uint64, follow, asJSON bool, out io.Writer, tw *tabwriter.Writer, last *uint64, opts ...grpc.CallOption) error {
+	stream, err := c.Events(ctx, &roostv1.EventsRequest{Since: since, Follow: follow}, opts...)
+	if err != nil {
+		return err
+	}
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		ev := resp.GetEvent()
+		*last = ev.GetSeq()
+		if asJSON {
+			if err := printJSONLine(out, ev); err != nil {
+				return err
+			}
+			continue
+		}
+		what := ev.GetExitStatus()
+		if ev.ExitCode != nil {
+			what = fmt.Sprintf("%s (%d)", what, ev.GetExitCode())
+		}
+		if what == "" {
+			what = ev.GetDetail()
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", ev.GetSeq(), ev.GetTime().AsTime().Local().Format(time.RFC3339), ev.GetType(), ev.GetSessionId(), what)
+		if follow {
+			tw.Flush()
+		}
+	}
+}
+
 func (a *app) eventsCommand() *cobra.Command {
 	var since uint64
 	var follow, asJSON bool
@@ -36,7 +76,9 @@ func (a *app) eventsCommand() *cobra.Command {
 		Short: "Print the registry's events",
 		Long: `events prints every registry event with a sequence number above --since, oldest first,
 and exits; --follow keeps printing new events as they happen. Sequence numbers survive
-daemon restarts, so "events --since N --follow" resumes exactly after event N.
+daemon restarts, so "events --since N --follow" resumes exactly after event N; a follower
+that loses roostd (a restart, a crash) waits for it and resumes after the last event it
+printed, so it sees every event exactly once.
 With --json it prints one JSON object per line, each with its "seq".`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -44,36 +86,21 @@ With --json it prints one JSON object per line, each with its "seq".`,
 			if err != nil {
 				return err
 			}
-			stream, err := c.Events(cmd.Context(), &roostv1.EventsRequest{Since: since, Follow: follow})
-			if err != nil {
-				return err
-			}
 			out := cmd.OutOrStdout()
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			defer tw.Flush()
+			last := since
+			var opts []grpc.CallOption
 			for {
-				resp, err := stream.Recv()
-				if errors.Is(err, io.EOF) {
-					return tw.Flush()
-				}
-				if err != nil {
-					tw.Flush()
+				err := a.streamEvents(cmd.Context(), c, last, follow, asJSON, out, tw, &last, opts...)
+				if err == nil || !follow || status.Code(err) != codes.Unavailable {
 					return err
 				}
-				ev := resp.GetEvent()
-				if asJSON {
-					if err := printJSONLine(out, ev); err != nil {
-						return err
-					}
-					continue
-				}
-				what := ev.GetExitStatus()
-				if ev.ExitCode != nil {
-					what = fmt.Sprintf("%s (%d)", what, ev.GetExitCode())
-				}
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", ev.GetSeq(), ev.GetTime().AsTime().Local().Format(time.RFC3339), ev.GetType(), ev.GetSessionId(), what)
-				if follow {
-					tw.Flush()
-				}
+				// roostd went away (a restart, a crash): the registry keeps every event, so
+				// resuming after the last one seen loses none and repeats none.
+				tw.Flush()
+				fmt.Fprintf(cmd.ErrOrStderr(), "roostctl: lost roostd (%s); resuming after event %d once it is back\n", status.Convert(err).Message(), last)
+				opts = []grpc.CallOption{grpc.WaitForReady(true)}
 			}
 		},
 	}

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -147,7 +149,14 @@ func (a *app) connect() (*grpc.ClientConn, error) {
 	if a.socket == "" {
 		a.socket = defaultSocket
 	}
-	conn, err := grpc.NewClient("unix://"+a.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+a.socket,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// A local daemon that restarts is back within a second or two: retry the socket
+		// often rather than backing off for minutes.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: time.Second,
+		}))
 	if err != nil {
 		return nil, err
 	}

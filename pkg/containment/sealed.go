@@ -287,8 +287,13 @@ func (r *SealedRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (P
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrGone, err)
 	}
+	// A container a dying daemon created but never started waits for ever on its exec fifo:
+	// its program never ran. Release destroys it.
+	if status, err := container.Status(); err != nil || status == libcontainer.Created || status == libcontainer.Stopped {
+		return nil, fmt.Errorf("%w: the container was never started (or has stopped)", ErrGone)
+	}
 	if ref == nil {
-		inner, err := awaitInner(recordsDir)
+		inner, err := awaitInner(recordsDir, state.InitProcessPid, state.InitProcessStartTime)
 		if err != nil {
 			return nil, err
 		}
@@ -308,13 +313,13 @@ func (r *SealedRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (P
 }
 
 // awaitInner reads the init.json roost-init writes inside the session (its pids are the
-// session's own), giving it a moment if it is still starting.
-func awaitInner(recordsDir string) (*ProcessRef, error) {
+// session's own), giving it a moment while the container's init is still starting.
+func awaitInner(recordsDir string, initPID int, initStart uint64) (*ProcessRef, error) {
 	for deadline := time.Now().Add(initWait); ; time.Sleep(20 * time.Millisecond) {
 		if ref, err := ReadInit(recordsDir); err == nil {
 			return &ref, nil
 		}
-		if time.Now().After(deadline) {
+		if st, err := StartTime(initPID); err != nil || st != initStart || time.Now().After(deadline) {
 			return nil, ErrGone
 		}
 	}

@@ -605,7 +605,7 @@ func TestRecoverMidLaunch(t *testing.T) {
 	}
 	var types []string
 	m2.Events(context.Background(), 0, false, func(ev Event) error { types = append(types, ev.Type); return nil })
-	if !slices.Equal(types, []string{EventStaged, EventLaunching, EventRunning, EventExited}) && !slices.Equal(types, []string{EventStaged, EventLaunching, EventExited}) {
+	if !slices.Equal(types, []string{EventStaged, EventLaunching, EventRunning, EventRecovered, EventExited}) && !slices.Equal(types, []string{EventStaged, EventLaunching, EventExited, EventRecovered}) {
 		t.Fatalf("events %v", types)
 	}
 }

@@ -201,6 +201,14 @@ func (t *Tx) Save(rec *Record) error {
 	return b.Put(keyRecord, data)
 }
 
+// Note records an event about a session that changes nothing in it (e.g. its recovery).
+func (t *Tx) Note(rec *Record, eventType, detail string) error {
+	if sessionBucket(t.tx, rec.ID) == nil {
+		return notFound(rec.ID)
+	}
+	return t.emit(Event{Type: eventType, SessionID: rec.ID, State: rec.State, Detail: detail})
+}
+
 // Delete forgets a session; only a staged or ended one may go.
 func (t *Tx) Delete(rec *Record) error {
 	sessions := sessionsBucket(t.tx)
@@ -292,6 +300,9 @@ const (
 	EventStopping  = "session.stopping"
 	EventExited    = "session.exited"
 	EventRemoved   = "session.removed"
+	// EventRecovered: a restarted roostd reconciled the session; the detail says how
+	// (attached, exited, lost).
+	EventRecovered = "session.recovered"
 )
 
 func eventFor(s State) string { return "session." + strings.ToLower(string(s)) }

@@ -99,6 +99,9 @@ func (d *daemon) start() {
 			return
 		}
 	}
+	// Make a hung daemon say where it is stuck (Go dumps its goroutines on SIGQUIT).
+	d.cmd.Process.Signal(syscall.SIGQUIT)
+	d.cmd.Wait()
 	d.t.Fatalf("roostd did not come up:\n%s", d.log)
 }
 

@@ -1,0 +1,213 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestCrashRecovery SIGKILLs roostd at random moments while sealed sessions are staged,
+// launched and ending, restarts it each time, and then checks that nothing was lost: every
+// session that ran has exactly its program's exit code and every line it printed, a session
+// recorded lost never ran, no container, cgroup or mount of an ended session is left, and a
+// follower that reconnected across every restart saw every event once, in order.
+func TestCrashRecovery(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("sealed sessions need root")
+	}
+	d := newDaemon(t)
+	const kills = 5
+
+	// Capsules of different lifetimes and exit codes; the name says what to expect.
+	type want struct{ lines, code int }
+	wants := map[string]want{}
+	var capsules []string
+	for k := range 8 {
+		w := want{lines: 2 + 3*k, code: k % 5}
+		name := fmt.Sprintf("crash-%d-%d", w.lines, w.code)
+		wants[name] = w
+		capsules = append(capsules, capsule(t, name,
+			fmt.Sprintf(`for i in $(seq 1 %d); do echo "line $i"; sleep 0.05; done; exit %d`, w.lines, w.code),
+			"capabilities:\n  containment: sealed\n  shell:\n    allow: [seq, sleep]\n"))
+	}
+
+	follower := exec.Command(filepath.Join(binDir, "roostctl"), "events", "--follow", "--json")
+	follower.Env = append(os.Environ(), "ROOST_SOCKET="+d.socket)
+	var followed, followErr bytes.Buffer
+	var followedMu sync.Mutex
+	follower.Stderr = &followErr
+	pipe, _ := follower.StdoutPipe()
+	if err := follower.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(pipe)
+		for sc.Scan() {
+			followedMu.Lock()
+			followed.WriteString(sc.Text() + "\n")
+			followedMu.Unlock()
+		}
+	}()
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			// Run refuses while the daemon is down; that is part of the test.
+			d.ctl("run", "--detach", capsules[i%len(capsules)])
+			time.Sleep(time.Duration(rand.IntN(40)) * time.Millisecond)
+		}
+	}()
+	for range kills {
+		time.Sleep(time.Duration(300+rand.IntN(900)) * time.Millisecond)
+		d.kill9()
+		time.Sleep(time.Duration(rand.IntN(500)) * time.Millisecond)
+		d.start()
+	}
+	close(stop)
+	wg.Wait()
+
+	// Let every session end (the longest runs about a second).
+	var list []session
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		list = d.ps()
+		live := 0
+		for _, s := range list {
+			if s.State != "exited" && s.State != "staged" {
+				live++
+			}
+		}
+		if live == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sessions still live after 30s", live)
+		}
+	}
+
+	ran, lost := 0, 0
+	for _, s := range list {
+		if s.State == "staged" {
+			continue
+		}
+		w := wants[s.Capsule.Name]
+		logs := d.ok("logs", s.ID)
+		switch s.ExitStatus {
+		case "lost", "start_failed":
+			// Only a launch the daemon died in the middle of, before the program ran.
+			if logs != "" {
+				t.Errorf("%s %s: %s, yet its program printed %q", s.ID, s.Capsule.Name, s.ExitStatus, logs)
+			}
+			lost++
+			continue
+		}
+		ran++
+		if s.ExitCode == nil || *s.ExitCode != w.code {
+			t.Errorf("%s %s: exit %s %v, want code %d (%s)", s.ID, s.Capsule.Name, s.ExitStatus, s.ExitCode, w.code, s.Detail)
+		}
+		var lines []string
+		for i := 1; i <= w.lines; i++ {
+			lines = append(lines, "line "+strconv.Itoa(i))
+		}
+		if want := strings.Join(lines, "\n") + "\n"; logs != want {
+			files, _ := os.ReadDir(s.RecordsDir)
+			var names []string
+			for _, f := range files {
+				info, _ := f.Info()
+				names = append(names, fmt.Sprintf("%s(%d)", f.Name(), info.Size()))
+			}
+			trace, _ := os.ReadFile(filepath.Join(s.RecordsDir, "trace.jsonl"))
+			t.Errorf("%s %s: logs %q, want %d lines; %s %v %q; records %v\n%s", s.ID, s.Capsule.Name, logs, w.lines, s.ExitStatus, *s.ExitCode, s.Detail, names, trace)
+		}
+	}
+	t.Logf("%d kills; %d sessions ran and were checked, %d never ran, %d stayed staged", kills, ran, lost, len(list)-ran-lost)
+	if ran == 0 {
+		t.Fatal("no session ran")
+	}
+
+	// Nothing of the ended sessions is left.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		entries, _ := os.ReadDir(filepath.Join(d.stateDir, "containers"))
+		if len(entries) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("container state left: %v", entries)
+		}
+	}
+	ids := map[string]bool{}
+	for _, s := range list {
+		ids[s.ID] = true
+	}
+	for _, ctrl := range []string{"memory", "pids", "cpu", "freezer"} {
+		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", ctrl, "roost", "ses_*"))
+		for _, dir := range dirs {
+			if ids[filepath.Base(dir)] {
+				t.Errorf("cgroup of an ended session left: %s", dir)
+			}
+		}
+	}
+	if mounts, _ := os.ReadFile("/proc/self/mountinfo"); bytes.Contains(mounts, []byte(d.stateDir)) {
+		t.Error("mounts under the state dir remain on the host")
+	}
+
+	// The follower, reconnecting after every kill, saw exactly the registry's events.
+	all := d.events(0)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		followedMu.Lock()
+		n := strings.Count(followed.String(), "\n")
+		followedMu.Unlock()
+		if n >= len(all) {
+			break
+		}
+	}
+	follower.Process.Signal(syscall.SIGTERM)
+	follower.Wait()
+	followedMu.Lock()
+	var got []event
+	sc := bufio.NewScanner(&followed)
+	for sc.Scan() {
+		var ev event
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			t.Fatalf("follower line %q: %v", sc.Text(), err)
+		}
+		got = append(got, ev)
+	}
+	followedMu.Unlock()
+	for i, ev := range all {
+		if ev.Seq != strconv.Itoa(i+1) {
+			t.Fatalf("registry event %d has seq %s", i, ev.Seq)
+		}
+	}
+	if !slices.Equal(got, all) {
+		t.Fatalf("follower saw %d events, registry has %d; first difference at %d\nfollower stderr:\n%s", len(got), len(all), firstDiff(got, all), followErr.String())
+	}
+}
+
+func firstDiff(a, b []event) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
