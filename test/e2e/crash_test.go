@@ -211,3 +211,39 @@ func firstDiff(a, b []event) int {
 	}
 	return min(len(a), len(b))
 }
+
+// The acceptance scenario: five sealed sessions of different lifetimes and exit codes,
+// roostd SIGKILLed after a second and started again ten seconds later, when every one has
+// ended while no daemon watched.
+func TestFiveSealedAcrossRestart(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("sealed sessions need root")
+	}
+	d := newDaemon(t)
+	sleeps := []int{1, 2, 4, 6, 8}
+	ids := make([]string, len(sleeps))
+	for i, s := range sleeps {
+		ids[i] = strings.TrimSpace(d.ok("run", "--detach", capsule(t, fmt.Sprintf("five-%d", i),
+			fmt.Sprintf(`echo "start %d"; sleep %d; echo "end %d"; exit %d`, i, s, i, i),
+			"capabilities:\n  containment: sealed\n  shell:\n    allow: [sleep]\n")))
+	}
+	time.Sleep(time.Second)
+	d.kill9()
+	time.Sleep(10 * time.Second)
+	d.start()
+	for i, id := range ids {
+		s := d.inspect(id)
+		if s.State != "exited" || s.ExitCode == nil || *s.ExitCode != i {
+			t.Errorf("session %d: %s %s %v (%s)", i, s.State, s.ExitStatus, s.ExitCode, s.Detail)
+		}
+		if logs, want := d.ok("logs", id), fmt.Sprintf("start %d\nend %d\n", i, i); logs != want {
+			t.Errorf("session %d: logs %q, want %q", i, logs, want)
+		}
+	}
+	if entries, _ := os.ReadDir(filepath.Join(d.stateDir, "containers")); len(entries) != 0 {
+		t.Fatalf("container state left: %v", entries)
+	}
+	if mounts, _ := os.ReadFile("/proc/self/mountinfo"); bytes.Contains(mounts, []byte(d.stateDir)) {
+		t.Error("mounts under the state dir remain on the host")
+	}
+}
