@@ -146,7 +146,7 @@ func serve(o *options, log *slog.Logger) error {
 		if sealed == nil {
 			return host, containment.NewCatalog(host, noInit, noInit)
 		}
-		return host, containment.NewCatalog(host, scoped.Rehearse(ctx), sealed.Rehearse(ctx))
+		return host, containment.NewCatalog(host, rehearse(ctx, scoped.Rehearse), rehearse(ctx, sealed.Rehearse))
 	}
 	host, catalog := assess(context.Background())
 	for _, c := range catalog {
@@ -230,6 +230,18 @@ func serve(o *options, log *slog.Logger) error {
 		cancel()
 	}
 	return nil
+}
+
+// rehearse runs a class's rehearsal, and again when it fails: the class it decides is
+// offered, or not, for the daemon's whole life, so one unlucky moment must not decide it.
+func rehearse(ctx context.Context, run func(context.Context) error) error {
+	var err error
+	for range 3 {
+		if err = run(ctx); err == nil || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
 }
 
 // initBinary finds roost-init next to roostd. Without it, sessions start under roostd's

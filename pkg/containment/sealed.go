@@ -231,9 +231,11 @@ func hostRef(initPID int, inner *ProcessRef) (ProcessRef, error) {
 	}
 	for _, child := range childPIDs(initPID) {
 		if innermostPID(child) == inner.PID {
-			ref.PID = child
-			ref.PIDStart, err = StartTime(child)
-			return ref, err
+			if start, err := StartTime(child); err == nil {
+				ref.PID, ref.PIDStart = child, start
+			}
+			// Gone between the two reads: it ended, and exit.json tells the rest.
+			return ref, nil
 		}
 	}
 	// Not among roost-init's children: the program has already ended (roost-init reaps at
