@@ -19,6 +19,7 @@ import (
 	"github.com/opencontainers/runc/libcontainer/specconv"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"roost.dev/roost/pkg/artifact"
 	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/manifest"
 )
@@ -27,9 +28,9 @@ import (
 // seccomp filter and composed root from the OCI spec SealedSpec describes, and roost-init
 // is its PID 1.
 //
-// Every sealed session shares one composed root, made when the runtime starts: it holds
-// only mount points, symlinks and generated /etc files, identical for all sessions, and
-// each session mounts it read-only in its own mount namespace, so none can change it.
+// Every sealed session shares one composed root (see prepareRoot): it holds only mount
+// points, symlinks and generated /etc files, identical for all sessions, and each session
+// mounts it read-only in its own mount namespace, so none can change it.
 type SealedRuntime struct {
 	// containers is libcontainer's state root; roots holds the composed roots (the shared
 	// one, and those Bundle makes).
@@ -56,16 +57,68 @@ func NewSealedRuntime(stateDir, init string) (*SealedRuntime, error) {
 		}
 	}
 	r.merged, r.etcBinds = hostShape()
-	// Compose the shared root afresh at each start: the host's layout (ld.so.cache, the
-	// TLS certificates' place) may have changed while roostd was down.
-	r.root = filepath.Join(r.roots, "shared")
-	if err := os.RemoveAll(r.root); err != nil {
-		return nil, err
-	}
-	if err := composeRoot(r.root, r.Layout("", "", "")); err != nil {
+	if err := r.prepareRoot(); err != nil {
 		return nil, fmt.Errorf("composing the sealed root: %w", err)
 	}
 	return r, nil
+}
+
+// prepareRoot makes the shared root for this daemon's sessions. It is named by its content
+// and never changed once made: a running session has it mounted (its mount points are
+// mounts in that session's namespace), and removing or rewriting it would pull /usr and
+// /etc from under a program that outlived the daemon. A root the host's layout changed
+// gets a new name; an old one goes once no container uses it.
+func (r *SealedRuntime) prepareRoot() error {
+	tmp, err := os.MkdirTemp(r.roots, ".compose-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if err := composeRoot(filepath.Join(tmp, "root"), r.Layout("", "", "")); err != nil {
+		return err
+	}
+	digest, err := artifact.DigestDir(filepath.Join(tmp, "root"))
+	if err != nil {
+		return err
+	}
+	r.root = filepath.Join(r.roots, "base-"+strings.TrimPrefix(digest, "sha256:")[:16])
+	if _, err := os.Stat(r.root); err == nil {
+		return r.collectRoots()
+	}
+	if err := os.Rename(filepath.Join(tmp, "root"), r.root); err != nil {
+		return err
+	}
+	return r.collectRoots()
+}
+
+// collectRoots removes shared roots that are neither this daemon's nor mounted by a
+// container that still exists.
+func (r *SealedRuntime) collectRoots() error {
+	inUse := map[string]bool{r.root: true}
+	held, err := r.Held()
+	if err != nil {
+		return err
+	}
+	for _, id := range held {
+		c, err := libcontainer.Load(r.containers, id)
+		if err != nil {
+			// Unreadable state: keep every root rather than guess.
+			return nil
+		}
+		inUse[c.Config().Rootfs] = true
+	}
+	bases, err := filepath.Glob(filepath.Join(r.roots, "base-*"))
+	if err != nil {
+		return err
+	}
+	for _, b := range bases {
+		if !inUse[b] {
+			if err := os.RemoveAll(b); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // Layout is where the session's parts go; Explain shows it with placeholders.

@@ -688,15 +688,21 @@ func TestSealedSurvivesDaemonKill(t *testing.T) {
 	}
 
 	// Still running at the restart: re-attached, then stopped.
-	id = strings.TrimSpace(d.ok("run", "-d", capsule(t, "long", "trap 'exit 3' TERM; while :; do sleep 0.1; done",
-		"capabilities:\n  containment: sealed\n  shell:\n    allow: [sleep]\n")))
+	// Still running at the restart: re-attached, still whole (it runs programs from /usr
+	// and reads /etc throughout), then stopped.
+	id = strings.TrimSpace(d.ok("run", "-d", capsule(t, "long", "trap 'exit 3' TERM; while :; do /usr/bin/true && cat /etc/hostname >/dev/null || echo BROKEN; sleep 0.1; done",
+		"capabilities:\n  containment: sealed\n  shell:\n    allow: [sleep, \"true\", cat]\n")))
 	time.Sleep(300 * time.Millisecond)
 	d.kill9()
 	d.start()
+	time.Sleep(500 * time.Millisecond)
 	if s := d.inspect(id); s.State != "running" {
 		t.Fatalf("after restart: %+v", s)
 	}
 	if out := d.ok("stop", id); !strings.Contains(out, "terminated (3)") {
 		t.Fatalf("stop after restart: %q", out)
+	}
+	if logs := d.ctl("logs", id); strings.Contains(logs.stdout, "BROKEN") || strings.Contains(logs.stderr, "not found") || strings.Contains(logs.stderr, "No such file") {
+		t.Fatalf("the session's root broke across the restart: %.300q %.300q", logs.stdout, logs.stderr)
 	}
 }
