@@ -39,8 +39,10 @@ func TestCrashRecovery(t *testing.T) {
 		name := fmt.Sprintf("crash-%d-%d", w.lines, w.code)
 		wants[name] = w
 		capsules = append(capsules, capsule(t, name,
-			fmt.Sprintf(`for i in $(seq 1 %d); do echo "line $i"; sleep 0.05; done; exit %d`, w.lines, w.code),
-			"capabilities:\n  containment: sealed\n  shell:\n    allow: [seq, sleep]\n"))
+			// Every line comes from a program in /usr, so a session whose root broke across a
+			// restart loses lines.
+			fmt.Sprintf(`for i in $(seq 1 %d); do /usr/bin/printf "line %%s\n" $i; sleep 0.05; done; exit %d`, w.lines, w.code),
+			"capabilities:\n  containment: sealed\n  shell:\n    allow: [seq, sleep, printf]\n"))
 	}
 
 	follower := exec.Command(filepath.Join(binDir, "roostctl"), "events", "--follow", "--json")
