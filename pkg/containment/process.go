@@ -73,35 +73,11 @@ func (r *ProcessRuntime) Start(ctx context.Context, spec Spec) (Process, error) 
 
 // start starts roost-init with exec as what roost-exec applies before the program.
 func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostinit.ExecSpec) (*plainProcess, error) {
-	stdout, err := openLog(filepath.Join(spec.RecordsDir, StdoutFile))
+	io, err := openInitIO(spec.RecordsDir)
 	if err != nil {
 		return nil, err
 	}
-	defer stdout.Close()
-	stderr, err := openLog(filepath.Join(spec.RecordsDir, StderrFile))
-	if err != nil {
-		return nil, err
-	}
-	defer stderr.Close()
-	specR, specW, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	defer specW.Close()
-	reportR, reportW, err := os.Pipe()
-	if err != nil {
-		specR.Close()
-		return nil, err
-	}
-	defer reportR.Close()
-
-	records, err := os.OpenFile(spec.RecordsDir, os.O_RDONLY|syscall.O_DIRECTORY|noFollow|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		specR.Close()
-		reportW.Close()
-		return nil, fmt.Errorf("records directory: %w", err)
-	}
-	defer records.Close()
+	defer io.Close()
 	// roost-init's descriptors, in its order: its stdout and stderr are the program's, then
 	// spec (3), report (4) and the records directory (5).
 	cmd := &exec.Cmd{
@@ -109,31 +85,25 @@ func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostini
 		Args:       []string{InitName, spec.SessionID},
 		Dir:        "/",
 		Env:        []string{},
-		Stdout:     stdout,
-		Stderr:     stderr,
-		ExtraFiles: []*os.File{specR, reportW, records},
+		Stdout:     io.stdout,
+		Stderr:     io.stderr,
+		ExtraFiles: io.childFiles(),
 		// Its own session: a signal or hangup aimed at roostd's group never reaches it, and
 		// no parent-death signal is set, so it outlives the daemon.
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
 	}
 	err = cmd.Start()
-	specR.Close()
-	reportW.Close()
+	io.started()
 	if err != nil {
 		return nil, fmt.Errorf("starting roost-init: %w", err)
 	}
-	data, err := json.Marshal(roostinit.InitSpec{Exec: execSpec})
-	if err == nil {
-		_, err = specW.Write(data)
-	}
-	specW.Close()
-	if err != nil {
+	if err := io.handSpec(execSpec); err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		return nil, fmt.Errorf("handing the spec to roost-init: %w", err)
 	}
 
-	rep, err := readReport(ctx, reportR)
+	rep, err := readReport(ctx, io.reportR)
 	if err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
@@ -161,6 +131,84 @@ func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostini
 
 func openLog(path string) (*os.File, error) {
 	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|noFollow|syscall.O_CLOEXEC, 0o600)
+}
+
+// initIO is what roost-init is started with: the program's output files, and the spec
+// pipe, the report pipe and the records directory it gets as descriptors 3, 4 and 5.
+type initIO struct {
+	stdout, stderr, records *os.File
+	specR, specW            *os.File
+	reportR, reportW        *os.File
+}
+
+func openInitIO(recordsDir string) (_ *initIO, err error) {
+	io := &initIO{}
+	defer func() {
+		if err != nil {
+			io.Close()
+		}
+	}()
+	if io.stdout, err = openLog(filepath.Join(recordsDir, StdoutFile)); err != nil {
+		return nil, err
+	}
+	if io.stderr, err = openLog(filepath.Join(recordsDir, StderrFile)); err != nil {
+		return nil, err
+	}
+	if io.records, err = os.OpenFile(recordsDir, os.O_RDONLY|syscall.O_DIRECTORY|noFollow|syscall.O_CLOEXEC, 0); err != nil {
+		return nil, fmt.Errorf("records directory: %w", err)
+	}
+	if io.specR, io.specW, err = os.Pipe(); err != nil {
+		return nil, err
+	}
+	if io.reportR, io.reportW, err = os.Pipe(); err != nil {
+		return nil, err
+	}
+	return io, nil
+}
+
+// childFiles are roost-init's descriptors 3, 4 and 5, in order.
+func (io *initIO) childFiles() []*os.File { return []*os.File{io.specR, io.reportW, io.records} }
+
+// started drops the daemon's copies of roost-init's ends, so roost-init's death reads as EOF.
+func (io *initIO) started() {
+	io.specR.Close()
+	io.reportW.Close()
+}
+
+// handSpec writes roost-init's spec and closes the pipe.
+func (io *initIO) handSpec(exec roostinit.ExecSpec) error {
+	data, err := json.Marshal(roostinit.InitSpec{Exec: exec})
+	if err == nil {
+		_, err = io.specW.Write(data)
+	}
+	if cerr := io.specW.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// Close closes everything still open; closing twice is harmless.
+func (io *initIO) Close() {
+	for _, f := range []*os.File{io.stdout, io.stderr, io.records, io.specR, io.specW, io.reportR, io.reportW} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// dirNames lists the names of the directories in dir: the sessions a runtime holds.
+func dirNames(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range entries {
+		if e.IsDir() {
+			names = append(names, e.Name())
+		}
+	}
+	return names, nil
 }
 
 func readReport(ctx context.Context, r *os.File) (roostinit.Report, error) {

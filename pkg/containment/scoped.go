@@ -170,17 +170,7 @@ func (r *ScopedRuntime) Release(sessionID string) error {
 }
 
 // Held lists sessions that still have a temporary directory.
-func (r *ScopedRuntime) Held() ([]string, error) {
-	entries, err := os.ReadDir(r.tmp)
-	if err != nil {
-		return nil, err
-	}
-	var ids []string
-	for _, e := range entries {
-		ids = append(ids, e.Name())
-	}
-	return ids, nil
-}
+func (r *ScopedRuntime) Held() ([]string, error) { return dirNames(r.tmp) }
 
 func (p *scopedProcess) Pause() error  { return p.cgroup.Freeze(cgroups.Frozen) }
 func (p *scopedProcess) Resume() error { return p.cgroup.Freeze(cgroups.Thawed) }

@@ -2,7 +2,6 @@ package containment
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -181,32 +180,11 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 		return nil, fmt.Errorf("creating the container: %w", err)
 	}
 
-	stdout, err := openLog(filepath.Join(spec.RecordsDir, StdoutFile))
+	io, err := openInitIO(spec.RecordsDir)
 	if err != nil {
 		return nil, err
 	}
-	defer stdout.Close()
-	stderr, err := openLog(filepath.Join(spec.RecordsDir, StderrFile))
-	if err != nil {
-		return nil, err
-	}
-	defer stderr.Close()
-	records, err := os.OpenFile(spec.RecordsDir, os.O_RDONLY|syscall.O_DIRECTORY|noFollow|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("records directory: %w", err)
-	}
-	defer records.Close()
-	specR, specW, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	defer specW.Close()
-	reportR, reportW, err := os.Pipe()
-	if err != nil {
-		specR.Close()
-		return nil, err
-	}
-	defer reportR.Close()
+	defer io.Close()
 
 	// Inside the root the program runs at /work, its command from the sealed view.
 	// Landlock holds the exec allowlist: the program, shell.allow, and their interpreters.
@@ -216,28 +194,22 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 		Args:       []string{sealedInitPath, id},
 		Env:        []string{"PATH=" + defaultPath},
 		Cwd:        "/",
-		Stdout:     stdout,
-		Stderr:     stderr,
-		ExtraFiles: []*os.File{specR, reportW, records},
+		Stdout:     io.stdout,
+		Stderr:     io.stderr,
+		ExtraFiles: io.childFiles(),
 		Init:       true,
 	}
 	err = container.Run(proc)
-	specR.Close()
-	reportW.Close()
+	io.started()
 	if err != nil {
 		return nil, fmt.Errorf("starting the container: %w", err)
 	}
-	data, err := json.Marshal(roostinit.InitSpec{Exec: execSpec})
-	if err == nil {
-		_, err = specW.Write(data)
-	}
-	specW.Close()
-	if err != nil {
+	if err := io.handSpec(execSpec); err != nil {
 		_ = container.Signal(syscall.SIGKILL)
 		_, _ = proc.Wait()
 		return nil, fmt.Errorf("handing the spec to roost-init: %w", err)
 	}
-	rep, err := readReport(ctx, reportR)
+	rep, err := readReport(ctx, io.reportR)
 	if err != nil {
 		_ = container.Signal(syscall.SIGKILL)
 		_, _ = proc.Wait()
@@ -405,19 +377,7 @@ func (r *SealedRuntime) Release(sessionID string) error {
 }
 
 // Held lists the sessions this runtime holds a container for: what Release frees.
-func (r *SealedRuntime) Held() ([]string, error) {
-	entries, err := os.ReadDir(r.containers)
-	if err != nil {
-		return nil, err
-	}
-	var ids []string
-	for _, e := range entries {
-		if e.IsDir() {
-			ids = append(ids, e.Name())
-		}
-	}
-	return ids, nil
-}
+func (r *SealedRuntime) Held() ([]string, error) { return dirNames(r.containers) }
 
 // removeCgroups removes a session's cgroups by path, for the cases libcontainer cannot load.
 func removeCgroups(sessionID string) error {
