@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"path/filepath"
 	"text/tabwriter"
 	"time"
 
@@ -29,7 +28,7 @@ capsule runs with, as another runtime (runc, crun) would take it; paths name a s
 called SESSION.`,
 		Args: exactArgs(1, "one CAPSULE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			abs, err := filepath.Abs(args[0])
+			abs, err := capsuleArg(args[0])
 			if err != nil {
 				return err
 			}

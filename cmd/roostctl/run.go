@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -32,9 +33,21 @@ func (f *stageFlags) register(cmd *cobra.Command) {
 	cmd.Flags().BoolVar(&f.json, "json", false, "print the session record as JSON")
 }
 
+// capsuleArg is what the daemon is told a CAPSULE argument names: a pushed capsule's
+// name@version as it is, a directory as an absolute path (the daemon has another working
+// directory).
+func capsuleArg(arg string) (string, error) {
+	if strings.Contains(arg, "@") && !strings.Contains(arg, "/") {
+		if _, err := os.Stat(arg); err != nil {
+			return arg, nil
+		}
+	}
+	return filepath.Abs(arg)
+}
+
 // request resolves paths against roostctl's own working directory: the daemon has another.
 func (f *stageFlags) request(capsule string) (*roostv1.StageRequest, error) {
-	abs, err := filepath.Abs(capsule)
+	abs, err := capsuleArg(capsule)
 	if err != nil {
 		return nil, err
 	}
@@ -56,7 +69,7 @@ func (f *stageFlags) request(capsule string) (*roostv1.StageRequest, error) {
 func (a *app) stageCommand() *cobra.Command {
 	var f stageFlags
 	cmd := &cobra.Command{
-		Use:   "stage CAPSULE",
+		Use:   "stage CAPSULE|NAME@VERSION",
 		Short: "Validate a capsule and record a session for it, without starting it",
 		Long: `stage reads CAPSULE (a directory holding capsule.yaml), validates it, decides its
 containment and records a session in state "staged". It prints the session id.
@@ -135,7 +148,7 @@ func (a *app) runCommand() *cobra.Command {
 	var f stageFlags
 	var detach bool
 	cmd := &cobra.Command{
-		Use:   "run CAPSULE",
+		Use:   "run CAPSULE|NAME@VERSION",
 		Short: "Stage and launch a capsule, stream its output and exit with its exit code",
 		Long: `run stages and launches CAPSULE (a directory holding capsule.yaml), streams the
 program's stdout and stderr to roostctl's own, and exits when the session ends.

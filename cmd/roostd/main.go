@@ -17,6 +17,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"roost.dev/roost/pkg/artifact"
 	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
@@ -169,12 +170,18 @@ func serve(o *options, log *slog.Logger) error {
 		}
 		return out
 	})
+	artifacts, err := artifact.Open(filepath.Join(stateDir, "artifacts"))
+	if err != nil {
+		return fmt.Errorf("artifact store: %w", err)
+	}
+	defer artifacts.Close()
 	sessions, err = session.Open(session.Config{
 		StateDir:    stateDir,
 		DaemonFloor: floor,
 		Host:        host,
 		Catalog:     catalog,
 		Runtimes:    runtimes,
+		Artifacts:   artifacts,
 		Observer:    mtr,
 		Logger:      log,
 	})
@@ -188,7 +195,7 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	defer os.Remove(o.socket)
-	srv := server.New(server.Config{Sessions: sessions, Assess: assess, StateDir: stateDir, StartedAt: time.Now(), Logger: log})
+	srv := server.New(server.Config{Sessions: sessions, Artifacts: artifacts, Assess: assess, StateDir: stateDir, StartedAt: time.Now(), Logger: log})
 
 	var metricsSrv *http.Server
 	if o.metricsAddr != "" {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"runtime"
 	"syscall"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
+	"roost.dev/roost/pkg/artifact"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/session"
@@ -26,6 +28,8 @@ import (
 // Config is what the services need.
 type Config struct {
 	Sessions *session.Manager
+	// Artifacts is the store push and artifacts use.
+	Artifacts *artifact.Store
 	// Assess probes the host and rehearses the classes the daemon can run, afresh.
 	Assess    func(context.Context) (containment.Host, containment.Catalog)
 	StateDir  string
@@ -44,6 +48,7 @@ func New(cfg Config) *grpc.Server {
 	roostv1.RegisterSessionServiceServer(srv, &sessionService{m: cfg.Sessions})
 	roostv1.RegisterCapsuleServiceServer(srv, &capsuleService{m: cfg.Sessions})
 	roostv1.RegisterSystemServiceServer(srv, &systemService{cfg: cfg})
+	roostv1.RegisterArtifactServiceServer(srv, &artifactService{store: cfg.Artifacts})
 	return srv
 }
 
@@ -257,6 +262,40 @@ func (s *capsuleService) Explain(ctx context.Context, req *roostv1.ExplainReques
 		return nil, err
 	}
 	return &roostv1.ExplainResponse{Explanation: e, OciConfig: string(config)}, nil
+}
+
+type artifactService struct {
+	roostv1.UnimplementedArtifactServiceServer
+	store *artifact.Store
+}
+
+var _ roostv1.ArtifactServiceServer = (*artifactService)(nil)
+
+func artifactProto(a artifact.Artifact) *roostv1.Artifact {
+	return &roostv1.Artifact{Name: a.Name, Version: a.Version, Sha256: a.SHA256, PushedAt: timestamppb.New(a.PushedAt), Files: int64(a.Files), Bytes: a.Bytes}
+}
+
+func (s *artifactService) Push(ctx context.Context, req *roostv1.PushRequest) (*roostv1.PushResponse, error) {
+	if !filepath.IsAbs(req.GetPath()) {
+		return nil, fmt.Errorf("path %q is not absolute: %w", req.GetPath(), errdefs.ErrInvalidArgument)
+	}
+	a, created, err := s.store.Push(req.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	return &roostv1.PushResponse{Artifact: artifactProto(a), Created: created}, nil
+}
+
+func (s *artifactService) ListArtifacts(ctx context.Context, _ *roostv1.ListArtifactsRequest) (*roostv1.ListArtifactsResponse, error) {
+	list, err := s.store.List()
+	if err != nil {
+		return nil, err
+	}
+	resp := &roostv1.ListArtifactsResponse{}
+	for _, a := range list {
+		resp.Artifacts = append(resp.Artifacts, artifactProto(a))
+	}
+	return resp, nil
 }
 
 type systemService struct {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"roost.dev/roost/pkg/artifact"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
 )
@@ -31,6 +32,12 @@ type Runtime interface {
 	Release(sessionID string) error
 }
 
+// Artifacts resolves a pushed capsule's name@version.
+type Artifacts interface {
+	Resolve(ref string) (artifact.Artifact, error)
+	Dir(a artifact.Artifact) string
+}
+
 // Observer hears about session starts and recoveries, for metrics.
 type Observer interface {
 	SessionStarted(class manifest.Class, took time.Duration)
@@ -47,6 +54,8 @@ type Config struct {
 	Catalog     containment.Catalog
 	// Runtimes runs each class the catalog offers.
 	Runtimes map[manifest.Class]Runtime
+	// Artifacts resolves name@version capsules; nil when the daemon keeps none.
+	Artifacts Artifacts
 	Observer Observer
 	Logger   *slog.Logger
 	// StopGrace is the deadline's grace between SIGTERM and SIGKILL; DefaultStopGrace when 0.

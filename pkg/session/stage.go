@@ -155,7 +155,14 @@ func checkWorkdir(dir string) error {
 }
 
 func (m *Manager) plan(opts StageOptions) (*plan, error) {
-	dir, raw, err := readCapsule(opts.Capsule)
+	var dir, digest string
+	var raw []byte
+	var err error
+	if _, _, isRef := artifact.ParseRef(opts.Capsule); isRef && !filepath.IsAbs(opts.Capsule) {
+		dir, digest, raw, err = m.readArtifact(opts.Capsule)
+	} else {
+		dir, raw, err = readCapsule(opts.Capsule)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -170,9 +177,10 @@ func (m *Manager) plan(opts StageOptions) (*plan, error) {
 		}
 		policy.LowerDeadline(int64(opts.Deadline / time.Second))
 	}
-	digest, err := artifact.DigestDir(dir)
-	if err != nil {
-		return nil, fmt.Errorf("capsule %s: %v: %w", dir, err, errdefs.ErrInvalidArgument)
+	if digest == "" {
+		if digest, err = artifact.DigestDir(dir); err != nil {
+			return nil, fmt.Errorf("capsule %s: %v: %w", dir, err, errdefs.ErrInvalidArgument)
+		}
 	}
 	decision := containment.Decide(&policy, containment.Sources(&policy, m.cfg.DaemonFloor, opts.Containment), m.cfg.Catalog)
 	return &plan{
@@ -183,6 +191,24 @@ func (m *Manager) plan(opts StageOptions) (*plan, error) {
 		decision: decision,
 		ref:      CapsuleRef{Name: man.Name, Version: man.Version, SHA256: digest, Source: dir},
 	}, nil
+}
+
+// readArtifact finds a pushed capsule; its tree is immutable and its digest was checked when
+// it was pushed.
+func (m *Manager) readArtifact(ref string) (dir, digest string, raw []byte, err error) {
+	if m.cfg.Artifacts == nil {
+		return "", "", nil, fmt.Errorf("capsule %s: this daemon keeps no artifact store: %w", ref, errdefs.ErrFailedPrecondition)
+	}
+	a, err := m.cfg.Artifacts.Resolve(ref)
+	if err != nil {
+		return "", "", nil, err
+	}
+	dir = m.cfg.Artifacts.Dir(a)
+	raw, err = os.ReadFile(filepath.Join(dir, manifest.FileName))
+	if err != nil {
+		return "", "", nil, fmt.Errorf("capsule %s: its stored tree is damaged: %v: %w", ref, err, errdefs.ErrDataLoss)
+	}
+	return dir, a.SHA256, raw, nil
 }
 
 // readCapsule finds the capsule directory and reads its manifest.

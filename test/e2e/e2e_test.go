@@ -706,3 +706,34 @@ func TestSealedSurvivesDaemonKill(t *testing.T) {
 		t.Fatalf("the session's root broke across the restart: %.300q %.300q", logs.stdout, logs.stderr)
 	}
 }
+
+func TestPushAndRunByName(t *testing.T) {
+	d := newDaemon(t)
+	dir := capsule(t, "worker", "echo from the store", "")
+	if out := d.ok("push", dir); !strings.HasPrefix(out, "pushed worker@0.1.0 sha256:") {
+		t.Fatalf("push: %q", out)
+	}
+	if out := d.ok("push", dir); !strings.HasPrefix(out, "already pushed") {
+		t.Fatalf("second push: %q", out)
+	}
+	if res := d.ctl("run", "worker@0.1.0"); res.code != 0 || res.stdout != "from the store\n" {
+		t.Fatalf("run worker@0.1.0: %+v", res)
+	}
+	// Changed bytes under the same version are refused, and runs keep the pushed ones.
+	os.WriteFile(filepath.Join(dir, "extra"), []byte("x"), 0o644)
+	if res := d.ctl("push", dir); res.code != 1 || !strings.Contains(res.stderr, "already pushed as sha256:") {
+		t.Fatalf("push of changed bytes: %+v", res)
+	}
+	var arts []struct {
+		Name, Version, Sha256 string
+	}
+	json.Unmarshal([]byte(d.ok("artifacts", "--json")), &arts)
+	list := d.ps()
+	s := d.inspect(list[len(list)-1].ID)
+	if len(arts) != 1 || arts[0].Sha256 != s.Capsule.SHA256 {
+		t.Fatalf("artifacts %+v, session ran %s", arts, s.Capsule.SHA256)
+	}
+	if res := d.ctl("run", "missing@1.0.0"); res.code != 125 || !strings.Contains(res.stderr, "no capsule missing@1.0.0 has been pushed") {
+		t.Fatalf("run of an unpushed capsule: %+v", res)
+	}
+}

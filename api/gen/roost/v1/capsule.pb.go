@@ -24,7 +24,8 @@ const (
 
 type ExplainRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// An absolute path to a capsule directory (or to its capsule.yaml).
+	// An absolute path to a capsule directory (or to its capsule.yaml), or the name@version
+	// of a pushed capsule.
 	Capsule string `protobuf:"bytes,1,opt,name=capsule,proto3" json:"capsule,omitempty"`
 	// As StageRequest.containment.
 	Containment string `protobuf:"bytes,2,opt,name=containment,proto3" json:"containment,omitempty"`

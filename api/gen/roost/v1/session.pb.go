@@ -457,7 +457,8 @@ func (x *Spend) GetTokens() int64 {
 
 type StageRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// An absolute path to a capsule directory (or to its capsule.yaml).
+	// An absolute path to a capsule directory (or to its capsule.yaml), or the name@version
+	// of a pushed capsule.
 	Capsule string `protobuf:"bytes,1,opt,name=capsule,proto3" json:"capsule,omitempty"`
 	// An absolute directory used as the session's workdir instead of
 	// <state-dir>/work/<id>; created when missing.
