@@ -56,8 +56,8 @@ type Config struct {
 	Runtimes map[manifest.Class]Runtime
 	// Artifacts resolves name@version capsules; nil when the daemon keeps none.
 	Artifacts Artifacts
-	Observer Observer
-	Logger   *slog.Logger
+	Observer  Observer
+	Logger    *slog.Logger
 	// StopGrace is the deadline's grace between SIGTERM and SIGKILL; DefaultStopGrace when 0.
 	StopGrace time.Duration
 	// HostEnv is the environment env.allow draws from; os.Environ() when nil.
