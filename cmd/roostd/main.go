@@ -20,10 +20,12 @@ import (
 	"roost.dev/roost/pkg/artifact"
 	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/endpoint"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/metrics"
 	"roost.dev/roost/pkg/server"
 	"roost.dev/roost/pkg/session"
+	"roost.dev/roost/pkg/spawn"
 	"roost.dev/roost/pkg/version"
 )
 
@@ -47,6 +49,12 @@ type options struct {
 	containment   string
 	showVersion   bool
 }
+
+// The metrics hear session starts, recoveries and spawn decisions.
+var (
+	_ session.Observer      = (*metrics.Metrics)(nil)
+	_ session.SpawnObserver = (*metrics.Metrics)(nil)
+)
 
 func parseFlags(args []string) (*options, error) {
 	o := &options{}
@@ -175,15 +183,26 @@ func serve(o *options, log *slog.Logger) error {
 		return fmt.Errorf("artifact store: %w", err)
 	}
 	defer artifacts.Close()
+	keys, err := spawn.LoadKeys(filepath.Join(stateDir, spawn.KeyFile))
+	if err != nil {
+		return fmt.Errorf("credential key: %w", err)
+	}
+	endpoints, err := endpoint.New(keys, filepath.Join(stateDir, "netns"), log)
+	if err != nil {
+		return fmt.Errorf("session endpoints: %w", err)
+	}
 	sessions, err = session.Open(session.Config{
-		StateDir:    stateDir,
-		DaemonFloor: floor,
-		Host:        host,
-		Catalog:     catalog,
-		Runtimes:    runtimes,
-		Artifacts:   artifacts,
-		Observer:    mtr,
-		Logger:      log,
+		StateDir:      stateDir,
+		DaemonFloor:   floor,
+		Host:          host,
+		Catalog:       catalog,
+		Runtimes:      runtimes,
+		Artifacts:     artifacts,
+		Endpoints:     endpoints,
+		MaxDepth:      o.maxDepth,
+		MaxConcurrent: o.maxConcurrent,
+		Observer:      mtr,
+		Logger:        log,
 	})
 	if err != nil {
 		return err

@@ -18,6 +18,8 @@ const (
 	sealedCapsule  = "/capsule"
 	sealedInitDir  = "/.roost"
 	sealedInitPath = sealedInitDir + "/" + InitName
+	// SealedTaskPath is where a sealed session finds the task text its parent gave it.
+	SealedTaskPath = "/run/roost/task.md"
 	// sealedCgroupParent holds every sealed session's cgroup: /roost/<session>.
 	sealedCgroupParent = "/roost"
 	// devShmBytes bounds /dev/shm; it is memory, charged to the session's cgroup too.
@@ -41,6 +43,10 @@ type SealedLayout struct {
 	MergedUsr bool
 	// EtcBinds are host /etc entries bound read-only (TLS certificates, alternatives).
 	EtcBinds []string
+	// NetNS is a pinned network namespace to join instead of making one.
+	NetNS string
+	// Task is the host path of a task text to mount at SealedTaskPath.
+	Task string
 }
 
 // SealedSpec describes a sealed session as an OCI runtime spec: the one description of its
@@ -74,6 +80,12 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 		specs.Mount{Destination: sealedInitPath, Type: "bind", Source: l.Init, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 	)
 	mounts = append(mounts, workMounts(l, p, noexec)...)
+	if l.Task != "" {
+		// /run is a tmpfs so the mount point of the task file can be made in the read-only root.
+		mounts = append(mounts,
+			specs.Mount{Destination: "/run", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "noexec", "mode=755", "size=1m"}},
+			specs.Mount{Destination: SealedTaskPath, Type: "bind", Source: l.Task, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+	}
 	mounts = append(mounts, specs.Mount{
 		Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
 		Options: []string{"nosuid", "nodev", noexec, "mode=1777", fmt.Sprintf("size=%d", tmpBytes(p))},
@@ -96,7 +108,7 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 		Mounts: mounts,
 		Linux: &specs.Linux{
 			Namespaces: []specs.LinuxNamespace{
-				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
+				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace, Path: l.NetNS}, {Type: specs.IPCNamespace},
 				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.CgroupNamespace},
 			},
 			CgroupsPath:   path.Join(sealedCgroupParent, l.SessionID),
@@ -112,6 +124,9 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 	spec.Linux.Seccomp = seccomp
 	return spec, nil
 }
+
+// ChildrenRoot is where, relative to a session's workdir, its children's workdirs are.
+const ChildrenRoot = ".roost"
 
 // defaultPath is the PATH roost-init is started with inside a sealed root.
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -138,6 +153,12 @@ func workMounts(l SealedLayout, p *manifest.Policy, noexec string) []specs.Mount
 	}
 	for _, ro := range p.Filesystem.ReadOnly {
 		sub(ro, "ro")
+	}
+	// A session that may delegate sees its children's workdirs under /work/.roost, read-only:
+	// roost makes and writes there (children's workdirs, completion.json), so the parent
+	// must not be able to swap anything in it for a link.
+	if len(p.Spawn.Allow) > 0 {
+		sub(ChildrenRoot, "ro")
 	}
 	return mounts
 }

@@ -2,13 +2,12 @@ package containment
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 
-	"golang.org/x/sys/unix"
+	"roost.dev/roost/pkg/workdir"
 )
 
 // usrLinks are the top-level directories a merged-/usr host keeps as symlinks into /usr.
@@ -118,33 +117,6 @@ func copyFile(src, dst string) error {
 	return out.Close()
 }
 
-// openBeneath opens rel inside dir as an O_PATH descriptor without following any symlink
-// and without leaving dir, whatever the capsule has planted in its workdir. rel must name a
-// directory.
-func openBeneath(dir, rel string) (*os.File, error) {
-	root, err := os.OpenFile(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer root.Close()
-	fd, err := unix.Openat2(int(root.Fd()), rel, &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-	})
-	if err != nil {
-		switch {
-		case errors.Is(err, unix.ELOOP):
-			return nil, fmt.Errorf("%s: a symlink lies on the path; a workdir grant never follows one", rel)
-		case errors.Is(err, unix.EXDEV):
-			return nil, fmt.Errorf("%s: leaves the workdir", rel)
-		case errors.Is(err, unix.ENOTDIR):
-			return nil, fmt.Errorf("%s: not a directory", rel)
-		}
-		return nil, fmt.Errorf("%s: %w", rel, err)
-	}
-	return os.NewFile(uintptr(fd), filepath.Join(dir, rel)), nil
-}
-
 // prepareWorkSources makes the scope and read_only directories (missing ones are created,
 // beneath the workdir and without following links), checks each resolves beneath the
 // workdir with no symlink on its path, and returns the host path to mount for each.
@@ -153,50 +125,22 @@ func openBeneath(dir, rel string) (*os.File, error) {
 // here cannot be bind-mounted, so the checked path is passed on. What remains is a race with
 // something changing the workdir between this check and the mount: the session's own program
 // is not running yet, so only another session given the same --workdir could.
-func prepareWorkSources(workdir string, scope string, readOnly []string) (map[string]string, error) {
+func prepareWorkSources(workdirPath string, scope string, readOnly []string) (map[string]string, error) {
 	sources := map[string]string{}
 	rels := readOnly
 	if scope != "" {
 		rels = append([]string{scope}, readOnly...)
 	}
 	for _, rel := range rels {
-		if err := mkdirBeneath(workdir, rel); err != nil {
+		if err := workdir.MkdirAll(workdirPath, rel); err != nil {
 			return nil, err
 		}
-		f, err := openBeneath(workdir, rel)
+		f, err := workdir.OpenDir(workdirPath, rel, true)
 		if err != nil {
 			return nil, err
 		}
 		f.Close()
-		sources[rel] = filepath.Join(workdir, filepath.Clean(rel))
+		sources[rel] = filepath.Join(workdirPath, filepath.Clean(rel))
 	}
 	return sources, nil
-}
-
-// mkdirBeneath creates rel's directories one component at a time, each opened beneath the
-// last without following links.
-func mkdirBeneath(dir, rel string) error {
-	cur, err := os.OpenFile(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
-	if err != nil {
-		return err
-	}
-	defer func() { cur.Close() }()
-	for _, part := range strings.Split(filepath.Clean(rel), "/") {
-		if err := unix.Mkdirat(int(cur.Fd()), part, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("%s: %w", rel, err)
-		}
-		fd, err := unix.Openat2(int(cur.Fd()), part, &unix.OpenHow{
-			Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
-			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-		})
-		if err != nil {
-			if errors.Is(err, unix.ELOOP) {
-				return fmt.Errorf("%s: a symlink lies on the path; a workdir grant never follows one", rel)
-			}
-			return fmt.Errorf("%s: %w", rel, err)
-		}
-		cur.Close()
-		cur = os.NewFile(uintptr(fd), part)
-	}
-	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -153,12 +154,17 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	}
 	id := spec.SessionID
 	layout := r.Layout(id, spec.Dir, spec.CapsuleDir)
+	layout.NetNS, layout.Task = spec.NetNS, spec.Task
 	defer func() {
 		if retErr != nil {
 			_ = r.Release(id)
 		}
 	}()
-	sources, err := prepareWorkSources(spec.Dir, spec.Policy.Filesystem.Scope, spec.Policy.Filesystem.ReadOnly)
+	ro := spec.Policy.Filesystem.ReadOnly
+	if len(spec.Policy.Spawn.Allow) > 0 {
+		ro = append(slices.Clone(ro), ChildrenRoot)
+	}
+	sources, err := prepareWorkSources(spec.Dir, spec.Policy.Filesystem.Scope, ro)
 	if err != nil {
 		return nil, &StartError{Msg: "workdir: " + err.Error()}
 	}

@@ -61,4 +61,9 @@ type Spec struct {
 	// Policy is the session's resolved policy; runtimes that hold it with the kernel
 	// (sealed) read their limits and mounts from it.
 	Policy *manifest.Policy
+	// NetNS is a pinned network namespace the session joins instead of a new one (its
+	// endpoint listens in it).
+	NetNS string
+	// Task is the host path of the task text a sealed session finds at SealedTaskPath.
+	Task string
 }

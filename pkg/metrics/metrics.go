@@ -4,6 +4,7 @@ package metrics
 
 import (
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,6 +20,8 @@ type Metrics struct {
 	starts    *prometheus.CounterVec
 	startTime *prometheus.HistogramVec
 	recovered *prometheus.CounterVec
+	spawns    *prometheus.CounterVec
+	spawnTime *prometheus.HistogramVec
 }
 
 // New registers the Go and process collectors, roost's counters, and a gauge of sessions
@@ -39,11 +42,20 @@ func New(states []string, count func() map[string]int) *Metrics {
 			Name: "roost_recovered_sessions_total",
 			Help: "Live sessions found at daemon start, by outcome (attached, exited, lost).",
 		}, []string{"outcome"}),
+		spawns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "roost_spawn_admissions_total",
+			Help: "Spawn requests from sessions, by result: granted, refused_<reason> (spawn_allow, depth, children, envelope, containment), invalid, failed.",
+		}, []string{"result"}),
+		spawnTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "roost_spawn_seconds",
+			Help:    "Time from a spawn request to its refusal or to the child's program running, by decision (granted, refused).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
+		}, []string{"decision"}),
 	}
 	m.registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.starts, m.startTime, m.recovered,
+		m.starts, m.startTime, m.recovered, m.spawns, m.spawnTime,
 		&stateCollector{states: states, count: count, desc: prometheus.NewDesc(
 			"roost_sessions", "Sessions in the registry, by state.", []string{"state"}, nil)},
 	)
@@ -69,6 +81,17 @@ func (m *Metrics) SessionStartFailed(class manifest.Class) {
 // SessionRecovered counts one live session reconciled at start.
 func (m *Metrics) SessionRecovered(outcome string) {
 	m.recovered.WithLabelValues(outcome).Inc()
+}
+
+// SpawnDecided counts one spawn request and, unless it failed or was malformed, times it.
+func (m *Metrics) SpawnDecided(result string, took time.Duration) {
+	m.spawns.WithLabelValues(result).Inc()
+	switch {
+	case result == "granted":
+		m.spawnTime.WithLabelValues("granted").Observe(took.Seconds())
+	case strings.HasPrefix(result, "refused_"):
+		m.spawnTime.WithLabelValues("refused").Observe(took.Seconds())
+	}
 }
 
 type stateCollector struct {

@@ -16,6 +16,7 @@ import (
 //	      record       = the Record as JSON, without its state
 //	      manifest     = capsule.yaml exactly as staged
 //	      explanation  = the effective grants at staging (roost.v1.Explanation, protojson)
+//	      task         = the task text a spawning parent gave (only when it gave one)
 //	  events/                    its bucket sequence is the last event's number
 //	    <seq, 8 bytes big-endian> = an Event as JSON
 var (
@@ -28,6 +29,7 @@ var (
 	keyRecord      = []byte("record")
 	keyManifest    = []byte("manifest")
 	keyExplanation = []byte("explanation")
+	keyTask        = []byte("task")
 )
 
 func getBucket(tx *bolt.Tx, keys ...[]byte) *bolt.Bucket {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/spawn"
 )
 
 // defaultPath is the PATH a program gets unless its manifest sets one.
@@ -51,18 +53,22 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 		m.release(rec.ID, l)
 		return nil, fmt.Errorf("session %s needs a %s runtime, which this daemon does not have: %w", rec.ID, class, errdefs.ErrFailedPrecondition)
 	}
-	spec, err := m.launchSpec(rec, class)
-	if err != nil {
-		m.release(rec.ID, l)
-		return nil, err
-	}
-
 	began := time.Now()
-	if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Launching) }); err != nil {
+	if err := m.update(func(tx *Tx) error {
+		// Checked in the launch's own transaction: a parent that ends after it commits
+		// sees this child launching and stops it; one that ended before refuses it here.
+		if rec.ParentID != "" {
+			parent, err := tx.Get(rec.ParentID)
+			if err != nil || !parent.State.Live() {
+				return fmt.Errorf("session %s: its parent %s has ended: %w", rec.ID, rec.ParentID, errdefs.ErrFailedPrecondition)
+			}
+		}
+		return tx.Transition(rec, Launching)
+	}); err != nil {
 		m.release(rec.ID, l)
 		return nil, err
 	}
-	proc, err := m.start(ctx, rec, spec, runtime)
+	proc, err := m.start(ctx, l, rec, class, runtime)
 	if err != nil {
 		if m.cfg.Observer != nil {
 			m.cfg.Observer.SessionStartFailed(class)
@@ -78,6 +84,9 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 
 	ref := proc.Ref()
 	rec.Process = &ref
+	if l.ep != nil {
+		rec.EndpointPort = l.ep.Port()
+	}
 	rec.StartedAt = ref.StartedAt
 	rec.DeadlineAt = ref.StartedAt.Add(rec.Deadline)
 	if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Running) }); err != nil {
@@ -93,15 +102,39 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 	return rec, nil
 }
 
-// start makes the session's directories, writes the start of its trace and starts the
-// program. The launch outlives the RPC that asked for it: a client going away mid-launch
-// must not leave a half-started session.
-func (m *Manager) start(ctx context.Context, rec *Record, spec containment.Spec, runtime Runtime) (containment.Process, error) {
+// start makes the session's directories, writes the start of its trace, opens its endpoint
+// and starts the program. The launch outlives the RPC that asked for it: a client going away
+// mid-launch must not leave a half-started session. The caller holds l.mu.
+func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class manifest.Class, runtime Runtime) (containment.Process, error) {
 	if err := os.MkdirAll(rec.RecordsDir, 0o700); err != nil {
 		return nil, fmt.Errorf("records directory: %w", err)
 	}
+	// A child's workdir was made beneath its parent's when it was spawned.
 	if err := os.MkdirAll(rec.Workdir, 0o700); err != nil {
 		return nil, fmt.Errorf("workdir: %w", err)
+	}
+	if rec.HasTask {
+		var task []byte
+		if err := m.reg.View(func(tx *Tx) (err error) {
+			task, err = tx.Task(rec.ID)
+			return err
+		}); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(filepath.Join(rec.RecordsDir, TaskFile), task, 0o400); err != nil {
+			return nil, fmt.Errorf("task: %w", err)
+		}
+	}
+	if m.cfg.Endpoints != nil {
+		ep, err := m.cfg.Endpoints.Open(rec.ID, class == manifest.Sealed, 0, m)
+		if err != nil {
+			return nil, err
+		}
+		l.ep = ep
+	}
+	spec, err := m.launchSpec(rec, class, l.ep)
+	if err != nil {
+		return nil, err
 	}
 	var explanation []byte
 	_ = m.reg.View(func(tx *Tx) (err error) {
@@ -114,8 +147,11 @@ func (m *Manager) start(ctx context.Context, rec *Record, spec containment.Spec,
 	return runtime.Start(context.WithoutCancel(ctx), spec)
 }
 
+// TaskFile is the task text's name in the session's records directory.
+const TaskFile = "task.md"
+
 // launchSpec builds the program's start from the manifest recorded at staging.
-func (m *Manager) launchSpec(rec *Record, class manifest.Class) (containment.Spec, error) {
+func (m *Manager) launchSpec(rec *Record, class manifest.Class, ep spawn.Endpoint) (containment.Spec, error) {
 	var raw []byte
 	if err := m.reg.View(func(tx *Tx) (err error) {
 		raw, err = tx.Manifest(rec.ID)
@@ -132,11 +168,27 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class) (containment.Spe
 	if class == manifest.Sealed {
 		view = sealedView
 	}
+	extra := map[string]string{}
+	spec := containment.Spec{}
+	if ep != nil {
+		extra["ROOST_ENDPOINT"] = ep.URL()
+		extra["ROOST_CREDENTIAL"] = m.cfg.Endpoints.Credential(rec.ID)
+		spec.NetNS = ep.NetNS()
+	}
+	if rec.HasTask {
+		spec.Task = filepath.Join(rec.RecordsDir, TaskFile)
+		extra["ROOST_TASK_FILE"] = spec.Task
+		if class == manifest.Sealed {
+			extra["ROOST_TASK_FILE"] = containment.SealedTaskPath
+		}
+	}
 	return containment.Spec{
 		SessionID:  rec.ID,
 		Class:      class,
 		Argv:       view.command(rec),
-		Env:        environment(rec, man, &policy, m.cfg.HostEnv, view),
+		Env:        environment(rec, man, &policy, m.cfg.HostEnv, view, extra),
+		NetNS:      spec.NetNS,
+		Task:       spec.Task,
 		Dir:        rec.Workdir,
 		RecordsDir: rec.RecordsDir,
 		CapsuleDir: rec.Capsule.Source,
@@ -168,7 +220,7 @@ func (v view) command(rec *Record) []string {
 // environment is the program's whole environment: PATH and HOME defaults, the host
 // variables env.allow names, the manifest's literal env (which wins over both), then
 // roost's own ROOST_* variables, which nothing overrides. Sorted, so it is reproducible.
-func environment(rec *Record, man *manifest.Manifest, p *manifest.Policy, host []string, v view) []string {
+func environment(rec *Record, man *manifest.Manifest, p *manifest.Policy, host []string, v view, roost map[string]string) []string {
 	env := map[string]string{"PATH": defaultPath, "HOME": v.work}
 	for _, kv := range host {
 		k, v, ok := strings.Cut(kv, "=")
@@ -182,6 +234,9 @@ func environment(rec *Record, man *manifest.Manifest, p *manifest.Policy, host [
 	env["ROOST_SESSION_ID"] = rec.ID
 	env["ROOST_CAPSULE"] = rec.Capsule.Name + "@" + rec.Capsule.Version
 	env["ROOST_CAPSULE_DIR"] = v.capsule
+	for k, val := range roost {
+		env[k] = val
+	}
 	out := make([]string, 0, len(env))
 	for k, v := range env {
 		out = append(out, k+"="+v)

@@ -16,6 +16,7 @@ import (
 	"roost.dev/roost/pkg/artifact"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/spawn"
 )
 
 // DefaultStopGrace is how long a stop or a deadline waits after SIGTERM before SIGKILL.
@@ -38,6 +39,19 @@ type Artifacts interface {
 	Dir(a artifact.Artifact) string
 }
 
+// Endpoints opens sessions' endpoints (see pkg/endpoint).
+type Endpoints interface {
+	// Open starts a session's endpoint: in a network namespace of its own when netns, else
+	// on host loopback at port (0: any free one).
+	Open(sessionID string, netns bool, port int, d spawn.Delegator) (spawn.Endpoint, error)
+	// Credential is the session's ROOST_CREDENTIAL.
+	Credential(sessionID string) string
+	// Release unpins the session's network namespace, if it has one.
+	Release(sessionID string) error
+	// Pinned lists sessions whose network namespace is pinned.
+	Pinned() ([]string, error)
+}
+
 // Observer hears about session starts and recoveries, for metrics.
 type Observer interface {
 	SessionStarted(class manifest.Class, took time.Duration)
@@ -56,8 +70,14 @@ type Config struct {
 	Runtimes map[manifest.Class]Runtime
 	// Artifacts resolves name@version capsules; nil when the daemon keeps none.
 	Artifacts Artifacts
-	Observer  Observer
-	Logger    *slog.Logger
+	// Endpoints gives each launched session its endpoint; nil for none (then no session
+	// can delegate).
+	Endpoints Endpoints
+	// MaxDepth is roostd --max-depth: how many levels may be started below a top-level
+	// session. MaxConcurrent is roostd --max-concurrent: live children per parent.
+	MaxDepth, MaxConcurrent int
+	Observer                Observer
+	Logger                  *slog.Logger
 	// StopGrace is the deadline's grace between SIGTERM and SIGKILL; DefaultStopGrace when 0.
 	StopGrace time.Duration
 	// HostEnv is the environment env.allow draws from; os.Environ() when nil.
@@ -87,8 +107,11 @@ type Manager struct {
 // liveSession is the daemon's hold on a session that has (or may have) a process.
 type liveSession struct {
 	// mu orders everything done to the session: launch, stop, kill, deadline, end.
-	mu        sync.Mutex
+	mu sync.Mutex
+	// spawnMu orders the session's spawns, so two cannot both pass the live-children check.
+	spawnMu   sync.Mutex
 	proc      containment.Process
+	ep        spawn.Endpoint
 	ended     chan struct{}
 	deadline  *time.Timer
 	killTimer *time.Timer
@@ -128,15 +151,24 @@ func Open(cfg Config) (*Manager, error) {
 	return m, nil
 }
 
-// Close lets go of every session without touching it (they run on under roost-init) and
-// closes the registry.
+// Close lets go of every session without touching it (they run on under roost-init; the
+// next daemon listens on their endpoints again) and closes the registry.
 func (m *Manager) Close() error {
 	m.cancel()
 	m.mu.Lock()
+	held := make([]*liveSession, 0, len(m.live))
 	for _, l := range m.live {
-		l.stopTimers()
+		held = append(held, l)
 	}
 	m.mu.Unlock()
+	for _, l := range held {
+		l.mu.Lock()
+		l.stopTimers()
+		if l.ep != nil {
+			l.ep.Close()
+		}
+		l.mu.Unlock()
+	}
 	m.wg.Wait()
 	return m.reg.Close()
 }

@@ -583,14 +583,10 @@ func TestRecoverMidLaunch(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Do what Launch does, up to the moment it would record the session running.
-	spec, err := m.launchSpec(rec, manifest.Advisory)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Launching) }); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.start(context.Background(), rec, spec, m.cfg.Runtimes[manifest.Advisory]); err != nil {
+	if _, err := m.start(context.Background(), &liveSession{ended: make(chan struct{})}, rec, manifest.Advisory, m.cfg.Runtimes[manifest.Advisory]); err != nil {
 		t.Fatal(err)
 	}
 	m.Close()

@@ -63,6 +63,8 @@ const (
 	EndDeadline EndRequest = "deadline"
 	// EndWorkdir: the workdir grew past resources.workdir_max_bytes.
 	EndWorkdir EndRequest = "workdir"
+	// EndParent: the session's parent ended (the lifeline).
+	EndParent EndRequest = "parent"
 )
 
 // Record is a session as the registry keeps it.
@@ -102,6 +104,15 @@ type Record struct {
 	// KillAt is when a stop under way escalates to SIGKILL; kept so a restarted daemon
 	// escalates on time.
 	KillAt time.Time `json:"kill_at,omitzero"`
+	// DepthRemaining is how many levels of children may still be started below the
+	// session: the least of roostd --max-depth and every ancestor's spawn.max_depth, one
+	// less at each level.
+	DepthRemaining int `json:"depth_remaining"`
+	// EndpointPort is the host loopback port of the session's endpoint when it has no
+	// network namespace of its own; kept so a restarted daemon listens on it again.
+	EndpointPort int `json:"endpoint_port,omitempty"`
+	// HasTask says the launch carried a task text (the registry's task key).
+	HasTask bool `json:"has_task,omitempty"`
 	// PausedAt is when a paused session was frozen: the deadline does not run while paused.
 	PausedAt time.Time `json:"paused_at,omitzero"`
 	// EndDetail is what roost saw when it decided to end the session (e.g. the workdir's

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
@@ -40,6 +41,9 @@ func (m *Manager) recover() error {
 		if m.cfg.Observer != nil {
 			m.cfg.Observer.SessionRecovered(outcome)
 		}
+	}
+	if err := m.stopOrphans(); err != nil {
+		return err
 	}
 	return m.sweepLeftovers()
 }
@@ -93,8 +97,34 @@ func (m *Manager) recoverOne(rec *Record) string {
 			m.cfg.Logger.Error("recovering", "session", rec.ID, "err", err)
 		}
 	}
+	m.reopenEndpoint(l, rec, class)
 	m.supervise(l, rec, proc)
 	return RecoveredAttached
+}
+
+// reopenEndpoint listens again where the re-attached session's ROOST_ENDPOINT points: in
+// its pinned network namespace, or on its host loopback port. The credential it holds
+// still verifies: the key is in the state directory.
+func (m *Manager) reopenEndpoint(l *liveSession, rec *Record, class manifest.Class) {
+	if m.cfg.Endpoints == nil {
+		return
+	}
+	netns := class == manifest.Sealed
+	if netns {
+		pinned, err := m.cfg.Endpoints.Pinned()
+		if err != nil || !slices.Contains(pinned, rec.ID) {
+			m.cfg.Logger.Warn("the session's network namespace is gone; it can no longer delegate", "session", rec.ID)
+			return
+		}
+	} else if rec.EndpointPort == 0 {
+		return
+	}
+	ep, err := m.cfg.Endpoints.Open(rec.ID, netns, rec.EndpointPort, m)
+	if err != nil {
+		m.cfg.Logger.Warn("reopening the session's endpoint", "session", rec.ID, "err", err)
+		return
+	}
+	l.ep = ep
 }
 
 // Holder is a runtime that can list the sessions it still holds resources for.
@@ -133,6 +163,20 @@ func (m *Manager) sweepLeftovers() error {
 				m.cfg.Logger.Info("releasing leftover runtime resources", "session", id)
 				if err := rt.Release(id); err != nil {
 					m.cfg.Logger.Warn("releasing leftover", "session", id, "err", err)
+				}
+			}
+		}
+	}
+	if m.cfg.Endpoints != nil {
+		pinned, err := m.cfg.Endpoints.Pinned()
+		if err != nil {
+			m.cfg.Logger.Warn("listing pinned network namespaces", "err", err)
+		}
+		for _, id := range pinned {
+			if !live[id] {
+				m.cfg.Logger.Info("unpinning a leftover network namespace", "session", id)
+				if err := m.cfg.Endpoints.Release(id); err != nil {
+					m.cfg.Logger.Warn("unpinning a leftover network namespace", "session", id, "err", err)
 				}
 			}
 		}

@@ -149,8 +149,16 @@ func (t *Tx) blob(id string, key []byte) ([]byte, error) {
 	return slices.Clone(b.Get(key)), nil
 }
 
+// Task returns the task text a session was staged with; nil when none.
+func (t *Tx) Task(id string) ([]byte, error) { return t.blob(id, keyTask) }
+
 // Create records a new session in state staged.
 func (t *Tx) Create(rec *Record, manifest, explanation []byte) error {
+	return t.CreateWithTask(rec, manifest, explanation, nil)
+}
+
+// CreateWithTask is Create for a session that comes with a task text.
+func (t *Tx) CreateWithTask(rec *Record, manifest, explanation, task []byte) error {
 	if err := transition(rec, Staged); err != nil {
 		return err
 	}
@@ -161,7 +169,11 @@ func (t *Tx) Create(rec *Record, manifest, explanation []byte) error {
 		}
 		return err
 	}
-	for k, v := range map[string][]byte{string(keyManifest): manifest, string(keyExplanation): explanation} {
+	blobs := map[string][]byte{string(keyManifest): manifest, string(keyExplanation): explanation}
+	if task != nil {
+		blobs[string(keyTask)] = task
+	}
+	for k, v := range blobs {
 		if err := b.Put([]byte(k), v); err != nil {
 			return err
 		}

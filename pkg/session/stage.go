@@ -32,6 +32,14 @@ type StageOptions struct {
 	Deadline time.Duration
 	// Containment raises the floor; ClassNone leaves it.
 	Containment manifest.Class
+
+	// Set for a child a session spawns: its parent, the task text it is given, and the
+	// delegation depth it inherits.
+	ParentID       string
+	Task           []byte
+	DepthRemaining int
+	// ownsWorkdir: Workdir is one roost made for the session, removed with it.
+	ownsWorkdir bool
 }
 
 // plan is everything decided about a capsule before anything is recorded: the same
@@ -99,7 +107,7 @@ func (m *Manager) Stage(opts StageOptions) (*Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	workdir, owns := opts.Workdir, false
+	workdir, owns := opts.Workdir, opts.ownsWorkdir
 	if workdir == "" {
 		workdir, owns = filepath.Join(m.cfg.StateDir, workDir, id), true
 	} else if err := checkWorkdir(workdir); err != nil {
@@ -114,6 +122,8 @@ func (m *Manager) Stage(opts StageOptions) (*Record, error) {
 		Capsule:      p.ref,
 		Declared:     p.decision.Floor.String(),
 		Achieved:     p.decision.Achieved.String(),
+		ParentID:     opts.ParentID,
+		HasTask:      opts.Task != nil,
 		Workdir:      workdir,
 		OwnsWorkdir:  owns,
 		RecordsDir:   m.recordsDirFor(id),
@@ -122,7 +132,13 @@ func (m *Manager) Stage(opts StageOptions) (*Record, error) {
 		WorkdirLimit: p.policy.Resources.WorkdirMaxBytes.Value,
 		CreatedAt:    time.Now().UTC(),
 	}
-	if err := m.update(func(tx *Tx) error { return tx.Create(rec, p.raw, explanation) }); err != nil {
+	// A top-level session may start roostd --max-depth levels below it; each level one
+	// less, and never more than any ancestor's spawn.max_depth.
+	rec.DepthRemaining = min(m.cfg.MaxDepth, int(p.policy.Spawn.MaxDepth.Value))
+	if opts.ParentID != "" {
+		rec.DepthRemaining = min(opts.DepthRemaining, int(p.policy.Spawn.MaxDepth.Value))
+	}
+	if err := m.update(func(tx *Tx) error { return tx.CreateWithTask(rec, p.raw, explanation, opts.Task) }); err != nil {
 		return nil, err
 	}
 	return rec, nil

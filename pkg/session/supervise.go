@@ -151,6 +151,10 @@ func (m *Manager) Stop(ctx context.Context, id string, grace time.Duration) (*Re
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+	// Stopping a parent stops its subtree: answer once that is done too.
+	if err := m.waitSubtree(ctx, rec.ID); err != nil {
+		return nil, err
+	}
 	return m.Get(rec.ID)
 }
 
@@ -195,6 +199,9 @@ func (m *Manager) Kill(ctx context.Context, id string, sig syscall.Signal) (*Rec
 	}
 	select {
 	case <-l.ended:
+		if err := m.waitSubtree(ctx, rec.ID); err != nil {
+			return nil, err
+		}
 	case <-timeout:
 	case <-ctx.Done():
 		return nil, ctx.Err()
@@ -225,10 +232,11 @@ func (m *Manager) endWithoutProcess(l *liveSession, rec *Record, status ExitStat
 	m.finish(l, rec, status, nil, detail, time.Now().UTC())
 }
 
-// finish writes the session's end: trace first, then the registry, so a crash between the
-// two leaves a session recovery will end again rather than an end with no trace. Then it
-// frees what the runtime held (a crash before that leaves leftovers the next start sweeps).
-// The caller holds l.mu.
+// finish writes the session's end: trace and completion.json first, then the registry, so
+// a crash between them leaves a session recovery will end again rather than an end with no
+// trace. Then it frees what the runtime held (a crash before that leaves leftovers the next
+// start sweeps), closes the session's endpoint and stops its children. The caller holds
+// l.mu.
 func (m *Manager) finish(l *liveSession, rec *Record, status ExitStatus, code *int, detail string, ended time.Time) {
 	l.stopTimers()
 	defer m.releaseRuntime(rec)
@@ -237,11 +245,19 @@ func (m *Manager) finish(l *liveSession, rec *Record, status ExitStatus, code *i
 		if err := appendTrace(rec.RecordsDir, traceEnd(rec)); err != nil {
 			m.cfg.Logger.Warn("trace", "session", rec.ID, "err", err)
 		}
+		// Before the end commits, so a parent woken by it finds the file.
+		if rec.ParentID != "" {
+			m.writeCompletion(rec)
+		}
 		if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Exited) }); err != nil {
 			m.cfg.Logger.Error("recording end", "session", rec.ID, "err", err)
 			return
 		}
 	}
+	if l.ep != nil {
+		l.ep.Close()
+	}
+	m.endChildren(rec.ID)
 	m.mu.Lock()
 	if m.live[rec.ID] == l {
 		delete(m.live, rec.ID)
@@ -254,8 +270,16 @@ func (m *Manager) finish(l *liveSession, rec *Record, status ExitStatus, code *i
 	}
 }
 
-// releaseRuntime frees what the session's runtime holds for it.
+// releaseRuntime frees what the session's runtime holds for it, and unpins its network
+// namespace.
 func (m *Manager) releaseRuntime(rec *Record) {
+	if m.cfg.Endpoints != nil {
+		defer func() {
+			if err := m.cfg.Endpoints.Release(rec.ID); err != nil {
+				m.cfg.Logger.Warn("unpinning the session's network namespace", "session", rec.ID, "err", err)
+			}
+		}()
+	}
 	class, err := manifest.ParseClass(rec.Achieved)
 	if err != nil || m.cfg.Runtimes[class] == nil {
 		return
@@ -284,7 +308,7 @@ func classify(rec *Record, info containment.ExitInfo, exitErr error) (ExitStatus
 	switch {
 	case rec.EndRequest == EndDeadline:
 		return StatusDeadlineReached, &code, fmt.Sprintf("deadline of %s reached; %s", rec.Deadline, how)
-	case rec.EndRequest == EndWorkdir:
+	case rec.EndRequest == EndWorkdir, rec.EndRequest == EndParent:
 		return StatusTerminated, &code, rec.EndDetail + "; " + how
 	case rec.EndRequest == EndStop:
 		return StatusTerminated, &code, "stopped by roostctl stop; " + how

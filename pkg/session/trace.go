@@ -26,6 +26,11 @@ type traceRecord struct {
 	ExitCode        *int            `json:"exit_code,omitempty"`
 	Detail          string          `json:"detail,omitempty"`
 	DurationMS      *int64          `json:"duration_ms,omitempty"`
+	// Child and ChildID name a delegation's capsule and, once granted, its session;
+	// Refusal is why one was refused.
+	Child   string `json:"child,omitempty"`
+	ChildID string `json:"child_id,omitempty"`
+	Refusal string `json:"refusal,omitempty"`
 }
 
 func traceStart(rec *Record, explanation []byte) traceRecord {
@@ -53,6 +58,18 @@ func traceEnd(rec *Record) traceRecord {
 		t.DurationMS = &ms
 	}
 	return t
+}
+
+// traceDelegation records in the parent's trace a child it was granted (err nil) or refused.
+func (m *Manager) traceDelegation(parent *Record, ref, childID string, err error) {
+	t := traceRecord{EventType: "delegation", SessionID: parent.ID, Timestamp: time.Now().UTC(), Child: ref, ChildID: childID}
+	if err != nil {
+		t.EventType = "delegation_refused"
+		t.Refusal = err.Error()
+	}
+	if werr := appendTrace(m.recordsDirFor(parent.ID), t); werr != nil {
+		m.cfg.Logger.Warn("writing the trace", "session", parent.ID, "err", werr)
+	}
 }
 
 // appendTrace appends one record. A session_end already present (written by a

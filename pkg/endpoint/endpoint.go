@@ -1,0 +1,399 @@
+// Package endpoint is each session's own HTTP listener: what a running capsule reaches roost
+// through. A sealed session's listener is at 127.0.0.1:7700 inside the session's network
+// namespace, so only that session can connect to it and the caller is known from which
+// listener accepted; a session without a namespace gets a port of its own on host loopback,
+// where its credential alone says who calls.
+package endpoint
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"roost.dev/roost/pkg/spawn"
+)
+
+// SealedAddr is where a session with a network namespace of its own finds its endpoint.
+const SealedAddr = "127.0.0.1:7700"
+
+// maxBody bounds what a request may carry (a task text included).
+const maxBody = 1 << 20
+
+// Endpoints opens and closes sessions' listeners.
+type Endpoints struct {
+	keys *spawn.Keys
+	// netns holds the bind mounts that pin each session's network namespace.
+	netns string
+	log   *slog.Logger
+}
+
+// New returns endpoints that check credentials with keys and pin namespaces under netnsDir.
+func New(keys *spawn.Keys, netnsDir string, log *slog.Logger) (*Endpoints, error) {
+	if err := os.MkdirAll(netnsDir, 0o700); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Endpoints{keys: keys, netns: netnsDir, log: log}, nil
+}
+
+// Endpoint is one session's listener.
+type Endpoint struct {
+	url   string
+	netns string
+	port  int
+	srv   *http.Server
+	once  sync.Once
+}
+
+var _ spawn.Endpoint = (*Endpoint)(nil)
+
+// URL is what the session's ROOST_ENDPOINT says.
+func (ep *Endpoint) URL() string { return ep.url }
+
+// NetNS is the pinned network namespace the session joins; empty for a loopback endpoint.
+func (ep *Endpoint) NetNS() string { return ep.netns }
+
+// Port is the host loopback port of an endpoint without a namespace.
+func (ep *Endpoint) Port() int { return ep.port }
+
+// Credential is the session's ROOST_CREDENTIAL.
+func (e *Endpoints) Credential(sessionID string) string { return e.keys.Mint(sessionID) }
+
+// NetNSPath is where a session's network namespace is pinned.
+func (e *Endpoints) NetNSPath(sessionID string) string { return filepath.Join(e.netns, sessionID) }
+
+// Open starts a session's endpoint. With netns it makes (or, after a restart, re-enters)
+// the session's network namespace, pinned at NetNSPath, and listens on SealedAddr inside
+// it; otherwise it listens on host loopback at port (0: any free port).
+func (e *Endpoints) Open(sessionID string, netns bool, port int, d spawn.Delegator) (spawn.Endpoint, error) {
+	ep := &Endpoint{}
+	var ln net.Listener
+	var err error
+	if netns {
+		ep.netns = e.NetNSPath(sessionID)
+		ln, err = listenInNetNS(ep.netns, SealedAddr)
+		ep.url = "http://" + SealedAddr
+	} else {
+		ln, err = net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err == nil {
+			ep.port = ln.Addr().(*net.TCPAddr).Port
+			ep.url = "http://" + ln.Addr().String()
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("session endpoint: %w", err)
+	}
+	h := &handler{id: sessionID, keys: e.keys, d: d, log: e.log}
+	ep.srv = &http.Server{
+		Handler:           h.routes(),
+		ReadHeaderTimeout: 10 * time.Second,
+		// Waits long-poll; the write deadline would cut them.
+		IdleTimeout: 2 * time.Minute,
+	}
+	go func() { _ = ep.srv.Serve(ln) }()
+	return ep, nil
+}
+
+// Close stops the listener; Release also unpins the namespace.
+func (ep *Endpoint) Close() {
+	ep.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := ep.srv.Shutdown(ctx); err != nil {
+			ep.srv.Close()
+		}
+	})
+}
+
+// Release unpins a session's network namespace (it goes with its last user). Safe to call
+// for a session that has none.
+func (e *Endpoints) Release(sessionID string) error {
+	path := e.NetNSPath(sessionID)
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unpinning %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// Pinned lists the sessions whose network namespace is pinned.
+func (e *Endpoints) Pinned() ([]string, error) {
+	entries, err := os.ReadDir(e.netns)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, en := range entries {
+		ids = append(ids, en.Name())
+	}
+	return ids, nil
+}
+
+// listenInNetNS listens on addr inside the network namespace pinned at path, making and
+// pinning a new one (loopback up) when there is none. The socket keeps its namespace after
+// the thread returns to the host's. The work runs on a goroutine of its own, locked to its
+// thread: should the way back to the host's namespace fail, that thread ends with the
+// goroutine instead of serving anything else from the session's namespace.
+func listenInNetNS(path, addr string) (net.Listener, error) {
+	type result struct {
+		ln  net.Listener
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		ln, err, back := enterAndListen(path, addr)
+		if back {
+			runtime.UnlockOSThread()
+		}
+		done <- result{ln, err}
+	}()
+	r := <-done
+	return r.ln, r.err
+}
+
+// enterAndListen does listenInNetNS's work on a locked thread; back says the thread is in
+// the host's namespace again.
+func enterAndListen(path, addr string) (_ net.Listener, _ error, back bool) {
+	host, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		return nil, err, true
+	}
+	defer host.Close()
+	ln, err := func() (net.Listener, error) {
+		if existing, err := os.Open(path); err == nil {
+			err = unix.Setns(int(existing.Fd()), unix.CLONE_NEWNET)
+			existing.Close()
+			if err != nil {
+				return nil, fmt.Errorf("entering %s: %w", path, err)
+			}
+		} else {
+			if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+				return nil, fmt.Errorf("new network namespace: %w", err)
+			}
+			lo, err := netlink.LinkByName("lo")
+			if err != nil {
+				return nil, err
+			}
+			if err := netlink.LinkSetUp(lo); err != nil {
+				return nil, fmt.Errorf("bringing lo up: %w", err)
+			}
+			if err := pin(path); err != nil {
+				return nil, err
+			}
+		}
+		return net.Listen("tcp", addr)
+	}()
+	if serr := unix.Setns(int(host.Fd()), unix.CLONE_NEWNET); serr != nil {
+		if ln != nil {
+			ln.Close()
+		}
+		return nil, fmt.Errorf("returning to the host network namespace: %w", serr), false
+	}
+	return ln, err, true
+}
+
+// pin keeps this thread's network namespace alive after its last process leaves, by
+// bind-mounting it at path.
+func pin(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	if err := unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, ""); err != nil {
+		os.Remove(path)
+		return fmt.Errorf("pinning the network namespace: %w", err)
+	}
+	return nil
+}
+
+// handler serves one session's routes.
+type handler struct {
+	id   string
+	keys *spawn.Keys
+	d    spawn.Delegator
+	log  *slog.Logger
+}
+
+// denied is the one answer to every identity failure, byte for byte, so no endpoint tells
+// which sessions exist.
+var denied = []byte(`{"error":"not authorised"}` + "\n")
+
+func (h *handler) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/self", h.self)
+	mux.HandleFunc("POST /v1/spawn", h.spawn)
+	mux.HandleFunc("GET /v1/children", h.children)
+	mux.HandleFunc("GET /v1/children/{id}", h.child)
+	mux.HandleFunc("POST /v1/children/{id}/wait", h.wait)
+	mux.HandleFunc("POST /v1/children/{id}/stop", h.stop)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !h.authorised(r) {
+			deny(w)
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+		if _, pattern := mux.Handler(r); pattern == "" {
+			reply(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("no route %s %s; the routes are GET /v1/self, POST /v1/spawn, GET /v1/children, GET /v1/children/{id}, POST /v1/children/{id}/wait, POST /v1/children/{id}/stop", r.Method, r.URL.Path)})
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// authorised: the bearer credential names this listener's session, and it runs.
+func (h *handler) authorised(r *http.Request) bool {
+	cred, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		return false
+	}
+	id, ok := h.keys.Verify(strings.TrimSpace(cred))
+	return ok && id == h.id && h.d.Live(id)
+}
+
+func deny(w http.ResponseWriter) {
+	hdr := w.Header()
+	for k := range hdr {
+		delete(hdr, k)
+	}
+	hdr.Set("Content-Type", "application/json")
+	hdr.Set("Content-Length", strconv.Itoa(len(denied)))
+	// No Date: two refusals must not differ even by the second they were made.
+	hdr["Date"] = nil
+	w.WriteHeader(http.StatusForbidden)
+	_, _ = w.Write(denied)
+}
+
+func reply(w http.ResponseWriter, status int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		status, data = http.StatusInternalServerError, []byte(`{"error":"encoding the reply failed"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(data, '\n'))
+}
+
+// fail answers an error as JSON {"error": "..."} with the status its class calls for.
+func (h *handler) fail(w http.ResponseWriter, err error) {
+	status := http.StatusInternalServerError
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		status = http.StatusRequestEntityTooLarge
+	case errdefs.IsPermissionDenied(err):
+		status = http.StatusForbidden
+	case errdefs.IsInvalidArgument(err):
+		status = http.StatusBadRequest
+	case errdefs.IsNotFound(err):
+		status = http.StatusNotFound
+	case errdefs.IsResourceExhausted(err):
+		status = http.StatusTooManyRequests
+	case errdefs.IsFailedPrecondition(err), errdefs.IsAlreadyExists(err):
+		status = http.StatusConflict
+	case errors.Is(err, context.Canceled):
+		return
+	}
+	msg := err.Error()
+	if cls := errdefs.Resolve(err); cls != errdefs.ErrUnknown {
+		msg = strings.TrimSuffix(msg, ": "+cls.Error())
+	}
+	if status == http.StatusInternalServerError {
+		h.log.Error("session endpoint", "session", h.id, "err", err)
+	}
+	reply(w, status, map[string]string{"error": msg})
+}
+
+func (h *handler) self(w http.ResponseWriter, r *http.Request) {
+	s, err := h.d.Self(h.id)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	reply(w, http.StatusOK, s)
+}
+
+func (h *handler) spawn(w http.ResponseWriter, r *http.Request) {
+	var req spawn.Request
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			h.fail(w, err)
+			return
+		}
+		h.fail(w, fmt.Errorf("the request body is not a spawn request {capsule, version, task, wait}: %v: %w", err, errdefs.ErrInvalidArgument))
+		return
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		h.fail(w, fmt.Errorf("the request body holds more than one JSON value: %w", errdefs.ErrInvalidArgument))
+		return
+	}
+	res, err := h.d.Spawn(r.Context(), h.id, req)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	reply(w, http.StatusCreated, res)
+}
+
+func (h *handler) children(w http.ResponseWriter, r *http.Request) {
+	list, err := h.d.Children(h.id)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	if list == nil {
+		list = []spawn.ChildInfo{}
+	}
+	reply(w, http.StatusOK, list)
+}
+
+func (h *handler) child(w http.ResponseWriter, r *http.Request) {
+	c, err := h.d.Child(h.id, r.PathValue("id"))
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	reply(w, http.StatusOK, c)
+}
+
+func (h *handler) wait(w http.ResponseWriter, r *http.Request) {
+	c, err := h.d.WaitChild(r.Context(), h.id, r.PathValue("id"))
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	reply(w, http.StatusOK, c)
+}
+
+func (h *handler) stop(w http.ResponseWriter, r *http.Request) {
+	c, err := h.d.StopChild(r.Context(), h.id, r.PathValue("id"))
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	reply(w, http.StatusOK, c)
+}

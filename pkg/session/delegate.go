@@ -1,0 +1,390 @@
+package session
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/spawn"
+	"roost.dev/roost/pkg/workdir"
+)
+
+// The session manager serves what sessions ask through their endpoints.
+var _ spawn.Delegator = (*Manager)(nil)
+
+// maxTask bounds the task text a parent hands a child.
+const maxTask = 256 << 10
+
+// SpawnObserver hears about spawn decisions, for metrics.
+type SpawnObserver interface {
+	SpawnDecided(result string, took time.Duration)
+}
+
+// Live says whether a session runs: only then is its credential honoured.
+func (m *Manager) Live(id string) bool {
+	var live bool
+	_ = m.reg.View(func(tx *Tx) error {
+		rec, err := tx.Get(id)
+		live = err == nil && rec.State.Live()
+		return nil
+	})
+	return live
+}
+
+// liveRecord returns a running session by its exact id (never a prefix: an endpoint names the
+// session it serves).
+func (m *Manager) liveRecord(id string) (*Record, error) {
+	var rec *Record
+	err := m.reg.View(func(tx *Tx) (err error) {
+		rec, err = tx.Get(id)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if !rec.State.Live() {
+		return nil, fmt.Errorf("session %s is %s: %w", id, rec.State, errdefs.ErrFailedPrecondition)
+	}
+	return rec, nil
+}
+
+// childrenOf lists a session's children.
+func (m *Manager) childrenOf(parentID string) ([]*Record, error) {
+	var out []*Record
+	err := m.reg.View(func(tx *Tx) error {
+		all, err := tx.List(nil)
+		for _, r := range all {
+			if r.ParentID == parentID {
+				out = append(out, r)
+			}
+		}
+		return err
+	})
+	return out, err
+}
+
+func (m *Manager) policyOf(rec *Record) (*manifest.Policy, error) {
+	var raw []byte
+	if err := m.reg.View(func(tx *Tx) (err error) {
+		raw, err = tx.Manifest(rec.ID)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	man, err := manifest.Parse(raw, rec.Capsule.Source+"/"+manifest.FileName)
+	if err != nil {
+		return nil, err
+	}
+	p := manifest.Lower(man)
+	return &p, nil
+}
+
+// Self is what a session sees of itself.
+func (m *Manager) Self(id string) (spawn.Self, error) {
+	rec, err := m.liveRecord(id)
+	if err != nil {
+		return spawn.Self{}, err
+	}
+	kids, err := m.childrenOf(id)
+	if err != nil {
+		return spawn.Self{}, err
+	}
+	return spawn.Self{
+		SessionID:      rec.ID,
+		Capsule:        rec.Capsule.Name + "@" + rec.Capsule.Version,
+		ParentID:       rec.ParentID,
+		Containment:    rec.Achieved,
+		DepthRemaining: rec.DepthRemaining,
+		LiveChildren:   countLive(kids),
+		DeadlineAt:     rec.DeadlineAt,
+	}, nil
+}
+
+func countLive(recs []*Record) int {
+	n := 0
+	for _, r := range recs {
+		if r.State == Staged || r.State.Live() {
+			n++
+		}
+	}
+	return n
+}
+
+// Spawn referees a session's request for a child and, granted, stages and launches it:
+// with the parent as its parent, in a workdir of its own beneath the parent's (or a copy of
+// the parent's, for names in spawn.workdir_snapshot), with the task text given.
+func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request) (res spawn.SpawnResult, err error) {
+	began := time.Now()
+	result := "granted"
+	var took time.Duration
+	defer func() {
+		if took == 0 {
+			took = time.Since(began)
+		}
+		if obs, ok := m.cfg.Observer.(SpawnObserver); ok {
+			obs.SpawnDecided(result, took)
+		}
+	}()
+	parent, err := m.liveRecord(parentID)
+	if err != nil {
+		result = "failed"
+		return res, err
+	}
+	if err := checkName(req); err != nil {
+		result = "invalid"
+		return res, err
+	}
+	l := m.lookup(parentID)
+	if l == nil {
+		result = "failed"
+		return res, fmt.Errorf("session %s is not supervised by this daemon: %w", parentID, errdefs.ErrFailedPrecondition)
+	}
+	// One spawn at a time per parent: two must not both pass the live-children count.
+	l.spawnMu.Lock()
+	defer l.spawnMu.Unlock()
+
+	pp, err := m.policyOf(parent)
+	if err != nil {
+		result = "failed"
+		return res, err
+	}
+	ref := req.Capsule + "@" + req.Version
+	// spawn.allow is judged before the name is looked up, so nothing about the store can be
+	// learnt through names the session may not spawn.
+	if !slices.Contains(pp.Spawn.Allow, req.Capsule) {
+		err := spawn.Referee(spawn.Parent{ID: parentID, Policy: pp}, spawn.Child{Name: req.Capsule, Ref: ref}, m.cfg.MaxConcurrent)
+		result = "refused_" + spawn.ReasonSpawnAllow
+		m.traceDelegation(parent, ref, "", err)
+		return res, err
+	}
+	child, err := m.plan(StageOptions{Capsule: ref})
+	if err != nil {
+		result = "failed"
+		return res, err
+	}
+	kids, err := m.childrenOf(parentID)
+	if err != nil {
+		result = "failed"
+		return res, err
+	}
+	achieved, _ := manifest.ParseClass(parent.Achieved)
+	verdict := spawn.Referee(
+		spawn.Parent{ID: parentID, Policy: pp, Achieved: achieved, DepthRemaining: parent.DepthRemaining, LiveChildren: countLive(kids)},
+		spawn.Child{Name: req.Capsule, Ref: ref, Policy: &child.policy, Floor: child.decision.Floor},
+		m.cfg.MaxConcurrent)
+	if verdict != nil {
+		if r, ok := verdict.(*spawn.Refusal); ok {
+			result = "refused_" + r.Reason
+		}
+		m.traceDelegation(parent, ref, "", verdict)
+		return res, verdict
+	}
+	if !child.decision.Met {
+		result = "refused_containment"
+		err := errdefs.ErrFailedPrecondition.WithMessage(child.decision.Shortfall)
+		m.traceDelegation(parent, ref, "", err)
+		return res, err
+	}
+	if len(req.Task) > maxTask {
+		result = "invalid"
+		return res, fmt.Errorf("task: %d bytes, more than %d: %w", len(req.Task), maxTask, errdefs.ErrInvalidArgument)
+	}
+
+	dir, err := m.childWorkdir(parent, req.Capsule, slices.Contains(pp.Spawn.WorkdirSnapshot, req.Capsule))
+	if err != nil {
+		result = "failed"
+		return res, err
+	}
+	var task []byte
+	if req.Task != "" {
+		task = []byte(req.Task)
+	}
+	staged, err := m.Stage(StageOptions{Capsule: ref, Workdir: dir.host, ownsWorkdir: true, ParentID: parentID, Task: task, DepthRemaining: parent.DepthRemaining - 1})
+	if err != nil {
+		result = "failed"
+		return res, err
+	}
+	m.traceDelegation(parent, ref, staged.ID, nil)
+	launched, err := m.Launch(context.WithoutCancel(ctx), staged.ID)
+	if err != nil {
+		// The parent ended before the child could launch: nothing of the child remains.
+		result = "failed"
+		if rerr := m.Remove(staged.ID); rerr != nil {
+			m.cfg.Logger.Warn("removing a child that never launched", "session", staged.ID, "err", rerr)
+		}
+		return res, err
+	}
+	took = time.Since(began)
+	if launched.State == Exited && launched.ExitStatus == StatusStartFailed {
+		result = "failed"
+	}
+	res.ChildInfo = m.childInfo(parent, launched)
+	if req.Wait {
+		c, err := m.WaitChild(ctx, parentID, launched.ID)
+		if err != nil {
+			return res, err
+		}
+		res.Completion = &c
+	}
+	return res, nil
+}
+
+func checkName(req spawn.Request) error {
+	if req.Capsule == "" || req.Version == "" {
+		return fmt.Errorf("a spawn names a pushed capsule: {\"capsule\": NAME, \"version\": VERSION}: %w", errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// childDir is where a child works: its path on the host, and as its parent sees it.
+type childDir struct {
+	host string
+	rel  string
+}
+
+// childWorkdir makes a child's workdir. A sealed parent's children work beneath its own
+// workdir, at .roost/children/<name>-<16 hex>, which the parent sees read-only (so it can
+// swap nothing there for a link). A parent without a sealed root could, so its children
+// work in roost's own state directory and the parent finds a link to each at that place.
+// For a name in spawn.workdir_snapshot the child starts with a copy of the parent's
+// workdir, taken by descriptors, links copied as links.
+func (m *Manager) childWorkdir(parent *Record, name string, snapshot bool) (childDir, error) {
+	suffix := make([]byte, 8)
+	if _, err := rand.Read(suffix); err != nil {
+		return childDir{}, err
+	}
+	leaf := name + "-" + hex.EncodeToString(suffix)
+	rel := filepath.Join(containment.ChildrenRoot, "children", leaf)
+	d := childDir{rel: rel}
+	if parent.Achieved == manifest.Sealed.String() {
+		if err := workdir.MkdirAll(parent.Workdir, rel); err != nil {
+			return d, fmt.Errorf("the child's workdir: %w", err)
+		}
+		d.host = filepath.Join(parent.Workdir, rel)
+	} else {
+		d.host = filepath.Join(m.cfg.StateDir, workDir, "child-"+leaf)
+		if err := workdir.MkdirAll(m.cfg.StateDir, filepath.Join(workDir, "child-"+leaf)); err != nil {
+			return d, err
+		}
+		if err := workdir.MkdirAll(parent.Workdir, filepath.Dir(rel)); err != nil {
+			return d, fmt.Errorf("the child's workdir: %w", err)
+		}
+		if err := workdir.Symlink(parent.Workdir, rel, d.host); err != nil {
+			return d, fmt.Errorf("the child's workdir: %w", err)
+		}
+	}
+	if snapshot {
+		if err := workdir.Copy(parent.Workdir, d.host, containment.ChildrenRoot); err != nil {
+			return d, fmt.Errorf("copying the parent's workdir for the child: %w", err)
+		}
+	}
+	return d, nil
+}
+
+// childInfo is a child as its parent sees it.
+func (m *Manager) childInfo(parent, c *Record) spawn.ChildInfo {
+	rel, err := filepath.Rel(parent.Workdir, c.Workdir)
+	if err != nil || parent.Achieved != manifest.Sealed.String() {
+		rel = filepath.Join(containment.ChildrenRoot, "children", filepath.Base(c.Workdir)[len("child-"):])
+	}
+	return spawn.ChildInfo{
+		SessionID:  c.ID,
+		Capsule:    c.Capsule.Name + "@" + c.Capsule.Version,
+		State:      string(c.State),
+		ExitStatus: string(c.ExitStatus),
+		ExitCode:   c.ExitCode,
+		Detail:     c.Detail,
+		Workdir:    rel,
+	}
+}
+
+// ownChild returns the child childID of parentID; any other id, existing or not, is the
+// same not-found, so a session learns nothing of sessions that are not its children.
+func (m *Manager) ownChild(parentID, childID string) (*Record, *Record, error) {
+	parent, err := m.liveRecord(parentID)
+	if err != nil {
+		return nil, nil, err
+	}
+	var c *Record
+	_ = m.reg.View(func(tx *Tx) (err error) {
+		c, err = tx.Get(childID)
+		return err
+	})
+	if c == nil || c.ParentID != parentID {
+		return nil, nil, fmt.Errorf("no child %q: %w", childID, errdefs.ErrNotFound)
+	}
+	return parent, c, nil
+}
+
+// Children lists the session's own children.
+func (m *Manager) Children(parentID string) ([]spawn.ChildInfo, error) {
+	parent, err := m.liveRecord(parentID)
+	if err != nil {
+		return nil, err
+	}
+	kids, err := m.childrenOf(parentID)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]spawn.ChildInfo, 0, len(kids))
+	for _, c := range kids {
+		out = append(out, m.childInfo(parent, c))
+	}
+	return out, nil
+}
+
+// Child returns one of the session's own children.
+func (m *Manager) Child(parentID, childID string) (spawn.ChildInfo, error) {
+	parent, c, err := m.ownChild(parentID, childID)
+	if err != nil {
+		return spawn.ChildInfo{}, err
+	}
+	return m.childInfo(parent, c), nil
+}
+
+// WaitChild blocks until the child has ended and returns its completion.
+func (m *Manager) WaitChild(ctx context.Context, parentID, childID string) (spawn.Completion, error) {
+	if _, _, err := m.ownChild(parentID, childID); err != nil {
+		return spawn.Completion{}, err
+	}
+	c, err := m.Wait(ctx, childID)
+	if err != nil {
+		return spawn.Completion{}, err
+	}
+	return completion(c), nil
+}
+
+// StopChild stops one of the session's children and returns its completion.
+func (m *Manager) StopChild(ctx context.Context, parentID, childID string) (spawn.Completion, error) {
+	if _, _, err := m.ownChild(parentID, childID); err != nil {
+		return spawn.Completion{}, err
+	}
+	c, err := m.Stop(ctx, childID, m.cfg.StopGrace)
+	if err != nil {
+		return spawn.Completion{}, err
+	}
+	return completion(c), nil
+}
+
+func completion(rec *Record) spawn.Completion {
+	c := spawn.Completion{
+		SessionID: rec.ID,
+		Capsule:   rec.Capsule.Name + "@" + rec.Capsule.Version,
+		Status:    string(rec.ExitStatus),
+		ExitCode:  rec.ExitCode,
+		Detail:    rec.Detail,
+		EndedAt:   rec.EndedAt,
+	}
+	if !rec.StartedAt.IsZero() && !rec.EndedAt.IsZero() {
+		c.DurationMS = rec.EndedAt.Sub(rec.StartedAt).Milliseconds()
+	}
+	return c
+}

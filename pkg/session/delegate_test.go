@@ -1,0 +1,351 @@
+package session
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"roost.dev/roost/pkg/artifact"
+	"roost.dev/roost/pkg/endpoint"
+	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/spawn"
+)
+
+// delegation is a manager with an artifact store and real endpoints (on host loopback:
+// these sessions have no network namespace).
+type delegation struct {
+	t     *testing.T
+	m     *Manager
+	store *artifact.Store
+	keys  *spawn.Keys
+	state string
+}
+
+func delegationConfig(t *testing.T, state string, store *artifact.Store, maxDepth, maxConcurrent int) (Config, *spawn.Keys) {
+	t.Helper()
+	keys, err := spawn.LoadKeys(filepath.Join(state, spawn.KeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps, err := endpoint.New(keys, filepath.Join(state, "netns"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(state, &recorder{})
+	cfg.Artifacts, cfg.Endpoints = store, eps
+	cfg.MaxDepth, cfg.MaxConcurrent = maxDepth, maxConcurrent
+	return cfg, keys
+}
+
+func newDelegation(t *testing.T, maxDepth, maxConcurrent int) *delegation {
+	t.Helper()
+	state := t.TempDir()
+	store, err := artifact.Open(filepath.Join(state, "artifacts"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	cfg, keys := delegationConfig(t, state, store, maxDepth, maxConcurrent)
+	m, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &delegation{t: t, m: m, store: store, keys: keys, state: state}
+	t.Cleanup(func() { d.endAll(); d.m.Close() })
+	return d
+}
+
+// endAll kills whatever a test left running: sessions outlive their manager by design.
+func (d *delegation) endAll() {
+	recs, _ := d.m.List(false)
+	for _, r := range recs {
+		if r.State.Live() {
+			_, _ = d.m.Kill(context.Background(), r.ID, syscall.SIGKILL)
+		}
+	}
+}
+
+// push stores a capsule named name@0.1.0 running command, with the given capabilities.
+func (d *delegation) push(name, command, caps string) {
+	d.t.Helper()
+	dir := d.t.TempDir()
+	src := fmt.Sprintf("name: %s\nversion: 0.1.0\nrun:\n  command: [\"/bin/sh\", \"-c\", %s]\ncapabilities:\n  containment: advisory\n%s", name, jsonString(command), caps)
+	if err := os.WriteFile(filepath.Join(dir, manifest.FileName), []byte(src), 0o644); err != nil {
+		d.t.Fatal(err)
+	}
+	if _, _, err := d.store.Push(dir); err != nil {
+		d.t.Fatal(err)
+	}
+}
+
+// start runs a pushed capsule as a top-level session.
+func (d *delegation) start(name string) *Record {
+	d.t.Helper()
+	return run(d.t, d.m, StageOptions{Capsule: name + "@0.1.0"})
+}
+
+func (d *delegation) spawn(parent *Record, name, task string, wait bool) (spawn.SpawnResult, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return d.m.Spawn(ctx, parent.ID, spawn.Request{Capsule: name, Version: "0.1.0", Task: task, Wait: wait})
+}
+
+const parentCaps = `  spawn:
+    allow: [worker, sleeper, middle]
+  network:
+    allow: [example.com]
+`
+
+func TestSpawnRunsChildWithTask(t *testing.T) {
+	d := newDelegation(t, 3, 4)
+	d.push("parent", "sleep 30", parentCaps)
+	d.push("worker", `cat "$ROOST_TASK_FILE" > result.txt; echo "parent=$ROOST_SESSION_ID"`, "")
+	parent := d.start("parent")
+
+	res, err := d.spawn(parent, "worker", "count the stars", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Completion == nil || res.Completion.Status != "ok" || *res.Completion.ExitCode != 0 {
+		t.Fatalf("completion: %+v", res.Completion)
+	}
+	child, err := d.m.Get(res.SessionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if child.ParentID != parent.ID || child.DepthRemaining != parent.DepthRemaining-1 {
+		t.Errorf("child parent %q depth %d; want %q and %d", child.ParentID, child.DepthRemaining, parent.ID, parent.DepthRemaining-1)
+	}
+	// The parent reaches the child's files through its own workdir.
+	if !strings.HasPrefix(res.Workdir, ".roost/children/worker-") {
+		t.Fatalf("child workdir as the parent sees it: %q", res.Workdir)
+	}
+	got, err := os.ReadFile(filepath.Join(parent.Workdir, res.Workdir, "result.txt"))
+	if err != nil || string(got) != "count the stars" {
+		t.Fatalf("the child's file through the parent's workdir: %q, %v", got, err)
+	}
+	var c spawn.Completion
+	data, err := os.ReadFile(filepath.Join(child.Workdir, CompletionFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &c); err != nil || c.SessionID != child.ID || c.Status != "ok" || c.Capsule != "worker@0.1.0" {
+		t.Fatalf("completion.json: %s (%v)", data, err)
+	}
+	var delegations int
+	for _, tr := range readTrace(t, parent.RecordsDir) {
+		if tr["event_type"] == "delegation" && tr["child_id"] == child.ID && tr["child"] == "worker@0.1.0" {
+			delegations++
+		}
+	}
+	if delegations != 1 {
+		t.Errorf("the parent's trace records %d delegations of the child, want 1", delegations)
+	}
+	list, err := d.m.Children(parent.ID)
+	if err != nil || len(list) != 1 || list[0].SessionID != child.ID || list[0].State != "exited" {
+		t.Fatalf("children: %+v, %v", list, err)
+	}
+}
+
+func TestSpawnRefusalsLaunchNothing(t *testing.T) {
+	d := newDelegation(t, 3, 4)
+	d.push("parent", "sleep 30", parentCaps)
+	d.push("worker", "true", "  network:\n    allow: [api.example.com]\n")
+	d.push("stranger", "true", "")
+	parent := d.start("parent")
+	before, _ := d.m.List(true)
+
+	_, err := d.spawn(parent, "stranger", "", false)
+	var r *spawn.Refusal
+	if !errors.As(err, &r) || r.Key != "capabilities.spawn.allow" || !errdefs.IsPermissionDenied(err) {
+		t.Fatalf("a name outside spawn.allow: %v", err)
+	}
+	_, err = d.spawn(parent, "worker", "", false)
+	if !errors.As(err, &r) || r.Reason != spawn.ReasonEnvelope {
+		t.Fatalf("an envelope mismatch: %v", err)
+	}
+	want := `capabilities.network.allow: the child declares "api.example.com", which its parent does not hold`
+	if err.Error() != want {
+		t.Errorf("refusal:\n got %s\nwant %s", err, want)
+	}
+	after, _ := d.m.List(true)
+	if len(after) != len(before) {
+		t.Errorf("a refused spawn left %d sessions behind", len(after)-len(before))
+	}
+	refusals := 0
+	for _, tr := range readTrace(t, parent.RecordsDir) {
+		if tr["event_type"] == "delegation_refused" {
+			refusals++
+		}
+	}
+	if refusals != 2 {
+		t.Errorf("the parent's trace records %d refusals, want 2", refusals)
+	}
+}
+
+func TestSpawnDepthAndConcurrency(t *testing.T) {
+	d := newDelegation(t, 1, 1)
+	d.push("parent", "sleep 30", parentCaps)
+	d.push("sleeper", "sleep 30", "  spawn:\n    allow: [sleeper]\n")
+	parent := d.start("parent")
+	if parent.DepthRemaining != 1 {
+		t.Fatalf("a top-level session under --max-depth 1 has depth %d", parent.DepthRemaining)
+	}
+	res, err := d.spawn(parent, "sleeper", "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// --max-concurrent 1: the second live child is one too many.
+	_, err = d.spawn(parent, "sleeper", "", false)
+	var r *spawn.Refusal
+	if !errors.As(err, &r) || r.Reason != spawn.ReasonChildren {
+		t.Fatalf("a second live child: %v", err)
+	}
+	// The child is one level down: no depth is left below it.
+	child, _ := d.m.Get(res.SessionID)
+	_, err = d.spawn(child, "sleeper", "", false)
+	if !errors.As(err, &r) || r.Reason != spawn.ReasonDepth {
+		t.Fatalf("a spawn with no depth left: %v", err)
+	}
+	// Once the child has ended there is room again.
+	if _, err := d.m.StopChild(context.Background(), parent.ID, child.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.spawn(parent, "sleeper", "", false); err != nil {
+		t.Fatalf("a child after the first ended: %v", err)
+	}
+}
+
+// A child sees itself and its own children: every other id, its parent and siblings
+// included, is not found.
+func TestChildSeesOnlyItsOwn(t *testing.T) {
+	d := newDelegation(t, 3, 4)
+	d.push("parent", "sleep 30", parentCaps)
+	d.push("sleeper", "sleep 30", "")
+	parent := d.start("parent")
+	a, err := d.spawn(parent, "sleeper", "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := d.spawn(parent, "sleeper", "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, other := range []string{b.SessionID, parent.ID, "ses_00000000000000000000000000000000"} {
+		if _, err := d.m.Child(a.SessionID, other); !errdefs.IsNotFound(err) {
+			t.Errorf("child A looking at %s: %v, want not found", other, err)
+		}
+		if _, err := d.m.StopChild(context.Background(), a.SessionID, other); !errdefs.IsNotFound(err) {
+			t.Errorf("child A stopping %s: %v, want not found", other, err)
+		}
+	}
+	if kids, err := d.m.Children(a.SessionID); err != nil || len(kids) != 0 {
+		t.Errorf("child A's children: %+v, %v", kids, err)
+	}
+	if rec, _ := d.m.Get(b.SessionID); rec.State != Running {
+		t.Errorf("sibling B is %s after A tried to stop it", rec.State)
+	}
+	if s, err := d.m.Self(a.SessionID); err != nil || s.SessionID != a.SessionID || s.ParentID != parent.ID {
+		t.Errorf("self: %+v, %v", s, err)
+	}
+}
+
+// The lifeline: killing a parent ends its whole subtree, each end recorded terminated.
+func TestKillingParentEndsSubtree(t *testing.T) {
+	d := newDelegation(t, 3, 4)
+	d.push("parent", "sleep 30", parentCaps)
+	d.push("middle", "sleep 30", "  spawn:\n    allow: [sleeper]\n")
+	d.push("sleeper", "sleep 30", "")
+	parent := d.start("parent")
+	mid, err := d.spawn(parent, "middle", "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	midRec, _ := d.m.Get(mid.SessionID)
+	leaf, err := d.spawn(midRec, "sleeper", "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := d.m.Kill(ctx, parent.ID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// Kill answers once the subtree is gone too.
+	for _, id := range []string{mid.SessionID, leaf.SessionID} {
+		rec, _ := d.m.Get(id)
+		if rec.State != Exited || rec.ExitStatus != StatusTerminated || !strings.Contains(rec.Detail, "its parent ses_") {
+			t.Errorf("%s: %s %s %q", id, rec.State, rec.ExitStatus, rec.Detail)
+		}
+		if _, err := os.Stat(filepath.Join(rec.Workdir, CompletionFile)); err != nil {
+			t.Errorf("%s left no completion: %v", id, err)
+		}
+	}
+	// An ended parent's credential no longer spawns anything.
+	if _, err := d.spawn(parent, "sleeper", "", false); err == nil {
+		t.Fatal("an ended parent spawned a child")
+	}
+}
+
+// A restarted daemon honours the credentials of sessions it re-attaches, on the same
+// endpoint, and stops children whose parent ended while it was down.
+func TestDelegationSurvivesRestart(t *testing.T) {
+	d := newDelegation(t, 3, 4)
+	d.push("parent", "sleep 30", parentCaps)
+	d.push("sleeper", "sleep 30", "")
+	parent := d.start("parent")
+	survivor := d.start("parent")
+	res, err := d.spawn(parent, "sleeper", "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	survivor, _ = d.m.Get(survivor.ID)
+	d.m.Close()
+	// The parent dies while no daemon watches.
+	if err := syscall.Kill(-parent.Process.PID, syscall.SIGKILL); err != nil {
+		if err := syscall.Kill(parent.Process.PID, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFile(t, filepath.Join(parent.RecordsDir, "exit.json"))
+
+	cfg, _ := delegationConfig(t, d.state, d.store, 3, 4)
+	m, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.m = m
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	child, err := m.Wait(ctx, res.SessionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if child.ExitStatus != StatusTerminated || !strings.Contains(child.Detail, parent.ID) {
+		t.Errorf("the orphaned child: %s %q", child.ExitStatus, child.Detail)
+	}
+	// The survivor's endpoint listens where its environment says, and its credential works.
+	url := fmt.Sprintf("http://127.0.0.1:%d/v1/self", survivor.EndpointPort)
+	req, _ := http.NewRequest("GET", url, nil)
+	req.Header.Set("Authorization", "Bearer "+d.keys.Mint(survivor.ID))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), survivor.ID) {
+		t.Fatalf("self after restart: %d %s", resp.StatusCode, body)
+	}
+}

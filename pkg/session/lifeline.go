@@ -1,0 +1,139 @@
+package session
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"roost.dev/roost/pkg/workdir"
+)
+
+// CompletionFile is what a child leaves in its workdir when it ends, for its parent.
+const CompletionFile = "completion.json"
+
+// The lifeline: no session outlives its parent. When a session ends, for whatever reason,
+// each of its live children is stopped and recorded terminated; their ends stop theirs in
+// turn, so a whole subtree goes.
+
+// endChildren stops every live child of a session that has ended.
+func (m *Manager) endChildren(parentID string) {
+	kids, err := m.childrenOf(parentID)
+	if err != nil {
+		m.cfg.Logger.Error("lifeline", "session", parentID, "err", err)
+		return
+	}
+	for _, c := range kids {
+		if !c.State.Live() {
+			// A staged child is refused at launch: its parent is no longer live.
+			continue
+		}
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			m.stopOrphan(c.ID, parentID)
+		}()
+	}
+}
+
+// stopOrphan stops a session whose parent has ended. A child still launching is stopped as
+// soon as it runs.
+func (m *Manager) stopOrphan(id, parentID string) {
+	rec, err := m.waitState(m.ctx, id, func(r *Record) bool { return r.State != Launching })
+	if err != nil || !rec.State.Live() {
+		return
+	}
+	l := m.lookup(id)
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// No process yet: recovery has not re-attached it, and stops it once it has.
+	if m.ctx.Err() != nil || l.proc == nil {
+		return
+	}
+	saw := fmt.Sprintf("its parent %s ended", parentID)
+	if err := m.beginStopSaying(l, id, EndParent, saw, m.cfg.StopGrace); err != nil {
+		m.cfg.Logger.Error("lifeline", "session", id, "parent", parentID, "err", err)
+	}
+}
+
+// stopOrphans stops, after a restart, live sessions whose parent ended while no daemon watched.
+func (m *Manager) stopOrphans() error {
+	var recs []*Record
+	if err := m.reg.View(func(tx *Tx) (err error) {
+		recs, err = tx.List(nil)
+		return err
+	}); err != nil {
+		return err
+	}
+	live := map[string]bool{}
+	for _, r := range recs {
+		live[r.ID] = r.State.Live()
+	}
+	for _, r := range recs {
+		if r.ParentID != "" && r.State.Live() && !live[r.ParentID] {
+			m.wg.Add(1)
+			go func() {
+				defer m.wg.Done()
+				m.stopOrphan(r.ID, r.ParentID)
+			}()
+		}
+	}
+	return nil
+}
+
+// waitSubtree blocks until no descendant of the session is live.
+func (m *Manager) waitSubtree(ctx context.Context, id string) error {
+	for {
+		changed := m.changed.wait()
+		var recs []*Record
+		if err := m.reg.View(func(tx *Tx) (err error) {
+			recs, err = tx.List(nil)
+			return err
+		}); err != nil {
+			return err
+		}
+		if !anyLiveBelow(recs, id) {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func anyLiveBelow(recs []*Record, root string) bool {
+	kids := map[string][]*Record{}
+	for _, r := range recs {
+		if r.ParentID != "" {
+			kids[r.ParentID] = append(kids[r.ParentID], r)
+		}
+	}
+	queue := []string{root}
+	for len(queue) > 0 {
+		id := queue[0]
+		queue = queue[1:]
+		for _, c := range kids[id] {
+			if c.State.Live() {
+				return true
+			}
+			queue = append(queue, c.ID)
+		}
+	}
+	return false
+}
+
+// writeCompletion leaves the child's end in its workdir, written beneath it without
+// following any link the child planted.
+func (m *Manager) writeCompletion(rec *Record) {
+	data, err := json.MarshalIndent(completion(rec), "", "  ")
+	if err != nil {
+		return
+	}
+	if err := workdir.WriteFile(rec.Workdir, CompletionFile, append(data, '\n'), 0o644); err != nil {
+		m.cfg.Logger.Warn("writing the completion", "session", rec.ID, "err", err)
+	}
+}

@@ -1,0 +1,166 @@
+package spawn
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"roost.dev/roost/pkg/manifest"
+)
+
+// Parent is what the referee knows of the session asking to spawn.
+type Parent struct {
+	ID       string
+	Policy   *manifest.Policy
+	Achieved manifest.Class
+	// DepthRemaining is how many levels may still be started below the parent: the least
+	// of roostd --max-depth and every ancestor's spawn.max_depth, one less at each level.
+	DepthRemaining int
+	LiveChildren   int
+}
+
+// Child is what the parent asks to start.
+type Child struct {
+	// Name is the child capsule's name, Ref its name@version.
+	Name, Ref string
+	Policy    *manifest.Policy
+	// Floor is the containment class the child would be staged with.
+	Floor manifest.Class
+}
+
+// Why a spawn is refused, as a bounded metric label.
+const (
+	ReasonSpawnAllow = "spawn_allow"
+	ReasonDepth      = "depth"
+	ReasonChildren   = "children"
+	ReasonEnvelope   = "envelope"
+)
+
+// Refusal is a spawn the referee refused, naming the manifest key and the entry that
+// failed. It classifies as permission denied.
+type Refusal struct {
+	Reason string
+	Key    string
+	Msg    string
+}
+
+func (r *Refusal) Error() string { return r.Key + ": " + r.Msg }
+
+// Forbidden marks the refusal as permission denied for errdefs.
+func (*Refusal) Forbidden() {}
+
+// Referee decides a spawn, in this order: the child's name is in the parent's spawn.allow;
+// the parent has depth left; it has room for another live child (its spawn.max_children
+// and roostd --max-concurrent); the child's policy lies inside the parent's on every axis.
+// A mismatch is refused, never narrowed.
+func Referee(p Parent, c Child, maxConcurrent int) error {
+	if !slices.Contains(p.Policy.Spawn.Allow, c.Name) {
+		return &Refusal{ReasonSpawnAllow, "capabilities.spawn.allow",
+			fmt.Sprintf("%q is not among the capsules this session may spawn (%s)", c.Name, listOrNone(p.Policy.Spawn.Allow))}
+	}
+	if p.DepthRemaining < 1 {
+		return &Refusal{ReasonDepth, "capabilities.spawn.max_depth",
+			"no delegation depth is left at this level (spawn.max_depth of this session or an ancestor, or roostd --max-depth)"}
+	}
+	limit := int(p.Policy.Spawn.MaxChildren.Value)
+	if maxConcurrent < limit {
+		limit = maxConcurrent
+	}
+	if p.LiveChildren >= limit {
+		return &Refusal{ReasonChildren, "capabilities.spawn.max_children",
+			fmt.Sprintf("%d children are live, the most this session may have at once (spawn.max_children %d, roostd --max-concurrent %d)",
+				p.LiveChildren, p.Policy.Spawn.MaxChildren.Value, maxConcurrent)}
+	}
+	return envelope(p, c)
+}
+
+func listOrNone(items []string) string {
+	if len(items) == 0 {
+		return "none"
+	}
+	return strings.Join(items, ", ")
+}
+
+func refuse(key, format string, args ...any) error {
+	return &Refusal{ReasonEnvelope, key, fmt.Sprintf(format, args...)}
+}
+
+// envelope checks that the child holds nothing its parent does not, axis by axis.
+func envelope(p Parent, c Child) error {
+	pp, cp := p.Policy, c.Policy
+	for _, r := range cp.Network.Allow {
+		if !slices.ContainsFunc(pp.Network.Allow, func(q manifest.NetRule) bool { return Covers(q, r) }) {
+			return refuse("capabilities.network.allow", "the child declares %q, which its parent does not hold", r.String())
+		}
+	}
+	if cp.Network.UnixSockets && !pp.Network.UnixSockets {
+		return refuse("capabilities.network.unix_sockets", "the child declares true; its parent does not hold it")
+	}
+	for _, axis := range []struct {
+		key           string
+		child, parent []string
+	}{
+		{"capabilities.shell.allow", cp.Shell.Allow, pp.Shell.Allow},
+		{"capabilities.spawn.allow", cp.Spawn.Allow, pp.Spawn.Allow},
+		{"capabilities.env.allow", cp.Env.Allow, pp.Env.Allow},
+	} {
+		for _, e := range axis.child {
+			if !slices.Contains(axis.parent, e) {
+				return refuse(axis.key, "the child declares %q, which its parent does not hold", e)
+			}
+		}
+	}
+	if ps := pp.Filesystem.Scope; ps != "" {
+		cs := cp.Filesystem.Scope
+		if cs == "" {
+			return refuse("capabilities.filesystem.scope", "the child asks for the whole workdir; its parent is scoped to %q", ps)
+		}
+		if cs != ps && !strings.HasPrefix(cs, ps+"/") {
+			return refuse("capabilities.filesystem.scope", "the child declares %q, which is not %q or beneath it", cs, ps)
+		}
+	}
+	if cp.Filesystem.WorkdirExec && !pp.Filesystem.WorkdirExec {
+		return refuse("capabilities.filesystem.workdir_exec", "the child declares true; its parent does not hold it")
+	}
+	cr, pr := cp.Resources, pp.Resources
+	for _, l := range []struct {
+		key           string
+		child, parent manifest.Limit
+	}{
+		{"capabilities.resources.cgroup_memory_bytes", cr.CgroupMemoryBytes, pr.CgroupMemoryBytes},
+		{"capabilities.resources.cgroup_pids_max", cr.CgroupPidsMax, pr.CgroupPidsMax},
+		{"capabilities.resources.cgroup_cpu_percent", cr.CgroupCPUPercent, pr.CgroupCPUPercent},
+		{"capabilities.resources.max_open_files", cr.MaxOpenFiles, pr.MaxOpenFiles},
+		{"capabilities.resources.max_file_size_bytes", cr.MaxFileSizeBytes, pr.MaxFileSizeBytes},
+		{"capabilities.resources.cpu_seconds", cr.CPUSeconds, pr.CPUSeconds},
+		{"capabilities.resources.max_processes", cr.MaxProcesses, pr.MaxProcesses},
+		{"capabilities.resources.memory_bytes", cr.MemoryBytes, pr.MemoryBytes},
+		{"capabilities.resources.workdir_max_bytes", cr.WorkdirMaxBytes, pr.WorkdirMaxBytes},
+		{"capabilities.limits.memory_bytes", cp.Limits.MemoryBytes, pp.Limits.MemoryBytes},
+		{"capabilities.limits.deadline_seconds", cp.Limits.DeadlineSeconds, pp.Limits.DeadlineSeconds},
+	} {
+		if l.child.Value > l.parent.Value {
+			return refuse(l.key, "the child's %d is more than its parent's %d", l.child.Value, l.parent.Value)
+		}
+	}
+	if c.Floor < p.Achieved {
+		return refuse("capabilities.containment", "the child would run %s, weaker than its parent's %s; a child's containment may only rise", c.Floor, p.Achieved)
+	}
+	return nil
+}
+
+// Covers says whether the parent's network.allow entry p admits everything the child's
+// entry c does: a bare host covers every scheme and port of it, host:port that port under
+// any scheme, scheme://host[:port] only itself.
+func Covers(p, c manifest.NetRule) bool {
+	switch {
+	case p.Host != c.Host:
+		return false
+	case p.Scheme != "":
+		return p == c
+	case p.Port != 0:
+		return c.Port == p.Port
+	default:
+		return true
+	}
+}
