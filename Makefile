@@ -21,6 +21,8 @@ build: deps
 deps:
 	@pkg-config --exists libseccomp 2>/dev/null || { echo "installing libseccomp-dev"; \
 		apt-get install -y -qq libseccomp-dev pkg-config || { apt-get update -qq && apt-get install -y -qq libseccomp-dev pkg-config; }; }
+	@command -v curl >/dev/null || { echo "installing curl"; \
+		apt-get install -y -qq curl || { apt-get update -qq && apt-get install -y -qq curl; }; }
 
 ## test: everything CI checks: formatting, vet, staticcheck, the API lint and freshness of the
 ## generated code, unit tests (with the race detector) and the end-to-end tests.
@@ -58,12 +60,12 @@ proto-check: $(TOOLS)/buf $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
 	PATH=$(TOOLS):$$PATH $(TOOLS)/buf generate -o $$tmp && \
 	if ! diff -r $$tmp/api/gen api/gen; then echo "api/gen is stale: run make proto and commit the result"; exit 1; fi
 
-demo: build
+demo: deps build
 	./scripts/demo.sh
 
 ## bench: the benchmarks whose numbers the README quotes.
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 2s ./pkg/manifest/ ./pkg/session/ ./pkg/server/
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./pkg/manifest/ ./pkg/session/ ./pkg/server/ ./pkg/spawn/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s -fuzzminimizetime 5s ./pkg/manifest/

@@ -70,6 +70,12 @@ printf 'name: compile\nversion: 0.1.0\nrun:\n  command: [/bin/true]\ncapabilitie
 expect 125 ./bin/roostctl run --containment sealed "$compile"
 expect 0 ./bin/roostctl run examples/sealed
 
+echo
+echo "Delegation: a sealed parent spawns a pushed child through its own endpoint:"
+step ./bin/roostctl push examples/worker
+expect 0 ./bin/roostctl run examples/delegate
+step ./bin/roostctl ps --all --tree
+
 id=$(./bin/roostctl run --detach examples/deadline)
 echo "started $id in the background"
 step ./bin/roostctl stop --grace 5s "$id"

@@ -136,7 +136,7 @@ func with(base hold, more hold) hold {
 
 func plainGrants(class manifest.Class, p *manifest.Policy, h Host) []Grant {
 	noKernel := "not enforced: the " + class.String() + " class has no kernel sandbox"
-	noEndpoint := "this build serves no spawn endpoint, so roost starts no child for it; the program itself is not fenced off from roostd"
+	referee := "roost's endpoint (a host loopback port; the credential names the session) referees every spawn it launches, but nothing in this class stops the program from starting programs itself"
 	nproc := [2]string{Enforced, "RLIMIT_NPROC"}
 	if h.Root {
 		nproc = [2]string{Advisory, "RLIMIT_NPROC is set, but the kernel does not apply it to root, which this session runs as"}
@@ -149,10 +149,10 @@ func plainGrants(class manifest.Class, p *manifest.Policy, h Host) []Grant {
 		"filesystem.workdir_exec":       {Advisory, noKernel},
 		"filesystem.read_only":          {Advisory, noKernel},
 		"shell.allow":                   {Advisory, noKernel + " (no exec allowlist)"},
-		"spawn.allow":                   {Advisory, noEndpoint},
-		"spawn.workdir_snapshot":        {Advisory, noEndpoint},
-		"spawn.max_depth":               {Advisory, noEndpoint},
-		"spawn.max_children":            {Advisory, noEndpoint},
+		"spawn.allow":                   {Advisory, referee},
+		"spawn.workdir_snapshot":        {Advisory, referee},
+		"spawn.max_depth":               {Advisory, referee},
+		"spawn.max_children":            {Advisory, referee},
 		"resources.cgroup_memory_bytes": {Advisory, noKernel + " (no cgroup)"},
 		"resources.cgroup_pids_max":     {Advisory, noKernel + " (no cgroup)"},
 		"resources.cgroup_cpu_percent":  {Advisory, noKernel + " (no cgroup)"},
@@ -163,10 +163,10 @@ func plainGrants(class manifest.Class, p *manifest.Policy, h Host) []Grant {
 
 func scopedGrants(p *manifest.Policy) []Grant {
 	unix := [2]string{Enforced, "seccomp: socket(AF_UNIX) and socketpair fail with EACCES"}
-	spawn := [2]string{Enforced, "roostd's socket cannot be reached without AF_UNIX, and this build serves no spawn endpoint"}
+	spawn := [2]string{Enforced, "roost's endpoint (a host loopback port; the credential names the session) referees every spawn; roostd's socket cannot be reached without AF_UNIX"}
 	if p.Network.UnixSockets {
 		unix = [2]string{Enforced, "allowed"}
-		spawn = [2]string{Advisory, "AF_UNIX is allowed, so roostd's socket is reachable from the host's view; this build serves no spawn endpoint"}
+		spawn = [2]string{Advisory, "roost's endpoint referees every spawn, but AF_UNIX is allowed, so roostd's socket is reachable from the host's view"}
 	}
 	readOnly := [2]string{Enforced, "Landlock: nothing outside the scope is writable"}
 	if p.Filesystem.Scope == "" && len(p.Filesystem.ReadOnly) > 0 {
@@ -201,19 +201,19 @@ func sealedGrants(p *manifest.Policy) []Grant {
 	if p.Filesystem.WorkdirExec {
 		exec = [2]string{Enforced, "/work and /tmp are mounted exec"}
 	}
-	noSpawn := "sealed: roostd's socket is absent from the root, and this build serves no spawn endpoint"
+	referee := "the session's endpoint, inside its own network namespace, referees every spawn (spawn.allow, depth, live children, then the child's envelope); roostd's socket is absent from the root"
 	return with(common, hold{
 		"containment":                   {Enforced, "libcontainer: mount, pid, ipc, uts, net and cgroup namespaces; a composed read-only root; no capabilities; no_new_privs; seccomp (moby's default profile; no new namespaces, no ptrace)"},
-		"network.allow":                 {Enforced, "own network namespace with loopback only: nothing outside is reachable (the egress proxy that would admit these comes with the session endpoint)"},
+		"network.allow":                 {Enforced, "own network namespace with loopback only: nothing outside is reachable (no egress proxy admits these yet)"},
 		"network.unix_sockets":          unix,
 		"filesystem.scope":              {Enforced, "mounts: /work is read-only but for the scope"},
 		"filesystem.workdir_exec":       exec,
 		"filesystem.read_only":          {Enforced, "read-only bind mounts over /work"},
 		"shell.allow":                   {Enforced, "Landlock EXECUTE: only run.command[0], these (looked up on PATH inside the root) and their interpreters"},
-		"spawn.allow":                   {Enforced, noSpawn},
-		"spawn.workdir_snapshot":        {Enforced, noSpawn},
-		"spawn.max_depth":               {Enforced, noSpawn},
-		"spawn.max_children":            {Enforced, noSpawn},
+		"spawn.allow":                   {Enforced, referee},
+		"spawn.workdir_snapshot":        {Enforced, referee},
+		"spawn.max_depth":               {Enforced, referee},
+		"spawn.max_children":            {Enforced, referee},
 		"resources.cgroup_memory_bytes": {Enforced, "cgroup memory limit, swap 0; the OOM killer ends the session (crashed, oom)"},
 		"resources.cgroup_pids_max":     {Enforced, "cgroup pids.max"},
 		"resources.cgroup_cpu_percent":  {Enforced, "cgroup cpu quota per 100ms period"},

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"time"
@@ -233,6 +234,9 @@ func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request)
 			return res, err
 		}
 		res.Completion = &c
+		if final, err := m.Get(launched.ID); err == nil {
+			res.ChildInfo = m.childInfo(parent, final)
+		}
 	}
 	return res, nil
 }
@@ -270,14 +274,15 @@ func (m *Manager) childWorkdir(parent *Record, name string, snapshot bool) (chil
 		}
 		d.host = filepath.Join(parent.Workdir, rel)
 	} else {
+		if err := workdir.MkdirAll(parent.Workdir, filepath.Dir(rel)); err != nil {
+			return d, fmt.Errorf("the child's workdir: %w", err)
+		}
 		d.host = filepath.Join(m.cfg.StateDir, workDir, "child-"+leaf)
 		if err := workdir.MkdirAll(m.cfg.StateDir, filepath.Join(workDir, "child-"+leaf)); err != nil {
 			return d, err
 		}
-		if err := workdir.MkdirAll(parent.Workdir, filepath.Dir(rel)); err != nil {
-			return d, fmt.Errorf("the child's workdir: %w", err)
-		}
 		if err := workdir.Symlink(parent.Workdir, rel, d.host); err != nil {
+			os.Remove(d.host)
 			return d, fmt.Errorf("the child's workdir: %w", err)
 		}
 	}

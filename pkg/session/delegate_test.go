@@ -349,3 +349,55 @@ func TestDelegationSurvivesRestart(t *testing.T) {
 		t.Fatalf("self after restart: %d %s", resp.StatusCode, body)
 	}
 }
+
+// A name in spawn.workdir_snapshot starts with a copy of the parent's workdir: files copied,
+// links copied as links (never followed), the children's own tree left out.
+func TestSpawnWorkdirSnapshot(t *testing.T) {
+	d := newDelegation(t, 3, 4)
+	d.push("parent", "sleep 30", "  spawn:\n    allow: [worker]\n    workdir_snapshot: [worker]\n")
+	d.push("worker", "cat notes.txt > seen.txt; echo extra >> notes.txt", "")
+	parent := d.start("parent")
+	if err := os.WriteFile(filepath.Join(parent.Workdir, "notes.txt"), []byte("from the parent\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/etc/hostname", filepath.Join(parent.Workdir, "planted")); err != nil {
+		t.Fatal(err)
+	}
+	res, err := d.spawn(parent, "worker", "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, _ := d.m.Get(res.SessionID)
+	if got, _ := os.ReadFile(filepath.Join(child.Workdir, "seen.txt")); string(got) != "from the parent\n" {
+		t.Errorf("the child saw %q in its copy", got)
+	}
+	if target, err := os.Readlink(filepath.Join(child.Workdir, "planted")); err != nil || target != "/etc/hostname" {
+		t.Errorf("the planted link in the copy: %q, %v", target, err)
+	}
+	if _, err := os.Lstat(filepath.Join(child.Workdir, ".roost")); !os.IsNotExist(err) {
+		t.Errorf("the copy holds the parent's .roost: %v", err)
+	}
+	// The child wrote to its copy, not the parent's file.
+	if got, _ := os.ReadFile(filepath.Join(parent.Workdir, "notes.txt")); string(got) != "from the parent\n" {
+		t.Errorf("the parent's file became %q", got)
+	}
+}
+
+// A parent that planted a link where its children's tree goes gets a refusal, and nothing
+// is made through the link.
+func TestSpawnRefusesPlantedLink(t *testing.T) {
+	d := newDelegation(t, 3, 4)
+	d.push("parent", "sleep 30", "  spawn:\n    allow: [worker]\n")
+	d.push("worker", "true", "")
+	parent := d.start("parent")
+	outside := t.TempDir()
+	if err := os.Symlink(outside, filepath.Join(parent.Workdir, ".roost")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.spawn(parent, "worker", "", false); err == nil || !strings.Contains(err.Error(), "symlink") {
+		t.Fatalf("a spawn through a planted link: %v", err)
+	}
+	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
+		t.Errorf("roost made %d entries through the planted link", len(entries))
+	}
+}

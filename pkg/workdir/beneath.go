@@ -117,7 +117,11 @@ func WriteFile(root, rel string, data []byte, perm os.FileMode) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	return unix.Renameat(int(dir.Fd()), tmp, int(dir.Fd()), name)
+	if err := unix.Renameat(int(dir.Fd()), tmp, int(dir.Fd()), name); err != nil {
+		_ = unix.Unlinkat(int(dir.Fd()), tmp, 0)
+		return explain(rel, err)
+	}
+	return nil
 }
 
 // Copy copies the tree at src (beneath nothing: src is roost's to trust) into dst, which
@@ -152,7 +156,8 @@ func copyDir(src, dst *os.File, skip []string) error {
 		if err := unix.Fstatat(int(src.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return err
 		}
-		perm := uint32(st.Mode & 0o7777)
+		// The copy is root's: no setuid, setgid or sticky bit survives it.
+		perm := uint32(st.Mode & 0o777)
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
 			if err := unix.Mkdirat(int(dst.Fd()), name, perm|0o700); err != nil {
@@ -192,12 +197,21 @@ func copyDir(src, dst *os.File, skip []string) error {
 }
 
 func copyFileAt(src, dst *os.File, name string, perm uint32) error {
-	in, err := unix.Openat(int(src.Fd()), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	// O_NONBLOCK and the fstat: the entry may have been swapped for a FIFO or a device since
+	// it was looked at, and opening one must neither block nor copy it.
+	in, err := unix.Openat(int(src.Fd()), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return err
 	}
 	inf := os.NewFile(uintptr(in), name)
 	defer inf.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(in, &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil
+	}
 	out, err := unix.Openat(int(dst.Fd()), name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, perm)
 	if err != nil {
 		return err
