@@ -272,3 +272,32 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// A sealed session keeps its endpoint across a daemon crash: the restarted roostd listens
+// again in the session's pinned network namespace, and the credential it was given still
+// spawns.
+func TestDelegationAfterDaemonKill(t *testing.T) {
+	d := newDaemon(t)
+	d.push(capsule(t, "worker", "echo worker ran", sealedCaps("", "", 30)))
+	work := t.TempDir()
+	parent := capsule(t, "parent", apiShell+`
+while [ ! -e /work/go ]; do sleep 0.05; done
+api -d '{"capsule":"worker","version":"0.1.0","wait":true}' "$ROOST_ENDPOINT/v1/spawn"
+`, sealedCaps("curl, sleep", "worker", 60))
+	id := strings.TrimSpace(d.ok("run", "--detach", "--workdir", work, parent))
+	d.kill9()
+	d.start()
+	if err := os.WriteFile(filepath.Join(work, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if res := d.ctl("wait", id); res.code != 0 {
+		t.Fatalf("parent after the restart: %+v\n%s", res, d.log)
+	}
+	out := d.ok("logs", id)
+	if !strings.Contains(out, `"completion":{`) || !strings.Contains(out, `"status":"ok"`) {
+		t.Fatalf("the parent's spawn after the restart: %s", out)
+	}
+	if w := d.byCapsule("worker"); len(w) != 1 || w[0].ExitStatus != "ok" || d.ok("logs", w[0].ID) != "worker ran\n" {
+		t.Fatalf("worker: %+v", w)
+	}
+}
