@@ -59,33 +59,41 @@ func (m *Manager) liveRecord(id string) (*Record, error) {
 
 // childrenOf lists a session's children.
 func (m *Manager) childrenOf(parentID string) ([]*Record, error) {
+	all, err := m.allRecords()
 	var out []*Record
-	err := m.reg.View(func(tx *Tx) error {
-		all, err := tx.List(nil)
-		for _, r := range all {
-			if r.ParentID == parentID {
-				out = append(out, r)
-			}
+	for _, r := range all {
+		if r.ParentID == parentID {
+			out = append(out, r)
 		}
-		return err
-	})
+	}
 	return out, err
 }
 
-func (m *Manager) policyOf(rec *Record) (*manifest.Policy, error) {
+// recordedManifest is the manifest the session was staged with, and its policy.
+func (m *Manager) recordedManifest(rec *Record) (*manifest.Manifest, *manifest.Policy, error) {
 	var raw []byte
 	if err := m.reg.View(func(tx *Tx) (err error) {
 		raw, err = tx.Manifest(rec.ID)
 		return err
 	}); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	man, err := manifest.Parse(raw, rec.Capsule.Source+"/"+manifest.FileName)
 	if err != nil {
-		return nil, err
+		return nil, nil, fmt.Errorf("session %s: its recorded manifest no longer parses: %w", rec.ID, err)
 	}
 	p := manifest.Lower(man)
-	return &p, nil
+	return man, &p, nil
+}
+
+// allRecords lists every session the registry holds.
+func (m *Manager) allRecords() ([]*Record, error) {
+	var recs []*Record
+	err := m.reg.View(func(tx *Tx) (err error) {
+		recs, err = tx.List(nil)
+		return err
+	})
+	return recs, err
 }
 
 // Self is what a session sees of itself.
@@ -152,7 +160,7 @@ func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request)
 	l.spawnMu.Lock()
 	defer l.spawnMu.Unlock()
 
-	pp, err := m.policyOf(parent)
+	_, pp, err := m.recordedManifest(parent)
 	if err != nil {
 		result = "failed"
 		return res, err

@@ -152,18 +152,10 @@ const TaskFile = "task.md"
 
 // launchSpec builds the program's start from the manifest recorded at staging.
 func (m *Manager) launchSpec(rec *Record, class manifest.Class, ep spawn.Endpoint) (containment.Spec, error) {
-	var raw []byte
-	if err := m.reg.View(func(tx *Tx) (err error) {
-		raw, err = tx.Manifest(rec.ID)
-		return err
-	}); err != nil {
+	man, policy, err := m.recordedManifest(rec)
+	if err != nil {
 		return containment.Spec{}, err
 	}
-	man, err := manifest.Parse(raw, rec.Capsule.Source+"/"+manifest.FileName)
-	if err != nil {
-		return containment.Spec{}, fmt.Errorf("session %s: its recorded manifest no longer parses: %w", rec.ID, err)
-	}
-	policy := manifest.Lower(man)
 	view := hostView(rec)
 	if class == manifest.Sealed {
 		view = sealedView
@@ -186,14 +178,14 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, ep spawn.Endpoin
 		SessionID:  rec.ID,
 		Class:      class,
 		Argv:       view.command(rec),
-		Env:        environment(rec, man, &policy, m.cfg.HostEnv, view, extra),
+		Env:        environment(rec, man, policy, m.cfg.HostEnv, view, extra),
 		NetNS:      spec.NetNS,
 		Task:       spec.Task,
 		Dir:        rec.Workdir,
 		RecordsDir: rec.RecordsDir,
 		CapsuleDir: rec.Capsule.Source,
-		Rlimits:    containment.Rlimits(&policy),
-		Policy:     &policy,
+		Rlimits:    containment.Rlimits(policy),
+		Policy:     policy,
 	}, nil
 }
 

@@ -60,11 +60,8 @@ func (m *Manager) stopOrphan(id, parentID string) {
 
 // stopOrphans stops, after a restart, live sessions whose parent ended while no daemon watched.
 func (m *Manager) stopOrphans() error {
-	var recs []*Record
-	if err := m.reg.View(func(tx *Tx) (err error) {
-		recs, err = tx.List(nil)
-		return err
-	}); err != nil {
+	recs, err := m.allRecords()
+	if err != nil {
 		return err
 	}
 	live := map[string]bool{}
@@ -87,11 +84,8 @@ func (m *Manager) stopOrphans() error {
 func (m *Manager) waitSubtree(ctx context.Context, id string) error {
 	for {
 		changed := m.changed.wait()
-		var recs []*Record
-		if err := m.reg.View(func(tx *Tx) (err error) {
-			recs, err = tx.List(nil)
-			return err
-		}); err != nil {
+		recs, err := m.allRecords()
+		if err != nil {
 			return err
 		}
 		if !anyLiveBelow(recs, id) {
