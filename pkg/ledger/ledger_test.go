@@ -1,0 +1,437 @@
+package ledger
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+)
+
+// clock is a settable clock for the day window and expiry.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func open(t testing.TB, path string, c *clock, ceiling *int64) *Ledger {
+	t.Helper()
+	cfg := Config{Path: path, MachineCeiling: ceiling, TTL: time.Minute}
+	if c != nil {
+		cfg.Clock = c.Now
+	}
+	l, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+func ptr(v int64) *int64 { return &v }
+
+func register(t testing.TB, l *Ledger, id, parent string, ceiling int64) {
+	t.Helper()
+	if err := l.Register(Session{ID: id, Capsule: "cap-" + id, ParentID: parent, Ceiling: ceiling}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func refusal(t *testing.T, err error, limit string) *Refusal {
+	t.Helper()
+	var r *Refusal
+	if !errors.As(err, &r) || r.Limit != limit || !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("got %v, want a refusal at %q", err, limit)
+	}
+	return r
+}
+
+// 64 admitters hold what they are granted: the grants never sum past the ceiling, and
+// every refusal was right (what was left could not hold it).
+func TestConcurrentAdmittersNeverOver(t *testing.T) {
+	for _, limit := range []string{LimitMachine, LimitSession, LimitAncestor} {
+		t.Run(limit, func(t *testing.T) {
+			const ceiling = 10_000
+			var machine *int64
+			sessionCeiling, parentCeiling := int64(0), int64(0)
+			switch limit {
+			case LimitMachine:
+				machine = ptr(ceiling)
+			case LimitSession:
+				sessionCeiling = ceiling
+			case LimitAncestor:
+				parentCeiling = ceiling
+			}
+			l := open(t, filepath.Join(t.TempDir(), File), nil, machine)
+			register(t, l, "parent", "", parentCeiling)
+			register(t, l, "s", "parent", sessionCeiling)
+			var granted atomic.Int64
+			var mu sync.Mutex
+			var refused []int64
+			var wg sync.WaitGroup
+			for w := range 64 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rng := rand.New(rand.NewPCG(uint64(w), 7))
+					for range 20 {
+						n := 1 + rng.Int64N(200)
+						_, err := l.Admit(Admission{SessionID: "s", Tokens: n})
+						switch {
+						case err == nil:
+							granted.Add(n)
+						case errdefs.IsResourceExhausted(err):
+							mu.Lock()
+							refused = append(refused, n)
+							mu.Unlock()
+						default:
+							t.Error(err)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if granted.Load() > ceiling {
+				t.Fatalf("granted %d tokens under a ceiling of %d", granted.Load(), ceiling)
+			}
+			if len(refused) == 0 {
+				t.Fatal("64×20 requests of up to 200 tokens fit under 10,000")
+			}
+			// Used only grows while everything is held, so a refusal stays justified. A
+			// session's or an ancestor's refusal latches: only the first need have been
+			// too big, and then everything after it is refused.
+			justified := 0
+			for _, n := range refused {
+				if granted.Load()+n > ceiling {
+					justified++
+				} else if limit == LimitMachine {
+					t.Errorf("refused %d tokens with %d of %d granted", n, granted.Load(), ceiling)
+				}
+			}
+			if justified == 0 {
+				t.Errorf("no refusal was needed: %d of %d granted, refused %v", granted.Load(), ceiling, refused)
+			}
+			s, _ := l.Session("s")
+			if s.Reserved != granted.Load() {
+				t.Errorf("the session holds %d reserved, %d were granted", s.Reserved, granted.Load())
+			}
+		})
+	}
+}
+
+// 64 clients admit and settle at once: every total comes out exact, and survives a reopen.
+func TestConcurrentSettlementsExact(t *testing.T) {
+	path := filepath.Join(t.TempDir(), File)
+	l := open(t, path, nil, ptr(1<<30))
+	register(t, l, "root", "", 0)
+	for i := range 8 {
+		register(t, l, fmt.Sprint("s", i), "root", 0)
+	}
+	var input, output atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprint("s", w%8)
+			for i := range 25 {
+				r, err := l.Admit(Admission{SessionID: id, RequestID: fmt.Sprint(w, "-", i), Tokens: 100})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				in, out := int64(w%10+1), int64(i%7)
+				if _, err := l.Settle(id, r.ID, Usage{Input: in, Output: out}); err != nil {
+					t.Error(err)
+					return
+				}
+				input.Add(in)
+				output.Add(out)
+			}
+		}()
+	}
+	wg.Wait()
+	want := input.Load() + output.Load()
+	check := func(l *Ledger) {
+		t.Helper()
+		day, err := l.Report("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if day.Charged != want || day.Reserved != 0 || day.OpenReservations != 0 || day.Lifetime != want {
+			t.Errorf("day: charged %d reserved %d open %d lifetime %d; want %d charged", day.Charged, day.Reserved, day.OpenReservations, day.Lifetime, want)
+		}
+		root, _ := l.Session("root")
+		if root.SubtreeCharged != want {
+			t.Errorf("the root's subtree was charged %d, want %d", root.SubtreeCharged, want)
+		}
+		var in, out int64
+		for i := range 8 {
+			s, _ := l.Session(fmt.Sprint("s", i))
+			in += s.InputTokens
+			out += s.OutputTokens
+		}
+		if in != input.Load() || out != output.Load() {
+			t.Errorf("sessions: %d in %d out; want %d %d", in, out, input.Load(), output.Load())
+		}
+	}
+	check(l)
+	l.Close()
+	reopened, err := Open(Config{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reopened.Close()
+	check(reopened)
+}
+
+func TestIdempotentAdmitAndSettle(t *testing.T) {
+	path := filepath.Join(t.TempDir(), File)
+	l := open(t, path, nil, ptr(1000))
+	register(t, l, "s", "", 0)
+	a, err := l.Admit(Admission{SessionID: "s", RequestID: "call-1", Tokens: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := l.Admit(Admission{SessionID: "s", RequestID: "call-1", Tokens: 600})
+	if err != nil || again.ID != a.ID {
+		t.Fatalf("a repeated admission: %+v %v (first %s)", again, err, a.ID)
+	}
+	first, err := l.Settle("s", a.ID, Usage{Input: 10, Output: 20})
+	if err != nil || first.Charged != 30 {
+		t.Fatalf("settle: %+v %v", first, err)
+	}
+	second, err := l.Settle("s", a.ID, Usage{Input: 500, Output: 500})
+	if err != nil || second != first {
+		t.Fatalf("a repeated settlement: %+v %v", second, err)
+	}
+	l.Close()
+	l = open(t, path, nil, nil)
+	third, err := l.Settle("s", a.ID, Usage{Input: 1, Output: 1})
+	if err != nil || third.Charged != 30 {
+		t.Fatalf("a settlement repeated after a restart: %+v %v", third, err)
+	}
+	readmit, err := l.Admit(Admission{SessionID: "s", RequestID: "call-1", Tokens: 600})
+	if err != nil || readmit.Settled == nil || readmit.Settled.Charged != 30 {
+		t.Fatalf("an admission repeated after its settlement: %+v %v", readmit, err)
+	}
+	if day, _ := l.Report(""); day.Charged != 30 || day.Reserved != 0 {
+		t.Fatalf("charged %d reserved %d", day.Charged, day.Reserved)
+	}
+	// Another session cannot settle (or learn of) this one's reservation.
+	register(t, l, "other", "", 0)
+	if _, err := l.Settle("other", a.ID, Usage{}); !errdefs.IsNotFound(err) {
+		t.Fatalf("another session's settlement: %v", err)
+	}
+}
+
+func TestSessionRefusalLatchesMachineDoesNot(t *testing.T) {
+	l := open(t, filepath.Join(t.TempDir(), File), nil, ptr(100))
+	register(t, l, "capped", "", 50)
+	r, err := l.Admit(Admission{SessionID: "capped", Tokens: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusal(t, errOf(l.Admit(Admission{SessionID: "capped", Tokens: 20})), LimitSession)
+	if _, err := l.Settle("capped", r.ID, Usage{Input: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// 1 used of 50, yet the session stays refused: its refusal latched.
+	got := refusal(t, errOf(l.Admit(Admission{SessionID: "capped", Tokens: 20})), LimitSession)
+	if got.Used != 1 || got.Requested != 20 || got.Ceiling != 50 {
+		t.Errorf("latched refusal: %+v", got)
+	}
+	if s, _ := l.Session("capped"); s.Latched == nil {
+		t.Error("the latch is not in the account")
+	}
+
+	register(t, l, "free", "", 0)
+	big, err := l.Admit(Admission{SessionID: "free", Tokens: 90})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := refusal(t, errOf(l.Admit(Admission{SessionID: "free", Tokens: 20})), LimitMachine)
+	if m.Used != 91 || m.Ceiling != 100 {
+		t.Errorf("machine refusal: %+v", m)
+	}
+	if _, err := l.Settle("free", big.ID, Usage{Input: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Admit(Admission{SessionID: "free", Tokens: 20}); err != nil {
+		t.Fatalf("the machine refusal latched: %v", err)
+	}
+}
+
+func errOf(_ Reservation, err error) error { return err }
+
+// A child's spend counts against its whole ancestry: the grandparent's ceiling refuses the
+// grandchild, named as the ancestor it is.
+func TestAncestorCeilings(t *testing.T) {
+	l := open(t, filepath.Join(t.TempDir(), File), nil, nil)
+	register(t, l, "gp", "", 100)
+	register(t, l, "p", "gp", 0)
+	register(t, l, "c", "p", 0)
+	r, err := l.Admit(Admission{SessionID: "c", Tokens: 70})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Settle("c", r.ID, Usage{Input: 30, Output: 40}); err != nil {
+		t.Fatal(err)
+	}
+	got := refusal(t, errOf(l.Admit(Admission{SessionID: "p", Tokens: 40})), "ancestor gp")
+	if got.Used != 70 || got.Ceiling != 100 || got.Kind() != LimitAncestor {
+		t.Errorf("ancestor refusal: %+v", got)
+	}
+	refusal(t, errOf(l.Admit(Admission{SessionID: "gp", Tokens: 40})), LimitSession)
+	if _, err := l.Admit(Admission{SessionID: "c", Tokens: 30}); !errdefs.IsResourceExhausted(err) {
+		// The grandparent latched, not the grandchild: 70 + 30 fits exactly.
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	gp, _ := l.Session("gp")
+	if gp.Charged != 0 || gp.SubtreeCharged != 70 {
+		t.Errorf("grandparent: own %d, subtree %d", gp.Charged, gp.SubtreeCharged)
+	}
+	if err := l.Register(Session{ID: "orphan", ParentID: "nobody"}); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("a child of an unknown parent: %v", err)
+	}
+}
+
+func TestDayRollover(t *testing.T) {
+	c := &clock{now: time.Date(2026, 3, 1, 23, 59, 0, 0, time.UTC)}
+	path := filepath.Join(t.TempDir(), File)
+	l := open(t, path, c, ptr(100))
+	register(t, l, "s", "", 0)
+	r, _ := l.Admit(Admission{SessionID: "s", Tokens: 90})
+	if _, err := l.Settle("s", r.ID, Usage{Input: 90}); err != nil {
+		t.Fatal(err)
+	}
+	refusal(t, errOf(l.Admit(Admission{SessionID: "s", Tokens: 20})), LimitMachine)
+	changed := l.Changed()
+	c.Add(2 * time.Minute)
+	if _, err := l.Admit(Admission{SessionID: "s", Tokens: 20}); err != nil {
+		t.Fatalf("a new day: %v", err)
+	}
+	select {
+	case <-changed:
+	default:
+		t.Error("a new day woke nobody waiting for budget")
+	}
+	day1, _ := l.Report("2026-03-01")
+	day2, _ := l.Report("")
+	if day1.Charged != 90 || day1.Reserved != 0 || !day1.ResetsAt.Equal(time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC)) {
+		t.Errorf("day 1: %+v", day1)
+	}
+	if day2.Date != "2026-03-02" || day2.Charged != 0 || day2.Reserved != 20 || day2.Lifetime != 90 {
+		t.Errorf("day 2: %+v", day2)
+	}
+	if len(day1.Capsules) != 1 || day1.Capsules[0].Capsule != "cap-s" || day1.Capsules[0].Charged != 90 {
+		t.Errorf("day 1 capsules: %+v", day1.Capsules)
+	}
+	if _, err := l.Report("March 1st"); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("a bad day: %v", err)
+	}
+	// The window and the lifetime total survive a restart on the same day.
+	l.Close()
+	l = open(t, path, c, nil)
+	if d, _ := l.Report(""); d.Reserved != 20 || d.Lifetime != 90 || d.MachineCeiling != 100 {
+		t.Errorf("after a restart: %+v", d)
+	}
+}
+
+func TestExpiryAndEndChargeInFull(t *testing.T) {
+	c := &clock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	l := open(t, filepath.Join(t.TempDir(), File), c, nil)
+	register(t, l, "s", "", 0)
+	old, _ := l.Admit(Admission{SessionID: "s", Tokens: 50})
+	c.Add(30 * time.Second)
+	young, _ := l.Admit(Admission{SessionID: "s", Tokens: 7})
+	c.Add(31 * time.Second)
+	if err := l.Expire(); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := l.Session("s")
+	if s.Charged != 50 || s.Reserved != 7 {
+		t.Fatalf("after expiry: charged %d reserved %d", s.Charged, s.Reserved)
+	}
+	// The capsule's late settlement finds the charge already made.
+	late, err := l.Settle("s", old.ID, Usage{Input: 1})
+	if err != nil || late.Reason != ReasonExpired || late.Charged != 50 {
+		t.Fatalf("a late settlement: %+v %v", late, err)
+	}
+	end, err := l.End("s")
+	if err != nil || end.Charged != 57 || end.Reserved != 0 || !end.Ended {
+		t.Fatalf("end: %+v %v", end, err)
+	}
+	if got, _ := l.Settle("s", young.ID, Usage{}); got.Reason != ReasonSessionEnded {
+		t.Errorf("the open reservation at the end: %+v", got)
+	}
+	if _, err := l.Admit(Admission{SessionID: "s", Tokens: 1}); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("an admission after the end: %v", err)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	l := open(t, filepath.Join(t.TempDir(), File), nil, nil)
+	register(t, l, "s", "", 0)
+	for _, n := range []int64{0, -1, MaxTokens + 1} {
+		if _, err := l.Admit(Admission{SessionID: "s", Tokens: n}); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("admit %d: %v", n, err)
+		}
+	}
+	r, _ := l.Admit(Admission{SessionID: "s", Tokens: 5})
+	if _, err := l.Settle("s", r.ID, Usage{Input: -1}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("a negative usage: %v", err)
+	}
+	if _, err := l.Admit(Admission{SessionID: "ghost", Tokens: 5}); !errdefs.IsNotFound(err) {
+		t.Errorf("an unknown session: %v", err)
+	}
+	if err := l.SetMachineCeiling(-5); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("a negative ceiling: %v", err)
+	}
+	if _, err := Open(Config{Path: l.db.Path()}); !errors.Is(err, ErrLocked) {
+		t.Errorf("a second open: %v", err)
+	}
+}
+
+func TestPruneForgetsOldSettlementsKeepsTotals(t *testing.T) {
+	c := &clock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	l := open(t, filepath.Join(t.TempDir(), File), c, nil)
+	register(t, l, "s", "", 0)
+	old, _ := l.Admit(Admission{SessionID: "s", RequestID: "old", Tokens: 10})
+	l.Settle("s", old.ID, Usage{Input: 4})
+	c.Add(8 * 24 * time.Hour)
+	young, _ := l.Admit(Admission{SessionID: "s", RequestID: "young", Tokens: 10})
+	l.Settle("s", young.ID, Usage{Input: 6})
+	n, err := l.Prune(c.Now().Add(-SettledRetention))
+	if err != nil || n != 1 {
+		t.Fatalf("pruned %d: %v", n, err)
+	}
+	if _, err := l.Settle("s", old.ID, Usage{}); !errdefs.IsNotFound(err) {
+		t.Errorf("a pruned settlement: %v", err)
+	}
+	if again, _ := l.Settle("s", young.ID, Usage{Input: 99}); again.Charged != 6 {
+		t.Errorf("a kept settlement: %+v", again)
+	}
+	if s, _ := l.Session("s"); s.Charged != 10 {
+		t.Errorf("totals after pruning: %d", s.Charged)
+	}
+}

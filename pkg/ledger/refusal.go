@@ -1,0 +1,49 @@
+package ledger
+
+import (
+	"fmt"
+	"strings"
+)
+
+// The ceilings an admission can meet.
+const (
+	LimitSession  = "session"
+	LimitAncestor = "ancestor"
+	LimitMachine  = "machine"
+)
+
+// Refusal is an admission refused at a ceiling: which one ("session", "ancestor <id>" or
+// "machine"), its value, what is used (charged and reserved) and what was requested.
+// It classifies as resource exhausted.
+type Refusal struct {
+	Limit     string `json:"limit"`
+	Ceiling   int64  `json:"ceiling"`
+	Used      int64  `json:"used"`
+	Requested int64  `json:"requested"`
+}
+
+func (r *Refusal) Error() string {
+	what := map[string]string{
+		LimitSession: "the session's inference.max_session_tokens",
+		LimitMachine: "the machine's tokens per day (roostd --machine-tokens-per-day)",
+	}[r.Limit]
+	if id, ok := r.ancestor(); ok {
+		what = "the inference.max_session_tokens of ancestor " + id
+	}
+	return fmt.Sprintf("spend refused at %s: %d of %d tokens used or reserved, %d more requested", what, r.Used, r.Ceiling, r.Requested)
+}
+
+// ResourceExhausted marks the refusal for errdefs.
+func (*Refusal) ResourceExhausted() {}
+
+// Kind is the refusal's limit without the ancestor's id, for a bounded metric label.
+func (r *Refusal) Kind() string {
+	if _, ok := r.ancestor(); ok {
+		return LimitAncestor
+	}
+	return r.Limit
+}
+
+func (r *Refusal) ancestor() (string, bool) {
+	return strings.CutPrefix(r.Limit, LimitAncestor+" ")
+}
