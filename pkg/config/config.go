@@ -31,7 +31,19 @@ type Upstream struct {
 	Format     string `yaml:"format"`
 	URL        string `yaml:"url"`
 	APIKeyFile string `yaml:"api_key_file"`
+	// DefaultMaxOutputTokens is what a request that sets no output limit is admitted for
+	// (DefaultMaxOutputTokens when 0).
+	DefaultMaxOutputTokens int64 `yaml:"default_max_output_tokens"`
 }
+
+// DefaultMaxOutputTokens is the output a call without its own limit is admitted for.
+const DefaultMaxOutputTokens = 4096
+
+// The upstream formats.
+const (
+	FormatOpenAI    = "openai"
+	FormatAnthropic = "anthropic"
+)
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
 
@@ -62,7 +74,7 @@ func Parse(data []byte, file string) (*Config, error) {
 			return nil, fmt.Errorf("%s.name: %q is declared twice", at, u.Name)
 		}
 		seen[u.Name] = true
-		if u.Format != "openai" && u.Format != "anthropic" {
+		if u.Format != FormatOpenAI && u.Format != FormatAnthropic {
 			return nil, fmt.Errorf("%s.format: %q: expected openai or anthropic", at, u.Format)
 		}
 		if parsed, err := url.Parse(u.URL); err != nil || (parsed.Scheme != "http" && parsed.Scheme != "https") || parsed.Host == "" {
@@ -70,6 +82,12 @@ func Parse(data []byte, file string) (*Config, error) {
 		}
 		if !filepath.IsAbs(u.APIKeyFile) {
 			return nil, fmt.Errorf("%s.api_key_file: %q: expected an absolute path", at, u.APIKeyFile)
+		}
+		switch {
+		case u.DefaultMaxOutputTokens < 0:
+			return nil, fmt.Errorf("%s.default_max_output_tokens: %d: must be more than 0", at, u.DefaultMaxOutputTokens)
+		case u.DefaultMaxOutputTokens == 0:
+			c.Inference.Upstreams[i].DefaultMaxOutputTokens = DefaultMaxOutputTokens
 		}
 	}
 	return &c, nil

@@ -26,14 +26,19 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"roost.dev/roost/pkg/ledger"
 	"roost.dev/roost/pkg/spawn"
 )
 
 // SealedAddr is where a session with a network namespace of its own finds its endpoint.
 const SealedAddr = "127.0.0.1:7700"
 
-// maxBody bounds what a request may carry (a task text included).
-const maxBody = 1 << 20
+// maxBody bounds what a request may carry (a task text included); maxInferenceBody a
+// model call forwarded by the gateway.
+const (
+	maxBody          = 1 << 20
+	maxInferenceBody = 32 << 20
+)
 
 // Endpoints opens and closes sessions' listeners.
 type Endpoints struct {
@@ -83,7 +88,7 @@ func (e *Endpoints) NetNSPath(sessionID string) string { return filepath.Join(e.
 // Open starts a session's endpoint. With netns it makes (or, after a restart, re-enters)
 // the session's network namespace, pinned at NetNSPath, and listens on SealedAddr inside
 // it; otherwise it listens on host loopback at port (0: any free port).
-func (e *Endpoints) Open(sessionID string, netns bool, port int, d spawn.Delegator) (spawn.Endpoint, error) {
+func (e *Endpoints) Open(sessionID string, netns bool, port int, d spawn.Backend) (spawn.Endpoint, error) {
 	ep := &Endpoint{}
 	var ln net.Listener
 	var err error
@@ -232,7 +237,7 @@ func pin(path string) error {
 type handler struct {
 	id   string
 	keys *spawn.Keys
-	d    spawn.Delegator
+	d    spawn.Backend
 	log  *slog.Logger
 }
 
@@ -248,14 +253,25 @@ func (h *handler) routes() http.Handler {
 	mux.HandleFunc("GET /v1/children/{id}", h.child)
 	mux.HandleFunc("POST /v1/children/{id}/wait", h.wait)
 	mux.HandleFunc("POST /v1/children/{id}/stop", h.stop)
+	mux.HandleFunc("POST /v1/spend/admit", h.admit)
+	mux.HandleFunc("POST /v1/spend/settle", h.settle)
+	mux.HandleFunc("GET /v1/spend", h.spend)
+	mux.HandleFunc("/v1/inference/{upstream}/{path...}", func(w http.ResponseWriter, r *http.Request) {
+		h.d.Inference(w, r, h.id, r.PathValue("upstream"), r.PathValue("path"))
+	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !h.authorised(r) {
 			deny(w)
 			return
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+		limit := int64(maxBody)
+		if strings.HasPrefix(r.URL.Path, "/v1/inference/") {
+			// Model calls carry whole conversations.
+			limit = maxInferenceBody
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, limit)
 		if _, pattern := mux.Handler(r); pattern == "" {
-			reply(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("no route %s %s; the routes are GET /v1/self, POST /v1/spawn, GET /v1/children, GET /v1/children/{id}, POST /v1/children/{id}/wait, POST /v1/children/{id}/stop", r.Method, r.URL.Path)})
+			reply(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("no route %s %s; the routes are GET /v1/self, POST /v1/spawn, GET /v1/children, GET /v1/children/{id}, POST /v1/children/{id}/wait, POST /v1/children/{id}/stop, POST /v1/spend/admit, POST /v1/spend/settle, GET /v1/spend, /v1/inference/{upstream}/...", r.Method, r.URL.Path)})
 			return
 		}
 		mux.ServeHTTP(w, r)
@@ -297,6 +313,11 @@ func reply(w http.ResponseWriter, status int, v any) {
 
 // fail answers an error as JSON {"error": "..."} with the status its class calls for.
 func (h *handler) fail(w http.ResponseWriter, err error) {
+	var refusal *ledger.Refusal
+	if errors.As(err, &refusal) {
+		spawn.WriteRefusal(w, refusal)
+		return
+	}
 	status := http.StatusInternalServerError
 	var tooBig *http.MaxBytesError
 	switch {
@@ -312,6 +333,8 @@ func (h *handler) fail(w http.ResponseWriter, err error) {
 		status = http.StatusTooManyRequests
 	case errdefs.IsFailedPrecondition(err), errdefs.IsAlreadyExists(err):
 		status = http.StatusConflict
+	case errdefs.IsUnavailable(err):
+		status = http.StatusServiceUnavailable
 	case errors.Is(err, context.Canceled):
 		return
 	}
@@ -336,19 +359,8 @@ func (h *handler) self(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) spawn(w http.ResponseWriter, r *http.Request) {
 	var req spawn.Request
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			h.fail(w, err)
-			return
-		}
-		h.fail(w, fmt.Errorf("the request body is not a spawn request {capsule, version, task, wait}: %v: %w", err, errdefs.ErrInvalidArgument))
-		return
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		h.fail(w, fmt.Errorf("the request body holds more than one JSON value: %w", errdefs.ErrInvalidArgument))
+	if err := decode(r, &req, "a spawn request {capsule, version, task, wait}"); err != nil {
+		h.fail(w, err)
 		return
 	}
 	res, err := h.d.Spawn(r.Context(), h.id, req)
@@ -396,4 +408,58 @@ func (h *handler) stop(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	reply(w, http.StatusOK, c)
+}
+
+// decode reads exactly one JSON value of the request body into v, refusing unknown fields.
+func decode(r *http.Request, v any, what string) error {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return err
+		}
+		return fmt.Errorf("the request body is not %s: %v: %w", what, err, errdefs.ErrInvalidArgument)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("the request body holds more than one JSON value: %w", errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func (h *handler) admit(w http.ResponseWriter, r *http.Request) {
+	var req spawn.AdmitRequest
+	if err := decode(r, &req, "an admission {tokens, request_id}"); err != nil {
+		h.fail(w, err)
+		return
+	}
+	res, err := h.d.Admit(h.id, req)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	reply(w, http.StatusOK, res)
+}
+
+func (h *handler) settle(w http.ResponseWriter, r *http.Request) {
+	var req spawn.SettleRequest
+	if err := decode(r, &req, "a settlement {reservation, input_tokens, output_tokens}"); err != nil {
+		h.fail(w, err)
+		return
+	}
+	res, err := h.d.Settle(h.id, req)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	reply(w, http.StatusOK, res)
+}
+
+func (h *handler) spend(w http.ResponseWriter, r *http.Request) {
+	res, err := h.d.Spend(h.id)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	reply(w, http.StatusOK, res)
 }

@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"roost.dev/roost/pkg/endpoint"
+	"roost.dev/roost/pkg/ledger"
 	"roost.dev/roost/pkg/spawn"
 )
 
@@ -34,6 +35,9 @@ type call struct {
 	session string
 	child   string
 	req     spawn.Request
+	admit   spawn.AdmitRequest
+	settle  spawn.SettleRequest
+	path    string
 }
 
 // fakeDelegator stands in for the session manager: it answers from its fields and records
@@ -133,6 +137,32 @@ func (d *fakeDelegator) StopChild(_ context.Context, id, child string) (spawn.Co
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.comp, d.err
+}
+
+func (d *fakeDelegator) Admit(id string, req spawn.AdmitRequest) (ledger.Reservation, error) {
+	d.record(call{method: "Admit", session: id, admit: req})
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return ledger.Reservation{ID: "rsv_1", SessionID: id, RequestID: req.RequestID, Tokens: req.Tokens}, d.err
+}
+
+func (d *fakeDelegator) Settle(id string, req spawn.SettleRequest) (ledger.Settlement, error) {
+	d.record(call{method: "Settle", session: id, settle: req})
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return ledger.Settlement{ReservationID: req.Reservation, SessionID: id, InputTokens: req.InputTokens, OutputTokens: req.OutputTokens}, d.err
+}
+
+func (d *fakeDelegator) Spend(id string) (ledger.Spend, error) {
+	d.record(call{method: "Spend", session: id})
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return ledger.Spend{SessionID: id, Charged: 42}, d.err
+}
+
+func (d *fakeDelegator) Inference(w http.ResponseWriter, r *http.Request, id, upstream, path string) {
+	d.record(call{method: "Inference", session: id, child: upstream, path: path})
+	w.WriteHeader(http.StatusTeapot)
 }
 
 const sessionID = "sess-0123456789abcdef"
@@ -790,5 +820,50 @@ func TestNetNSEndpoint(t *testing.T) {
 	}
 	if err := eps.Release("never-opened"); err != nil {
 		t.Fatalf("Release of a session without a namespace: %v", err)
+	}
+}
+
+func TestSpendRoutes(t *testing.T) {
+	d := newFake(sessionID)
+	f := open(t, d)
+	r := f.do(t, "POST", "/v1/spend/admit", f.cred, strings.NewReader(`{"tokens": 600, "request_id": "call-1"}`))
+	var res ledger.Reservation
+	if r.status != http.StatusOK || json.Unmarshal(r.body, &res) != nil || res.ID != "rsv_1" || res.Tokens != 600 {
+		t.Fatalf("admit: %d %s", r.status, r.body)
+	}
+	r = f.do(t, "POST", "/v1/spend/settle", f.cred, strings.NewReader(`{"reservation": "rsv_1", "input_tokens": 12, "output_tokens": 30}`))
+	if r.status != http.StatusOK || !strings.Contains(string(r.body), `"input_tokens":12`) {
+		t.Fatalf("settle: %d %s", r.status, r.body)
+	}
+	if r = f.do(t, "GET", "/v1/spend", f.cred, nil); r.status != http.StatusOK || !strings.Contains(string(r.body), `"charged":42`) {
+		t.Fatalf("spend: %d %s", r.status, r.body)
+	}
+	if r = f.do(t, "POST", "/v1/spend/admit", f.cred, strings.NewReader(`{"tokens": "many"}`)); r.status != http.StatusBadRequest || !strings.Contains(errorText(t, r), "not an admission") {
+		t.Fatalf("a bad admission: %d %s", r.status, r.body)
+	}
+	if r = f.do(t, "POST", "/v1/inference/openai/v1/chat/completions", f.cred, strings.NewReader(`{}`)); r.status != http.StatusTeapot {
+		t.Fatalf("inference: %d %s", r.status, r.body)
+	}
+	want := []call{
+		{method: "Admit", session: sessionID, admit: spawn.AdmitRequest{Tokens: 600, RequestID: "call-1"}},
+		{method: "Settle", session: sessionID, settle: spawn.SettleRequest{Reservation: "rsv_1", InputTokens: 12, OutputTokens: 30}},
+		{method: "Spend", session: sessionID},
+		{method: "Inference", session: sessionID, child: "openai", path: "v1/chat/completions"},
+	}
+	if calls := d.recorded(); !reflect.DeepEqual(calls, want) {
+		t.Fatalf("calls\n%+v\nwant\n%+v", calls, want)
+	}
+
+	// A refusal is 429 with the ceiling it met, in numbers.
+	d.mu.Lock()
+	d.err = &ledger.Refusal{Limit: "machine", Ceiling: 1000, Used: 600, Requested: 600}
+	d.mu.Unlock()
+	r = f.do(t, "POST", "/v1/spend/admit", f.cred, strings.NewReader(`{"tokens": 600}`))
+	var body map[string]any
+	if err := json.Unmarshal(r.body, &body); err != nil || r.status != http.StatusTooManyRequests {
+		t.Fatalf("refusal: %d %s", r.status, r.body)
+	}
+	if body["limit"] != "machine" || body["ceiling"] != 1000.0 || body["used"] != 600.0 || body["requested"] != 600.0 || !strings.Contains(body["error"].(string), "tokens per day") {
+		t.Fatalf("refusal body: %s", r.body)
 	}
 }

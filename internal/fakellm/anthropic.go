@@ -1,0 +1,249 @@
+package fakellm
+
+import (
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+)
+
+// anthropicVersion is the form of an anthropic-version value: a single date. The API refuses
+// dates it does not know, but the SDKs move to new ones (the TypeScript SDK sends 2026-10-21
+// since 1.0), so the fake accepts any date and refuses only what cannot be one, such as the
+// "2023-06-01, 2023-06-01" a gateway that adds the header twice produces.
+var anthropicVersion = regexp.MustCompile(`^\d{4}-\d{2}-\d{2}$`)
+
+// anthropicHeaders sets what every Anthropic answer carries; the SDKs report request-id with
+// every error.
+func anthropicHeaders(w http.ResponseWriter) string {
+	id := "req_011C" + randID(20)
+	w.Header().Set("request-id", id)
+	return id
+}
+
+func anthropicError(w http.ResponseWriter, status int, typ, message string) {
+	id := anthropicHeaders(w)
+	type detail struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	}
+	writeJSON(w, status, struct {
+		Type      string `json:"type"`
+		Error     detail `json:"error"`
+		RequestID string `json:"request_id"`
+	}{"error", detail{typ, message}, id})
+}
+
+// anthropicStatusErr is the error type and message Anthropic sends with status.
+func anthropicStatusErr(status int) (string, string) {
+	switch status {
+	case http.StatusBadRequest:
+		return "invalid_request_error", "Invalid request"
+	case http.StatusUnauthorized:
+		return "authentication_error", "invalid x-api-key"
+	case http.StatusPaymentRequired:
+		return "billing_error", "Your credit balance is too low to access the Anthropic API."
+	case http.StatusForbidden:
+		return "permission_error", "Your API key does not have permission to use the specified resource."
+	case http.StatusNotFound:
+		return "not_found_error", "Not Found"
+	case http.StatusRequestEntityTooLarge:
+		return "request_too_large", "Request exceeds the maximum allowed number of bytes."
+	case http.StatusTooManyRequests:
+		return "rate_limit_error", "Number of requests has exceeded your rate limit. Please try again later."
+	case http.StatusGatewayTimeout:
+		return "timeout_error", "Request timed out"
+	case 529:
+		return "overloaded_error", "Overloaded"
+	}
+	if status >= 500 {
+		return "api_error", "Internal server error"
+	}
+	return "invalid_request_error", http.StatusText(status)
+}
+
+type anthropicUsage struct {
+	InputTokens              int    `json:"input_tokens"`
+	CacheCreationInputTokens int    `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     int    `json:"cache_read_input_tokens"`
+	OutputTokens             int    `json:"output_tokens"`
+	ServiceTier              string `json:"service_tier"`
+}
+
+type textBlock struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+type message struct {
+	ID           string         `json:"id"`
+	Type         string         `json:"type"`
+	Role         string         `json:"role"`
+	Model        string         `json:"model"`
+	Content      []textBlock    `json:"content"`
+	StopReason   *string        `json:"stop_reason"`
+	StopSequence *string        `json:"stop_sequence"`
+	Usage        anthropicUsage `json:"usage"`
+}
+
+func serveMessages(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) {
+	// x-api-key is the documented header; the SDKs since 1.0 send the key as a bearer token
+	// instead, which the API takes too. x-api-key wins when both are there.
+	key := r.Header.Get("x-api-key")
+	if key == "" {
+		if scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") {
+			key = strings.TrimSpace(token)
+		}
+	}
+	switch {
+	case key == "":
+		anthropicError(w, http.StatusUnauthorized, "authentication_error", "x-api-key header is required")
+		return
+	case cfg.APIKey != "" && key != cfg.APIKey:
+		anthropicError(w, http.StatusUnauthorized, "authentication_error", "invalid x-api-key")
+		return
+	}
+	// Joined as an HTTP/1.1 intermediary would fold them, so a doubled header reads as the
+	// API reports it.
+	switch version := strings.Join(r.Header.Values("anthropic-version"), ", "); {
+	case version == "":
+		anthropicError(w, http.StatusBadRequest, "invalid_request_error", "anthropic-version: header is required")
+		return
+	case !anthropicVersion.MatchString(version):
+		anthropicError(w, http.StatusBadRequest, "invalid_request_error", fmt.Sprintf("anthropic-version: %q is not a valid version", version))
+		return
+	}
+	if cfg.Status != 0 {
+		typ, msg := anthropicStatusErr(cfg.Status)
+		anthropicError(w, cfg.Status, typ, msg)
+		return
+	}
+	f, err := parseBody(body)
+	if err != nil {
+		anthropicError(w, http.StatusBadRequest, "invalid_request_error", "There was an issue with your request body: it is not valid JSON.")
+		return
+	}
+	// Field checks in the order and words of Anthropic's validator.
+	invalid := func(msg string) {
+		anthropicError(w, http.StatusBadRequest, "invalid_request_error", msg)
+	}
+	if !f.has("model") {
+		invalid("model: Field required")
+		return
+	}
+	model, ok := f.str("model")
+	if !ok {
+		invalid("model: Input should be a valid string")
+		return
+	}
+	if !f.has("max_tokens") {
+		invalid("max_tokens: Field required")
+		return
+	}
+	maxTokens, ok := f.integer("max_tokens")
+	if !ok {
+		invalid("max_tokens: Input should be a valid integer")
+		return
+	}
+	if maxTokens < 1 {
+		invalid("max_tokens: Input should be greater than or equal to 1")
+		return
+	}
+	if !f.has("messages") {
+		invalid("messages: Field required")
+		return
+	}
+	msgs, ok := f.array("messages")
+	if !ok {
+		invalid("messages: Input should be a valid list")
+		return
+	}
+	if len(msgs) == 0 {
+		invalid("messages: at least one message is required")
+		return
+	}
+	stream := false
+	if f.has("stream") {
+		if stream, ok = f.boolean("stream"); !ok {
+			invalid("stream: Input should be a valid boolean")
+			return
+		}
+	}
+
+	out, truncated := capped(cfg, maxTokens, true)
+	stop := "end_turn"
+	if truncated {
+		stop = "max_tokens"
+	}
+	msg := message{
+		ID:      "msg_01" + randID(22),
+		Type:    "message",
+		Role:    "assistant",
+		Model:   model,
+		Content: []textBlock{{Type: "text", Text: cfg.reply()}},
+		Usage: anthropicUsage{
+			InputTokens:  cfg.InputTokens,
+			OutputTokens: out,
+			ServiceTier:  "standard",
+		},
+		StopReason: &stop,
+	}
+	if !stream {
+		anthropicHeaders(w)
+		writeJSON(w, http.StatusOK, msg)
+		return
+	}
+
+	anthropicHeaders(w)
+	ev := startSSE(w)
+	// The stream opens with the message as it stands before any text: no content, no stop
+	// reason, the whole input usage and a token of output. The final output count arrives
+	// only in message_delta, and is cumulative, not an increment.
+	start := msg
+	start.Content = []textBlock{}
+	start.StopReason = nil
+	start.Usage.OutputTokens = 1
+	writeEvent(ev, "message_start", struct {
+		Type    string  `json:"type"`
+		Message message `json:"message"`
+	}{"message_start", start})
+	zero := 0
+	writeEvent(ev, "content_block_start", struct {
+		Type         string    `json:"type"`
+		Index        int       `json:"index"`
+		ContentBlock textBlock `json:"content_block"`
+	}{"content_block_start", zero, textBlock{Type: "text"}})
+	writeEvent(ev, "ping", struct {
+		Type string `json:"type"`
+	}{"ping"})
+	for _, part := range splitReply(cfg.reply()) {
+		writeEvent(ev, "content_block_delta", struct {
+			Type  string    `json:"type"`
+			Index int       `json:"index"`
+			Delta textBlock `json:"delta"`
+		}{"content_block_delta", zero, textBlock{Type: "text_delta", Text: part}})
+	}
+	writeEvent(ev, "content_block_stop", struct {
+		Type  string `json:"type"`
+		Index int    `json:"index"`
+	}{"content_block_stop", zero})
+	type stopDelta struct {
+		StopReason   string  `json:"stop_reason"`
+		StopSequence *string `json:"stop_sequence"`
+	}
+	type outputUsage struct {
+		OutputTokens int `json:"output_tokens"`
+	}
+	writeEvent(ev, "message_delta", struct {
+		Type  string      `json:"type"`
+		Delta stopDelta   `json:"delta"`
+		Usage outputUsage `json:"usage"`
+	}{"message_delta", stopDelta{StopReason: stop}, outputUsage{out}})
+	writeEvent(ev, "message_stop", struct {
+		Type string `json:"type"`
+	}{"message_stop"})
+}
+
+// writeEvent sends v as event name; Anthropic repeats the name as the data's type, and each
+// caller's v does.
+func writeEvent(ev *sse, name string, v any) { ev.event(name, marshal(v)) }

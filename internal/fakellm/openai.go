@@ -1,0 +1,531 @@
+package fakellm
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// systemFingerprint has the form of OpenAI's ("fp_" and ten hex digits), which some clients log.
+const systemFingerprint = "fp_fa4e11c0de"
+
+// openAIErr is the body of every OpenAI error, inside {"error": ...}. Param and Code are
+// pointers because OpenAI sends an explicit null for each when it has none, and clients
+// read the field's presence.
+type openAIErr struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// openAIHeaders sets what every OpenAI answer carries; the SDKs surface x-request-id on
+// errors, so a gateway that drops it is visible.
+func openAIHeaders(w http.ResponseWriter) string {
+	id := "req_" + randID(32)
+	h := w.Header()
+	h.Set("x-request-id", id)
+	h.Set("openai-version", "2020-10-01")
+	h.Set("openai-processing-ms", "1")
+	return id
+}
+
+func openAIError(w http.ResponseWriter, status int, e openAIErr) {
+	openAIHeaders(w)
+	writeJSON(w, status, struct {
+		Error openAIErr `json:"error"`
+	}{e})
+}
+
+// openAIStatusErr is the body OpenAI sends with status when nothing more specific applies.
+func openAIStatusErr(status int) openAIErr {
+	switch {
+	case status == http.StatusUnauthorized:
+		return openAIErr{
+			Message: "Incorrect API key provided. You can find your API key at https://platform.openai.com/account/api-keys.",
+			Type:    "invalid_request_error",
+			Code:    ptr("invalid_api_key"),
+		}
+	case status == http.StatusTooManyRequests:
+		// OpenAI puts the limit that was hit ("requests" or "tokens") in type and the
+		// condition in code.
+		return openAIErr{
+			Message: "Rate limit reached for requests. Please try again in 1s. Visit https://platform.openai.com/account/rate-limits to learn more.",
+			Type:    "requests",
+			Code:    ptr("rate_limit_exceeded"),
+		}
+	case status == http.StatusServiceUnavailable:
+		return openAIErr{Message: "The server is overloaded or not ready yet.", Type: "server_error"}
+	case status >= 500:
+		return openAIErr{
+			Message: "The server had an error while processing your request. Sorry about that!",
+			Type:    "server_error",
+		}
+	default:
+		return openAIErr{Message: http.StatusText(status), Type: "invalid_request_error"}
+	}
+}
+
+// openAIAuth refuses, and answers for, a request without the configured bearer key.
+func openAIAuth(w http.ResponseWriter, r *http.Request, cfg Config) bool {
+	scheme, key, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	key = strings.TrimSpace(key)
+	if !strings.EqualFold(scheme, "Bearer") || key == "" {
+		openAIError(w, http.StatusUnauthorized, openAIErr{
+			Message: "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY). You can obtain an API key from https://platform.openai.com/account/api-keys.",
+			Type:    "invalid_request_error",
+			Code:    ptr("invalid_api_key"),
+		})
+		return false
+	}
+	if cfg.APIKey != "" && key != cfg.APIKey {
+		openAIError(w, http.StatusUnauthorized, openAIErr{
+			Message: fmt.Sprintf("Incorrect API key provided: %s. You can find your API key at https://platform.openai.com/account/api-keys.", maskKey(key)),
+			Type:    "invalid_request_error",
+			Code:    ptr("invalid_api_key"),
+		})
+		return false
+	}
+	return true
+}
+
+// maskKey hides most of a key, as OpenAI does, so a key a test leaks into an error does not
+// land whole in a log.
+func maskKey(key string) string {
+	if len(key) <= 8 {
+		return strings.Repeat("*", len(key))
+	}
+	return key[:3] + strings.Repeat("*", len(key)-7) + key[len(key)-4:]
+}
+
+// openAIParams reads a body's parameters and reports the first one that is wrong the way
+// OpenAI's validator words it.
+type openAIParams struct {
+	f   fields
+	err *openAIErr
+}
+
+func (p *openAIParams) fail(param, format string, args ...any) {
+	if p.err == nil {
+		p.err = &openAIErr{Message: fmt.Sprintf(format, args...), Type: "invalid_request_error", Param: ptr(param)}
+	}
+}
+
+func (p *openAIParams) failType(param, want string) {
+	if p.err == nil {
+		p.fail(param, "Invalid type for '%s': expected %s, but got %s instead.", param, want, kind(p.f[param]))
+		p.err.Code = ptr("invalid_type")
+	}
+}
+
+func (p *openAIParams) requiredString(key string) string {
+	if p.err != nil {
+		return ""
+	}
+	if !p.f.has(key) {
+		p.fail(key, "Missing required parameter: '%s'.", key)
+		return ""
+	}
+	s, ok := p.f.str(key)
+	if !ok {
+		p.failType(key, "a string")
+	}
+	return s
+}
+
+// optionalInt is the value of key and whether the request set it.
+func (p *openAIParams) optionalInt(key string) (int, bool) {
+	if p.err != nil || !p.f.has(key) {
+		return 0, false
+	}
+	n, ok := p.f.integer(key)
+	if !ok {
+		p.failType(key, "an integer")
+	}
+	return n, ok
+}
+
+func (p *openAIParams) optionalBool(key string) bool {
+	if p.err != nil || !p.f.has(key) {
+		return false
+	}
+	b, ok := p.f.boolean(key)
+	if !ok {
+		p.failType(key, "a boolean")
+	}
+	return b
+}
+
+// openAIRequest authenticates, applies Config.Status and parses the body: everything the two
+// OpenAI routes share before they differ. It answers and returns nil when the request fails.
+func openAIRequest(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) *openAIParams {
+	if !openAIAuth(w, r, cfg) {
+		return nil
+	}
+	if cfg.Status != 0 {
+		openAIError(w, cfg.Status, openAIStatusErr(cfg.Status))
+		return nil
+	}
+	f, err := parseBody(body)
+	if err != nil {
+		openAIError(w, http.StatusBadRequest, openAIErr{
+			Message: "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON.)",
+			Type:    "invalid_request_error",
+		})
+		return nil
+	}
+	return &openAIParams{f: f}
+}
+
+type chatUsage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+		AudioTokens  int `json:"audio_tokens"`
+	} `json:"prompt_tokens_details"`
+	CompletionTokensDetails struct {
+		ReasoningTokens          int `json:"reasoning_tokens"`
+		AudioTokens              int `json:"audio_tokens"`
+		AcceptedPredictionTokens int `json:"accepted_prediction_tokens"`
+		RejectedPredictionTokens int `json:"rejected_prediction_tokens"`
+	} `json:"completion_tokens_details"`
+}
+
+type chatMessage struct {
+	Role        string  `json:"role"`
+	Content     string  `json:"content"`
+	Refusal     *string `json:"refusal"`
+	Annotations []any   `json:"annotations"`
+}
+
+type chatChoice struct {
+	Index        int         `json:"index"`
+	Message      chatMessage `json:"message"`
+	Logprobs     any         `json:"logprobs"`
+	FinishReason string      `json:"finish_reason"`
+}
+
+type chatCompletion struct {
+	ID                string       `json:"id"`
+	Object            string       `json:"object"`
+	Created           int64        `json:"created"`
+	Model             string       `json:"model"`
+	Choices           []chatChoice `json:"choices"`
+	Usage             chatUsage    `json:"usage"`
+	ServiceTier       string       `json:"service_tier"`
+	SystemFingerprint string       `json:"system_fingerprint"`
+}
+
+type chunkChoice struct {
+	Index        int     `json:"index"`
+	Delta        any     `json:"delta"`
+	Logprobs     any     `json:"logprobs"`
+	FinishReason *string `json:"finish_reason"`
+}
+
+type chatChunk struct {
+	ID                string        `json:"id"`
+	Object            string        `json:"object"`
+	Created           int64         `json:"created"`
+	Model             string        `json:"model"`
+	ServiceTier       string        `json:"service_tier"`
+	SystemFingerprint string        `json:"system_fingerprint"`
+	Choices           []chunkChoice `json:"choices"`
+	// Usage is absent unless the client asked for usage; then it is null on every chunk
+	// but the last. Left nil it is omitted; rawNull makes it an explicit null.
+	Usage any `json:"usage,omitempty"`
+}
+
+// rawNull marshals as an explicit null where a nil interface would be left out.
+type rawNull struct{}
+
+func (rawNull) MarshalJSON() ([]byte, error) { return []byte("null"), nil }
+
+func serveChat(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) {
+	p := openAIRequest(w, r, cfg, body)
+	if p == nil {
+		return
+	}
+	model := p.requiredString("model")
+	if p.err == nil {
+		if !p.f.has("messages") {
+			p.fail("messages", "Missing required parameter: 'messages'.")
+		} else if msgs, ok := p.f.array("messages"); !ok {
+			p.failType("messages", "an array")
+		} else if len(msgs) == 0 {
+			p.fail("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.")
+			p.err.Code = ptr("empty_array")
+		}
+	}
+	stream := p.optionalBool("stream")
+	includeUsage := false
+	if p.err == nil && p.f.has("stream_options") {
+		// OpenAI refuses stream_options on a non-streaming request; a gateway that adds
+		// include_usage to every request to meter streams has to get this right.
+		if !stream {
+			p.fail("stream_options", "The 'stream_options' parameter is only allowed when 'stream' is enabled.")
+		} else if opts, err := parseBody(p.f["stream_options"]); err != nil {
+			p.failType("stream_options", "an object")
+		} else {
+			op := &openAIParams{f: opts}
+			includeUsage = op.optionalBool("include_usage")
+			if op.err != nil {
+				p.fail("stream_options.include_usage", "Invalid type for 'stream_options.include_usage': expected a boolean, but got %s instead.", kind(opts["include_usage"]))
+				p.err.Code = ptr("invalid_type")
+			}
+		}
+	}
+	// max_tokens is the deprecated spelling of max_completion_tokens; both still work, and
+	// the tighter limit wins.
+	limit, limited := p.optionalInt("max_completion_tokens")
+	if n, ok := p.optionalInt("max_tokens"); ok && (!limited || n < limit) {
+		limit, limited = n, true
+	}
+	if p.err != nil {
+		openAIError(w, http.StatusBadRequest, *p.err)
+		return
+	}
+
+	out, truncated := capped(cfg, limit, limited)
+	finish := "stop"
+	if truncated {
+		finish = "length"
+	}
+	var usage chatUsage
+	usage.PromptTokens = cfg.InputTokens
+	usage.CompletionTokens = out
+	usage.TotalTokens = cfg.InputTokens + out
+
+	id := "chatcmpl-" + randID(29)
+	created := time.Now().Unix()
+	if !stream {
+		openAIHeaders(w)
+		writeJSON(w, http.StatusOK, chatCompletion{
+			ID:      id,
+			Object:  "chat.completion",
+			Created: created,
+			Model:   model,
+			Choices: []chatChoice{{
+				Message:      chatMessage{Role: "assistant", Content: cfg.reply(), Annotations: []any{}},
+				FinishReason: finish,
+			}},
+			Usage:             usage,
+			ServiceTier:       "default",
+			SystemFingerprint: systemFingerprint,
+		})
+		return
+	}
+
+	openAIHeaders(w)
+	ev := startSSE(w)
+	chunk := func(choices []chunkChoice, u any) {
+		c := chatChunk{
+			ID:                id,
+			Object:            "chat.completion.chunk",
+			Created:           created,
+			Model:             model,
+			ServiceTier:       "default",
+			SystemFingerprint: systemFingerprint,
+			Choices:           choices,
+		}
+		if includeUsage {
+			c.Usage = u
+		}
+		ev.event("", marshal(c))
+	}
+	delta := func(d any, finish *string) []chunkChoice {
+		return []chunkChoice{{Delta: d, FinishReason: finish}}
+	}
+	chunk(delta(struct {
+		Role    string  `json:"role"`
+		Content string  `json:"content"`
+		Refusal *string `json:"refusal"`
+	}{Role: "assistant"}, nil), rawNull{})
+	for _, part := range splitReply(cfg.reply()) {
+		chunk(delta(struct {
+			Content string `json:"content"`
+		}{part}, nil), rawNull{})
+	}
+	chunk(delta(struct{}{}, &finish), rawNull{})
+	if includeUsage {
+		chunk([]chunkChoice{}, usage)
+	}
+	ev.event("", []byte("[DONE]"))
+}
+
+type responseUsage struct {
+	InputTokens        int `json:"input_tokens"`
+	InputTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
+	OutputTokens        int `json:"output_tokens"`
+	OutputTokensDetails struct {
+		ReasoningTokens int `json:"reasoning_tokens"`
+	} `json:"output_tokens_details"`
+	TotalTokens int `json:"total_tokens"`
+}
+
+type outputText struct {
+	Type        string `json:"type"`
+	Annotations []any  `json:"annotations"`
+	Logprobs    []any  `json:"logprobs"`
+	Text        string `json:"text"`
+}
+
+type outputItem struct {
+	ID      string       `json:"id"`
+	Type    string       `json:"type"`
+	Status  string       `json:"status"`
+	Content []outputText `json:"content"`
+	Role    string       `json:"role"`
+}
+
+type response struct {
+	ID                 string         `json:"id"`
+	Object             string         `json:"object"`
+	CreatedAt          int64          `json:"created_at"`
+	Status             string         `json:"status"`
+	Background         bool           `json:"background"`
+	Error              any            `json:"error"`
+	IncompleteDetails  any            `json:"incomplete_details"`
+	Instructions       any            `json:"instructions"`
+	MaxOutputTokens    any            `json:"max_output_tokens"`
+	Model              string         `json:"model"`
+	Output             []outputItem   `json:"output"`
+	ParallelToolCalls  bool           `json:"parallel_tool_calls"`
+	PreviousResponseID any            `json:"previous_response_id"`
+	Reasoning          any            `json:"reasoning"`
+	ServiceTier        string         `json:"service_tier"`
+	Store              bool           `json:"store"`
+	Temperature        float64        `json:"temperature"`
+	Text               any            `json:"text"`
+	ToolChoice         string         `json:"tool_choice"`
+	Tools              []any          `json:"tools"`
+	TopP               float64        `json:"top_p"`
+	Truncation         string         `json:"truncation"`
+	Usage              *responseUsage `json:"usage"`
+	User               any            `json:"user"`
+	Metadata           map[string]any `json:"metadata"`
+}
+
+// responseEvent is every Responses streaming event; each kind fills its own fields.
+type responseEvent struct {
+	Type           string      `json:"type"`
+	SequenceNumber int         `json:"sequence_number"`
+	Response       *response   `json:"response,omitempty"`
+	ItemID         string      `json:"item_id,omitempty"`
+	OutputIndex    *int        `json:"output_index,omitempty"`
+	ContentIndex   *int        `json:"content_index,omitempty"`
+	Item           *outputItem `json:"item,omitempty"`
+	Part           *outputText `json:"part,omitempty"`
+	Delta          *string     `json:"delta,omitempty"`
+	Text           *string     `json:"text,omitempty"`
+	// Logprobs is [] on the text events and absent elsewhere, as OpenAI sends it.
+	Logprobs []any `json:"logprobs,omitzero"`
+}
+
+func serveResponses(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) {
+	p := openAIRequest(w, r, cfg, body)
+	if p == nil {
+		return
+	}
+	model := p.requiredString("model")
+	if p.err == nil && !p.f.has("input") {
+		p.fail("input", "Missing required parameter: 'input'.")
+	}
+	stream := p.optionalBool("stream")
+	limit, limited := p.optionalInt("max_output_tokens")
+	var instructions any
+	if p.err == nil && p.f.has("instructions") {
+		if s, ok := p.f.str("instructions"); ok {
+			instructions = s
+		} else {
+			p.failType("instructions", "a string")
+		}
+	}
+	if p.err != nil {
+		openAIError(w, http.StatusBadRequest, *p.err)
+		return
+	}
+
+	out, truncated := capped(cfg, limit, limited)
+	status, incomplete := "completed", any(nil)
+	if truncated {
+		status = "incomplete"
+		incomplete = map[string]string{"reason": "max_output_tokens"}
+	}
+	usage := &responseUsage{InputTokens: cfg.InputTokens, OutputTokens: out, TotalTokens: cfg.InputTokens + out}
+	text := cfg.reply()
+	part := outputText{Type: "output_text", Annotations: []any{}, Logprobs: []any{}, Text: text}
+	item := outputItem{ID: "msg_" + randID(48), Type: "message", Status: status, Content: []outputText{part}, Role: "assistant"}
+	resp := response{
+		ID:                "resp_" + randID(48),
+		Object:            "response",
+		CreatedAt:         time.Now().Unix(),
+		Status:            status,
+		IncompleteDetails: incomplete,
+		Instructions:      instructions,
+		Model:             model,
+		Output:            []outputItem{item},
+		ParallelToolCalls: true,
+		Reasoning:         map[string]any{"effort": nil, "summary": nil},
+		ServiceTier:       "default",
+		Store:             true,
+		Temperature:       1,
+		Text:              map[string]any{"format": map[string]string{"type": "text"}},
+		ToolChoice:        "auto",
+		Tools:             []any{},
+		TopP:              1,
+		Truncation:        "disabled",
+		Usage:             usage,
+		Metadata:          map[string]any{},
+	}
+	if limited {
+		resp.MaxOutputTokens = limit
+	}
+	if !stream {
+		openAIHeaders(w)
+		writeJSON(w, http.StatusOK, resp)
+		return
+	}
+
+	openAIHeaders(w)
+	ev := startSSE(w)
+	seq := 0
+	emit := func(e responseEvent) {
+		e.SequenceNumber = seq
+		seq++
+		ev.event(e.Type, marshal(e))
+	}
+	// Until the last event the response is in progress: no output yet and no usage, which is
+	// what makes response.completed the only place a meter can read it.
+	pending := resp
+	pending.Status, pending.IncompleteDetails, pending.Output, pending.Usage = "in_progress", nil, []outputItem{}, nil
+	zero := ptr(0)
+	emit(responseEvent{Type: "response.created", Response: &pending})
+	emit(responseEvent{Type: "response.in_progress", Response: &pending})
+	emit(responseEvent{Type: "response.output_item.added", OutputIndex: zero,
+		Item: &outputItem{ID: item.ID, Type: "message", Status: "in_progress", Content: []outputText{}, Role: "assistant"}})
+	emit(responseEvent{Type: "response.content_part.added", ItemID: item.ID, OutputIndex: zero, ContentIndex: zero,
+		Part: &outputText{Type: "output_text", Annotations: []any{}, Logprobs: []any{}, Text: ""}})
+	for _, d := range splitReply(text) {
+		emit(responseEvent{Type: "response.output_text.delta", ItemID: item.ID, OutputIndex: zero, ContentIndex: zero,
+			Delta: ptr(d), Logprobs: []any{}})
+	}
+	emit(responseEvent{Type: "response.output_text.done", ItemID: item.ID, OutputIndex: zero, ContentIndex: zero,
+		Text: ptr(text), Logprobs: []any{}})
+	emit(responseEvent{Type: "response.content_part.done", ItemID: item.ID, OutputIndex: zero, ContentIndex: zero, Part: &part})
+	emit(responseEvent{Type: "response.output_item.done", OutputIndex: zero, Item: &item})
+	final := "response.completed"
+	if truncated {
+		// A response cut short by max_output_tokens ends in response.incomplete instead, with
+		// the usage in the same place.
+		final = "response.incomplete"
+	}
+	emit(responseEvent{Type: final, Response: &resp})
+}
