@@ -127,7 +127,7 @@ session in its registry.`,
 		c.GroupID = "run"
 		root.AddCommand(c)
 	}
-	for _, c := range []*cobra.Command{a.psCommand(), a.inspectCommand(), a.logsCommand(), a.eventsCommand(), a.explainCommand(), a.artifactsCommand()} {
+	for _, c := range []*cobra.Command{a.psCommand(), a.inspectCommand(), a.logsCommand(), a.eventsCommand(), a.explainCommand(), a.artifactsCommand(), a.spendCommand()} {
 		c.GroupID = "inspect"
 		root.AddCommand(c)
 	}

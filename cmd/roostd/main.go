@@ -21,6 +21,8 @@ import (
 	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/endpoint"
+	"roost.dev/roost/pkg/gateway"
+	"roost.dev/roost/pkg/ledger"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/metrics"
 	"roost.dev/roost/pkg/server"
@@ -46,14 +48,19 @@ type options struct {
 	maxDepth      int
 	maxConcurrent int
 	machineTokens int64
-	containment   string
-	showVersion   bool
+	// machineTokensSet: the flag was given, so it replaces the ceiling the ledger keeps
+	// (roostctl spend set-limit changes it at run time; a restart without the flag keeps that).
+	machineTokensSet bool
+	reservationTTL   time.Duration
+	containment      string
+	showVersion      bool
 }
 
-// The metrics hear session starts, recoveries and spawn decisions.
+// The metrics hear session starts, recoveries, spawn decisions and the ledger's charges.
 var (
 	_ session.Observer      = (*metrics.Metrics)(nil)
 	_ session.SpawnObserver = (*metrics.Metrics)(nil)
+	_ ledger.Observer       = (*metrics.Metrics)(nil)
 )
 
 func parseFlags(args []string) (*options, error) {
@@ -65,7 +72,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.configFile, "config", "", "YAML file with inference upstreams and other long settings")
 	fs.IntVar(&o.maxDepth, "max-depth", 3, "delegation depth allowed below a top-level session")
 	fs.IntVar(&o.maxConcurrent, "max-concurrent", 4, "live children per parent session")
-	fs.Int64Var(&o.machineTokens, "machine-tokens-per-day", 0, "machine-wide token ceiling per UTC day; 0 = none")
+	fs.Int64Var(&o.machineTokens, "machine-tokens-per-day", 0, "machine-wide token ceiling per UTC day; 0 = none (when absent, the last one set is kept)")
+	fs.DurationVar(&o.reservationTTL, "reservation-ttl", ledger.DefaultTTL, "how long a token reservation stays open before it is charged in full")
 	fs.StringVar(&o.containment, "containment", "", "host-wide containment floor: unconfined, advisory, scoped or sealed")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	fs.Usage = func() {
@@ -77,6 +85,7 @@ func parseFlags(args []string) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (roostd takes only flags)", fs.Arg(0))
 	}
+	o.machineTokensSet = fs.Changed("machine-tokens-per-day")
 	switch {
 	case o.maxDepth < 0:
 		return nil, fmt.Errorf("--max-depth %d: must be 0 or more", o.maxDepth)
@@ -84,6 +93,8 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--max-concurrent %d: must be 0 or more", o.maxConcurrent)
 	case o.machineTokens < 0:
 		return nil, fmt.Errorf("--machine-tokens-per-day %d: must be 0 or more", o.machineTokens)
+	case o.reservationTTL < time.Second:
+		return nil, fmt.Errorf("--reservation-ttl %s: must be at least 1s", o.reservationTTL)
 	}
 	return o, nil
 }
@@ -119,8 +130,10 @@ func serve(o *options, log *slog.Logger) error {
 		}
 		floor = c
 	}
+	cfg := &config.Config{}
 	if o.configFile != "" {
-		if _, err := config.Load(o.configFile); err != nil {
+		var err error
+		if cfg, err = config.Load(o.configFile); err != nil {
 			return fmt.Errorf("--config: %w", err)
 		}
 	}
@@ -183,6 +196,16 @@ func serve(o *options, log *slog.Logger) error {
 		return fmt.Errorf("artifact store: %w", err)
 	}
 	defer artifacts.Close()
+	ledgerCfg := ledger.Config{Path: filepath.Join(stateDir, ledger.File), TTL: o.reservationTTL, ExpireEvery: time.Second, Observer: mtr, Logger: log}
+	if o.machineTokensSet {
+		ledgerCfg.MachineCeiling = &o.machineTokens
+	}
+	spend, err := ledger.Open(ledgerCfg)
+	if err != nil {
+		return fmt.Errorf("spend ledger: %w", err)
+	}
+	defer spend.Close()
+	mtr.WatchBudget(spend)
 	keys, err := spawn.LoadKeys(filepath.Join(stateDir, spawn.KeyFile))
 	if err != nil {
 		return fmt.Errorf("credential key: %w", err)
@@ -201,6 +224,8 @@ func serve(o *options, log *slog.Logger) error {
 		Endpoints:     endpoints,
 		MaxDepth:      o.maxDepth,
 		MaxConcurrent: o.maxConcurrent,
+		Ledger:        spend,
+		Gateway:       gateway.New(cfg.Inference.Upstreams, spend, log),
 		Observer:      mtr,
 		Logger:        log,
 	})
@@ -214,7 +239,7 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	defer os.Remove(o.socket)
-	srv := server.New(server.Config{Sessions: sessions, Artifacts: artifacts, Assess: assess, StateDir: stateDir, StartedAt: time.Now(), Logger: log})
+	srv := server.New(server.Config{Sessions: sessions, Artifacts: artifacts, Ledger: spend, Assess: assess, StateDir: stateDir, StartedAt: time.Now(), Logger: log})
 
 	var metricsSrv *http.Server
 	if o.metricsAddr != "" {

@@ -56,7 +56,15 @@ type Config struct {
 	// benchmarks, bbolt's Batch or a transaction per write. Every one fsyncs before it
 	// returns.
 	Commit CommitMode
-	Logger *slog.Logger
+	// Observer hears every committed charge and every refusal, for metrics; nil for none.
+	Observer Observer
+	Logger   *slog.Logger
+}
+
+// Observer hears what the ledger decides.
+type Observer interface {
+	Charged(Settlement)
+	Refused(*Refusal)
 }
 
 // CommitMode is how the ledger commits writes.
@@ -78,6 +86,7 @@ type Ledger struct {
 	log   *slog.Logger
 	// commit writes one admission's or settlement's change and fsyncs it.
 	commit func(func(*bolt.Tx) error) error
+	obs    Observer
 
 	mu       sync.Mutex
 	accounts map[string]*account
@@ -132,7 +141,7 @@ func Open(cfg Config) (*Ledger, error) {
 		return nil, err
 	}
 	l := &Ledger{
-		db: db, clock: cfg.Clock, ttl: cfg.TTL, log: cfg.Logger,
+		db: db, clock: cfg.Clock, ttl: cfg.TTL, log: cfg.Logger, obs: cfg.Observer,
 		accounts: map[string]*account{}, open: map[string]*reservation{}, byRequest: map[string]string{},
 		changed: make(chan struct{}), stop: make(chan struct{}),
 	}
@@ -360,6 +369,9 @@ func (l *Ledger) Admit(req Admission) (Reservation, error) {
 	}
 	if refusal, latch := l.check(a, req.Tokens); refusal != nil {
 		l.mu.Unlock()
+		if l.obs != nil {
+			l.obs.Refused(refusal)
+		}
 		if latch {
 			if err := l.latch(a.id, refusal); err != nil {
 				return Reservation{}, err
@@ -527,6 +539,9 @@ func (l *Ledger) charge(sessionID, reservationID, reason string, u *Usage) (Sett
 	l.mu.Unlock()
 	if err := l.commit(func(tx *bolt.Tx) error { return writeCharge(tx, &s, ancestors) }); err != nil {
 		return Settlement{}, l.fail(err)
+	}
+	if l.obs != nil {
+		l.obs.Charged(s)
 	}
 	return s, nil
 }

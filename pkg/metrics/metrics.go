@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"roost.dev/roost/pkg/ledger"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -22,6 +23,15 @@ type Metrics struct {
 	recovered *prometheus.CounterVec
 	spawns    *prometheus.CounterVec
 	spawnTime *prometheus.HistogramVec
+	tokens    *prometheus.CounterVec
+	refusals  *prometheus.CounterVec
+}
+
+// Budget reports the ledger's state at each scrape.
+type Budget interface {
+	// Remaining is what the machine may still admit today; ok is false without a ceiling.
+	Remaining() (tokens int64, ok bool)
+	OpenReservations() int
 }
 
 // New registers the Go and process collectors, roost's counters, and a gauge of sessions
@@ -51,15 +61,55 @@ func New(states []string, count func() map[string]int) *Metrics {
 			Help:    "Time from a spawn request to its refusal or to the child's program running, by decision (granted, refused).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
 		}, []string{"decision"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "roost_tokens_spent_total",
+			Help: "Tokens charged to sessions, by capsule and model (the model a gateway call named; empty for calls capsules settle themselves).",
+		}, []string{"capsule", "model"}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "roost_spend_refusals_total",
+			Help: "Admissions refused at a ceiling, by limit (session, ancestor, machine).",
+		}, []string{"limit"}),
 	}
 	m.registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.starts, m.startTime, m.recovered, m.spawns, m.spawnTime,
+		m.starts, m.startTime, m.recovered, m.spawns, m.spawnTime, m.tokens, m.refusals,
 		&stateCollector{states: states, count: count, desc: prometheus.NewDesc(
 			"roost_sessions", "Sessions in the registry, by state.", []string{"state"}, nil)},
 	)
 	return m
+}
+
+// WatchBudget reports the ledger's remaining budget and open reservations at each scrape.
+func (m *Metrics) WatchBudget(b Budget) {
+	m.registry.MustRegister(&budgetCollector{budget: b,
+		remaining: prometheus.NewDesc("roost_budget_remaining_tokens", "Tokens the machine may still admit today (only with a machine ceiling).", []string{"scope"}, nil),
+		open:      prometheus.NewDesc("roost_spend_reservations_open", "Reservations admitted and not yet settled or charged.", nil, nil),
+	})
+}
+
+// Charged counts tokens charged to a session.
+func (m *Metrics) Charged(s ledger.Settlement) {
+	m.tokens.WithLabelValues(s.Capsule, s.Model).Add(float64(s.Charged))
+}
+
+// Refused counts an admission refused at a ceiling.
+func (m *Metrics) Refused(r *ledger.Refusal) {
+	m.refusals.WithLabelValues(r.Kind()).Inc()
+}
+
+type budgetCollector struct {
+	budget          Budget
+	remaining, open *prometheus.Desc
+}
+
+func (c *budgetCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.remaining; ch <- c.open }
+
+func (c *budgetCollector) Collect(ch chan<- prometheus.Metric) {
+	if tokens, ok := c.budget.Remaining(); ok {
+		ch <- prometheus.MustNewConstMetric(c.remaining, prometheus.GaugeValue, float64(tokens), "machine")
+	}
+	ch <- prometheus.MustNewConstMetric(c.open, prometheus.GaugeValue, float64(c.budget.OpenReservations()))
 }
 
 // Handler serves the metrics in the Prometheus exposition format.

@@ -20,6 +20,7 @@ import (
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/pkg/artifact"
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/ledger"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/session"
 	"roost.dev/roost/pkg/version"
@@ -30,6 +31,8 @@ type Config struct {
 	Sessions *session.Manager
 	// Artifacts is the store push and artifacts use.
 	Artifacts *artifact.Store
+	// Ledger is the token ledger spend reads and sets; nil for none.
+	Ledger *ledger.Ledger
 	// Assess probes the host and rehearses the classes the daemon can run, afresh.
 	Assess    func(context.Context) (containment.Host, containment.Catalog)
 	StateDir  string
@@ -49,6 +52,7 @@ func New(cfg Config) *grpc.Server {
 	roostv1.RegisterCapsuleServiceServer(srv, &capsuleService{m: cfg.Sessions})
 	roostv1.RegisterSystemServiceServer(srv, &systemService{cfg: cfg})
 	roostv1.RegisterArtifactServiceServer(srv, &artifactService{store: cfg.Artifacts})
+	roostv1.RegisterSpendServiceServer(srv, &spendService{ledger: cfg.Ledger})
 	return srv
 }
 

@@ -125,6 +125,14 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class 
 			return nil, fmt.Errorf("task: %w", err)
 		}
 	}
+	_, policy, err := m.recordedManifest(rec)
+	if err != nil {
+		return nil, err
+	}
+	l.policy = policy
+	if err := m.openAccount(rec, policy); err != nil {
+		return nil, fmt.Errorf("the session's ledger account: %w", err)
+	}
 	if m.cfg.Endpoints != nil {
 		ep, err := m.cfg.Endpoints.Open(rec.ID, class == manifest.Sealed, 0, m)
 		if err != nil {
@@ -167,6 +175,7 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, ep spawn.Endpoin
 		extra["ROOST_CREDENTIAL"] = m.cfg.Endpoints.Credential(rec.ID)
 		spec.NetNS = ep.NetNS()
 	}
+	m.inferenceEnv(policy, ep, extra)
 	if rec.HasTask {
 		spec.Task = filepath.Join(rec.RecordsDir, TaskFile)
 		extra["ROOST_TASK_FILE"] = spec.Task

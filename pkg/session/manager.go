@@ -43,7 +43,7 @@ type Artifacts interface {
 type Endpoints interface {
 	// Open starts a session's endpoint: in a network namespace of its own when netns, else
 	// on host loopback at port (0: any free one).
-	Open(sessionID string, netns bool, port int, d spawn.Delegator) (spawn.Endpoint, error)
+	Open(sessionID string, netns bool, port int, b spawn.Backend) (spawn.Endpoint, error)
 	// Credential is the session's ROOST_CREDENTIAL.
 	Credential(sessionID string) string
 	// Release unpins the session's network namespace, if it has one.
@@ -76,8 +76,11 @@ type Config struct {
 	// MaxDepth is roostd --max-depth: how many levels may be started below a top-level
 	// session. MaxConcurrent is roostd --max-concurrent: live children per parent.
 	MaxDepth, MaxConcurrent int
-	Observer                Observer
-	Logger                  *slog.Logger
+	// Ledger meters sessions' tokens and Gateway forwards their model calls; nil for none.
+	Ledger   Ledger
+	Gateway  Gateway
+	Observer Observer
+	Logger   *slog.Logger
 	// StopGrace is the deadline's grace between SIGTERM and SIGKILL; DefaultStopGrace when 0.
 	StopGrace time.Duration
 	// HostEnv is the environment env.allow draws from; os.Environ() when nil.
@@ -109,9 +112,11 @@ type liveSession struct {
 	// mu orders everything done to the session: launch, stop, kill, deadline, end.
 	mu sync.Mutex
 	// spawnMu orders the session's spawns, so two cannot both pass the live-children check.
-	spawnMu   sync.Mutex
-	proc      containment.Process
-	ep        spawn.Endpoint
+	spawnMu sync.Mutex
+	proc    containment.Process
+	ep      spawn.Endpoint
+	// policy is the session's lowered manifest, for what its endpoint serves.
+	policy    *manifest.Policy
 	ended     chan struct{}
 	deadline  *time.Timer
 	killTimer *time.Timer
@@ -203,6 +208,9 @@ func (m *Manager) Get(id string) (*Record, error) {
 		rec, err = resolve(tx, id)
 		return err
 	})
+	if err == nil {
+		m.withSpend(rec)
+	}
 	return rec, err
 }
 
@@ -246,6 +254,9 @@ func (m *Manager) List(all bool) ([]*Record, error) {
 		recs, err = tx.List(keep)
 		return err
 	})
+	for _, r := range recs {
+		m.withSpend(r)
+	}
 	return recs, err
 }
 

@@ -118,7 +118,11 @@ type Record struct {
 	// EndDetail is what roost saw when it decided to end the session (e.g. the workdir's
 	// size), for the detail of its end.
 	EndDetail string `json:"end_detail,omitempty"`
-	Tokens    int64  `json:"tokens,omitempty"`
+	// Tokens is what the session was charged; InputTokens and OutputTokens what the calls it
+	// settled reported (reservations charged in full count in Tokens only).
+	Tokens       int64 `json:"tokens,omitempty"`
+	InputTokens  int64 `json:"input_tokens,omitempty"`
+	OutputTokens int64 `json:"output_tokens,omitempty"`
 }
 
 // CapsuleRef names what a session runs.

@@ -27,7 +27,7 @@ func (r *Record) Proto() *roostv1.Session {
 		StartedAt:   timestamp(r.StartedAt),
 		EndedAt:     timestamp(r.EndedAt),
 		DeadlineAt:  timestamp(r.DeadlineAt),
-		Spend:       &roostv1.Spend{Tokens: r.Tokens},
+		Spend:       &roostv1.Spend{Tokens: r.Tokens, InputTokens: r.InputTokens, OutputTokens: r.OutputTokens},
 		Detail:      r.Detail,
 		Command:     r.Command,
 	}

@@ -100,6 +100,9 @@ func (m *Manager) Stage(opts StageOptions) (*Record, error) {
 	if !p.decision.Met {
 		return nil, errdefs.ErrFailedPrecondition.WithMessage(p.decision.Shortfall)
 	}
+	if err := m.checkUpstream(&p.policy, filepath.Join(p.dir, manifest.FileName)); err != nil {
+		return nil, err
+	}
 	if p.manifest.Run.Wasm != "" {
 		return nil, errdefs.ErrFailedPrecondition.WithMessage(fmt.Sprintf("%s: run.wasm: this build has no WASM runner; give run.command instead", filepath.Join(p.dir, manifest.FileName)))
 	}

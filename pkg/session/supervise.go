@@ -242,6 +242,7 @@ func (m *Manager) finish(l *liveSession, rec *Record, status ExitStatus, code *i
 	defer m.releaseRuntime(rec)
 	if rec.State != Exited {
 		rec.ExitStatus, rec.ExitCode, rec.Detail, rec.EndedAt = status, code, detail, ended
+		m.closeAccount(rec)
 		if err := appendTrace(rec.RecordsDir, traceEnd(rec)); err != nil {
 			m.cfg.Logger.Warn("trace", "session", rec.ID, "err", err)
 		}

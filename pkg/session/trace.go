@@ -31,6 +31,10 @@ type traceRecord struct {
 	Child   string `json:"child,omitempty"`
 	ChildID string `json:"child_id,omitempty"`
 	Refusal string `json:"refusal,omitempty"`
+	// The session's token totals, at its end.
+	Tokens       *int64 `json:"tokens,omitempty"`
+	InputTokens  *int64 `json:"input_tokens,omitempty"`
+	OutputTokens *int64 `json:"output_tokens,omitempty"`
 }
 
 func traceStart(rec *Record, explanation []byte) traceRecord {
@@ -52,6 +56,7 @@ func traceEnd(rec *Record) traceRecord {
 		ExitStatus: rec.ExitStatus,
 		ExitCode:   rec.ExitCode,
 		Detail:     rec.Detail,
+		Tokens:     &rec.Tokens, InputTokens: &rec.InputTokens, OutputTokens: &rec.OutputTokens,
 	}
 	if !rec.StartedAt.IsZero() {
 		ms := rec.EndedAt.Sub(rec.StartedAt).Milliseconds()

@@ -412,8 +412,12 @@ func (x *ContainmentState) GetAchieved() string {
 
 // Spend is what a session has used.
 type Spend struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Tokens        int64                  `protobuf:"varint,1,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Tokens charged to the session: settled usage plus reservations charged in full.
+	Tokens int64 `protobuf:"varint,1,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// What the calls it settled reported.
+	InputTokens   int64 `protobuf:"varint,2,opt,name=input_tokens,json=inputTokens,proto3" json:"input_tokens,omitempty"`
+	OutputTokens  int64 `protobuf:"varint,3,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -451,6 +455,20 @@ func (*Spend) Descriptor() ([]byte, []int) {
 func (x *Spend) GetTokens() int64 {
 	if x != nil {
 		return x.Tokens
+	}
+	return 0
+}
+
+func (x *Spend) GetInputTokens() int64 {
+	if x != nil {
+		return x.InputTokens
+	}
+	return 0
+}
+
+func (x *Spend) GetOutputTokens() int64 {
+	if x != nil {
+		return x.OutputTokens
 	}
 	return 0
 }
@@ -1730,9 +1748,11 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x06source\x18\x04 \x01(\tR\x06source\"J\n" +
 	"\x10ContainmentState\x12\x1a\n" +
 	"\bdeclared\x18\x01 \x01(\tR\bdeclared\x12\x1a\n" +
-	"\bachieved\x18\x02 \x01(\tR\bachieved\"\x1f\n" +
+	"\bachieved\x18\x02 \x01(\tR\bachieved\"g\n" +
 	"\x05Spend\x12\x16\n" +
-	"\x06tokens\x18\x01 \x01(\x03R\x06tokens\"\x9b\x01\n" +
+	"\x06tokens\x18\x01 \x01(\x03R\x06tokens\x12!\n" +
+	"\finput_tokens\x18\x02 \x01(\x03R\vinputTokens\x12#\n" +
+	"\routput_tokens\x18\x03 \x01(\x03R\foutputTokens\"\x9b\x01\n" +
 	"\fStageRequest\x12\x18\n" +
 	"\acapsule\x18\x01 \x01(\tR\acapsule\x12\x18\n" +
 	"\aworkdir\x18\x02 \x01(\tR\aworkdir\x125\n" +

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
+)
+
+func (a *app) spendCommand() *cobra.Command {
+	var asJSON bool
+	var day string
+	cmd := &cobra.Command{
+		Use:   "spend",
+		Short: "Show the token ledger of a day",
+		Long: `spend shows the token ledger for one UTC day (today unless --day): the machine's
+ceiling, what sessions were charged and what they hold reserved, per session and per capsule.`,
+		Args: exactArgs(0, "no arguments (set-limit is a subcommand)"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			conn, err := a.connect()
+			if err != nil {
+				return err
+			}
+			resp, err := roostv1.NewSpendServiceClient(conn).GetDay(cmd.Context(), &roostv1.GetDayRequest{Day: day})
+			if err != nil {
+				return err
+			}
+			d := resp.GetDay()
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), d)
+			}
+			out := cmd.OutOrStdout()
+			ceiling := "none"
+			if d.GetMachineCeiling() > 0 {
+				ceiling = fmt.Sprintf("%d tokens, %d left", d.GetMachineCeiling(), max(d.GetMachineCeiling()-d.GetCharged()-d.GetReserved(), 0))
+			}
+			fmt.Fprintf(out, "day         %s (UTC; resets %s)\n", d.GetDate(), d.GetResetsAt().AsTime().Format(time.RFC3339))
+			fmt.Fprintf(out, "ceiling     %s\n", ceiling)
+			fmt.Fprintf(out, "charged     %d\n", d.GetCharged())
+			fmt.Fprintf(out, "reserved    %d in %d open reservations\n", d.GetReserved(), d.GetOpenReservations())
+			fmt.Fprintf(out, "lifetime    %d\n", d.GetLifetime())
+			if len(d.GetSessions()) > 0 {
+				fmt.Fprintln(out)
+				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "SESSION\tCAPSULE\tCHARGED\tRESERVED\tCEILING")
+				for _, s := range d.GetSessions() {
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", s.GetSessionId(), s.GetCapsule(), s.GetCharged(), s.GetReserved(), limitOrNone(s.GetCeiling()))
+				}
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+			}
+			if len(d.GetCapsules()) > 0 {
+				fmt.Fprintln(out)
+				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "CAPSULE\tCHARGED")
+				for _, c := range d.GetCapsules() {
+					fmt.Fprintf(tw, "%s\t%d\n", c.GetCapsule(), c.GetCharged())
+				}
+				return tw.Flush()
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the day's ledger as JSON")
+	cmd.Flags().StringVar(&day, "day", "", "the UTC day, YYYY-MM-DD (default today)")
+	cmd.AddCommand(a.setLimitCommand())
+	return cmd
+}
+
+func limitOrNone(n int64) string {
+	if n == 0 {
+		return "none"
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+func (a *app) setLimitCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "set-limit TOKENS",
+		Short: "Set the machine's tokens per UTC day (0: none), at once",
+		Long: `set-limit changes the machine's ceiling of tokens per UTC day while roostd runs;
+0 removes it. It is kept across restarts unless roostd is given --machine-tokens-per-day.
+Calls held by inference.on_exhausted: wait go on once the ceiling lets them.`,
+		Args: exactArgs(1, "one TOKENS count"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, err := strconv.ParseInt(args[0], 10, 64)
+			if err != nil || n < 0 {
+				return usageError{fmt.Errorf("TOKENS %q: expected a whole number, 0 or more", args[0])}
+			}
+			conn, err := a.connect()
+			if err != nil {
+				return err
+			}
+			resp, err := roostv1.NewSpendServiceClient(conn).SetMachineLimit(cmd.Context(), &roostv1.SetMachineLimitRequest{Tokens: n})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "machine ceiling %s tokens per day (was %s)\n", limitOrNone(resp.GetTokens()), limitOrNone(resp.GetPrevious()))
+			return nil
+		},
+	}
+}
