@@ -21,8 +21,8 @@ build: deps
 deps:
 	@pkg-config --exists libseccomp 2>/dev/null || { echo "installing libseccomp-dev"; \
 		apt-get install -y -qq libseccomp-dev pkg-config || { apt-get update -qq && apt-get install -y -qq libseccomp-dev pkg-config; }; }
-	@command -v curl >/dev/null || { echo "installing curl"; \
-		apt-get install -y -qq curl || { apt-get update -qq && apt-get install -y -qq curl; }; }
+	@command -v curl >/dev/null && command -v python3 >/dev/null || { echo "installing curl and python3"; \
+		apt-get install -y -qq curl python3 || { apt-get update -qq && apt-get install -y -qq curl python3; }; }
 
 ## test: everything CI checks: formatting, vet, staticcheck, the API lint and freshness of the
 ## generated code, unit tests (with the race detector) and the end-to-end tests.
@@ -65,7 +65,7 @@ demo: deps build
 
 ## bench: the benchmarks whose numbers the README quotes.
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 2s ./pkg/manifest/ ./pkg/session/ ./pkg/server/ ./pkg/spawn/
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./pkg/manifest/ ./pkg/session/ ./pkg/server/ ./pkg/spawn/ ./pkg/ledger/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s -fuzzminimizetime 5s ./pkg/manifest/

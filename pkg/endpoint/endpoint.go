@@ -278,11 +278,13 @@ func (h *handler) routes() http.Handler {
 	})
 }
 
-// authorised: the bearer credential names this listener's session, and it runs.
+// authorised: the credential names this listener's session, and it runs. It comes as a
+// bearer token, or — from an Anthropic SDK pointed at the gateway with the credential as its
+// key — in X-Api-Key.
 func (h *handler) authorised(r *http.Request) bool {
 	cred, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok {
-		return false
+		cred = r.Header.Get("X-Api-Key")
 	}
 	id, ok := h.keys.Verify(strings.TrimSpace(cred))
 	return ok && id == h.id && h.d.Live(id)

@@ -18,6 +18,7 @@ import (
 
 	"roost.dev/roost/pkg/artifact"
 	"roost.dev/roost/pkg/endpoint"
+	"roost.dev/roost/pkg/ledger"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/spawn"
 )
@@ -42,8 +43,13 @@ func delegationConfig(t *testing.T, state string, store *artifact.Store, maxDept
 	if err != nil {
 		t.Fatal(err)
 	}
+	spend, err := ledger.Open(ledger.Config{Path: filepath.Join(state, ledger.File)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { spend.Close() })
 	cfg := testConfig(state, &recorder{})
-	cfg.Artifacts, cfg.Endpoints = store, eps
+	cfg.Artifacts, cfg.Endpoints, cfg.Ledger = store, eps, spend
 	cfg.MaxDepth, cfg.MaxConcurrent = maxDepth, maxConcurrent
 	return cfg, keys
 }
@@ -312,6 +318,7 @@ func TestDelegationSurvivesRestart(t *testing.T) {
 	}
 	survivor, _ = d.m.Get(survivor.ID)
 	d.m.Close()
+	d.m.cfg.Ledger.(*ledger.Ledger).Close()
 	// The parent dies while no daemon watches.
 	if err := syscall.Kill(-parent.Process.PID, syscall.SIGKILL); err != nil {
 		if err := syscall.Kill(parent.Process.PID, syscall.SIGKILL); err != nil {
@@ -399,5 +406,54 @@ func TestSpawnRefusesPlantedLink(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
 		t.Errorf("roost made %d entries through the planted link", len(entries))
+	}
+}
+
+// A child's spend counts against its whole ancestry: through three levels of delegation the
+// top session's max_session_tokens refuses the middle and the leaf, naming it.
+func TestAncestorCeilingThroughDelegation(t *testing.T) {
+	d := newDelegation(t, 3, 4)
+	d.push("parent", "sleep 30", "  spawn:\n    allow: [middle, sleeper]\ninference:\n  max_session_tokens: 100\n")
+	d.push("middle", "sleep 30", "  spawn:\n    allow: [sleeper]\n")
+	d.push("sleeper", "sleep 30", "")
+	parent := d.start("parent")
+	mid, err := d.spawn(parent, "middle", "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	midRec, _ := d.m.Get(mid.SessionID)
+	leaf, err := d.spawn(midRec, "sleeper", "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := d.m.Admit(leaf.SessionID, spawn.AdmitRequest{Tokens: 80})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.m.Settle(leaf.SessionID, spawn.SettleRequest{Reservation: r.ID, InputTokens: 50, OutputTokens: 20}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.m.Admit(mid.SessionID, spawn.AdmitRequest{Tokens: 40})
+	var refusal *ledger.Refusal
+	if !errors.As(err, &refusal) || refusal.Limit != "ancestor "+parent.ID || refusal.Used != 70 || refusal.Ceiling != 100 {
+		t.Fatalf("the middle session's admission: %v", err)
+	}
+	if _, err := d.m.Admit(leaf.SessionID, spawn.AdmitRequest{Tokens: 30}); err != nil {
+		t.Fatalf("the leaf's admission that fits exactly: %v", err)
+	}
+	if _, err := d.m.Admit(leaf.SessionID, spawn.AdmitRequest{Tokens: 1}); !errors.As(err, &refusal) || refusal.Limit != "ancestor "+parent.ID {
+		t.Fatalf("the leaf past the ceiling: %v", err)
+	}
+	// The lifeline ends the subtree; the leaf's open 30 is charged in full; the parent's
+	// record shows its own spend, its account the subtree's.
+	if _, err := d.m.Kill(context.Background(), parent.ID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := d.m.Get(leaf.SessionID); rec.Tokens != 100 || rec.InputTokens != 50 || rec.OutputTokens != 20 {
+		t.Errorf("the leaf's record: %d tokens (%d in, %d out)", rec.Tokens, rec.InputTokens, rec.OutputTokens)
+	}
+	s, _ := d.m.Spend(parent.ID)
+	if s.Charged != 0 || s.SubtreeCharged != 100 || !s.Ended {
+		t.Errorf("the parent's account: %+v", s)
 	}
 }

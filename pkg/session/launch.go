@@ -175,7 +175,7 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, ep spawn.Endpoin
 		extra["ROOST_CREDENTIAL"] = m.cfg.Endpoints.Credential(rec.ID)
 		spec.NetNS = ep.NetNS()
 	}
-	m.inferenceEnv(policy, ep, extra)
+	m.inferenceEnv(policy, ep, extra["ROOST_CREDENTIAL"], extra)
 	if rec.HasTask {
 		spec.Task = filepath.Join(rec.RecordsDir, TaskFile)
 		extra["ROOST_TASK_FILE"] = spec.Task

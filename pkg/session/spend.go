@@ -37,10 +37,6 @@ var _ Gateway = (*gateway.Gateway)(nil)
 // The session manager serves everything a session's endpoint offers.
 var _ spawn.Backend = (*Manager)(nil)
 
-// placeholderKey stands in for the provider's key in a session's environment, so the
-// official SDKs start; the gateway replaces it with the operator's.
-const placeholderKey = "roost-gateway-adds-the-key"
-
 // checkUpstream refuses, at staging, a capsule naming an upstream roostd does not know.
 func (m *Manager) checkUpstream(p *manifest.Policy, where string) error {
 	name := p.Inference.Upstream
@@ -64,8 +60,10 @@ func (m *Manager) checkUpstream(p *manifest.Policy, where string) error {
 	return fmt.Errorf("%s: inference.upstream: %q is not an upstream roostd knows (its --config declares: %s): %w", where, name, list, errdefs.ErrFailedPrecondition)
 }
 
-// inferenceEnv points the official SDKs at the session's gateway.
-func (m *Manager) inferenceEnv(p *manifest.Policy, ep spawn.Endpoint, env map[string]string) {
+// inferenceEnv points the official SDKs at the session's gateway. Their "API key" is the
+// session's own credential, which they present as the endpoint wants it; the gateway sends
+// the operator's key upstream instead.
+func (m *Manager) inferenceEnv(p *manifest.Policy, ep spawn.Endpoint, credential string, env map[string]string) {
 	name := p.Inference.Upstream
 	if name == "" || ep == nil || m.cfg.Gateway == nil {
 		return
@@ -73,9 +71,9 @@ func (m *Manager) inferenceEnv(p *manifest.Policy, ep spawn.Endpoint, env map[st
 	base := ep.URL() + "/v1/inference/" + name
 	switch m.cfg.Gateway.Formats()[name] {
 	case "openai":
-		env["OPENAI_BASE_URL"], env["OPENAI_API_KEY"] = base+"/v1", placeholderKey
+		env["OPENAI_BASE_URL"], env["OPENAI_API_KEY"] = base+"/v1", credential
 	case "anthropic":
-		env["ANTHROPIC_BASE_URL"], env["ANTHROPIC_API_KEY"] = base, placeholderKey
+		env["ANTHROPIC_BASE_URL"], env["ANTHROPIC_API_KEY"] = base, credential
 	}
 }
 

@@ -53,8 +53,10 @@ type daemon struct {
 	stateDir    string
 	socket      string
 	metricsAddr string
-	cmd         *exec.Cmd
-	log         *bytes.Buffer
+	// args are roostd's further flags, on every start.
+	args []string
+	cmd  *exec.Cmd
+	log  *bytes.Buffer
 }
 
 func freePort(t *testing.T) string {
@@ -67,10 +69,10 @@ func freePort(t *testing.T) string {
 	return l.Addr().String()
 }
 
-func newDaemon(t *testing.T) *daemon {
+func newDaemon(t *testing.T, args ...string) *daemon {
 	t.Helper()
 	state := t.TempDir()
-	d := &daemon{t: t, stateDir: state, socket: filepath.Join(state, "roostd.sock"), metricsAddr: freePort(t)}
+	d := &daemon{t: t, stateDir: state, socket: filepath.Join(state, "roostd.sock"), metricsAddr: freePort(t), args: args}
 	d.start()
 	t.Cleanup(func() {
 		if d.cmd == nil || d.cmd.ProcessState != nil {
@@ -89,7 +91,7 @@ func newDaemon(t *testing.T) *daemon {
 func (d *daemon) start() {
 	d.t.Helper()
 	d.log = &bytes.Buffer{}
-	d.cmd = exec.Command(filepath.Join(binDir, "roostd"), "--state-dir", d.stateDir, "--socket", d.socket, "--metrics-addr", d.metricsAddr)
+	d.cmd = exec.Command(filepath.Join(binDir, "roostd"), append([]string{"--state-dir", d.stateDir, "--socket", d.socket, "--metrics-addr", d.metricsAddr}, d.args...)...)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatal(err)
