@@ -76,6 +76,11 @@ step ./bin/roostctl push examples/worker
 expect 0 ./bin/roostctl run examples/delegate
 step ./bin/roostctl ps --all --tree
 
+echo
+echo "Spend: a capsule reserves and settles tokens under its max_session_tokens of 1000:"
+expect 0 ./bin/roostctl run examples/spend
+step ./bin/roostctl spend
+
 id=$(./bin/roostctl run --detach examples/deadline)
 echo "started $id in the background"
 step ./bin/roostctl stop --grace 5s "$id"

@@ -90,6 +90,7 @@ func values(p *manifest.Policy) [][2]string {
 		{"resources.memory_bytes", limit(r.MemoryBytes)},
 		{"resources.workdir_max_bytes", limit(r.WorkdirMaxBytes)},
 		{"inference.upstream", orNone(p.Inference.Upstream)},
+		{"inference.model", orNone(p.Inference.Model)},
 		{"inference.max_session_tokens", tokens},
 		{"inference.on_exhausted", p.Inference.OnExhausted},
 	}
@@ -116,9 +117,17 @@ var common = hold{
 	"resources.max_file_size_bytes": {Enforced, "RLIMIT_FSIZE on every process"},
 	"resources.cpu_seconds":         {Enforced, "RLIMIT_CPU on every process"},
 	"resources.memory_bytes":        {Enforced, "RLIMIT_AS on every process"},
-	"inference.upstream":            {NotApplicable, "this build has no inference gateway or ledger"},
-	"inference.max_session_tokens":  {NotApplicable, "this build has no inference gateway or ledger"},
-	"inference.on_exhausted":        {NotApplicable, "this build has no inference gateway or ledger"},
+	"inference.upstream":            {Advisory, "the session's gateway forwards only to this upstream, with the operator's key; but this class does not stop the program reaching the network itself"},
+	"inference.model":               {Advisory, "the gateway refuses calls naming another model; but this class does not stop the program reaching the network itself"},
+	"inference.max_session_tokens":  {Advisory, "the ledger admits calls through the gateway and /v1/spend only within it and every ancestor's; but this class does not stop the program reaching the network itself"},
+	"inference.on_exhausted":        {Enforced, "a gateway call refused at the machine's ceiling waits for budget (wait) or gets 429 (fail)"},
+}
+
+// In a sealed root the gateway is the only way out, so what it holds, holds.
+var sealedInference = hold{
+	"inference.upstream":           {Enforced, "the session's gateway forwards only to this upstream, with the operator's key; the session's network namespace reaches nothing else"},
+	"inference.model":              {Enforced, "the gateway refuses calls naming another model"},
+	"inference.max_session_tokens": {Enforced, "the ledger admits each call through the gateway (or /v1/spend) only within it and every ancestor's, durably and strictly"},
 }
 
 var workdirGuard = [2]string{Enforced, "roostd measures the workdir every 2s (allocated blocks, links not followed) and stops the session once past it"}
@@ -202,7 +211,7 @@ func sealedGrants(p *manifest.Policy) []Grant {
 		exec = [2]string{Enforced, "/work and /tmp are mounted exec"}
 	}
 	referee := "the session's endpoint, inside its own network namespace, referees every spawn (spawn.allow, depth, live children, then the child's envelope); roostd's socket is absent from the root"
-	return with(common, hold{
+	return with(with(common, sealedInference), hold{
 		"containment":                   {Enforced, "libcontainer: mount, pid, ipc, uts, net and cgroup namespaces; a composed read-only root; no capabilities; no_new_privs; seccomp (moby's default profile; no new namespaces, no ptrace)"},
 		"network.allow":                 {Enforced, "own network namespace with loopback only: nothing outside is reachable (no egress proxy admits these yet)"},
 		"network.unix_sockets":          unix,
