@@ -321,9 +321,16 @@ func (r *SealedRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (P
 		return nil, fmt.Errorf("%w: %v", ErrGone, err)
 	}
 	// A container a dying daemon created but never started waits for ever on its exec fifo:
-	// its program never ran. Release destroys it.
-	if status, err := container.Status(); err != nil || status == libcontainer.Created || status == libcontainer.Stopped {
-		return nil, fmt.Errorf("%w: the container was never started (or has stopped)", ErrGone)
+	// its program never ran, and Release destroys it. But libcontainer calls a container
+	// created while its fifo file exists, and a daemon that died after releasing the init
+	// through the fifo, before removing the file, leaves one that runs: roost-init's
+	// init.json says which.
+	status, err := container.Status()
+	if err != nil || status == libcontainer.Stopped {
+		return nil, fmt.Errorf("%w: the container has stopped", ErrGone)
+	}
+	if status == libcontainer.Created && !released(recordsDir, state.InitProcessPid) {
+		return nil, fmt.Errorf("%w: the container was never started", ErrGone)
 	}
 	if ref == nil {
 		inner, err := awaitInner(recordsDir, state.InitProcessPid, state.InitProcessStartTime)
@@ -343,6 +350,17 @@ func (r *SealedRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (P
 		return nil, err
 	}
 	return &sealedProcess{ref: *ref, recordsDir: recordsDir, watch: w, runtime: r, container: container}, nil
+}
+
+// released says whether a container's init has gone past its exec fifo: it has become
+// roost-init (whose name the kernel keeps, cut to 15 bytes), or has even written init.json.
+func released(recordsDir string, initPID int) bool {
+	if _, err := ReadInit(recordsDir); err == nil {
+		return true
+	}
+	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", initPID))
+	name := InitName[:min(len(InitName), 15)]
+	return err == nil && strings.TrimSpace(string(comm)) == name
 }
 
 // awaitInner reads the init.json roost-init writes inside the session (its pids are the

@@ -117,7 +117,7 @@ func TestCrashRecovery(t *testing.T) {
 		case "lost", "start_failed":
 			// Only a launch the daemon died in the middle of, before the program ran.
 			if logs != "" {
-				t.Errorf("%s %s: %s, yet its program printed %q", s.ID, s.Capsule.Name, s.ExitStatus, logs)
+				t.Errorf("%s %s: %s (%s), yet its program printed %q\nroostd:\n%s", s.ID, s.Capsule.Name, s.ExitStatus, s.Detail, logs, d.log)
 			}
 			lost++
 			continue
