@@ -274,12 +274,12 @@ func (m *Manager) finish(l *liveSession, rec *Record, status ExitStatus, code *i
 // releaseRuntime frees what the session's runtime holds for it, and unpins its network
 // namespace.
 func (m *Manager) releaseRuntime(rec *Record) {
+	// The pin goes first: the namespace lives on while the container is in it, and whoever
+	// sees the container gone sees the pin gone too.
 	if m.cfg.Endpoints != nil {
-		defer func() {
-			if err := m.cfg.Endpoints.Release(rec.ID); err != nil {
-				m.cfg.Logger.Warn("unpinning the session's network namespace", "session", rec.ID, "err", err)
-			}
-		}()
+		if err := m.cfg.Endpoints.Release(rec.ID); err != nil {
+			m.cfg.Logger.Warn("unpinning the session's network namespace", "session", rec.ID, "err", err)
+		}
 	}
 	class, err := manifest.ParseClass(rec.Achieved)
 	if err != nil || m.cfg.Runtimes[class] == nil {
