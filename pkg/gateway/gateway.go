@@ -188,7 +188,7 @@ func (c *call) prepare(caller Caller) error {
 	for _, name := range []string{"max_completion_tokens", "max_tokens", "max_output_tokens"} {
 		var n int64
 		if json.Unmarshal(fields[name], &n) == nil && n > 0 {
-			c.maxOutput = n
+			c.maxOutput = min(n, ledger.MaxTokens)
 			break
 		}
 	}
@@ -376,8 +376,9 @@ func (m *usageMeter) add(u *usageFields) {
 	if in < 0 && out < 0 {
 		return
 	}
+	// An upstream reporting nonsense (negative, absurd) is held to what the ledger takes.
 	m.seen = true
-	m.input, m.output = max(m.input, in), max(m.output, out)
+	m.input, m.output = min(max(m.input, in), ledger.MaxTokens), min(max(m.output, out), ledger.MaxTokens)
 }
 
 // stream copies a server-sent event stream through, flushing each line as it comes, and
