@@ -69,6 +69,9 @@ bench:
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s -fuzzminimizetime 5s ./pkg/manifest/
+	$(GO) test -run '^$$' -fuzz FuzzVerify -fuzztime 20s -fuzzminimizetime 5s ./pkg/spawn/
+	$(GO) test -run '^$$' -fuzz FuzzUsage -fuzztime 20s -fuzzminimizetime 5s ./pkg/gateway/
+	$(GO) test -run '^$$' -fuzz FuzzPrepare -fuzztime 20s -fuzzminimizetime 5s ./pkg/gateway/
 
 tools: $(TOOLS)/buf $(TOOLS)/staticcheck $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
 
