@@ -26,7 +26,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"roost.dev/roost/pkg/ledger"
 	"roost.dev/roost/pkg/spawn"
 )
 
@@ -315,39 +314,9 @@ func reply(w http.ResponseWriter, status int, v any) {
 
 // fail answers an error as JSON {"error": "..."} with the status its class calls for.
 func (h *handler) fail(w http.ResponseWriter, err error) {
-	var refusal *ledger.Refusal
-	if errors.As(err, &refusal) {
-		spawn.WriteRefusal(w, refusal)
-		return
-	}
-	status := http.StatusInternalServerError
-	var tooBig *http.MaxBytesError
-	switch {
-	case errors.As(err, &tooBig):
-		status = http.StatusRequestEntityTooLarge
-	case errdefs.IsPermissionDenied(err):
-		status = http.StatusForbidden
-	case errdefs.IsInvalidArgument(err):
-		status = http.StatusBadRequest
-	case errdefs.IsNotFound(err):
-		status = http.StatusNotFound
-	case errdefs.IsResourceExhausted(err):
-		status = http.StatusTooManyRequests
-	case errdefs.IsFailedPrecondition(err), errdefs.IsAlreadyExists(err):
-		status = http.StatusConflict
-	case errdefs.IsUnavailable(err):
-		status = http.StatusServiceUnavailable
-	case errors.Is(err, context.Canceled):
-		return
-	}
-	msg := err.Error()
-	if cls := errdefs.Resolve(err); cls != errdefs.ErrUnknown {
-		msg = strings.TrimSuffix(msg, ": "+cls.Error())
-	}
-	if status == http.StatusInternalServerError {
+	if spawn.WriteError(w, err) == http.StatusInternalServerError {
 		h.log.Error("session endpoint", "session", h.id, "err", err)
 	}
-	reply(w, status, map[string]string{"error": msg})
 }
 
 func (h *handler) self(w http.ResponseWriter, r *http.Request) {

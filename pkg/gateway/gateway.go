@@ -408,35 +408,8 @@ func (m *usageMeter) stream(w http.ResponseWriter, body io.Reader) {
 	}
 }
 
-// fail answers an error as the endpoint does: JSON {"error": ...}, status by its class, and
-// a spend refusal as 429 with its numbers.
-func fail(w http.ResponseWriter, err error) {
-	var refusal *ledger.Refusal
-	if errors.As(err, &refusal) {
-		spawn.WriteRefusal(w, refusal)
-		return
-	}
-	status := http.StatusInternalServerError
-	switch {
-	case errors.Is(err, context.Canceled):
-		return
-	case errdefs.IsPermissionDenied(err):
-		status = http.StatusForbidden
-	case errdefs.IsInvalidArgument(err):
-		status = http.StatusBadRequest
-	case errdefs.IsNotFound(err):
-		status = http.StatusNotFound
-	case errdefs.IsFailedPrecondition(err):
-		status = http.StatusConflict
-	case errdefs.IsUnavailable(err):
-		status = http.StatusServiceUnavailable
-	}
-	msg := err.Error()
-	if cls := errdefs.Resolve(err); cls != errdefs.ErrUnknown {
-		msg = strings.TrimSuffix(msg, ": "+cls.Error())
-	}
-	reply(w, status, msg)
-}
+// fail answers an error as the endpoint does.
+func fail(w http.ResponseWriter, err error) { spawn.WriteError(w, err) }
 
 func reply(w http.ResponseWriter, status int, msg string) {
 	data, _ := json.Marshal(map[string]string{"error": msg})

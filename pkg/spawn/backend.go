@@ -1,8 +1,13 @@
 package spawn
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
+	"strings"
+
+	"github.com/containerd/errdefs"
 
 	"roost.dev/roost/pkg/ledger"
 )
@@ -54,4 +59,44 @@ func WriteRefusal(w http.ResponseWriter, r *ledger.Refusal) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusTooManyRequests)
 	_, _ = w.Write(append(data, '\n'))
+}
+
+// WriteError answers an error as every session-endpoint route does: JSON {"error": ...}
+// with the status its class calls for, and a spend refusal as WriteRefusal does. A caller
+// that went away gets nothing. It returns the status written (0 for none).
+func WriteError(w http.ResponseWriter, err error) int {
+	var refusal *ledger.Refusal
+	if errors.As(err, &refusal) {
+		WriteRefusal(w, refusal)
+		return http.StatusTooManyRequests
+	}
+	status := http.StatusInternalServerError
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.Is(err, context.Canceled):
+		return 0
+	case errors.As(err, &tooBig):
+		status = http.StatusRequestEntityTooLarge
+	case errdefs.IsPermissionDenied(err):
+		status = http.StatusForbidden
+	case errdefs.IsInvalidArgument(err):
+		status = http.StatusBadRequest
+	case errdefs.IsNotFound(err):
+		status = http.StatusNotFound
+	case errdefs.IsResourceExhausted(err):
+		status = http.StatusTooManyRequests
+	case errdefs.IsFailedPrecondition(err), errdefs.IsAlreadyExists(err):
+		status = http.StatusConflict
+	case errdefs.IsUnavailable(err):
+		status = http.StatusServiceUnavailable
+	}
+	msg := err.Error()
+	if cls := errdefs.Resolve(err); cls != errdefs.ErrUnknown {
+		msg = strings.TrimSuffix(msg, ": "+cls.Error())
+	}
+	data, _ := json.Marshal(map[string]string{"error": msg})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(data, '\n'))
+	return status
 }
