@@ -90,17 +90,12 @@ const maxResponse = 64 << 20
 func (g *Gateway) Serve(w http.ResponseWriter, r *http.Request, c Caller, upstream, path string) {
 	u, err := g.check(c, upstream)
 	if err != nil {
-		fail(w, err)
+		spawn.WriteError(w, err)
 		return
 	}
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			reply(w, http.StatusRequestEntityTooLarge, err.Error())
-			return
-		}
-		fail(w, err)
+		spawn.WriteError(w, err)
 		return
 	}
 	key, err := os.ReadFile(u.APIKeyFile)
@@ -112,14 +107,14 @@ func (g *Gateway) Serve(w http.ResponseWriter, r *http.Request, c Caller, upstre
 	call := call{upstream: u, path: path, body: body}
 	if r.Method == http.MethodPost && len(bytes.TrimSpace(body)) > 0 {
 		if err := call.prepare(c); err != nil {
-			fail(w, err)
+			spawn.WriteError(w, err)
 			return
 		}
 	}
 	var res ledger.Reservation
 	if call.metered {
 		if res, err = g.admit(r.Context(), c, &call); err != nil {
-			fail(w, err)
+			spawn.WriteError(w, err)
 			return
 		}
 	}
@@ -407,9 +402,6 @@ func (m *usageMeter) stream(w http.ResponseWriter, body io.Reader) {
 		}
 	}
 }
-
-// fail answers an error as the endpoint does.
-func fail(w http.ResponseWriter, err error) { spawn.WriteError(w, err) }
 
 func reply(w http.ResponseWriter, status int, msg string) {
 	data, _ := json.Marshal(map[string]string{"error": msg})

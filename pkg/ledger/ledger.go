@@ -800,14 +800,6 @@ type DayCapsule struct {
 	Charged int64  `json:"charged"`
 }
 
-// Today is the current day's UTC date.
-func (l *Ledger) Today() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.roll()
-	return l.day.date
-}
-
 // Report returns the ledger of date (YYYY-MM-DD, UTC); "" is today.
 func (l *Ledger) Report(date string) (Day, error) {
 	l.mu.Lock()

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -67,6 +68,21 @@ func (m *Manager) childrenOf(parentID string) ([]*Record, error) {
 		}
 	}
 	return out, err
+}
+
+// policyOf is a supervised session's lowered manifest, read from the registry once and kept
+// with the session (a restarted daemon reads it when first asked, not at recovery).
+func (m *Manager) policyOf(l *liveSession, rec *Record) (*manifest.Policy, error) {
+	l.policyMu.Lock()
+	defer l.policyMu.Unlock()
+	if l.policy == nil {
+		_, p, err := m.recordedManifest(rec)
+		if err != nil {
+			return nil, err
+		}
+		l.policy = p
+	}
+	return l.policy, nil
 }
 
 // recordedManifest is the manifest the session was staged with, and its policy.
@@ -147,7 +163,7 @@ func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request)
 		result = "failed"
 		return res, err
 	}
-	if err := checkName(req); err != nil {
+	if err := checkRequest(req); err != nil {
 		result = "invalid"
 		return res, err
 	}
@@ -160,7 +176,7 @@ func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request)
 	l.spawnMu.Lock()
 	defer l.spawnMu.Unlock()
 
-	_, pp, err := m.recordedManifest(parent)
+	pp, err := m.policyOf(l, parent)
 	if err != nil {
 		result = "failed"
 		return res, err
@@ -168,8 +184,7 @@ func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request)
 	ref := req.Capsule + "@" + req.Version
 	// spawn.allow is judged before the name is looked up, so nothing about the store can be
 	// learnt through names the session may not spawn.
-	if !slices.Contains(pp.Spawn.Allow, req.Capsule) {
-		err := spawn.Referee(spawn.Parent{ID: parentID, Policy: pp}, spawn.Child{Name: req.Capsule, Ref: ref}, m.cfg.MaxConcurrent)
+	if err := spawn.Allowed(pp, req.Capsule); err != nil {
 		result = "refused_" + spawn.ReasonSpawnAllow
 		m.traceDelegation(parent, ref, "", err)
 		return res, err
@@ -202,10 +217,6 @@ func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request)
 		m.traceDelegation(parent, ref, "", err)
 		return res, err
 	}
-	if len(req.Task) > maxTask {
-		result = "invalid"
-		return res, fmt.Errorf("task: %d bytes, more than %d: %w", len(req.Task), maxTask, errdefs.ErrInvalidArgument)
-	}
 
 	dir, err := m.childWorkdir(parent, req.Capsule, slices.Contains(pp.Spawn.WorkdirSnapshot, req.Capsule))
 	if err != nil {
@@ -216,7 +227,7 @@ func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request)
 	if req.Task != "" {
 		task = []byte(req.Task)
 	}
-	staged, err := m.Stage(StageOptions{Capsule: ref, Workdir: dir.host, ownsWorkdir: true, ParentID: parentID, Task: task, DepthRemaining: parent.DepthRemaining - 1})
+	staged, err := m.stage(child, StageOptions{Capsule: ref, Workdir: dir.host, ownsWorkdir: true, ParentID: parentID, Task: task, DepthRemaining: parent.DepthRemaining - 1})
 	if err != nil {
 		result = "failed"
 		return res, err
@@ -249,9 +260,12 @@ func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request)
 	return res, nil
 }
 
-func checkName(req spawn.Request) error {
+func checkRequest(req spawn.Request) error {
 	if req.Capsule == "" || req.Version == "" {
 		return fmt.Errorf("a spawn names a pushed capsule: {\"capsule\": NAME, \"version\": VERSION}: %w", errdefs.ErrInvalidArgument)
+	}
+	if len(req.Task) > maxTask {
+		return fmt.Errorf("task: %d bytes, more than %d: %w", len(req.Task), maxTask, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -306,7 +320,7 @@ func (m *Manager) childWorkdir(parent *Record, name string, snapshot bool) (chil
 func (m *Manager) childInfo(parent, c *Record) spawn.ChildInfo {
 	rel, err := filepath.Rel(parent.Workdir, c.Workdir)
 	if err != nil || parent.Achieved != manifest.Sealed.String() {
-		rel = filepath.Join(containment.ChildrenRoot, "children", filepath.Base(c.Workdir)[len("child-"):])
+		rel = filepath.Join(containment.ChildrenRoot, "children", strings.TrimPrefix(filepath.Base(c.Workdir), "child-"))
 	}
 	return spawn.ChildInfo{
 		SessionID:  c.ID,

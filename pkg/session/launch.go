@@ -125,11 +125,13 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class 
 			return nil, fmt.Errorf("task: %w", err)
 		}
 	}
-	_, policy, err := m.recordedManifest(rec)
+	man, policy, err := m.recordedManifest(rec)
 	if err != nil {
 		return nil, err
 	}
+	l.policyMu.Lock()
 	l.policy = policy
+	l.policyMu.Unlock()
 	if err := m.openAccount(rec, policy); err != nil {
 		return nil, fmt.Errorf("the session's ledger account: %w", err)
 	}
@@ -140,10 +142,7 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class 
 		}
 		l.ep = ep
 	}
-	spec, err := m.launchSpec(rec, class, l.ep)
-	if err != nil {
-		return nil, err
-	}
+	spec := m.launchSpec(rec, class, man, policy, l.ep)
 	var explanation []byte
 	_ = m.reg.View(func(tx *Tx) (err error) {
 		explanation, err = tx.Explanation(rec.ID)
@@ -159,26 +158,22 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class 
 const TaskFile = "task.md"
 
 // launchSpec builds the program's start from the manifest recorded at staging.
-func (m *Manager) launchSpec(rec *Record, class manifest.Class, ep spawn.Endpoint) (containment.Spec, error) {
-	man, policy, err := m.recordedManifest(rec)
-	if err != nil {
-		return containment.Spec{}, err
-	}
+func (m *Manager) launchSpec(rec *Record, class manifest.Class, man *manifest.Manifest, policy *manifest.Policy, ep spawn.Endpoint) containment.Spec {
 	view := hostView(rec)
 	if class == manifest.Sealed {
 		view = sealedView
 	}
 	extra := map[string]string{}
-	spec := containment.Spec{}
+	var netns, task string
 	if ep != nil {
+		netns = ep.NetNS()
 		extra["ROOST_ENDPOINT"] = ep.URL()
 		extra["ROOST_CREDENTIAL"] = m.cfg.Endpoints.Credential(rec.ID)
-		spec.NetNS = ep.NetNS()
 	}
 	m.inferenceEnv(policy, ep, extra["ROOST_CREDENTIAL"], extra)
 	if rec.HasTask {
-		spec.Task = filepath.Join(rec.RecordsDir, TaskFile)
-		extra["ROOST_TASK_FILE"] = spec.Task
+		task = filepath.Join(rec.RecordsDir, TaskFile)
+		extra["ROOST_TASK_FILE"] = task
 		if class == manifest.Sealed {
 			extra["ROOST_TASK_FILE"] = containment.SealedTaskPath
 		}
@@ -188,14 +183,14 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, ep spawn.Endpoin
 		Class:      class,
 		Argv:       view.command(rec),
 		Env:        environment(rec, man, policy, m.cfg.HostEnv, view, extra),
-		NetNS:      spec.NetNS,
-		Task:       spec.Task,
+		NetNS:      netns,
+		Task:       task,
 		Dir:        rec.Workdir,
 		RecordsDir: rec.RecordsDir,
 		CapsuleDir: rec.Capsule.Source,
 		Rlimits:    containment.Rlimits(policy),
 		Policy:     policy,
-	}, nil
+	}
 }
 
 // view is where the program finds its workdir and its capsule's files: on the host's paths,

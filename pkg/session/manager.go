@@ -115,7 +115,8 @@ type liveSession struct {
 	spawnMu sync.Mutex
 	proc    containment.Process
 	ep      spawn.Endpoint
-	// policy is the session's lowered manifest, for what its endpoint serves.
+	// policy is the session's lowered manifest, for what its endpoint serves (policyOf).
+	policyMu  sync.Mutex
 	policy    *manifest.Policy
 	ended     chan struct{}
 	deadline  *time.Timer

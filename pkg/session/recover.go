@@ -97,13 +97,7 @@ func (m *Manager) recoverOne(rec *Record) string {
 			m.cfg.Logger.Error("recovering", "session", rec.ID, "err", err)
 		}
 	}
-	if _, policy, err := m.recordedManifest(rec); err == nil {
-		l.policy = policy
-		// Idempotent: the account is normally there; a lost ledger file gets it back empty.
-		if err := m.openAccount(rec, policy); err != nil {
-			m.cfg.Logger.Warn("re-opening the session's ledger account", "session", rec.ID, "err", err)
-		}
-	}
+	m.reopenAccount(l, rec)
 	m.reopenEndpoint(l, rec, class)
 	m.supervise(l, rec, proc)
 	return RecoveredAttached

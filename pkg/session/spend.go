@@ -90,6 +90,24 @@ func (m *Manager) openAccount(rec *Record, p *manifest.Policy) error {
 	return m.cfg.Ledger.Register(ledger.Session{ID: rec.ID, Capsule: rec.Capsule.Name, ParentID: rec.ParentID, Ceiling: ceiling})
 }
 
+// reopenAccount gives a re-attached session its ledger account back should the ledger have
+// lost it (its file removed); normally the account is there and nothing is read.
+func (m *Manager) reopenAccount(l *liveSession, rec *Record) {
+	if m.cfg.Ledger == nil {
+		return
+	}
+	if _, err := m.cfg.Ledger.Session(rec.ID); !errdefs.IsNotFound(err) {
+		return
+	}
+	policy, err := m.policyOf(l, rec)
+	if err == nil {
+		err = m.openAccount(rec, policy)
+	}
+	if err != nil {
+		m.cfg.Logger.Warn("re-opening the session's ledger account", "session", rec.ID, "err", err)
+	}
+}
+
 // closeAccount ends a session's account (charging what it left reserved) and records its
 // totals in the record.
 func (m *Manager) closeAccount(rec *Record) {
@@ -152,14 +170,11 @@ func (m *Manager) Spend(id string) (ledger.Spend, error) {
 
 // Inference forwards the session's model call through the gateway, as its manifest allows.
 func (m *Manager) Inference(w http.ResponseWriter, r *http.Request, id, upstream, path string) {
-	l := m.lookup(id)
-	var p *manifest.Policy
-	if l != nil {
-		l.mu.Lock()
-		p = l.policy
-		l.mu.Unlock()
-	}
 	rec, err := m.liveRecord(id)
+	var p *manifest.Policy
+	if l := m.lookup(id); l != nil && err == nil {
+		p, err = m.policyOf(l, rec)
+	}
 	if m.cfg.Gateway == nil || p == nil || err != nil {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusServiceUnavailable)

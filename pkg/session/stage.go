@@ -97,6 +97,11 @@ func (m *Manager) Stage(opts StageOptions) (*Record, error) {
 	if err != nil {
 		return nil, err
 	}
+	return m.stage(p, opts)
+}
+
+// stage records a session from its plan (a spawn has made the plan already, to referee it).
+func (m *Manager) stage(p *plan, opts StageOptions) (*Record, error) {
 	if !p.decision.Met {
 		return nil, errdefs.ErrFailedPrecondition.WithMessage(p.decision.Shortfall)
 	}

@@ -54,9 +54,8 @@ func (*Refusal) Forbidden() {}
 // and roostd --max-concurrent); the child's policy lies inside the parent's on every axis.
 // A mismatch is refused, never narrowed.
 func Referee(p Parent, c Child, maxConcurrent int) error {
-	if !slices.Contains(p.Policy.Spawn.Allow, c.Name) {
-		return &Refusal{ReasonSpawnAllow, "capabilities.spawn.allow",
-			fmt.Sprintf("%q is not among the capsules this session may spawn (%s)", c.Name, listOrNone(p.Policy.Spawn.Allow))}
+	if err := Allowed(p.Policy, c.Name); err != nil {
+		return err
 	}
 	if p.DepthRemaining < 1 {
 		return &Refusal{ReasonDepth, "capabilities.spawn.max_depth",
@@ -72,6 +71,16 @@ func Referee(p Parent, c Child, maxConcurrent int) error {
 				p.LiveChildren, p.Policy.Spawn.MaxChildren.Value, maxConcurrent)}
 	}
 	return envelope(p, c)
+}
+
+// Allowed is the referee's first check alone: the name is in the parent's spawn.allow. It
+// can be judged before the child's capsule is looked up.
+func Allowed(parent *manifest.Policy, name string) error {
+	if !slices.Contains(parent.Spawn.Allow, name) {
+		return &Refusal{ReasonSpawnAllow, "capabilities.spawn.allow",
+			fmt.Sprintf("%q is not among the capsules this session may spawn (%s)", name, listOrNone(parent.Spawn.Allow))}
+	}
+	return nil
 }
 
 func listOrNone(items []string) string {
