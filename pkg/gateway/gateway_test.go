@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +25,7 @@ type rig struct {
 	t      *testing.T
 	fake   *fakellm.Server
 	ledger *ledger.Ledger
+	gw     *Gateway
 	url    string
 	caller Caller
 }
@@ -53,7 +55,7 @@ func newRig(t *testing.T, format string, ceiling int64, caller Caller) *rig {
 	if caller.Upstream == "" {
 		caller.Upstream = "up"
 	}
-	r := &rig{t: t, fake: fake, ledger: l, caller: caller}
+	r := &rig{t: t, fake: fake, ledger: l, gw: g, caller: caller}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/inference/{upstream}/{path...}", func(w http.ResponseWriter, req *http.Request) {
 		g.Serve(w, req, r.caller, req.PathValue("upstream"), req.PathValue("path"))
@@ -132,8 +134,9 @@ func TestMetersEveryFormat(t *testing.T) {
 	}
 }
 
-// A stream is passed through as it comes, not after the upstream has finished.
-func TestStreamsAsItComes(t *testing.T) {
+// A streamed chat call comes back as an event stream, and the gateway asked the upstream for
+// the usage the capsule did not ask for.
+func TestStreamedChatAsksForUsage(t *testing.T) {
 	r := newRig(t, config.FormatOpenAI, 0, Caller{})
 	req, _ := http.NewRequest("POST", r.url+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`))
 	resp, err := http.DefaultClient.Do(req)
@@ -261,5 +264,97 @@ func TestWaitForBudget(t *testing.T) {
 	}
 	if status, _, out := r.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`); status != 429 || !strings.Contains(out, `"limit":"machine"`) {
 		t.Fatalf("at the deadline: %d %s", status, out)
+	}
+}
+
+// Each provider's usage shapes, read as the ledger is to be charged: Anthropic's cache reads
+// and writes are input; streams report running totals, so the largest wins; nothing usable
+// is no usage.
+func TestUsageShapes(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		events []string
+		want   *ledger.Usage
+	}{
+		{"openai chat", []string{`{"usage":{"prompt_tokens":12,"completion_tokens":30,"total_tokens":42}}`}, &ledger.Usage{Input: 12, Output: 30}},
+		{"openai responses", []string{`{"type":"response.completed","response":{"usage":{"input_tokens":5,"output_tokens":6}}}`}, &ledger.Usage{Input: 5, Output: 6}},
+		{"anthropic with cache", []string{`{"usage":{"input_tokens":10,"cache_creation_input_tokens":100,"cache_read_input_tokens":1000,"output_tokens":7}}`}, &ledger.Usage{Input: 1110, Output: 7}},
+		{"anthropic stream", []string{
+			`{"type":"message_start","message":{"usage":{"input_tokens":9,"cache_read_input_tokens":1,"output_tokens":1}}}`,
+			`{"type":"message_delta","usage":{"output_tokens":15}}`,
+		}, &ledger.Usage{Input: 10, Output: 15}},
+		{"openai stream, usage null until the end", []string{`{"choices":[],"usage":null}`, `{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}`}, &ledger.Usage{Input: 3, Output: 4}},
+		{"no usage", []string{`{"choices":[]}`, `[DONE]`, `not json`}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var m usageMeter
+			for _, e := range tc.events {
+				m.json([]byte(e))
+			}
+			got := m.usage()
+			if (got == nil) != (tc.want == nil) || (got != nil && *got != *tc.want) {
+				t.Fatalf("usage %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// The gateway passes each event on as the upstream sends it: the capsule reads the first
+// event while the upstream still holds the rest back.
+func TestStreamPassesEventsThroughAtOnce(t *testing.T) {
+	release := make(chan struct{})
+	upstream := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"first\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		<-release
+		io.WriteString(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n")
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go upstream.Serve(ln)
+	t.Cleanup(func() { upstream.Close() })
+	r := newRig(t, config.FormatOpenAI, 0, Caller{})
+	key := filepath.Join(t.TempDir(), "key")
+	os.WriteFile(key, []byte("k"), 0o600)
+	r.gw.upstreams["up"] = config.Upstream{Name: "up", Format: config.FormatOpenAI, URL: "http://" + ln.Addr().String(), APIKeyFile: key, DefaultMaxOutputTokens: 100}
+
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	type result struct {
+		line string
+		rest io.ReadCloser
+		err  error
+	}
+	first := make(chan result, 1)
+	go func() {
+		resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","messages":[],"stream":true}`))
+		if err != nil {
+			first <- result{err: err}
+			return
+		}
+		br := bufio.NewReader(resp.Body)
+		line, err := br.ReadString('\n')
+		first <- result{line, struct {
+			io.Reader
+			io.Closer
+		}{br, resp.Body}, err}
+	}()
+	var got result
+	select {
+	case got = <-first:
+		if got.err != nil || !strings.Contains(got.line, "first") {
+			t.Fatalf("first line %q, %v", got.line, got.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first event did not come through while the upstream held the rest")
+	}
+	once.Do(func() { close(release) })
+	io.ReadAll(got.rest)
+	got.rest.Close()
+	if s := r.spent(); s.Charged != 3 || s.Reserved != 0 {
+		t.Fatalf("ledger after the stream: %+v", s)
 	}
 }

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/containerd/errdefs"
+	bolt "go.etcd.io/bbolt"
 )
 
 // clock is a settable clock for the day window and expiry.
@@ -300,11 +302,9 @@ func TestAncestorCeilings(t *testing.T) {
 		t.Errorf("ancestor refusal: %+v", got)
 	}
 	refusal(t, errOf(l.Admit(Admission{SessionID: "gp", Tokens: 40})), LimitSession)
-	if _, err := l.Admit(Admission{SessionID: "c", Tokens: 30}); !errdefs.IsResourceExhausted(err) {
-		// The grandparent latched, not the grandchild: 70 + 30 fits exactly.
-		if err != nil {
-			t.Fatal(err)
-		}
+	// The parent and the grandparent latched, not the grandchild: 70 + 30 fits exactly.
+	if _, err := l.Admit(Admission{SessionID: "c", Tokens: 30}); err != nil {
+		t.Fatalf("the grandchild's admission that fits: %v", err)
 	}
 	gp, _ := l.Session("gp")
 	if gp.Charged != 0 || gp.SubtreeCharged != 70 {
@@ -433,5 +433,37 @@ func TestPruneForgetsOldSettlementsKeepsTotals(t *testing.T) {
 	}
 	if s, _ := l.Session("s"); s.Charged != 10 {
 		t.Errorf("totals after pruning: %d", s.Charged)
+	}
+}
+
+// A commit that fails leaves memory ahead of the file: the ledger then refuses everything
+// rather than admit what it could not record, and a reopen rebuilds it from the file.
+func TestFailedCommitFailsClosed(t *testing.T) {
+	path := filepath.Join(t.TempDir(), File)
+	l := open(t, path, nil, nil)
+	register(t, l, "s", "", 0)
+	kept, err := l.Admit(Admission{SessionID: "s", Tokens: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	commit := l.commit
+	l.commit = func(func(*bolt.Tx) error) error { return errors.New("disk full") }
+	if _, err := l.Admit(Admission{SessionID: "s", Tokens: 5}); !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "disk full") {
+		t.Fatalf("the admission whose commit failed: %v", err)
+	}
+	l.commit = commit
+	if _, err := l.Admit(Admission{SessionID: "s", Tokens: 5}); !errdefs.IsUnavailable(err) {
+		t.Fatalf("an admission after a failed commit: %v", err)
+	}
+	if _, err := l.Settle("s", kept.ID, Usage{Input: 1}); !errdefs.IsUnavailable(err) {
+		t.Fatalf("a settlement after a failed commit: %v", err)
+	}
+	l.Close()
+	l = open(t, path, nil, nil)
+	if s, _ := l.Session("s"); s.Reserved != 10 || s.Charged != 0 {
+		t.Fatalf("after a reopen: %+v", s)
+	}
+	if _, err := l.Settle("s", kept.ID, Usage{Input: 1}); err != nil {
+		t.Fatalf("settling after a reopen: %v", err)
 	}
 }
