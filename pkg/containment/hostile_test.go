@@ -84,10 +84,12 @@ func TestHostileForkBombHeld(t *testing.T) {
 
 func TestHostileForkBombEnds(t *testing.T) {
 	// A real bomb: every process forks two more, for ever. The pids limit holds it; the
-	// session's end (here its own SIGKILL from a timer) reaps every one of them.
+	// session's end (here its own SIGKILL from a timer) reaps every one of them. The timer's
+	// sleep is running before the bomb starts: forked once the pids are all taken, it would
+	// fail, and the shell end at once.
 	start := time.Now()
 	info, _, _, _ := sealedRun(t, "capabilities: {containment: sealed, resources: {cgroup_pids_max: 32}, shell: {allow: [sleep]}}",
-		`( sleep 2; kill -KILL 0 ) & b() { b | b & }; b; wait`)
+		`( sleep 2; kill -KILL 0 ) & sleep 0.2; b() { b | b & }; b; wait`)
 	if info.Signal != int(syscall.SIGKILL) && info.Code == 0 {
 		t.Fatalf("exit %+v", info)
 	}
