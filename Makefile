@@ -34,7 +34,7 @@ unit: deps
 e2e: deps
 	$(GO) test -count=1 ./test/e2e/
 
-lint: fmt-check vet staticcheck buf-lint proto-check
+lint: deps fmt-check vet staticcheck buf-lint proto-check
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.tools/*')); \

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
 )
@@ -55,11 +56,17 @@ func run(stateDir, initBin, capsule, workdir, out, cgroup string) (string, error
 		return "", err
 	}
 	policy := manifest.Lower(m)
-	rt, err := containment.NewSealedRuntime(stateDir, initBin)
+	// runc maps the same ids roost's rehearsals use (the first range of roost's default
+	// block), so both pay for the same user namespace.
+	ids := containment.IDs{First: config.DefaultFirstID, Size: config.IDsPerSession}
+	rt, err := containment.NewSealedRuntime(stateDir, initBin, ids)
 	if err != nil {
 		return "", err
 	}
-	spec, err := rt.Bundle(sessionID, workdir, capsule, &policy)
+	if err := os.Chown(workdir, int(ids.First), int(ids.First)); err != nil {
+		return "", err
+	}
+	spec, err := rt.Bundle(sessionID, workdir, capsule, ids, &policy)
 	if err != nil {
 		return "", err
 	}

@@ -11,7 +11,9 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -43,6 +45,7 @@ func main() {
 type options struct {
 	stateDir      string
 	socket        string
+	socketGroup   string
 	metricsAddr   string
 	configFile    string
 	maxDepth      int
@@ -68,6 +71,7 @@ func parseFlags(args []string) (*options, error) {
 	fs := pflag.NewFlagSet("roostd", pflag.ContinueOnError)
 	fs.StringVar(&o.stateDir, "state-dir", "/var/lib/roost", "directory for the registry, session records and workdirs")
 	fs.StringVar(&o.socket, "socket", "/run/roost/roostd.sock", "unix socket the control API listens on (mode 0660)")
+	fs.StringVar(&o.socketGroup, "socket-group", "", "group (NAME or GID) whose members may use the control socket besides root; default none")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1:9464", `HOST:PORT serving /metrics; "" disables`)
 	fs.StringVar(&o.configFile, "config", "", "YAML file with inference upstreams and other long settings")
 	fs.IntVar(&o.maxDepth, "max-depth", 3, "delegation depth allowed below a top-level session")
@@ -130,18 +134,26 @@ func serve(o *options, log *slog.Logger) error {
 		}
 		floor = c
 	}
-	cfg := &config.Config{}
+	group, err := lookupSocketGroup(o.socketGroup)
+	if err != nil {
+		return err
+	}
+	cfg := config.Defaults()
 	if o.configFile != "" {
 		var err error
 		if cfg, err = config.Load(o.configFile); err != nil {
 			return fmt.Errorf("--config: %w", err)
 		}
 	}
+	if err := cfg.CheckSecrets(); err != nil {
+		return fmt.Errorf("--config %s: %w", o.configFile, err)
+	}
 	stateDir, err := filepath.Abs(o.stateDir)
 	if err != nil {
 		return err
 	}
 
+	pool := session.IDPool{First: cfg.Sessions.IDs.First, Slots: cfg.Sessions.IDs.Slots}
 	init := initBinary(log)
 	plain := containment.NewProcessRuntime(init)
 	runtimes := map[manifest.Class]session.Runtime{manifest.Unconfined: plain, manifest.Advisory: plain}
@@ -149,10 +161,10 @@ func serve(o *options, log *slog.Logger) error {
 	var scoped *containment.ScopedRuntime
 	if init != containment.SelfInit {
 		// A sealed root mounts roost-init itself: it must be the small static binary.
-		if sealed, err = containment.NewSealedRuntime(stateDir, init); err != nil {
+		if sealed, err = containment.NewSealedRuntime(stateDir, init, pool.RehearsalIDs()); err != nil {
 			return fmt.Errorf("sealed runtime: %w", err)
 		}
-		if scoped, err = containment.NewScopedRuntime(stateDir, init); err != nil {
+		if scoped, err = containment.NewScopedRuntime(stateDir, init, pool.RehearsalIDs()); err != nil {
 			return fmt.Errorf("scoped runtime: %w", err)
 		}
 		// Even when a rehearsal fails, sessions a previous daemon started are re-attached
@@ -215,31 +227,35 @@ func serve(o *options, log *slog.Logger) error {
 		return fmt.Errorf("session endpoints: %w", err)
 	}
 	sessions, err = session.Open(session.Config{
-		StateDir:      stateDir,
-		DaemonFloor:   floor,
-		Host:          host,
-		Catalog:       catalog,
-		Runtimes:      runtimes,
-		Artifacts:     artifacts,
-		Endpoints:     endpoints,
-		MaxDepth:      o.maxDepth,
-		MaxConcurrent: o.maxConcurrent,
-		Ledger:        spend,
-		Gateway:       gateway.New(cfg.Inference.Upstreams, spend, log),
-		Observer:      mtr,
-		Logger:        log,
+		StateDir:       stateDir,
+		DaemonFloor:    floor,
+		Host:           host,
+		Catalog:        catalog,
+		Runtimes:       runtimes,
+		Artifacts:      artifacts,
+		Endpoints:      endpoints,
+		MaxDepth:       o.maxDepth,
+		MaxConcurrent:  o.maxConcurrent,
+		Ledger:         spend,
+		Gateway:        gateway.New(cfg.Inference.Upstreams, spend, log),
+		Observer:       mtr,
+		Logger:         log,
+		IDs:            pool,
+		AllowRoot:      cfg.Sessions.AllowRoot,
+		EnvPassthrough: cfg.Env.Passthrough,
 	})
 	if err != nil {
 		return err
 	}
 	defer sessions.Close()
 
-	lis, err := listen(o.socket)
+	lis, err := listen(o.socket, group)
 	if err != nil {
 		return err
 	}
 	defer os.Remove(o.socket)
-	srv := server.New(server.Config{Sessions: sessions, Artifacts: artifacts, Ledger: spend, Assess: assess, StateDir: stateDir, StartedAt: time.Now(), Logger: log})
+	srv := server.New(server.Config{Sessions: sessions, Artifacts: artifacts, Ledger: spend, Assess: assess, StateDir: stateDir, StartedAt: time.Now(), Logger: log,
+		Peers: &server.PeerPolicy{Group: group, Sessions: server.NewSessionProcs(init)}})
 
 	var metricsSrv *http.Server
 	if o.metricsAddr != "" {
@@ -315,9 +331,33 @@ func initBinary(log *slog.Logger) string {
 	return containment.SelfInit
 }
 
-// listen opens the control socket with mode 0660. A socket file left by a daemon that died
-// is replaced; one a live daemon answers on is not.
-func listen(path string) (net.Listener, error) {
+// lookupSocketGroup resolves --socket-group; nil when it is not given.
+func lookupSocketGroup(name string) (*server.SocketGroup, error) {
+	if name == "" {
+		return nil, nil
+	}
+	if gid, err := strconv.ParseUint(name, 10, 32); err == nil {
+		g := &server.SocketGroup{Name: name, GID: uint32(gid)}
+		// A gid needs no entry in the group database; its name only reads better.
+		if grp, err := user.LookupGroupId(name); err == nil {
+			g.Name = grp.Name
+		}
+		return g, nil
+	}
+	grp, err := user.LookupGroup(name)
+	if err != nil {
+		return nil, fmt.Errorf("--socket-group %s: %w", name, err)
+	}
+	gid, err := strconv.ParseUint(grp.Gid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("--socket-group %s: gid %q: %w", name, grp.Gid, err)
+	}
+	return &server.SocketGroup{Name: grp.Name, GID: uint32(gid)}, nil
+}
+
+// listen opens the control socket with mode 0660, owned by root and group (when given). A
+// socket file left by a daemon that died is replaced; one a live daemon answers on is not.
+func listen(path string, group *server.SocketGroup) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("--socket: %w", err)
 	}
@@ -337,6 +377,12 @@ func listen(path string) (net.Listener, error) {
 	syscall.Umask(old)
 	if err != nil {
 		return nil, fmt.Errorf("--socket %s: %w", path, err)
+	}
+	if group != nil {
+		if err := os.Chown(path, 0, int(group.GID)); err != nil {
+			lis.Close()
+			return nil, fmt.Errorf("--socket-group %s: %w", group.Name, err)
+		}
 	}
 	if err := os.Chmod(path, 0o660); err != nil {
 		lis.Close()

@@ -1,74 +1,73 @@
-// Package artifact names capsules by content. DigestDir gives a capsule directory the
-// digest a session records as capsule.sha256.
+// Package artifact names capsules by content and keeps pushed ones. DigestDir gives a
+// capsule directory the digest a session records as capsule.sha256; a Store keeps immutable
+// copies of trees under their digests.
+//
+// Every tree is read by descriptors, never by path: roostd reads, as root, trees that
+// hostile programs own and may rearrange under the walk.
 package artifact
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
-	"io"
-	"io/fs"
 	"os"
-	"path/filepath"
 )
 
-// DigestDir hashes a directory tree: every entry's relative path, type and permission bits,
-// a file's bytes and a symlink's target, in lexical order. Symlinks are hashed as links and
-// never followed, so the digest names exactly the tree on disk. The result is "sha256:<hex>".
+// Bounds on a tree roostd reads, so that a hostile one cannot fill the disk or exhaust
+// descriptors: entries below the root, bytes of all regular files, directory nesting.
+const (
+	MaxFiles       = 100_000
+	MaxBytes int64 = 4 << 30
+	MaxDepth       = 256
+)
+
+type limits struct {
+	files int
+	bytes int64
+	depth int
+}
+
+var defaultLimits = limits{files: MaxFiles, bytes: MaxBytes, depth: MaxDepth}
+
+// Like git, a tree keeps of its modes only whether a file is executable: what is stored must
+// be readable by unprivileged sessions, and no setuid bit or private mode of the source
+// survives into it.
+const dirMode = 0o755
+
+func fileMode(mode uint32) uint32 {
+	if mode&0o111 != 0 {
+		return 0o755
+	}
+	return 0o644
+}
+
+// DigestDir hashes a directory tree: every entry's relative path, type and normalised mode
+// (0755 for a directory and an executable file, 0644 for any other file), a file's bytes and
+// a symlink's target, in lexical order. Symlinks are hashed as links and never followed, so
+// the digest names exactly the tree on disk, and what a Store keeps of it. Anything but
+// files, directories and symlinks is refused, and so is a tree over MaxFiles, MaxBytes or
+// MaxDepth. The result is "sha256:<hex>".
 func DigestDir(dir string) (string, error) {
-	h := sha256.New()
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, path)
-		if err != nil {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		mode := info.Mode()
-		switch {
-		case mode.IsDir():
-			fmt.Fprintf(h, "dir %q %o\n", filepath.ToSlash(rel), mode.Perm())
-		case mode&fs.ModeSymlink != 0:
-			target, err := os.Readlink(path)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(h, "symlink %q %q\n", filepath.ToSlash(rel), target)
-		case mode.IsRegular():
-			fmt.Fprintf(h, "file %q %o %d\n", filepath.ToSlash(rel), mode.Perm(), info.Size())
-			if err := hashFile(h, path, info.Size()); err != nil {
-				return err
-			}
-		default:
-			return fmt.Errorf("%s: a capsule holds only files, directories and symlinks, not %s", path, mode.Type())
-		}
-		return nil
-	})
+	root, err := openTree(dir, dir)
 	if err != nil {
 		return "", err
 	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+	defer root.Close()
+	t, err := hashTree(root, dir, defaultLimits)
+	return t.digest, err
 }
 
-func hashFile(w io.Writer, path string, size int64) error {
-	f, err := os.OpenFile(path, os.O_RDONLY|nofollow, 0)
-	if err != nil {
-		return err
+// hashTree walks the tree under root, hashing it; label names it in errors.
+func hashTree(root *os.File, label string, lim limits) (tree, error) {
+	return walkTree(root, nil, label, lim)
+}
+
+// walkTree walks the tree under root, hashing it and, when dst is not nil, copying it into
+// dst (an empty directory) from the same reads.
+func walkTree(root, dst *os.File, label string, lim limits) (tree, error) {
+	w := &walker{label: label, lim: lim, h: sha256.New()}
+	if err := w.root(root, dst); err != nil {
+		return tree{}, err
 	}
-	defer f.Close()
-	// Hash exactly the size announced in the header, so a file growing under the walk
-	// cannot make two different trees hash alike.
-	n, err := io.Copy(w, io.LimitReader(f, size))
-	if err != nil {
-		return err
-	}
-	if n != size {
-		return fmt.Errorf("%s changed while it was being read", path)
-	}
-	return nil
+	w.t.digest = "sha256:" + hex.EncodeToString(w.h.Sum(nil))
+	return w.t, nil
 }

@@ -1,11 +1,15 @@
 package artifact
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
 )
 
 func write(t *testing.T, path, data string) {
@@ -72,7 +76,110 @@ func TestDigestDirRefusesSpecialFiles(t *testing.T) {
 	if err := syscall.Mkfifo(filepath.Join(dir, "fifo"), 0o600); err != nil {
 		t.Skip("mkfifo:", err)
 	}
-	if _, err := DigestDir(dir); err == nil || !strings.Contains(err.Error(), "fifo") {
+	if _, err := DigestDir(dir); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), dir+": fifo: ") || !strings.Contains(err.Error(), "not a fifo") {
 		t.Fatalf("fifo accepted: %v", err)
+	}
+}
+
+// ordinaryTree makes a tree with the modes a capsule usually has (0755 directories, 0644
+// and 0755 files) and names that sort differently by path and by component ("a/x", "a-b").
+func ordinaryTree(t *testing.T, dir string) {
+	t.Helper()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(dir, 0o755))
+	must(os.Chmod(dir, 0o755))
+	write(t, filepath.Join(dir, "capsule.yaml"), "name: worker\nversion: 0.1.0\n")
+	must(os.Mkdir(filepath.Join(dir, "bin"), 0o755))
+	write(t, filepath.Join(dir, "bin", "run.sh"), "#!/bin/sh\necho hi\n")
+	must(os.Chmod(filepath.Join(dir, "bin", "run.sh"), 0o755))
+	must(os.Symlink("run.sh", filepath.Join(dir, "bin", "alias")))
+	must(os.Mkdir(filepath.Join(dir, "a"), 0o755))
+	write(t, filepath.Join(dir, "a", "x"), "inner")
+	write(t, filepath.Join(dir, "a-b"), "")
+	must(os.Mkdir(filepath.Join(dir, "empty"), 0o755))
+	write(t, filepath.Join(dir, "Z"), "upper")
+}
+
+// A tree with ordinary modes keeps the digest it had before modes were normalised and the
+// walk went by descriptors: capsule.sha256 recorded by older sessions still names it.
+func TestDigestDirUnchangedForOrdinaryTrees(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "tree")
+	ordinaryTree(t, dir)
+	// Recorded from the path-walking DigestDir this package had before.
+	const before = "sha256:dedbe5b3735e64107ab6cc17e959c570c94327acdc76a0e9b00dfe312429a167"
+	if d, err := DigestDir(dir); err != nil || d != before {
+		t.Fatalf("digest %s (%v), was %s", d, err, before)
+	}
+}
+
+// Only a file's execute bits count: the digest names the tree as a Store keeps it.
+func TestDigestDirHashesNormalisedModes(t *testing.T) {
+	plain := filepath.Join(t.TempDir(), "tree")
+	ordinaryTree(t, plain)
+	want, err := DigestDir(plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	odd := filepath.Join(t.TempDir(), "tree")
+	ordinaryTree(t, odd)
+	for path, mode := range map[string]os.FileMode{
+		".":            0o700,
+		"bin":          0o750 | os.ModeSetgid,
+		"bin/run.sh":   0o744 | os.ModeSetuid,
+		"a":            0o1777,
+		"a/x":          0o600,
+		"empty":        0o500,
+		"capsule.yaml": 0o444,
+		"Z":            0o660,
+	} {
+		if err := os.Chmod(filepath.Join(odd, path), mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := DigestDir(odd); err != nil || got != want {
+		t.Fatalf("odd modes digest to %s (%v), the same tree with ordinary modes to %s", got, err, want)
+	}
+	// But the execute bit is kept.
+	if err := os.Chmod(filepath.Join(odd, "a", "x"), 0o710); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := DigestDir(odd); got == want {
+		t.Fatal("making a file executable did not change the digest")
+	}
+}
+
+func TestDigestDirRefusesSymlinkRoot(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "real", "f"), "x")
+	os.Symlink("real", filepath.Join(dir, "link"))
+	if _, err := DigestDir(filepath.Join(dir, "link")); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "symlink") {
+		t.Fatalf("a symlink as the root: %v", err)
+	}
+}
+
+// A file larger than MaxBytes is refused from its size, before a byte is read: a sparse
+// one costs nothing to make.
+func TestDigestDirRefusesHugeTrees(t *testing.T) {
+	dir := t.TempDir()
+	f, err := os.Create(filepath.Join(dir, "huge"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(MaxBytes + 1); err != nil {
+		t.Skip("truncate:", err)
+	}
+	start := time.Now()
+	_, err = DigestDir(dir)
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), dir) || !strings.Contains(err.Error(), fmt.Sprint(MaxBytes)) {
+		t.Fatalf("a tree of %d bytes: %v", MaxBytes+1, err)
+	}
+	if time.Since(start) > 2*time.Second {
+		t.Fatalf("refusing took %s: the file was read", time.Since(start))
 	}
 }

@@ -4,18 +4,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
-	"syscall"
+	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
+	"golang.org/x/sys/unix"
 
 	"roost.dev/roost/pkg/manifest"
 )
@@ -24,11 +24,19 @@ import (
 // each is an immutable copy under blobs/sha256/<hex>, and the refs naming them live in a
 // bbolt file of the store's own. A name@version, once pushed, names one digest for ever.
 //
-//	<dir>/refs.db               bucket "refs": "name@version" → Artifact as JSON
-//	<dir>/blobs/sha256/<hex>/   the capsule's tree, as pushed
+//	<dir>/refs.db               bucket "refs": "name@version" → Artifact as JSON (0600)
+//	<dir>/blobs/sha256/<hex>/   a tree, as imported: root's, modes normalised (see DigestDir)
+//
+// Sessions running as other users read their capsule from its blob: <dir>, blobs and
+// blobs/sha256 are 0711, so a blob is reached by whoever knows its digest, and the store
+// cannot be listed.
 type Store struct {
 	db    *bolt.DB
 	blobs string
+	lim   limits
+	// mu is shared by imports and pushes and taken alone by Collect, which must not remove
+	// the temporary tree an import is filling, nor a blob a push stored and has not named yet.
+	mu sync.RWMutex
 }
 
 // Artifact is one pushed capsule.
@@ -46,17 +54,36 @@ func (a Artifact) Ref() string { return a.Name + "@" + a.Version }
 
 var bucketRefs = []byte("refs")
 
-// Open opens (creating when absent) the store under dir.
+const (
+	storeDirMode = 0o711
+	refsMode     = 0o600
+)
+
+// Temporary trees in blobs/sha256: the prefixes no blob name (hex) can have.
+var tempPrefixes = []string{".import-", ".push-", ".collect-"}
+
+// Open opens (creating when absent) the store under dir, and gives its directories the modes
+// the store needs whatever an older roostd left.
 func Open(dir string) (*Store, error) {
-	s := &Store{blobs: filepath.Join(dir, "blobs", "sha256")}
-	if err := os.MkdirAll(s.blobs, 0o700); err != nil {
+	s := &Store{blobs: filepath.Join(dir, "blobs", "sha256"), lim: defaultLimits}
+	if err := os.MkdirAll(s.blobs, storeDirMode); err != nil {
 		return nil, err
 	}
-	db, err := bolt.Open(filepath.Join(dir, "refs.db"), 0o600, &bolt.Options{Timeout: 200 * time.Millisecond})
+	for _, d := range []string{dir, filepath.Dir(s.blobs), s.blobs} {
+		if err := os.Chmod(d, storeDirMode); err != nil {
+			return nil, err
+		}
+	}
+	refs := filepath.Join(dir, "refs.db")
+	db, err := bolt.Open(refs, refsMode, &bolt.Options{Timeout: 200 * time.Millisecond})
 	if err != nil {
 		if errors.Is(err, bolterrors.ErrTimeout) {
 			return nil, fmt.Errorf("the artifact store %s is held by another process: another roostd is using this state directory", dir)
 		}
+		return nil, err
+	}
+	if err := os.Chmod(refs, refsMode); err != nil {
+		db.Close()
 		return nil, err
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
@@ -86,39 +113,46 @@ func ParseRef(ref string) (name, version string, ok bool) {
 
 // Push stores the capsule in dir under its manifest's name@version. Pushing the same bytes
 // again is a no-op (created is false); different bytes under a pushed name@version are
-// refused: a version names one capsule for ever.
+// refused: a version names one capsule for ever. The manifest read is the one hashed and
+// stored; a tree that changes while it is pushed is refused (ErrAborted).
 func (s *Store) Push(dir string) (a Artifact, created bool, err error) {
-	raw, err := os.ReadFile(filepath.Join(dir, manifest.FileName))
-	if err != nil {
-		return a, false, fmt.Errorf("capsule %s: %v: %w", dir, err, errdefs.ErrInvalidArgument)
-	}
-	m, err := manifest.Parse(raw, filepath.Join(dir, manifest.FileName))
+	label := "capsule " + dir
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	root, err := openTree(dir, label)
 	if err != nil {
 		return a, false, err
 	}
-	digest, err := DigestDir(dir)
+	defer root.Close()
+	t, err := hashTree(root, label, s.lim)
 	if err != nil {
-		return a, false, fmt.Errorf("capsule %s: %v: %w", dir, err, errdefs.ErrInvalidArgument)
+		return a, false, err
+	}
+	if t.manifest == nil {
+		return a, false, fmt.Errorf("%s: no %s at its top (a symlink is not one): %w", label, manifest.FileName, errdefs.ErrInvalidArgument)
+	}
+	m, err := manifest.Parse(t.manifest, filepath.Join(dir, manifest.FileName))
+	if err != nil {
+		return a, false, err
 	}
 	if prev, err := s.Resolve(m.Ref()); err == nil {
-		if prev.SHA256 == digest {
+		if prev.SHA256 == t.digest {
 			return prev, false, nil
 		}
 		return a, false, fmt.Errorf("%s is already pushed as %s; this directory is %s: give it a new version: %w",
-			m.Ref(), prev.SHA256, digest, errdefs.ErrAlreadyExists)
+			m.Ref(), prev.SHA256, t.digest, errdefs.ErrAlreadyExists)
 	}
-	files, size, err := s.storeBlob(dir, digest)
-	if err != nil {
+	if err := s.storeAs(root, label, t.digest); err != nil {
 		return a, false, err
 	}
-	a = Artifact{Name: m.Name, Version: m.Version, SHA256: digest, PushedAt: time.Now().UTC(), Files: files, Bytes: size}
+	a = Artifact{Name: m.Name, Version: m.Version, SHA256: t.digest, PushedAt: time.Now().UTC(), Files: t.files, Bytes: t.bytes}
 	data, _ := json.Marshal(a)
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketRefs)
 		// Another push of the same name@version may have won the race.
 		if v := b.Get([]byte(a.Ref())); v != nil {
 			var won Artifact
-			if json.Unmarshal(v, &won) == nil && won.SHA256 != digest {
+			if json.Unmarshal(v, &won) == nil && won.SHA256 != t.digest {
 				return fmt.Errorf("%s was pushed as %s meanwhile: %w", a.Ref(), won.SHA256, errdefs.ErrAlreadyExists)
 			}
 			return nil
@@ -129,6 +163,180 @@ func (s *Store) Push(dir string) (a Artifact, created bool, err error) {
 		return Artifact{}, false, err
 	}
 	return a, true, nil
+}
+
+// storeAs makes sure the blob digest, which the manifest and refs were checked against, is
+// stored: copied from root unless it is there already. The copy must hash to digest: a push
+// decides on the bytes of its first read.
+func (s *Store) storeAs(root *os.File, label, digest string) error {
+	if s.has(digest) {
+		return nil
+	}
+	t, tmp, err := s.copyIn(root, label, ".push-")
+	if tmp != "" {
+		defer os.RemoveAll(tmp)
+	}
+	if err != nil {
+		return err
+	}
+	if t.digest != digest {
+		return fmt.Errorf("%s: changed while it was read (%s, then %s); push it again: %w", label, digest, t.digest, errdefs.ErrAborted)
+	}
+	_, err = s.settle(tmp, digest)
+	return err
+}
+
+// Imported is a tree an Import stored.
+type Imported struct {
+	SHA256 string // "sha256:<hex>", the digest of the bytes stored
+	Dir    string // the blob: blobs/sha256/<hex>
+	Files  int    // regular files
+	Bytes  int64  // their bytes
+	// Created is whether this import stored the blob; false when it was there already.
+	Created bool
+}
+
+// Import stores the tree in dir as a blob named by its digest, and returns it. The tree is
+// read by descriptors and copied from the very reads hashed, so the digest names the bytes
+// stored, whatever a program owning dir does meanwhile. A tree whose blob is stored already
+// is only hashed, not copied. Import names the blob nowhere: until the caller's keep claims
+// it, Collect would remove it (see Collect).
+func (s *Store) Import(dir string) (Imported, error) {
+	label := "capsule " + dir
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	root, err := openTree(dir, label)
+	if err != nil {
+		return Imported{}, err
+	}
+	defer root.Close()
+	t, err := hashTree(root, label, s.lim)
+	if err != nil {
+		return Imported{}, err
+	}
+	if s.has(t.digest) {
+		return s.imported(t, false), nil
+	}
+	// The tree may change between the two reads: the blob is named by the copy's own hash.
+	t, tmp, err := s.copyIn(root, label, ".import-")
+	if tmp != "" {
+		defer os.RemoveAll(tmp)
+	}
+	if err != nil {
+		return Imported{}, err
+	}
+	created, err := s.settle(tmp, t.digest)
+	if err != nil {
+		return Imported{}, err
+	}
+	return s.imported(t, created), nil
+}
+
+func (s *Store) imported(t tree, created bool) Imported {
+	return Imported{SHA256: t.digest, Dir: s.blobDir(t.digest), Files: t.files, Bytes: t.bytes, Created: created}
+}
+
+// copyIn copies the tree under root into tmp/tree, tmp being a fresh directory in blobs
+// (returned even on error, for the caller to remove), hashing the bytes it writes.
+func (s *Store) copyIn(root *os.File, label, prefix string) (t tree, tmp string, err error) {
+	tmp, err = os.MkdirTemp(s.blobs, prefix)
+	if err != nil {
+		return t, "", err
+	}
+	parent, err := os.Open(tmp)
+	if err != nil {
+		return t, tmp, err
+	}
+	defer parent.Close()
+	dst, err := mkdirAt(parent, "tree")
+	if err != nil {
+		return t, tmp, err
+	}
+	defer dst.Close()
+	t, err = walkTree(root, dst, label, s.lim)
+	return t, tmp, err
+}
+
+// settle moves the copy in tmp to the blob of digest; when that blob exists already, the
+// copy is left for the caller to remove (blobs are immutable: same name, same bytes).
+func (s *Store) settle(tmp, digest string) (created bool, err error) {
+	from, to := filepath.Join(tmp, "tree"), s.blobDir(digest)
+	err = unix.Renameat2(unix.AT_FDCWD, from, unix.AT_FDCWD, to, unix.RENAME_NOREPLACE)
+	if errors.Is(err, unix.EINVAL) {
+		// A filesystem without RENAME_NOREPLACE. rename(2) replaces no directory that
+		// holds anything, and an empty one it replaces is the same empty tree.
+		err = os.Rename(from, to)
+	}
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, unix.EEXIST), errors.Is(err, unix.ENOTEMPTY):
+		return false, nil
+	}
+	return false, fmt.Errorf("storing blob %s: %w", digest, err)
+}
+
+func (s *Store) has(digest string) bool {
+	info, err := os.Lstat(s.blobDir(digest))
+	return err == nil && info.IsDir()
+}
+
+// Collect removes every blob that no ref names and keep (given "sha256:<hex>"; nil keeps
+// nothing) does not claim, and every temporary tree a failed import or push left. It
+// returns how many blobs it removed.
+//
+// Collect runs alone against this Store's Import and Push, but a blob an Import returned
+// is named by nothing until the caller's keep claims it: the caller (the session manager)
+// must serialise Collect against its own imports.
+func (s *Store) Collect(keep func(sha256 string) bool) (removed int, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	refs, err := s.List()
+	if err != nil {
+		return 0, err
+	}
+	named := make(map[string]bool, len(refs))
+	for _, a := range refs {
+		named[a.SHA256] = true
+	}
+	entries, err := os.ReadDir(s.blobs)
+	if err != nil {
+		return 0, err
+	}
+	var errs []error
+	for _, e := range entries {
+		name := e.Name()
+		if slices.ContainsFunc(tempPrefixes, func(p string) bool { return strings.HasPrefix(name, p) }) {
+			errs = append(errs, os.RemoveAll(filepath.Join(s.blobs, name)))
+			continue
+		}
+		digest := "sha256:" + name
+		if !blobName.MatchString(name) || named[digest] || keep != nil && keep(digest) {
+			continue
+		}
+		if err := s.remove(name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed++
+	}
+	return removed, errors.Join(errs...)
+}
+
+var blobName = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// remove takes a blob out of the store at once (a rename), then deletes it: no import ever
+// finds a blob half removed.
+func (s *Store) remove(name string) error {
+	tmp, err := os.MkdirTemp(s.blobs, ".collect-")
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(filepath.Join(s.blobs, name), filepath.Join(tmp, name)); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.RemoveAll(tmp)
 }
 
 // Resolve looks a name@version up.
@@ -165,94 +373,4 @@ func (s *Store) List() ([]Artifact, error) {
 
 func (s *Store) blobDir(digest string) string {
 	return filepath.Join(s.blobs, strings.TrimPrefix(digest, "sha256:"))
-}
-
-// storeBlob copies dir into the blob of digest, unless it is there already, and checks the
-// copy hashes to digest (the source may have changed while it was read).
-func (s *Store) storeBlob(dir, digest string) (files int, size int64, err error) {
-	blob := s.blobDir(digest)
-	tmp, err := os.MkdirTemp(s.blobs, ".push-")
-	if err != nil {
-		return 0, 0, err
-	}
-	defer os.RemoveAll(tmp)
-	copyDir := filepath.Join(tmp, "tree")
-	if files, size, err = CopyTree(dir, copyDir); err != nil {
-		return 0, 0, fmt.Errorf("copying %s: %w", dir, err)
-	}
-	got, err := DigestDir(copyDir)
-	if err != nil {
-		return 0, 0, err
-	}
-	if got != digest {
-		return 0, 0, fmt.Errorf("%s changed while it was pushed; push it again: %w", dir, errdefs.ErrAborted)
-	}
-	if _, err := os.Stat(blob); err == nil {
-		return files, size, nil
-	}
-	if err := os.Rename(copyDir, blob); err != nil && !errors.Is(err, fs.ErrExist) {
-		return 0, 0, err
-	}
-	return files, size, nil
-}
-
-// CopyTree copies src to dst (which must not exist) keeping modes, copying symlinks as
-// links and never following one; anything but files, directories and links is refused.
-func CopyTree(src, dst string) (files int, size int64, err error) {
-	err = filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(src, path)
-		if err != nil {
-			return err
-		}
-		target := filepath.Join(dst, rel)
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		switch mode := info.Mode(); {
-		case mode.IsDir():
-			if err := os.Mkdir(target, mode.Perm()); err != nil {
-				return err
-			}
-			// The mode is what DigestDir hashes; the umask must not change it.
-			return os.Chmod(target, mode.Perm())
-		case mode&fs.ModeSymlink != 0:
-			link, err := os.Readlink(path)
-			if err != nil {
-				return err
-			}
-			return os.Symlink(link, target)
-		case mode.IsRegular():
-			n, err := copyFile(path, target, mode.Perm())
-			files++
-			size += n
-			return err
-		default:
-			return fmt.Errorf("%s: only files, directories and symlinks are copied, not %s", path, mode.Type())
-		}
-	})
-	return files, size, err
-}
-
-func copyFile(src, dst string, perm fs.FileMode) (int64, error) {
-	in, err := os.OpenFile(src, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return 0, err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, perm)
-	if err != nil {
-		return 0, err
-	}
-	n, err := io.Copy(out, in)
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(dst, perm)
-	}
-	return n, err
 }

@@ -61,7 +61,7 @@ func TestDecide(t *testing.T) {
 func TestGrantsNeverClaimWhatAPlainProcessCannotHold(t *testing.T) {
 	p := policy(t, "capabilities: {network: {allow: [example.com]}, shell: {allow: [sh]}, filesystem: {scope: src}}")
 	for _, root := range []bool{true, false} {
-		grants := Grants(manifest.Advisory, &p, Host{Root: root})
+		grants := Grants(manifest.Advisory, &p, root)
 		byKey := map[string]Grant{}
 		for _, g := range grants {
 			byKey[g.Key] = g
@@ -88,14 +88,14 @@ func TestGrantsNeverClaimWhatAPlainProcessCannotHold(t *testing.T) {
 		}
 	}
 	// Nothing is claimed for a class there is no runtime for.
-	for _, g := range Grants(manifest.ClassNone, &p, Host{}) {
+	for _, g := range Grants(manifest.ClassNone, &p, false) {
 		if g.Enforcement != "" {
 			t.Fatalf("grant %s claims %q for no class", g.Key, g.Enforcement)
 		}
 	}
 	// Every row of every class this build runs says how it is held.
 	for _, class := range manifest.Classes {
-		for _, g := range Grants(class, &p, Host{Root: true}) {
+		for _, g := range Grants(class, &p, true) {
 			if g.Enforcement == "" || g.Mechanism == "" {
 				t.Errorf("%s: %s has no enforcement or mechanism", class, g.Key)
 			}

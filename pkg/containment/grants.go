@@ -39,13 +39,14 @@ func Rlimits(p *manifest.Policy) []Rlimit {
 	}
 }
 
-// Grants lists every key of the policy with how a session of class holds it on this host.
+// Grants lists every key of the policy with how a session of class holds it on this host;
+// asRoot says the operator lets the session run as host root (sessions.allow_root).
 // A class this build cannot run gets values only: nothing is claimed for it.
-func Grants(class manifest.Class, p *manifest.Policy, h Host) []Grant {
+func Grants(class manifest.Class, p *manifest.Policy, asRoot bool) []Grant {
 	var out []Grant
 	switch class {
 	case manifest.Unconfined, manifest.Advisory:
-		out = plainGrants(class, p, h)
+		out = plainGrants(class, p, asRoot)
 	case manifest.Sealed:
 		out = sealedGrants(p)
 	case manifest.Scoped:
@@ -143,15 +144,17 @@ func with(base hold, more hold) hold {
 	return out
 }
 
-func plainGrants(class manifest.Class, p *manifest.Policy, h Host) []Grant {
+func plainGrants(class manifest.Class, p *manifest.Policy, asRoot bool) []Grant {
 	noKernel := "not enforced: the " + class.String() + " class has no kernel sandbox"
 	referee := "roost's endpoint (a host loopback port; the credential names the session) referees every spawn it launches, but nothing in this class stops the program from starting programs itself"
-	nproc := [2]string{Enforced, "RLIMIT_NPROC"}
-	if h.Root {
-		nproc = [2]string{Advisory, "RLIMIT_NPROC is set, but the kernel does not apply it to root, which this session runs as"}
+	nproc := [2]string{Enforced, "RLIMIT_NPROC, counted against the session's own uid"}
+	containment := [2]string{Enforced, "the class this session runs under: a plain process tree as an unprivileged uid of its own (no capabilities, no_new_privs)"}
+	if asRoot {
+		nproc = [2]string{Advisory, "RLIMIT_NPROC is set, but the kernel does not apply it to root, which this session runs as (sessions.allow_root)"}
+		containment = [2]string{Enforced, "the class this session runs under: a plain process tree as host root, which roostd's sessions.allow_root allows for this capsule"}
 	}
 	return with(common, hold{
-		"containment":                   {Enforced, "the class this session runs under"},
+		"containment":                   containment,
 		"network.allow":                 {Advisory, noKernel + " (no network namespace); the program reaches whatever the host reaches"},
 		"network.unix_sockets":          {Advisory, noKernel + " (no seccomp filter)"},
 		"filesystem.scope":              {Advisory, noKernel + " (no Landlock, no mount confinement)"},
@@ -172,23 +175,23 @@ func plainGrants(class manifest.Class, p *manifest.Policy, h Host) []Grant {
 
 func scopedGrants(p *manifest.Policy) []Grant {
 	unix := [2]string{Enforced, "seccomp: socket(AF_UNIX) and socketpair fail with EACCES"}
-	spawn := [2]string{Enforced, "roost's endpoint (a host loopback port; the credential names the session) referees every spawn; roostd's socket cannot be reached without AF_UNIX"}
+	spawn := [2]string{Enforced, "roost's endpoint (a host loopback port; the credential names the session) referees every spawn; roostd's control socket refuses every session's processes (peer credentials checked), and cannot be reached without AF_UNIX anyway"}
 	if p.Network.UnixSockets {
-		unix = [2]string{Enforced, "allowed"}
-		spawn = [2]string{Advisory, "roost's endpoint referees every spawn, but AF_UNIX is allowed, so roostd's socket is reachable from the host's view"}
+		unix = [2]string{Enforced, "allowed; Landlock keeps the session's reads to the system trees and its own, and roostd's control socket refuses every session's processes (peer credentials checked)"}
+		spawn = [2]string{Enforced, "roost's endpoint (a host loopback port; the credential names the session) referees every spawn; roostd's control socket refuses every session's processes (peer credentials checked)"}
 	}
 	readOnly := [2]string{Enforced, "Landlock: nothing outside the scope is writable"}
 	if p.Filesystem.Scope == "" && len(p.Filesystem.ReadOnly) > 0 {
 		readOnly = [2]string{Advisory, "Landlock cannot take write access back inside a writable tree: give a scope that leaves these out, or use sealed"}
 	}
 	return with(common, hold{
-		"containment":                   {Enforced, "on the host's view: Landlock, cgroup, seccomp (moby's default profile; no new namespaces, no ptrace), no capabilities, no_new_privs"},
+		"containment":                   {Enforced, "on the host's view, as an unprivileged uid of its own: Landlock (reads only the system trees, its capsule, workdir and TMPDIR), cgroup, seccomp (moby's default profile; no new namespaces, no ptrace), no capabilities, no_new_privs"},
 		"network.allow":                 {Advisory, "no network namespace in this class: the program reaches whatever the host reaches"},
 		"network.unix_sockets":          unix,
-		"filesystem.scope":              {Enforced, "Landlock: only the scope (or the whole workdir) and a private TMPDIR are writable; the host is read-only"},
-		"filesystem.workdir_exec":       {Enforced, "Landlock EXECUTE: nothing but the allowlist executes"},
+		"filesystem.scope":              {Enforced, "Landlock: only the scope (or the whole workdir) and a private TMPDIR are writable; with a scope, only it and the read_only subtrees of the workdir are readable"},
+		"filesystem.workdir_exec":       {Enforced, "Landlock EXECUTE: nothing but the allowlist executes, and nothing under the workdir, scope or TMPDIR is ever on it"},
 		"filesystem.read_only":          readOnly,
-		"shell.allow":                   {Enforced, "Landlock EXECUTE: only run.command[0], these (looked up on PATH) and their interpreters"},
+		"shell.allow":                   {Enforced, "Landlock EXECUTE: only run.command[0], these (looked up on PATH) and their interpreters, each a regular executable file"},
 		"spawn.allow":                   spawn,
 		"spawn.workdir_snapshot":        spawn,
 		"spawn.max_depth":               spawn,
@@ -196,7 +199,7 @@ func scopedGrants(p *manifest.Policy) []Grant {
 		"resources.cgroup_memory_bytes": {Enforced, "cgroup memory limit, swap 0; the OOM killer ends the session (crashed, oom)"},
 		"resources.cgroup_pids_max":     {Enforced, "cgroup pids.max"},
 		"resources.cgroup_cpu_percent":  {Enforced, "cgroup cpu quota per 100ms period"},
-		"resources.max_processes":       {Enforced, "cgroup pids.max holds the count (RLIMIT_NPROC does not bind root)"},
+		"resources.max_processes":       {Enforced, "cgroup pids.max holds the count, and RLIMIT_NPROC against the session's own uid"},
 		"resources.workdir_max_bytes":   workdirGuard,
 	}).grants(p)
 }
@@ -212,13 +215,13 @@ func sealedGrants(p *manifest.Policy) []Grant {
 	}
 	referee := "the session's endpoint, inside its own network namespace, referees every spawn (spawn.allow, depth, live children, then the child's envelope); roostd's socket is absent from the root"
 	return with(with(common, sealedInference), hold{
-		"containment":                   {Enforced, "libcontainer: mount, pid, ipc, uts, net and cgroup namespaces; a composed read-only root; no capabilities; no_new_privs; seccomp (moby's default profile; no new namespaces, no ptrace)"},
+		"containment":                   {Enforced, "libcontainer: a user namespace (root inside is an unprivileged uid range of the session's own on the host), mount, pid, ipc, uts, net and cgroup namespaces; a composed read-only root; no capabilities; no_new_privs; seccomp (moby's default profile; no new namespaces, no ptrace)"},
 		"network.allow":                 {Enforced, "own network namespace with loopback only: nothing outside is reachable (no egress proxy admits these yet)"},
 		"network.unix_sockets":          unix,
 		"filesystem.scope":              {Enforced, "mounts: /work is read-only but for the scope"},
 		"filesystem.workdir_exec":       exec,
 		"filesystem.read_only":          {Enforced, "read-only bind mounts over /work"},
-		"shell.allow":                   {Enforced, "Landlock EXECUTE: only run.command[0], these (looked up on PATH inside the root) and their interpreters"},
+		"shell.allow":                   {Enforced, "Landlock EXECUTE: only run.command[0], these (looked up on PATH inside the root) and their interpreters, each a regular executable file"},
 		"spawn.allow":                   {Enforced, referee},
 		"spawn.workdir_snapshot":        {Enforced, referee},
 		"spawn.max_depth":               {Enforced, referee},
@@ -226,7 +229,7 @@ func sealedGrants(p *manifest.Policy) []Grant {
 		"resources.cgroup_memory_bytes": {Enforced, "cgroup memory limit, swap 0; the OOM killer ends the session (crashed, oom)"},
 		"resources.cgroup_pids_max":     {Enforced, "cgroup pids.max"},
 		"resources.cgroup_cpu_percent":  {Enforced, "cgroup cpu quota per 100ms period"},
-		"resources.max_processes":       {Enforced, "cgroup pids.max holds the count (RLIMIT_NPROC does not bind root)"},
+		"resources.max_processes":       {Enforced, "cgroup pids.max holds the count, and RLIMIT_NPROC against the session's own uid range"},
 		"resources.workdir_max_bytes":   {Enforced, workdirGuard[1] + "; /tmp is a tmpfs of at most this size"},
 	}).grants(p)
 }

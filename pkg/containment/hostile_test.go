@@ -166,7 +166,7 @@ func TestHostileTmpBounded(t *testing.T) {
 
 func TestHostileScopeSymlinkRefused(t *testing.T) {
 	needRoot(t)
-	rt, err := NewSealedRuntime(t.TempDir(), staticInit(t))
+	rt, err := NewSealedRuntime(reachableDir(t), staticInit(t), testIDs())
 	if err != nil {
 		t.Fatal(err)
 	}

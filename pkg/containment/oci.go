@@ -20,8 +20,8 @@ const (
 	sealedInitPath = sealedInitDir + "/" + InitName
 	// SealedTaskPath is where a sealed session finds the task text its parent gave it.
 	SealedTaskPath = "/run/roost/task.md"
-	// sealedCgroupParent holds every sealed session's cgroup: /roost/<session>.
-	sealedCgroupParent = "/roost"
+	// CgroupParent holds every scoped and sealed session's cgroup: /roost/<session>.
+	CgroupParent = "/roost"
 	// devShmBytes bounds /dev/shm; it is memory, charged to the session's cgroup too.
 	devShmBytes = 64 << 20
 )
@@ -47,12 +47,17 @@ type SealedLayout struct {
 	NetNS string
 	// Task is the host path of a task text to mount at SealedTaskPath.
 	Task string
+	// IDs is the host range the session's user namespace maps 0..Size-1 onto.
+	IDs IDs
 }
 
 // SealedSpec describes a sealed session as an OCI runtime spec: the one description of its
 // root, namespaces, cgroup, capabilities and seccomp filter. roost converts it with runc's
 // specconv; `roostctl explain --oci` prints it as the config.json another runtime would run.
 func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
+	if l.IDs.Size == 0 || l.IDs.First == 0 {
+		return nil, fmt.Errorf("session %s has no uid range for its user namespace", l.SessionID)
+	}
 	example := specconv.Example()
 	noexec := "noexec"
 	if p.Filesystem.WorkdirExec {
@@ -107,11 +112,16 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 		},
 		Mounts: mounts,
 		Linux: &specs.Linux{
+			// The user namespace comes first: every other namespace is owned by it, so
+			// root inside holds nothing over the host's.
 			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.UserNamespace},
 				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace, Path: l.NetNS}, {Type: specs.IPCNamespace},
 				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.CgroupNamespace},
 			},
-			CgroupsPath:   path.Join(sealedCgroupParent, l.SessionID),
+			UIDMappings:   []specs.LinuxIDMapping{{ContainerID: 0, HostID: l.IDs.First, Size: l.IDs.Size}},
+			GIDMappings:   []specs.LinuxIDMapping{{ContainerID: 0, HostID: l.IDs.First, Size: l.IDs.Size}},
+			CgroupsPath:   path.Join(CgroupParent, l.SessionID),
 			Resources:     resources(p),
 			MaskedPaths:   example.Linux.MaskedPaths,
 			ReadonlyPaths: example.Linux.ReadonlyPaths,

@@ -64,7 +64,11 @@ var _ Process = (*plainProcess)(nil)
 // Start starts spec's program under a new roost-init and returns once it runs. Output goes
 // to files in the records directory, never through a pipe the daemon holds.
 func (r *ProcessRuntime) Start(ctx context.Context, spec Spec) (Process, error) {
-	p, err := r.start(ctx, spec, roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, Rlimits: spec.Rlimits})
+	user, err := spec.user()
+	if err != nil {
+		return nil, err
+	}
+	p, err := r.start(ctx, spec, roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, Rlimits: spec.Rlimits, User: user})
 	if err != nil {
 		return nil, err
 	}

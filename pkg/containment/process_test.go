@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -22,9 +23,34 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func spec(t *testing.T, argv ...string) Spec {
+// firstTestID places this package's test sessions apart from roostd's default block and
+// from other packages' tests.
+const firstTestID = 0x60000000
+
+var lastTestSlot atomic.Uint32
+
+// testIDs is an id range no other session of this test binary holds.
+func testIDs() IDs {
+	return IDs{First: firstTestID + lastTestSlot.Add(1)*65536, Size: 65536}
+}
+
+// reachableDir is a temporary directory the sessions' unprivileged uids can pass through,
+// as they can through roostd's state directory.
+func reachableDir(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// spec is a session's start with its workdir owned by its ids, as roostd prepares it.
+func spec(t *testing.T, argv ...string) Spec {
+	t.Helper()
+	dir := reachableDir(t)
 	records := filepath.Join(dir, "records")
 	work := filepath.Join(dir, "work")
 	for _, d := range []string{records, work} {
@@ -32,12 +58,17 @@ func spec(t *testing.T, argv ...string) Spec {
 			t.Fatal(err)
 		}
 	}
+	ids := testIDs()
+	if err := os.Chown(work, int(ids.First), int(ids.First)); err != nil {
+		t.Fatal(err)
+	}
 	return Spec{
 		SessionID:  "ses_test",
 		Argv:       argv,
 		Env:        []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + work},
 		Dir:        work,
 		RecordsDir: records,
+		IDs:        ids,
 	}
 }
 

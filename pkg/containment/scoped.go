@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/opencontainers/cgroups"
@@ -27,13 +29,19 @@ type ScopedRuntime struct {
 	plain *ProcessRuntime
 	// tmp holds each session's private temporary directory (TMPDIR).
 	tmp string
+	// rehearsal is the id range rehearsals run as: one no session is ever given.
+	rehearsal IDs
 }
 
 // NewScopedRuntime starts sessions under the roost-init binary at init and keeps their
 // temporary directories under stateDir.
-func NewScopedRuntime(stateDir, init string) (*ScopedRuntime, error) {
-	r := &ScopedRuntime{plain: NewProcessRuntime(init), tmp: filepath.Join(stateDir, "tmp")}
-	return r, os.MkdirAll(r.tmp, 0o700)
+func NewScopedRuntime(stateDir, init string, rehearsal IDs) (*ScopedRuntime, error) {
+	r := &ScopedRuntime{plain: NewProcessRuntime(init), tmp: filepath.Join(stateDir, "tmp"), rehearsal: rehearsal}
+	// Others may pass through to a TMPDIR they own, never list the sessions'.
+	if err := os.MkdirAll(r.tmp, 0o711); err != nil {
+		return nil, err
+	}
+	return r, os.Chmod(r.tmp, 0o711)
 }
 
 // TmpDir is the scoped session's private temporary directory, which TMPDIR names.
@@ -54,7 +62,7 @@ func scopedCgroup(sessionID string, p *manifest.Policy) (cgroups.Manager, error)
 	r := p.Resources
 	mem := r.CgroupMemoryBytes.Value
 	return cgroupsmanager.New(&cgroups.Cgroup{
-		Path: filepath.Join(sealedCgroupParent, sessionID),
+		Path: filepath.Join(CgroupParent, sessionID),
 		Resources: &cgroups.Resources{
 			Memory:      mem,
 			MemorySwap:  mem,
@@ -78,11 +86,25 @@ func (r *ScopedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 			_ = r.Release(spec.SessionID)
 		}
 	}()
-	if _, err := prepareWorkSources(spec.Dir, spec.Policy.Filesystem.Scope, nil); err != nil {
+	user, err := spec.user()
+	if err != nil {
+		return nil, err
+	}
+	owner, err := spec.owner()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := prepareWorkSources(spec.Dir, spec.Policy.Filesystem.Scope, nil, owner); err != nil {
 		return nil, &StartError{Msg: "workdir: " + err.Error()}
 	}
-	if err := os.MkdirAll(r.TmpDir(spec.SessionID), 0o700); err != nil {
+	tmp := r.TmpDir(spec.SessionID)
+	if err := os.Mkdir(tmp, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return nil, err
+	}
+	if user != nil {
+		if err := os.Lchown(tmp, int(user.UID), int(user.GID)); err != nil {
+			return nil, fmt.Errorf("the session's TMPDIR: %w", err)
+		}
 	}
 	cg, err := scopedCgroup(spec.SessionID, spec.Policy)
 	if err != nil {
@@ -105,26 +127,16 @@ func (r *ScopedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	if err != nil {
 		return nil, err
 	}
-	writable := spec.Dir
-	if scope := spec.Policy.Filesystem.Scope; scope != "" {
-		writable = filepath.Join(spec.Dir, scope)
-	}
-	// The host's /tmp is shared and not writable here: the session gets its own.
-	env := append(slices.Clone(spec.Env), "TMPDIR="+r.TmpDir(spec.SessionID))
+	// The host's /tmp is shared and not readable here: the session gets its own.
+	env := append(slices.Clone(spec.Env), "TMPDIR="+tmp)
 	exec := roostinit.ExecSpec{
 		Argv: spec.Argv, Env: env, Dir: spec.Dir, Rlimits: spec.Rlimits,
 		Cgroups:          procs,
 		NoNewPrivileges:  true,
 		DropCapabilities: true,
 		Seccomp:          bpf,
-		Landlock: &roostinit.Landlock{
-			Exec: spec.Policy.Shell.Allow,
-			FS: &roostinit.LandlockFS{
-				Read:       []string{"/"},
-				Write:      []string{writable, r.TmpDir(spec.SessionID)},
-				WriteFiles: []string{"/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/random", "/dev/urandom"},
-			},
-		},
+		User:             user,
+		Landlock:         &roostinit.Landlock{Exec: spec.Policy.Shell.Allow, FS: ScopedFS(spec, tmp)},
 	}
 	p, err := r.plain.start(ctx, spec, exec)
 	if err != nil {
@@ -157,11 +169,91 @@ func (r *ScopedRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (P
 	if err != nil {
 		return nil, err
 	}
-	cg, err := cgroupsmanager.New(&cgroups.Cgroup{Path: filepath.Join(sealedCgroupParent, sessionID), Resources: &cgroups.Resources{SkipDevices: true}})
+	cg, err := cgroupsmanager.New(&cgroups.Cgroup{Path: filepath.Join(CgroupParent, sessionID), Resources: &cgroups.Resources{SkipDevices: true}})
 	if err != nil {
 		return nil, err
 	}
 	return &scopedProcess{plainProcess: p.(*plainProcess), cgroup: cg}, nil
+}
+
+// systemTrees are the host trees a scoped program may read: what programs are made of and
+// configured by. Nothing else of the host is readable (roostd's state, /root, /home, /var,
+// /run, /srv, /mnt, /media, /tmp), whatever DAC would allow.
+var systemTrees = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt"}
+
+// deviceFiles are the devices a scoped program may read and write.
+var deviceFiles = []string{"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"}
+
+// ScopedFS is what Landlock lets a scoped session's program read and write: the system
+// trees, /proc and a few devices; its capsule; its workdir (with a scope, only the scope
+// and the read_only subtrees); its TMPDIR; its task text; and where its children work. The
+// scope (or the whole workdir) and the TMPDIR are writable.
+func ScopedFS(spec Spec, tmp string) *roostinit.LandlockFS {
+	fsr := &roostinit.LandlockFS{
+		Read:       append(slices.Clone(systemTrees), "/proc", spec.CapsuleDir),
+		WriteFiles: deviceFiles,
+	}
+	writable := spec.Dir
+	if p := spec.Policy; p != nil && p.Filesystem.Scope != "" {
+		writable = filepath.Join(spec.Dir, p.Filesystem.Scope)
+		for _, ro := range p.Filesystem.ReadOnly {
+			fsr.Read = append(fsr.Read, filepath.Join(spec.Dir, ro))
+		}
+	}
+	fsr.Write = []string{writable, tmp}
+	if spec.Task != "" {
+		fsr.ReadFiles = append(fsr.ReadFiles, spec.Task)
+	}
+	fsr.Read = append(fsr.Read, spec.Children...)
+	// /etc/resolv.conf is often a link into /run (systemd-resolved): name resolution needs
+	// the file it points to, not the rest of /run.
+	if target, err := filepath.EvalSymlinks("/etc/resolv.conf"); err == nil && !beneathAny(target, systemTrees) {
+		fsr.ReadFiles = append(fsr.ReadFiles, target)
+	}
+	return fsr
+}
+
+// Readable lists, in words, what a session's program of class may read: the trees a scoped
+// program's Landlock rules name (those this host has), what a sealed root holds, or the
+// host as its uid sees it.
+func Readable(class manifest.Class, p *manifest.Policy) []string {
+	switch class {
+	case manifest.Scoped:
+		var out []string
+		for _, d := range systemTrees {
+			if _, err := os.Lstat(d); err == nil {
+				out = append(out, d)
+			}
+		}
+		out = append(out, "/proc", strings.Join(deviceFiles, " "), "its capsule")
+		if p.Filesystem.Scope != "" {
+			out = append(out, "its workdir's scope "+p.Filesystem.Scope)
+			for _, ro := range p.Filesystem.ReadOnly {
+				out = append(out, "its workdir's "+ro+" (read-only)")
+			}
+		} else {
+			out = append(out, "its workdir")
+		}
+		out = append(out, "its TMPDIR", "its task text")
+		if len(p.Spawn.Allow) > 0 {
+			out = append(out, "its children's workdirs")
+		}
+		return out
+	case manifest.Sealed:
+		return []string{"only its root: /usr (read-only), a generated /etc, /capsule (read-only), /work, /tmp, /dev/shm, /proc (masked), a minimal /dev"}
+	default:
+		return []string{"whatever the host lets its uid read (this class has no Landlock)"}
+	}
+}
+
+// beneathAny says whether path is one of dirs or beneath one.
+func beneathAny(path string, dirs []string) bool {
+	for _, d := range dirs {
+		if path == d || strings.HasPrefix(path, d+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // Release removes the session's cgroup (ending anything left in it) and temporary directory.

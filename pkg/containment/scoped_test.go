@@ -16,7 +16,7 @@ import (
 func scopedRun(t *testing.T, caps, script string) (ExitInfo, string, string, Spec) {
 	t.Helper()
 	needRoot(t)
-	rt, err := NewScopedRuntime(t.TempDir(), staticInit(t))
+	rt, err := NewScopedRuntime(reachableDir(t), staticInit(t), testIDs())
 	if err != nil {
 		t.Fatal(err)
 	}

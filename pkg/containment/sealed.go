@@ -41,20 +41,29 @@ type SealedRuntime struct {
 	init     string
 	merged   bool
 	etcBinds []string
+	// rehearsal is the id range rehearsals run as: one no session is ever given.
+	rehearsal IDs
 }
 
 // NewSealedRuntime keeps its state under stateDir and mounts init, a static roost-init
-// binary, into each root.
-func NewSealedRuntime(stateDir, init string) (*SealedRuntime, error) {
+// binary, into each root. Rehearsals run as the ids of rehearsal.
+func NewSealedRuntime(stateDir, init string, rehearsal IDs) (*SealedRuntime, error) {
 	r := &SealedRuntime{
 		containers: filepath.Join(stateDir, "containers"),
 		roots:      filepath.Join(stateDir, "roots"),
 		init:       init,
+		rehearsal:  rehearsal,
 	}
-	for _, d := range []string{r.containers, r.roots} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, err
-		}
+	if err := os.MkdirAll(r.containers, 0o700); err != nil {
+		return nil, err
+	}
+	// A session's root is its user namespace's root, an unprivileged uid on the host: it
+	// must pass through to the composed root it mounts, and nothing more.
+	if err := os.MkdirAll(r.roots, 0o711); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(r.roots, 0o711); err != nil {
+		return nil, err
 	}
 	r.merged, r.etcBinds = hostShape()
 	if err := r.prepareRoot(); err != nil {
@@ -154,7 +163,7 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	}
 	id := spec.SessionID
 	layout := r.Layout(id, spec.Dir, spec.CapsuleDir)
-	layout.NetNS, layout.Task = spec.NetNS, spec.Task
+	layout.NetNS, layout.Task, layout.IDs = spec.NetNS, spec.Task, spec.IDs
 	defer func() {
 		if retErr != nil {
 			_ = r.Release(id)
@@ -164,7 +173,11 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	if len(spec.Policy.Spawn.Allow) > 0 {
 		ro = append(slices.Clone(ro), ChildrenRoot)
 	}
-	sources, err := prepareWorkSources(spec.Dir, spec.Policy.Filesystem.Scope, ro)
+	owner, err := spec.owner()
+	if err != nil {
+		return nil, err
+	}
+	sources, err := prepareWorkSources(spec.Dir, spec.Policy.Filesystem.Scope, ro, owner)
 	if err != nil {
 		return nil, &StartError{Msg: "workdir: " + err.Error()}
 	}
@@ -186,6 +199,12 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 		return nil, fmt.Errorf("creating the container: %w", err)
 	}
 
+	// roost-init is the namespace's root, an unprivileged uid on the host: it writes
+	// init.json and exit.json into the records directory, through the descriptor it is
+	// handed, as that uid. No path of the session leads there.
+	if err := os.Lchown(spec.RecordsDir, int(spec.IDs.First), int(spec.IDs.First)); err != nil {
+		return nil, fmt.Errorf("records directory: %w", err)
+	}
 	io, err := openInitIO(spec.RecordsDir)
 	if err != nil {
 		return nil, err
@@ -405,7 +424,7 @@ func (r *SealedRuntime) Held() ([]string, error) { return dirNames(r.containers)
 
 // removeCgroups removes a session's cgroups by path, for the cases libcontainer cannot load.
 func removeCgroups(sessionID string) error {
-	m, err := cgroupsmanager.New(&cgroups.Cgroup{Path: filepath.Join(sealedCgroupParent, sessionID), Resources: &cgroups.Resources{}})
+	m, err := cgroupsmanager.New(&cgroups.Cgroup{Path: filepath.Join(CgroupParent, sessionID), Resources: &cgroups.Resources{}})
 	if err != nil {
 		return err
 	}
@@ -502,7 +521,7 @@ func (r *SealedRuntime) Rehearse(ctx context.Context) error {
 	if r == nil {
 		return ErrNoRuntime
 	}
-	return rehearse(ctx, r, manifest.Sealed, r.roots)
+	return rehearse(ctx, r, manifest.Sealed, r.roots, r.rehearsal)
 }
 
 // Rehearse runs /usr/bin/true as a throwaway scoped session: cgroup, Landlock, seccomp,
@@ -514,10 +533,10 @@ func (r *ScopedRuntime) Rehearse(ctx context.Context) error {
 	if abi := Probe().LandlockABI; abi < 1 {
 		return errors.New("the kernel offers no Landlock; boot a kernel with CONFIG_SECURITY_LANDLOCK=y and landlock in the lsm= list")
 	}
-	return rehearse(ctx, r, manifest.Scoped, r.tmp)
+	return rehearse(ctx, r, manifest.Scoped, r.tmp, r.rehearsal)
 }
 
-func rehearse(ctx context.Context, r starter, class manifest.Class, scratch string) error {
+func rehearse(ctx context.Context, r starter, class manifest.Class, scratch string, ids IDs) error {
 	switch {
 	case os.Geteuid() != 0:
 		return errors.New("roostd does not run as root; run it as root (deploy/systemd/roostd.service)")
@@ -539,11 +558,20 @@ func rehearse(ctx context.Context, r starter, class manifest.Class, scratch stri
 		RecordsDir: filepath.Join(dir, "records"),
 		CapsuleDir: filepath.Join(dir, "capsule"),
 		Policy:     rehearsalPolicy(class),
+		IDs:        ids,
+	}
+	// As roostd prepares a session: the workdir is the session's ids', the capsule
+	// readable by them, the way there passable.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return err
 	}
 	for _, d := range []string{spec.Dir, spec.RecordsDir, spec.CapsuleDir} {
-		if err := os.Mkdir(d, 0o700); err != nil {
+		if err := os.Mkdir(d, 0o711); err != nil {
 			return err
 		}
+	}
+	if err := os.Chown(spec.Dir, int(ids.First), int(ids.First)); err != nil {
+		return err
 	}
 	defer r.Release(id)
 	p, err := r.Start(ctx, spec)
@@ -575,16 +603,19 @@ func rehearsalPolicy(class manifest.Class) *manifest.Policy {
 // Describe returns the OCI runtime spec a sealed session with this policy would run under,
 // for a session id, workdir and capsule directory given (the mounts of workdir subtrees
 // name their paths, where a session mounts descriptors resolved beneath the workdir).
-func (r *SealedRuntime) Describe(sessionID, workdir, capsuleDir string, p *manifest.Policy) (*specs.Spec, error) {
-	return SealedSpec(r.Layout(sessionID, workdir, capsuleDir), p)
+func (r *SealedRuntime) Describe(sessionID, workdir, capsuleDir string, ids IDs, p *manifest.Policy) (*specs.Spec, error) {
+	layout := r.Layout(sessionID, workdir, capsuleDir)
+	layout.IDs = ids
+	return SealedSpec(layout, p)
 }
 
 // Bundle composes a root for sessionID exactly as Start would and returns the OCI spec
 // that runs in it: an OCI bundle another runtime can run, for comparing runtimes on the same
 // root (bench/). Release(sessionID) removes it.
-func (r *SealedRuntime) Bundle(sessionID, workdir, capsuleDir string, p *manifest.Policy) (*specs.Spec, error) {
+func (r *SealedRuntime) Bundle(sessionID, workdir, capsuleDir string, ids IDs, p *manifest.Policy) (*specs.Spec, error) {
 	layout := r.Layout(sessionID, workdir, capsuleDir)
 	layout.Rootfs = filepath.Join(r.roots, sessionID)
+	layout.IDs = ids
 	if err := composeRoot(layout.Rootfs, layout); err != nil {
 		return nil, err
 	}

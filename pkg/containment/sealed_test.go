@@ -61,8 +61,8 @@ func sealedPolicy(t *testing.T, caps string) *manifest.Policy {
 func sealedRun(t *testing.T, caps, script string) (ExitInfo, string, string, Spec) {
 	t.Helper()
 	needRoot(t)
-	state := t.TempDir()
-	rt, err := NewSealedRuntime(state, staticInit(t))
+	state := reachableDir(t)
+	rt, err := NewSealedRuntime(state, staticInit(t), testIDs())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,8 +5,11 @@
 package containment
 
 import (
+	"fmt"
+
 	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/workdir"
 )
 
 // Names this package shares with roost-init.
@@ -66,4 +69,39 @@ type Spec struct {
 	NetNS string
 	// Task is the host path of the task text a sealed session finds at SealedTaskPath.
 	Task string
+	// Children lists directories where the session's children work, outside its workdir
+	// (a parent without a sealed root reaches them through links): it may read them.
+	Children []string
+	// IDs is the session's host uid/gid range. Root instead runs a session that is not
+	// sealed as host root (the operator's sessions.allow_root names its capsule); a Spec
+	// with neither is refused, so no forgotten field ever means root.
+	IDs  IDs
+	Root bool
+}
+
+// IDs is a host uid/gid range: a sealed session's user namespace maps 0..Size-1 onto
+// First..First+Size-1; the program of a session of another class runs as First.
+type IDs struct {
+	First uint32 `json:"first"`
+	Size  uint32 `json:"size"`
+}
+
+// owner is who owns what roost makes in the session's workdir: nil for host root.
+func (s Spec) owner() (*workdir.Owner, error) {
+	u, err := s.user()
+	if u == nil || err != nil {
+		return nil, err
+	}
+	return &workdir.Owner{UID: int(u.UID), GID: int(u.GID)}, nil
+}
+
+// user is who the program runs as on the host: nil for host root.
+func (s Spec) user() (*roostinit.User, error) {
+	if s.Root && s.Class != manifest.Sealed {
+		return nil, nil
+	}
+	if s.IDs.Size == 0 || s.IDs.First == 0 {
+		return nil, fmt.Errorf("session %s has no uid range to run as", s.SessionID)
+	}
+	return &roostinit.User{UID: s.IDs.First, GID: s.IDs.First}, nil
 }

@@ -325,14 +325,29 @@ func TestNetRule(t *testing.T) {
 }
 
 func TestCredentialShaped(t *testing.T) {
-	for _, n := range []string{"GITHUB_TOKEN", "OPENAI_API_KEY", "AWS_REGION", "DB_PASSWORD", "my_secret", "SSH_AUTH_SOCK", "SIGNING_KEY"} {
+	for _, n := range []string{"GITHUB_TOKEN", "OPENAI_API_KEY", "AWS_REGION", "DB_PASSWORD", "my_secret", "SSH_AUTH_SOCK", "SIGNING_KEY",
+		"DATABASE_DSN", "SENTRY_DSN", "MYSQL_PWD", "PGPASSWORD", "GPG_PASSPHRASE", "SLACK_WEBHOOK_URL", "COSIGN_SIGNING_MATERIAL", "PRIVATE_REGISTRY"} {
 		if !CredentialShaped(n) {
 			t.Errorf("%s not credential-shaped", n)
 		}
 	}
-	for _, n := range []string{"LANG", "PATH", "HOME", "TZ", "LC_ALL"} {
+	for _, n := range []string{"LANG", "PATH", "HOME", "TZ", "LC_ALL", "TERM", "HTTP_PROXY", "DATABASE_URL"} {
 		if CredentialShaped(n) {
 			t.Errorf("%s credential-shaped", n)
+		}
+	}
+}
+
+func TestCredentialValue(t *testing.T) {
+	for _, v := range []string{"http://user:pass@proxy:3128", "postgres://app:pw@db.internal/app", "https://token@github.com/o/r.git",
+		"localhost, http://u:p@proxy:8080", "redis://:secret@cache:6379/0"} {
+		if !CredentialValue(v) {
+			t.Errorf("%q does not look like it carries a credential", v)
+		}
+	}
+	for _, v := range []string{"http://proxy:3128", "C.UTF-8", "/usr/bin:/bin", "user@example.com", "https://example.com/a@b", "localhost,127.0.0.1"} {
+		if CredentialValue(v) {
+			t.Errorf("%q looks like a credential", v)
 		}
 	}
 }

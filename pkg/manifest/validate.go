@@ -121,7 +121,12 @@ func checkEnvAllow(s string) error {
 }
 
 // credentialMarks are fragments that make a variable name look like it holds a secret.
-var credentialMarks = []string{"TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "APIKEY", "API_KEY", "PRIVATE", "ACCESS_KEY", "AUTH", "COOKIE", "SESSION_KEY"}
+var credentialMarks = []string{"TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "APIKEY", "API_KEY",
+	"PRIVATE", "ACCESS_KEY", "AUTH", "COOKIE", "SESSION_KEY", "WEBHOOK", "SIGNING"}
+
+// credentialSuffixes end names that hold secrets: keys, personal access tokens, database
+// connection strings (DSNs carry passwords), and *PWD spellings of passwords.
+var credentialSuffixes = []string{"_KEY", "_PAT", "_DSN", "PWD"}
 
 // CredentialShaped reports whether a host variable name looks like it carries a secret.
 func CredentialShaped(name string) bool {
@@ -131,7 +136,29 @@ func CredentialShaped(name string) bool {
 			return true
 		}
 	}
-	return strings.HasSuffix(up, "_KEY") || strings.HasSuffix(up, "_PAT") || strings.HasPrefix(up, "AWS_")
+	for _, suffix := range credentialSuffixes {
+		if strings.HasSuffix(up, suffix) {
+			return true
+		}
+	}
+	return strings.HasPrefix(up, "AWS_")
+}
+
+// CredentialValue reports whether a variable's value carries a credential whatever its name:
+// a URL with a user (and password) in it, as proxies, databases and git remotes take them
+// (http://user:pass@proxy:3128, postgres://app:pw@db/app). Each field of a list counts.
+func CredentialValue(value string) bool {
+	for _, field := range strings.FieldsFunc(value, func(r rune) bool { return r == ',' || r == ';' || r == ' ' || r == '\t' }) {
+		scheme, rest, ok := strings.Cut(field, "://")
+		if !ok || scheme == "" {
+			continue
+		}
+		authority, _, _ := strings.Cut(rest, "/")
+		if strings.Contains(authority, "@") {
+			return true
+		}
+	}
+	return false
 }
 
 func checkUpstream(s string) error {

@@ -38,16 +38,30 @@ type Config struct {
 	StateDir  string
 	StartedAt time.Time
 	Logger    *slog.Logger
+	// Peers is who may call: every connection's peer is checked against it, and one it
+	// refuses, or that was not checked, is served nothing. Nil serves anyone (tests only).
+	Peers *PeerPolicy
 }
 
 // New returns a gRPC server with every roost service registered.
 func New(cfg Config) *grpc.Server {
-	srv := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(unaryInterceptor(cfg.Logger)),
-		grpc.ChainStreamInterceptor(streamInterceptor(cfg.Logger)),
+	unary := []grpc.UnaryServerInterceptor{unaryInterceptor(cfg.Logger)}
+	stream := []grpc.StreamServerInterceptor{streamInterceptor(cfg.Logger)}
+	opts := []grpc.ServerOption{
 		// Bound what one request may carry; roost's requests are small.
-		grpc.MaxRecvMsgSize(1<<20),
-	)
+		grpc.MaxRecvMsgSize(1 << 20),
+	}
+	if cfg.Peers != nil {
+		log := cfg.Logger
+		if log == nil {
+			log = slog.New(slog.DiscardHandler)
+		}
+		opts = append(opts, grpc.Creds(&peerCreds{policy: *cfg.Peers, log: log}))
+		unary = append([]grpc.UnaryServerInterceptor{peerUnaryInterceptor}, unary...)
+		stream = append([]grpc.StreamServerInterceptor{peerStreamInterceptor}, stream...)
+	}
+	opts = append(opts, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
+	srv := grpc.NewServer(opts...)
 	roostv1.RegisterSessionServiceServer(srv, &sessionService{m: cfg.Sessions})
 	roostv1.RegisterCapsuleServiceServer(srv, &capsuleService{m: cfg.Sessions})
 	roostv1.RegisterSystemServiceServer(srv, &systemService{cfg: cfg})

@@ -109,6 +109,10 @@ func roostInit(b *testing.B) string {
 func serve(t testing.TB, init string) roostv1.SessionServiceClient {
 	t.Helper()
 	state := t.TempDir()
+	// Sessions run as unprivileged uids that must pass through to the state directory.
+	if err := os.Chmod(filepath.Dir(state), 0o711); err != nil {
+		t.Fatal(err)
+	}
 	host := containment.Host{Root: os.Geteuid() == 0}
 	rt := containment.NewProcessRuntime(init)
 	m, err := session.Open(session.Config{

@@ -19,11 +19,14 @@ import (
 //	      task         = the task text a spawning parent gave (only when it gave one)
 //	  events/                    its bucket sequence is the last event's number
 //	    <seq, 8 bytes big-endian> = an Event as JSON
+//	  ids/                       host uid/gid ranges held by sessions, until they are removed
+//	    <first id, 4 bytes big-endian> = the id of the session holding first..first+65535
 var (
 	bucketV1       = []byte("v1")
 	keyVersion     = []byte("version")
 	bucketSessions = []byte("sessions")
 	bucketEvents   = []byte("events")
+	bucketIDs      = []byte("ids")
 
 	keyState       = []byte("state")
 	keyRecord      = []byte("record")
@@ -67,6 +70,10 @@ func createSessionBucket(tx *bolt.Tx, id string) (*bolt.Bucket, error) {
 }
 
 func eventsBucket(tx *bolt.Tx) *bolt.Bucket { return getBucket(tx, bucketV1, bucketEvents) }
+
+func idsBucket(tx *bolt.Tx) *bolt.Bucket { return getBucket(tx, bucketV1, bucketIDs) }
+
+func idKey(first uint32) []byte { return binary.BigEndian.AppendUint32(nil, first) }
 
 func seqKey(seq uint64) []byte {
 	return binary.BigEndian.AppendUint64(nil, seq)

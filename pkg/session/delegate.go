@@ -189,7 +189,7 @@ func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request)
 		m.traceDelegation(parent, ref, "", err)
 		return res, err
 	}
-	child, err := m.plan(StageOptions{Capsule: ref})
+	child, err := m.plan(StageOptions{Capsule: ref}, false)
 	if err != nil {
 		result = "failed"
 		return res, err
@@ -279,7 +279,8 @@ type childDir struct {
 // childWorkdir makes a child's workdir. A sealed parent's children work beneath its own
 // workdir, at .roost/children/<name>-<16 hex>, which the parent sees read-only (so it can
 // swap nothing there for a link). A parent without a sealed root could, so its children
-// work in roost's own state directory and the parent finds a link to each at that place.
+// work in roost's own state directory, under children/<parent id>/, and the parent finds a
+// link to each at that place.
 // For a name in spawn.workdir_snapshot the child starts with a copy of the parent's
 // workdir, taken by descriptors, links copied as links.
 func (m *Manager) childWorkdir(parent *Record, name string, snapshot bool) (childDir, error) {
@@ -291,16 +292,21 @@ func (m *Manager) childWorkdir(parent *Record, name string, snapshot bool) (chil
 	rel := filepath.Join(containment.ChildrenRoot, "children", leaf)
 	d := childDir{rel: rel}
 	if parent.Achieved == manifest.Sealed.String() {
-		if err := workdir.MkdirAll(parent.Workdir, rel); err != nil {
+		// Root's, readable by all: the parent sees them read-only through its /work/.roost,
+		// and its children's own directories decide what it may read in them.
+		if err := workdir.MkdirAll(parent.Workdir, rel, 0o755, nil); err != nil {
 			return d, fmt.Errorf("the child's workdir: %w", err)
 		}
 		d.host = filepath.Join(parent.Workdir, rel)
 	} else {
-		if err := workdir.MkdirAll(parent.Workdir, filepath.Dir(rel)); err != nil {
+		if err := workdir.MkdirAll(parent.Workdir, filepath.Dir(rel), 0o755, nil); err != nil {
 			return d, fmt.Errorf("the child's workdir: %w", err)
 		}
-		d.host = filepath.Join(m.cfg.StateDir, workDir, "child-"+leaf)
-		if err := workdir.MkdirAll(m.cfg.StateDir, filepath.Join(workDir, "child-"+leaf)); err != nil {
+		if err := m.prepareChildrenDir(parent); err != nil {
+			return d, err
+		}
+		d.host = filepath.Join(m.childrenOfDir(parent.ID), leaf)
+		if err := workdir.MkdirAll(m.cfg.StateDir, filepath.Join(childrenDir, parent.ID, leaf), 0o700, nil); err != nil {
 			return d, err
 		}
 		if err := workdir.Symlink(parent.Workdir, rel, d.host); err != nil {

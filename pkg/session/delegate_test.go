@@ -56,7 +56,7 @@ func delegationConfig(t *testing.T, state string, store *artifact.Store, maxDept
 
 func newDelegation(t *testing.T, maxDepth, maxConcurrent int) *delegation {
 	t.Helper()
-	state := t.TempDir()
+	state := stateDir(t)
 	store, err := artifact.Open(filepath.Join(state, "artifacts"))
 	if err != nil {
 		t.Fatal(err)

@@ -63,6 +63,12 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 				return fmt.Errorf("session %s: its parent %s has ended: %w", rec.ID, rec.ParentID, errdefs.ErrFailedPrecondition)
 			}
 		}
+		// Staged by a roostd from before id ranges: it gets one now.
+		if rec.IDs == nil && !rec.HostRoot {
+			if err := tx.AllocateIDs(rec, m.cfg.IDs); err != nil {
+				return err
+			}
+		}
 		return tx.Transition(rec, Launching)
 	}); err != nil {
 		m.release(rec.ID, l)
@@ -106,11 +112,11 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 // and starts the program. The launch outlives the RPC that asked for it: a client going away
 // mid-launch must not leave a half-started session. The caller holds l.mu.
 func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class manifest.Class, runtime Runtime) (containment.Process, error) {
-	if err := os.MkdirAll(rec.RecordsDir, 0o700); err != nil {
+	// Root's: the session may pass through to its task text, never list or read the rest.
+	if err := os.MkdirAll(rec.RecordsDir, 0o711); err != nil {
 		return nil, fmt.Errorf("records directory: %w", err)
 	}
-	// A child's workdir was made beneath its parent's when it was spawned.
-	if err := os.MkdirAll(rec.Workdir, 0o700); err != nil {
+	if err := m.prepareWorkdir(rec); err != nil {
 		return nil, fmt.Errorf("workdir: %w", err)
 	}
 	if rec.HasTask {
@@ -121,7 +127,7 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class 
 		}); err != nil {
 			return nil, err
 		}
-		if err := os.WriteFile(filepath.Join(rec.RecordsDir, TaskFile), task, 0o400); err != nil {
+		if err := os.WriteFile(filepath.Join(rec.RecordsDir, TaskFile), task, 0o444); err != nil {
 			return nil, fmt.Errorf("task: %w", err)
 		}
 	}
@@ -132,6 +138,11 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class 
 	l.policyMu.Lock()
 	l.policy = policy
 	l.policyMu.Unlock()
+	if len(policy.Spawn.Allow) > 0 && class != manifest.Sealed {
+		if err := m.prepareChildrenDir(rec); err != nil {
+			return nil, err
+		}
+	}
 	if err := m.openAccount(rec, policy); err != nil {
 		return nil, fmt.Errorf("the session's ledger account: %w", err)
 	}
@@ -178,16 +189,27 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, man *manifest.Ma
 			extra["ROOST_TASK_FILE"] = containment.SealedTaskPath
 		}
 	}
+	var ids containment.IDs
+	if rec.IDs != nil {
+		ids = *rec.IDs
+	}
+	var children []string
+	if len(policy.Spawn.Allow) > 0 && class != manifest.Sealed {
+		children = []string{m.childrenOfDir(rec.ID)}
+	}
 	return containment.Spec{
 		SessionID:  rec.ID,
 		Class:      class,
+		IDs:        ids,
+		Root:       rec.HostRoot,
+		Children:   children,
 		Argv:       view.command(rec),
-		Env:        environment(rec, man, policy, m.cfg.HostEnv, view, extra),
+		Env:        environment(rec, man, m.hostEnv(policy), view, extra),
 		NetNS:      netns,
 		Task:       task,
 		Dir:        rec.Workdir,
 		RecordsDir: rec.RecordsDir,
-		CapsuleDir: rec.Capsule.Source,
+		CapsuleDir: rec.Capsule.Root(),
 		Rlimits:    containment.Rlimits(policy),
 		Policy:     policy,
 	}
@@ -201,28 +223,32 @@ type view struct {
 
 var sealedView = view{work: "/work", capsule: "/capsule"}
 
-func hostView(rec *Record) view { return view{work: rec.Workdir, capsule: rec.Capsule.Source} }
+func hostView(rec *Record) view { return view{work: rec.Workdir, capsule: rec.Capsule.Root()} }
 
 // command is the staged command line as the program's view names it: a program from the
 // capsule directory moves with it.
 func (v view) command(rec *Record) []string {
 	argv := slices.Clone(rec.Command)
-	if rest, ok := strings.CutPrefix(argv[0], rec.Capsule.Source+"/"); ok {
+	if rest, ok := strings.CutPrefix(argv[0], rec.Capsule.Root()+"/"); ok {
 		argv[0] = v.capsule + "/" + rest
 	}
 	return argv
 }
 
+// hostEnv is what of roostd's environment reaches a session of the policy.
+func (m *Manager) hostEnv(p *manifest.Policy) map[string]string {
+	pass, _ := hostVariables(p.Env.Allow, m.cfg.EnvPassthrough, m.cfg.HostEnv)
+	return pass
+}
+
 // environment is the program's whole environment: PATH and HOME defaults, the host
-// variables env.allow names, the manifest's literal env (which wins over both), then
-// roost's own ROOST_* variables, which nothing overrides. Sorted, so it is reproducible.
-func environment(rec *Record, man *manifest.Manifest, p *manifest.Policy, host []string, v view, roost map[string]string) []string {
+// variables that pass (see hostVariables), the manifest's literal env (which wins over
+// both), then roost's own ROOST_* variables, which nothing overrides. Sorted, so it is
+// reproducible.
+func environment(rec *Record, man *manifest.Manifest, host map[string]string, v view, roost map[string]string) []string {
 	env := map[string]string{"PATH": defaultPath, "HOME": v.work}
-	for _, kv := range host {
-		k, v, ok := strings.Cut(kv, "=")
-		if ok && slices.Contains(p.Env.Allow, k) && !manifest.CredentialShaped(k) {
-			env[k] = v
-		}
+	for k, v := range host {
+		env[k] = v
 	}
 	for k, v := range man.Env {
 		env[k] = v

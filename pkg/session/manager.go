@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"roost.dev/roost/pkg/artifact"
+	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/spawn"
@@ -33,10 +34,15 @@ type Runtime interface {
 	Release(sessionID string) error
 }
 
-// Artifacts resolves a pushed capsule's name@version.
+// Artifacts is the content store: pushed capsules by name@version, and the copies of
+// capsules staged from a directory.
 type Artifacts interface {
 	Resolve(ref string) (artifact.Artifact, error)
 	Dir(a artifact.Artifact) string
+	// Import copies a capsule directory into the store, named by its digest.
+	Import(dir string) (artifact.Imported, error)
+	// Collect removes copies no ref names and keep does not claim.
+	Collect(keep func(sha256 string) bool) (int, error)
 }
 
 // Endpoints opens sessions' endpoints (see pkg/endpoint).
@@ -88,7 +94,19 @@ type Config struct {
 	// GuardInterval is how often a session's workdir is measured against
 	// resources.workdir_max_bytes; DefaultGuardInterval when 0.
 	GuardInterval time.Duration
+	// IDs is the block of host ids sessions' ranges come from; roostd's default block
+	// when zero.
+	IDs IDPool
+	// AllowRoot names capsules whose sessions, when not sealed, run as host root (roostd's
+	// sessions.allow_root); every other session runs as an unprivileged uid of its own.
+	AllowRoot []string
+	// EnvPassthrough is the operator's list of host variables a capsule's env.allow may
+	// draw from (roostd's env.passthrough); nothing else of HostEnv reaches a session.
+	EnvPassthrough []string
 }
+
+// idsPerSession is how many host ids a session's range holds.
+const idsPerSession = config.IDsPerSession
 
 // DefaultGuardInterval is how often the workdir guard measures a running session's workdir.
 const DefaultGuardInterval = 2 * time.Second
@@ -105,6 +123,10 @@ type Manager struct {
 
 	mu   sync.Mutex
 	live map[string]*liveSession
+
+	// blobMu keeps collecting the content store apart from a stage between importing a
+	// capsule and recording the session that names it.
+	blobMu sync.RWMutex
 }
 
 // liveSession is the daemon's hold on a session that has (or may have) a process.
@@ -138,10 +160,11 @@ func Open(cfg Config) (*Manager, error) {
 	if cfg.HostEnv == nil {
 		cfg.HostEnv = os.Environ()
 	}
-	for _, dir := range []string{cfg.StateDir, filepath.Join(cfg.StateDir, workDir), filepath.Join(cfg.StateDir, recordsDir)} {
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return nil, fmt.Errorf("state directory: %w", err)
-		}
+	if cfg.IDs == (IDPool{}) {
+		cfg.IDs = IDPool{First: config.DefaultFirstID, Slots: config.DefaultIDSlots}
+	}
+	if err := prepareStateDir(cfg.StateDir); err != nil {
+		return nil, err
 	}
 	reg, err := OpenRegistry(filepath.Join(cfg.StateDir, DBFile))
 	if err != nil {
@@ -187,6 +210,37 @@ const (
 	workDir    = "work"
 	recordsDir = "records"
 )
+
+// prepareStateDir makes the state directory and the parts sessions reach into. Sessions run
+// as unprivileged uids that must pass through to their own workdir, TMPDIR, task text and
+// capsule, so those directories let others search them (0711) but never list them, and
+// everything in them is owned by the one session it belongs to; the registry, the ledger,
+// the key and the records are root's alone (0600/0700).
+func prepareStateDir(dir string) error {
+	for _, d := range []string{dir, filepath.Join(dir, workDir), filepath.Join(dir, recordsDir), filepath.Join(dir, childrenDir)} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return fmt.Errorf("state directory: %w", err)
+		}
+		if err := os.Chmod(d, 0o711); err != nil {
+			return fmt.Errorf("state directory: %w", err)
+		}
+	}
+	// A session reaches its workdir by its absolute path (HOME, TMPDIR): every directory
+	// above the state directory must let it pass.
+	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
+		info, err := os.Stat(d)
+		if err != nil {
+			return fmt.Errorf("state directory: %w", err)
+		}
+		if info.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("state directory %s: %s (mode %04o) does not let others pass through it, and sessions run as unprivileged uids that must reach their workdirs beneath it: chmod o+x %s, or choose another --state-dir: %w",
+				dir, d, info.Mode().Perm(), d, errdefs.ErrFailedPrecondition)
+		}
+		if d == "/" {
+			return nil
+		}
+	}
+}
 
 func (m *Manager) recordsDirFor(id string) string {
 	return filepath.Join(m.cfg.StateDir, recordsDir, id)

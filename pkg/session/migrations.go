@@ -29,6 +29,11 @@ var migrations = []migration{
 		}
 		return nil
 	}},
+	// Sessions run as host id ranges of their own; a registry from before holds none.
+	{schema: "v1", version: 2, migrate: func(tx *bolt.Tx) error {
+		_, err := createBucketIfNotExists(tx, bucketV1, bucketIDs)
+		return err
+	}},
 }
 
 // dbVersion is the level this build brings a registry to.

@@ -118,6 +118,16 @@ type Record struct {
 	// EndDetail is what roost saw when it decided to end the session (e.g. the workdir's
 	// size), for the detail of its end.
 	EndDetail string `json:"end_detail,omitempty"`
+	// IDs is the host uid/gid range the session's processes run as, held from stage until
+	// the session is removed; nil for a session that runs as host root (HostRoot) and for
+	// one staged by a roostd from before ranges.
+	IDs *containment.IDs `json:"ids,omitempty"`
+	// HostRoot: the operator's sessions.allow_root names the capsule, and the session is
+	// not sealed, so its program runs as host root.
+	HostRoot bool `json:"host_root,omitempty"`
+	// WorkdirOwner is who owned an operator's --workdir before the session was given it;
+	// removing the session hands the tree back.
+	WorkdirOwner *Owner `json:"workdir_owner,omitempty"`
 	// Tokens is what the session was charged; InputTokens and OutputTokens what the calls it
 	// settled reported (reservations charged in full count in Tokens only).
 	Tokens       int64 `json:"tokens,omitempty"`
@@ -130,5 +140,23 @@ type CapsuleRef struct {
 	Name    string `json:"name"`
 	Version string `json:"version"`
 	SHA256  string `json:"sha256"`
-	Source  string `json:"source"`
+	// Source is where the capsule was read from (a directory, or a pushed capsule's
+	// stored tree); Dir is the copy in the content store the session runs, named by SHA256
+	// (empty for a session staged before there was one: it runs Source).
+	Source string `json:"source"`
+	Dir    string `json:"dir,omitempty"`
+}
+
+// Root is where the session reads its capsule.
+func (c CapsuleRef) Root() string {
+	if c.Dir != "" {
+		return c.Dir
+	}
+	return c.Source
+}
+
+// Owner is a file's owner on the host.
+type Owner struct {
+	UID int `json:"uid"`
+	GID int `json:"gid"`
 }

@@ -15,8 +15,9 @@ func (r *Record) Proto() *roostv1.Session {
 	s := &roostv1.Session{
 		Id: r.ID,
 		Capsule: &roostv1.CapsuleRef{
-			Name: r.Capsule.Name, Version: r.Capsule.Version, Sha256: r.Capsule.SHA256, Source: r.Capsule.Source,
+			Name: r.Capsule.Name, Version: r.Capsule.Version, Sha256: r.Capsule.SHA256, Source: r.Capsule.Source, Dir: r.Capsule.Dir,
 		},
+		Identity:    identityProto(r),
 		State:       string(r.State),
 		ExitStatus:  string(r.ExitStatus),
 		Containment: &roostv1.ContainmentState{Declared: r.Declared, Achieved: r.Achieved},
@@ -69,7 +70,7 @@ func timestamp(t time.Time) *timestamppb.Timestamp {
 func (m *Manager) explanation(p *plan) *roostv1.Explanation {
 	d := p.decision
 	e := &roostv1.Explanation{
-		Capsule: &roostv1.CapsuleRef{Name: p.ref.Name, Version: p.ref.Version, Sha256: p.ref.SHA256, Source: p.ref.Source},
+		Capsule: &roostv1.CapsuleRef{Name: p.ref.Name, Version: p.ref.Version, Sha256: p.ref.SHA256, Source: p.ref.Source, Dir: p.ref.Dir},
 		Containment: &roostv1.ContainmentDecision{
 			Declared:        d.Floor.String(),
 			Achieved:        d.Achieved.String(),
@@ -86,10 +87,30 @@ func (m *Manager) explanation(p *plan) *roostv1.Explanation {
 	if !d.Met {
 		class = d.Floor
 	}
-	for _, g := range containment.Grants(class, &p.policy, m.cfg.Host) {
+	for _, g := range containment.Grants(class, &p.policy, m.hostRoot(p)) {
 		e.Grants = append(e.Grants, &roostv1.Grant{Key: g.Key, Value: g.Value, Enforcement: g.Enforcement, Mechanism: g.Mechanism})
 	}
+	e.Identity = &roostv1.Identity{Size: idsPerSession, HostRoot: m.hostRoot(p)}
+	if e.Identity.HostRoot {
+		e.Identity.Size = 0
+	}
+	e.Readable = containment.Readable(class, &p.policy)
+	_, verdicts := hostVariables(p.policy.Env.Allow, m.cfg.EnvPassthrough, m.cfg.HostEnv)
+	for _, v := range verdicts {
+		e.Env = append(e.Env, &roostv1.EnvVerdict{Name: v.name, Verdict: v.verdict, Reason: v.reason})
+	}
 	return e
+}
+
+// identityProto is who a session's processes are on the host.
+func identityProto(r *Record) *roostv1.Identity {
+	switch {
+	case r.HostRoot:
+		return &roostv1.Identity{HostRoot: true}
+	case r.IDs != nil:
+		return &roostv1.Identity{Uid: r.IDs.First, Gid: r.IDs.First, Size: r.IDs.Size}
+	}
+	return nil
 }
 
 func limitProto(l manifest.Limit) *roostv1.Limit {

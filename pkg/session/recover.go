@@ -45,7 +45,11 @@ func (m *Manager) recover() error {
 	if err := m.stopOrphans(); err != nil {
 		return err
 	}
-	return m.sweepLeftovers()
+	if err := m.sweepLeftovers(); err != nil {
+		return err
+	}
+	m.collectCapsules()
+	return nil
 }
 
 func (m *Manager) recoverOne(rec *Record) string {

@@ -12,6 +12,9 @@ import (
 	"github.com/containerd/errdefs"
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
+
+	"roost.dev/roost/pkg/config"
+	"roost.dev/roost/pkg/containment"
 )
 
 // DBFile is the registry's file name inside the state directory.
@@ -221,7 +224,7 @@ func (t *Tx) Note(rec *Record, eventType, detail string) error {
 	return t.emit(Event{Type: eventType, SessionID: rec.ID, State: rec.State, Detail: detail})
 }
 
-// Delete forgets a session; only a staged or ended one may go.
+// Delete forgets a session, and lets go of its id range; only a staged or ended one may go.
 func (t *Tx) Delete(rec *Record) error {
 	sessions := sessionsBucket(t.tx)
 	if sessions.Bucket([]byte(rec.ID)) == nil {
@@ -232,6 +235,14 @@ func (t *Tx) Delete(rec *Record) error {
 	}
 	if err := sessions.DeleteBucket([]byte(rec.ID)); err != nil {
 		return err
+	}
+	if rec.IDs != nil {
+		ids := idsBucket(t.tx)
+		if string(ids.Get(idKey(rec.IDs.First))) == rec.ID {
+			if err := ids.Delete(idKey(rec.IDs.First)); err != nil {
+				return err
+			}
+		}
 	}
 	return t.emit(Event{Type: EventRemoved, SessionID: rec.ID})
 }
@@ -290,6 +301,58 @@ func (t *Tx) EventsSince(since uint64, limit int) ([]Event, error) {
 
 // LastSeq is the sequence number of the newest event; 0 when there is none.
 func (t *Tx) LastSeq() uint64 { return eventsBucket(t.tx).Sequence() }
+
+// IDPool is the block of host ids sessions' ranges come from. Its first range is the
+// daemon's own (rehearsals run as it); sessions get the others.
+type IDPool struct {
+	First uint32
+	Slots uint32
+}
+
+// RehearsalIDs is the range rehearsals run as.
+func (p IDPool) RehearsalIDs() containment.IDs {
+	return containment.IDs{First: p.First, Size: config.IDsPerSession}
+}
+
+// AllocateIDs gives rec the lowest range of pool no other session holds, recorded in the
+// same transaction as whatever else it writes. Ranges are keyed by their first id, so a
+// pool moved by a configuration change never hands out a range that overlaps one held.
+func (t *Tx) AllocateIDs(rec *Record, pool IDPool) error {
+	const size = config.IDsPerSession
+	end := uint64(pool.First) + uint64(pool.Slots)*size
+	next := uint64(pool.First) + size
+	b := idsBucket(t.tx)
+	c := b.Cursor()
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		held := uint64(binary.BigEndian.Uint32(k))
+		if held+size <= next {
+			continue
+		}
+		if held >= next+size {
+			break
+		}
+		next = held + size
+	}
+	if next+size > end {
+		return fmt.Errorf("session %s: every one of the %d uid ranges from %d is held by a session; remove ended sessions (roostctl rm) or widen sessions.ids in roostd's config: %w",
+			rec.ID, pool.Slots-1, pool.First, errdefs.ErrResourceExhausted)
+	}
+	if err := b.Put(idKey(uint32(next)), []byte(rec.ID)); err != nil {
+		return err
+	}
+	rec.IDs = &containment.IDs{First: uint32(next), Size: size}
+	return nil
+}
+
+// IDsHeld maps every held range's first id to the session holding it.
+func (t *Tx) IDsHeld() map[uint32]string {
+	out := map[uint32]string{}
+	_ = idsBucket(t.tx).ForEach(func(k, v []byte) error {
+		out[binary.BigEndian.Uint32(k)] = string(v)
+		return nil
+	})
+	return out
+}
 
 // Event is one committed change to the registry.
 type Event struct {

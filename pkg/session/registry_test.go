@@ -28,7 +28,12 @@ func openTestRegistry(t *testing.T) (*Registry, string) {
 func stage(t *testing.T, r *Registry, id string) *Record {
 	t.Helper()
 	rec := &Record{ID: id, Capsule: CapsuleRef{Name: "x", Version: "0.1.0"}}
-	if _, err := r.Update(func(tx *Tx) error { return tx.Create(rec, []byte("m"), []byte("e")) }); err != nil {
+	if _, err := r.Update(func(tx *Tx) error {
+		if err := tx.AllocateIDs(rec, testPool); err != nil {
+			return err
+		}
+		return tx.Create(rec, []byte("m"), []byte("e"))
+	}); err != nil {
 		t.Fatal(err)
 	}
 	return rec
@@ -78,8 +83,11 @@ func TestBucketTreeMatchesSchema(t *testing.T) {
 		walk = func(prefix string, b *bolt.Bucket) error {
 			return b.ForEach(func(k, v []byte) error {
 				name := string(k)
-				if prefix == "v1/events/" {
+				switch prefix {
+				case "v1/events/":
 					name = "<seq>"
+				case "v1/ids/":
+					name = "<first id>"
 				}
 				if v == nil {
 					if prefix == "v1/sessions/" {
@@ -102,7 +110,7 @@ func TestBucketTreeMatchesSchema(t *testing.T) {
 	}
 	tree = slices.Compact(tree)
 	want := []string{
-		"v1/", "v1/events/", "v1/events/<seq>", "v1/sessions/", "v1/sessions/<session id>/",
+		"v1/", "v1/events/", "v1/events/<seq>", "v1/ids/", "v1/ids/<first id>", "v1/sessions/", "v1/sessions/<session id>/",
 		"v1/sessions/<session id>/explanation", "v1/sessions/<session id>/manifest",
 		"v1/sessions/<session id>/record", "v1/sessions/<session id>/state", "v1/version",
 	}

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -55,7 +56,7 @@ type plan struct {
 
 // OCIDescriber is a runtime that can show the OCI runtime spec a session would run with.
 type OCIDescriber interface {
-	Describe(sessionID, workdir, capsuleDir string, p *manifest.Policy) (*specs.Spec, error)
+	Describe(sessionID, workdir, capsuleDir string, ids containment.IDs, p *manifest.Policy) (*specs.Spec, error)
 }
 
 // describedSession stands in for a session id in a description of one.
@@ -64,7 +65,7 @@ const describedSession = "SESSION"
 // Explain decides what Stage would, without recording anything. With oci it also returns
 // the OCI runtime spec a sealed session of the capsule would run with, as JSON.
 func (m *Manager) Explain(opts StageOptions, oci bool) (*roostv1.Explanation, []byte, error) {
-	p, err := m.plan(opts)
+	p, err := m.plan(opts, false)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -78,7 +79,10 @@ func (m *Manager) Explain(opts StageOptions, oci bool) (*roostv1.Explanation, []
 		if workdir == "" {
 			workdir = filepath.Join(m.cfg.StateDir, workDir, describedSession)
 		}
-		spec, err := d.Describe(describedSession, workdir, p.dir, &p.policy)
+		// The ids a session would be given are decided at stage: the description shows
+		// the pool's first range for a session's.
+		ids := containment.IDs{First: m.cfg.IDs.First + idsPerSession, Size: idsPerSession}
+		spec, err := d.Describe(describedSession, workdir, p.dir, ids, &p.policy)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -93,7 +97,11 @@ func (m *Manager) Explain(opts StageOptions, oci bool) (*roostv1.Explanation, []
 // state staged. A capsule that is invalid, or whose floor this host cannot meet, is refused
 // and leaves no trace in the registry.
 func (m *Manager) Stage(opts StageOptions) (*Record, error) {
-	p, err := m.plan(opts)
+	// The capsule's copy in the store is named by nothing until the session is recorded:
+	// no collection may run in between.
+	m.blobMu.RLock()
+	defer m.blobMu.RUnlock()
+	p, err := m.plan(opts, true)
 	if err != nil {
 		return nil, err
 	}
@@ -121,10 +129,6 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*Record, error) {
 	} else if err := checkWorkdir(workdir); err != nil {
 		return nil, err
 	}
-	explanation, err := explanationJSON.Marshal(m.explanation(p))
-	if err != nil {
-		return nil, err
-	}
 	rec := &Record{
 		ID:           id,
 		Capsule:      p.ref,
@@ -135,7 +139,7 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*Record, error) {
 		Workdir:      workdir,
 		OwnsWorkdir:  owns,
 		RecordsDir:   m.recordsDirFor(id),
-		Command:      command(p.dir, p.manifest.Run),
+		Command:      command(p.ref.Root(), p.manifest.Run),
 		Deadline:     time.Duration(p.policy.Limits.DeadlineSeconds.Value) * time.Second,
 		WorkdirLimit: p.policy.Resources.WorkdirMaxBytes.Value,
 		CreatedAt:    time.Now().UTC(),
@@ -146,10 +150,34 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*Record, error) {
 	if opts.ParentID != "" {
 		rec.DepthRemaining = min(opts.DepthRemaining, int(p.policy.Spawn.MaxDepth.Value))
 	}
-	if err := m.update(func(tx *Tx) error { return tx.CreateWithTask(rec, p.raw, explanation, opts.Task) }); err != nil {
+	rec.HostRoot = m.hostRoot(p)
+	if err := m.update(func(tx *Tx) error {
+		if !rec.HostRoot {
+			if err := tx.AllocateIDs(rec, m.cfg.IDs); err != nil {
+				return err
+			}
+		}
+		// The session's trace opens with this: the grants, and the ids it was given.
+		e := m.explanation(p)
+		if id := identityProto(rec); id != nil {
+			e.Identity = id
+		}
+		explanation, err := explanationJSON.Marshal(e)
+		if err != nil {
+			return err
+		}
+		return tx.CreateWithTask(rec, p.raw, explanation, opts.Task)
+	}); err != nil {
 		return nil, err
 	}
 	return rec, nil
+}
+
+// hostRoot says whether the operator lets a session of the plan run as host root: only a
+// capsule roostd's sessions.allow_root names, and never in a sealed root (whose root is its
+// user namespace's).
+func (m *Manager) hostRoot(p *plan) bool {
+	return p.decision.Achieved != manifest.Sealed && slices.Contains(m.cfg.AllowRoot, p.manifest.Name)
 }
 
 // command is the program's command line: run.command then run.args. A program named by a
@@ -178,17 +206,28 @@ func checkWorkdir(dir string) error {
 	return nil
 }
 
-func (m *Manager) plan(opts StageOptions) (*plan, error) {
+// plan reads the capsule and decides everything about a session of it. With store, a capsule
+// given by its path is copied into the content store first (see importCapsule), and the
+// session will run that copy.
+func (m *Manager) plan(opts StageOptions, store bool) (*plan, error) {
 	var dir, digest string
 	var raw []byte
 	var err error
+	source := ""
 	if _, _, isRef := artifact.ParseRef(opts.Capsule); isRef && !filepath.IsAbs(opts.Capsule) {
 		dir, digest, raw, err = m.readArtifact(opts.Capsule)
 	} else {
 		dir, raw, err = readCapsule(opts.Capsule)
+		if err == nil && store && m.cfg.Artifacts != nil {
+			source = dir
+			dir, digest, raw, err = m.importCapsule(dir)
+		}
 	}
 	if err != nil {
 		return nil, err
+	}
+	if source == "" {
+		source = dir
 	}
 	man, err := manifest.Parse(raw, filepath.Join(dir, manifest.FileName))
 	if err != nil {
@@ -202,8 +241,10 @@ func (m *Manager) plan(opts StageOptions) (*plan, error) {
 		policy.LowerDeadline(int64(opts.Deadline / time.Second))
 	}
 	if digest == "" {
+		// The tree's errors name it and say what is wrong (a link on the way, a device,
+		// a tree changing under the walk), classified.
 		if digest, err = artifact.DigestDir(dir); err != nil {
-			return nil, fmt.Errorf("capsule %s: %v: %w", dir, err, errdefs.ErrInvalidArgument)
+			return nil, err
 		}
 	}
 	decision := containment.Decide(&policy, containment.Sources(&policy, m.cfg.DaemonFloor, opts.Containment), m.cfg.Catalog)
@@ -213,8 +254,28 @@ func (m *Manager) plan(opts StageOptions) (*plan, error) {
 		manifest: man,
 		policy:   policy,
 		decision: decision,
-		ref:      CapsuleRef{Name: man.Name, Version: man.Version, SHA256: digest, Source: dir},
+		ref:      CapsuleRef{Name: man.Name, Version: man.Version, SHA256: digest, Source: source, Dir: dir},
 	}, nil
+}
+
+// importCapsule copies a capsule directory into the content store, by descriptors, and
+// returns the copy: the session runs exactly the bytes its digest names, readable by its
+// unprivileged uid wherever the operator's directory lives, and immune to changes made to
+// the directory after staging.
+func (m *Manager) importCapsule(dir string) (blob, digest string, raw []byte, err error) {
+	imp, err := m.cfg.Artifacts.Import(dir)
+	if err != nil {
+		return "", "", nil, err
+	}
+	f, err := os.Open(filepath.Join(imp.Dir, manifest.FileName))
+	if err != nil {
+		return "", "", nil, fmt.Errorf("capsule %s: no %s in it: %w", dir, manifest.FileName, errdefs.ErrInvalidArgument)
+	}
+	defer f.Close()
+	if raw, err = io.ReadAll(io.LimitReader(f, manifest.MaxSize+1)); err != nil {
+		return "", "", nil, err
+	}
+	return imp.Dir, imp.SHA256, raw, nil
 }
 
 // readArtifact finds a pushed capsule; its tree is immutable and its digest was checked when
@@ -282,3 +343,5 @@ func newID() (string, error) {
 }
 
 var explanationJSON = protojson.MarshalOptions{UseProtoNames: true, EmitDefaultValues: true}
+
+var _ OCIDescriber = (*containment.SealedRuntime)(nil)

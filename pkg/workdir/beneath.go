@@ -55,26 +55,122 @@ func openDirAt(dir *os.File, rel string, path bool) (*os.File, error) {
 	return os.NewFile(uintptr(fd), filepath.Join(dir.Name(), rel)), nil
 }
 
-// MkdirAll creates rel beneath root one component at a time (mode 0700), each opened
-// beneath the last without following links.
-func MkdirAll(root, rel string) error {
+// Owner is who a directory roost makes, or a tree it hands over, is given to.
+type Owner struct{ UID, GID int }
+
+// MkdirAll creates rel beneath root one component at a time, each opened beneath the last
+// without following links. New directories get perm and, when owner is set, that owner;
+// existing ones are left as they are.
+func MkdirAll(root, rel string, perm os.FileMode, owner *Owner) error {
 	cur, err := openRoot(root)
 	if err != nil {
 		return err
 	}
 	defer func() { cur.Close() }()
 	for _, part := range strings.Split(filepath.Clean(rel), "/") {
-		if err := unix.Mkdirat(int(cur.Fd()), part, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
-			return explain(rel, err)
+		made := true
+		if err := unix.Mkdirat(int(cur.Fd()), part, 0o700); err != nil {
+			if !errors.Is(err, unix.EEXIST) {
+				return explain(rel, err)
+			}
+			made = false
 		}
-		next, err := openDirAt(cur, part, true)
+		next, err := openDirAt(cur, part, false)
 		if err != nil {
 			return explain(rel, err)
 		}
 		cur.Close()
 		cur = next
+		if !made {
+			continue
+		}
+		// Set on the descriptor just opened, never by name: the directory is the one made.
+		if owner != nil {
+			if err := unix.Fchown(int(cur.Fd()), owner.UID, owner.GID); err != nil {
+				return explain(rel, err)
+			}
+		}
+		if err := unix.Fchmod(int(cur.Fd()), uint32(perm.Perm())|modeBits(perm)); err != nil {
+			return explain(rel, err)
+		}
 	}
 	return nil
+}
+
+// modeBits turns os.FileMode's setgid and sticky flags into chmod's bits.
+func modeBits(m os.FileMode) uint32 {
+	var bits uint32
+	if m&os.ModeSetgid != 0 {
+		bits |= unix.S_ISGID
+	}
+	if m&os.ModeSticky != 0 {
+		bits |= unix.S_ISVTX
+	}
+	return bits
+}
+
+// Chown gives every entry of the tree at root (root included) to owner, walking it by
+// descriptors and never following a link (a link itself is re-owned, not its target). With
+// only set, an entry is re-owned only when only accepts it as it is now (its lstat). It is
+// how a session's uid is given its workdir, and how an operator's workdir is handed back.
+func Chown(root string, owner Owner, only func(st *unix.Stat_t) bool) error {
+	top, err := os.OpenFile(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer top.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(top.Fd()), &st); err != nil {
+		return err
+	}
+	if only == nil || only(&st) {
+		if err := unix.Fchown(int(top.Fd()), owner.UID, owner.GID); err != nil {
+			return fmt.Errorf("%s: %w", root, err)
+		}
+	}
+	return chownDir(top, owner, only)
+}
+
+func chownDir(dir *os.File, owner Owner, only func(st *unix.Stat_t) bool) error {
+	for {
+		entries, err := dir.ReadDir(1024)
+		for _, e := range entries {
+			var st unix.Stat_t
+			if err := unix.Fstatat(int(dir.Fd()), e.Name(), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				if errors.Is(err, unix.ENOENT) {
+					continue
+				}
+				return err
+			}
+			if only == nil || only(&st) {
+				if err := unix.Fchownat(int(dir.Fd()), e.Name(), owner.UID, owner.GID, unix.AT_SYMLINK_NOFOLLOW); err != nil && !errors.Is(err, unix.ENOENT) {
+					return fmt.Errorf("%s: %w", filepath.Join(dir.Name(), e.Name()), err)
+				}
+			}
+			if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+				continue
+			}
+			sub, err := openDirAt(dir, e.Name(), false)
+			if err != nil {
+				// Swapped for a link or gone since it was listed: nothing of it is ours to change.
+				continue
+			}
+			err = chownDir(sub, owner, only)
+			sub.Close()
+			if err != nil {
+				return err
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		if len(entries) == 0 {
+			return nil
+		}
+	}
 }
 
 // Symlink makes a link at rel beneath root pointing at target, replacing nothing.

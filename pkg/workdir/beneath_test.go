@@ -98,7 +98,7 @@ func fixture(t *testing.T) (root, outside string) {
 
 func TestMkdirAllCreatesNested(t *testing.T) {
 	root, _ := fixture(t)
-	if err := workdir.MkdirAll(root, "a/b/c"); err != nil {
+	if err := workdir.MkdirAll(root, "a/b/c", 0o700, nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, rel := range []string{"a", "a/b", "a/b/c"} {
@@ -115,7 +115,7 @@ func TestMkdirAllCreatesNested(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeFile(t, filepath.Join(root, "a/b/keep"), "x", 0o600)
-	if err := workdir.MkdirAll(root, "a/b/c/d"); err != nil {
+	if err := workdir.MkdirAll(root, "a/b/c/d", 0o700, nil); err != nil {
 		t.Fatal(err)
 	}
 	if fi, _ := os.Stat(filepath.Join(root, "a")); fi.Mode().Perm() != 0o750 {
@@ -156,7 +156,7 @@ func TestMkdirAllRefusesSymlinks(t *testing.T) {
 			}
 			symlink(t, target, filepath.Join(root, tc.link))
 
-			wantErrMentioning(t, workdir.MkdirAll(root, tc.rel), "symlink")
+			wantErrMentioning(t, workdir.MkdirAll(root, tc.rel, 0o700, nil), "symlink")
 			if names := entries(t, outside); len(names) != 0 {
 				t.Fatalf("created outside the root through the link: %v", names)
 			}
@@ -176,7 +176,7 @@ func TestMkdirAllStaysBeneath(t *testing.T) {
 	for _, rel := range []string{"../escape", "a/../../escape", "a/../../../escape"} {
 		t.Run(rel, func(t *testing.T) {
 			root, _ := fixture(t)
-			if err := workdir.MkdirAll(root, rel); err == nil {
+			if err := workdir.MkdirAll(root, rel, 0o700, nil); err == nil {
 				t.Fatal("accepted")
 			}
 			if names := entries(t, filepath.Dir(root)); !slices.Equal(names, []string{"outside", "root"}) {
@@ -186,7 +186,7 @@ func TestMkdirAllStaysBeneath(t *testing.T) {
 	}
 	t.Run("absolute", func(t *testing.T) {
 		root, outside := fixture(t)
-		if err := workdir.MkdirAll(root, filepath.Join(outside, "x")); err == nil {
+		if err := workdir.MkdirAll(root, filepath.Join(outside, "x"), 0o700, nil); err == nil {
 			t.Fatal("an absolute path was accepted")
 		}
 		if names := entries(t, outside); len(names) != 0 {
@@ -197,7 +197,7 @@ func TestMkdirAllStaysBeneath(t *testing.T) {
 		root, outside := fixture(t)
 		link := filepath.Join(filepath.Dir(root), "rootlink")
 		symlink(t, outside, link)
-		if err := workdir.MkdirAll(link, "x"); err == nil {
+		if err := workdir.MkdirAll(link, "x", 0o700, nil); err == nil {
 			t.Fatal("a linked root was followed")
 		}
 		if names := entries(t, outside); len(names) != 0 {

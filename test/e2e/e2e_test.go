@@ -69,9 +69,20 @@ func freePort(t *testing.T) string {
 	return l.Addr().String()
 }
 
+// stateDir is a temporary state directory whose parents let sessions' unprivileged uids pass
+// through, as /var/lib does (roostd refuses one they cannot reach).
+func stateDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 func newDaemon(t *testing.T, args ...string) *daemon {
 	t.Helper()
-	state := t.TempDir()
+	state := stateDir(t)
 	d := &daemon{t: t, stateDir: state, socket: filepath.Join(state, "roostd.sock"), metricsAddr: freePort(t), args: args}
 	d.start()
 	t.Cleanup(func() {
@@ -435,7 +446,7 @@ func TestSecondDaemonRefused(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "another roostd is using this state directory") || time.Since(start) > 5*time.Second {
 		t.Fatalf("second roostd: %v %s (after %s)", err, out, time.Since(start))
 	}
-	out, err = exec.Command(filepath.Join(binDir, "roostd"), "--state-dir", t.TempDir(), "--socket", d.socket, "--metrics-addr", "").CombinedOutput()
+	out, err = exec.Command(filepath.Join(binDir, "roostd"), "--state-dir", stateDir(t), "--socket", d.socket, "--metrics-addr", "").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "another roostd is serving on it") {
 		t.Fatalf("second roostd on the same socket: %v %s", err, out)
 	}

@@ -62,14 +62,22 @@ func execMain() {
 	if err != nil {
 		fail("%v", err)
 	}
-	if spec.NoNewPrivileges {
+	if spec.NoNewPrivileges || spec.User != nil {
 		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 			fail("roost-exec: no_new_privs: %v", err)
 		}
 	}
+	// Landlock's rules are built while still root: they name paths by opening them, and
+	// the session's uid may not be able to walk to each (its limits come from Landlock and
+	// DAC together, not from what it can name).
 	if spec.Landlock != nil {
 		if err := applyLandlock(spec.Landlock, path, envValue(spec.Env, "PATH")); err != nil {
 			fail("roost-exec: Landlock: %v", err)
+		}
+	}
+	if spec.User != nil {
+		if err := becomeUser(*spec.User); err != nil {
+			fail("roost-exec: becoming uid %d: %v", spec.User.UID, err)
 		}
 	}
 	if spec.DropCapabilities {

@@ -31,6 +31,8 @@ type LandlockFS struct {
 	Write []string `json:"write"`
 	// WriteFiles lists single files writable (devices such as /dev/null).
 	WriteFiles []string `json:"write_files"`
+	// ReadFiles lists single files readable.
+	ReadFiles []string `json:"read_files,omitempty"`
 }
 
 const (
@@ -61,6 +63,9 @@ func applyLandlock(l *Landlock, program, path string) error {
 		}
 		if len(fs.Write) > 0 {
 			rules = append(rules, landlock.PathAccess(writeRights, fs.Write...).IgnoreIfMissing())
+		}
+		if len(fs.ReadFiles) > 0 {
+			rules = append(rules, landlock.PathAccess(ll.AccessFSReadFile, fs.ReadFiles...).IgnoreIfMissing())
 		}
 		if len(fs.WriteFiles) > 0 {
 			rules = append(rules, landlock.PathAccess(fileWriteRights, fs.WriteFiles...).IgnoreIfMissing())

@@ -2,9 +2,11 @@ package roostinit
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -14,16 +16,8 @@ import (
 // of this thread. With the bounding and inheritable sets empty, exec gives no capability back,
 // even to root.
 func dropCapabilities() error {
-	last := 40
-	if data, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
-		if n, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil {
-			last = n
-		}
-	}
-	for c := 0; c <= last; c++ {
-		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
-			return err
-		}
+	if err := dropBounding(); err != nil {
+		return err
 	}
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
 		return err
@@ -31,6 +25,52 @@ func dropCapabilities() error {
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData
 	return unix.Capset(&hdr, &data[0])
+}
+
+// becomeUser switches every thread to an unprivileged uid and gid with no supplementary
+// group. The bounding set goes first, while CAP_SETPCAP is still held: a uid change clears
+// the other capability sets, but not the bounding set, which would let a setuid or
+// file-capability binary hand capabilities back.
+func becomeUser(u User) error {
+	if u.UID == 0 || u.GID == 0 {
+		return errors.New("refusing to \"drop\" to root")
+	}
+	if err := dropBounding(); err != nil {
+		return fmt.Errorf("dropping the bounding set: %w", err)
+	}
+	if err := syscall.Setgroups(nil); err != nil {
+		return fmt.Errorf("setgroups: %w", err)
+	}
+	if err := syscall.Setresgid(int(u.GID), int(u.GID), int(u.GID)); err != nil {
+		return fmt.Errorf("setresgid: %w", err)
+	}
+	if err := syscall.Setresuid(int(u.UID), int(u.UID), int(u.UID)); err != nil {
+		return fmt.Errorf("setresuid: %w", err)
+	}
+	// Nothing may have survived: a process that could regain root is not unprivileged.
+	if err := syscall.Setresuid(0, 0, 0); err == nil {
+		return errors.New("still able to become root after the switch")
+	}
+	return nil
+}
+
+func dropBounding() error {
+	last := 40
+	if data, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil {
+			last = n
+		}
+	}
+	for c := 0; c <= last; c++ {
+		// Dropping needs CAP_SETPCAP, which a switched uid no longer has: skip what is gone.
+		if held, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, uintptr(c), 0, 0, 0); err == nil && held == 0 {
+			continue
+		}
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+			return err
+		}
+	}
+	return nil
 }
 
 // loadSeccomp installs a compiled BPF filter on every thread of this process.

@@ -57,6 +57,17 @@ type ExecSpec struct {
 	// Seccomp is a compiled seccomp BPF program (struct sock_filter entries, native byte
 	// order) loaded last before exec.
 	Seccomp []byte `json:"seccomp,omitempty"`
+	// User, when set, is the unprivileged uid and gid the program runs as. roost-exec
+	// switches to it once it has done what needs root (cgroup, rlimits), with no
+	// supplementary groups, an empty bounding set and no_new_privs, so nothing the program
+	// execs (a setuid binary included) runs as anyone else.
+	User *User `json:"user,omitempty"`
+}
+
+// User is a host uid and gid.
+type User struct {
+	UID uint32 `json:"uid"`
+	GID uint32 `json:"gid"`
 }
 
 // Report is roost-init's one line to roostd: the program runs (Ref), or why it could not

@@ -157,7 +157,15 @@ type Explanation struct {
 	Containment *ContainmentDecision   `protobuf:"bytes,2,opt,name=containment,proto3" json:"containment,omitempty"`
 	Policy      *Policy                `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"`
 	// One line per grant: its resolved value and how it is enforced under the achieved class.
-	Grants        []*Grant `protobuf:"bytes,4,rep,name=grants,proto3" json:"grants,omitempty"`
+	Grants []*Grant `protobuf:"bytes,4,rep,name=grants,proto3" json:"grants,omitempty"`
+	// Who the session's processes would be on the host (uid is allocated at stage: 0 here
+	// unless host_root).
+	Identity *Identity `protobuf:"bytes,5,opt,name=identity,proto3" json:"identity,omitempty"`
+	// The host trees (and single files) the program may read; empty where a sealed root
+	// holds it (it sees only what its root is composed of).
+	Readable []string `protobuf:"bytes,6,rep,name=readable,proto3" json:"readable,omitempty"`
+	// Each variable env.allow names, and whether roostd's environment lets it through.
+	Env           []*EnvVerdict `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -220,6 +228,90 @@ func (x *Explanation) GetGrants() []*Grant {
 	return nil
 }
 
+func (x *Explanation) GetIdentity() *Identity {
+	if x != nil {
+		return x.Identity
+	}
+	return nil
+}
+
+func (x *Explanation) GetReadable() []string {
+	if x != nil {
+		return x.Readable
+	}
+	return nil
+}
+
+func (x *Explanation) GetEnv() []*EnvVerdict {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+// EnvVerdict is what becomes of one variable a capsule's env.allow names.
+type EnvVerdict struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// passes | not_in_passthrough | credential_shaped | credential_value | unset
+	Verdict string `protobuf:"bytes,2,opt,name=verdict,proto3" json:"verdict,omitempty"`
+	// Why, in words.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnvVerdict) Reset() {
+	*x = EnvVerdict{}
+	mi := &file_roost_v1_capsule_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnvVerdict) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnvVerdict) ProtoMessage() {}
+
+func (x *EnvVerdict) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_capsule_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnvVerdict.ProtoReflect.Descriptor instead.
+func (*EnvVerdict) Descriptor() ([]byte, []int) {
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *EnvVerdict) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EnvVerdict) GetVerdict() string {
+	if x != nil {
+		return x.Verdict
+	}
+	return ""
+}
+
+func (x *EnvVerdict) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // ContainmentDecision says which class a session needs, where that requirement came from,
 // and what this host delivers.
 type ContainmentDecision struct {
@@ -242,7 +334,7 @@ type ContainmentDecision struct {
 
 func (x *ContainmentDecision) Reset() {
 	*x = ContainmentDecision{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[3]
+	mi := &file_roost_v1_capsule_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -254,7 +346,7 @@ func (x *ContainmentDecision) String() string {
 func (*ContainmentDecision) ProtoMessage() {}
 
 func (x *ContainmentDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[3]
+	mi := &file_roost_v1_capsule_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -267,7 +359,7 @@ func (x *ContainmentDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainmentDecision.ProtoReflect.Descriptor instead.
 func (*ContainmentDecision) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{3}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ContainmentDecision) GetDeclared() string {
@@ -324,7 +416,7 @@ type FloorSource struct {
 
 func (x *FloorSource) Reset() {
 	*x = FloorSource{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[4]
+	mi := &file_roost_v1_capsule_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -336,7 +428,7 @@ func (x *FloorSource) String() string {
 func (*FloorSource) ProtoMessage() {}
 
 func (x *FloorSource) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[4]
+	mi := &file_roost_v1_capsule_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -349,7 +441,7 @@ func (x *FloorSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FloorSource.ProtoReflect.Descriptor instead.
 func (*FloorSource) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{4}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *FloorSource) GetSource() string {
@@ -383,7 +475,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[5]
+	mi := &file_roost_v1_capsule_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -395,7 +487,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[5]
+	mi := &file_roost_v1_capsule_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -408,7 +500,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{5}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Grant) GetKey() string {
@@ -458,7 +550,7 @@ type Policy struct {
 
 func (x *Policy) Reset() {
 	*x = Policy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[6]
+	mi := &file_roost_v1_capsule_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -470,7 +562,7 @@ func (x *Policy) String() string {
 func (*Policy) ProtoMessage() {}
 
 func (x *Policy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[6]
+	mi := &file_roost_v1_capsule_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -483,7 +575,7 @@ func (x *Policy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Policy.ProtoReflect.Descriptor instead.
 func (*Policy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{6}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Policy) GetContainment() string {
@@ -561,7 +653,7 @@ type Limit struct {
 
 func (x *Limit) Reset() {
 	*x = Limit{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[7]
+	mi := &file_roost_v1_capsule_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -573,7 +665,7 @@ func (x *Limit) String() string {
 func (*Limit) ProtoMessage() {}
 
 func (x *Limit) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[7]
+	mi := &file_roost_v1_capsule_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -586,7 +678,7 @@ func (x *Limit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Limit.ProtoReflect.Descriptor instead.
 func (*Limit) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{7}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Limit) GetValue() int64 {
@@ -613,7 +705,7 @@ type NetworkPolicy struct {
 
 func (x *NetworkPolicy) Reset() {
 	*x = NetworkPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[8]
+	mi := &file_roost_v1_capsule_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -625,7 +717,7 @@ func (x *NetworkPolicy) String() string {
 func (*NetworkPolicy) ProtoMessage() {}
 
 func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[8]
+	mi := &file_roost_v1_capsule_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -638,7 +730,7 @@ func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
 func (*NetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{8}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *NetworkPolicy) GetAllow() []string {
@@ -667,7 +759,7 @@ type FilesystemPolicy struct {
 
 func (x *FilesystemPolicy) Reset() {
 	*x = FilesystemPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[9]
+	mi := &file_roost_v1_capsule_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -679,7 +771,7 @@ func (x *FilesystemPolicy) String() string {
 func (*FilesystemPolicy) ProtoMessage() {}
 
 func (x *FilesystemPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[9]
+	mi := &file_roost_v1_capsule_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -692,7 +784,7 @@ func (x *FilesystemPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FilesystemPolicy.ProtoReflect.Descriptor instead.
 func (*FilesystemPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{9}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *FilesystemPolicy) GetScope() string {
@@ -725,7 +817,7 @@ type ShellPolicy struct {
 
 func (x *ShellPolicy) Reset() {
 	*x = ShellPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[10]
+	mi := &file_roost_v1_capsule_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -737,7 +829,7 @@ func (x *ShellPolicy) String() string {
 func (*ShellPolicy) ProtoMessage() {}
 
 func (x *ShellPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[10]
+	mi := &file_roost_v1_capsule_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -750,7 +842,7 @@ func (x *ShellPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellPolicy.ProtoReflect.Descriptor instead.
 func (*ShellPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{10}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ShellPolicy) GetAllow() []string {
@@ -772,7 +864,7 @@ type SpawnPolicy struct {
 
 func (x *SpawnPolicy) Reset() {
 	*x = SpawnPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[11]
+	mi := &file_roost_v1_capsule_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -784,7 +876,7 @@ func (x *SpawnPolicy) String() string {
 func (*SpawnPolicy) ProtoMessage() {}
 
 func (x *SpawnPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[11]
+	mi := &file_roost_v1_capsule_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -797,7 +889,7 @@ func (x *SpawnPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnPolicy.ProtoReflect.Descriptor instead.
 func (*SpawnPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{11}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SpawnPolicy) GetAllow() []string {
@@ -837,7 +929,7 @@ type EnvPolicy struct {
 
 func (x *EnvPolicy) Reset() {
 	*x = EnvPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[12]
+	mi := &file_roost_v1_capsule_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -849,7 +941,7 @@ func (x *EnvPolicy) String() string {
 func (*EnvPolicy) ProtoMessage() {}
 
 func (x *EnvPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[12]
+	mi := &file_roost_v1_capsule_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -862,7 +954,7 @@ func (x *EnvPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvPolicy.ProtoReflect.Descriptor instead.
 func (*EnvPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{12}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *EnvPolicy) GetAllow() []string {
@@ -882,7 +974,7 @@ type LimitsPolicy struct {
 
 func (x *LimitsPolicy) Reset() {
 	*x = LimitsPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[13]
+	mi := &file_roost_v1_capsule_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -894,7 +986,7 @@ func (x *LimitsPolicy) String() string {
 func (*LimitsPolicy) ProtoMessage() {}
 
 func (x *LimitsPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[13]
+	mi := &file_roost_v1_capsule_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -907,7 +999,7 @@ func (x *LimitsPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LimitsPolicy.ProtoReflect.Descriptor instead.
 func (*LimitsPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{13}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LimitsPolicy) GetDeadlineSeconds() *Limit {
@@ -941,7 +1033,7 @@ type ResourcesPolicy struct {
 
 func (x *ResourcesPolicy) Reset() {
 	*x = ResourcesPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[14]
+	mi := &file_roost_v1_capsule_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -953,7 +1045,7 @@ func (x *ResourcesPolicy) String() string {
 func (*ResourcesPolicy) ProtoMessage() {}
 
 func (x *ResourcesPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[14]
+	mi := &file_roost_v1_capsule_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -966,7 +1058,7 @@ func (x *ResourcesPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourcesPolicy.ProtoReflect.Descriptor instead.
 func (*ResourcesPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{14}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ResourcesPolicy) GetCgroupMemoryBytes() *Limit {
@@ -1046,7 +1138,7 @@ type InferencePolicy struct {
 
 func (x *InferencePolicy) Reset() {
 	*x = InferencePolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[15]
+	mi := &file_roost_v1_capsule_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1058,7 +1150,7 @@ func (x *InferencePolicy) String() string {
 func (*InferencePolicy) ProtoMessage() {}
 
 func (x *InferencePolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[15]
+	mi := &file_roost_v1_capsule_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1071,7 +1163,7 @@ func (x *InferencePolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InferencePolicy.ProtoReflect.Descriptor instead.
 func (*InferencePolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{15}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *InferencePolicy) GetUpstream() string {
@@ -1115,12 +1207,20 @@ const file_roost_v1_capsule_proto_rawDesc = "" +
 	"\x0fExplainResponse\x127\n" +
 	"\vexplanation\x18\x01 \x01(\v2\x15.roost.v1.ExplanationR\vexplanation\x12\x1d\n" +
 	"\n" +
-	"oci_config\x18\x02 \x01(\tR\tociConfig\"\xd1\x01\n" +
+	"oci_config\x18\x02 \x01(\tR\tociConfig\"\xc5\x02\n" +
 	"\vExplanation\x12.\n" +
 	"\acapsule\x18\x01 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x12?\n" +
 	"\vcontainment\x18\x02 \x01(\v2\x1d.roost.v1.ContainmentDecisionR\vcontainment\x12(\n" +
 	"\x06policy\x18\x03 \x01(\v2\x10.roost.v1.PolicyR\x06policy\x12'\n" +
-	"\x06grants\x18\x04 \x03(\v2\x0f.roost.v1.GrantR\x06grants\"\xe4\x01\n" +
+	"\x06grants\x18\x04 \x03(\v2\x0f.roost.v1.GrantR\x06grants\x12.\n" +
+	"\bidentity\x18\x05 \x01(\v2\x12.roost.v1.IdentityR\bidentity\x12\x1a\n" +
+	"\breadable\x18\x06 \x03(\tR\breadable\x12&\n" +
+	"\x03env\x18\a \x03(\v2\x14.roost.v1.EnvVerdictR\x03env\"R\n" +
+	"\n" +
+	"EnvVerdict\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\averdict\x18\x02 \x01(\tR\averdict\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xe4\x01\n" +
 	"\x13ContainmentDecision\x12\x1a\n" +
 	"\bdeclared\x18\x01 \x01(\tR\bdeclared\x12/\n" +
 	"\asources\x18\x02 \x03(\v2\x15.roost.v1.FloorSourceR\asources\x12\x1a\n" +
@@ -1203,63 +1303,67 @@ func file_roost_v1_capsule_proto_rawDescGZIP() []byte {
 	return file_roost_v1_capsule_proto_rawDescData
 }
 
-var file_roost_v1_capsule_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_roost_v1_capsule_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_roost_v1_capsule_proto_goTypes = []any{
 	(*ExplainRequest)(nil),      // 0: roost.v1.ExplainRequest
 	(*ExplainResponse)(nil),     // 1: roost.v1.ExplainResponse
 	(*Explanation)(nil),         // 2: roost.v1.Explanation
-	(*ContainmentDecision)(nil), // 3: roost.v1.ContainmentDecision
-	(*FloorSource)(nil),         // 4: roost.v1.FloorSource
-	(*Grant)(nil),               // 5: roost.v1.Grant
-	(*Policy)(nil),              // 6: roost.v1.Policy
-	(*Limit)(nil),               // 7: roost.v1.Limit
-	(*NetworkPolicy)(nil),       // 8: roost.v1.NetworkPolicy
-	(*FilesystemPolicy)(nil),    // 9: roost.v1.FilesystemPolicy
-	(*ShellPolicy)(nil),         // 10: roost.v1.ShellPolicy
-	(*SpawnPolicy)(nil),         // 11: roost.v1.SpawnPolicy
-	(*EnvPolicy)(nil),           // 12: roost.v1.EnvPolicy
-	(*LimitsPolicy)(nil),        // 13: roost.v1.LimitsPolicy
-	(*ResourcesPolicy)(nil),     // 14: roost.v1.ResourcesPolicy
-	(*InferencePolicy)(nil),     // 15: roost.v1.InferencePolicy
-	(*durationpb.Duration)(nil), // 16: google.protobuf.Duration
-	(*CapsuleRef)(nil),          // 17: roost.v1.CapsuleRef
+	(*EnvVerdict)(nil),          // 3: roost.v1.EnvVerdict
+	(*ContainmentDecision)(nil), // 4: roost.v1.ContainmentDecision
+	(*FloorSource)(nil),         // 5: roost.v1.FloorSource
+	(*Grant)(nil),               // 6: roost.v1.Grant
+	(*Policy)(nil),              // 7: roost.v1.Policy
+	(*Limit)(nil),               // 8: roost.v1.Limit
+	(*NetworkPolicy)(nil),       // 9: roost.v1.NetworkPolicy
+	(*FilesystemPolicy)(nil),    // 10: roost.v1.FilesystemPolicy
+	(*ShellPolicy)(nil),         // 11: roost.v1.ShellPolicy
+	(*SpawnPolicy)(nil),         // 12: roost.v1.SpawnPolicy
+	(*EnvPolicy)(nil),           // 13: roost.v1.EnvPolicy
+	(*LimitsPolicy)(nil),        // 14: roost.v1.LimitsPolicy
+	(*ResourcesPolicy)(nil),     // 15: roost.v1.ResourcesPolicy
+	(*InferencePolicy)(nil),     // 16: roost.v1.InferencePolicy
+	(*durationpb.Duration)(nil), // 17: google.protobuf.Duration
+	(*CapsuleRef)(nil),          // 18: roost.v1.CapsuleRef
+	(*Identity)(nil),            // 19: roost.v1.Identity
 }
 var file_roost_v1_capsule_proto_depIdxs = []int32{
-	16, // 0: roost.v1.ExplainRequest.deadline:type_name -> google.protobuf.Duration
+	17, // 0: roost.v1.ExplainRequest.deadline:type_name -> google.protobuf.Duration
 	2,  // 1: roost.v1.ExplainResponse.explanation:type_name -> roost.v1.Explanation
-	17, // 2: roost.v1.Explanation.capsule:type_name -> roost.v1.CapsuleRef
-	3,  // 3: roost.v1.Explanation.containment:type_name -> roost.v1.ContainmentDecision
-	6,  // 4: roost.v1.Explanation.policy:type_name -> roost.v1.Policy
-	5,  // 5: roost.v1.Explanation.grants:type_name -> roost.v1.Grant
-	4,  // 6: roost.v1.ContainmentDecision.sources:type_name -> roost.v1.FloorSource
-	8,  // 7: roost.v1.Policy.network:type_name -> roost.v1.NetworkPolicy
-	9,  // 8: roost.v1.Policy.filesystem:type_name -> roost.v1.FilesystemPolicy
-	10, // 9: roost.v1.Policy.shell:type_name -> roost.v1.ShellPolicy
-	11, // 10: roost.v1.Policy.spawn:type_name -> roost.v1.SpawnPolicy
-	12, // 11: roost.v1.Policy.env:type_name -> roost.v1.EnvPolicy
-	13, // 12: roost.v1.Policy.limits:type_name -> roost.v1.LimitsPolicy
-	14, // 13: roost.v1.Policy.resources:type_name -> roost.v1.ResourcesPolicy
-	15, // 14: roost.v1.Policy.inference:type_name -> roost.v1.InferencePolicy
-	7,  // 15: roost.v1.SpawnPolicy.max_depth:type_name -> roost.v1.Limit
-	7,  // 16: roost.v1.SpawnPolicy.max_children:type_name -> roost.v1.Limit
-	7,  // 17: roost.v1.LimitsPolicy.deadline_seconds:type_name -> roost.v1.Limit
-	7,  // 18: roost.v1.LimitsPolicy.memory_bytes:type_name -> roost.v1.Limit
-	7,  // 19: roost.v1.ResourcesPolicy.cgroup_memory_bytes:type_name -> roost.v1.Limit
-	7,  // 20: roost.v1.ResourcesPolicy.cgroup_pids_max:type_name -> roost.v1.Limit
-	7,  // 21: roost.v1.ResourcesPolicy.cgroup_cpu_percent:type_name -> roost.v1.Limit
-	7,  // 22: roost.v1.ResourcesPolicy.max_open_files:type_name -> roost.v1.Limit
-	7,  // 23: roost.v1.ResourcesPolicy.max_file_size_bytes:type_name -> roost.v1.Limit
-	7,  // 24: roost.v1.ResourcesPolicy.cpu_seconds:type_name -> roost.v1.Limit
-	7,  // 25: roost.v1.ResourcesPolicy.max_processes:type_name -> roost.v1.Limit
-	7,  // 26: roost.v1.ResourcesPolicy.memory_bytes:type_name -> roost.v1.Limit
-	7,  // 27: roost.v1.ResourcesPolicy.workdir_max_bytes:type_name -> roost.v1.Limit
-	0,  // 28: roost.v1.CapsuleService.Explain:input_type -> roost.v1.ExplainRequest
-	1,  // 29: roost.v1.CapsuleService.Explain:output_type -> roost.v1.ExplainResponse
-	29, // [29:30] is the sub-list for method output_type
-	28, // [28:29] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	18, // 2: roost.v1.Explanation.capsule:type_name -> roost.v1.CapsuleRef
+	4,  // 3: roost.v1.Explanation.containment:type_name -> roost.v1.ContainmentDecision
+	7,  // 4: roost.v1.Explanation.policy:type_name -> roost.v1.Policy
+	6,  // 5: roost.v1.Explanation.grants:type_name -> roost.v1.Grant
+	19, // 6: roost.v1.Explanation.identity:type_name -> roost.v1.Identity
+	3,  // 7: roost.v1.Explanation.env:type_name -> roost.v1.EnvVerdict
+	5,  // 8: roost.v1.ContainmentDecision.sources:type_name -> roost.v1.FloorSource
+	9,  // 9: roost.v1.Policy.network:type_name -> roost.v1.NetworkPolicy
+	10, // 10: roost.v1.Policy.filesystem:type_name -> roost.v1.FilesystemPolicy
+	11, // 11: roost.v1.Policy.shell:type_name -> roost.v1.ShellPolicy
+	12, // 12: roost.v1.Policy.spawn:type_name -> roost.v1.SpawnPolicy
+	13, // 13: roost.v1.Policy.env:type_name -> roost.v1.EnvPolicy
+	14, // 14: roost.v1.Policy.limits:type_name -> roost.v1.LimitsPolicy
+	15, // 15: roost.v1.Policy.resources:type_name -> roost.v1.ResourcesPolicy
+	16, // 16: roost.v1.Policy.inference:type_name -> roost.v1.InferencePolicy
+	8,  // 17: roost.v1.SpawnPolicy.max_depth:type_name -> roost.v1.Limit
+	8,  // 18: roost.v1.SpawnPolicy.max_children:type_name -> roost.v1.Limit
+	8,  // 19: roost.v1.LimitsPolicy.deadline_seconds:type_name -> roost.v1.Limit
+	8,  // 20: roost.v1.LimitsPolicy.memory_bytes:type_name -> roost.v1.Limit
+	8,  // 21: roost.v1.ResourcesPolicy.cgroup_memory_bytes:type_name -> roost.v1.Limit
+	8,  // 22: roost.v1.ResourcesPolicy.cgroup_pids_max:type_name -> roost.v1.Limit
+	8,  // 23: roost.v1.ResourcesPolicy.cgroup_cpu_percent:type_name -> roost.v1.Limit
+	8,  // 24: roost.v1.ResourcesPolicy.max_open_files:type_name -> roost.v1.Limit
+	8,  // 25: roost.v1.ResourcesPolicy.max_file_size_bytes:type_name -> roost.v1.Limit
+	8,  // 26: roost.v1.ResourcesPolicy.cpu_seconds:type_name -> roost.v1.Limit
+	8,  // 27: roost.v1.ResourcesPolicy.max_processes:type_name -> roost.v1.Limit
+	8,  // 28: roost.v1.ResourcesPolicy.memory_bytes:type_name -> roost.v1.Limit
+	8,  // 29: roost.v1.ResourcesPolicy.workdir_max_bytes:type_name -> roost.v1.Limit
+	0,  // 30: roost.v1.CapsuleService.Explain:input_type -> roost.v1.ExplainRequest
+	1,  // 31: roost.v1.CapsuleService.Explain:output_type -> roost.v1.ExplainResponse
+	31, // [31:32] is the sub-list for method output_type
+	30, // [30:31] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_capsule_proto_init() }
@@ -1268,15 +1372,15 @@ func file_roost_v1_capsule_proto_init() {
 		return
 	}
 	file_roost_v1_session_proto_init()
-	file_roost_v1_capsule_proto_msgTypes[7].OneofWrappers = []any{}
-	file_roost_v1_capsule_proto_msgTypes[15].OneofWrappers = []any{}
+	file_roost_v1_capsule_proto_msgTypes[8].OneofWrappers = []any{}
+	file_roost_v1_capsule_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_capsule_proto_rawDesc), len(file_roost_v1_capsule_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

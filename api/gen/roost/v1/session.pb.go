@@ -54,7 +54,9 @@ type Session struct {
 	// The command line the program was started with.
 	Command []string `protobuf:"bytes,17,rep,name=command,proto3" json:"command,omitempty"`
 	// What a live session with a cgroup uses now; absent otherwise.
-	Usage         *Usage `protobuf:"bytes,18,opt,name=usage,proto3" json:"usage,omitempty"`
+	Usage *Usage `protobuf:"bytes,18,opt,name=usage,proto3" json:"usage,omitempty"`
+	// Who the session's processes are on the host.
+	Identity      *Identity `protobuf:"bytes,19,opt,name=identity,proto3" json:"identity,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -215,6 +217,87 @@ func (x *Session) GetUsage() *Usage {
 	return nil
 }
 
+func (x *Session) GetIdentity() *Identity {
+	if x != nil {
+		return x.Identity
+	}
+	return nil
+}
+
+// Identity is who a session's processes are on the host.
+type Identity struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The host uid (and gid) the program runs as; for a sealed session, the host uid that
+	// root inside its user namespace is. 0 only with host_root.
+	Uid uint32 `protobuf:"varint,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid uint32 `protobuf:"varint,2,opt,name=gid,proto3" json:"gid,omitempty"`
+	// A sealed session's user namespace maps ids 0..size-1 onto uid..uid+size-1; other
+	// classes run as uid alone (size is the range the session holds).
+	Size uint32 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	// The operator's sessions.allow_root lets this capsule's sessions run as host root.
+	HostRoot      bool `protobuf:"varint,4,opt,name=host_root,json=hostRoot,proto3" json:"host_root,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Identity) Reset() {
+	*x = Identity{}
+	mi := &file_roost_v1_session_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Identity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Identity) ProtoMessage() {}
+
+func (x *Identity) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Identity.ProtoReflect.Descriptor instead.
+func (*Identity) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Identity) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *Identity) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+func (x *Identity) GetSize() uint32 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *Identity) GetHostRoot() bool {
+	if x != nil {
+		return x.HostRoot
+	}
+	return false
+}
+
 // Usage is a live session's consumption, read from its cgroup.
 type Usage struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
@@ -228,7 +311,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_roost_v1_session_proto_msgTypes[1]
+	mi := &file_roost_v1_session_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -240,7 +323,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[1]
+	mi := &file_roost_v1_session_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -253,7 +336,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{1}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Usage) GetMemoryBytes() int64 {
@@ -292,14 +375,16 @@ type CapsuleRef struct {
 	// Digest of the capsule directory's tree (see pkg/artifact), "sha256:<hex>".
 	Sha256 string `protobuf:"bytes,3,opt,name=sha256,proto3" json:"sha256,omitempty"`
 	// Where it was read from: an absolute directory path.
-	Source        string `protobuf:"bytes,4,opt,name=source,proto3" json:"source,omitempty"`
+	Source string `protobuf:"bytes,4,opt,name=source,proto3" json:"source,omitempty"`
+	// Where the session reads it: its copy in roostd's content store, named by sha256.
+	Dir           string `protobuf:"bytes,5,opt,name=dir,proto3" json:"dir,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CapsuleRef) Reset() {
 	*x = CapsuleRef{}
-	mi := &file_roost_v1_session_proto_msgTypes[2]
+	mi := &file_roost_v1_session_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -311,7 +396,7 @@ func (x *CapsuleRef) String() string {
 func (*CapsuleRef) ProtoMessage() {}
 
 func (x *CapsuleRef) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[2]
+	mi := &file_roost_v1_session_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -324,7 +409,7 @@ func (x *CapsuleRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapsuleRef.ProtoReflect.Descriptor instead.
 func (*CapsuleRef) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{2}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CapsuleRef) GetName() string {
@@ -355,6 +440,13 @@ func (x *CapsuleRef) GetSource() string {
 	return ""
 }
 
+func (x *CapsuleRef) GetDir() string {
+	if x != nil {
+		return x.Dir
+	}
+	return ""
+}
+
 // ContainmentState is what a session asked for and what it got.
 type ContainmentState struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -368,7 +460,7 @@ type ContainmentState struct {
 
 func (x *ContainmentState) Reset() {
 	*x = ContainmentState{}
-	mi := &file_roost_v1_session_proto_msgTypes[3]
+	mi := &file_roost_v1_session_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -380,7 +472,7 @@ func (x *ContainmentState) String() string {
 func (*ContainmentState) ProtoMessage() {}
 
 func (x *ContainmentState) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[3]
+	mi := &file_roost_v1_session_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -393,7 +485,7 @@ func (x *ContainmentState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainmentState.ProtoReflect.Descriptor instead.
 func (*ContainmentState) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{3}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ContainmentState) GetDeclared() string {
@@ -424,7 +516,7 @@ type Spend struct {
 
 func (x *Spend) Reset() {
 	*x = Spend{}
-	mi := &file_roost_v1_session_proto_msgTypes[4]
+	mi := &file_roost_v1_session_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -436,7 +528,7 @@ func (x *Spend) String() string {
 func (*Spend) ProtoMessage() {}
 
 func (x *Spend) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[4]
+	mi := &file_roost_v1_session_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -449,7 +541,7 @@ func (x *Spend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Spend.ProtoReflect.Descriptor instead.
 func (*Spend) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{4}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Spend) GetTokens() int64 {
@@ -491,7 +583,7 @@ type StageRequest struct {
 
 func (x *StageRequest) Reset() {
 	*x = StageRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[5]
+	mi := &file_roost_v1_session_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -503,7 +595,7 @@ func (x *StageRequest) String() string {
 func (*StageRequest) ProtoMessage() {}
 
 func (x *StageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[5]
+	mi := &file_roost_v1_session_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -516,7 +608,7 @@ func (x *StageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageRequest.ProtoReflect.Descriptor instead.
 func (*StageRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{5}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StageRequest) GetCapsule() string {
@@ -556,7 +648,7 @@ type StageResponse struct {
 
 func (x *StageResponse) Reset() {
 	*x = StageResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[6]
+	mi := &file_roost_v1_session_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -568,7 +660,7 @@ func (x *StageResponse) String() string {
 func (*StageResponse) ProtoMessage() {}
 
 func (x *StageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[6]
+	mi := &file_roost_v1_session_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -581,7 +673,7 @@ func (x *StageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageResponse.ProtoReflect.Descriptor instead.
 func (*StageResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{6}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StageResponse) GetSession() *Session {
@@ -600,7 +692,7 @@ type LaunchRequest struct {
 
 func (x *LaunchRequest) Reset() {
 	*x = LaunchRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[7]
+	mi := &file_roost_v1_session_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -612,7 +704,7 @@ func (x *LaunchRequest) String() string {
 func (*LaunchRequest) ProtoMessage() {}
 
 func (x *LaunchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[7]
+	mi := &file_roost_v1_session_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -625,7 +717,7 @@ func (x *LaunchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LaunchRequest.ProtoReflect.Descriptor instead.
 func (*LaunchRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{7}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *LaunchRequest) GetId() string {
@@ -644,7 +736,7 @@ type LaunchResponse struct {
 
 func (x *LaunchResponse) Reset() {
 	*x = LaunchResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[8]
+	mi := &file_roost_v1_session_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -656,7 +748,7 @@ func (x *LaunchResponse) String() string {
 func (*LaunchResponse) ProtoMessage() {}
 
 func (x *LaunchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[8]
+	mi := &file_roost_v1_session_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -669,7 +761,7 @@ func (x *LaunchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LaunchResponse.ProtoReflect.Descriptor instead.
 func (*LaunchResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{8}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *LaunchResponse) GetSession() *Session {
@@ -688,7 +780,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[9]
+	mi := &file_roost_v1_session_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +792,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[9]
+	mi := &file_roost_v1_session_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +805,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{9}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetRequest) GetId() string {
@@ -732,7 +824,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[10]
+	mi := &file_roost_v1_session_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -744,7 +836,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[10]
+	mi := &file_roost_v1_session_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -757,7 +849,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{10}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetResponse) GetSession() *Session {
@@ -777,7 +869,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[11]
+	mi := &file_roost_v1_session_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -789,7 +881,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[11]
+	mi := &file_roost_v1_session_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -802,7 +894,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{11}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListRequest) GetAll() bool {
@@ -821,7 +913,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[12]
+	mi := &file_roost_v1_session_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -833,7 +925,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[12]
+	mi := &file_roost_v1_session_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -846,7 +938,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{12}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListResponse) GetSessions() []*Session {
@@ -865,7 +957,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[13]
+	mi := &file_roost_v1_session_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -877,7 +969,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[13]
+	mi := &file_roost_v1_session_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -890,7 +982,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{13}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WaitRequest) GetId() string {
@@ -909,7 +1001,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[14]
+	mi := &file_roost_v1_session_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +1013,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[14]
+	mi := &file_roost_v1_session_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +1026,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{14}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WaitResponse) GetSession() *Session {
@@ -955,7 +1047,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[15]
+	mi := &file_roost_v1_session_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -967,7 +1059,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[15]
+	mi := &file_roost_v1_session_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -980,7 +1072,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{15}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StopRequest) GetId() string {
@@ -1006,7 +1098,7 @@ type StopResponse struct {
 
 func (x *StopResponse) Reset() {
 	*x = StopResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[16]
+	mi := &file_roost_v1_session_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1018,7 +1110,7 @@ func (x *StopResponse) String() string {
 func (*StopResponse) ProtoMessage() {}
 
 func (x *StopResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[16]
+	mi := &file_roost_v1_session_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1031,7 +1123,7 @@ func (x *StopResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopResponse.ProtoReflect.Descriptor instead.
 func (*StopResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{16}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StopResponse) GetSession() *Session {
@@ -1052,7 +1144,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[17]
+	mi := &file_roost_v1_session_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1156,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[17]
+	mi := &file_roost_v1_session_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1169,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{17}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *KillRequest) GetId() string {
@@ -1103,7 +1195,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[18]
+	mi := &file_roost_v1_session_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1115,7 +1207,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[18]
+	mi := &file_roost_v1_session_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1128,7 +1220,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{18}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *KillResponse) GetSession() *Session {
@@ -1147,7 +1239,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[19]
+	mi := &file_roost_v1_session_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1159,7 +1251,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[19]
+	mi := &file_roost_v1_session_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1172,7 +1264,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{19}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -1191,7 +1283,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[20]
+	mi := &file_roost_v1_session_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1203,7 +1295,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[20]
+	mi := &file_roost_v1_session_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1216,7 +1308,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{20}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PauseResponse) GetSession() *Session {
@@ -1235,7 +1327,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[21]
+	mi := &file_roost_v1_session_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1247,7 +1339,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[21]
+	mi := &file_roost_v1_session_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1260,7 +1352,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{21}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -1279,7 +1371,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[22]
+	mi := &file_roost_v1_session_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1291,7 +1383,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[22]
+	mi := &file_roost_v1_session_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1304,7 +1396,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{22}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResumeResponse) GetSession() *Session {
@@ -1323,7 +1415,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[23]
+	mi := &file_roost_v1_session_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1335,7 +1427,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[23]
+	mi := &file_roost_v1_session_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1348,7 +1440,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{23}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RemoveRequest) GetId() string {
@@ -1366,7 +1458,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[24]
+	mi := &file_roost_v1_session_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1378,7 +1470,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[24]
+	mi := &file_roost_v1_session_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1391,7 +1483,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{24}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{25}
 }
 
 type LogsRequest struct {
@@ -1404,7 +1496,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[25]
+	mi := &file_roost_v1_session_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1416,7 +1508,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[25]
+	mi := &file_roost_v1_session_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1429,7 +1521,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{25}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *LogsRequest) GetId() string {
@@ -1457,7 +1549,7 @@ type LogsResponse struct {
 
 func (x *LogsResponse) Reset() {
 	*x = LogsResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[26]
+	mi := &file_roost_v1_session_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1469,7 +1561,7 @@ func (x *LogsResponse) String() string {
 func (*LogsResponse) ProtoMessage() {}
 
 func (x *LogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[26]
+	mi := &file_roost_v1_session_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1482,7 +1574,7 @@ func (x *LogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
 func (*LogsResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{26}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *LogsResponse) GetStream() string {
@@ -1511,7 +1603,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[27]
+	mi := &file_roost_v1_session_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1523,7 +1615,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[27]
+	mi := &file_roost_v1_session_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1536,7 +1628,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{27}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *EventsRequest) GetSince() uint64 {
@@ -1562,7 +1654,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[28]
+	mi := &file_roost_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1574,7 +1666,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[28]
+	mi := &file_roost_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1587,7 +1679,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{28}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *EventsResponse) GetEvent() *Event {
@@ -1618,7 +1710,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_roost_v1_session_proto_msgTypes[29]
+	mi := &file_roost_v1_session_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1630,7 +1722,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[29]
+	mi := &file_roost_v1_session_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1643,7 +1735,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{29}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Event) GetSeq() uint64 {
@@ -1706,7 +1798,7 @@ var File_roost_v1_session_proto protoreflect.FileDescriptor
 
 const file_roost_v1_session_proto_rawDesc = "" +
 	"\n" +
-	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc2\x05\n" +
+	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf2\x05\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
 	"\acapsule\x18\x02 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x12\x14\n" +
@@ -1731,21 +1823,28 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"deadlineAt\x12\x10\n" +
 	"\x03pid\x18\x10 \x01(\x05R\x03pid\x12\x18\n" +
 	"\acommand\x18\x11 \x03(\tR\acommand\x12%\n" +
-	"\x05usage\x18\x12 \x01(\v2\x0f.roost.v1.UsageR\x05usageB\f\n" +
+	"\x05usage\x18\x12 \x01(\v2\x0f.roost.v1.UsageR\x05usage\x12.\n" +
+	"\bidentity\x18\x13 \x01(\v2\x12.roost.v1.IdentityR\bidentityB\f\n" +
 	"\n" +
-	"_exit_code\"\x8b\x01\n" +
+	"_exit_code\"_\n" +
+	"\bIdentity\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\rR\x04size\x12\x1b\n" +
+	"\thost_root\x18\x04 \x01(\bR\bhostRoot\"\x8b\x01\n" +
 	"\x05Usage\x12!\n" +
 	"\fmemory_bytes\x18\x01 \x01(\x03R\vmemoryBytes\x12*\n" +
 	"\x11memory_peak_bytes\x18\x02 \x01(\x03R\x0fmemoryPeakBytes\x12\x1f\n" +
 	"\vcpu_seconds\x18\x03 \x01(\x01R\n" +
 	"cpuSeconds\x12\x12\n" +
-	"\x04pids\x18\x04 \x01(\x03R\x04pids\"j\n" +
+	"\x04pids\x18\x04 \x01(\x03R\x04pids\"|\n" +
 	"\n" +
 	"CapsuleRef\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x16\n" +
 	"\x06sha256\x18\x03 \x01(\tR\x06sha256\x12\x16\n" +
-	"\x06source\x18\x04 \x01(\tR\x06source\"J\n" +
+	"\x06source\x18\x04 \x01(\tR\x06source\x12\x10\n" +
+	"\x03dir\x18\x05 \x01(\tR\x03dir\"J\n" +
 	"\x10ContainmentState\x12\x1a\n" +
 	"\bdeclared\x18\x01 \x01(\tR\bdeclared\x12\x1a\n" +
 	"\bachieved\x18\x02 \x01(\tR\bachieved\"g\n" +
@@ -1848,92 +1947,94 @@ func file_roost_v1_session_proto_rawDescGZIP() []byte {
 	return file_roost_v1_session_proto_rawDescData
 }
 
-var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_roost_v1_session_proto_goTypes = []any{
 	(*Session)(nil),               // 0: roost.v1.Session
-	(*Usage)(nil),                 // 1: roost.v1.Usage
-	(*CapsuleRef)(nil),            // 2: roost.v1.CapsuleRef
-	(*ContainmentState)(nil),      // 3: roost.v1.ContainmentState
-	(*Spend)(nil),                 // 4: roost.v1.Spend
-	(*StageRequest)(nil),          // 5: roost.v1.StageRequest
-	(*StageResponse)(nil),         // 6: roost.v1.StageResponse
-	(*LaunchRequest)(nil),         // 7: roost.v1.LaunchRequest
-	(*LaunchResponse)(nil),        // 8: roost.v1.LaunchResponse
-	(*GetRequest)(nil),            // 9: roost.v1.GetRequest
-	(*GetResponse)(nil),           // 10: roost.v1.GetResponse
-	(*ListRequest)(nil),           // 11: roost.v1.ListRequest
-	(*ListResponse)(nil),          // 12: roost.v1.ListResponse
-	(*WaitRequest)(nil),           // 13: roost.v1.WaitRequest
-	(*WaitResponse)(nil),          // 14: roost.v1.WaitResponse
-	(*StopRequest)(nil),           // 15: roost.v1.StopRequest
-	(*StopResponse)(nil),          // 16: roost.v1.StopResponse
-	(*KillRequest)(nil),           // 17: roost.v1.KillRequest
-	(*KillResponse)(nil),          // 18: roost.v1.KillResponse
-	(*PauseRequest)(nil),          // 19: roost.v1.PauseRequest
-	(*PauseResponse)(nil),         // 20: roost.v1.PauseResponse
-	(*ResumeRequest)(nil),         // 21: roost.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 22: roost.v1.ResumeResponse
-	(*RemoveRequest)(nil),         // 23: roost.v1.RemoveRequest
-	(*RemoveResponse)(nil),        // 24: roost.v1.RemoveResponse
-	(*LogsRequest)(nil),           // 25: roost.v1.LogsRequest
-	(*LogsResponse)(nil),          // 26: roost.v1.LogsResponse
-	(*EventsRequest)(nil),         // 27: roost.v1.EventsRequest
-	(*EventsResponse)(nil),        // 28: roost.v1.EventsResponse
-	(*Event)(nil),                 // 29: roost.v1.Event
-	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 31: google.protobuf.Duration
+	(*Identity)(nil),              // 1: roost.v1.Identity
+	(*Usage)(nil),                 // 2: roost.v1.Usage
+	(*CapsuleRef)(nil),            // 3: roost.v1.CapsuleRef
+	(*ContainmentState)(nil),      // 4: roost.v1.ContainmentState
+	(*Spend)(nil),                 // 5: roost.v1.Spend
+	(*StageRequest)(nil),          // 6: roost.v1.StageRequest
+	(*StageResponse)(nil),         // 7: roost.v1.StageResponse
+	(*LaunchRequest)(nil),         // 8: roost.v1.LaunchRequest
+	(*LaunchResponse)(nil),        // 9: roost.v1.LaunchResponse
+	(*GetRequest)(nil),            // 10: roost.v1.GetRequest
+	(*GetResponse)(nil),           // 11: roost.v1.GetResponse
+	(*ListRequest)(nil),           // 12: roost.v1.ListRequest
+	(*ListResponse)(nil),          // 13: roost.v1.ListResponse
+	(*WaitRequest)(nil),           // 14: roost.v1.WaitRequest
+	(*WaitResponse)(nil),          // 15: roost.v1.WaitResponse
+	(*StopRequest)(nil),           // 16: roost.v1.StopRequest
+	(*StopResponse)(nil),          // 17: roost.v1.StopResponse
+	(*KillRequest)(nil),           // 18: roost.v1.KillRequest
+	(*KillResponse)(nil),          // 19: roost.v1.KillResponse
+	(*PauseRequest)(nil),          // 20: roost.v1.PauseRequest
+	(*PauseResponse)(nil),         // 21: roost.v1.PauseResponse
+	(*ResumeRequest)(nil),         // 22: roost.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 23: roost.v1.ResumeResponse
+	(*RemoveRequest)(nil),         // 24: roost.v1.RemoveRequest
+	(*RemoveResponse)(nil),        // 25: roost.v1.RemoveResponse
+	(*LogsRequest)(nil),           // 26: roost.v1.LogsRequest
+	(*LogsResponse)(nil),          // 27: roost.v1.LogsResponse
+	(*EventsRequest)(nil),         // 28: roost.v1.EventsRequest
+	(*EventsResponse)(nil),        // 29: roost.v1.EventsResponse
+	(*Event)(nil),                 // 30: roost.v1.Event
+	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 32: google.protobuf.Duration
 }
 var file_roost_v1_session_proto_depIdxs = []int32{
-	2,  // 0: roost.v1.Session.capsule:type_name -> roost.v1.CapsuleRef
-	3,  // 1: roost.v1.Session.containment:type_name -> roost.v1.ContainmentState
-	30, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	30, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
-	30, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
-	4,  // 5: roost.v1.Session.spend:type_name -> roost.v1.Spend
-	30, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
-	1,  // 7: roost.v1.Session.usage:type_name -> roost.v1.Usage
-	31, // 8: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
-	0,  // 9: roost.v1.StageResponse.session:type_name -> roost.v1.Session
-	0,  // 10: roost.v1.LaunchResponse.session:type_name -> roost.v1.Session
-	0,  // 11: roost.v1.GetResponse.session:type_name -> roost.v1.Session
-	0,  // 12: roost.v1.ListResponse.sessions:type_name -> roost.v1.Session
-	0,  // 13: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
-	31, // 14: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
-	0,  // 15: roost.v1.StopResponse.session:type_name -> roost.v1.Session
-	0,  // 16: roost.v1.KillResponse.session:type_name -> roost.v1.Session
-	0,  // 17: roost.v1.PauseResponse.session:type_name -> roost.v1.Session
-	0,  // 18: roost.v1.ResumeResponse.session:type_name -> roost.v1.Session
-	29, // 19: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
-	30, // 20: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
-	5,  // 21: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
-	7,  // 22: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
-	9,  // 23: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
-	11, // 24: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
-	13, // 25: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
-	15, // 26: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
-	17, // 27: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
-	19, // 28: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
-	21, // 29: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
-	23, // 30: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
-	25, // 31: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
-	27, // 32: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
-	6,  // 33: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
-	8,  // 34: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
-	10, // 35: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
-	12, // 36: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
-	14, // 37: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
-	16, // 38: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
-	18, // 39: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
-	20, // 40: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
-	22, // 41: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
-	24, // 42: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
-	26, // 43: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
-	28, // 44: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
-	33, // [33:45] is the sub-list for method output_type
-	21, // [21:33] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	3,  // 0: roost.v1.Session.capsule:type_name -> roost.v1.CapsuleRef
+	4,  // 1: roost.v1.Session.containment:type_name -> roost.v1.ContainmentState
+	31, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	31, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
+	31, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
+	5,  // 5: roost.v1.Session.spend:type_name -> roost.v1.Spend
+	31, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
+	2,  // 7: roost.v1.Session.usage:type_name -> roost.v1.Usage
+	1,  // 8: roost.v1.Session.identity:type_name -> roost.v1.Identity
+	32, // 9: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
+	0,  // 10: roost.v1.StageResponse.session:type_name -> roost.v1.Session
+	0,  // 11: roost.v1.LaunchResponse.session:type_name -> roost.v1.Session
+	0,  // 12: roost.v1.GetResponse.session:type_name -> roost.v1.Session
+	0,  // 13: roost.v1.ListResponse.sessions:type_name -> roost.v1.Session
+	0,  // 14: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
+	32, // 15: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
+	0,  // 16: roost.v1.StopResponse.session:type_name -> roost.v1.Session
+	0,  // 17: roost.v1.KillResponse.session:type_name -> roost.v1.Session
+	0,  // 18: roost.v1.PauseResponse.session:type_name -> roost.v1.Session
+	0,  // 19: roost.v1.ResumeResponse.session:type_name -> roost.v1.Session
+	30, // 20: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
+	31, // 21: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
+	6,  // 22: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
+	8,  // 23: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
+	10, // 24: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
+	12, // 25: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
+	14, // 26: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
+	16, // 27: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
+	18, // 28: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
+	20, // 29: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
+	22, // 30: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
+	24, // 31: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
+	26, // 32: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
+	28, // 33: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
+	7,  // 34: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
+	9,  // 35: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
+	11, // 36: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
+	13, // 37: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
+	15, // 38: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
+	17, // 39: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
+	19, // 40: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
+	21, // 41: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
+	23, // 42: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
+	25, // 43: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
+	27, // 44: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
+	29, // 45: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
+	34, // [34:46] is the sub-list for method output_type
+	22, // [22:34] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_session_proto_init() }
@@ -1942,14 +2043,14 @@ func file_roost_v1_session_proto_init() {
 		return
 	}
 	file_roost_v1_session_proto_msgTypes[0].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[29].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[30].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_session_proto_rawDesc), len(file_roost_v1_session_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   30,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

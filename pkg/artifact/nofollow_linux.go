@@ -1,5 +1,0 @@
-package artifact
-
-import "syscall"
-
-const nofollow = syscall.O_NOFOLLOW

@@ -1,0 +1,147 @@
+package session
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"roost.dev/roost/pkg/workdir"
+)
+
+// Where a session's workdir is given to its uid, and handed back.
+//
+// A session's processes run as an unprivileged uid of their own (a sealed session's root is
+// that uid on the host), so the workdir must be theirs: roost makes its own workdirs owned by
+// the session; an operator's --workdir is re-owned when the session launches and handed back
+// to its owner when the session is removed; a child's workdir is the child's, in its
+// parent's group, so the parent can read what the child leaves (and nobody else).
+
+// childrenDir holds, per parent without a sealed root, the workdirs of its children: one
+// directory per parent, which that parent's Landlock rules name at its launch.
+const childrenDir = "children"
+
+// childDirMode: the child owns it; its parent's group may read it; files made in it take
+// that group.
+const childDirMode = 0o750 | fs.ModeSetgid
+
+// prepareWorkdir makes the session's workdir and gives it to the session's ids.
+func (m *Manager) prepareWorkdir(rec *Record) error {
+	if rec.HostRoot || rec.IDs == nil {
+		return os.MkdirAll(rec.Workdir, 0o700)
+	}
+	owner := workdir.Owner{UID: int(rec.IDs.First), GID: int(rec.IDs.First)}
+	switch {
+	case rec.OwnsWorkdir && rec.ParentID != "":
+		// Made by roost at the spawn (a snapshot may have filled it); the child's, in its
+		// parent's group.
+		group, err := m.parentGroup(rec.ParentID)
+		if err != nil {
+			return err
+		}
+		owner.GID = group
+		if err := workdir.Chown(rec.Workdir, owner, nil); err != nil {
+			return err
+		}
+		return os.Chmod(rec.Workdir, childDirMode)
+	case rec.OwnsWorkdir:
+		if err := os.Mkdir(rec.Workdir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		return workdir.Chown(rec.Workdir, owner, nil)
+	default:
+		return m.lendWorkdir(rec, owner)
+	}
+}
+
+// lendWorkdir gives an operator's workdir to the session, recording who owned it first so
+// Remove can hand it back. Only what that owner (or an earlier session) owns is re-owned,
+// and never a file with several links: such a file may be somebody else's too.
+func (m *Manager) lendWorkdir(rec *Record, owner workdir.Owner) error {
+	if err := os.MkdirAll(rec.Workdir, 0o700); err != nil {
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(rec.Workdir, &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fmt.Errorf("workdir %s is not a directory", rec.Workdir)
+	}
+	if rec.WorkdirOwner == nil {
+		prev := &Owner{UID: int(st.Uid), GID: int(st.Gid)}
+		if m.heldBySession(prev.UID) {
+			// Left by a session that was never removed: the operator's tree is root's.
+			prev = &Owner{}
+		}
+		rec.WorkdirOwner = prev
+		if err := m.update(func(tx *Tx) error { return tx.Save(rec) }); err != nil {
+			return err
+		}
+	}
+	prev := *rec.WorkdirOwner
+	return workdir.Chown(rec.Workdir, owner, func(st *unix.Stat_t) bool {
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR && st.Nlink > 1 {
+			return false
+		}
+		return int(st.Uid) == prev.UID || m.heldBySession(int(st.Uid))
+	})
+}
+
+// returnWorkdir hands an operator's workdir back to its owner: whatever the session's ids
+// own there becomes the owner's again.
+func (m *Manager) returnWorkdir(rec *Record) error {
+	if rec.OwnsWorkdir || rec.WorkdirOwner == nil || rec.IDs == nil {
+		return nil
+	}
+	if _, err := os.Lstat(rec.Workdir); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	first, size := uint64(rec.IDs.First), uint64(rec.IDs.Size)
+	in := func(id uint32) bool { return uint64(id) >= first && uint64(id) < first+size }
+	return workdir.Chown(rec.Workdir, workdir.Owner{UID: rec.WorkdirOwner.UID, GID: rec.WorkdirOwner.GID}, func(st *unix.Stat_t) bool {
+		return in(st.Uid) || in(st.Gid)
+	})
+}
+
+// heldBySession says whether uid falls in the block roostd hands sessions.
+func (m *Manager) heldBySession(uid int) bool {
+	pool := m.cfg.IDs
+	return uint64(uid) >= uint64(pool.First) && uint64(uid) < uint64(pool.First)+uint64(pool.Slots)*uint64(idsPerSession)
+}
+
+// parentGroup is the gid a child's workdir is given, so its parent can read it.
+func (m *Manager) parentGroup(parentID string) (int, error) {
+	var parent *Record
+	if err := m.reg.View(func(tx *Tx) (err error) {
+		parent, err = tx.Get(parentID)
+		return err
+	}); err != nil {
+		return 0, err
+	}
+	if parent.IDs == nil {
+		return 0, nil
+	}
+	return int(parent.IDs.First), nil
+}
+
+// childrenOfDir is where the children of a parent without a sealed root work.
+func (m *Manager) childrenOfDir(parentID string) string {
+	return filepath.Join(m.cfg.StateDir, childrenDir, parentID)
+}
+
+// prepareChildrenDir makes the directory a parent's children work in when it has no sealed
+// root: root's, readable by the parent's group only.
+func (m *Manager) prepareChildrenDir(rec *Record) error {
+	group := 0
+	if rec.IDs != nil {
+		group = int(rec.IDs.First)
+	}
+	if err := workdir.MkdirAll(m.cfg.StateDir, filepath.Join(childrenDir, rec.ID), 0o750, &workdir.Owner{UID: 0, GID: group}); err != nil {
+		return fmt.Errorf("the directory of its children's workdirs: %w", err)
+	}
+	return nil
+}
