@@ -14,6 +14,8 @@ fi
 COUNTS=${COUNTS:-"50 200"}
 
 tmp=$(mktemp -d /tmp/roostrecovery.XXXXXX)
+# Sessions run as unprivileged uids that pass through here to their workdirs.
+chmod 711 "$tmp"
 pid=
 cleanup() {
 	set +e

@@ -15,6 +15,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 tmp=$(mktemp -d /tmp/roostbench.XXXXXX)
+# Sessions run as unprivileged uids that pass through here to their workdirs.
+chmod 711 "$tmp"
 roostd_pid=
 cleanup() {
 	set +e
@@ -168,5 +170,5 @@ echo
 echo "runc runs the program directly as the container's init; roost runs it under roost-init"
 echo "and roost-exec and records the session (registry, events, records) around it."
 echo "bwrap cannot apply cgroup limits, roost's seccomp filter, noexec on /work or tmpfs sizes;"
-echo "it also enters a user namespace (--unshare-all), which roost and runc do not."
+echo "roost and runc map the same user namespace (root inside = an unprivileged host range); bwrap makes its own (--unshare-all)."
 echo "timed loop: ${elapsed} ms"

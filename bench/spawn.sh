@@ -16,6 +16,8 @@ fi
 N=${N:-200}
 
 tmp=$(mktemp -d /tmp/roostspawn.XXXXXX)
+# Sessions run as unprivileged uids that pass through here to their workdirs.
+chmod 711 "$tmp"
 pid=
 cleanup() {
 	set +e

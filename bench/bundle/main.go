@@ -59,6 +59,13 @@ func run(stateDir, initBin, capsule, workdir, out, cgroup string) (string, error
 	// runc maps the same ids roost's rehearsals use (the first range of roost's default
 	// block), so both pay for the same user namespace.
 	ids := containment.IDs{First: config.DefaultFirstID, Size: config.IDsPerSession}
+	// As roostd's: the session's root (an unprivileged uid) passes through to its root.
+	if err := os.MkdirAll(stateDir, 0o711); err != nil {
+		return "", err
+	}
+	if err := os.Chmod(stateDir, 0o711); err != nil {
+		return "", err
+	}
 	rt, err := containment.NewSealedRuntime(stateDir, initBin, ids)
 	if err != nil {
 		return "", err

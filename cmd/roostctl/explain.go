@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -79,11 +80,32 @@ func printExplanation(cmd *cobra.Command, e *roostv1.Explanation) {
 	fmt.Fprintln(out, ")")
 	if d.GetFloorMet() {
 		fmt.Fprintf(out, "achieved     %s\n", d.GetAchieved())
-		fmt.Fprintf(out, "mechanism    %s\n\n", d.GetMechanism())
+		fmt.Fprintf(out, "mechanism    %s\n", d.GetMechanism())
 	} else {
 		fmt.Fprintf(out, "achieved     none: staging would be refused\n")
-		fmt.Fprintf(out, "shortfall    %s\n\n", d.GetShortfallReason())
+		fmt.Fprintf(out, "shortfall    %s\n", d.GetShortfallReason())
 	}
+	if id := e.GetIdentity(); id != nil {
+		switch {
+		case id.GetHostRoot():
+			fmt.Fprintln(out, "runs as      host root: roostd's sessions.allow_root names this capsule")
+		case d.GetAchieved() == "sealed" || !d.GetFloorMet() && d.GetDeclared() == "sealed":
+			fmt.Fprintf(out, "runs as      root in a user namespace mapping ids 0-%d onto a host uid range of its own (allocated at stage)\n", id.GetSize()-1)
+		default:
+			fmt.Fprintln(out, "runs as      an unprivileged host uid of its own (allocated at stage), no capabilities, no_new_privs")
+		}
+	}
+	if r := e.GetReadable(); len(r) > 0 {
+		fmt.Fprintf(out, "reads        %s\n", strings.Join(r, "; "))
+	}
+	for i, v := range e.GetEnv() {
+		label := ""
+		if i == 0 {
+			label = "host env"
+		}
+		fmt.Fprintf(out, "%-12s %s: %s (%s)\n", label, v.GetName(), v.GetVerdict(), v.GetReason())
+	}
+	fmt.Fprintln(out)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "GRANT\tVALUE\tENFORCEMENT\tHOW")
 	for _, g := range e.GetGrants() {

@@ -144,6 +144,9 @@ func printSession(w io.Writer, s *roostv1.Session) {
 	row("capsule", s.GetCapsule().GetName()+"@"+s.GetCapsule().GetVersion())
 	row("sha256", strings.TrimPrefix(s.GetCapsule().GetSha256(), "sha256:"))
 	row("source", s.GetCapsule().GetSource())
+	if d := s.GetCapsule().GetDir(); d != s.GetCapsule().GetSource() {
+		row("stored", d)
+	}
 	row("state", s.GetState())
 	if s.GetState() == "exited" {
 		row("exit status", s.GetExitStatus())
@@ -153,6 +156,7 @@ func printSession(w io.Writer, s *roostv1.Session) {
 	}
 	row("detail", s.GetDetail())
 	row("containment", fmt.Sprintf("declared %s, achieved %s", s.GetContainment().GetDeclared(), orDash(s.GetContainment().GetAchieved())))
+	row("runs as", identity(s.GetIdentity(), s.GetContainment().GetAchieved()))
 	row("parent", s.GetParentId())
 	row("command", strings.Join(s.GetCommand(), " "))
 	if s.GetPid() != 0 {
@@ -176,6 +180,19 @@ func printSession(w io.Writer, s *roostv1.Session) {
 		row("cpu", fmt.Sprintf("%.2fs", u.GetCpuSeconds()))
 		row("pids", fmt.Sprint(u.GetPids()))
 	}
+}
+
+// identity says who a session's processes are on the host.
+func identity(id *roostv1.Identity, class string) string {
+	switch {
+	case id == nil:
+		return ""
+	case id.GetHostRoot():
+		return "host root (roostd's sessions.allow_root names the capsule)"
+	case class == "sealed":
+		return fmt.Sprintf("root in a user namespace: ids 0-%d inside are host uids %d-%d", id.GetSize()-1, id.GetUid(), id.GetUid()+id.GetSize()-1)
+	}
+	return fmt.Sprintf("uid %d, gid %d (its own; the session holds %d-%d)", id.GetUid(), id.GetGid(), id.GetUid(), id.GetUid()+id.GetSize()-1)
 }
 
 func bytesIEC(n int64) string {

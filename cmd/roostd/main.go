@@ -153,6 +153,10 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 
+	// Before any runtime makes its part of it: the sessions' uids must pass through.
+	if err := session.PrepareStateDir(stateDir); err != nil {
+		return fmt.Errorf("--state-dir: %w", err)
+	}
 	pool := session.IDPool{First: cfg.Sessions.IDs.First, Slots: cfg.Sessions.IDs.Slots}
 	init := initBinary(log)
 	plain := containment.NewProcessRuntime(init)
@@ -255,6 +259,7 @@ func serve(o *options, log *slog.Logger) error {
 	}
 	defer os.Remove(o.socket)
 	srv := server.New(server.Config{Sessions: sessions, Artifacts: artifacts, Ledger: spend, Assess: assess, StateDir: stateDir, StartedAt: time.Now(), Logger: log,
+		IDs:   pool,
 		Peers: &server.PeerPolicy{Group: group, Sessions: server.NewSessionProcs(init)}})
 
 	var metricsSrv *http.Server

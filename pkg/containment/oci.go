@@ -5,6 +5,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 
 	"github.com/opencontainers/runc/libcontainer/specconv"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -123,7 +124,7 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 			GIDMappings:   []specs.LinuxIDMapping{{ContainerID: 0, HostID: l.IDs.First, Size: l.IDs.Size}},
 			CgroupsPath:   path.Join(CgroupParent, l.SessionID),
 			Resources:     resources(p),
-			MaskedPaths:   example.Linux.MaskedPaths,
+			MaskedPaths:   maskedPaths(example.Linux.MaskedPaths),
 			ReadonlyPaths: example.Linux.ReadonlyPaths,
 		},
 	}
@@ -133,6 +134,22 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 	}
 	spec.Linux.Seccomp = seccomp
 	return spec, nil
+}
+
+// moreMasked are what roost hides in /proc and /sys beyond runc's defaults: moby's
+// additions (interrupt counts and power capping, both side channels), and the kernel's
+// symbol table and allocator state, which help an exploit find its targets. Some are
+// readable only by host root anyway; masked, they are empty whatever a kernel bug allows.
+var moreMasked = []string{"/proc/interrupts", "/sys/devices/virtual/powercap", "/proc/kallsyms", "/proc/slabinfo", "/proc/vmallocinfo"}
+
+func maskedPaths(base []string) []string {
+	out := slices.Clone(base)
+	for _, p := range moreMasked {
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // ChildrenRoot is where, relative to a session's workdir, its children's workdirs are.

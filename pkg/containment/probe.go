@@ -1,12 +1,19 @@
 package containment
 
 import (
+	"bufio"
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -26,7 +33,16 @@ type Host struct {
 	Seccomp bool
 	// UserNamespaces is the user.max_user_namespaces limit; 0 when user namespaces are off.
 	UserNamespaces int
-	Root           bool
+	// UnprivilegedUserNSClone is Debian's kernel.unprivileged_userns_clone, "" when the
+	// kernel has no such knob. It binds unprivileged callers only, never roostd as root.
+	UnprivilegedUserNSClone string
+	// AppArmorRestrictUserNS is kernel.apparmor_restrict_unprivileged_userns (Ubuntu 23.10
+	// and later), "" when the kernel has no such knob. Like the above it binds unprivileged
+	// callers only.
+	AppArmorRestrictUserNS string
+	// AppArmor says the AppArmor LSM is enabled; its userns restriction needs it.
+	AppArmor bool
+	Root     bool
 }
 
 // Probe reads the host's facts.
@@ -43,10 +59,20 @@ func Probe() Host {
 	if data, err := os.ReadFile("/proc/self/status"); err == nil {
 		h.Seccomp = bytes.Contains(data, []byte("\nSeccomp:"))
 	}
-	if data, err := os.ReadFile("/proc/sys/user/max_user_namespaces"); err == nil {
-		h.UserNamespaces, _ = strconv.Atoi(strings.TrimSpace(string(data)))
-	}
+	h.UserNamespaces, _ = strconv.Atoi(readKnob("/proc/sys/user/max_user_namespaces"))
+	h.UnprivilegedUserNSClone = readKnob("/proc/sys/kernel/unprivileged_userns_clone")
+	h.AppArmorRestrictUserNS = readKnob("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
+	h.AppArmor = readKnob("/sys/module/apparmor/parameters/enabled") == "Y"
 	return h
+}
+
+// readKnob is a sysctl's or module parameter's value; "" when the kernel has none.
+func readKnob(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(data))
 }
 
 func cgroupLayout() string {
@@ -80,7 +106,7 @@ func NewCatalog(h Host, scoped, sealed error) Catalog {
 		scopedCap.Detail = "rehearsing a scoped session failed: " + scoped.Error()
 	}
 	sealedCap := Capability{Class: manifest.Sealed, Available: sealed == nil,
-		Detail: "libcontainer: mount, pid, ipc, uts, net and cgroup namespaces; composed read-only root; cgroup memory, pids and cpu; seccomp; no capabilities; no_new_privs"}
+		Detail: "libcontainer: a user namespace (root inside is an unprivileged host uid range of the session's own), mount, pid, ipc, uts, net and cgroup namespaces; composed read-only root; cgroup memory, pids and cpu; seccomp; no capabilities; no_new_privs"}
 	if sealed != nil {
 		sealedCap.Detail = "rehearsing a sealed session failed: " + sealed.Error()
 	}
@@ -149,16 +175,8 @@ func (h Host) Checks() []Check {
 		out = append(out, Check{Name: "seccomp in roostd", Status: "fail", Detail: "built without seccomp support",
 			Hint: "install libseccomp-dev and build with -tags seccomp (make build does)"})
 	}
-	if data, err := os.ReadFile("/proc/sys/kernel/apparmor_restrict_unprivileged_userns"); err == nil {
-		v := strings.TrimSpace(string(data))
-		out = append(out, Check{Name: "apparmor userns restriction", Status: "info",
-			Detail: "kernel.apparmor_restrict_unprivileged_userns = " + v + "; roostd runs as root and creates namespaces without a user namespace, so it is not affected"})
-	}
-	if h.UserNamespaces > 0 {
-		out = append(out, Check{Name: "user namespaces", Status: "ok", Detail: fmt.Sprintf("user.max_user_namespaces = %d", h.UserNamespaces)})
-	} else {
-		out = append(out, Check{Name: "user namespaces", Status: "info", Detail: "disabled (user.max_user_namespaces = 0)"})
-	}
+	// User namespaces are not a check here: doctor reports them with the mapping roostd
+	// actually tried (MapUserNS) and the ids it owns (IDConflicts).
 	return out
 }
 
@@ -224,4 +242,157 @@ func CheckStateDir(dir string) Check {
 		c.Hint = "session changes commit at the speed of fsync; put the state directory on faster storage"
 	}
 	return c
+}
+
+// MapUserNS creates a user namespace that maps root to ids, uids and gids alike, as a
+// sealed session's is mapped, and runs /usr/bin/true in it. It is the real question
+// (will the kernel let roostd give a session ids of its own?), asked the way libcontainer
+// asks it, so no kernel version, sysctl or LSM needs to be second-guessed. The error says
+// what refused the mapping and what to change.
+func MapUserNS(ctx context.Context, ids IDs) error {
+	last := uint64(ids.First) + uint64(ids.Size) - 1
+	what := fmt.Sprintf("mapping root to host ids %d–%d in a new user namespace", ids.First, last)
+	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(ids.First), Size: int(ids.Size)}}
+	cmd := exec.CommandContext(ctx, "/usr/bin/true")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER, UidMappings: m, GidMappings: m}
+	err := cmd.Run()
+	if err == nil {
+		return nil
+	}
+	var errno syscall.Errno
+	errors.As(err, &errno)
+	switch {
+	case errno == syscall.EINVAL && last >= 1<<32-1:
+		return fmt.Errorf("%s: the kernel refused the map (%v): the range ends past the last usable id, %d; lower sessions.ids.first (or sessions.ids.slots) in roostd's config", what, errno, uint64(1<<32-2))
+	case errno == syscall.EINVAL:
+		return fmt.Errorf("%s: the kernel refused the map (%v); move sessions.ids.first in roostd's config", what, errno)
+	case (errno == syscall.EPERM || errno == syscall.EACCES) && os.Geteuid() != 0:
+		return fmt.Errorf("%s: %v: roostd does not run as root; run it as root (deploy/systemd/roostd.service)", what, errno)
+	case errno == syscall.EPERM || errno == syscall.EACCES:
+		return fmt.Errorf("%s: %v: something confining roostd forbids user namespaces (systemd's RestrictNamespaces= or SystemCallFilter= on its service, a seccomp filter, or an AppArmor or SELinux profile without userns); lift it for roostd", what, errno)
+	case errno == syscall.ENOSPC:
+		return fmt.Errorf("%s: %v: user.max_user_namespaces is 0 or every one it allows is in use; raise it (sysctl -w user.max_user_namespaces=N)", what, errno)
+	case errno == syscall.ENOENT:
+		return fmt.Errorf("%s: %w; install /usr/bin/true (coreutils), which the check and sessions' rehearsals run", what, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// IDFiles are where a host lists the ids its accounts hold and the subordinate ranges it
+// delegates to users (rootless podman and the like map their containers' ids onto those).
+type IDFiles struct {
+	Passwd, Group, SubUID, SubGID string
+}
+
+// HostIDFiles are this host's.
+func HostIDFiles() IDFiles {
+	return IDFiles{Passwd: "/etc/passwd", Group: "/etc/group", SubUID: "/etc/subuid", SubGID: "/etc/subgid"}
+}
+
+// IDConflicts lists every account, group and subordinate range in files that holds ids of
+// block. A session runs as ids of block and a sealed one's root is one of them, so whoever
+// else holds them could reach a session's processes and files, and a session theirs. A
+// file that does not exist holds nothing; one that cannot be read is reported, since it
+// might hold anything.
+func IDConflicts(block IDs, files IDFiles) []string {
+	if block.Size == 0 {
+		return nil
+	}
+	r := idSpan{uint64(block.First), uint64(block.First) + uint64(block.Size) - 1}
+	var out []string
+	scan := func(path string, each func(fields []string) []string) {
+		if path == "" {
+			return
+		}
+		f, err := os.Open(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return
+		}
+		if err == nil {
+			defer f.Close()
+			var found []string
+			if found, err = scanIDFile(f, each); err == nil {
+				out = append(out, found...)
+				return
+			}
+		}
+		out = append(out, fmt.Sprintf("%s: %v; cannot tell whether it holds session ids, make it readable by roostd", path, err))
+	}
+	scan(files.Passwd, func(f []string) []string {
+		// name:password:uid:gid:...
+		if len(f) < 4 {
+			return nil
+		}
+		var hits []string
+		if id, ok := parseID(f[2]); ok && r.holds(id) {
+			hits = append(hits, fmt.Sprintf("user %s has uid %d (%s)", f[0], id, files.Passwd))
+		}
+		if id, ok := parseID(f[3]); ok && r.holds(id) {
+			hits = append(hits, fmt.Sprintf("user %s has primary gid %d (%s)", f[0], id, files.Passwd))
+		}
+		return hits
+	})
+	scan(files.Group, func(f []string) []string {
+		// name:password:gid:members
+		if len(f) < 3 {
+			return nil
+		}
+		if id, ok := parseID(f[2]); ok && r.holds(id) {
+			return []string{fmt.Sprintf("group %s has gid %d (%s)", f[0], id, files.Group)}
+		}
+		return nil
+	})
+	sub := func(path, kind string) func([]string) []string {
+		return func(f []string) []string {
+			// user:first:count, the user by name or by uid
+			if len(f) < 3 {
+				return nil
+			}
+			start, ok1 := parseID(f[1])
+			count, ok2 := strconv.ParseUint(f[2], 10, 32)
+			if !ok1 || ok2 != nil || count == 0 {
+				return nil
+			}
+			d := idSpan{start, start + count - 1}
+			if o, ok := d.overlap(r); ok {
+				return []string{fmt.Sprintf("user %s is delegated subordinate %ss %d–%d (%s), of which %d–%d are session ids", f[0], kind, d.first, d.last, path, o.first, o.last)}
+			}
+			return nil
+		}
+	}
+	scan(files.SubUID, sub(files.SubUID, "uid"))
+	scan(files.SubGID, sub(files.SubGID, "gid"))
+	return out
+}
+
+// scanIDFile feeds each entry of a colon-separated id database to each and gathers what it
+// returns. Comments, blank lines and NIS compat entries (+ and -) name no ids.
+func scanIDFile(r io.Reader, each func(fields []string) []string) ([]string, error) {
+	var out []string
+	sc := bufio.NewScanner(r)
+	// A group with many members makes a long line.
+	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' || line[0] == '+' || line[0] == '-' {
+			continue
+		}
+		out = append(out, each(strings.Split(line, ":"))...)
+	}
+	return out, sc.Err()
+}
+
+func parseID(s string) (uint64, bool) {
+	n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 32)
+	return n, err == nil
+}
+
+// idSpan is the ids first through last, both included.
+type idSpan struct{ first, last uint64 }
+
+func (s idSpan) holds(id uint64) bool { return s.first <= id && id <= s.last }
+
+func (s idSpan) overlap(o idSpan) (idSpan, bool) {
+	x := idSpan{max(s.first, o.first), min(s.last, o.last)}
+	return x, x.first <= x.last
 }

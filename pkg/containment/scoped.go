@@ -136,7 +136,10 @@ func (r *ScopedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 		DropCapabilities: true,
 		Seccomp:          bpf,
 		User:             user,
-		Landlock:         &roostinit.Landlock{Exec: spec.Policy.Shell.Allow, FS: ScopedFS(spec, tmp)},
+		// Nothing the session can write becomes an exec rule: its workdir (a scope's
+		// surroundings too: an earlier session wrote them), TMPDIR and children's workdirs.
+		Landlock: &roostinit.Landlock{Exec: spec.Policy.Shell.Allow, FS: ScopedFS(spec, tmp),
+			NoExec: append([]string{spec.Dir, tmp}, spec.Children...)},
 	}
 	p, err := r.plain.start(ctx, spec, exec)
 	if err != nil {

@@ -214,7 +214,7 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	// Inside the root the program runs at /work, its command from the sealed view.
 	// Landlock holds the exec allowlist: the program, shell.allow, and their interpreters.
 	execSpec := roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: sealedWork, Rlimits: spec.Rlimits,
-		Landlock: &roostinit.Landlock{Exec: spec.Policy.Shell.Allow}}
+		Landlock: &roostinit.Landlock{Exec: spec.Policy.Shell.Allow, NoExec: []string{sealedWork, "/tmp", "/dev", "/run"}}}
 	proc := &libcontainer.Process{
 		Args:       []string{sealedInitPath, id},
 		Env:        []string{"PATH=" + defaultPath},

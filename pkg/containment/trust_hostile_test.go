@@ -249,3 +249,20 @@ func TestHostileSealedUserNamespace(t *testing.T) {
 		t.Fatalf("a file the session made is owned by %d:%d on the host, want %d", st.Uid, st.Gid, s.IDs.First)
 	}
 }
+
+// What helps a kernel exploit find its targets is masked in a sealed root: every read of
+// these returns nothing.
+func TestHostileSealedProcMasked(t *testing.T) {
+	files := []string{"/proc/kallsyms", "/proc/slabinfo", "/proc/vmallocinfo", "/proc/kcore", "/proc/keys", "/proc/interrupts", "/proc/timer_list", "/proc/sched_debug"}
+	var script strings.Builder
+	for _, f := range files {
+		fmt.Fprintf(&script, "n=$(cat %[1]s 2>/dev/null | wc -c); [ \"$n\" -gt 0 ] && echo \"VISIBLE %[1]s $n\" || echo \"masked %[1]s\"\n", f)
+	}
+	_, out, _, _ := sealedRun(t, "capabilities: {containment: sealed, shell: {allow: [cat, wc]}}", script.String())
+	if strings.Contains(out, "VISIBLE") {
+		t.Fatalf("kernel internals readable from a sealed session:\n%s", out)
+	}
+	for _, f := range files {
+		expectOutput(t, out, "masked "+f)
+	}
+}

@@ -19,6 +19,7 @@ import (
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/pkg/artifact"
+	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/ledger"
 	"roost.dev/roost/pkg/manifest"
@@ -41,6 +42,9 @@ type Config struct {
 	// Peers is who may call: every connection's peer is checked against it, and one it
 	// refuses, or that was not checked, is served nothing. Nil serves anyone (tests only).
 	Peers *PeerPolicy
+	// IDs is the block of host ids sessions run as, which doctor checks can be mapped and
+	// is held by nobody else; the default block when zero.
+	IDs session.IDPool
 }
 
 // New returns a gRPC server with every roost service registered.
@@ -339,12 +343,53 @@ func (s *systemService) Version(context.Context, *roostv1.VersionRequest) (*roos
 func (s *systemService) Doctor(ctx context.Context, _ *roostv1.DoctorRequest) (*roostv1.DoctorResponse, error) {
 	// Probe afresh: a doctor's answer is about the host now, not at daemon start.
 	host, catalog := s.cfg.Assess(ctx)
-	resp := &roostv1.DoctorResponse{Strongest: catalog.Strongest().String()}
+	userns, mapErr := s.userNamespaces(ctx, host)
+	resp := &roostv1.DoctorResponse{Strongest: catalog.Strongest().String(), UserNamespaces: userns}
 	for _, c := range catalog {
-		resp.Classes = append(resp.Classes, &roostv1.ClassReport{Class: c.Class.String(), Available: c.Available, Detail: c.Detail})
+		detail := c.Detail
+		if c.Class == manifest.Sealed && !c.Available && mapErr != nil {
+			// The rehearsal's error is libcontainer's; this one names the cause to fix.
+			detail += "; a sealed session's root is a user namespace's, and roostd cannot create one: " + mapErr.Error()
+		}
+		resp.Classes = append(resp.Classes, &roostv1.ClassReport{Class: c.Class.String(), Available: c.Available, Detail: detail})
 	}
 	for _, c := range append(host.Checks(), containment.CheckStateDir(s.cfg.StateDir)) {
 		resp.Checks = append(resp.Checks, &roostv1.HostCheck{Name: c.Name, Status: c.Status, Detail: c.Detail, Hint: c.Hint})
 	}
 	return resp, nil
+}
+
+// userNamespaces reports what sealed sessions' user namespaces rest on, trying a real
+// mapping of the daemon's rehearsal range; the error is that mapping's, nil when it worked.
+func (s *systemService) userNamespaces(ctx context.Context, host containment.Host) (*roostv1.UserNamespaces, error) {
+	pool := s.cfg.IDs
+	if pool == (session.IDPool{}) {
+		pool = session.IDPool{First: config.DefaultFirstID, Slots: config.DefaultIDSlots}
+	}
+	block := containment.IDs{First: pool.First, Size: pool.Slots * config.IDsPerSession}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	mapErr := containment.MapUserNS(ctx, pool.RehearsalIDs())
+	out := &roostv1.UserNamespaces{
+		Available:                host.UserNamespaces > 0,
+		Max:                      int64(host.UserNamespaces),
+		MappingWorks:             mapErr == nil,
+		ApparmorPresent:          host.AppArmorRestrictUserNS != "",
+		ApparmorRestricted:       host.AppArmorRestrictUserNS != "" && host.AppArmorRestrictUserNS != "0",
+		ApparmorEnabled:          host.AppArmor,
+		UnprivilegedClonePresent: host.UnprivilegedUserNSClone != "",
+		UnprivilegedClone:        host.UnprivilegedUserNSClone != "" && host.UnprivilegedUserNSClone != "0",
+		IdFirst:                  block.First,
+		IdLast:                   block.First + block.Size - 1,
+		Ranges:                   pool.Slots,
+		IdsPerSession:            config.IDsPerSession,
+		Conflicts:                containment.IDConflicts(block, containment.HostIDFiles()),
+	}
+	if mapErr != nil {
+		out.Detail = mapErr.Error()
+	}
+	if len(out.Conflicts) > 0 {
+		out.Hint = fmt.Sprintf("give sessions ids nothing else holds: set sessions.ids.first (and sessions.ids.slots) in roostd's config (--config) to a block clear of them, or move those accounts and delegations out of %d–%d", out.IdFirst, out.IdLast)
+	}
+	return out, mapErr
 }

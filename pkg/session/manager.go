@@ -163,7 +163,7 @@ func Open(cfg Config) (*Manager, error) {
 	if cfg.IDs == (IDPool{}) {
 		cfg.IDs = IDPool{First: config.DefaultFirstID, Slots: config.DefaultIDSlots}
 	}
-	if err := prepareStateDir(cfg.StateDir); err != nil {
+	if err := PrepareStateDir(cfg.StateDir); err != nil {
 		return nil, err
 	}
 	reg, err := OpenRegistry(filepath.Join(cfg.StateDir, DBFile))
@@ -211,12 +211,13 @@ const (
 	recordsDir = "records"
 )
 
-// prepareStateDir makes the state directory and the parts sessions reach into. Sessions run
+// PrepareStateDir makes the state directory and the parts sessions reach into; Open does
+// it, and a daemon that builds runtimes under the directory first does it before them. Sessions run
 // as unprivileged uids that must pass through to their own workdir, TMPDIR, task text and
 // capsule, so those directories let others search them (0711) but never list them, and
 // everything in them is owned by the one session it belongs to; the registry, the ledger,
 // the key and the records are root's alone (0600/0700).
-func prepareStateDir(dir string) error {
+func PrepareStateDir(dir string) error {
 	for _, d := range []string{dir, filepath.Join(dir, workDir), filepath.Join(dir, recordsDir), filepath.Join(dir, childrenDir)} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return fmt.Errorf("state directory: %w", err)

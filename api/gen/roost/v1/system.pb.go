@@ -265,9 +265,11 @@ type DoctorResponse struct {
 	Classes []*ClassReport         `protobuf:"bytes,1,rep,name=classes,proto3" json:"classes,omitempty"`
 	Checks  []*HostCheck           `protobuf:"bytes,2,rep,name=checks,proto3" json:"checks,omitempty"`
 	// The strongest class this host and build can deliver.
-	Strongest     string `protobuf:"bytes,3,opt,name=strongest,proto3" json:"strongest,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Strongest string `protobuf:"bytes,3,opt,name=strongest,proto3" json:"strongest,omitempty"`
+	// What sealed sessions' user namespaces rest on.
+	UserNamespaces *UserNamespaces `protobuf:"bytes,4,opt,name=user_namespaces,json=userNamespaces,proto3" json:"user_namespaces,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *DoctorResponse) Reset() {
@@ -321,6 +323,190 @@ func (x *DoctorResponse) GetStrongest() string {
 	return ""
 }
 
+func (x *DoctorResponse) GetUserNamespaces() *UserNamespaces {
+	if x != nil {
+		return x.UserNamespaces
+	}
+	return nil
+}
+
+// UserNamespaces is what a sealed session's user namespace needs: the kernel's settings,
+// whether roostd can really create one mapped to its ids, and whether those ids are free.
+type UserNamespaces struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// user.max_user_namespaces is above 0.
+	Available bool `protobuf:"varint,1,opt,name=available,proto3" json:"available,omitempty"`
+	// user.max_user_namespaces.
+	Max int64 `protobuf:"varint,2,opt,name=max,proto3" json:"max,omitempty"`
+	// roostd created a user namespace mapping root to the first range of its ids (the one
+	// rehearsals run as) and ran a program in it.
+	MappingWorks bool `protobuf:"varint,3,opt,name=mapping_works,json=mappingWorks,proto3" json:"mapping_works,omitempty"`
+	// Why that mapping failed, and what to change; empty when it worked.
+	Detail string `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
+	// The kernel has kernel.apparmor_restrict_unprivileged_userns (Ubuntu 23.10 and later).
+	ApparmorPresent bool `protobuf:"varint,5,opt,name=apparmor_present,json=apparmorPresent,proto3" json:"apparmor_present,omitempty"`
+	// kernel.apparmor_restrict_unprivileged_userns is set: unprivileged processes need an
+	// AppArmor profile allowing userns. roostd runs as root and is not restricted by it.
+	ApparmorRestricted bool `protobuf:"varint,6,opt,name=apparmor_restricted,json=apparmorRestricted,proto3" json:"apparmor_restricted,omitempty"`
+	// The AppArmor LSM is enabled (/sys/module/apparmor/parameters/enabled).
+	ApparmorEnabled bool `protobuf:"varint,7,opt,name=apparmor_enabled,json=apparmorEnabled,proto3" json:"apparmor_enabled,omitempty"`
+	// The kernel has Debian's kernel.unprivileged_userns_clone.
+	UnprivilegedClonePresent bool `protobuf:"varint,8,opt,name=unprivileged_clone_present,json=unprivilegedClonePresent,proto3" json:"unprivileged_clone_present,omitempty"`
+	// kernel.unprivileged_userns_clone is set: unprivileged users may create user
+	// namespaces. It binds unprivileged callers only, never roostd as root.
+	UnprivilegedClone bool `protobuf:"varint,9,opt,name=unprivileged_clone,json=unprivilegedClone,proto3" json:"unprivileged_clone,omitempty"`
+	// The host ids roostd hands sessions, id_first through id_last (uids and gids alike);
+	// sessions.ids in roostd's config.
+	IdFirst uint32 `protobuf:"varint,10,opt,name=id_first,json=idFirst,proto3" json:"id_first,omitempty"`
+	IdLast  uint32 `protobuf:"varint,11,opt,name=id_last,json=idLast,proto3" json:"id_last,omitempty"`
+	// How many ranges of ids_per_session ids that block holds; the first is roostd's own,
+	// which rehearsals run as.
+	Ranges        uint32 `protobuf:"varint,12,opt,name=ranges,proto3" json:"ranges,omitempty"`
+	IdsPerSession uint32 `protobuf:"varint,13,opt,name=ids_per_session,json=idsPerSession,proto3" json:"ids_per_session,omitempty"`
+	// Each account, group or subordinate id delegation (/etc/subuid, /etc/subgid) that holds
+	// ids of the block, naming who and which ids.
+	Conflicts []string `protobuf:"bytes,14,rep,name=conflicts,proto3" json:"conflicts,omitempty"`
+	// What to do about conflicts; empty when there are none.
+	Hint          string `protobuf:"bytes,15,opt,name=hint,proto3" json:"hint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserNamespaces) Reset() {
+	*x = UserNamespaces{}
+	mi := &file_roost_v1_system_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserNamespaces) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserNamespaces) ProtoMessage() {}
+
+func (x *UserNamespaces) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_system_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserNamespaces.ProtoReflect.Descriptor instead.
+func (*UserNamespaces) Descriptor() ([]byte, []int) {
+	return file_roost_v1_system_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *UserNamespaces) GetAvailable() bool {
+	if x != nil {
+		return x.Available
+	}
+	return false
+}
+
+func (x *UserNamespaces) GetMax() int64 {
+	if x != nil {
+		return x.Max
+	}
+	return 0
+}
+
+func (x *UserNamespaces) GetMappingWorks() bool {
+	if x != nil {
+		return x.MappingWorks
+	}
+	return false
+}
+
+func (x *UserNamespaces) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *UserNamespaces) GetApparmorPresent() bool {
+	if x != nil {
+		return x.ApparmorPresent
+	}
+	return false
+}
+
+func (x *UserNamespaces) GetApparmorRestricted() bool {
+	if x != nil {
+		return x.ApparmorRestricted
+	}
+	return false
+}
+
+func (x *UserNamespaces) GetApparmorEnabled() bool {
+	if x != nil {
+		return x.ApparmorEnabled
+	}
+	return false
+}
+
+func (x *UserNamespaces) GetUnprivilegedClonePresent() bool {
+	if x != nil {
+		return x.UnprivilegedClonePresent
+	}
+	return false
+}
+
+func (x *UserNamespaces) GetUnprivilegedClone() bool {
+	if x != nil {
+		return x.UnprivilegedClone
+	}
+	return false
+}
+
+func (x *UserNamespaces) GetIdFirst() uint32 {
+	if x != nil {
+		return x.IdFirst
+	}
+	return 0
+}
+
+func (x *UserNamespaces) GetIdLast() uint32 {
+	if x != nil {
+		return x.IdLast
+	}
+	return 0
+}
+
+func (x *UserNamespaces) GetRanges() uint32 {
+	if x != nil {
+		return x.Ranges
+	}
+	return 0
+}
+
+func (x *UserNamespaces) GetIdsPerSession() uint32 {
+	if x != nil {
+		return x.IdsPerSession
+	}
+	return 0
+}
+
+func (x *UserNamespaces) GetConflicts() []string {
+	if x != nil {
+		return x.Conflicts
+	}
+	return nil
+}
+
+func (x *UserNamespaces) GetHint() string {
+	if x != nil {
+		return x.Hint
+	}
+	return ""
+}
+
 // ClassReport says whether one containment class can be delivered here.
 type ClassReport struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -334,7 +520,7 @@ type ClassReport struct {
 
 func (x *ClassReport) Reset() {
 	*x = ClassReport{}
-	mi := &file_roost_v1_system_proto_msgTypes[6]
+	mi := &file_roost_v1_system_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -346,7 +532,7 @@ func (x *ClassReport) String() string {
 func (*ClassReport) ProtoMessage() {}
 
 func (x *ClassReport) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_system_proto_msgTypes[6]
+	mi := &file_roost_v1_system_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -359,7 +545,7 @@ func (x *ClassReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClassReport.ProtoReflect.Descriptor instead.
 func (*ClassReport) Descriptor() ([]byte, []int) {
-	return file_roost_v1_system_proto_rawDescGZIP(), []int{6}
+	return file_roost_v1_system_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ClassReport) GetClass() string {
@@ -398,7 +584,7 @@ type HostCheck struct {
 
 func (x *HostCheck) Reset() {
 	*x = HostCheck{}
-	mi := &file_roost_v1_system_proto_msgTypes[7]
+	mi := &file_roost_v1_system_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -410,7 +596,7 @@ func (x *HostCheck) String() string {
 func (*HostCheck) ProtoMessage() {}
 
 func (x *HostCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_system_proto_msgTypes[7]
+	mi := &file_roost_v1_system_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -423,7 +609,7 @@ func (x *HostCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostCheck.ProtoReflect.Descriptor instead.
 func (*HostCheck) Descriptor() ([]byte, []int) {
-	return file_roost_v1_system_proto_rawDescGZIP(), []int{7}
+	return file_roost_v1_system_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *HostCheck) GetName() string {
@@ -472,11 +658,29 @@ const file_roost_v1_system_proto_rawDesc = "" +
 	"\n" +
 	"go_version\x18\x03 \x01(\tR\tgoVersion\x12\x16\n" +
 	"\x06schema\x18\x04 \x01(\tR\x06schema\"\x0f\n" +
-	"\rDoctorRequest\"\x8c\x01\n" +
+	"\rDoctorRequest\"\xcf\x01\n" +
 	"\x0eDoctorResponse\x12/\n" +
 	"\aclasses\x18\x01 \x03(\v2\x15.roost.v1.ClassReportR\aclasses\x12+\n" +
 	"\x06checks\x18\x02 \x03(\v2\x13.roost.v1.HostCheckR\x06checks\x12\x1c\n" +
-	"\tstrongest\x18\x03 \x01(\tR\tstrongest\"Y\n" +
+	"\tstrongest\x18\x03 \x01(\tR\tstrongest\x12A\n" +
+	"\x0fuser_namespaces\x18\x04 \x01(\v2\x18.roost.v1.UserNamespacesR\x0euserNamespaces\"\x97\x04\n" +
+	"\x0eUserNamespaces\x12\x1c\n" +
+	"\tavailable\x18\x01 \x01(\bR\tavailable\x12\x10\n" +
+	"\x03max\x18\x02 \x01(\x03R\x03max\x12#\n" +
+	"\rmapping_works\x18\x03 \x01(\bR\fmappingWorks\x12\x16\n" +
+	"\x06detail\x18\x04 \x01(\tR\x06detail\x12)\n" +
+	"\x10apparmor_present\x18\x05 \x01(\bR\x0fapparmorPresent\x12/\n" +
+	"\x13apparmor_restricted\x18\x06 \x01(\bR\x12apparmorRestricted\x12)\n" +
+	"\x10apparmor_enabled\x18\a \x01(\bR\x0fapparmorEnabled\x12<\n" +
+	"\x1aunprivileged_clone_present\x18\b \x01(\bR\x18unprivilegedClonePresent\x12-\n" +
+	"\x12unprivileged_clone\x18\t \x01(\bR\x11unprivilegedClone\x12\x19\n" +
+	"\bid_first\x18\n" +
+	" \x01(\rR\aidFirst\x12\x17\n" +
+	"\aid_last\x18\v \x01(\rR\x06idLast\x12\x16\n" +
+	"\x06ranges\x18\f \x01(\rR\x06ranges\x12&\n" +
+	"\x0fids_per_session\x18\r \x01(\rR\ridsPerSession\x12\x1c\n" +
+	"\tconflicts\x18\x0e \x03(\tR\tconflicts\x12\x12\n" +
+	"\x04hint\x18\x0f \x01(\tR\x04hint\"Y\n" +
 	"\vClassReport\x12\x14\n" +
 	"\x05class\x18\x01 \x01(\tR\x05class\x12\x1c\n" +
 	"\tavailable\x18\x02 \x01(\bR\tavailable\x12\x16\n" +
@@ -503,7 +707,7 @@ func file_roost_v1_system_proto_rawDescGZIP() []byte {
 	return file_roost_v1_system_proto_rawDescData
 }
 
-var file_roost_v1_system_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_roost_v1_system_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_roost_v1_system_proto_goTypes = []any{
 	(*HealthRequest)(nil),         // 0: roost.v1.HealthRequest
 	(*HealthResponse)(nil),        // 1: roost.v1.HealthResponse
@@ -511,25 +715,27 @@ var file_roost_v1_system_proto_goTypes = []any{
 	(*VersionResponse)(nil),       // 3: roost.v1.VersionResponse
 	(*DoctorRequest)(nil),         // 4: roost.v1.DoctorRequest
 	(*DoctorResponse)(nil),        // 5: roost.v1.DoctorResponse
-	(*ClassReport)(nil),           // 6: roost.v1.ClassReport
-	(*HostCheck)(nil),             // 7: roost.v1.HostCheck
-	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
+	(*UserNamespaces)(nil),        // 6: roost.v1.UserNamespaces
+	(*ClassReport)(nil),           // 7: roost.v1.ClassReport
+	(*HostCheck)(nil),             // 8: roost.v1.HostCheck
+	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
 }
 var file_roost_v1_system_proto_depIdxs = []int32{
-	8, // 0: roost.v1.HealthResponse.started_at:type_name -> google.protobuf.Timestamp
-	6, // 1: roost.v1.DoctorResponse.classes:type_name -> roost.v1.ClassReport
-	7, // 2: roost.v1.DoctorResponse.checks:type_name -> roost.v1.HostCheck
-	0, // 3: roost.v1.SystemService.Health:input_type -> roost.v1.HealthRequest
-	2, // 4: roost.v1.SystemService.Version:input_type -> roost.v1.VersionRequest
-	4, // 5: roost.v1.SystemService.Doctor:input_type -> roost.v1.DoctorRequest
-	1, // 6: roost.v1.SystemService.Health:output_type -> roost.v1.HealthResponse
-	3, // 7: roost.v1.SystemService.Version:output_type -> roost.v1.VersionResponse
-	5, // 8: roost.v1.SystemService.Doctor:output_type -> roost.v1.DoctorResponse
-	6, // [6:9] is the sub-list for method output_type
-	3, // [3:6] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	9, // 0: roost.v1.HealthResponse.started_at:type_name -> google.protobuf.Timestamp
+	7, // 1: roost.v1.DoctorResponse.classes:type_name -> roost.v1.ClassReport
+	8, // 2: roost.v1.DoctorResponse.checks:type_name -> roost.v1.HostCheck
+	6, // 3: roost.v1.DoctorResponse.user_namespaces:type_name -> roost.v1.UserNamespaces
+	0, // 4: roost.v1.SystemService.Health:input_type -> roost.v1.HealthRequest
+	2, // 5: roost.v1.SystemService.Version:input_type -> roost.v1.VersionRequest
+	4, // 6: roost.v1.SystemService.Doctor:input_type -> roost.v1.DoctorRequest
+	1, // 7: roost.v1.SystemService.Health:output_type -> roost.v1.HealthResponse
+	3, // 8: roost.v1.SystemService.Version:output_type -> roost.v1.VersionResponse
+	5, // 9: roost.v1.SystemService.Doctor:output_type -> roost.v1.DoctorResponse
+	7, // [7:10] is the sub-list for method output_type
+	4, // [4:7] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_system_proto_init() }
@@ -543,7 +749,7 @@ func file_roost_v1_system_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_system_proto_rawDesc), len(file_roost_v1_system_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

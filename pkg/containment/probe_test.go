@@ -1,0 +1,97 @@
+package containment
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestMapUserNS(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mapping another range of host ids needs root")
+	}
+	if Probe().UserNamespaces == 0 {
+		t.Skip("user namespaces are off (user.max_user_namespaces = 0)")
+	}
+	ctx := context.Background()
+	if err := MapUserNS(ctx, IDs{First: 0x70000000, Size: 65536}); err != nil {
+		t.Fatalf("a free range: %v", err)
+	}
+	// The kernel refuses a map that runs past the last id; the error must say which ids
+	// and what to change.
+	err := MapUserNS(ctx, IDs{First: 1<<32 - 1, Size: 65536})
+	if err == nil {
+		t.Fatal("a range past the last id was mapped")
+	}
+	for _, want := range []string{"4294967295–4295032830", "invalid argument", "past the last usable id, 4294967294", "sessions.ids.first"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+}
+
+// idFiles writes passwd, group, subuid and subgid contents into a directory of their own.
+func idFiles(t *testing.T, passwd, group, subuid, subgid string) IDFiles {
+	t.Helper()
+	dir := t.TempDir()
+	f := IDFiles{
+		Passwd: filepath.Join(dir, "passwd"), Group: filepath.Join(dir, "group"),
+		SubUID: filepath.Join(dir, "subuid"), SubGID: filepath.Join(dir, "subgid"),
+	}
+	for path, data := range map[string]string{f.Passwd: passwd, f.Group: group, f.SubUID: subuid, f.SubGID: subgid} {
+		if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return f
+}
+
+func TestIDConflicts(t *testing.T) {
+	block := IDs{First: 0x70000000, Size: 4094 * 65536} // 1879048192–2147352575
+	const passwd = "# local accounts\nroot:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534::/:/usr/sbin/nologin\n+@nis::::::\n"
+	const group = "root:x:0:\nnogroup:x:65534:\n"
+
+	t.Run("disjoint", func(t *testing.T) {
+		f := idFiles(t, passwd, group, "alice:100000:65536\nbob:165536:65536\n", "alice:100000:65536\n")
+		if got := IDConflicts(block, f); len(got) != 0 {
+			t.Fatalf("conflicts in disjoint ranges: %q", got)
+		}
+		// The ids next to the block on either side are not in it.
+		f = idFiles(t, "low:x:1879048191:1879048191::/:/bin/sh\nhigh:x:2147352576:100::/:/bin/sh\n", group,
+			"edge:1879048191:1\n", "edge:2147352576:65536\n")
+		if got := IDConflicts(block, f); len(got) != 0 {
+			t.Fatalf("conflicts for ids just outside the block: %q", got)
+		}
+	})
+
+	t.Run("overlapping", func(t *testing.T) {
+		f := idFiles(t,
+			passwd+"intruder:x:1879048200:100::/home/intruder:/bin/sh\n",
+			group+"squatters:x:2000000000:alice\n",
+			"alice:100000:65536\ncarol:1879000000:100000\n",
+			"1000:2147352575:10\n")
+		got := IDConflicts(block, f)
+		want := []string{
+			"user intruder has uid 1879048200 (" + f.Passwd + ")",
+			"group squatters has gid 2000000000 (" + f.Group + ")",
+			"user carol is delegated subordinate uids 1879000000–1879099999 (" + f.SubUID + "), of which 1879048192–1879099999 are session ids",
+			"user 1000 is delegated subordinate gids 2147352575–2147352584 (" + f.SubGID + "), of which 2147352575–2147352575 are session ids",
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("conflicts:\n got %q\nwant %q", got, want)
+		}
+	})
+
+	t.Run("missing and unreadable files", func(t *testing.T) {
+		f := idFiles(t, passwd, group, "", "")
+		f.SubUID = filepath.Join(t.TempDir(), "absent")
+		f.SubGID = t.TempDir() // a directory cannot be read as a file
+		got := IDConflicts(block, f)
+		if len(got) != 1 || !strings.Contains(got[0], f.SubGID) || !strings.Contains(got[0], "cannot tell whether it holds session ids") {
+			t.Fatalf("conflicts: %q", got)
+		}
+	})
+}

@@ -1,0 +1,87 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/session"
+)
+
+func doctor(t *testing.T, ids session.IDPool, sealed error) *roostv1.DoctorResponse {
+	t.Helper()
+	s := &systemService{cfg: Config{
+		StateDir: t.TempDir(),
+		IDs:      ids,
+		Assess: func(context.Context) (containment.Host, containment.Catalog) {
+			host := containment.Probe()
+			return host, containment.NewCatalog(host, nil, sealed)
+		},
+	}}
+	resp, err := s.Doctor(context.Background(), &roostv1.DoctorRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+func sealedReport(t *testing.T, resp *roostv1.DoctorResponse) *roostv1.ClassReport {
+	t.Helper()
+	for _, c := range resp.GetClasses() {
+		if c.GetClass() == "sealed" {
+			return c
+		}
+	}
+	t.Fatalf("no sealed class in %v", resp.GetClasses())
+	return nil
+}
+
+func TestDoctorUserNamespaces(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mapping roostd's ids needs root")
+	}
+	if containment.Probe().UserNamespaces == 0 {
+		t.Skip("user namespaces are off (user.max_user_namespaces = 0)")
+	}
+	resp := doctor(t, session.IDPool{}, nil)
+	u := resp.GetUserNamespaces()
+	if !u.GetAvailable() || u.GetMax() <= 0 || !u.GetMappingWorks() || u.GetDetail() != "" {
+		t.Fatalf("user namespaces on a root host: %v", u)
+	}
+	// A zero pool is roostd's default block.
+	if u.GetIdFirst() != 1879048192 || u.GetIdLast() != 2147352575 || u.GetRanges() != 4094 || u.GetIdsPerSession() != 65536 {
+		t.Fatalf("id block: %v", u)
+	}
+	if len(u.GetConflicts()) > 0 != (u.GetHint() != "") {
+		t.Fatalf("conflicts %q with hint %q", u.GetConflicts(), u.GetHint())
+	}
+	for _, c := range resp.GetChecks() {
+		if strings.Contains(c.GetName(), "user namespace") || strings.Contains(c.GetName(), "apparmor") {
+			t.Errorf("user namespaces reported twice, as check %q too", c.GetName())
+		}
+	}
+
+	// A block the kernel cannot map: the failure is in the report, and the sealed class's
+	// line names it as the thing to fix.
+	resp = doctor(t, session.IDPool{First: 1<<32 - 65536, Slots: 1}, errors.New("libcontainer said no"))
+	u = resp.GetUserNamespaces()
+	if u.GetMappingWorks() || !strings.Contains(u.GetDetail(), "sessions.ids.first") {
+		t.Fatalf("an unmappable block: %v", u)
+	}
+	if u.GetIdFirst() != 4294901760 || u.GetIdLast() != 4294967295 || u.GetRanges() != 1 {
+		t.Fatalf("id block: %v", u)
+	}
+	sealed := sealedReport(t, resp)
+	if d := sealed.GetDetail(); sealed.GetAvailable() || !strings.Contains(d, "libcontainer said no") || !strings.Contains(d, "roostd cannot create one: "+u.GetDetail()) {
+		t.Fatalf("sealed: %v", sealed)
+	}
+	// A sealed class that is available says nothing of it.
+	resp = doctor(t, session.IDPool{First: 1<<32 - 65536, Slots: 1}, nil)
+	if d := sealedReport(t, resp).GetDetail(); strings.Contains(d, "user namespace's") {
+		t.Fatalf("sealed: %s", d)
+	}
+}

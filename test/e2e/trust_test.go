@@ -1,0 +1,217 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// The trust boundary, tried from inside sessions through roostd as an attacker would: read
+// the daemon's secrets, drive its control socket, run as host root.
+
+// trustDaemon is a roostd with an upstream whose key lives in /etc (where a scoped session's
+// Landlock rules let it read the tree) and a capsule the operator lets run as root.
+func trustDaemon(t *testing.T) (*daemon, string) {
+	t.Helper()
+	key := fmt.Sprintf("/etc/roost-e2e-%d.key", os.Getpid())
+	if err := os.WriteFile(key, []byte("sk-operator-SECRET\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(key) })
+	cfg := filepath.Join(t.TempDir(), "roostd.yaml")
+	os.WriteFile(cfg, fmt.Appendf(nil, `inference:
+  upstreams:
+    - name: llm
+      format: openai
+      url: http://127.0.0.1:1
+      api_key_file: %s
+sessions:
+  allow_root: [rooted]
+`, key), 0o600)
+	return newDaemon(t, "--config", cfg), key
+}
+
+// secrets are what no session may read: the credential key, the registry and the ledger,
+// an upstream's key file, another session's output, /etc/shadow and a world-readable file
+// under /srv.
+func secrets(t *testing.T, d *daemon, key string) []string {
+	t.Helper()
+	other := strings.TrimSpace(d.ok("run", "--detach", capsule(t, "talker", "echo SECRET-OUTPUT", "")))
+	d.ok("wait", other)
+	srv := fmt.Sprintf("/srv/roost-e2e-%d", os.Getpid())
+	os.MkdirAll(srv, 0o755)
+	os.WriteFile(filepath.Join(srv, "public.txt"), []byte("SECRET srv\n"), 0o644)
+	t.Cleanup(func() { os.RemoveAll(srv) })
+	return []string{
+		filepath.Join(d.stateDir, "credential.key"),
+		filepath.Join(d.stateDir, "roost.db"),
+		filepath.Join(d.stateDir, "ledger.db"),
+		filepath.Join(d.stateDir, "artifacts", "refs.db"),
+		key,
+		filepath.Join(d.inspect(other).RecordsDir, "stdout.log"),
+		d.inspect(other).RecordsDir,
+		"/etc/shadow",
+		filepath.Join(srv, "public.txt"),
+	}
+}
+
+func probe(paths []string) string {
+	var b strings.Builder
+	for _, p := range paths {
+		fmt.Fprintf(&b, "if { [ -d %[1]q ] && ls %[1]q; } >/dev/null 2>&1 || cat %[1]q >/dev/null 2>&1; then echo \"READ %[1]s\"; else echo \"refused %[1]s\"; fi\n", p)
+	}
+	return b.String()
+}
+
+func TestTrustSecretsUnreadable(t *testing.T) {
+	d, key := trustDaemon(t)
+	paths := secrets(t, d, key)
+	// An advisory session has no Landlock: what DAC lets any uid read (the /srv file) it
+	// reads; the daemon's own files it does not.
+	daemonOnly := paths[:len(paths)-1]
+	for _, c := range []struct {
+		name, caps string
+		paths      []string
+	}{
+		{"scoped", "capabilities:\n  containment: scoped\n  shell:\n    allow: [cat, ls]\n", paths},
+		{"scoped-unix", "capabilities:\n  containment: scoped\n  network:\n    unix_sockets: true\n  shell:\n    allow: [cat, ls]\n", paths},
+		{"sealed", "capabilities:\n  containment: sealed\n  shell:\n    allow: [cat, ls]\n", paths},
+		{"advisory", "capabilities:\n  containment: advisory\n", daemonOnly},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			paths := c.paths
+			res := d.ctl("run", capsule(t, "prober", probe(paths), c.caps))
+			if res.code != 0 {
+				t.Fatalf("run: %+v", res)
+			}
+			if strings.Contains(res.stdout, "READ ") {
+				t.Fatalf("a %s session read the daemon's secrets:\n%s", c.name, res.stdout)
+			}
+			for _, p := range paths {
+				if !strings.Contains(res.stdout, "refused "+p) {
+					t.Errorf("no verdict for %s:\n%s", p, res.stdout)
+				}
+			}
+		})
+	}
+}
+
+// The control socket serves no session: a scoped program allowed unix sockets cannot even
+// connect (it is root's, 0660), and a program the operator lets run as root is refused by
+// the peer check.
+func TestTrustControlSocketRefusesSessions(t *testing.T) {
+	d, _ := trustDaemon(t)
+	res := d.ctl("run", capsule(t, "dialer", fmt.Sprintf(`python3 -c '
+import socket
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(%q)
+    print("CONNECTED")
+except OSError as e:
+    print("refused:", e.strerror)
+'`, d.socket), "capabilities:\n  containment: scoped\n  network:\n    unix_sockets: true\n  shell:\n    allow: [python3]\n"))
+	if res.code != 0 || strings.Contains(res.stdout, "CONNECTED") || !strings.Contains(res.stdout, "refused: Permission denied") {
+		t.Fatalf("scoped session and the control socket: %+v", res)
+	}
+	// As host root (sessions.allow_root), through roostctl itself.
+	rooted := filepath.Join(t.TempDir(), "rooted")
+	os.Mkdir(rooted, 0o755)
+	os.WriteFile(filepath.Join(rooted, "capsule.yaml"), fmt.Appendf(nil, `name: rooted
+version: 0.1.0
+run:
+  command: [/bin/sh, -c, 'id -u; %s --socket %s run --containment unconfined %s; echo "rc=$?"']
+capabilities:
+  containment: unconfined
+`, filepath.Join(binDir, "roostctl"), d.socket, filepath.Join(repoRoot(), "examples", "hello")), 0o644)
+	res = d.ctl("run", rooted)
+	if !strings.HasPrefix(res.stdout, "0\n") {
+		t.Fatalf("the allow_root session did not run as root: %+v", res)
+	}
+	if strings.Contains(res.stdout, "hello from") || !strings.Contains(res.stdout+res.stderr, "serves no session's processes") || !strings.Contains(res.stdout, "rc=") || strings.Contains(res.stdout, "rc=0") {
+		t.Fatalf("a root session drove the control socket: %+v", res)
+	}
+	if !strings.Contains(d.log.String(), "serves no session") && !strings.Contains(d.log.String(), "refus") {
+		t.Errorf("roostd logged no refusal:\n%s", d.log)
+	}
+}
+
+// hostUID is a live program's uid on the host, from the host's /proc.
+func hostUID(t *testing.T, pid int) string {
+	t.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "Uid:"); ok {
+			return strings.Fields(rest)[0]
+		}
+	}
+	t.Fatalf("no Uid line for pid %d", pid)
+	return ""
+}
+
+type identity struct {
+	Pid      int `json:"pid"`
+	Identity struct {
+		UID      uint32 `json:"uid"`
+		Size     uint32 `json:"size"`
+		HostRoot bool   `json:"host_root"`
+	} `json:"identity"`
+}
+
+func (d *daemon) identity(id string) identity {
+	d.t.Helper()
+	var s identity
+	if err := json.Unmarshal([]byte(d.ok("inspect", "--json", id)), &s); err != nil {
+		d.t.Fatal(err)
+	}
+	return s
+}
+
+// Two live sessions of each class run as host uids that are neither root nor each other's,
+// the ones inspect names; a restart keeps them (the registry holds the ranges), and a new
+// session never gets a range a live one holds.
+func TestTrustSessionsNeverHostRoot(t *testing.T) {
+	d := newDaemon(t)
+	seen := map[string]string{}
+	var ids []string
+	for _, class := range []string{"sealed", "sealed", "scoped", "scoped", "advisory", "unconfined"} {
+		id := strings.TrimSpace(d.ok("run", "--detach", capsule(t, "sleeper", "touch /tmp/x 2>/dev/null; exec sleep 60",
+			"capabilities:\n  containment: "+class+"\n  shell:\n    allow: [sleep, touch]\n")))
+		ids = append(ids, id)
+	}
+	check := func() {
+		t.Helper()
+		for _, id := range ids {
+			var s identity
+			waitFor(t, "the program's pid", func() bool { s = d.identity(id); return s.Pid != 0 })
+			uid := hostUID(t, s.Pid)
+			if uid == "0" || uid != strconv.Itoa(int(s.Identity.UID)) || s.Identity.Size != 65536 {
+				t.Fatalf("session %s runs as host uid %s; inspect says %+v", id, uid, s.Identity)
+			}
+			if prev, ok := seen[uid]; ok && prev != id {
+				t.Fatalf("sessions %s and %s share host uid %s", prev, id, uid)
+			}
+			seen[uid] = id
+		}
+	}
+	check()
+	d.kill9()
+	d.start()
+	check()
+	// A new session after the restart gets a range of its own.
+	id := strings.TrimSpace(d.ok("run", "--detach", capsule(t, "late", "exec sleep 60", "capabilities:\n  containment: sealed\n  shell:\n    allow: [sleep]\n")))
+	ids = append(ids, id)
+	check()
+	if len(seen) != len(ids) {
+		t.Fatalf("%d sessions, %d distinct uids", len(ids), len(seen))
+	}
+	for _, id := range ids {
+		d.ok("stop", "--grace", "1s", id)
+	}
+}
