@@ -215,3 +215,29 @@ func TestTrustSessionsNeverHostRoot(t *testing.T) {
 		d.ok("stop", "--grace", "1s", id)
 	}
 }
+
+// A file's contents cannot widen the exec allowlist: a script whose #! names "/" would make
+// every file executable; the launch is refused instead, naming the script and its
+// interpreter, and nothing runs.
+func TestTrustShebangDirectoryRefused(t *testing.T) {
+	d := newDaemon(t)
+	// Sealed: the script is only in shell.allow; /usr/bin/id is not, and must not run.
+	sealed := capsule(t, "shebang", `/usr/bin/id && echo RAN`, "capabilities:\n  containment: sealed\n  shell:\n    allow: [/capsule/helper.sh]\n")
+	// Scoped: the script is the program itself.
+	scoped := filepath.Join(t.TempDir(), "shebang")
+	os.MkdirAll(filepath.Join(scoped, "bin"), 0o755)
+	os.WriteFile(filepath.Join(scoped, "capsule.yaml"), []byte("name: shebang\nversion: 0.1.0\nrun:\n  command: [bin/helper.sh]\ncapabilities:\n  containment: scoped\n"), 0o644)
+	for _, c := range []struct{ class, dir, script string }{
+		{"sealed", sealed, filepath.Join(sealed, "helper.sh")},
+		{"scoped", scoped, filepath.Join(scoped, "bin", "helper.sh")},
+	} {
+		os.WriteFile(c.script, []byte("#!/\necho never\n"), 0o755)
+		res := d.ctl("run", c.dir)
+		if res.code != 125 || strings.Contains(res.stdout, "RAN") || strings.Contains(res.stdout, "never") {
+			t.Fatalf("%s: a #!/ script did not stop the launch: %+v", c.class, res)
+		}
+		if !strings.Contains(res.stderr, "helper.sh") || !strings.Contains(res.stderr, `interpreter "/"`) {
+			t.Fatalf("%s: the refusal does not name the script and its interpreter: %q", c.class, res.stderr)
+		}
+	}
+}
