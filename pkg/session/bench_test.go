@@ -4,13 +4,45 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
+
+	"roost.dev/roost/pkg/artifact"
 )
 
 // BenchmarkStage is one Stage: read and validate the capsule, digest it, decide its
 // containment, and commit the session (one fsynced bbolt transaction).
 func BenchmarkStage(b *testing.B) {
-	m, err := Open(testConfig(b.TempDir(), &recorder{}))
+	cfg := testConfig(stateDir(b), &recorder{})
+	// Every staged session holds an id range until it is removed: enough for the loop.
+	cfg.IDs = IDPool{First: 0x10000000, Slots: 0xE000}
+	m, err := Open(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	dir := capsuleB(b)
+	for b.Loop() {
+		if _, err := m.Stage(StageOptions{Capsule: dir}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkStageFromStore stages a capsule given by its directory as roostd does: copied
+// into the content store on the first stage, then found there by its digest (the tree is
+// hashed by descriptors each time).
+func BenchmarkStageFromStore(b *testing.B) {
+	state := stateDir(b)
+	cfg := testConfig(state, &recorder{})
+	cfg.IDs = IDPool{First: 0x10000000, Slots: 0xE000}
+	store, err := artifact.Open(filepath.Join(state, "artifacts"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer store.Close()
+	cfg.Artifacts = store
+	m, err := Open(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}

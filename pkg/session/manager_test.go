@@ -55,7 +55,7 @@ func (r *recorder) SessionRecovered(o string) {
 var testPool = IDPool{First: 0x50000000, Slots: 256}
 
 // stateDir is a state directory whose parents let sessions' uids pass, as /var/lib does.
-func stateDir(t *testing.T) string {
+func stateDir(t testing.TB) string {
 	t.Helper()
 	dir := t.TempDir()
 	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
