@@ -72,6 +72,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzVerify -fuzztime 20s -fuzzminimizetime 5s ./pkg/spawn/
 	$(GO) test -run '^$$' -fuzz FuzzUsage -fuzztime 20s -fuzzminimizetime 5s ./pkg/gateway/
 	$(GO) test -run '^$$' -fuzz FuzzPrepare -fuzztime 20s -fuzzminimizetime 5s ./pkg/gateway/
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 20s -fuzzminimizetime 5s ./pkg/config/
+	$(GO) test -run '^$$' -fuzz FuzzInterpreters -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/roostinit/
 
 tools: $(TOOLS)/buf $(TOOLS)/staticcheck $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
 

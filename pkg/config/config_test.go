@@ -1,6 +1,8 @@
 package config
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -32,5 +34,57 @@ func TestParse(t *testing.T) {
 		if _, err := Parse([]byte(src), "roostd.yaml"); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v (want %q)", src, err, want)
 		}
+	}
+}
+
+// roostd's configuration is the operator's, but a typo in it must be a clear error, never a
+// panic or a block of ids that wraps around.
+func FuzzParse(f *testing.F) {
+	f.Add([]byte("inference:\n  upstreams:\n    - name: a\n      format: openai\n      url: http://x\n      api_key_file: /k\n"))
+	f.Add([]byte("sessions:\n  allow_root: [a, b]\n  ids:\n    first: 65536\n    slots: 2\nenv:\n  passthrough: [LANG]\n"))
+	f.Add([]byte("sessions:\n  ids:\n    first: 4294901760\n    slots: 1\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := Parse(data, "fuzz.yaml")
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "fuzz.yaml") {
+				t.Fatalf("error does not name the file: %v", err)
+			}
+			return
+		}
+		ids := c.Sessions.IDs
+		if ids.First < IDsPerSession || ids.Slots == 0 || uint64(ids.First)+uint64(ids.Slots)*IDsPerSession > 1<<32-1 {
+			t.Fatalf("accepted an id block that does not fit: %+v", ids)
+		}
+	})
+}
+
+func TestSessionsAndEnv(t *testing.T) {
+	c, err := Parse([]byte("sessions:\n  allow_root: [builder]\nenv:\n  passthrough: [LANG, TZ]\n"), "roostd.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Sessions.IDs.First != DefaultFirstID || c.Sessions.IDs.Slots != DefaultIDSlots || c.Sessions.AllowRoot[0] != "builder" || len(c.Env.Passthrough) != 2 {
+		t.Fatalf("%+v", c)
+	}
+	for src, want := range map[string]string{
+		"sessions:\n  allow_root: [Not_A_Name]\n": "sessions.allow_root[0]",
+		"sessions:\n  ids:\n    first: 1000\n":    "sessions.ids.first: 1000",
+		"sessions:\n  ids:\n    slots: 70000\n":   "pass the last uid",
+		"env:\n  passthrough: [\"A=B\"]\n":        "env.passthrough[0]",
+		"sessions:\n  alow_root: [x]\n":           "field alow_root not found",
+	} {
+		if _, err := Parse([]byte(src), "roostd.yaml"); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v (want %q)", src, err, want)
+		}
+	}
+	key := filepath.Join(t.TempDir(), "k")
+	os.WriteFile(key, []byte("sk"), 0o644)
+	c, _ = Parse([]byte("inference:\n  upstreams:\n    - name: a\n      format: openai\n      url: http://x\n      api_key_file: "+key+"\n"), "roostd.yaml")
+	if err := c.CheckSecrets(); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Fatalf("a world-readable key file: %v", err)
+	}
+	os.Chmod(key, 0o640)
+	if err := c.CheckSecrets(); err != nil {
+		t.Fatalf("a key file only its group may read: %v", err)
 	}
 }
