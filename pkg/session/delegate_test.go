@@ -51,6 +51,8 @@ func delegationConfig(t *testing.T, state string, store *artifact.Store, maxDept
 	cfg := testConfig(state, &recorder{})
 	cfg.Artifacts, cfg.Endpoints, cfg.Ledger = store, eps, spend
 	cfg.MaxDepth, cfg.MaxConcurrent = maxDepth, maxConcurrent
+	// A capsule the operator lets run as root, for the tests that try to reach it.
+	cfg.AllowRoot = []string{"rooted"}
 	return cfg, keys
 }
 
@@ -455,5 +457,26 @@ func TestAncestorCeilingThroughDelegation(t *testing.T) {
 	s, _ := d.m.Spend(parent.ID)
 	if s.Charged != 0 || s.SubtreeCharged != 100 || !s.Ended {
 		t.Errorf("the parent's account: %+v", s)
+	}
+}
+
+// A session cannot become host root through a child: a capsule sessions.allow_root names is
+// refused to a parent that does not run as root itself, and nothing is staged.
+func TestSpawnRefusesHostRootChild(t *testing.T) {
+	d := newDelegation(t, 3, 4)
+	d.push("parent", "sleep 30", "  spawn:\n    allow: [rooted]\n")
+	d.push("rooted", "id -u", "")
+	parent := d.start("parent")
+	if parent.HostRoot || parent.IDs == nil {
+		t.Fatalf("the parent runs as %+v", parent.IDs)
+	}
+	before, _ := d.m.List(true)
+	_, err := d.spawn(parent, "rooted", "", true)
+	var r *spawn.Refusal
+	if !errors.As(err, &r) || r.Key != "sessions.allow_root" || !strings.Contains(r.Msg, "host root") {
+		t.Fatalf("spawn of a host-root child: %v", err)
+	}
+	if after, _ := d.m.List(true); len(after) != len(before) {
+		t.Fatalf("a refused spawn staged something: %d sessions, then %d", len(before), len(after))
 	}
 }

@@ -17,6 +17,8 @@ type Parent struct {
 	// of roostd --max-depth and every ancestor's spawn.max_depth, one less at each level.
 	DepthRemaining int
 	LiveChildren   int
+	// HostRoot: the parent runs as host root (roostd's sessions.allow_root).
+	HostRoot bool
 }
 
 // Child is what the parent asks to start.
@@ -26,6 +28,8 @@ type Child struct {
 	Policy    *manifest.Policy
 	// Floor is the containment class the child would be staged with.
 	Floor manifest.Class
+	// HostRoot: the child would run as host root (roostd's sessions.allow_root names it).
+	HostRoot bool
 }
 
 // Why a spawn is refused, as a bounded metric label.
@@ -154,6 +158,10 @@ func envelope(p Parent, c Child) error {
 	}
 	if c.Floor < p.Achieved {
 		return refuse("capabilities.containment", "the child would run %s, weaker than its parent's %s; a child's containment may only rise", c.Floor, p.Achieved)
+	}
+	// Host root is the most a session can hold: only a parent that holds it may hand it on.
+	if c.HostRoot && !p.HostRoot {
+		return refuse("sessions.allow_root", "the child would run as host root (roostd's sessions.allow_root names %q), which its parent does not", c.Name)
 	}
 	return nil
 }

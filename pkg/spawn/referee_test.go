@@ -117,15 +117,17 @@ type refereeCase struct {
 	name          string
 	parent, child caps
 	// Parent and child facts besides their manifests; zero values take the defaults below.
-	childName      string
-	depth          *int
-	live           int
-	maxConcurrent  *int
-	achieved       string
-	floor          string
-	wantReason     string
-	wantKey        string
-	wantMsgContain []string
+	childName     string
+	depth         *int
+	live          int
+	maxConcurrent *int
+	achieved      string
+	floor         string
+	// parentRoot and childRoot: the session runs as host root (sessions.allow_root).
+	parentRoot, childRoot bool
+	wantReason            string
+	wantKey               string
+	wantMsgContain        []string
 }
 
 func intp(n int) *int { return &n }
@@ -139,7 +141,8 @@ func (tc refereeCase) run(t *testing.T) {
 	if tc.achieved != "" {
 		p.Achieved = class(t, tc.achieved)
 	}
-	c := spawn.Child{Name: "worker", Ref: "worker@0.1.0", Policy: policyOf(t, tc.child.yaml()), Floor: p.Achieved}
+	p.HostRoot = tc.parentRoot
+	c := spawn.Child{Name: "worker", Ref: "worker@0.1.0", Policy: policyOf(t, tc.child.yaml()), Floor: p.Achieved, HostRoot: tc.childRoot}
 	if tc.childName != "" {
 		c.Name, c.Ref = tc.childName, tc.childName+"@0.1.0"
 	}
@@ -303,6 +306,14 @@ func TestRefereeEnvelope(t *testing.T) {
 		}
 		cases = append(cases, tc)
 	}
+
+	// Host root only from a parent that has it.
+	cases = append(cases,
+		refereeCase{name: "host root child under an unprivileged parent", parent: base, child: base, childRoot: true,
+			wantReason: spawn.ReasonEnvelope, wantKey: "sessions.allow_root", wantMsgContain: []string{"host root", "worker"}},
+		refereeCase{name: "host root child under a host root parent", parent: base, child: base, childRoot: true, parentRoot: true},
+		refereeCase{name: "unprivileged child under a host root parent", parent: base, child: base, parentRoot: true},
+	)
 
 	for _, tc := range cases {
 		t.Run(tc.name, tc.run)
