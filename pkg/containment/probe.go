@@ -101,7 +101,7 @@ type Catalog []Capability
 // rehearsing a session of each (see Rehearse): nil when it ran.
 func NewCatalog(h Host, scoped, sealed error) Catalog {
 	scopedCap := Capability{Class: manifest.Scoped, Available: scoped == nil,
-		Detail: fmt.Sprintf("on the host's view: Landlock ABI %d (host read-only, workdir or scope writable, exec allowlist); cgroup memory, pids and cpu; seccomp; no capabilities; no_new_privs", h.LandlockABI)}
+		Detail: fmt.Sprintf("on the host's view, as an unprivileged uid of the session's own: Landlock ABI %d (reads only the system trees and its own, writes only its workdir or scope and TMPDIR, exec allowlist); cgroup memory, pids and cpu; seccomp; no capabilities; no_new_privs", h.LandlockABI)}
 	if scoped != nil {
 		scopedCap.Detail = "rehearsing a scoped session failed: " + scoped.Error()
 	}
@@ -111,8 +111,8 @@ func NewCatalog(h Host, scoped, sealed error) Catalog {
 		sealedCap.Detail = "rehearsing a sealed session failed: " + sealed.Error()
 	}
 	return Catalog{
-		{manifest.Unconfined, true, "plain child process under roost-init; environment, rlimits and deadline applied"},
-		{manifest.Advisory, true, "plain child process under roost-init; environment, rlimits and deadline applied, every other grant recorded, not enforced"},
+		{manifest.Unconfined, true, "plain child process under roost-init, as an unprivileged uid of the session's own (host root only for capsules sessions.allow_root names); environment, rlimits and deadline applied"},
+		{manifest.Advisory, true, "plain child process under roost-init, as an unprivileged uid of the session's own (host root only for capsules sessions.allow_root names); environment, rlimits and deadline applied, every other grant recorded, not enforced"},
 		scopedCap,
 		sealedCap,
 	}
