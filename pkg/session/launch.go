@@ -138,7 +138,7 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class 
 	l.policyMu.Lock()
 	l.policy = policy
 	l.policyMu.Unlock()
-	if len(policy.Spawn.Allow) > 0 && class != manifest.Sealed {
+	if len(m.childrenDirs(rec, class, policy)) > 0 {
 		if err := m.prepareChildrenDir(rec); err != nil {
 			return nil, err
 		}
@@ -193,16 +193,12 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, man *manifest.Ma
 	if rec.IDs != nil {
 		ids = *rec.IDs
 	}
-	var children []string
-	if len(policy.Spawn.Allow) > 0 && class != manifest.Sealed {
-		children = []string{m.childrenOfDir(rec.ID)}
-	}
 	return containment.Spec{
 		SessionID:  rec.ID,
 		Class:      class,
 		IDs:        ids,
 		Root:       rec.HostRoot,
-		Children:   children,
+		Children:   m.childrenDirs(rec, class, policy),
 		Argv:       view.command(rec),
 		Env:        environment(rec, man, m.hostEnv(policy), view, extra),
 		NetNS:      netns,

@@ -151,14 +151,14 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*Record, error) {
 		rec.DepthRemaining = min(opts.DepthRemaining, int(p.policy.Spawn.MaxDepth.Value))
 	}
 	rec.HostRoot = m.hostRoot(p)
+	// The session's trace opens with this: the grants, and the ids it is given below.
+	e := m.explanation(p)
 	if err := m.update(func(tx *Tx) error {
 		if !rec.HostRoot {
 			if err := tx.AllocateIDs(rec, m.cfg.IDs); err != nil {
 				return err
 			}
 		}
-		// The session's trace opens with this: the grants, and the ids it was given.
-		e := m.explanation(p)
 		if id := identityProto(rec); id != nil {
 			e.Identity = id
 		}

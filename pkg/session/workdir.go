@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/workdir"
 )
 
@@ -126,6 +127,16 @@ func (m *Manager) parentGroup(parentID string) (int, error) {
 		return 0, nil
 	}
 	return int(parent.IDs.First), nil
+}
+
+// childrenDirs lists where a session's children work outside its workdir: for a parent
+// without a sealed root that may spawn, its directory under children/; none otherwise (a
+// sealed parent's children work beneath its workdir).
+func (m *Manager) childrenDirs(rec *Record, class manifest.Class, p *manifest.Policy) []string {
+	if len(p.Spawn.Allow) == 0 || class == manifest.Sealed {
+		return nil
+	}
+	return []string{m.childrenOfDir(rec.ID)}
 }
 
 // childrenOfDir is where the children of a parent without a sealed root work.
