@@ -66,8 +66,8 @@ printf 'name: typo\nversion: 0.1.0\nrun:\n  command: [/bin/true]\ncapabilities:\
 expect 125 ./bin/roostctl run "$typo"
 compile=$state/compile
 mkdir -p "$compile"
-printf 'name: compile\nversion: 0.1.0\nrun:\n  command: [/bin/true]\ncapabilities:\n  filesystem:\n    workdir_exec: true\n' >"$compile/capsule.yaml"
-expect 125 ./bin/roostctl run --containment sealed "$compile"
+printf 'name: compile\nversion: 0.1.0\nrun:\n  command: [/bin/sh, -c, "cp /usr/bin/echo /work/myecho && /work/myecho a program the session wrote runs, and the sealed root still holds it"]\ncapabilities:\n  containment: sealed\n  filesystem:\n    workdir_exec: true\n  shell:\n    allow: [cp]\n' >"$compile/capsule.yaml"
+expect 0 ./bin/roostctl run "$compile"
 expect 0 ./bin/roostctl run examples/sealed
 
 echo

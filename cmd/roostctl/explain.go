@@ -98,6 +98,9 @@ func printExplanation(cmd *cobra.Command, e *roostv1.Explanation) {
 	if r := e.GetReadable(); len(r) > 0 {
 		fmt.Fprintf(out, "reads        %s\n", strings.Join(r, "; "))
 	}
+	if x := e.GetExecutable(); len(x) > 0 {
+		fmt.Fprintf(out, "executes     %s\n", strings.Join(x, "; "))
+	}
 	for i, v := range e.GetEnv() {
 		label := ""
 		if i == 0 {

@@ -69,12 +69,6 @@ func Decide(p *manifest.Policy, sources []FloorSource, catalog Catalog) Decision
 	}
 	origin := strings.Join(from, ", ")
 
-	// An executable workdir defeats any exec allowlist, so nothing above advisory can be
-	// claimed for it.
-	if p.Filesystem.WorkdirExec && d.Floor > manifest.Advisory {
-		d.Shortfall = fmt.Sprintf("containment floor %q (from %s) cannot be met: filesystem.workdir_exec: true makes exec allowlists unenforceable, which caps the class at advisory; drop workdir_exec or lower the floor", d.Floor, origin)
-		return d
-	}
 	capability := catalog.Lookup(d.Floor)
 	if !capability.Available {
 		d.Shortfall = fmt.Sprintf("containment floor %q (from %s) cannot be met: this build and host deliver at most %q; %s: %s",
@@ -83,8 +77,10 @@ func Decide(p *manifest.Policy, sources []FloorSource, catalog Catalog) Decision
 	}
 	d.Achieved, d.Met = d.Floor, true
 	d.Mechanism = capability.Detail
-	if p.Filesystem.WorkdirExec {
-		d.Mechanism += "; filesystem.workdir_exec: true caps the class at advisory"
+	// An executable workdir keeps the class: the kernel boundary holds the session, and the
+	// exec allowlist is policy inside it.
+	if p.Filesystem.WorkdirExec && d.Floor >= manifest.Scoped {
+		d.Mechanism += "; filesystem.workdir_exec: its workdir and scratch directories may exec, everything else holds"
 	}
 	return d
 }

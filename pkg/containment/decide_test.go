@@ -32,8 +32,7 @@ func TestDecide(t *testing.T) {
 		{"run cannot lower", "capabilities: {containment: advisory}", 0, manifest.Unconfined, manifest.Advisory, true, "every other grant recorded"},
 		{"sealed refused", "capabilities: {containment: sealed}", 0, 0, manifest.Sealed, false, `containment floor "sealed" (from capabilities.containment) cannot be met: this build and host deliver at most "advisory"`},
 		{"scoped by run refused", "", 0, manifest.Scoped, manifest.Scoped, false, `floor "scoped" (from run --containment)`},
-		{"workdir_exec with scoped", "capabilities: {containment: scoped, filesystem: {workdir_exec: true}}", 0, 0, manifest.Scoped, false, "workdir_exec: true makes exec allowlists unenforceable"},
-		{"workdir_exec with advisory", "capabilities: {filesystem: {workdir_exec: true}}", 0, 0, manifest.Advisory, true, "caps the class at advisory"},
+		{"workdir_exec with advisory", "capabilities: {filesystem: {workdir_exec: true}}", 0, 0, manifest.Advisory, true, "every other grant recorded"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -58,6 +57,19 @@ func TestDecide(t *testing.T) {
 	}
 }
 
+// An executable workdir keeps the class: the kernel boundary holds, and the decision says
+// which trees may exec.
+func TestDecideWorkdirExecKeepsTheClass(t *testing.T) {
+	catalog := NewCatalog(Host{Root: true}, nil, nil)
+	for _, class := range []string{"scoped", "sealed"} {
+		p := policy(t, "capabilities: {containment: "+class+", filesystem: {workdir_exec: true}}")
+		d := Decide(&p, Sources(&p, 0, 0), catalog)
+		if !d.Met || d.Achieved.String() != class || !strings.Contains(d.Mechanism, "workdir and scratch directories may exec") {
+			t.Fatalf("%s with workdir_exec: %+v", class, d)
+		}
+	}
+}
+
 func TestGrantsNeverClaimWhatAPlainProcessCannotHold(t *testing.T) {
 	p := policy(t, "capabilities: {network: {allow: [example.com]}, shell: {allow: [sh]}, filesystem: {scope: src}}")
 	for _, root := range []bool{true, false} {
@@ -71,7 +83,7 @@ func TestGrantsNeverClaimWhatAPlainProcessCannotHold(t *testing.T) {
 				t.Errorf("%s claimed %q in an advisory session", key, byKey[key].Enforcement)
 			}
 		}
-		for _, key := range []string{"env.allow", "limits.deadline_seconds", "resources.max_open_files", "resources.memory_bytes", "resources.workdir_max_bytes"} {
+		for _, key := range []string{"env.allow", "limits.deadline_seconds", "resources.max_open_files", "resources.workdir_max_bytes"} {
 			if byKey[key].Enforcement != Enforced {
 				t.Errorf("%s is %q; roost enforces it", key, byKey[key].Enforcement)
 			}
@@ -85,6 +97,18 @@ func TestGrantsNeverClaimWhatAPlainProcessCannotHold(t *testing.T) {
 		}
 		if byKey["network.allow"].Value != "example.com" || byKey["resources.max_open_files"].Value != "1024 (default)" {
 			t.Errorf("values: %+v %+v", byKey["network.allow"], byKey["resources.max_open_files"])
+		}
+	}
+	// RLIMIT_AS only when declared.
+	declared := policy(t, "capabilities: {resources: {memory_bytes: 1073741824}}")
+	for _, g := range Grants(manifest.Advisory, &declared, false) {
+		if g.Key == "resources.memory_bytes" && g.Enforcement != Enforced {
+			t.Errorf("a declared memory_bytes is %q", g.Enforcement)
+		}
+	}
+	for _, g := range Grants(manifest.Advisory, &p, false) {
+		if g.Key == "resources.memory_bytes" && g.Enforcement != NotApplicable {
+			t.Errorf("an undeclared memory_bytes is %q", g.Enforcement)
 		}
 	}
 	// Nothing is claimed for a class there is no runtime for.

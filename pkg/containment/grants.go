@@ -25,18 +25,30 @@ type Grant struct {
 	Mechanism   string
 }
 
-// Rlimits are the resource limits a plain-process session gets, one per resources key that
-// maps to an rlimit. Without a cgroup scope, RLIMIT_NPROC and RLIMIT_AS stand in for the
-// cgroup's pids and memory limits.
+// Rlimits are the resource limits a session's processes get, one per resources key that
+// maps to an rlimit. RLIMIT_AS only when the manifest declares resources.memory_bytes: address
+// space is not memory (runtimes with a JIT, a garbage collector or sanitizers reserve far
+// more than they touch), and the cgroup holds memory where there is one.
 func Rlimits(p *manifest.Policy) []Rlimit {
 	r := p.Resources
-	return []Rlimit{
+	out := []Rlimit{
 		{Name: "resources.max_open_files", Resource: unix.RLIMIT_NOFILE, Value: uint64(r.MaxOpenFiles.Value)},
 		{Name: "resources.max_file_size_bytes", Resource: unix.RLIMIT_FSIZE, Value: uint64(r.MaxFileSizeBytes.Value)},
 		{Name: "resources.cpu_seconds", Resource: unix.RLIMIT_CPU, Value: uint64(r.CPUSeconds.Value)},
 		{Name: "resources.max_processes", Resource: unix.RLIMIT_NPROC, Value: uint64(r.MaxProcesses.Value)},
-		{Name: "resources.memory_bytes", Resource: unix.RLIMIT_AS, Value: uint64(r.MemoryBytes.Value)},
 	}
+	if r.MemoryBytes.Declared != nil {
+		out = append(out, Rlimit{Name: "resources.memory_bytes", Resource: unix.RLIMIT_AS, Value: uint64(r.MemoryBytes.Value)})
+	}
+	return out
+}
+
+// memoryBytes is how resources.memory_bytes is held: RLIMIT_AS when declared, nothing when not.
+func memoryBytes(p *manifest.Policy) [2]string {
+	if p.Resources.MemoryBytes.Declared == nil {
+		return [2]string{NotApplicable, "no RLIMIT_AS unless declared (address space is not memory: JITs, garbage collectors and sanitizers reserve far more than they use)"}
+	}
+	return [2]string{Enforced, "RLIMIT_AS on every process"}
 }
 
 // Grants lists every key of the policy with how a session of class holds it on this host;
@@ -117,7 +129,6 @@ var common = hold{
 	"resources.max_open_files":      {Enforced, "RLIMIT_NOFILE on every process"},
 	"resources.max_file_size_bytes": {Enforced, "RLIMIT_FSIZE on every process"},
 	"resources.cpu_seconds":         {Enforced, "RLIMIT_CPU on every process"},
-	"resources.memory_bytes":        {Enforced, "RLIMIT_AS on every process"},
 	"inference.upstream":            {Advisory, "the session's gateway forwards only to this upstream, with the operator's key; but this class does not stop the program reaching the network itself"},
 	"inference.model":               {Advisory, "the gateway refuses calls naming another model; but this class does not stop the program reaching the network itself"},
 	"inference.max_session_tokens":  {Advisory, "the ledger admits calls through the gateway and /v1/spend only within it and every ancestor's; but this class does not stop the program reaching the network itself"},
@@ -169,15 +180,16 @@ func plainGrants(class manifest.Class, p *manifest.Policy, asRoot bool) []Grant 
 		"resources.cgroup_pids_max":     {Advisory, noKernel + " (no cgroup)"},
 		"resources.cgroup_cpu_percent":  {Advisory, noKernel + " (no cgroup)"},
 		"resources.max_processes":       nproc,
+		"resources.memory_bytes":        memoryBytes(p),
 		"resources.workdir_max_bytes":   workdirGuard,
 	}).grants(p)
 }
 
 func scopedGrants(p *manifest.Policy) []Grant {
-	unix := [2]string{Enforced, "seccomp: socket(AF_UNIX) and socketpair fail with EACCES"}
+	unix := [2]string{Enforced, "seccomp: socket(AF_UNIX) fails with EACCES, and so does a datagram socketpair (a stream or seqpacket socketpair, which connects a process only to itself, is allowed)"}
 	spawn := [2]string{Enforced, "roost's endpoint (a host loopback port; the credential names the session) referees every spawn; roostd's control socket refuses every session's processes (peer credentials checked), and cannot be reached without AF_UNIX anyway"}
 	if p.Network.UnixSockets {
-		unix = [2]string{Enforced, "allowed; Landlock keeps the session's reads to the system trees and its own, and roostd's control socket refuses every session's processes (peer credentials checked)"}
+		unix = [2]string{Enforced, "allowed; its uid reaches the host's sockets as DAC lets it, abstract ones only within the session (Landlock scope), and roostd's control socket refuses every session's processes (peer credentials checked)"}
 		spawn = [2]string{Enforced, "roost's endpoint (a host loopback port; the credential names the session) referees every spawn; roostd's control socket refuses every session's processes (peer credentials checked)"}
 	}
 	readOnly := [2]string{Enforced, "Landlock: nothing outside the scope is writable"}
@@ -189,7 +201,7 @@ func scopedGrants(p *manifest.Policy) []Grant {
 		"network.allow":                 {Advisory, "no network namespace in this class: the program reaches whatever the host reaches"},
 		"network.unix_sockets":          unix,
 		"filesystem.scope":              {Enforced, "Landlock: only the scope (or the whole workdir) and a private TMPDIR are writable; with a scope, only it and the read_only subtrees of the workdir are readable"},
-		"filesystem.workdir_exec":       {Enforced, "Landlock EXECUTE: nothing but the allowlist executes, and nothing under the workdir, scope or TMPDIR is ever on it"},
+		"filesystem.workdir_exec":       scopedWorkdirExec(p),
 		"filesystem.read_only":          readOnly,
 		"shell.allow":                   {Enforced, "Landlock EXECUTE: only run.command[0], these (looked up on PATH) and their interpreters, each a regular executable file"},
 		"spawn.allow":                   spawn,
@@ -200,18 +212,19 @@ func scopedGrants(p *manifest.Policy) []Grant {
 		"resources.cgroup_pids_max":     {Enforced, "cgroup pids.max"},
 		"resources.cgroup_cpu_percent":  {Enforced, "cgroup cpu quota per 100ms period"},
 		"resources.max_processes":       {Enforced, "cgroup pids.max holds the count, and RLIMIT_NPROC against the session's own uid"},
+		"resources.memory_bytes":        memoryBytes(p),
 		"resources.workdir_max_bytes":   workdirGuard,
 	}).grants(p)
 }
 
 func sealedGrants(p *manifest.Policy) []Grant {
-	unix := [2]string{Enforced, "seccomp: socket(AF_UNIX) and socketpair fail with EACCES"}
+	unix := [2]string{Enforced, "seccomp: socket(AF_UNIX) fails with EACCES, and so does a datagram socketpair (a stream or seqpacket socketpair, which connects a process only to itself, is allowed)"}
 	if p.Network.UnixSockets {
-		unix = [2]string{Enforced, "allowed; the session's own namespaces leave only its own sockets to reach"}
+		unix = [2]string{Enforced, "allowed; in a sealed root, with its own network namespace, the only sockets to reach are the session's own"}
 	}
-	exec := [2]string{Enforced, "/work and /tmp are mounted noexec"}
+	exec := [2]string{Enforced, "/work, /tmp, /dev/shm and /root are mounted noexec and never on the allowlist: nothing the session writes executes"}
 	if p.Filesystem.WorkdirExec {
-		exec = [2]string{Enforced, "/work and /tmp are mounted exec"}
+		exec = [2]string{Enforced, "/work, /tmp, /dev/shm and /root execute what the session puts there; the rest of the root only the allowlist; the user namespace, namespaces, seccomp and cgroup hold whatever runs"}
 	}
 	referee := "the session's endpoint, inside its own network namespace, referees every spawn (spawn.allow, depth, live children, then the child's envelope); roostd's socket is absent from the root"
 	return with(with(common, sealedInference), hold{
@@ -230,8 +243,35 @@ func sealedGrants(p *manifest.Policy) []Grant {
 		"resources.cgroup_pids_max":     {Enforced, "cgroup pids.max"},
 		"resources.cgroup_cpu_percent":  {Enforced, "cgroup cpu quota per 100ms period"},
 		"resources.max_processes":       {Enforced, "cgroup pids.max holds the count, and RLIMIT_NPROC against the session's own uid range"},
+		"resources.memory_bytes":        memoryBytes(p),
 		"resources.workdir_max_bytes":   {Enforced, workdirGuard[1] + "; /tmp is a tmpfs of at most this size"},
 	}).grants(p)
+}
+
+func scopedWorkdirExec(p *manifest.Policy) [2]string {
+	if p.Filesystem.WorkdirExec {
+		return [2]string{Enforced, "its workdir, TMPDIR, home and /dev/shm execute what the session puts there; the rest of the host only the allowlist; its uid, Landlock's reads and writes, seccomp and cgroup hold whatever runs"}
+	}
+	return [2]string{Enforced, "nothing the session writes executes: its workdir, TMPDIR, home and /dev/shm are never on the allowlist and are mounted noexec in its own mount namespace, so not even the dynamic loader maps a program from them"}
+}
+
+// Executable lists, in words, what a session's program of class may execute.
+func Executable(class manifest.Class, p *manifest.Policy) []string {
+	allow := "run.command[0], shell.allow and their interpreters"
+	switch class {
+	case manifest.Scoped:
+		if p.Filesystem.WorkdirExec {
+			return []string{allow, "anything in its workdir, TMPDIR, home and /dev/shm (workdir_exec)"}
+		}
+		return []string{allow}
+	case manifest.Sealed:
+		if p.Filesystem.WorkdirExec {
+			return []string{allow + " (inside the root)", "anything in /work, /tmp, /dev/shm and /root (workdir_exec)"}
+		}
+		return []string{allow + " (inside the root)"}
+	default:
+		return []string{"anything its uid may execute (this class has no exec allowlist)"}
+	}
 }
 
 type grantList struct {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/opencontainers/runc/libcontainer/specconv"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"roost.dev/roost/pkg/manifest"
 )
@@ -21,6 +22,8 @@ const (
 	sealedInitPath = sealedInitDir + "/" + InitName
 	// SealedTaskPath is where a sealed session finds the task text its parent gave it.
 	SealedTaskPath = "/run/roost/task.md"
+	// SealedHome is a sealed session's HOME: root's home, as its passwd says.
+	SealedHome = "/root"
 	// CgroupParent holds every scoped and sealed session's cgroup: /roost/<session>.
 	CgroupParent = "/roost"
 	// devShmBytes bounds /dev/shm; it is memory, charged to the session's cgroup too.
@@ -50,6 +53,8 @@ type SealedLayout struct {
 	Task string
 	// IDs is the host range the session's user namespace maps 0..Size-1 onto.
 	IDs IDs
+	// Home is the session's home directory on the host, mounted at SealedHome.
+	Home string
 }
 
 // SealedSpec describes a sealed session as an OCI runtime spec: the one description of its
@@ -60,15 +65,17 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 		return nil, fmt.Errorf("session %s has no uid range for its user namespace", l.SessionID)
 	}
 	example := specconv.Example()
+	// The session's writable trees (its workdir, /tmp, /dev/shm, its home) execute only
+	// with workdir_exec; the rest of the root is read-only, and /dev holds no programs.
 	noexec := "noexec"
 	if p.Filesystem.WorkdirExec {
 		noexec = "exec"
 	}
 	mounts := []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
-		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "noexec", "strictatime", "mode=755", "size=65536k"}},
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
-		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", fmt.Sprintf("size=%d", devShmBytes)}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", noexec, "nodev", "mode=1777", fmt.Sprintf("size=%d", devShmBytes)}},
 		{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro", "nosuid", "nodev"}},
 	}
 	if !l.MergedUsr {
@@ -86,6 +93,9 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 		specs.Mount{Destination: sealedInitPath, Type: "bind", Source: l.Init, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 	)
 	mounts = append(mounts, workMounts(l, p, noexec)...)
+	if l.Home != "" {
+		mounts = append(mounts, specs.Mount{Destination: SealedHome, Type: "bind", Source: l.Home, Options: []string{"bind", "rw", "nosuid", "nodev", noexec}})
+	}
 	if l.Task != "" {
 		// /run is a tmpfs so the mount point of the task file can be made in the read-only root.
 		mounts = append(mounts,
@@ -104,10 +114,13 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 		Hostname: "roost",
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
-			// roost-init is PID 1; it starts the program (see roostinit).
+			// roost-init is PID 1; it starts the program (see roostinit) in the same
+			// directory with the same rlimits, which the spec states so that it tells the
+			// program's truth.
 			Args:            []string{sealedInitPath, l.SessionID},
 			Env:             []string{"PATH=" + defaultPath},
-			Cwd:             "/",
+			Cwd:             sealedWork,
+			Rlimits:         ociRlimits(p),
 			Capabilities:    caps,
 			NoNewPrivileges: true,
 		},
@@ -124,8 +137,8 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 			GIDMappings:   []specs.LinuxIDMapping{{ContainerID: 0, HostID: l.IDs.First, Size: l.IDs.Size}},
 			CgroupsPath:   path.Join(CgroupParent, l.SessionID),
 			Resources:     resources(p),
-			MaskedPaths:   maskedPaths(example.Linux.MaskedPaths),
-			ReadonlyPaths: example.Linux.ReadonlyPaths,
+			MaskedPaths:   present(maskedPaths(example.Linux.MaskedPaths)),
+			ReadonlyPaths: present(example.Linux.ReadonlyPaths),
 		},
 	}
 	seccomp, err := seccompProfile(spec, p.Network.UnixSockets)
@@ -150,6 +163,40 @@ func maskedPaths(base []string) []string {
 		}
 	}
 	return out
+}
+
+// present keeps the /proc and /sys paths this kernel has: a spec naming others states
+// masks no runtime can apply.
+func present(paths []string) []string {
+	return slices.DeleteFunc(slices.Clone(paths), func(p string) bool {
+		_, err := os.Lstat(p)
+		return err != nil
+	})
+}
+
+// ociRlimits are the session's rlimits as the OCI spec names them.
+func ociRlimits(p *manifest.Policy) []specs.POSIXRlimit {
+	var out []specs.POSIXRlimit
+	for _, rl := range Rlimits(p) {
+		name, ok := rlimitNames[rl.Resource]
+		if !ok {
+			continue
+		}
+		hard := rl.Value
+		if rl.Resource == unix.RLIMIT_CPU {
+			hard++ // as roost-exec sets it: SIGXCPU a second before SIGKILL
+		}
+		out = append(out, specs.POSIXRlimit{Type: name, Soft: rl.Value, Hard: hard})
+	}
+	return out
+}
+
+var rlimitNames = map[int]string{
+	unix.RLIMIT_NOFILE: "RLIMIT_NOFILE",
+	unix.RLIMIT_FSIZE:  "RLIMIT_FSIZE",
+	unix.RLIMIT_CPU:    "RLIMIT_CPU",
+	unix.RLIMIT_NPROC:  "RLIMIT_NPROC",
+	unix.RLIMIT_AS:     "RLIMIT_AS",
 }
 
 // ChildrenRoot is where, relative to a session's workdir, its children's workdirs are.

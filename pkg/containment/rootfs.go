@@ -56,7 +56,7 @@ func composeRoot(dir string, l SealedLayout) error {
 			return err
 		}
 	}
-	dirs := []string{"usr", "proc", "dev", "tmp", "work", "capsule", "etc", ".roost", "run"}
+	dirs := []string{"usr", "proc", "dev", "tmp", "work", "capsule", "etc", ".roost", "run", "root"}
 	for _, e := range l.EtcBinds {
 		dirs = append(dirs, strings.TrimPrefix(e, "/"))
 	}
@@ -74,7 +74,7 @@ func composeRoot(dir string, l SealedLayout) error {
 	}
 	etc := filepath.Join(dir, "etc")
 	files := map[string]string{
-		"passwd":        "root:x:0:0:root:/work:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+		"passwd":        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
 		"group":         "root:x:0:\nnogroup:x:65534:\n",
 		"hostname":      "roost\n",
 		"hosts":         "127.0.0.1\tlocalhost roost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
@@ -88,9 +88,12 @@ func composeRoot(dir string, l SealedLayout) error {
 		}
 	}
 	// The dynamic loader finds multiarch libraries through its cache; copy it (and the
-	// zone, a link) so programs start as they do on the host.
-	if err := copyFile("/etc/ld.so.cache", filepath.Join(etc, "ld.so.cache")); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
+	// zone, a link) so programs start as they do on the host. Protocol and service names
+	// are what getaddrinfo and friends look up (Python's socket, Node's net, curl).
+	for _, f := range []string{"ld.so.cache", "protocols", "services"} {
+		if err := copyFile(filepath.Join("/etc", f), filepath.Join(etc, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
 	}
 	if target, err := os.Readlink("/etc/localtime"); err == nil && strings.HasPrefix(target, "/usr/") {
 		if err := os.Symlink(target, filepath.Join(etc, "localtime")); err != nil {

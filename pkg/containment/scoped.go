@@ -136,11 +136,8 @@ func (r *ScopedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 		DropCapabilities: true,
 		Seccomp:          bpf,
 		User:             user,
-		// Nothing the session can write becomes an exec rule: its workdir (a scope's
-		// surroundings too: an earlier session wrote them), TMPDIR and children's workdirs.
-		Landlock: &roostinit.Landlock{Exec: spec.Policy.Shell.Allow, FS: ScopedFS(spec, tmp),
-			NoExec: append([]string{spec.Dir, tmp}, spec.Children...)},
 	}
+	exec.Landlock, exec.Mounts = scopedExec(spec, tmp)
 	p, err := r.plain.start(ctx, spec, exec)
 	if err != nil {
 		return nil, err
@@ -179,6 +176,30 @@ func (r *ScopedRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (P
 	return &scopedProcess{plainProcess: p.(*plainProcess), cgroup: cg}, nil
 }
 
+// scopedExec is what may execute in a scoped session, and the mounts that hold it. The trees
+// the session writes (its workdir — a scope's surroundings too: an earlier session wrote
+// them —, TMPDIR, home and private /dev/shm) never become exec rules and are mounted noexec
+// in its own mount namespace, so not even the dynamic loader maps a program from them; the
+// children's workdirs are theirs, never the parent's to run. With workdir_exec those trees
+// execute whatever is in them, and the rest of the host still only the allowlist.
+func scopedExec(spec Spec, tmp string) (*roostinit.Landlock, *roostinit.Mounts) {
+	writable := []string{spec.Dir, tmp}
+	if spec.Home != "" {
+		writable = append(writable, spec.Home)
+	}
+	l := &roostinit.Landlock{Exec: spec.Policy.Shell.Allow, FS: ScopedFS(spec, tmp)}
+	m := &roostinit.Mounts{Shm: devShmBytes}
+	if spec.Policy.Filesystem.WorkdirExec {
+		l.ExecTrees = append(writable, "/dev/shm")
+		l.NoExec = slices.Clone(spec.Children)
+		m.ShmExec = true
+	} else {
+		l.NoExec = append(slices.Clone(writable), spec.Children...)
+		m.NoExec = writable
+	}
+	return l, m
+}
+
 // systemTrees are the host trees a scoped program may read: what programs are made of and
 // configured by. Nothing else of the host is readable (roostd's state, /root, /home, /var,
 // /run, /srv, /mnt, /media, /tmp), whatever DAC would allow.
@@ -203,7 +224,10 @@ func ScopedFS(spec Spec, tmp string) *roostinit.LandlockFS {
 			fsr.Read = append(fsr.Read, filepath.Join(spec.Dir, ro))
 		}
 	}
-	fsr.Write = []string{writable, tmp}
+	fsr.Write = []string{writable, tmp, "/dev/shm"}
+	if spec.Home != "" {
+		fsr.Write = append(fsr.Write, spec.Home)
+	}
 	if spec.Task != "" {
 		fsr.ReadFiles = append(fsr.ReadFiles, spec.Task)
 	}

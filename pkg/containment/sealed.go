@@ -163,7 +163,7 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	}
 	id := spec.SessionID
 	layout := r.Layout(id, spec.Dir, spec.CapsuleDir)
-	layout.NetNS, layout.Task, layout.IDs = spec.NetNS, spec.Task, spec.IDs
+	layout.NetNS, layout.Task, layout.IDs, layout.Home = spec.NetNS, spec.Task, spec.IDs, spec.Home
 	defer func() {
 		if retErr != nil {
 			_ = r.Release(id)
@@ -214,7 +214,7 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	// Inside the root the program runs at /work, its command from the sealed view.
 	// Landlock holds the exec allowlist: the program, shell.allow, and their interpreters.
 	execSpec := roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: sealedWork, Rlimits: spec.Rlimits,
-		Landlock: &roostinit.Landlock{Exec: spec.Policy.Shell.Allow, NoExec: []string{sealedWork, "/tmp", "/dev", "/run"}}}
+		Landlock: sealedLandlock(spec.Policy)}
 	proc := &libcontainer.Process{
 		Args:       []string{sealedInitPath, id},
 		Env:        []string{"PATH=" + defaultPath},
@@ -266,6 +266,19 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 		return nil, err
 	}
 	return &sealedProcess{ref: ref, recordsDir: spec.RecordsDir, watch: w, runtime: r, container: container, proc: proc}, nil
+}
+
+// sealedLandlock is the exec allowlist inside a sealed root. What the session can write
+// (/work, /tmp, /dev/shm, its home; /dev and /run hold roost's own mounts) never becomes an
+// exec rule, and is mounted noexec; with workdir_exec those trees execute whatever is in
+// them, and the rest of the root still only what the allowlist names.
+func sealedLandlock(p *manifest.Policy) *roostinit.Landlock {
+	l := &roostinit.Landlock{Exec: p.Shell.Allow, NoExec: []string{sealedWork, "/tmp", "/dev", "/run", SealedHome}}
+	if p.Filesystem.WorkdirExec {
+		l.NoExec = []string{"/dev", "/run"}
+		l.ExecTrees = []string{sealedWork, "/tmp", "/dev/shm", SealedHome}
+	}
+	return l
 }
 
 // hostRef turns the pids roost-init saw in the session's pid namespace into the host's:

@@ -11,7 +11,8 @@ import (
 )
 
 // seccompProfile is moby's default profile for the spec's capability set, plus roost's own
-// rule: without network.unix_sockets, socket(AF_UNIX, ...) and socketpair fail with EACCES.
+// rule: without network.unix_sockets, socket(AF_UNIX, ...) fails with EACCES, and so does
+// every AF_UNIX socketpair but a stream or seqpacket one (see unixPairs).
 //
 // A syscall restricted by argument must not also be allowed outright (an unconditional
 // allow wins), so the AF_UNIX rule first takes socket, socketpair and socketcall out of the
@@ -51,22 +52,73 @@ func seccompProfile(spec *specs.Spec, unixSockets bool) (*specs.LinuxSeccomp, er
 	domains = slices.DeleteFunc(domains, func(d uint64) bool { return d == unix.AF_UNIX })
 	sort.Slice(domains, func(i, j int) bool { return domains[i] < domains[j] })
 	domains = slices.Compact(domains)
+	// moby allows socketpair outright, whatever the family. Here every other family gets
+	// what socket(2) gets: socketpair creates its two sockets as socket(2) would, and a
+	// rule "family != AF_UNIX" would not do, as the filter compares all 64 bits of the
+	// argument and the kernel reads an int: AF_UNIX with a high bit set is not AF_UNIX to
+	// the filter and is AF_UNIX to the kernel. Most families refuse socketpair anyway.
 	for _, d := range domains {
 		kept = append(kept, specs.LinuxSyscall{
-			Names: []string{"socket"}, Action: specs.ActAllow,
+			Names: []string{"socket", "socketpair"}, Action: specs.ActAllow,
 			Args: []specs.LinuxSeccompArg{{Index: 0, Value: d, Op: specs.OpEqualTo}},
 		})
 	}
 	eacces := uint(unix.EACCES)
-	kept = append(kept,
-		specs.LinuxSyscall{
-			Names: []string{"socket"}, Action: specs.ActErrno, ErrnoRet: &eacces,
-			Args: []specs.LinuxSeccompArg{{Index: 0, Value: unix.AF_UNIX, Op: specs.OpEqualTo}},
-		},
-		specs.LinuxSyscall{Names: []string{"socketpair"}, Action: specs.ActErrno, ErrnoRet: &eacces},
-	)
+	kept = append(kept, specs.LinuxSyscall{
+		Names: []string{"socket"}, Action: specs.ActErrno, ErrnoRet: &eacces,
+		Args: []specs.LinuxSeccompArg{{Index: 0, Value: unix.AF_UNIX, Op: specs.OpEqualTo}},
+	})
+	kept = append(kept, unixPairs(&eacces)...)
 	profile.Syscalls = kept
 	return profile, nil
+}
+
+// sockTypeMask is the kernel's SOCK_TYPE_MASK: socket(2) and socketpair(2) take flags
+// (SOCK_NONBLOCK, SOCK_CLOEXEC) in the type argument's higher bits.
+const sockTypeMask = 0xf
+
+// unixPairs are the socketpair(AF_UNIX, ...) rules without network.unix_sockets.
+//
+// socketpair(AF_UNIX, SOCK_STREAM or SOCK_SEQPACKET, 0), with or without SOCK_NONBLOCK and
+// SOCK_CLOEXEC, is allowed: both ends are born connected to each other in the calling
+// process, a connected stream or seqpacket socket can neither connect(2) again nor
+// sendto(2) an address (seqpacket ignores the address, stream refuses it), and listen(2)
+// refuses it. It reaches nothing outside the session, and Node's child_process pipes and
+// Python's asyncio event loop need it.
+//
+// A SOCK_DGRAM pair is refused: an AF_UNIX datagram socket, connected or not, may sendto(2)
+// or connect(2) any named socket it can reach (/dev/log, journald's, an abstract name on
+// the host's network namespace), which is what network.unix_sockets grants. SOCK_RAW, which
+// AF_UNIX makes a datagram socket, goes with it.
+//
+// Every other AF_UNIX pair fails with EACCES, like socket(AF_UNIX): one rule per value of
+// the type under sockTypeMask, and for the two allowed ones, a second with a protocol other
+// than 0. libseccomp refuses a rule that overlaps another with a different action, so the
+// rules split the arguments between them with no overlap; anything they miss (a family with
+// bits above the int the kernel reads) takes the profile's default answer.
+func unixPairs(eacces *uint) []specs.LinuxSyscall {
+	var out []specs.LinuxSyscall
+	for kind := uint64(0); kind <= sockTypeMask; kind++ {
+		args := []specs.LinuxSeccompArg{
+			{Index: 0, Value: unix.AF_UNIX, Op: specs.OpEqualTo},
+			{Index: 1, Value: sockTypeMask, ValueTwo: kind, Op: specs.OpMaskedEqual},
+		}
+		if kind != unix.SOCK_STREAM && kind != unix.SOCK_SEQPACKET {
+			out = append(out, specs.LinuxSyscall{Names: []string{"socketpair"}, Action: specs.ActErrno, ErrnoRet: eacces, Args: args})
+			continue
+		}
+		out = append(out,
+			specs.LinuxSyscall{
+				Names: []string{"socketpair"}, Action: specs.ActAllow,
+				Args: append(slices.Clone(args), specs.LinuxSeccompArg{Index: 2, Value: 0, Op: specs.OpEqualTo}),
+			},
+			specs.LinuxSyscall{
+				Names: []string{"socketpair"}, Action: specs.ActErrno, ErrnoRet: eacces,
+				Args: append(slices.Clone(args), specs.LinuxSeccompArg{Index: 2, Value: 0, Op: specs.OpNotEqual}),
+			},
+		)
+	}
+	return out
 }
 
 var nativeArch = map[string]specs.Arch{

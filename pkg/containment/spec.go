@@ -69,6 +69,9 @@ type Spec struct {
 	NetNS string
 	// Task is the host path of the task text a sealed session finds at SealedTaskPath.
 	Task string
+	// Home is the session's home directory on the host (a sealed session's /root): its own,
+	// writable, apart from the workdir so tools' caches stay out of the work.
+	Home string
 	// Children lists directories where the session's children work, outside its workdir
 	// (a parent without a sealed root reaches them through links): it may read them.
 	Children []string

@@ -12,7 +12,7 @@ const (
 	DefaultDeadlineSeconds   = 3600
 	DefaultWasmMemoryBytes   = 512 << 20
 	DefaultCgroupMemoryBytes = 4 << 30
-	DefaultCgroupPidsMax     = 256
+	DefaultCgroupPidsMax     = 4096
 	DefaultCgroupCPUPercent  = 200
 	DefaultMaxOpenFiles      = 1024
 	DefaultMaxFileSizeBytes  = 4 << 30

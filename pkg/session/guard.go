@@ -8,10 +8,10 @@ import (
 	"time"
 )
 
-// guardWorkdir measures the session's workdir every GuardInterval and ends the session once
-// it has grown past its limit. The walk never follows a symlink and counts allocated blocks,
-// so neither a link to a large tree nor a sparse file fools it.
-func (m *Manager) guardWorkdir(l *liveSession, id, workdir string, limit int64, done <-chan struct{}) {
+// guardWorkdir measures the session's workdir and home every GuardInterval and ends the
+// session once together they have grown past its limit. The walk never follows a symlink and
+// counts allocated blocks, so neither a link to a large tree nor a sparse file fools it.
+func (m *Manager) guardWorkdir(l *liveSession, id string, dirs []string, limit int64, done <-chan struct{}) {
 	defer m.wg.Done()
 	ticker := time.NewTicker(m.cfg.GuardInterval)
 	defer ticker.Stop()
@@ -23,11 +23,14 @@ func (m *Manager) guardWorkdir(l *liveSession, id, workdir string, limit int64, 
 			return
 		case <-ticker.C:
 		}
-		used := diskUsage(workdir, limit)
+		var used int64
+		for _, dir := range dirs {
+			used += diskUsage(dir, limit-used)
+		}
 		if used <= limit {
 			continue
 		}
-		saw := fmt.Sprintf("the workdir grew to %d bytes, past resources.workdir_max_bytes (%d)", used, limit)
+		saw := fmt.Sprintf("the workdir and home grew to %d bytes, past resources.workdir_max_bytes (%d)", used, limit)
 		l.mu.Lock()
 		err := m.beginStopSaying(l, id, EndWorkdir, saw, m.cfg.StopGrace)
 		l.mu.Unlock()

@@ -119,6 +119,9 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class 
 	if err := m.prepareWorkdir(rec); err != nil {
 		return nil, fmt.Errorf("workdir: %w", err)
 	}
+	if err := m.prepareHome(rec); err != nil {
+		return nil, fmt.Errorf("home: %w", err)
+	}
 	if rec.HasTask {
 		var task []byte
 		if err := m.reg.View(func(tx *Tx) (err error) {
@@ -170,7 +173,7 @@ const TaskFile = "task.md"
 
 // launchSpec builds the program's start from the manifest recorded at staging.
 func (m *Manager) launchSpec(rec *Record, class manifest.Class, man *manifest.Manifest, policy *manifest.Policy, ep spawn.Endpoint) containment.Spec {
-	view := hostView(rec)
+	view := hostView(rec, m.homeDir(rec.ID))
 	if class == manifest.Sealed {
 		view = sealedView
 	}
@@ -199,6 +202,7 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, man *manifest.Ma
 		IDs:        ids,
 		Root:       rec.HostRoot,
 		Children:   m.childrenDirs(rec, class, policy),
+		Home:       m.homeDir(rec.ID),
 		Argv:       view.command(rec),
 		Env:        environment(rec, man, m.hostEnv(policy), view, extra),
 		NetNS:      netns,
@@ -211,15 +215,17 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, man *manifest.Ma
 	}
 }
 
-// view is where the program finds its workdir and its capsule's files: on the host's paths,
-// or at /work and /capsule inside a sealed root.
+// view is where the program finds its workdir, its capsule's files and its home: on the
+// host's paths, or at /work, /capsule and /root inside a sealed root.
 type view struct {
-	work, capsule string
+	work, capsule, home string
 }
 
-var sealedView = view{work: "/work", capsule: "/capsule"}
+var sealedView = view{work: "/work", capsule: "/capsule", home: containment.SealedHome}
 
-func hostView(rec *Record) view { return view{work: rec.Workdir, capsule: rec.Capsule.Root()} }
+func hostView(rec *Record, home string) view {
+	return view{work: rec.Workdir, capsule: rec.Capsule.Root(), home: home}
+}
 
 // command is the staged command line as the program's view names it: a program from the
 // capsule directory moves with it.
@@ -242,7 +248,7 @@ func (m *Manager) hostEnv(p *manifest.Policy) map[string]string {
 // both), then roost's own ROOST_* variables, which nothing overrides. Sorted, so it is
 // reproducible.
 func environment(rec *Record, man *manifest.Manifest, host map[string]string, v view, roost map[string]string) []string {
-	env := map[string]string{"PATH": defaultPath, "HOME": v.work}
+	env := map[string]string{"PATH": defaultPath, "HOME": v.home}
 	for k, v := range host {
 		env[k] = v
 	}

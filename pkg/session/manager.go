@@ -209,6 +209,7 @@ func (m *Manager) SchemaVersion() string { return m.reg.SchemaVersion() }
 const (
 	workDir    = "work"
 	recordsDir = "records"
+	homesDir   = "home"
 )
 
 // PrepareStateDir makes the state directory and the parts sessions reach into; Open does
@@ -218,7 +219,7 @@ const (
 // everything in them is owned by the one session it belongs to; the registry, the ledger,
 // the key and the records are root's alone (0600/0700).
 func PrepareStateDir(dir string) error {
-	for _, d := range []string{dir, filepath.Join(dir, workDir), filepath.Join(dir, recordsDir), filepath.Join(dir, childrenDir)} {
+	for _, d := range []string{dir, filepath.Join(dir, workDir), filepath.Join(dir, recordsDir), filepath.Join(dir, childrenDir), filepath.Join(dir, homesDir)} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return fmt.Errorf("state directory: %w", err)
 		}

@@ -179,7 +179,7 @@ func TestRunToCompletion(t *testing.T) {
 
 	envData, _ := os.ReadFile(filepath.Join(rec.Workdir, "env.txt"))
 	env := strings.Split(strings.TrimSpace(string(envData)), "\n")
-	for _, want := range []string{"LANG=C.UTF-8", "GREETING=world", "ROOST_SESSION_ID=" + rec.ID, "ROOST_CAPSULE=test@0.1.0", "ROOST_CAPSULE_DIR=" + dir, "HOME=" + rec.Workdir} {
+	for _, want := range []string{"LANG=C.UTF-8", "GREETING=world", "ROOST_SESSION_ID=" + rec.ID, "ROOST_CAPSULE=test@0.1.0", "ROOST_CAPSULE_DIR=" + dir, "HOME=" + m.homeDir(rec.ID)} {
 		if !slices.Contains(env, want) {
 			t.Errorf("environment lacks %s:\n%s", want, envData)
 		}

@@ -95,6 +95,7 @@ func (m *Manager) explanation(p *plan) *roostv1.Explanation {
 		e.Identity.Size = 0
 	}
 	e.Readable = containment.Readable(class, &p.policy)
+	e.Executable = containment.Executable(class, &p.policy)
 	_, verdicts := hostVariables(p.policy.Env.Allow, m.cfg.EnvPassthrough, m.cfg.HostEnv)
 	for _, v := range verdicts {
 		e.Env = append(e.Env, &roostv1.EnvVerdict{Name: v.name, Verdict: v.verdict, Reason: v.reason})

@@ -186,7 +186,7 @@ func (m *Manager) sweepLeftovers() error {
 			}
 		}
 	}
-	for _, sub := range []string{recordsDir, workDir} {
+	for _, sub := range []string{recordsDir, workDir, homesDir} {
 		entries, err := os.ReadDir(filepath.Join(m.cfg.StateDir, sub))
 		if err != nil {
 			return err

@@ -35,6 +35,9 @@ func (m *Manager) Remove(id string) error {
 			return fmt.Errorf("session %s forgotten, but its workdir remains: %w", rec.ID, err)
 		}
 	}
+	if err := os.RemoveAll(m.homeDir(rec.ID)); err != nil {
+		return fmt.Errorf("session %s forgotten, but its home remains: %w", rec.ID, err)
+	}
 	// The directory its children worked in, once they are all gone too.
 	_ = os.Remove(m.childrenOfDir(rec.ID))
 	m.collectCapsules()

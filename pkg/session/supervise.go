@@ -35,7 +35,7 @@ func (m *Manager) supervise(l *liveSession, rec *Record, proc containment.Proces
 	}
 	if rec.WorkdirLimit > 0 {
 		m.wg.Add(1)
-		go m.guardWorkdir(l, rec.ID, rec.Workdir, rec.WorkdirLimit, proc.Done())
+		go m.guardWorkdir(l, rec.ID, []string{rec.Workdir, m.homeDir(rec.ID)}, rec.WorkdirLimit, proc.Done())
 	}
 	m.wg.Add(1)
 	go func() {

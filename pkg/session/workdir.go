@@ -129,6 +129,20 @@ func (m *Manager) parentGroup(parentID string) (int, error) {
 	return int(parent.IDs.First), nil
 }
 
+// homeDir is the session's home: its own, apart from the workdir so that what tools cache
+// there (a module cache, a build cache, shell history) stays out of the work. It counts
+// against resources.workdir_max_bytes with the workdir, and goes when the session is removed.
+func (m *Manager) homeDir(id string) string { return filepath.Join(m.cfg.StateDir, homesDir, id) }
+
+// prepareHome makes the session's home, its uid's.
+func (m *Manager) prepareHome(rec *Record) error {
+	owner := &workdir.Owner{}
+	if rec.IDs != nil && !rec.HostRoot {
+		owner = &workdir.Owner{UID: int(rec.IDs.First), GID: int(rec.IDs.First)}
+	}
+	return workdir.MkdirAll(m.cfg.StateDir, filepath.Join(homesDir, rec.ID), 0o700, owner)
+}
+
 // childrenDirs lists where a session's children work outside its workdir: for a parent
 // without a sealed root that may spawn, its directory under children/; none otherwise (a
 // sealed parent's children work beneath its workdir).

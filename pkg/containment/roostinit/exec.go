@@ -62,6 +62,16 @@ func execMain() {
 	if err != nil {
 		fail("%v", err)
 	}
+	if spec.Mounts != nil {
+		if err := privateMounts(spec.Mounts); err != nil {
+			fail("roost-exec: the session's mounts: %v", err)
+		}
+		// The working directory was entered before the mounts stacked over it: enter it
+		// again, or the program would work beneath them, on the mount it was meant to lose.
+		if err := os.Chdir(spec.Dir); err != nil {
+			fail("roost-exec: working directory %s: %v", spec.Dir, err)
+		}
+	}
 	if spec.NoNewPrivileges || spec.User != nil {
 		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 			fail("roost-exec: no_new_privs: %v", err)

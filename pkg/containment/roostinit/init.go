@@ -180,6 +180,11 @@ func startExec(spec ExecSpec) (int, string) {
 		Files: []uintptr{devnull.Fd(), 1, 2, specR.Fd(), errW.Fd()},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	}
+	if spec.Mounts != nil {
+		// Its own mount namespace, with every mount private: nothing roost-exec mounts
+		// there reaches the host, or roost-init.
+		attr.Sys.Unshareflags = syscall.CLONE_NEWNS
+	}
 	pid, err := syscall.ForkExec("/proc/self/exe", []string{ExecName}, attr)
 	devnull.Close()
 	specR.Close()

@@ -31,6 +31,10 @@ type Landlock struct {
 	// would execute. The FS write trees are always such trees; NoExec adds those Landlock
 	// does not list (a sealed root's /work and /tmp, the workdir around a scope).
 	NoExec []string `json:"no_exec,omitempty"`
+	// ExecTrees lists trees whose every file may execute: a session's workdir and scratch
+	// directories under filesystem.workdir_exec, where the class, not the allowlist, holds
+	// what runs.
+	ExecTrees []string `json:"exec_trees,omitempty"`
 	// FS, when set, confines file access too (scoped sessions, on the host's view).
 	FS *LandlockFS `json:"fs,omitempty"`
 }
@@ -64,7 +68,14 @@ func applyLandlock(l *Landlock, program, path string) error {
 		return err
 	}
 	rules := []landlock.Rule{landlock.PathAccess(ll.AccessFSExecute, execs...)}
-	handled := landlock.AccessFSSet(ll.AccessFSExecute)
+	if len(l.ExecTrees) > 0 {
+		rules = append(rules, landlock.PathAccess(ll.AccessFSExecute, l.ExecTrees...).IgnoreIfMissing())
+	}
+	// Once a ruleset exists, Landlock refuses to move or link a file across directories
+	// unless REFER is handled and granted: granted everywhere here, since mounts and DAC
+	// already decide where the session may write.
+	handled := landlock.AccessFSSet(ll.AccessFSExecute | ll.AccessFSRefer)
+	rules = append(rules, landlock.PathAccess(ll.AccessFSRefer, "/"))
 	if fs := l.FS; fs != nil {
 		handled = allFSRights
 		if len(fs.Read) > 0 {

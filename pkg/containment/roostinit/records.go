@@ -57,11 +57,26 @@ type ExecSpec struct {
 	// Seccomp is a compiled seccomp BPF program (struct sock_filter entries, native byte
 	// order) loaded last before exec.
 	Seccomp []byte `json:"seccomp,omitempty"`
+	// Mounts, when set, gives the program a mount namespace of its own (roost-init starts
+	// roost-exec in one): the host's view, with the changes listed.
+	Mounts *Mounts `json:"mounts,omitempty"`
 	// User, when set, is the unprivileged uid and gid the program runs as. roost-exec
 	// switches to it once it has done what needs root (cgroup, rlimits), with no
 	// supplementary groups, an empty bounding set and no_new_privs, so nothing the program
 	// execs (a setuid binary included) runs as anyone else.
 	User *User `json:"user,omitempty"`
+}
+
+// Mounts is what a scoped session's private mount namespace changes in the host's view.
+type Mounts struct {
+	// Shm is the size of a private tmpfs over /dev/shm (0: the host's, which Landlock keeps
+	// out of reach); ShmExec lets what is written there execute.
+	Shm     int64 `json:"shm,omitempty"`
+	ShmExec bool  `json:"shm_exec,omitempty"`
+	// NoExec lists trees bound over themselves noexec: nothing there executes, not even
+	// through the dynamic loader (ld.so maps a program with mmap, which Landlock's exec
+	// right does not cover; a noexec mount refuses PROT_EXEC maps).
+	NoExec []string `json:"noexec,omitempty"`
 }
 
 // User is a host uid and gid.

@@ -165,7 +165,10 @@ type Explanation struct {
 	// holds it (it sees only what its root is composed of).
 	Readable []string `protobuf:"bytes,6,rep,name=readable,proto3" json:"readable,omitempty"`
 	// Each variable env.allow names, and whether roostd's environment lets it through.
-	Env           []*EnvVerdict `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty"`
+	Env []*EnvVerdict `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty"`
+	// What the program may execute: the allowlist, and with workdir_exec the trees the
+	// session writes.
+	Executable    []string `protobuf:"bytes,8,rep,name=executable,proto3" json:"executable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -245,6 +248,13 @@ func (x *Explanation) GetReadable() []string {
 func (x *Explanation) GetEnv() []*EnvVerdict {
 	if x != nil {
 		return x.Env
+	}
+	return nil
+}
+
+func (x *Explanation) GetExecutable() []string {
+	if x != nil {
+		return x.Executable
 	}
 	return nil
 }
@@ -1207,7 +1217,7 @@ const file_roost_v1_capsule_proto_rawDesc = "" +
 	"\x0fExplainResponse\x127\n" +
 	"\vexplanation\x18\x01 \x01(\v2\x15.roost.v1.ExplanationR\vexplanation\x12\x1d\n" +
 	"\n" +
-	"oci_config\x18\x02 \x01(\tR\tociConfig\"\xc5\x02\n" +
+	"oci_config\x18\x02 \x01(\tR\tociConfig\"\xe5\x02\n" +
 	"\vExplanation\x12.\n" +
 	"\acapsule\x18\x01 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x12?\n" +
 	"\vcontainment\x18\x02 \x01(\v2\x1d.roost.v1.ContainmentDecisionR\vcontainment\x12(\n" +
@@ -1215,7 +1225,10 @@ const file_roost_v1_capsule_proto_rawDesc = "" +
 	"\x06grants\x18\x04 \x03(\v2\x0f.roost.v1.GrantR\x06grants\x12.\n" +
 	"\bidentity\x18\x05 \x01(\v2\x12.roost.v1.IdentityR\bidentity\x12\x1a\n" +
 	"\breadable\x18\x06 \x03(\tR\breadable\x12&\n" +
-	"\x03env\x18\a \x03(\v2\x14.roost.v1.EnvVerdictR\x03env\"R\n" +
+	"\x03env\x18\a \x03(\v2\x14.roost.v1.EnvVerdictR\x03env\x12\x1e\n" +
+	"\n" +
+	"executable\x18\b \x03(\tR\n" +
+	"executable\"R\n" +
 	"\n" +
 	"EnvVerdict\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +

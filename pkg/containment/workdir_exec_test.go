@@ -1,0 +1,120 @@
+package containment
+
+import (
+	"debug/elf"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+)
+
+// loader is the dynamic loader /usr/bin/true names: always on a session's exec allowlist,
+// since every dynamically linked program needs it.
+func loader(t *testing.T) string {
+	t.Helper()
+	f, err := elf.Open("/usr/bin/true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			data := make([]byte, p.Filesz)
+			if _, err := p.ReadAt(data, 0); err != nil {
+				t.Fatal(err)
+			}
+			return strings.TrimRight(string(data), "\x00")
+		}
+	}
+	t.Skip("/usr/bin/true is statically linked")
+	return ""
+}
+
+// Without workdir_exec, a program the session writes does not run — not directly, and not
+// through the dynamic loader either (which maps it with mmap, beyond Landlock's exec right):
+// the trees the session writes are mounted noexec in its own mount namespace.
+func TestHostileScopedLoaderCannotRunWorkdirBinary(t *testing.T) {
+	ld := loader(t)
+	_, out, _, _ := scopedRun(t, "capabilities: {containment: scoped, shell: {allow: [cp, chmod]}}", fmt.Sprintf(`
+cp /usr/bin/true ./mytrue && chmod +x ./mytrue
+./mytrue 2>/dev/null && echo "RAN directly" || echo "refused directly"
+%[1]s ./mytrue 2>/dev/null && echo "RAN through the loader" || echo "refused through the loader"
+cp /usr/bin/true "$TMPDIR/t" && %[1]s "$TMPDIR/t" 2>/dev/null && echo "RAN from TMPDIR" || echo "refused from TMPDIR"
+cp /usr/bin/true /dev/shm/t 2>/dev/null && %[1]s /dev/shm/t 2>/dev/null && echo "RAN from /dev/shm" || echo "refused from /dev/shm"`, ld))
+	if strings.Contains(out, "RAN") {
+		t.Fatalf("a binary the session wrote ran:\n%s", out)
+	}
+	expectOutput(t, out, "refused directly", "refused through the loader", "refused from TMPDIR", "refused from /dev/shm")
+}
+
+// With workdir_exec, what the session builds runs, in scoped and in sealed, and the class
+// still holds it: the host's files stay unreadable, its own mounts and namespaces stay.
+func TestWorkdirExecKeepsTheClass(t *testing.T) {
+	secret := fmt.Sprintf("/srv/roost-test-exec-%d", os.Getpid())
+	os.WriteFile(secret, []byte("SECRET\n"), 0o644)
+	t.Cleanup(func() { os.Remove(secret) })
+	probe := `cp /usr/bin/cat ./mycat && chmod +x ./mycat && ./mycat /etc/hostname >/dev/null && echo "built program ran"
+./mycat ` + secret + ` 2>/dev/null && echo "READ the host" || echo "host refused"
+cp /usr/bin/true "$T/t" && chmod +x "$T/t" && "$T/t" && echo "scratch ran"`
+	_, out, errOut, _ := scopedRun(t, "capabilities: {containment: scoped, filesystem: {workdir_exec: true}, shell: {allow: [cp, chmod]}}",
+		"T=$TMPDIR\n"+probe+"\ncp /usr/bin/true /dev/shm/t && /dev/shm/t && echo 'shm ran'")
+	if strings.Contains(out, "READ") {
+		t.Fatalf("scoped with workdir_exec read the host:\n%s", out)
+	}
+	expectOutput(t, out, "built program ran", "host refused", "scratch ran", "shm ran")
+	_ = errOut
+	_, out, _, _ = sealedRun(t, "capabilities: {containment: sealed, filesystem: {workdir_exec: true}, shell: {allow: [cp, chmod, cat, grep]}}",
+		"cd /work; T=/tmp\n"+probe+"\ngrep -c . /proc/self/uid_map >/dev/null && echo \"uid map $(cat /proc/self/uid_map | tr -s ' ')\"")
+	if strings.Contains(out, "READ") || strings.Contains(out, "uid map  0 0 ") {
+		t.Fatalf("sealed with workdir_exec escaped:\n%s", out)
+	}
+	expectOutput(t, out, "built program ran", "host refused", "scratch ran")
+}
+
+// Files move and link across directories of the trees a session writes (Landlock refuses
+// reparenting unless REFER is handled and granted).
+func TestRenamesAcrossDirectories(t *testing.T) {
+	script := `mkdir -p a b && echo x > a/f && mv a/f b/f && echo "moved" && ln b/f a/g && echo "linked" && mv b "$T/b" && echo "moved to scratch"`
+	_, out, errOut, _ := scopedRun(t, "capabilities: {containment: scoped, shell: {allow: [mkdir, mv, ln]}}", "T=$TMPDIR\n"+script)
+	expectOutput(t, out+errOut, "moved", "linked", "moved to scratch")
+	_, out, errOut, _ = sealedRun(t, "capabilities: {containment: sealed, shell: {allow: [mkdir, mv, ln]}}", "cd /work; T=/tmp\n"+script)
+	expectOutput(t, out+errOut, "moved", "linked")
+}
+
+// Runtimes that reserve address space run: no RLIMIT_AS unless the manifest declares one.
+func TestNoAddressSpaceLimitByDefault(t *testing.T) {
+	_, out, _, _ := scopedRun(t, "capabilities: {containment: scoped}", `echo "as=$(ulimit -v)"`)
+	expectOutput(t, out, "as=unlimited")
+	declared := policy(t, "capabilities: {resources: {memory_bytes: 1073741824}}")
+	undeclared := policy(t, "")
+	has := func(rls []Rlimit) bool {
+		for _, r := range rls {
+			if r.Name == "resources.memory_bytes" {
+				return r.Value == 1073741824
+			}
+		}
+		return false
+	}
+	if !has(Rlimits(&declared)) || has(Rlimits(&undeclared)) {
+		t.Fatalf("RLIMIT_AS: declared %+v, undeclared %+v", Rlimits(&declared), Rlimits(&undeclared))
+	}
+}
+
+// A scoped session has a /dev/shm of its own: writable, bounded, and not the host's.
+func TestScopedPrivateShm(t *testing.T) {
+	name := fmt.Sprintf("roost-test-shm-%d", os.Getpid())
+	_, out, errOut, _ := scopedRun(t, "capabilities: {containment: scoped, shell: {allow: [df]}}",
+		`echo data > /dev/shm/`+name+` && echo "shm writable"; df -k /dev/shm | tail -1`)
+	expectOutput(t, out, "shm writable")
+	if _, err := os.Stat("/dev/shm/" + name); err == nil {
+		os.Remove("/dev/shm/" + name)
+		t.Fatalf("the session wrote the host's /dev/shm:\n%s%s", out, errOut)
+	}
+}
+
+// A sealed root has the /etc that name lookups need.
+func TestSealedEtc(t *testing.T) {
+	_, out, _, _ := sealedRun(t, "capabilities: {containment: sealed, shell: {allow: [grep]}}",
+		`grep -q '^tcp' /etc/protocols && echo protocols; grep -q '^http' /etc/services && echo services; grep -q '^root:x:0:0:root:/root:' /etc/passwd && echo passwd`)
+	expectOutput(t, out, "protocols", "services", "passwd")
+}
