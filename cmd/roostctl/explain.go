@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -100,6 +101,17 @@ func printExplanation(cmd *cobra.Command, e *roostv1.Explanation) {
 	}
 	if x := e.GetExecutable(); len(x) > 0 {
 		fmt.Fprintf(out, "executes     %s\n", strings.Join(x, "; "))
+	}
+	for i, sh := range e.GetShell() {
+		label := ""
+		if i == 0 {
+			label = "shell.allow"
+		}
+		what := append(slices.Clone(sh.GetFiles()), sh.GetTrees()...)
+		for j := len(sh.GetFiles()); j < len(what); j++ {
+			what[j] += "/ (tree)"
+		}
+		fmt.Fprintf(out, "%-12s %s → %s\n", label, sh.GetEntry(), strings.Join(what, " "))
 	}
 	for i, v := range e.GetEnv() {
 		label := ""

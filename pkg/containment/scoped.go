@@ -187,10 +187,10 @@ func scopedExec(spec Spec, tmp string) (*roostinit.Landlock, *roostinit.Mounts) 
 	if spec.Home != "" {
 		writable = append(writable, spec.Home)
 	}
-	l := &roostinit.Landlock{Exec: spec.Policy.Shell.Allow, FS: ScopedFS(spec, tmp)}
+	l := &roostinit.Landlock{Exec: spec.exec(), ExecTrees: spec.ExecTrees, FS: ScopedFS(spec, tmp)}
 	m := &roostinit.Mounts{Shm: devShmBytes}
 	if spec.Policy.Filesystem.WorkdirExec {
-		l.ExecTrees = append(writable, "/dev/shm")
+		l.WritableExec = append(writable, "/dev/shm")
 		l.NoExec = slices.Clone(spec.Children)
 		m.ShmExec = true
 	} else {

@@ -214,7 +214,7 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	// Inside the root the program runs at /work, its command from the sealed view.
 	// Landlock holds the exec allowlist: the program, shell.allow, and their interpreters.
 	execSpec := roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: sealedWork, Rlimits: spec.Rlimits,
-		Landlock: sealedLandlock(spec.Policy)}
+		Landlock: sealedLandlock(spec)}
 	proc := &libcontainer.Process{
 		Args:       []string{sealedInitPath, id},
 		Env:        []string{"PATH=" + defaultPath},
@@ -272,11 +272,11 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 // (/work, /tmp, /dev/shm, its home; /dev and /run hold roost's own mounts) never becomes an
 // exec rule, and is mounted noexec; with workdir_exec those trees execute whatever is in
 // them, and the rest of the root still only what the allowlist names.
-func sealedLandlock(p *manifest.Policy) *roostinit.Landlock {
-	l := &roostinit.Landlock{Exec: p.Shell.Allow, NoExec: []string{sealedWork, "/tmp", "/dev", "/run", SealedHome}}
-	if p.Filesystem.WorkdirExec {
+func sealedLandlock(spec Spec) *roostinit.Landlock {
+	l := &roostinit.Landlock{Exec: spec.exec(), ExecTrees: spec.ExecTrees, NoExec: []string{sealedWork, "/tmp", "/dev", "/run", SealedHome}}
+	if spec.Policy.Filesystem.WorkdirExec {
 		l.NoExec = []string{"/dev", "/run"}
-		l.ExecTrees = []string{sealedWork, "/tmp", "/dev/shm", SealedHome}
+		l.WritableExec = []string{sealedWork, "/tmp", "/dev/shm", SealedHome}
 	}
 	return l
 }

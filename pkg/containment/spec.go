@@ -69,6 +69,11 @@ type Spec struct {
 	NetNS string
 	// Task is the host path of the task text a sealed session finds at SealedTaskPath.
 	Task string
+	// Exec lists what the program may exec besides itself (files, or names looked up on its
+	// PATH); ExecTrees directories whose every file may run. Both come from shell.allow,
+	// resolved when the session was staged.
+	Exec      []string
+	ExecTrees []string
 	// Home is the session's home directory on the host (a sealed session's /root): its own,
 	// writable, apart from the workdir so tools' caches stay out of the work.
 	Home string
@@ -87,6 +92,15 @@ type Spec struct {
 type IDs struct {
 	First uint32 `json:"first"`
 	Size  uint32 `json:"size"`
+}
+
+// exec is what Landlock lets the program exec besides itself: what stage resolved, or for a
+// Spec without that, shell.allow's names, looked up by roost-exec on the program's PATH.
+func (s Spec) exec() []string {
+	if s.Exec != nil || s.Policy == nil {
+		return s.Exec
+	}
+	return s.Policy.Shell.Allow
 }
 
 // owner is who owns what roost makes in the session's workdir: nil for host root.

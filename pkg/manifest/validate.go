@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -83,12 +84,21 @@ func checkReadOnly(s string) error {
 	return checkRelative(strings.TrimSpace(s))
 }
 
+// ShellPresets are the toolchains shell.allow may name whole (see pkg/toolchain, which
+// resolves them on the host).
+var ShellPresets = []string{"@gcc", "@git", "@go", "@make", "@node", "@python", "@shell"}
+
 func checkShellEntry(s string) error {
 	switch {
 	case s == "":
 		return errors.New("must not be empty")
 	case strings.ContainsRune(s, 0):
 		return errors.New("must not contain a NUL byte")
+	case strings.HasPrefix(s, "@"):
+		if !slices.Contains(ShellPresets, s) {
+			return fmt.Errorf("%q is not a preset (roost knows %s)", s, strings.Join(ShellPresets, ", "))
+		}
+		return nil
 	case path.IsAbs(s):
 		if path.Clean(s) != s {
 			return fmt.Errorf("%q is not a clean absolute path (did you mean %q?)", s, path.Clean(s))

@@ -201,8 +201,8 @@ func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request)
 	}
 	achieved, _ := manifest.ParseClass(parent.Achieved)
 	verdict := spawn.Referee(
-		spawn.Parent{ID: parentID, Policy: pp, Achieved: achieved, DepthRemaining: parent.DepthRemaining, LiveChildren: countLive(kids), HostRoot: parent.HostRoot},
-		spawn.Child{Name: req.Capsule, Ref: ref, Policy: &child.policy, Floor: child.decision.Floor, HostRoot: m.hostRoot(child)},
+		spawn.Parent{ID: parentID, Policy: pp, Achieved: achieved, DepthRemaining: parent.DepthRemaining, LiveChildren: countLive(kids), HostRoot: parent.HostRoot, Shell: parent.Shell},
+		spawn.Child{Name: req.Capsule, Ref: ref, Policy: &child.policy, Floor: child.decision.Floor, HostRoot: m.hostRoot(child), Shell: child.shell},
 		m.cfg.MaxConcurrent)
 	if verdict != nil {
 		if r, ok := verdict.(*spawn.Refusal); ok {

@@ -203,6 +203,8 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, man *manifest.Ma
 		Root:       rec.HostRoot,
 		Children:   m.childrenDirs(rec, class, policy),
 		Home:       m.homeDir(rec.ID),
+		Exec:       execFiles(rec),
+		ExecTrees:  execTrees(rec),
 		Argv:       view.command(rec),
 		Env:        environment(rec, man, m.hostEnv(policy), view, extra),
 		NetNS:      netns,
@@ -213,6 +215,29 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, man *manifest.Ma
 		Rlimits:    containment.Rlimits(policy),
 		Policy:     policy,
 	}
+}
+
+// execFiles is what the session may exec besides its program: the files its shell.allow
+// resolved to at stage (nil for a session staged before that: its runtime looks the names
+// up at launch).
+func execFiles(rec *Record) []string {
+	if rec.Shell == nil {
+		return nil
+	}
+	out := []string{}
+	for _, e := range rec.Shell {
+		out = append(out, e.Files...)
+	}
+	return out
+}
+
+// execTrees are the directories its shell.allow resolved to: every file beneath may run.
+func execTrees(rec *Record) []string {
+	var out []string
+	for _, e := range rec.Shell {
+		out = append(out, e.Trees...)
+	}
+	return out
 }
 
 // view is where the program finds its workdir, its capsule's files and its home: on the

@@ -18,6 +18,7 @@ import (
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/spawn"
+	"roost.dev/roost/pkg/toolchain"
 )
 
 // DefaultStopGrace is how long a stop or a deadline waits after SIGTERM before SIGKILL.
@@ -124,6 +125,9 @@ type Manager struct {
 	mu   sync.Mutex
 	live map[string]*liveSession
 
+	// tools resolves shell.allow entries, toolchain presets among them, on this host.
+	tools *toolchain.Resolver
+
 	// blobMu keeps collecting the content store apart from a stage between importing a
 	// capsule and recording the session that names it.
 	blobMu sync.RWMutex
@@ -171,7 +175,7 @@ func Open(cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &Manager{cfg: cfg, reg: reg, changed: newNotifier(), ctx: ctx, cancel: cancel, live: map[string]*liveSession{}}
+	m := &Manager{cfg: cfg, reg: reg, changed: newNotifier(), ctx: ctx, cancel: cancel, live: map[string]*liveSession{}, tools: toolchain.NewResolver()}
 	if err := m.recover(); err != nil {
 		cancel()
 		reg.Close()

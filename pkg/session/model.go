@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/toolchain"
 )
 
 // State is where a session is in its life.
@@ -125,6 +126,9 @@ type Record struct {
 	// HostRoot: the operator's sessions.allow_root names the capsule, and the session is
 	// not sealed, so its program runs as host root.
 	HostRoot bool `json:"host_root,omitempty"`
+	// Shell is what each shell.allow entry resolved to when the session was staged: what
+	// it may exec (nil for a session staged before; its names are looked up at launch).
+	Shell []toolchain.Entry `json:"shell,omitempty"`
 	// WorkdirOwner is who owned an operator's --workdir before the session was given it;
 	// removing the session hands the tree back.
 	WorkdirOwner *Owner `json:"workdir_owner,omitempty"`

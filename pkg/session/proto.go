@@ -96,6 +96,9 @@ func (m *Manager) explanation(p *plan) *roostv1.Explanation {
 	}
 	e.Readable = containment.Readable(class, &p.policy)
 	e.Executable = containment.Executable(class, &p.policy)
+	for _, sh := range p.shell {
+		e.Shell = append(e.Shell, &roostv1.ShellEntry{Entry: sh.Entry, Files: sh.Files, Trees: sh.Trees})
+	}
 	_, verdicts := hostVariables(p.policy.Env.Allow, m.cfg.EnvPassthrough, m.cfg.HostEnv)
 	for _, v := range verdicts {
 		e.Env = append(e.Env, &roostv1.EnvVerdict{Name: v.name, Verdict: v.verdict, Reason: v.reason})

@@ -21,6 +21,7 @@ import (
 	"roost.dev/roost/pkg/artifact"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/toolchain"
 )
 
 // StageOptions is what an operator asks for beyond the capsule itself.
@@ -52,6 +53,8 @@ type plan struct {
 	policy   manifest.Policy
 	decision containment.Decision
 	ref      CapsuleRef
+	// shell is what each shell.allow entry resolved to on this host.
+	shell []toolchain.Entry
 }
 
 // OCIDescriber is a runtime that can show the OCI runtime spec a session would run with.
@@ -142,6 +145,7 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*Record, error) {
 		Command:      command(p.ref.Root(), p.manifest.Run),
 		Deadline:     time.Duration(p.policy.Limits.DeadlineSeconds.Value) * time.Second,
 		WorkdirLimit: p.policy.Resources.WorkdirMaxBytes.Value,
+		Shell:        p.shell,
 		CreatedAt:    time.Now().UTC(),
 	}
 	// A top-level session may start roostd --max-depth levels below it; each level one
@@ -247,6 +251,12 @@ func (m *Manager) plan(opts StageOptions, store bool) (*plan, error) {
 			return nil, err
 		}
 	}
+	// What the session may exec is decided here, on this host, and recorded: an entry that
+	// names nothing here is refused now, not found missing at launch.
+	shell, err := m.tools.Resolve(policy.Shell.Allow, "")
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, manifest.FileName), err)
+	}
 	decision := containment.Decide(&policy, containment.Sources(&policy, m.cfg.DaemonFloor, opts.Containment), m.cfg.Catalog)
 	return &plan{
 		dir:      dir,
@@ -255,6 +265,7 @@ func (m *Manager) plan(opts StageOptions, store bool) (*plan, error) {
 		policy:   policy,
 		decision: decision,
 		ref:      CapsuleRef{Name: man.Name, Version: man.Version, SHA256: digest, Source: source, Dir: dir},
+		shell:    shell,
 	}, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/toolchain"
 )
 
 // Parent is what the referee knows of the session asking to spawn.
@@ -19,6 +20,8 @@ type Parent struct {
 	LiveChildren   int
 	// HostRoot: the parent runs as host root (roostd's sessions.allow_root).
 	HostRoot bool
+	// Shell is what the parent's shell.allow resolved to (nil: compare names).
+	Shell []toolchain.Entry
 }
 
 // Child is what the parent asks to start.
@@ -30,6 +33,8 @@ type Child struct {
 	Floor manifest.Class
 	// HostRoot: the child would run as host root (roostd's sessions.allow_root names it).
 	HostRoot bool
+	// Shell is what the child's shell.allow resolves to (nil: compare names).
+	Shell []toolchain.Entry
 }
 
 // Why a spawn is refused, as a bounded metric label.
@@ -109,11 +114,21 @@ func envelope(p Parent, c Child) error {
 	if cp.Network.UnixSockets && !pp.Network.UnixSockets {
 		return refuse("capabilities.network.unix_sockets", "the child declares true; its parent does not hold it")
 	}
+	// What the child may exec lies within what its parent may: by what the entries resolve
+	// to when both are known (a preset, a tree, a file beneath one of the parent's trees),
+	// by name otherwise.
+	shellNames := cp.Shell.Allow
+	if p.Shell != nil && c.Shell != nil {
+		shellNames = nil
+		if what, ok := toolchain.Covers(p.Shell, c.Shell); !ok {
+			return refuse("capabilities.shell.allow", "the child may exec %s, which its parent may not", what)
+		}
+	}
 	for _, axis := range []struct {
 		key           string
 		child, parent []string
 	}{
-		{"capabilities.shell.allow", cp.Shell.Allow, pp.Shell.Allow},
+		{"capabilities.shell.allow", shellNames, pp.Shell.Allow},
 		{"capabilities.spawn.allow", cp.Spawn.Allow, pp.Spawn.Allow},
 		{"capabilities.env.allow", cp.Env.Allow, pp.Env.Allow},
 	} {

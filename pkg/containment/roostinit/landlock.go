@@ -31,10 +31,13 @@ type Landlock struct {
 	// would execute. The FS write trees are always such trees; NoExec adds those Landlock
 	// does not list (a sealed root's /work and /tmp, the workdir around a scope).
 	NoExec []string `json:"no_exec,omitempty"`
-	// ExecTrees lists trees whose every file may execute: a session's workdir and scratch
-	// directories under filesystem.workdir_exec, where the class, not the allowlist, holds
-	// what runs.
+	// ExecTrees lists directories shell.allow names (a tree, or a toolchain's helpers):
+	// every file beneath may execute. None may hold, or lie in, a tree the session writes.
 	ExecTrees []string `json:"exec_trees,omitempty"`
+	// WritableExec lists the trees the session writes that execute whatever is in them: its
+	// workdir and scratch directories under filesystem.workdir_exec, where the class, not
+	// the allowlist, holds what runs.
+	WritableExec []string `json:"writable_exec,omitempty"`
 	// FS, when set, confines file access too (scoped sessions, on the host's view).
 	FS *LandlockFS `json:"fs,omitempty"`
 }
@@ -68,8 +71,15 @@ func applyLandlock(l *Landlock, program, path string) error {
 		return err
 	}
 	rules := []landlock.Rule{landlock.PathAccess(ll.AccessFSExecute, execs...)}
-	if len(l.ExecTrees) > 0 {
-		rules = append(rules, landlock.PathAccess(ll.AccessFSExecute, l.ExecTrees...).IgnoreIfMissing())
+	trees, err := execTrees(l)
+	if err != nil {
+		return err
+	}
+	if len(trees) > 0 {
+		rules = append(rules, landlock.PathAccess(ll.AccessFSExecute, trees...))
+	}
+	if len(l.WritableExec) > 0 {
+		rules = append(rules, landlock.PathAccess(ll.AccessFSExecute, l.WritableExec...).IgnoreIfMissing())
 	}
 	// Once a ruleset exists, Landlock refuses to move or link a file across directories
 	// unless REFER is handled and granted: granted everywhere here, since mounts and DAC
@@ -267,6 +277,46 @@ func newExecGuard(l *Landlock) *execGuard {
 		}
 	}
 	return g
+}
+
+// execTrees checks the directories shell.allow names: each a directory, neither beneath a
+// tree the session writes nor holding one (a rule on /usr would not reach the workdir, a rule
+// on / would), resolved as Landlock will open it.
+func execTrees(l *Landlock) ([]string, error) {
+	if len(l.ExecTrees) == 0 {
+		return nil, nil
+	}
+	g := newExecGuard(l)
+	var writable []string
+	for _, t := range g.noExec {
+		if r, err := filepath.EvalSymlinks(t); err == nil {
+			writable = append(writable, r)
+		}
+	}
+	out := make([]string, 0, len(l.ExecTrees))
+	for _, t := range l.ExecTrees {
+		resolved, err := filepath.EvalSymlinks(t)
+		if err != nil {
+			return nil, fmt.Errorf("shell.allow tree %s: %w", t, err)
+		}
+		info, err := os.Stat(resolved)
+		if err != nil {
+			return nil, fmt.Errorf("shell.allow tree %s: %w", t, err)
+		}
+		if !info.IsDir() {
+			return nil, fmt.Errorf("shell.allow tree %s is no longer a directory", t)
+		}
+		if tree, ok := g.beneath(resolved, info); ok {
+			return nil, fmt.Errorf("shell.allow tree %s lies in %s, which the session can write; nothing there executes", t, tree)
+		}
+		for _, w := range writable {
+			if w == resolved || strings.HasPrefix(w, strings.TrimSuffix(resolved, "/")+"/") {
+				return nil, fmt.Errorf("shell.allow tree %s holds %s, which the session can write; nothing there executes, so the tree cannot be an exec rule (name what in it may run, or grant filesystem.workdir_exec)", t, w)
+			}
+		}
+		out = append(out, resolved)
+	}
+	return out, nil
 }
 
 // check resolves name as exec would, following symlinks, and returns where it leads if

@@ -168,7 +168,10 @@ type Explanation struct {
 	Env []*EnvVerdict `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty"`
 	// What the program may execute: the allowlist, and with workdir_exec the trees the
 	// session writes.
-	Executable    []string `protobuf:"bytes,8,rep,name=executable,proto3" json:"executable,omitempty"`
+	Executable []string `protobuf:"bytes,8,rep,name=executable,proto3" json:"executable,omitempty"`
+	// What each shell.allow entry resolved to on this host when explained (a session records
+	// it at stage): the files it may exec, and the trees whose every file it may.
+	Shell         []*ShellEntry `protobuf:"bytes,9,rep,name=shell,proto3" json:"shell,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -259,6 +262,74 @@ func (x *Explanation) GetExecutable() []string {
 	return nil
 }
 
+func (x *Explanation) GetShell() []*ShellEntry {
+	if x != nil {
+		return x.Shell
+	}
+	return nil
+}
+
+// ShellEntry is one shell.allow entry (a name, a path, a @preset) and what it resolved to.
+type ShellEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entry         string                 `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
+	Files         []string               `protobuf:"bytes,2,rep,name=files,proto3" json:"files,omitempty"`
+	Trees         []string               `protobuf:"bytes,3,rep,name=trees,proto3" json:"trees,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShellEntry) Reset() {
+	*x = ShellEntry{}
+	mi := &file_roost_v1_capsule_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShellEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShellEntry) ProtoMessage() {}
+
+func (x *ShellEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_capsule_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShellEntry.ProtoReflect.Descriptor instead.
+func (*ShellEntry) Descriptor() ([]byte, []int) {
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ShellEntry) GetEntry() string {
+	if x != nil {
+		return x.Entry
+	}
+	return ""
+}
+
+func (x *ShellEntry) GetFiles() []string {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *ShellEntry) GetTrees() []string {
+	if x != nil {
+		return x.Trees
+	}
+	return nil
+}
+
 // EnvVerdict is what becomes of one variable a capsule's env.allow names.
 type EnvVerdict struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -273,7 +344,7 @@ type EnvVerdict struct {
 
 func (x *EnvVerdict) Reset() {
 	*x = EnvVerdict{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[3]
+	mi := &file_roost_v1_capsule_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -285,7 +356,7 @@ func (x *EnvVerdict) String() string {
 func (*EnvVerdict) ProtoMessage() {}
 
 func (x *EnvVerdict) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[3]
+	mi := &file_roost_v1_capsule_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -298,7 +369,7 @@ func (x *EnvVerdict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvVerdict.ProtoReflect.Descriptor instead.
 func (*EnvVerdict) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{3}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *EnvVerdict) GetName() string {
@@ -344,7 +415,7 @@ type ContainmentDecision struct {
 
 func (x *ContainmentDecision) Reset() {
 	*x = ContainmentDecision{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[4]
+	mi := &file_roost_v1_capsule_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -356,7 +427,7 @@ func (x *ContainmentDecision) String() string {
 func (*ContainmentDecision) ProtoMessage() {}
 
 func (x *ContainmentDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[4]
+	mi := &file_roost_v1_capsule_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -369,7 +440,7 @@ func (x *ContainmentDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainmentDecision.ProtoReflect.Descriptor instead.
 func (*ContainmentDecision) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{4}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ContainmentDecision) GetDeclared() string {
@@ -426,7 +497,7 @@ type FloorSource struct {
 
 func (x *FloorSource) Reset() {
 	*x = FloorSource{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[5]
+	mi := &file_roost_v1_capsule_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -438,7 +509,7 @@ func (x *FloorSource) String() string {
 func (*FloorSource) ProtoMessage() {}
 
 func (x *FloorSource) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[5]
+	mi := &file_roost_v1_capsule_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -451,7 +522,7 @@ func (x *FloorSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FloorSource.ProtoReflect.Descriptor instead.
 func (*FloorSource) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{5}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *FloorSource) GetSource() string {
@@ -485,7 +556,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[6]
+	mi := &file_roost_v1_capsule_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -497,7 +568,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[6]
+	mi := &file_roost_v1_capsule_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -510,7 +581,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{6}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Grant) GetKey() string {
@@ -560,7 +631,7 @@ type Policy struct {
 
 func (x *Policy) Reset() {
 	*x = Policy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[7]
+	mi := &file_roost_v1_capsule_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -572,7 +643,7 @@ func (x *Policy) String() string {
 func (*Policy) ProtoMessage() {}
 
 func (x *Policy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[7]
+	mi := &file_roost_v1_capsule_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -585,7 +656,7 @@ func (x *Policy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Policy.ProtoReflect.Descriptor instead.
 func (*Policy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{7}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Policy) GetContainment() string {
@@ -663,7 +734,7 @@ type Limit struct {
 
 func (x *Limit) Reset() {
 	*x = Limit{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[8]
+	mi := &file_roost_v1_capsule_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -675,7 +746,7 @@ func (x *Limit) String() string {
 func (*Limit) ProtoMessage() {}
 
 func (x *Limit) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[8]
+	mi := &file_roost_v1_capsule_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -688,7 +759,7 @@ func (x *Limit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Limit.ProtoReflect.Descriptor instead.
 func (*Limit) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{8}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Limit) GetValue() int64 {
@@ -715,7 +786,7 @@ type NetworkPolicy struct {
 
 func (x *NetworkPolicy) Reset() {
 	*x = NetworkPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[9]
+	mi := &file_roost_v1_capsule_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -727,7 +798,7 @@ func (x *NetworkPolicy) String() string {
 func (*NetworkPolicy) ProtoMessage() {}
 
 func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[9]
+	mi := &file_roost_v1_capsule_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -740,7 +811,7 @@ func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
 func (*NetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{9}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *NetworkPolicy) GetAllow() []string {
@@ -769,7 +840,7 @@ type FilesystemPolicy struct {
 
 func (x *FilesystemPolicy) Reset() {
 	*x = FilesystemPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[10]
+	mi := &file_roost_v1_capsule_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -781,7 +852,7 @@ func (x *FilesystemPolicy) String() string {
 func (*FilesystemPolicy) ProtoMessage() {}
 
 func (x *FilesystemPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[10]
+	mi := &file_roost_v1_capsule_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -794,7 +865,7 @@ func (x *FilesystemPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FilesystemPolicy.ProtoReflect.Descriptor instead.
 func (*FilesystemPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{10}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *FilesystemPolicy) GetScope() string {
@@ -827,7 +898,7 @@ type ShellPolicy struct {
 
 func (x *ShellPolicy) Reset() {
 	*x = ShellPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[11]
+	mi := &file_roost_v1_capsule_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -839,7 +910,7 @@ func (x *ShellPolicy) String() string {
 func (*ShellPolicy) ProtoMessage() {}
 
 func (x *ShellPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[11]
+	mi := &file_roost_v1_capsule_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -852,7 +923,7 @@ func (x *ShellPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellPolicy.ProtoReflect.Descriptor instead.
 func (*ShellPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{11}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ShellPolicy) GetAllow() []string {
@@ -874,7 +945,7 @@ type SpawnPolicy struct {
 
 func (x *SpawnPolicy) Reset() {
 	*x = SpawnPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[12]
+	mi := &file_roost_v1_capsule_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -886,7 +957,7 @@ func (x *SpawnPolicy) String() string {
 func (*SpawnPolicy) ProtoMessage() {}
 
 func (x *SpawnPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[12]
+	mi := &file_roost_v1_capsule_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -899,7 +970,7 @@ func (x *SpawnPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnPolicy.ProtoReflect.Descriptor instead.
 func (*SpawnPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{12}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SpawnPolicy) GetAllow() []string {
@@ -939,7 +1010,7 @@ type EnvPolicy struct {
 
 func (x *EnvPolicy) Reset() {
 	*x = EnvPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[13]
+	mi := &file_roost_v1_capsule_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -951,7 +1022,7 @@ func (x *EnvPolicy) String() string {
 func (*EnvPolicy) ProtoMessage() {}
 
 func (x *EnvPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[13]
+	mi := &file_roost_v1_capsule_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -964,7 +1035,7 @@ func (x *EnvPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvPolicy.ProtoReflect.Descriptor instead.
 func (*EnvPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{13}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EnvPolicy) GetAllow() []string {
@@ -984,7 +1055,7 @@ type LimitsPolicy struct {
 
 func (x *LimitsPolicy) Reset() {
 	*x = LimitsPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[14]
+	mi := &file_roost_v1_capsule_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -996,7 +1067,7 @@ func (x *LimitsPolicy) String() string {
 func (*LimitsPolicy) ProtoMessage() {}
 
 func (x *LimitsPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[14]
+	mi := &file_roost_v1_capsule_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1009,7 +1080,7 @@ func (x *LimitsPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LimitsPolicy.ProtoReflect.Descriptor instead.
 func (*LimitsPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{14}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LimitsPolicy) GetDeadlineSeconds() *Limit {
@@ -1043,7 +1114,7 @@ type ResourcesPolicy struct {
 
 func (x *ResourcesPolicy) Reset() {
 	*x = ResourcesPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[15]
+	mi := &file_roost_v1_capsule_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1055,7 +1126,7 @@ func (x *ResourcesPolicy) String() string {
 func (*ResourcesPolicy) ProtoMessage() {}
 
 func (x *ResourcesPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[15]
+	mi := &file_roost_v1_capsule_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1068,7 +1139,7 @@ func (x *ResourcesPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourcesPolicy.ProtoReflect.Descriptor instead.
 func (*ResourcesPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{15}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ResourcesPolicy) GetCgroupMemoryBytes() *Limit {
@@ -1148,7 +1219,7 @@ type InferencePolicy struct {
 
 func (x *InferencePolicy) Reset() {
 	*x = InferencePolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[16]
+	mi := &file_roost_v1_capsule_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1160,7 +1231,7 @@ func (x *InferencePolicy) String() string {
 func (*InferencePolicy) ProtoMessage() {}
 
 func (x *InferencePolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[16]
+	mi := &file_roost_v1_capsule_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1173,7 +1244,7 @@ func (x *InferencePolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InferencePolicy.ProtoReflect.Descriptor instead.
 func (*InferencePolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{16}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *InferencePolicy) GetUpstream() string {
@@ -1217,7 +1288,7 @@ const file_roost_v1_capsule_proto_rawDesc = "" +
 	"\x0fExplainResponse\x127\n" +
 	"\vexplanation\x18\x01 \x01(\v2\x15.roost.v1.ExplanationR\vexplanation\x12\x1d\n" +
 	"\n" +
-	"oci_config\x18\x02 \x01(\tR\tociConfig\"\xe5\x02\n" +
+	"oci_config\x18\x02 \x01(\tR\tociConfig\"\x91\x03\n" +
 	"\vExplanation\x12.\n" +
 	"\acapsule\x18\x01 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x12?\n" +
 	"\vcontainment\x18\x02 \x01(\v2\x1d.roost.v1.ContainmentDecisionR\vcontainment\x12(\n" +
@@ -1228,7 +1299,13 @@ const file_roost_v1_capsule_proto_rawDesc = "" +
 	"\x03env\x18\a \x03(\v2\x14.roost.v1.EnvVerdictR\x03env\x12\x1e\n" +
 	"\n" +
 	"executable\x18\b \x03(\tR\n" +
-	"executable\"R\n" +
+	"executable\x12*\n" +
+	"\x05shell\x18\t \x03(\v2\x14.roost.v1.ShellEntryR\x05shell\"N\n" +
+	"\n" +
+	"ShellEntry\x12\x14\n" +
+	"\x05entry\x18\x01 \x01(\tR\x05entry\x12\x14\n" +
+	"\x05files\x18\x02 \x03(\tR\x05files\x12\x14\n" +
+	"\x05trees\x18\x03 \x03(\tR\x05trees\"R\n" +
 	"\n" +
 	"EnvVerdict\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -1316,67 +1393,69 @@ func file_roost_v1_capsule_proto_rawDescGZIP() []byte {
 	return file_roost_v1_capsule_proto_rawDescData
 }
 
-var file_roost_v1_capsule_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_roost_v1_capsule_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_roost_v1_capsule_proto_goTypes = []any{
 	(*ExplainRequest)(nil),      // 0: roost.v1.ExplainRequest
 	(*ExplainResponse)(nil),     // 1: roost.v1.ExplainResponse
 	(*Explanation)(nil),         // 2: roost.v1.Explanation
-	(*EnvVerdict)(nil),          // 3: roost.v1.EnvVerdict
-	(*ContainmentDecision)(nil), // 4: roost.v1.ContainmentDecision
-	(*FloorSource)(nil),         // 5: roost.v1.FloorSource
-	(*Grant)(nil),               // 6: roost.v1.Grant
-	(*Policy)(nil),              // 7: roost.v1.Policy
-	(*Limit)(nil),               // 8: roost.v1.Limit
-	(*NetworkPolicy)(nil),       // 9: roost.v1.NetworkPolicy
-	(*FilesystemPolicy)(nil),    // 10: roost.v1.FilesystemPolicy
-	(*ShellPolicy)(nil),         // 11: roost.v1.ShellPolicy
-	(*SpawnPolicy)(nil),         // 12: roost.v1.SpawnPolicy
-	(*EnvPolicy)(nil),           // 13: roost.v1.EnvPolicy
-	(*LimitsPolicy)(nil),        // 14: roost.v1.LimitsPolicy
-	(*ResourcesPolicy)(nil),     // 15: roost.v1.ResourcesPolicy
-	(*InferencePolicy)(nil),     // 16: roost.v1.InferencePolicy
-	(*durationpb.Duration)(nil), // 17: google.protobuf.Duration
-	(*CapsuleRef)(nil),          // 18: roost.v1.CapsuleRef
-	(*Identity)(nil),            // 19: roost.v1.Identity
+	(*ShellEntry)(nil),          // 3: roost.v1.ShellEntry
+	(*EnvVerdict)(nil),          // 4: roost.v1.EnvVerdict
+	(*ContainmentDecision)(nil), // 5: roost.v1.ContainmentDecision
+	(*FloorSource)(nil),         // 6: roost.v1.FloorSource
+	(*Grant)(nil),               // 7: roost.v1.Grant
+	(*Policy)(nil),              // 8: roost.v1.Policy
+	(*Limit)(nil),               // 9: roost.v1.Limit
+	(*NetworkPolicy)(nil),       // 10: roost.v1.NetworkPolicy
+	(*FilesystemPolicy)(nil),    // 11: roost.v1.FilesystemPolicy
+	(*ShellPolicy)(nil),         // 12: roost.v1.ShellPolicy
+	(*SpawnPolicy)(nil),         // 13: roost.v1.SpawnPolicy
+	(*EnvPolicy)(nil),           // 14: roost.v1.EnvPolicy
+	(*LimitsPolicy)(nil),        // 15: roost.v1.LimitsPolicy
+	(*ResourcesPolicy)(nil),     // 16: roost.v1.ResourcesPolicy
+	(*InferencePolicy)(nil),     // 17: roost.v1.InferencePolicy
+	(*durationpb.Duration)(nil), // 18: google.protobuf.Duration
+	(*CapsuleRef)(nil),          // 19: roost.v1.CapsuleRef
+	(*Identity)(nil),            // 20: roost.v1.Identity
 }
 var file_roost_v1_capsule_proto_depIdxs = []int32{
-	17, // 0: roost.v1.ExplainRequest.deadline:type_name -> google.protobuf.Duration
+	18, // 0: roost.v1.ExplainRequest.deadline:type_name -> google.protobuf.Duration
 	2,  // 1: roost.v1.ExplainResponse.explanation:type_name -> roost.v1.Explanation
-	18, // 2: roost.v1.Explanation.capsule:type_name -> roost.v1.CapsuleRef
-	4,  // 3: roost.v1.Explanation.containment:type_name -> roost.v1.ContainmentDecision
-	7,  // 4: roost.v1.Explanation.policy:type_name -> roost.v1.Policy
-	6,  // 5: roost.v1.Explanation.grants:type_name -> roost.v1.Grant
-	19, // 6: roost.v1.Explanation.identity:type_name -> roost.v1.Identity
-	3,  // 7: roost.v1.Explanation.env:type_name -> roost.v1.EnvVerdict
-	5,  // 8: roost.v1.ContainmentDecision.sources:type_name -> roost.v1.FloorSource
-	9,  // 9: roost.v1.Policy.network:type_name -> roost.v1.NetworkPolicy
-	10, // 10: roost.v1.Policy.filesystem:type_name -> roost.v1.FilesystemPolicy
-	11, // 11: roost.v1.Policy.shell:type_name -> roost.v1.ShellPolicy
-	12, // 12: roost.v1.Policy.spawn:type_name -> roost.v1.SpawnPolicy
-	13, // 13: roost.v1.Policy.env:type_name -> roost.v1.EnvPolicy
-	14, // 14: roost.v1.Policy.limits:type_name -> roost.v1.LimitsPolicy
-	15, // 15: roost.v1.Policy.resources:type_name -> roost.v1.ResourcesPolicy
-	16, // 16: roost.v1.Policy.inference:type_name -> roost.v1.InferencePolicy
-	8,  // 17: roost.v1.SpawnPolicy.max_depth:type_name -> roost.v1.Limit
-	8,  // 18: roost.v1.SpawnPolicy.max_children:type_name -> roost.v1.Limit
-	8,  // 19: roost.v1.LimitsPolicy.deadline_seconds:type_name -> roost.v1.Limit
-	8,  // 20: roost.v1.LimitsPolicy.memory_bytes:type_name -> roost.v1.Limit
-	8,  // 21: roost.v1.ResourcesPolicy.cgroup_memory_bytes:type_name -> roost.v1.Limit
-	8,  // 22: roost.v1.ResourcesPolicy.cgroup_pids_max:type_name -> roost.v1.Limit
-	8,  // 23: roost.v1.ResourcesPolicy.cgroup_cpu_percent:type_name -> roost.v1.Limit
-	8,  // 24: roost.v1.ResourcesPolicy.max_open_files:type_name -> roost.v1.Limit
-	8,  // 25: roost.v1.ResourcesPolicy.max_file_size_bytes:type_name -> roost.v1.Limit
-	8,  // 26: roost.v1.ResourcesPolicy.cpu_seconds:type_name -> roost.v1.Limit
-	8,  // 27: roost.v1.ResourcesPolicy.max_processes:type_name -> roost.v1.Limit
-	8,  // 28: roost.v1.ResourcesPolicy.memory_bytes:type_name -> roost.v1.Limit
-	8,  // 29: roost.v1.ResourcesPolicy.workdir_max_bytes:type_name -> roost.v1.Limit
-	0,  // 30: roost.v1.CapsuleService.Explain:input_type -> roost.v1.ExplainRequest
-	1,  // 31: roost.v1.CapsuleService.Explain:output_type -> roost.v1.ExplainResponse
-	31, // [31:32] is the sub-list for method output_type
-	30, // [30:31] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	19, // 2: roost.v1.Explanation.capsule:type_name -> roost.v1.CapsuleRef
+	5,  // 3: roost.v1.Explanation.containment:type_name -> roost.v1.ContainmentDecision
+	8,  // 4: roost.v1.Explanation.policy:type_name -> roost.v1.Policy
+	7,  // 5: roost.v1.Explanation.grants:type_name -> roost.v1.Grant
+	20, // 6: roost.v1.Explanation.identity:type_name -> roost.v1.Identity
+	4,  // 7: roost.v1.Explanation.env:type_name -> roost.v1.EnvVerdict
+	3,  // 8: roost.v1.Explanation.shell:type_name -> roost.v1.ShellEntry
+	6,  // 9: roost.v1.ContainmentDecision.sources:type_name -> roost.v1.FloorSource
+	10, // 10: roost.v1.Policy.network:type_name -> roost.v1.NetworkPolicy
+	11, // 11: roost.v1.Policy.filesystem:type_name -> roost.v1.FilesystemPolicy
+	12, // 12: roost.v1.Policy.shell:type_name -> roost.v1.ShellPolicy
+	13, // 13: roost.v1.Policy.spawn:type_name -> roost.v1.SpawnPolicy
+	14, // 14: roost.v1.Policy.env:type_name -> roost.v1.EnvPolicy
+	15, // 15: roost.v1.Policy.limits:type_name -> roost.v1.LimitsPolicy
+	16, // 16: roost.v1.Policy.resources:type_name -> roost.v1.ResourcesPolicy
+	17, // 17: roost.v1.Policy.inference:type_name -> roost.v1.InferencePolicy
+	9,  // 18: roost.v1.SpawnPolicy.max_depth:type_name -> roost.v1.Limit
+	9,  // 19: roost.v1.SpawnPolicy.max_children:type_name -> roost.v1.Limit
+	9,  // 20: roost.v1.LimitsPolicy.deadline_seconds:type_name -> roost.v1.Limit
+	9,  // 21: roost.v1.LimitsPolicy.memory_bytes:type_name -> roost.v1.Limit
+	9,  // 22: roost.v1.ResourcesPolicy.cgroup_memory_bytes:type_name -> roost.v1.Limit
+	9,  // 23: roost.v1.ResourcesPolicy.cgroup_pids_max:type_name -> roost.v1.Limit
+	9,  // 24: roost.v1.ResourcesPolicy.cgroup_cpu_percent:type_name -> roost.v1.Limit
+	9,  // 25: roost.v1.ResourcesPolicy.max_open_files:type_name -> roost.v1.Limit
+	9,  // 26: roost.v1.ResourcesPolicy.max_file_size_bytes:type_name -> roost.v1.Limit
+	9,  // 27: roost.v1.ResourcesPolicy.cpu_seconds:type_name -> roost.v1.Limit
+	9,  // 28: roost.v1.ResourcesPolicy.max_processes:type_name -> roost.v1.Limit
+	9,  // 29: roost.v1.ResourcesPolicy.memory_bytes:type_name -> roost.v1.Limit
+	9,  // 30: roost.v1.ResourcesPolicy.workdir_max_bytes:type_name -> roost.v1.Limit
+	0,  // 31: roost.v1.CapsuleService.Explain:input_type -> roost.v1.ExplainRequest
+	1,  // 32: roost.v1.CapsuleService.Explain:output_type -> roost.v1.ExplainResponse
+	32, // [32:33] is the sub-list for method output_type
+	31, // [31:32] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_capsule_proto_init() }
@@ -1385,15 +1464,15 @@ func file_roost_v1_capsule_proto_init() {
 		return
 	}
 	file_roost_v1_session_proto_init()
-	file_roost_v1_capsule_proto_msgTypes[8].OneofWrappers = []any{}
-	file_roost_v1_capsule_proto_msgTypes[16].OneofWrappers = []any{}
+	file_roost_v1_capsule_proto_msgTypes[9].OneofWrappers = []any{}
+	file_roost_v1_capsule_proto_msgTypes[17].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_capsule_proto_rawDesc), len(file_roost_v1_capsule_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

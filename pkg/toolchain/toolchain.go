@@ -1,0 +1,331 @@
+// Package toolchain resolves a capsule's shell.allow entries on this host: a program name
+// (looked up on PATH), an absolute path (a file, or a directory whose every file may run),
+// or a preset naming a whole toolchain (@git, @gcc, …), which expands to every program and
+// helper that toolchain execs here — found by asking the toolchain itself (git --exec-path,
+// gcc -print-prog-name, go env GOTOOLDIR), never by guessing versions or architectures.
+//
+// Entries resolve when a session is staged, so what a session may exec is decided, recorded
+// and shown (explain) before it runs, and an entry that resolves to nothing is an error then.
+package toolchain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+)
+
+// DefaultPath is where names are looked up: the PATH a session gets unless its manifest sets
+// one, and all of it inside /usr on a merged-/usr host (what a sealed root holds).
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// Entry is one shell.allow entry and what it resolved to.
+type Entry struct {
+	Entry string
+	// Files may be executed; Trees are directories whose every file may.
+	Files []string
+	Trees []string
+}
+
+// Resolver resolves entries. Presets are worked out once (asking a toolchain costs a process
+// start) and kept for the Resolver's life: a daemon's.
+type Resolver struct {
+	mu      sync.Mutex
+	presets map[string]Entry
+}
+
+// NewResolver returns an empty Resolver.
+func NewResolver() *Resolver { return &Resolver{presets: map[string]Entry{}} }
+
+// Resolve resolves every entry, looking names up on path (DefaultPath when empty). An entry
+// that resolves to nothing is an error naming it.
+func (r *Resolver) Resolve(entries []string, path string) ([]Entry, error) {
+	if path == "" {
+		path = DefaultPath
+	}
+	out := make([]Entry, 0, len(entries))
+	for i, e := range entries {
+		res, err := r.resolve(e, path)
+		if err != nil {
+			return nil, fmt.Errorf("capabilities.shell.allow[%d]: %q: %v: %w", i, e, err, errdefs.ErrInvalidArgument)
+		}
+		out = append(out, res)
+	}
+	return out, nil
+}
+
+func (r *Resolver) resolve(entry, path string) (Entry, error) {
+	switch {
+	case strings.HasPrefix(entry, "@"):
+		return r.preset(entry)
+	case filepath.IsAbs(entry):
+		return resolvePath(entry)
+	default:
+		file, err := lookPath(entry, path)
+		if err != nil {
+			return Entry{}, err
+		}
+		return Entry{Entry: entry, Files: []string{file}}, nil
+	}
+}
+
+// resolvePath resolves an absolute entry: a file that executes, or a directory.
+func resolvePath(entry string) (Entry, error) {
+	resolved, err := filepath.EvalSymlinks(entry)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return Entry{}, errors.New("no such file or directory on this host")
+		}
+		return Entry{}, err
+	}
+	info, err := os.Stat(resolved)
+	if err != nil {
+		return Entry{}, err
+	}
+	switch {
+	case info.IsDir():
+		return Entry{Entry: entry, Trees: []string{resolved}}, nil
+	case !info.Mode().IsRegular():
+		return Entry{}, fmt.Errorf("%s is not a regular file or a directory", resolved)
+	case info.Mode().Perm()&0o111 == 0:
+		return Entry{}, fmt.Errorf("%s is not executable", resolved)
+	}
+	return Entry{Entry: entry, Files: []string{entry}}, nil
+}
+
+// lookPath finds name as a shell does: the first executable regular file on path.
+func lookPath(name, path string) (string, error) {
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			continue
+		}
+		candidate := filepath.Join(dir, name)
+		if info, err := os.Stat(candidate); err == nil && info.Mode().IsRegular() && info.Mode().Perm()&0o111 != 0 {
+			return candidate, nil
+		}
+	}
+	return "", fmt.Errorf("not found on PATH (%s)", path)
+}
+
+// Presets are the toolchains a capsule may name whole.
+var presets = map[string]func() (Entry, error){
+	"@shell":  shellPreset,
+	"@git":    gitPreset,
+	"@python": pythonPreset,
+	"@node":   nodePreset,
+	"@go":     goPreset,
+	"@gcc":    gccPreset,
+	"@make":   makePreset,
+}
+
+func (r *Resolver) preset(name string) (Entry, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e, ok := r.presets[name]; ok {
+		return e, nil
+	}
+	build, ok := presets[name]
+	if !ok {
+		return Entry{}, fmt.Errorf("no such preset (roost knows %s)", strings.Join(PresetNames(), ", "))
+	}
+	e, err := build()
+	if err != nil {
+		return Entry{}, err
+	}
+	e.Entry = name
+	slices.Sort(e.Files)
+	e.Files = slices.Compact(e.Files)
+	r.presets[name] = e
+	return e, nil
+}
+
+// PresetNames lists the presets, sorted.
+func PresetNames() []string {
+	names := make([]string, 0, len(presets))
+	for n := range presets {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// shellTools is the POSIX toolset and what scripts around it reach for: coreutils, findutils,
+// grep, sed, awk, diff, tar and its compressors. Those this host lacks are left out.
+var shellTools = []string{
+	"sh", "bash", "dash", "env", "ls", "cat", "cp", "mv", "rm", "mkdir", "rmdir", "ln", "chmod", "touch", "head", "tail",
+	"wc", "sort", "uniq", "cut", "tr", "tee", "date", "echo", "printf", "test", "[", "basename", "dirname", "readlink",
+	"realpath", "stat", "du", "df", "sleep", "true", "false", "yes", "seq", "expr", "id", "whoami", "uname", "mktemp",
+	"xargs", "find", "grep", "egrep", "fgrep", "sed", "awk", "gawk", "mawk", "diff", "cmp", "patch", "tar", "gzip",
+	"gunzip", "zcat", "xz", "unxz", "bzip2", "bunzip2", "nproc", "which", "od", "sha256sum", "md5sum", "base64",
+	"timeout", "nice", "kill", "ps", "comm", "join", "paste", "split", "fold", "fmt", "nl", "rev", "tac", "install",
+	"file", "less", "more",
+}
+
+// programs looks each name up on DefaultPath and keeps those found; at least the first must be.
+func programs(names ...string) ([]string, error) {
+	var out []string
+	for i, n := range names {
+		p, err := lookPath(n, DefaultPath)
+		if err != nil {
+			if i == 0 {
+				return nil, fmt.Errorf("%s: %v", n, err)
+			}
+			continue
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func shellPreset() (Entry, error) {
+	files, err := programs(shellTools...)
+	return Entry{Files: files}, err
+}
+
+func makePreset() (Entry, error) {
+	files, err := programs("make")
+	return Entry{Files: files}, err
+}
+
+// ask runs a toolchain's own program and returns its first line of output.
+func ask(name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = []string{"PATH=" + DefaultPath, "LC_ALL=C"}
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %v", name, strings.Join(args, " "), err)
+	}
+	line, _, _ := strings.Cut(string(out), "\n")
+	return strings.TrimSpace(line), nil
+}
+
+// gitPreset is git and every helper it execs (git-core: git-remote-http, git-upload-pack, …).
+func gitPreset() (Entry, error) {
+	files, err := programs("git", "git-upload-pack", "git-receive-pack", "git-upload-archive", "ssh")
+	if err != nil {
+		return Entry{}, err
+	}
+	core, err := ask(files[0], "--exec-path")
+	if err != nil {
+		return Entry{}, err
+	}
+	return Entry{Files: files, Trees: []string{core}}, nil
+}
+
+// pythonPreset is the interpreter (what python3 resolves to, which a venv's python links to)
+// and pip.
+func pythonPreset() (Entry, error) {
+	files, err := programs("python3", "pip3", "pip")
+	if err != nil {
+		return Entry{}, err
+	}
+	real, err := filepath.EvalSymlinks(files[0])
+	if err != nil {
+		return Entry{}, err
+	}
+	return Entry{Files: append(files, real)}, nil
+}
+
+// nodePreset is node and its package manager (npm and npx are scripts node runs).
+func nodePreset() (Entry, error) {
+	files, err := programs("node", "npm", "npx", "corepack")
+	return Entry{Files: files}, err
+}
+
+// goInstall is where go.dev's release tarballs put the go command.
+const goInstall = "/usr/local/go/bin"
+
+// goPreset is the go command, gofmt, and the tool directory go build runs its compiler,
+// linker and vet from.
+func goPreset() (Entry, error) {
+	// go.dev's tarballs install to /usr/local/go, off the default PATH (a capsule using
+	// them puts /usr/local/go/bin on its own).
+	goBin, err := lookPath("go", DefaultPath+":"+goInstall)
+	if err != nil {
+		return Entry{}, fmt.Errorf("go: %v", err)
+	}
+	files := []string{goBin}
+	if gofmt, err := lookPath("gofmt", filepath.Dir(goBin)); err == nil {
+		files = append(files, gofmt)
+	}
+	tools, err := ask(files[0], "env", "GOTOOLDIR")
+	if err != nil {
+		return Entry{}, err
+	}
+	return Entry{Files: files, Trees: []string{tools}}, nil
+}
+
+// gccPreset is the compiler drivers, the directory of the programs they run (cc1,
+// collect2, lto-wrapper: gcc -print-prog-name=cc1's), and the assembler and linker.
+func gccPreset() (Entry, error) {
+	files, err := programs("gcc", "cc", "g++", "c++", "cpp")
+	if err != nil {
+		return Entry{}, err
+	}
+	var trees []string
+	if cc1, err := ask(files[0], "-print-prog-name=cc1"); err == nil && filepath.IsAbs(cc1) {
+		trees = append(trees, filepath.Dir(cc1))
+	}
+	if len(trees) == 0 {
+		return Entry{}, errors.New("gcc does not say where cc1 is (gcc -print-prog-name=cc1)")
+	}
+	for _, tool := range []string{"as", "ld"} {
+		name, err := ask(files[0], "-print-prog-name="+tool)
+		if err != nil {
+			continue
+		}
+		if !filepath.IsAbs(name) {
+			if p, err := lookPath(name, DefaultPath); err == nil {
+				name = p
+			}
+		}
+		if filepath.IsAbs(name) {
+			files = append(files, name)
+			// ld is often a link to ld.bfd or ld.gold, which exec sees as themselves.
+			if real, err := filepath.EvalSymlinks(name); err == nil && real != name {
+				files = append(files, real)
+			}
+		}
+	}
+	return Entry{Files: files, Trees: trees}, nil
+}
+
+// Beneath says whether path is root or lies beneath it.
+func Beneath(path, root string) bool {
+	return path == root || strings.HasPrefix(path, strings.TrimSuffix(root, "/")+"/")
+}
+
+// Covers says whether what parent resolved to holds everything child resolved to: every
+// file and tree of the child equals or lies beneath a file or tree of the parent's.
+func Covers(parent, child []Entry) (string, bool) {
+	var files, trees []string
+	for _, e := range parent {
+		files = append(files, e.Files...)
+		trees = append(trees, e.Trees...)
+	}
+	within := func(p string) bool {
+		if slices.Contains(files, p) {
+			return true
+		}
+		return slices.ContainsFunc(trees, func(t string) bool { return Beneath(p, t) })
+	}
+	for _, e := range child {
+		for _, p := range append(slices.Clone(e.Files), e.Trees...) {
+			if !within(p) {
+				return fmt.Sprintf("%s (from %q)", p, e.Entry), false
+			}
+		}
+	}
+	return "", true
+}
