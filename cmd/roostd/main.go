@@ -246,6 +246,7 @@ func serve(o *options, log *slog.Logger) error {
 		Logger:         log,
 		IDs:            pool,
 		AllowRoot:      cfg.Sessions.AllowRoot,
+		HostPaths:      cfg.Sessions.HostPaths,
 		EnvPassthrough: cfg.Env.Passthrough,
 	})
 	if err != nil {

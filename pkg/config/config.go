@@ -30,6 +30,10 @@ type Sessions struct {
 	AllowRoot []string `yaml:"allow_root"`
 	// IDs is the host uid/gid range sessions' ids are allocated from.
 	IDs IDRange `yaml:"ids"`
+	// HostPaths are host trees (toolchains outside /usr: /opt/…, rustup's, nvm's) a capsule
+	// may ask to read with filesystem.host_read: bound read-only into a sealed root,
+	// readable by a scoped session's Landlock rules.
+	HostPaths []string `yaml:"host_paths"`
 }
 
 // IDRange is a block of host uids (and the same gids) that roostd owns: no user of the host
@@ -96,6 +100,11 @@ func (s *Sessions) check(file string) error {
 	for i, n := range s.AllowRoot {
 		if !capsuleNameRE.MatchString(n) {
 			return fmt.Errorf("%s: sessions.allow_root[%d]: %q is not a capsule name ([a-z0-9][a-z0-9-]*)", file, i, n)
+		}
+	}
+	for i, p := range s.HostPaths {
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" {
+			return fmt.Errorf("%s: sessions.host_paths[%d]: %q: give a clean absolute path other than /", file, i, p)
 		}
 	}
 	if s.IDs.First == 0 {

@@ -55,6 +55,8 @@ type SealedLayout struct {
 	IDs IDs
 	// Home is the session's home directory on the host, mounted at SealedHome.
 	Home string
+	// HostRead lists host trees bound read-only at the same paths (filesystem.host_read).
+	HostRead []string
 }
 
 // SealedSpec describes a sealed session as an OCI runtime spec: the one description of its
@@ -92,6 +94,9 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 		specs.Mount{Destination: sealedCapsule, Type: "bind", Source: l.CapsuleDir, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
 		specs.Mount{Destination: sealedInitPath, Type: "bind", Source: l.Init, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 	)
+	for _, h := range l.HostRead {
+		mounts = append(mounts, specs.Mount{Destination: h, Type: "bind", Source: h, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+	}
 	mounts = append(mounts, workMounts(l, p, noexec)...)
 	if l.Home != "" {
 		mounts = append(mounts, specs.Mount{Destination: SealedHome, Type: "bind", Source: l.Home, Options: []string{"bind", "rw", "nosuid", "nodev", noexec}})

@@ -1,6 +1,7 @@
 package containment
 
 import (
+	"fmt"
 	"errors"
 	"io"
 	"os"
@@ -68,6 +69,12 @@ func composeRoot(dir string, l SealedLayout) error {
 	if err := os.Chmod(filepath.Join(dir, "tmp"), 0o1777); err != nil {
 		return err
 	}
+	// Mount points for the host trees the session reads (the root is read-only once made).
+	for _, h := range l.HostRead {
+		if err := mountPoint(dir, h); err != nil {
+			return fmt.Errorf("mount point for %s: %w", h, err)
+		}
+	}
 	// The bind target for roost-init is a file.
 	if err := os.WriteFile(filepath.Join(dir, ".roost", InitName), nil, 0o555); err != nil {
 		return err
@@ -101,6 +108,30 @@ func composeRoot(dir string, l SealedLayout) error {
 		}
 	}
 	return nil
+}
+
+// mountPoint makes, in the root at dir, what host path h is bound over: a directory, or an
+// empty file for a file. Under /usr (and its links) the host's tree is there already.
+func mountPoint(dir, h string) error {
+	if h == "/usr" || strings.HasPrefix(h, "/usr/") {
+		return nil
+	}
+	target := filepath.Join(dir, h)
+	info, err := os.Stat(h)
+	if err != nil {
+		return err
+	}
+	if info.IsDir() {
+		return os.MkdirAll(target, 0o755)
+	}
+	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(target, os.O_CREATE|os.O_WRONLY, 0o444)
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 func copyFile(src, dst string) error {

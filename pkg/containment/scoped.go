@@ -232,6 +232,9 @@ func ScopedFS(spec Spec, tmp string) *roostinit.LandlockFS {
 		fsr.ReadFiles = append(fsr.ReadFiles, spec.Task)
 	}
 	fsr.Read = append(fsr.Read, spec.Children...)
+	if spec.Policy != nil {
+		fsr.Read = append(fsr.Read, spec.Policy.Filesystem.HostRead...)
+	}
 	// /etc/resolv.conf is often a link into /run (systemd-resolved): name resolution needs
 	// the file it points to, not the rest of /run.
 	if target, err := filepath.EvalSymlinks("/etc/resolv.conf"); err == nil && !beneathAny(target, systemTrees) {
@@ -261,13 +264,17 @@ func Readable(class manifest.Class, p *manifest.Policy) []string {
 		} else {
 			out = append(out, "its workdir")
 		}
-		out = append(out, "its TMPDIR", "its task text")
+		out = append(out, "its TMPDIR", "its home", "its task text")
 		if len(p.Spawn.Allow) > 0 {
 			out = append(out, "its children's workdirs")
 		}
-		return out
+		return append(out, p.Filesystem.HostRead...)
 	case manifest.Sealed:
-		return []string{"only its root: /usr (read-only), a generated /etc, /capsule (read-only), /work, /tmp, /dev/shm, /proc (masked), a minimal /dev"}
+		root := "only its root: /usr (read-only), a generated /etc, /capsule (read-only), /work, /tmp, /root, /dev/shm, /proc (masked), a minimal /dev"
+		if len(p.Filesystem.HostRead) > 0 {
+			root += ", and " + strings.Join(p.Filesystem.HostRead, ", ") + " (read-only, from the host)"
+		}
+		return []string{root}
 	default:
 		return []string{"whatever the host lets its uid read (this class has no Landlock)"}
 	}

@@ -164,6 +164,15 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	id := spec.SessionID
 	layout := r.Layout(id, spec.Dir, spec.CapsuleDir)
 	layout.NetNS, layout.Task, layout.IDs, layout.Home = spec.NetNS, spec.Task, spec.IDs, spec.Home
+	if hr := spec.Policy.Filesystem.HostRead; len(hr) > 0 {
+		// Host trees need mount points the shared root has not: the session gets a root
+		// composed for it (Release removes it).
+		layout.HostRead = hr
+		layout.Rootfs = filepath.Join(r.roots, id)
+		if err := composeRoot(layout.Rootfs, layout); err != nil {
+			return nil, fmt.Errorf("composing the session's root: %w", err)
+		}
+	}
 	defer func() {
 		if retErr != nil {
 			_ = r.Release(id)

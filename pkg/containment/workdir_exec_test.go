@@ -118,3 +118,30 @@ func TestSealedEtc(t *testing.T) {
 		`grep -q '^tcp' /etc/protocols && echo protocols; grep -q '^http' /etc/services && echo services; grep -q '^root:x:0:0:root:/root:' /etc/passwd && echo passwd`)
 	expectOutput(t, out, "protocols", "services", "passwd")
 }
+
+// A host tree the operator offers (filesystem.host_read) is readable, never writable, and
+// nothing beside it is: bound read-only into a sealed root, named by a scoped session's
+// Landlock rules.
+func TestHostRead(t *testing.T) {
+	offered := fmt.Sprintf("/srv/roost-test-opt-%d", os.Getpid())
+	other := offered + "-other"
+	for _, d := range []string{offered, other} {
+		os.MkdirAll(d, 0o755)
+		os.WriteFile(d+"/tool.txt", []byte("from "+d+"\n"), 0o644)
+	}
+	t.Cleanup(func() { os.RemoveAll(offered); os.RemoveAll(other) })
+	script := fmt.Sprintf(`cat %[1]s/tool.txt && echo "read offered"
+touch %[1]s/x 2>/dev/null && echo "WROTE offered" || echo "offered read-only"
+cat %[2]s/tool.txt 2>/dev/null && echo "READ other" || echo "other refused"`, offered, other)
+	caps := "filesystem: {host_read: [" + offered + "]}, shell: {allow: [cat, touch]}}"
+	_, out, _, _ := scopedRun(t, "capabilities: {containment: scoped, "+caps, script)
+	if strings.Contains(out, "WROTE") || strings.Contains(out, "READ other") {
+		t.Fatalf("scoped host_read:\n%s", out)
+	}
+	expectOutput(t, out, "read offered", "offered read-only", "other refused")
+	_, out, _, _ = sealedRun(t, "capabilities: {containment: sealed, "+caps, script)
+	if strings.Contains(out, "WROTE") || strings.Contains(out, "READ other") {
+		t.Fatalf("sealed host_read:\n%s", out)
+	}
+	expectOutput(t, out, "read offered", "offered read-only", "other refused")
+}

@@ -137,6 +137,7 @@ func (d *decoder) capabilities(n *yaml.Node, path string) *Capabilities {
 				{"scope", set(&c.Filesystem.Scope, d.strPtrChecked(checkScope))},
 				{"workdir_exec", set(&c.Filesystem.WorkdirExec, d.boolean)},
 				{"read_only", set(&c.Filesystem.ReadOnly, d.checkedList(checkReadOnly))},
+				{"host_read", set(&c.Filesystem.HostRead, d.checkedList(checkHostPath))},
 			})
 		}},
 		{"shell", func(n *yaml.Node, p string) {

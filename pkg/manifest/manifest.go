@@ -61,6 +61,7 @@ type Filesystem struct {
 	Scope       *string
 	WorkdirExec *bool
 	ReadOnly    []string
+	HostRead    []string
 }
 
 // Shell is capabilities.shell.

@@ -75,6 +75,9 @@ type FilesystemPolicy struct {
 	Scope       string
 	WorkdirExec bool
 	ReadOnly    []string
+	// HostRead lists host trees (absolute, clean) the program may read, among those roostd's
+	// sessions.host_paths offers: toolchains outside /usr.
+	HostRead []string
 }
 
 // ShellPolicy is what the program may exec besides run.command[0].
@@ -156,6 +159,7 @@ func Lower(m *Manifest) Policy {
 				p.Filesystem.ReadOnly = appendUnique(p.Filesystem.ReadOnly, path.Clean(ro))
 			}
 		}
+		p.Filesystem.HostRead = unique(f.HostRead)
 	}
 
 	if s := c.Shell; s != nil {

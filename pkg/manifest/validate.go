@@ -84,6 +84,19 @@ func checkReadOnly(s string) error {
 	return checkRelative(strings.TrimSpace(s))
 }
 
+// checkHostPath accepts a host tree as filesystem.host_read names it: absolute, clean, not /.
+func checkHostPath(s string) error {
+	switch {
+	case !path.IsAbs(s):
+		return fmt.Errorf("%q: give an absolute path on the host", s)
+	case path.Clean(s) != s:
+		return fmt.Errorf("%q is not a clean absolute path (did you mean %q?)", s, path.Clean(s))
+	case s == "/":
+		return errors.New(`"/" is the whole host; name the tree the session needs`)
+	}
+	return nil
+}
+
 // ShellPresets are the toolchains shell.allow may name whole (see pkg/toolchain, which
 // resolves them on the host).
 var ShellPresets = []string{"@gcc", "@git", "@go", "@make", "@node", "@python", "@shell"}

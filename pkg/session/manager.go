@@ -101,6 +101,9 @@ type Config struct {
 	// AllowRoot names capsules whose sessions, when not sealed, run as host root (roostd's
 	// sessions.allow_root); every other session runs as an unprivileged uid of its own.
 	AllowRoot []string
+	// HostPaths are the host trees capsules may read with filesystem.host_read (roostd's
+	// sessions.host_paths).
+	HostPaths []string
 	// EnvPassthrough is the operator's list of host variables a capsule's env.allow may
 	// draw from (roostd's env.passthrough); nothing else of HostEnv reaches a session.
 	EnvPassthrough []string

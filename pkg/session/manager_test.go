@@ -788,3 +788,30 @@ func TestOperatorWorkdirLentAndReturned(t *testing.T) {
 		}
 	}
 }
+
+// filesystem.host_read names only trees roostd offers (sessions.host_paths), refused at stage
+// otherwise, and the refusal says what is offered.
+func TestHostReadOffered(t *testing.T) {
+	state := stateDir(t)
+	cfg := testConfig(state, &recorder{})
+	offered := t.TempDir()
+	os.MkdirAll(filepath.Join(offered, "rust"), 0o755)
+	cfg.HostPaths = []string{offered}
+	m, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ok := capsule(t, "true", "capabilities:\n  filesystem:\n    host_read: ["+filepath.Join(offered, "rust")+"]\n")
+	if _, err := m.Stage(StageOptions{Capsule: ok}); err != nil {
+		t.Fatalf("a tree beneath an offered one: %v", err)
+	}
+	no := capsule(t, "true", "capabilities:\n  filesystem:\n    host_read: [/etc]\n")
+	if _, err := m.Stage(StageOptions{Capsule: no}); !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), "host_read[0]: /etc") || !strings.Contains(err.Error(), offered) {
+		t.Fatalf("a tree not offered: %v", err)
+	}
+	missing := capsule(t, "true", "capabilities:\n  filesystem:\n    host_read: ["+filepath.Join(offered, "gone")+"]\n")
+	if _, err := m.Stage(StageOptions{Capsule: missing}); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("a tree this host lacks: %v", err)
+	}
+}

@@ -131,7 +131,7 @@ func policyProto(p *manifest.Policy) *roostv1.Policy {
 		Containment: p.Containment.String(),
 		Network:     &roostv1.NetworkPolicy{Allow: allow, UnixSockets: p.Network.UnixSockets},
 		Filesystem: &roostv1.FilesystemPolicy{
-			Scope: p.Filesystem.Scope, WorkdirExec: p.Filesystem.WorkdirExec, ReadOnly: p.Filesystem.ReadOnly,
+			Scope: p.Filesystem.Scope, WorkdirExec: p.Filesystem.WorkdirExec, ReadOnly: p.Filesystem.ReadOnly, HostRead: p.Filesystem.HostRead,
 		},
 		Shell: &roostv1.ShellPolicy{Allow: p.Shell.Allow},
 		Spawn: &roostv1.SpawnPolicy{

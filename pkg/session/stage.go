@@ -177,6 +177,24 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*Record, error) {
 	return rec, nil
 }
 
+// checkHostRead refuses a filesystem.host_read entry the operator does not offer (roostd's
+// sessions.host_paths) or this host lacks.
+func (m *Manager) checkHostRead(p *manifest.Policy, file string) error {
+	for i, h := range p.Filesystem.HostRead {
+		if !slices.ContainsFunc(m.cfg.HostPaths, func(allowed string) bool { return toolchain.Beneath(h, allowed) }) {
+			offered := "none"
+			if len(m.cfg.HostPaths) > 0 {
+				offered = strings.Join(m.cfg.HostPaths, ", ")
+			}
+			return fmt.Errorf("%s: capabilities.filesystem.host_read[%d]: %s is not among the host trees roostd offers sessions (sessions.host_paths: %s): %w", file, i, h, offered, errdefs.ErrPermissionDenied)
+		}
+		if _, err := os.Stat(h); err != nil {
+			return fmt.Errorf("%s: capabilities.filesystem.host_read[%d]: %s: %v: %w", file, i, h, err, errdefs.ErrFailedPrecondition)
+		}
+	}
+	return nil
+}
+
 // hostRoot says whether the operator lets a session of the plan run as host root: only a
 // capsule roostd's sessions.allow_root names, and never in a sealed root (whose root is its
 // user namespace's).
@@ -250,6 +268,9 @@ func (m *Manager) plan(opts StageOptions, store bool) (*plan, error) {
 		if digest, err = artifact.DigestDir(dir); err != nil {
 			return nil, err
 		}
+	}
+	if err := m.checkHostRead(&policy, filepath.Join(dir, manifest.FileName)); err != nil {
+		return nil, err
 	}
 	// What the session may exec is decided here, on this host, and recorded: an entry that
 	// names nothing here is refused now, not found missing at launch.

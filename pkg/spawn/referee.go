@@ -147,6 +147,11 @@ func envelope(p Parent, c Child) error {
 			return refuse("capabilities.filesystem.scope", "the child declares %q, which is not %q or beneath it", cs, ps)
 		}
 	}
+	for _, h := range cp.Filesystem.HostRead {
+		if !slices.ContainsFunc(pp.Filesystem.HostRead, func(q string) bool { return toolchain.Beneath(h, q) }) {
+			return refuse("capabilities.filesystem.host_read", "the child declares %q, which its parent does not hold", h)
+		}
+	}
 	if cp.Filesystem.WorkdirExec && !pp.Filesystem.WorkdirExec {
 		return refuse("capabilities.filesystem.workdir_exec", "the child declares true; its parent does not hold it")
 	}

@@ -12,6 +12,7 @@ import (
 
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/spawn"
+	"roost.dev/roost/pkg/toolchain"
 )
 
 // policyOf lowers a manifest whose capabilities block is fragment (YAML, indented as if
@@ -276,6 +277,11 @@ func TestRefereeEnvelope(t *testing.T) {
 		"filesystem.workdir_exec")
 	granted("filesystem.workdir_exec dropped", base, base.with("filesystem.workdir_exec", "false"))
 
+	withHost := base.with("filesystem.host_read", "[/opt/tools]")
+	refused("filesystem.host_read the parent lacks", base, withHost, "filesystem.host_read", `"/opt/tools"`)
+	granted("filesystem.host_read beneath the parent's", withHost, base.with("filesystem.host_read", "[/opt/tools/rust]"))
+	refused("filesystem.host_read sharing a string prefix", withHost, base.with("filesystem.host_read", "[/opt/toolsx]"), "filesystem.host_read")
+
 	for _, kv := range ceilings {
 		key, val := kv[0], kv[1]
 		var n int64
@@ -391,5 +397,24 @@ func TestCovers(t *testing.T) {
 		if got := spawn.Covers(rule(tc.parent), rule(tc.child)); got != tc.want {
 			t.Errorf("Covers(%q, %q) = %v, want %v", tc.parent, tc.child, got, tc.want)
 		}
+	}
+}
+
+// What shell.allow resolved to is the envelope's measure when both sides have it: a child's
+// tree beneath the parent's preset passes, a program the parent cannot run does not.
+func TestRefereeShellByResolution(t *testing.T) {
+	base := parentCaps()
+	p := spawn.Parent{ID: "parent", Policy: policyOf(t, base.yaml()), Achieved: class(t, "scoped"), DepthRemaining: 2,
+		Shell: []toolchain.Entry{{Entry: "@gcc", Files: []string{"/usr/bin/gcc"}, Trees: []string{"/usr/lib/gcc/x86_64-linux-gnu/12"}}}}
+	child := func(entries ...toolchain.Entry) spawn.Child {
+		return spawn.Child{Name: "worker", Ref: "worker@0.1.0", Policy: policyOf(t, base.with("shell.allow", "[cc1]").yaml()), Floor: p.Achieved, Shell: entries}
+	}
+	if err := spawn.Referee(p, child(toolchain.Entry{Entry: "/usr/lib/gcc/x86_64-linux-gnu/12/cc1", Files: []string{"/usr/lib/gcc/x86_64-linux-gnu/12/cc1"}}), 8); err != nil {
+		t.Fatalf("a file beneath the parent's tree: %v", err)
+	}
+	err := spawn.Referee(p, child(toolchain.Entry{Entry: "curl", Files: []string{"/usr/bin/curl"}}), 8)
+	var r *spawn.Refusal
+	if !errors.As(err, &r) || r.Key != "capabilities.shell.allow" || !strings.Contains(r.Msg, "/usr/bin/curl") {
+		t.Fatalf("a program the parent cannot run: %v", err)
 	}
 }

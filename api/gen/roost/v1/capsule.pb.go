@@ -831,9 +831,11 @@ func (x *NetworkPolicy) GetUnixSockets() bool {
 type FilesystemPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Workdir subtree the program may write; empty means the whole workdir.
-	Scope         string   `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
-	WorkdirExec   bool     `protobuf:"varint,2,opt,name=workdir_exec,json=workdirExec,proto3" json:"workdir_exec,omitempty"`
-	ReadOnly      []string `protobuf:"bytes,3,rep,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	Scope       string   `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
+	WorkdirExec bool     `protobuf:"varint,2,opt,name=workdir_exec,json=workdirExec,proto3" json:"workdir_exec,omitempty"`
+	ReadOnly    []string `protobuf:"bytes,3,rep,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	// Host trees the program may read, among roostd's sessions.host_paths.
+	HostRead      []string `protobuf:"bytes,4,rep,name=host_read,json=hostRead,proto3" json:"host_read,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -885,6 +887,13 @@ func (x *FilesystemPolicy) GetWorkdirExec() bool {
 func (x *FilesystemPolicy) GetReadOnly() []string {
 	if x != nil {
 		return x.ReadOnly
+	}
+	return nil
+}
+
+func (x *FilesystemPolicy) GetHostRead() []string {
+	if x != nil {
+		return x.HostRead
 	}
 	return nil
 }
@@ -1344,11 +1353,12 @@ const file_roost_v1_capsule_proto_rawDesc = "" +
 	"\t_declared\"H\n" +
 	"\rNetworkPolicy\x12\x14\n" +
 	"\x05allow\x18\x01 \x03(\tR\x05allow\x12!\n" +
-	"\funix_sockets\x18\x02 \x01(\bR\vunixSockets\"h\n" +
+	"\funix_sockets\x18\x02 \x01(\bR\vunixSockets\"\x85\x01\n" +
 	"\x10FilesystemPolicy\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12!\n" +
 	"\fworkdir_exec\x18\x02 \x01(\bR\vworkdirExec\x12\x1b\n" +
-	"\tread_only\x18\x03 \x03(\tR\breadOnly\"#\n" +
+	"\tread_only\x18\x03 \x03(\tR\breadOnly\x12\x1b\n" +
+	"\thost_read\x18\x04 \x03(\tR\bhostRead\"#\n" +
 	"\vShellPolicy\x12\x14\n" +
 	"\x05allow\x18\x01 \x03(\tR\x05allow\"\xb0\x01\n" +
 	"\vSpawnPolicy\x12\x14\n" +
