@@ -1,8 +1,8 @@
 package containment
 
 import (
-	"fmt"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
