@@ -15,6 +15,7 @@ import (
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/spawn"
+	"roost.dev/roost/pkg/toolchain"
 )
 
 // defaultPath is the PATH a program gets unless its manifest sets one.
@@ -203,8 +204,8 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, man *manifest.Ma
 		Root:       rec.HostRoot,
 		Children:   m.childrenDirs(rec, class, policy),
 		Home:       m.homeDir(rec.ID),
-		Exec:       execFiles(rec),
-		ExecTrees:  execTrees(rec),
+		Exec:       view.paths(execFiles(rec)),
+		ExecTrees:  view.paths(execTrees(rec)),
 		Argv:       view.command(rec),
 		Env:        environment(rec, man, m.hostEnv(policy), view, extra),
 		NetNS:      netns,
@@ -250,6 +251,22 @@ var sealedView = view{work: "/work", capsule: "/capsule", home: containment.Seal
 
 func hostView(rec *Record, home string) view {
 	return view{work: rec.Workdir, capsule: rec.Capsule.Root(), home: home}
+}
+
+// paths places what shell.allow names in the capsule (recorded as /capsule/...) in the
+// program's view.
+func (v view) paths(list []string) []string {
+	if list == nil {
+		return nil
+	}
+	out := make([]string, len(list))
+	for i, p := range list {
+		if rest, ok := strings.CutPrefix(p, toolchain.CapsuleView+"/"); ok {
+			p = v.capsule + "/" + rest
+		}
+		out[i] = p
+	}
+	return out
 }
 
 // command is the staged command line as the program's view names it: a program from the

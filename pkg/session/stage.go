@@ -274,7 +274,7 @@ func (m *Manager) plan(opts StageOptions, store bool) (*plan, error) {
 	}
 	// What the session may exec is decided here, on this host, and recorded: an entry that
 	// names nothing here is refused now, not found missing at launch.
-	shell, err := m.tools.Resolve(policy.Shell.Allow, "")
+	shell, err := m.tools.Resolve(policy.Shell.Allow, "", dir)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, manifest.FileName), err)
 	}

@@ -46,14 +46,35 @@ type Resolver struct {
 // NewResolver returns an empty Resolver.
 func NewResolver() *Resolver { return &Resolver{presets: map[string]Entry{}} }
 
-// Resolve resolves every entry, looking names up on path (DefaultPath when empty). An entry
-// that resolves to nothing is an error naming it.
-func (r *Resolver) Resolve(entries []string, path string) ([]Entry, error) {
+// CapsuleView is where a session finds its capsule's files in a sealed root; an entry
+// beneath it names a file of the capsule, in whichever view the session has.
+const CapsuleView = "/capsule"
+
+// Resolve resolves every entry, looking names up on path (DefaultPath when empty). Entries
+// beneath CapsuleView are checked in capsuleDir (the capsule's files on the host) and kept
+// as written, for the launch to place in the session's view. An entry that resolves to
+// nothing is an error naming it.
+func (r *Resolver) Resolve(entries []string, path, capsuleDir string) ([]Entry, error) {
 	if path == "" {
 		path = DefaultPath
 	}
 	out := make([]Entry, 0, len(entries))
 	for i, e := range entries {
+		if rest, ok := strings.CutPrefix(e, CapsuleView+"/"); ok && capsuleDir != "" {
+			res, err := resolvePath(filepath.Join(capsuleDir, rest))
+			if err != nil {
+				return nil, fmt.Errorf("capabilities.shell.allow[%d]: %q: %v: %w", i, e, err, errdefs.ErrInvalidArgument)
+			}
+			res.Entry = e
+			for i := range res.Files {
+				res.Files[i] = e
+			}
+			for i := range res.Trees {
+				res.Trees[i] = e
+			}
+			out = append(out, res)
+			continue
+		}
 		res, err := r.resolve(e, path)
 		if err != nil {
 			return nil, fmt.Errorf("capabilities.shell.allow[%d]: %q: %v: %w", i, e, err, errdefs.ErrInvalidArgument)

@@ -32,7 +32,7 @@ func TestPresetsResolveOnThisHost(t *testing.T) {
 			if _, err := lookPath(c.tool, DefaultPath); err != nil {
 				t.Skipf("%s is not installed here", c.tool)
 			}
-			entries, err := r.Resolve([]string{c.preset}, "")
+			entries, err := r.Resolve([]string{c.preset}, "", "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -59,7 +59,7 @@ func TestResolveEntries(t *testing.T) {
 	plain := filepath.Join(dir, "data")
 	os.WriteFile(plain, nil, 0o644)
 	r := NewResolver()
-	got, err := r.Resolve([]string{"ls", "/usr/bin", "/usr/bin/env"}, "")
+	got, err := r.Resolve([]string{"ls", "/usr/bin", "/usr/bin/env"}, "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestResolveEntries(t *testing.T) {
 		plain:               "not executable",
 		"/dev/null":         "not a regular file or a directory",
 	} {
-		_, err := r.Resolve([]string{"ls", entry}, "")
+		_, err := r.Resolve([]string{"ls", entry}, "", "")
 		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "shell.allow[1]") {
 			t.Errorf("%s: %v (want %q)", entry, err, want)
 		}
@@ -95,5 +95,20 @@ func TestCovers(t *testing.T) {
 		if what, ok := Covers(parent, c.child); ok != c.ok {
 			t.Errorf("%+v: covered %v (%s), want %v", c.child, ok, what, c.ok)
 		}
+	}
+}
+
+// An entry in the capsule is checked in the capsule's files on the host and kept as the
+// session names it.
+func TestResolveCapsuleEntries(t *testing.T) {
+	capsule := t.TempDir()
+	os.WriteFile(filepath.Join(capsule, "tool.sh"), []byte("#!/bin/sh\n"), 0o755)
+	r := NewResolver()
+	got, err := r.Resolve([]string{"/capsule/tool.sh"}, "", capsule)
+	if err != nil || got[0].Files[0] != "/capsule/tool.sh" {
+		t.Fatalf("%+v %v", got, err)
+	}
+	if _, err := r.Resolve([]string{"/capsule/missing.sh"}, "", capsule); err == nil || !strings.Contains(err.Error(), "/capsule/missing.sh") {
+		t.Fatalf("a missing capsule file: %v", err)
 	}
 }
