@@ -63,6 +63,7 @@ type options struct {
 var (
 	_ session.Observer      = (*metrics.Metrics)(nil)
 	_ session.SpawnObserver = (*metrics.Metrics)(nil)
+	_ session.LimitObserver = (*metrics.Metrics)(nil)
 	_ ledger.Observer       = (*metrics.Metrics)(nil)
 )
 

@@ -156,6 +156,7 @@ func (d *decoder) capabilities(n *yaml.Node, path string) *Capabilities {
 				}},
 				{"max_depth", set(&s.MaxDepth, d.positive)},
 				{"max_children", set(&s.MaxChildren, d.positive)},
+				{"max_total_children", set(&s.MaxTotalChildren, d.positive)},
 			})
 			for i, name := range s.WorkdirSnapshot {
 				if !slices.Contains(s.Allow, name) && snapNode != nil && i < len(snapNode.Content) {
@@ -195,6 +196,9 @@ func (d *decoder) capabilities(n *yaml.Node, path string) *Capabilities {
 				{"max_processes", set(&r.MaxProcesses, d.positive)},
 				{"memory_bytes", set(&r.MemoryBytes, d.positive)},
 				{"workdir_max_bytes", set(&r.WorkdirMaxBytes, d.positive)},
+				{"workdir_max_inodes", set(&r.WorkdirMaxInodes, d.positive)},
+				{"log_max_bytes", set(&r.LogMaxBytes, d.positive)},
+				{"endpoint_max_connections", set(&r.EndpointMaxConnections, d.positive)},
 			})
 		}},
 	})

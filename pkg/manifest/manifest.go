@@ -71,10 +71,11 @@ type Shell struct {
 
 // Spawn is capabilities.spawn.
 type Spawn struct {
-	Allow           []string
-	WorkdirSnapshot []string
-	MaxDepth        *int64
-	MaxChildren     *int64
+	Allow            []string
+	WorkdirSnapshot  []string
+	MaxDepth         *int64
+	MaxChildren      *int64
+	MaxTotalChildren *int64
 }
 
 // EnvGrant is capabilities.env.
@@ -99,6 +100,10 @@ type Resources struct {
 	MaxProcesses      *int64
 	MemoryBytes       *int64
 	WorkdirMaxBytes   *int64
+	WorkdirMaxInodes  *int64
+	LogMaxBytes       *int64
+	// EndpointMaxConnections bounds the session's concurrent connections to its endpoint.
+	EndpointMaxConnections *int64
 }
 
 // Ref is the capsule's name@version.

@@ -20,8 +20,12 @@ const (
 	DefaultMaxProcesses      = 128
 	DefaultMemoryBytes       = 2 << 30
 	DefaultWorkdirMaxBytes   = 10 << 30
+	DefaultWorkdirMaxInodes  = 1_000_000
+	DefaultLogMaxBytes       = 64 << 20
+	DefaultEndpointMaxConns  = 64
 	DefaultSpawnMaxDepth     = 3
 	DefaultSpawnMaxChildren  = 4
+	DefaultSpawnMaxTotal     = 64
 )
 
 // What inference.on_exhausted may say.
@@ -91,6 +95,8 @@ type SpawnPolicy struct {
 	WorkdirSnapshot []string
 	MaxDepth        Limit
 	MaxChildren     Limit
+	// MaxTotalChildren bounds the children started over the session's whole life.
+	MaxTotalChildren Limit
 }
 
 // EnvPolicy is which host variables pass through.
@@ -115,6 +121,13 @@ type ResourcesPolicy struct {
 	MaxProcesses      Limit
 	MemoryBytes       Limit
 	WorkdirMaxBytes   Limit
+	// WorkdirMaxInodes bounds the files the workdir (with the home, TMPDIR and children's
+	// workdirs) may hold.
+	WorkdirMaxInodes Limit
+	// LogMaxBytes bounds each output stream kept in the records directory.
+	LogMaxBytes Limit
+	// EndpointMaxConnections bounds the session's concurrent connections to its endpoint.
+	EndpointMaxConnections Limit
 }
 
 // InferencePolicy is the inference block resolved.
@@ -171,10 +184,11 @@ func Lower(m *Manifest) Policy {
 		sp = *c.Spawn
 	}
 	p.Spawn = SpawnPolicy{
-		Allow:           unique(sp.Allow),
-		WorkdirSnapshot: unique(sp.WorkdirSnapshot),
-		MaxDepth:        resolve(sp.MaxDepth, DefaultSpawnMaxDepth),
-		MaxChildren:     resolve(sp.MaxChildren, DefaultSpawnMaxChildren),
+		Allow:            unique(sp.Allow),
+		WorkdirSnapshot:  unique(sp.WorkdirSnapshot),
+		MaxDepth:         resolve(sp.MaxDepth, DefaultSpawnMaxDepth),
+		MaxChildren:      resolve(sp.MaxChildren, DefaultSpawnMaxChildren),
+		MaxTotalChildren: resolve(sp.MaxTotalChildren, DefaultSpawnMaxTotal),
 	}
 
 	if e := c.Env; e != nil {
@@ -195,15 +209,18 @@ func Lower(m *Manifest) Policy {
 		r = *c.Resources
 	}
 	p.Resources = ResourcesPolicy{
-		CgroupMemoryBytes: resolve(r.CgroupMemoryBytes, DefaultCgroupMemoryBytes),
-		CgroupPidsMax:     resolve(r.CgroupPidsMax, DefaultCgroupPidsMax),
-		CgroupCPUPercent:  resolve(r.CgroupCPUPercent, DefaultCgroupCPUPercent),
-		MaxOpenFiles:      resolve(r.MaxOpenFiles, DefaultMaxOpenFiles),
-		MaxFileSizeBytes:  resolve(r.MaxFileSizeBytes, DefaultMaxFileSizeBytes),
-		CPUSeconds:        resolve(r.CPUSeconds, DefaultCPUSeconds),
-		MaxProcesses:      resolve(r.MaxProcesses, DefaultMaxProcesses),
-		MemoryBytes:       resolve(r.MemoryBytes, DefaultMemoryBytes),
-		WorkdirMaxBytes:   resolve(r.WorkdirMaxBytes, DefaultWorkdirMaxBytes),
+		CgroupMemoryBytes:      resolve(r.CgroupMemoryBytes, DefaultCgroupMemoryBytes),
+		CgroupPidsMax:          resolve(r.CgroupPidsMax, DefaultCgroupPidsMax),
+		CgroupCPUPercent:       resolve(r.CgroupCPUPercent, DefaultCgroupCPUPercent),
+		MaxOpenFiles:           resolve(r.MaxOpenFiles, DefaultMaxOpenFiles),
+		MaxFileSizeBytes:       resolve(r.MaxFileSizeBytes, DefaultMaxFileSizeBytes),
+		CPUSeconds:             resolve(r.CPUSeconds, DefaultCPUSeconds),
+		MaxProcesses:           resolve(r.MaxProcesses, DefaultMaxProcesses),
+		MemoryBytes:            resolve(r.MemoryBytes, DefaultMemoryBytes),
+		WorkdirMaxBytes:        resolve(r.WorkdirMaxBytes, DefaultWorkdirMaxBytes),
+		WorkdirMaxInodes:       resolve(r.WorkdirMaxInodes, DefaultWorkdirMaxInodes),
+		LogMaxBytes:            resolve(r.LogMaxBytes, DefaultLogMaxBytes),
+		EndpointMaxConnections: resolve(r.EndpointMaxConnections, DefaultEndpointMaxConns),
 	}
 
 	p.Inference.OnExhausted = OnExhaustedFail

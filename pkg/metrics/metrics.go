@@ -25,6 +25,7 @@ type Metrics struct {
 	spawnTime *prometheus.HistogramVec
 	tokens    *prometheus.CounterVec
 	refusals  *prometheus.CounterVec
+	limits    *prometheus.CounterVec
 }
 
 // Budget reports the ledger's state at each scrape.
@@ -69,11 +70,15 @@ func New(states []string, count func() map[string]int) *Metrics {
 			Name: "roost_spend_refusals_total",
 			Help: "Admissions refused at a ceiling, by limit (session, ancestor, machine).",
 		}, []string{"limit"}),
+		limits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "roost_limit_hits_total",
+			Help: "Times a session met one of its bounds, by limit (endpoint_connections, log_bytes, workdir_bytes, workdir_inodes, children_total, disk_full, …): a refusal or a cut.",
+		}, []string{"limit"}),
 	}
 	m.registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.starts, m.startTime, m.recovered, m.spawns, m.spawnTime, m.tokens, m.refusals,
+		m.starts, m.startTime, m.recovered, m.spawns, m.spawnTime, m.tokens, m.refusals, m.limits,
 		&stateCollector{states: states, count: count, desc: prometheus.NewDesc(
 			"roost_sessions", "Sessions in the registry, by state.", []string{"state"}, nil)},
 	)
@@ -92,6 +97,9 @@ func (m *Metrics) WatchBudget(b Budget) {
 func (m *Metrics) Charged(s ledger.Settlement) {
 	m.tokens.WithLabelValues(s.Capsule, s.Model).Add(float64(s.Charged))
 }
+
+// LimitHit counts a session meeting one of its bounds.
+func (m *Metrics) LimitHit(limit string) { m.limits.WithLabelValues(limit).Inc() }
 
 // Refused counts an admission refused at a ceiling.
 func (m *Metrics) Refused(r *ledger.Refusal) {

@@ -169,6 +169,10 @@ func envelope(p Parent, c Child) error {
 		{"capabilities.resources.max_processes", cr.MaxProcesses, pr.MaxProcesses},
 		{"capabilities.resources.memory_bytes", cr.MemoryBytes, pr.MemoryBytes},
 		{"capabilities.resources.workdir_max_bytes", cr.WorkdirMaxBytes, pr.WorkdirMaxBytes},
+		{"capabilities.resources.workdir_max_inodes", cr.WorkdirMaxInodes, pr.WorkdirMaxInodes},
+		{"capabilities.resources.log_max_bytes", cr.LogMaxBytes, pr.LogMaxBytes},
+		{"capabilities.resources.endpoint_max_connections", cr.EndpointMaxConnections, pr.EndpointMaxConnections},
+		{"capabilities.spawn.max_total_children", cp.Spawn.MaxTotalChildren, pp.Spawn.MaxTotalChildren},
 		{"capabilities.limits.memory_bytes", cp.Limits.MemoryBytes, pp.Limits.MemoryBytes},
 		{"capabilities.limits.deadline_seconds", cp.Limits.DeadlineSeconds, pp.Limits.DeadlineSeconds},
 	} {

@@ -943,13 +943,14 @@ func (x *ShellPolicy) GetAllow() []string {
 }
 
 type SpawnPolicy struct {
-	state           protoimpl.MessageState `protogen:"open.v1"`
-	Allow           []string               `protobuf:"bytes,1,rep,name=allow,proto3" json:"allow,omitempty"`
-	WorkdirSnapshot []string               `protobuf:"bytes,2,rep,name=workdir_snapshot,json=workdirSnapshot,proto3" json:"workdir_snapshot,omitempty"`
-	MaxDepth        *Limit                 `protobuf:"bytes,3,opt,name=max_depth,json=maxDepth,proto3" json:"max_depth,omitempty"`
-	MaxChildren     *Limit                 `protobuf:"bytes,4,opt,name=max_children,json=maxChildren,proto3" json:"max_children,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Allow            []string               `protobuf:"bytes,1,rep,name=allow,proto3" json:"allow,omitempty"`
+	WorkdirSnapshot  []string               `protobuf:"bytes,2,rep,name=workdir_snapshot,json=workdirSnapshot,proto3" json:"workdir_snapshot,omitempty"`
+	MaxDepth         *Limit                 `protobuf:"bytes,3,opt,name=max_depth,json=maxDepth,proto3" json:"max_depth,omitempty"`
+	MaxChildren      *Limit                 `protobuf:"bytes,4,opt,name=max_children,json=maxChildren,proto3" json:"max_children,omitempty"`
+	MaxTotalChildren *Limit                 `protobuf:"bytes,5,opt,name=max_total_children,json=maxTotalChildren,proto3" json:"max_total_children,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *SpawnPolicy) Reset() {
@@ -1006,6 +1007,13 @@ func (x *SpawnPolicy) GetMaxDepth() *Limit {
 func (x *SpawnPolicy) GetMaxChildren() *Limit {
 	if x != nil {
 		return x.MaxChildren
+	}
+	return nil
+}
+
+func (x *SpawnPolicy) GetMaxTotalChildren() *Limit {
+	if x != nil {
+		return x.MaxTotalChildren
 	}
 	return nil
 }
@@ -1107,18 +1115,21 @@ func (x *LimitsPolicy) GetMemoryBytes() *Limit {
 }
 
 type ResourcesPolicy struct {
-	state             protoimpl.MessageState `protogen:"open.v1"`
-	CgroupMemoryBytes *Limit                 `protobuf:"bytes,1,opt,name=cgroup_memory_bytes,json=cgroupMemoryBytes,proto3" json:"cgroup_memory_bytes,omitempty"`
-	CgroupPidsMax     *Limit                 `protobuf:"bytes,2,opt,name=cgroup_pids_max,json=cgroupPidsMax,proto3" json:"cgroup_pids_max,omitempty"`
-	CgroupCpuPercent  *Limit                 `protobuf:"bytes,3,opt,name=cgroup_cpu_percent,json=cgroupCpuPercent,proto3" json:"cgroup_cpu_percent,omitempty"`
-	MaxOpenFiles      *Limit                 `protobuf:"bytes,4,opt,name=max_open_files,json=maxOpenFiles,proto3" json:"max_open_files,omitempty"`
-	MaxFileSizeBytes  *Limit                 `protobuf:"bytes,5,opt,name=max_file_size_bytes,json=maxFileSizeBytes,proto3" json:"max_file_size_bytes,omitempty"`
-	CpuSeconds        *Limit                 `protobuf:"bytes,6,opt,name=cpu_seconds,json=cpuSeconds,proto3" json:"cpu_seconds,omitempty"`
-	MaxProcesses      *Limit                 `protobuf:"bytes,7,opt,name=max_processes,json=maxProcesses,proto3" json:"max_processes,omitempty"`
-	MemoryBytes       *Limit                 `protobuf:"bytes,8,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
-	WorkdirMaxBytes   *Limit                 `protobuf:"bytes,9,opt,name=workdir_max_bytes,json=workdirMaxBytes,proto3" json:"workdir_max_bytes,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	state                  protoimpl.MessageState `protogen:"open.v1"`
+	CgroupMemoryBytes      *Limit                 `protobuf:"bytes,1,opt,name=cgroup_memory_bytes,json=cgroupMemoryBytes,proto3" json:"cgroup_memory_bytes,omitempty"`
+	CgroupPidsMax          *Limit                 `protobuf:"bytes,2,opt,name=cgroup_pids_max,json=cgroupPidsMax,proto3" json:"cgroup_pids_max,omitempty"`
+	CgroupCpuPercent       *Limit                 `protobuf:"bytes,3,opt,name=cgroup_cpu_percent,json=cgroupCpuPercent,proto3" json:"cgroup_cpu_percent,omitempty"`
+	MaxOpenFiles           *Limit                 `protobuf:"bytes,4,opt,name=max_open_files,json=maxOpenFiles,proto3" json:"max_open_files,omitempty"`
+	MaxFileSizeBytes       *Limit                 `protobuf:"bytes,5,opt,name=max_file_size_bytes,json=maxFileSizeBytes,proto3" json:"max_file_size_bytes,omitempty"`
+	CpuSeconds             *Limit                 `protobuf:"bytes,6,opt,name=cpu_seconds,json=cpuSeconds,proto3" json:"cpu_seconds,omitempty"`
+	MaxProcesses           *Limit                 `protobuf:"bytes,7,opt,name=max_processes,json=maxProcesses,proto3" json:"max_processes,omitempty"`
+	MemoryBytes            *Limit                 `protobuf:"bytes,8,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	WorkdirMaxBytes        *Limit                 `protobuf:"bytes,9,opt,name=workdir_max_bytes,json=workdirMaxBytes,proto3" json:"workdir_max_bytes,omitempty"`
+	WorkdirMaxInodes       *Limit                 `protobuf:"bytes,10,opt,name=workdir_max_inodes,json=workdirMaxInodes,proto3" json:"workdir_max_inodes,omitempty"`
+	LogMaxBytes            *Limit                 `protobuf:"bytes,11,opt,name=log_max_bytes,json=logMaxBytes,proto3" json:"log_max_bytes,omitempty"`
+	EndpointMaxConnections *Limit                 `protobuf:"bytes,12,opt,name=endpoint_max_connections,json=endpointMaxConnections,proto3" json:"endpoint_max_connections,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *ResourcesPolicy) Reset() {
@@ -1210,6 +1221,27 @@ func (x *ResourcesPolicy) GetMemoryBytes() *Limit {
 func (x *ResourcesPolicy) GetWorkdirMaxBytes() *Limit {
 	if x != nil {
 		return x.WorkdirMaxBytes
+	}
+	return nil
+}
+
+func (x *ResourcesPolicy) GetWorkdirMaxInodes() *Limit {
+	if x != nil {
+		return x.WorkdirMaxInodes
+	}
+	return nil
+}
+
+func (x *ResourcesPolicy) GetLogMaxBytes() *Limit {
+	if x != nil {
+		return x.LogMaxBytes
+	}
+	return nil
+}
+
+func (x *ResourcesPolicy) GetEndpointMaxConnections() *Limit {
+	if x != nil {
+		return x.EndpointMaxConnections
 	}
 	return nil
 }
@@ -1360,17 +1392,18 @@ const file_roost_v1_capsule_proto_rawDesc = "" +
 	"\tread_only\x18\x03 \x03(\tR\breadOnly\x12\x1b\n" +
 	"\thost_read\x18\x04 \x03(\tR\bhostRead\"#\n" +
 	"\vShellPolicy\x12\x14\n" +
-	"\x05allow\x18\x01 \x03(\tR\x05allow\"\xb0\x01\n" +
+	"\x05allow\x18\x01 \x03(\tR\x05allow\"\xef\x01\n" +
 	"\vSpawnPolicy\x12\x14\n" +
 	"\x05allow\x18\x01 \x03(\tR\x05allow\x12)\n" +
 	"\x10workdir_snapshot\x18\x02 \x03(\tR\x0fworkdirSnapshot\x12,\n" +
 	"\tmax_depth\x18\x03 \x01(\v2\x0f.roost.v1.LimitR\bmaxDepth\x122\n" +
-	"\fmax_children\x18\x04 \x01(\v2\x0f.roost.v1.LimitR\vmaxChildren\"!\n" +
+	"\fmax_children\x18\x04 \x01(\v2\x0f.roost.v1.LimitR\vmaxChildren\x12=\n" +
+	"\x12max_total_children\x18\x05 \x01(\v2\x0f.roost.v1.LimitR\x10maxTotalChildren\"!\n" +
 	"\tEnvPolicy\x12\x14\n" +
 	"\x05allow\x18\x01 \x03(\tR\x05allow\"~\n" +
 	"\fLimitsPolicy\x12:\n" +
 	"\x10deadline_seconds\x18\x01 \x01(\v2\x0f.roost.v1.LimitR\x0fdeadlineSeconds\x122\n" +
-	"\fmemory_bytes\x18\x02 \x01(\v2\x0f.roost.v1.LimitR\vmemoryBytes\"\x9a\x04\n" +
+	"\fmemory_bytes\x18\x02 \x01(\v2\x0f.roost.v1.LimitR\vmemoryBytes\"\xd9\x05\n" +
 	"\x0fResourcesPolicy\x12?\n" +
 	"\x13cgroup_memory_bytes\x18\x01 \x01(\v2\x0f.roost.v1.LimitR\x11cgroupMemoryBytes\x127\n" +
 	"\x0fcgroup_pids_max\x18\x02 \x01(\v2\x0f.roost.v1.LimitR\rcgroupPidsMax\x12=\n" +
@@ -1381,7 +1414,11 @@ const file_roost_v1_capsule_proto_rawDesc = "" +
 	"cpuSeconds\x124\n" +
 	"\rmax_processes\x18\a \x01(\v2\x0f.roost.v1.LimitR\fmaxProcesses\x122\n" +
 	"\fmemory_bytes\x18\b \x01(\v2\x0f.roost.v1.LimitR\vmemoryBytes\x12;\n" +
-	"\x11workdir_max_bytes\x18\t \x01(\v2\x0f.roost.v1.LimitR\x0fworkdirMaxBytes\"\xb0\x01\n" +
+	"\x11workdir_max_bytes\x18\t \x01(\v2\x0f.roost.v1.LimitR\x0fworkdirMaxBytes\x12=\n" +
+	"\x12workdir_max_inodes\x18\n" +
+	" \x01(\v2\x0f.roost.v1.LimitR\x10workdirMaxInodes\x123\n" +
+	"\rlog_max_bytes\x18\v \x01(\v2\x0f.roost.v1.LimitR\vlogMaxBytes\x12I\n" +
+	"\x18endpoint_max_connections\x18\f \x01(\v2\x0f.roost.v1.LimitR\x16endpointMaxConnections\"\xb0\x01\n" +
 	"\x0fInferencePolicy\x12\x1a\n" +
 	"\bupstream\x18\x01 \x01(\tR\bupstream\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x121\n" +
@@ -1448,24 +1485,28 @@ var file_roost_v1_capsule_proto_depIdxs = []int32{
 	17, // 17: roost.v1.Policy.inference:type_name -> roost.v1.InferencePolicy
 	9,  // 18: roost.v1.SpawnPolicy.max_depth:type_name -> roost.v1.Limit
 	9,  // 19: roost.v1.SpawnPolicy.max_children:type_name -> roost.v1.Limit
-	9,  // 20: roost.v1.LimitsPolicy.deadline_seconds:type_name -> roost.v1.Limit
-	9,  // 21: roost.v1.LimitsPolicy.memory_bytes:type_name -> roost.v1.Limit
-	9,  // 22: roost.v1.ResourcesPolicy.cgroup_memory_bytes:type_name -> roost.v1.Limit
-	9,  // 23: roost.v1.ResourcesPolicy.cgroup_pids_max:type_name -> roost.v1.Limit
-	9,  // 24: roost.v1.ResourcesPolicy.cgroup_cpu_percent:type_name -> roost.v1.Limit
-	9,  // 25: roost.v1.ResourcesPolicy.max_open_files:type_name -> roost.v1.Limit
-	9,  // 26: roost.v1.ResourcesPolicy.max_file_size_bytes:type_name -> roost.v1.Limit
-	9,  // 27: roost.v1.ResourcesPolicy.cpu_seconds:type_name -> roost.v1.Limit
-	9,  // 28: roost.v1.ResourcesPolicy.max_processes:type_name -> roost.v1.Limit
-	9,  // 29: roost.v1.ResourcesPolicy.memory_bytes:type_name -> roost.v1.Limit
-	9,  // 30: roost.v1.ResourcesPolicy.workdir_max_bytes:type_name -> roost.v1.Limit
-	0,  // 31: roost.v1.CapsuleService.Explain:input_type -> roost.v1.ExplainRequest
-	1,  // 32: roost.v1.CapsuleService.Explain:output_type -> roost.v1.ExplainResponse
-	32, // [32:33] is the sub-list for method output_type
-	31, // [31:32] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	9,  // 20: roost.v1.SpawnPolicy.max_total_children:type_name -> roost.v1.Limit
+	9,  // 21: roost.v1.LimitsPolicy.deadline_seconds:type_name -> roost.v1.Limit
+	9,  // 22: roost.v1.LimitsPolicy.memory_bytes:type_name -> roost.v1.Limit
+	9,  // 23: roost.v1.ResourcesPolicy.cgroup_memory_bytes:type_name -> roost.v1.Limit
+	9,  // 24: roost.v1.ResourcesPolicy.cgroup_pids_max:type_name -> roost.v1.Limit
+	9,  // 25: roost.v1.ResourcesPolicy.cgroup_cpu_percent:type_name -> roost.v1.Limit
+	9,  // 26: roost.v1.ResourcesPolicy.max_open_files:type_name -> roost.v1.Limit
+	9,  // 27: roost.v1.ResourcesPolicy.max_file_size_bytes:type_name -> roost.v1.Limit
+	9,  // 28: roost.v1.ResourcesPolicy.cpu_seconds:type_name -> roost.v1.Limit
+	9,  // 29: roost.v1.ResourcesPolicy.max_processes:type_name -> roost.v1.Limit
+	9,  // 30: roost.v1.ResourcesPolicy.memory_bytes:type_name -> roost.v1.Limit
+	9,  // 31: roost.v1.ResourcesPolicy.workdir_max_bytes:type_name -> roost.v1.Limit
+	9,  // 32: roost.v1.ResourcesPolicy.workdir_max_inodes:type_name -> roost.v1.Limit
+	9,  // 33: roost.v1.ResourcesPolicy.log_max_bytes:type_name -> roost.v1.Limit
+	9,  // 34: roost.v1.ResourcesPolicy.endpoint_max_connections:type_name -> roost.v1.Limit
+	0,  // 35: roost.v1.CapsuleService.Explain:input_type -> roost.v1.ExplainRequest
+	1,  // 36: roost.v1.CapsuleService.Explain:output_type -> roost.v1.ExplainResponse
+	36, // [36:37] is the sub-list for method output_type
+	35, // [35:36] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_capsule_proto_init() }
