@@ -22,7 +22,11 @@ func (a *app) logsCommand() *cobra.Command {
 		Use:   "logs SESSION",
 		Short: "Print a session's output",
 		Long: `logs prints what the session's program wrote: stdout to stdout, stderr to stderr.
-With -f it keeps printing until the session ends.`,
+With -f it keeps printing until the session ends.
+Each stream is kept within the capsule's resources.log_max_bytes: its first bytes and its
+newest. Where bytes were dropped between them a line says how many:
+  --- roost: 123456 bytes of stdout dropped here (resources.log_max_bytes 67108864) ---
+inspect shows, per stream, the bytes written and dropped.`,
 		Args: exactArgs(1, "one SESSION"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.copyLogs(cmd.Context(), args[0], follow, cmd.OutOrStdout(), cmd.ErrOrStderr())
@@ -33,8 +37,10 @@ With -f it keeps printing until the session ends.`,
 }
 
 // streamEvents prints events after since until the stream ends, keeping last current.
-func (a *app) streamEvents(ctx context.Context, c roostv1.SessionServiceClient, since uint64, follow, asJSON bool, out io.Writer, tw *tabwriter.Writer, last *uint64, opts ...grpc.CallOption) error {
-	stream, err := c.Events(ctx, &roostv1.EventsRequest{Since: since, Follow: follow}, opts...)
+func (a *app) streamEvents(ctx context.Context, c roostv1.SessionServiceClient, since uint64, fromOldest, follow, asJSON bool, out io.Writer, tw *tabwriter.Writer, last *uint64, opts ...grpc.CallOption) error {
+	// Without --since, from whatever the log still keeps; --since 0 asks for everything,
+	// and roostd says so when retention has compacted the start away.
+	stream, err := c.Events(ctx, &roostv1.EventsRequest{Since: since, Follow: follow, FromOldestKept: since == 0 && fromOldest}, opts...)
 	if err != nil {
 		return err
 	}
@@ -92,7 +98,7 @@ With --json it prints one JSON object per line, each with its "seq".`,
 			last := since
 			var opts []grpc.CallOption
 			for {
-				err := a.streamEvents(cmd.Context(), c, last, follow, asJSON, out, tw, &last, opts...)
+				err := a.streamEvents(cmd.Context(), c, last, !cmd.Flags().Changed("since"), follow, asJSON, out, tw, &last, opts...)
 				if err == nil || !follow || status.Code(err) != codes.Unavailable {
 					return err
 				}

@@ -175,11 +175,28 @@ func printSession(w io.Writer, s *roostv1.Session) {
 		row("ended", stamp(s.GetEndedAt()))
 	}
 	row("tokens", fmt.Sprint(s.GetSpend().GetTokens()))
+	row("stdout", logStats(s.GetStdout()))
+	row("stderr", logStats(s.GetStderr()))
 	if u := s.GetUsage(); u != nil {
 		row("memory", fmt.Sprintf("%s (peak %s)", bytesIEC(u.GetMemoryBytes()), bytesIEC(u.GetMemoryPeakBytes())))
 		row("cpu", fmt.Sprintf("%.2fs", u.GetCpuSeconds()))
 		row("pids", fmt.Sprint(u.GetPids()))
 	}
+}
+
+// logStats says what the records kept of one output stream; empty when it is not known.
+func logStats(l *roostv1.LogStats) string {
+	if l == nil {
+		return ""
+	}
+	out := bytesIEC(l.GetWrittenBytes()) + " written"
+	if cut := l.GetDroppedBytes() - l.GetFailedBytes(); cut > 0 {
+		out += fmt.Sprintf(", %s dropped past resources.log_max_bytes (%s; its first and newest bytes are kept)", bytesIEC(cut), bytesIEC(l.GetMaxBytes()))
+	}
+	if l.GetFailedBytes() > 0 {
+		out += fmt.Sprintf(", %s lost to failed writes", bytesIEC(l.GetFailedBytes()))
+	}
+	return out
 }
 
 // identity says who a session's processes are on the host.

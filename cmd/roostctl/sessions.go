@@ -244,10 +244,11 @@ func (a *app) rmCommand() *cobra.Command {
 	var force bool
 	cmd := &cobra.Command{
 		Use:   "rm SESSION...",
-		Short: "Forget ended or staged sessions and delete their records",
-		Long: `rm forgets each SESSION and deletes its records directory, and its workdir when roost
-made it (a --workdir given to run is kept). A live session is refused unless --force,
-which kills it first.`,
+		Short: "Forget ended or staged sessions, with their children, and delete their records",
+		Long: `rm forgets each SESSION and every session below it (its children, theirs, and so
+on, children first), and deletes their records directories, homes and the workdirs roost
+made (a --workdir given to run is kept). A live session anywhere in the tree refuses the
+removal unless --force, which kills the live ones first.`,
 		Args: minArgs(1, "at least one SESSION"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.sessions()
@@ -256,13 +257,7 @@ which kills it first.`,
 			}
 			var failed error
 			for _, id := range args {
-				if force {
-					if _, err := c.Kill(cmd.Context(), &roostv1.KillRequest{Id: id, Signal: "KILL"}); err != nil && status.Code(err) != codes.FailedPrecondition {
-						failed = errors.Join(failed, fmt.Errorf("%s: %s", id, a.describe(err)))
-						continue
-					}
-				}
-				if _, err := c.Remove(cmd.Context(), &roostv1.RemoveRequest{Id: id}); err != nil {
+				if _, err := c.Remove(cmd.Context(), &roostv1.RemoveRequest{Id: id, Force: force}); err != nil {
 					failed = errors.Join(failed, fmt.Errorf("%s: %s", id, a.describe(err)))
 					continue
 				}
@@ -271,7 +266,7 @@ which kills it first.`,
 			return failed
 		},
 	}
-	cmd.Flags().BoolVarP(&force, "force", "f", false, "kill a live session before removing it")
+	cmd.Flags().BoolVarP(&force, "force", "f", false, "kill the live sessions of the tree before removing it")
 	return cmd
 }
 

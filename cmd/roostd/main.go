@@ -57,14 +57,18 @@ type options struct {
 	reservationTTL   time.Duration
 	containment      string
 	showVersion      bool
+	// retainEnded and retainFor bound the ended sessions kept (0: no bound).
+	retainEnded int
+	retainFor   time.Duration
 }
 
 // The metrics hear session starts, recoveries, spawn decisions and the ledger's charges.
 var (
-	_ session.Observer      = (*metrics.Metrics)(nil)
-	_ session.SpawnObserver = (*metrics.Metrics)(nil)
-	_ session.LimitObserver = (*metrics.Metrics)(nil)
-	_ ledger.Observer       = (*metrics.Metrics)(nil)
+	_ session.Observer          = (*metrics.Metrics)(nil)
+	_ session.SpawnObserver     = (*metrics.Metrics)(nil)
+	_ session.LimitObserver     = (*metrics.Metrics)(nil)
+	_ session.RetentionObserver = (*metrics.Metrics)(nil)
+	_ ledger.Observer           = (*metrics.Metrics)(nil)
 )
 
 func parseFlags(args []string) (*options, error) {
@@ -80,6 +84,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.Int64Var(&o.machineTokens, "machine-tokens-per-day", 0, "machine-wide token ceiling per UTC day; 0 = none (when absent, the last one set is kept)")
 	fs.DurationVar(&o.reservationTTL, "reservation-ttl", ledger.DefaultTTL, "how long a token reservation stays open before it is charged in full")
 	fs.StringVar(&o.containment, "containment", "", "host-wide containment floor: unconfined, advisory, scoped or sealed")
+	fs.IntVar(&o.retainEnded, "retain-ended", 0, "keep at most this many ended sessions, removing those that ended first (as roostctl rm does) and their events; 0 = no bound")
+	fs.DurationVar(&o.retainFor, "retain-for", 0, "remove ended sessions that ended longer ago than this (e.g. 720h), and their events; 0 = no bound")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(os.Stderr, "Usage: roostd [flags]\n\nroostd keeps roost's session registry and supervises sessions.\n\nFlags:\n%s", fs.FlagUsages())
@@ -100,6 +106,10 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--machine-tokens-per-day %d: must be 0 or more", o.machineTokens)
 	case o.reservationTTL < time.Second:
 		return nil, fmt.Errorf("--reservation-ttl %s: must be at least 1s", o.reservationTTL)
+	case o.retainEnded < 0:
+		return nil, fmt.Errorf("--retain-ended %d: must be 0 or more", o.retainEnded)
+	case o.retainFor < 0:
+		return nil, fmt.Errorf("--retain-for %s: must be 0 or more", o.retainFor)
 	}
 	return o, nil
 }
@@ -118,6 +128,7 @@ func run(args []string) int {
 		return 0
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	raiseOpenFiles(log)
 	if err := serve(o, log); err != nil {
 		log.Error("roostd stopped", "err", err)
 		fmt.Fprintln(os.Stderr, "roostd:", err)
@@ -227,7 +238,13 @@ func serve(o *options, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("credential key: %w", err)
 	}
-	endpoints, err := endpoint.New(keys, filepath.Join(stateDir, "netns"), log)
+	// All sessions' endpoints together stay below the open-file limit by a reserve, so the
+	// control socket, the registry and recovery always find a descriptor.
+	var nofile syscall.Rlimit
+	_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &nofile)
+	budget := endpoint.ConnectionBudget(nofile.Cur)
+	log.Info("session endpoints", "max_connections_all_sessions", budget, "open_file_limit", nofile.Cur)
+	endpoints, err := endpoint.New(keys, filepath.Join(stateDir, "netns"), log, endpoint.WithMaxConnections(budget))
 	if err != nil {
 		return fmt.Errorf("session endpoints: %w", err)
 	}
@@ -254,6 +271,12 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	defer sessions.Close()
+	// Every session is recovered: retention may look at which have ended.
+	retention := session.Retention{MaxEnded: o.retainEnded, MaxAge: o.retainFor}
+	sessions.Retain(retention)
+	if retention.Enabled() {
+		log.Info("retaining ended sessions", "bounds", retention.String())
+	}
 
 	lis, err := listen(o.socket, group)
 	if err != nil {
@@ -304,6 +327,26 @@ func serve(o *options, log *slog.Logger) error {
 		cancel()
 	}
 	return nil
+}
+
+// raiseOpenFiles lifts roostd's soft open-file limit to its hard one, and logs both. (Go's
+// runtime lifts it to one below at start; past this, the processes roostd starts inherit
+// the raised limit too: each session's program gets its own resources.max_open_files.)
+func raiseOpenFiles(log *slog.Logger) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		log.Warn("reading the open-file limit", "err", err)
+		return
+	}
+	if lim.Cur < lim.Max {
+		raised := syscall.Rlimit{Cur: lim.Max, Max: lim.Max}
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &raised); err != nil {
+			log.Warn("raising the open-file limit", "soft", lim.Cur, "hard", lim.Max, "err", err)
+			return
+		}
+		lim = raised
+	}
+	log.Info("open-file limit", "soft", lim.Cur, "hard", lim.Max)
 }
 
 // rehearse runs a class's rehearsal, and again when it fails: the class it decides is

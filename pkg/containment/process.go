@@ -8,11 +8,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"syscall"
 	"time"
 
 	"roost.dev/roost/pkg/containment/roostinit"
+	"roost.dev/roost/pkg/manifest"
 )
 
 // Process is a session's running program as the daemon sees it.
@@ -62,7 +62,8 @@ type plainProcess struct {
 var _ Process = (*plainProcess)(nil)
 
 // Start starts spec's program under a new roost-init and returns once it runs. Output goes
-// to files in the records directory, never through a pipe the daemon holds.
+// to files in the records directory, through pipes roost-init drains, never through one
+// the daemon holds.
 func (r *ProcessRuntime) Start(ctx context.Context, spec Spec) (Process, error) {
 	user, err := spec.user()
 	if err != nil {
@@ -82,15 +83,14 @@ func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostini
 		return nil, err
 	}
 	defer io.Close()
-	// roost-init's descriptors, in its order: its stdout and stderr are the program's, then
-	// spec (3), report (4) and the records directory (5).
+	// roost-init's descriptors, in its order: stdin, stdout and stderr are /dev/null (it
+	// writes the program's output into the records directory itself), then spec (3),
+	// report (4) and the records directory (5).
 	cmd := &exec.Cmd{
 		Path:       r.Init,
 		Args:       []string{InitName, spec.SessionID},
 		Dir:        "/",
 		Env:        []string{},
-		Stdout:     io.stdout,
-		Stderr:     io.stderr,
 		ExtraFiles: io.childFiles(),
 		// Its own session: a signal or hangup aimed at roostd's group never reaches it, and
 		// no parent-death signal is set, so it outlives the daemon.
@@ -101,7 +101,7 @@ func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostini
 	if err != nil {
 		return nil, fmt.Errorf("starting roost-init: %w", err)
 	}
-	if err := io.handSpec(execSpec); err != nil {
+	if err := io.handSpec(initSpec(spec, execSpec)); err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		return nil, fmt.Errorf("handing the spec to roost-init: %w", err)
@@ -133,16 +133,29 @@ func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostini
 	return p, nil
 }
 
-func openLog(path string) (*os.File, error) {
-	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|noFollow|syscall.O_CLOEXEC, 0o600)
+// initSpec is roost-init's spec: the program's start, and what it keeps of its output.
+func initSpec(spec Spec, exec roostinit.ExecSpec) roostinit.InitSpec {
+	return roostinit.InitSpec{Exec: exec, LogMaxBytes: spec.logMaxBytes()}
 }
 
-// initIO is what roost-init is started with: the program's output files, and the spec
-// pipe, the report pipe and the records directory it gets as descriptors 3, 4 and 5.
+// logMaxBytes is resources.log_max_bytes: the Spec's own, else its policy's, else the
+// default.
+func (s Spec) logMaxBytes() int64 {
+	switch {
+	case s.LogMaxBytes > 0:
+		return s.LogMaxBytes
+	case s.Policy != nil && s.Policy.Resources.LogMaxBytes.Value > 0:
+		return s.Policy.Resources.LogMaxBytes.Value
+	}
+	return manifest.DefaultLogMaxBytes
+}
+
+// initIO is what roost-init is started with: the spec pipe, the report pipe and the
+// records directory it gets as descriptors 3, 4 and 5.
 type initIO struct {
-	stdout, stderr, records *os.File
-	specR, specW            *os.File
-	reportR, reportW        *os.File
+	records          *os.File
+	specR, specW     *os.File
+	reportR, reportW *os.File
 }
 
 func openInitIO(recordsDir string) (_ *initIO, err error) {
@@ -152,12 +165,6 @@ func openInitIO(recordsDir string) (_ *initIO, err error) {
 			io.Close()
 		}
 	}()
-	if io.stdout, err = openLog(filepath.Join(recordsDir, StdoutFile)); err != nil {
-		return nil, err
-	}
-	if io.stderr, err = openLog(filepath.Join(recordsDir, StderrFile)); err != nil {
-		return nil, err
-	}
 	if io.records, err = os.OpenFile(recordsDir, os.O_RDONLY|syscall.O_DIRECTORY|noFollow|syscall.O_CLOEXEC, 0); err != nil {
 		return nil, fmt.Errorf("records directory: %w", err)
 	}
@@ -180,8 +187,8 @@ func (io *initIO) started() {
 }
 
 // handSpec writes roost-init's spec and closes the pipe.
-func (io *initIO) handSpec(exec roostinit.ExecSpec) error {
-	data, err := json.Marshal(roostinit.InitSpec{Exec: exec})
+func (io *initIO) handSpec(spec roostinit.InitSpec) error {
+	data, err := json.Marshal(spec)
 	if err == nil {
 		_, err = io.specW.Write(data)
 	}
@@ -193,7 +200,7 @@ func (io *initIO) handSpec(exec roostinit.ExecSpec) error {
 
 // Close closes everything still open; closing twice is harmless.
 func (io *initIO) Close() {
-	for _, f := range []*os.File{io.stdout, io.stderr, io.records, io.specR, io.specW, io.reportR, io.reportW} {
+	for _, f := range []*os.File{io.records, io.specR, io.specW, io.reportR, io.reportW} {
 		if f != nil {
 			f.Close()
 		}

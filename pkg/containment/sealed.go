@@ -208,9 +208,9 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 		return nil, fmt.Errorf("creating the container: %w", err)
 	}
 
-	// roost-init is the namespace's root, an unprivileged uid on the host: it writes
-	// init.json and exit.json into the records directory, through the descriptor it is
-	// handed, as that uid. No path of the session leads there.
+	// roost-init is the namespace's root, an unprivileged uid on the host: it writes the
+	// program's output, init.json and exit.json into the records directory, through the
+	// descriptor it is handed, as that uid. No path of the session leads there.
 	if err := os.Lchown(spec.RecordsDir, int(spec.IDs.First), int(spec.IDs.First)); err != nil {
 		return nil, fmt.Errorf("records directory: %w", err)
 	}
@@ -228,8 +228,6 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 		Args:       []string{sealedInitPath, id},
 		Env:        []string{"PATH=" + defaultPath},
 		Cwd:        "/",
-		Stdout:     io.stdout,
-		Stderr:     io.stderr,
 		ExtraFiles: io.childFiles(),
 		Init:       true,
 	}
@@ -238,7 +236,7 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	if err != nil {
 		return nil, fmt.Errorf("starting the container: %w", err)
 	}
-	if err := io.handSpec(execSpec); err != nil {
+	if err := io.handSpec(initSpec(spec, execSpec)); err != nil {
 		_ = container.Signal(syscall.SIGKILL)
 		_, _ = proc.Wait()
 		return nil, fmt.Errorf("handing the spec to roost-init: %w", err)

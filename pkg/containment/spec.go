@@ -61,6 +61,9 @@ type Spec struct {
 	RecordsDir string
 	CapsuleDir string
 	Rlimits    []Rlimit
+	// LogMaxBytes is what roost-init keeps of each output stream at most (head and newest
+	// bytes); 0 takes resources.log_max_bytes from Policy, or the default.
+	LogMaxBytes int64
 	// Policy is the session's resolved policy; runtimes that hold it with the kernel
 	// (sealed) read their limits and mounts from it.
 	Policy *manifest.Policy

@@ -39,24 +39,115 @@ const (
 	maxInferenceBody = 32 << 20
 )
 
+// What every endpoint's HTTP server allows a connection. A request's headers must arrive
+// within ReadHeaderTimeout of its first byte (of the accept, for a connection's first
+// request), its whole body within ReadTimeout of its start; an idle connection is closed
+// after IdleTimeout. No write deadline: waits long-poll and model calls stream. Reading a
+// body to its end clears the read deadline (net/http's background read for a client that
+// goes away), so a reply may take as long as it needs.
+const (
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultReadTimeout       = 30 * time.Second
+	DefaultIdleTimeout       = 60 * time.Second
+	DefaultMaxHeaderBytes    = 64 << 10
+	// DefaultMaxConnections is a session's cap when Open is given none
+	// (resources.endpoint_max_connections' default).
+	DefaultMaxConnections = 64
+	// DefaultReportInterval is the least time between two reports of one session's
+	// refused connections.
+	DefaultReportInterval = time.Second
+)
+
 // Endpoints opens and closes sessions' listeners.
 type Endpoints struct {
 	keys *spawn.Keys
 	// netns holds the bind mounts that pin each session's network namespace.
 	netns string
 	log   *slog.Logger
+
+	readHeaderTimeout, readTimeout, idleTimeout time.Duration
+	maxHeaderBytes                              int
+	reportEvery                                 time.Duration
+	// global bounds every endpoint's connections together; nil for no bound.
+	global *gate
+}
+
+// Option tunes Endpoints.
+type Option func(*Endpoints)
+
+// WithTimeouts replaces the servers' header, request and idle timeouts; a zero one keeps
+// its default.
+func WithTimeouts(readHeader, read, idle time.Duration) Option {
+	return func(e *Endpoints) {
+		if readHeader > 0 {
+			e.readHeaderTimeout = readHeader
+		}
+		if read > 0 {
+			e.readTimeout = read
+		}
+		if idle > 0 {
+			e.idleTimeout = idle
+		}
+	}
+}
+
+// WithMaxConnections bounds all endpoints' connections together (the daemon-wide cap);
+// 0 or less lifts the bound. Without it the bound is ConnectionBudget of the process's
+// open-file limit when New runs.
+func WithMaxConnections(n int) Option {
+	return func(e *Endpoints) {
+		e.global = nil
+		if n > 0 {
+			e.global = &gate{max: int64(n)}
+		}
+	}
+}
+
+// WithReportInterval sets the least time between two reports of one session's refused
+// connections.
+func WithReportInterval(d time.Duration) Option {
+	return func(e *Endpoints) {
+		if d > 0 {
+			e.reportEvery = d
+		}
+	}
 }
 
 // New returns endpoints that check credentials with keys and pin namespaces under netnsDir.
-func New(keys *spawn.Keys, netnsDir string, log *slog.Logger) (*Endpoints, error) {
+func New(keys *spawn.Keys, netnsDir string, log *slog.Logger, opts ...Option) (*Endpoints, error) {
 	if err := os.MkdirAll(netnsDir, 0o700); err != nil {
 		return nil, err
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Endpoints{keys: keys, netns: netnsDir, log: log}, nil
+	e := &Endpoints{keys: keys, netns: netnsDir, log: log,
+		readHeaderTimeout: DefaultReadHeaderTimeout,
+		readTimeout:       DefaultReadTimeout,
+		idleTimeout:       DefaultIdleTimeout,
+		maxHeaderBytes:    DefaultMaxHeaderBytes,
+		reportEvery:       DefaultReportInterval,
+	}
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil && lim.Cur != unix.RLIM_INFINITY {
+		e.global = &gate{max: int64(ConnectionBudget(lim.Cur))}
+	}
+	for _, o := range opts {
+		o(e)
+	}
+	return e, nil
 }
+
+// MaxConnections is the cap on all endpoints' connections together; 0 for none.
+func (e *Endpoints) MaxConnections() int {
+	if e.global == nil {
+		return 0
+	}
+	return int(e.global.max)
+}
+
+// Connections is how many connections all endpoints together hold now.
+func (e *Endpoints) Connections() int { return int(e.global.Held()) }
 
 // Endpoint is one session's listener.
 type Endpoint struct {
@@ -65,6 +156,8 @@ type Endpoint struct {
 	port  int
 	srv   *http.Server
 	once  sync.Once
+	// conns counts the connections the endpoint holds.
+	conns *gate
 }
 
 var _ spawn.Endpoint = (*Endpoint)(nil)
@@ -78,6 +171,9 @@ func (ep *Endpoint) NetNS() string { return ep.netns }
 // Port is the host loopback port of an endpoint without a namespace.
 func (ep *Endpoint) Port() int { return ep.port }
 
+// Connections is how many connections the endpoint holds now.
+func (ep *Endpoint) Connections() int { return int(ep.conns.Held()) }
+
 // Credential is the session's ROOST_CREDENTIAL.
 func (e *Endpoints) Credential(sessionID string) string { return e.keys.Mint(sessionID) }
 
@@ -86,8 +182,11 @@ func (e *Endpoints) NetNSPath(sessionID string) string { return filepath.Join(e.
 
 // Open starts a session's endpoint. With netns it makes (or, after a restart, re-enters)
 // the session's network namespace, pinned at NetNSPath, and listens on SealedAddr inside
-// it; otherwise it listens on host loopback at port (0: any free port).
-func (e *Endpoints) Open(sessionID string, netns bool, port int, d spawn.Backend) (spawn.Endpoint, error) {
+// it; otherwise it listens on host loopback at port (0: any free port). The endpoint holds
+// at most maxConns connections at once (DefaultMaxConnections when 0 or less); one past
+// that, or past the cap of all endpoints together, is closed unread and reported to d as
+// LimitConnections, at most once per report interval.
+func (e *Endpoints) Open(sessionID string, netns bool, port, maxConns int, d spawn.Backend) (spawn.Endpoint, error) {
 	ep := &Endpoint{}
 	var ln net.Listener
 	var err error
@@ -105,12 +204,24 @@ func (e *Endpoints) Open(sessionID string, netns bool, port int, d spawn.Backend
 	if err != nil {
 		return nil, fmt.Errorf("session endpoint: %w", err)
 	}
+	if maxConns <= 0 {
+		maxConns = DefaultMaxConnections
+	}
+	refused := &refusals{every: e.reportEvery, sessionMax: int64(maxConns), globalMax: int64(e.MaxConnections()),
+		report: func(detail string) {
+			e.log.Warn("session endpoint: connections refused", "session", sessionID, "detail", detail)
+			d.LimitHit(sessionID, LimitConnections, detail)
+		}}
+	ep.conns = &gate{max: int64(maxConns)}
+	ln = &limitListener{Listener: ln, session: ep.conns, global: e.global, refused: refused}
 	h := &handler{id: sessionID, keys: e.keys, d: d, log: e.log}
 	ep.srv = &http.Server{
 		Handler:           h.routes(),
-		ReadHeaderTimeout: 10 * time.Second,
-		// Waits long-poll; the write deadline would cut them.
-		IdleTimeout: 2 * time.Minute,
+		ReadHeaderTimeout: e.readHeaderTimeout,
+		ReadTimeout:       e.readTimeout,
+		// No WriteTimeout: waits long-poll and model calls stream.
+		IdleTimeout:    e.idleTimeout,
+		MaxHeaderBytes: e.maxHeaderBytes,
 	}
 	go func() { _ = ep.srv.Serve(ln) }()
 	return ep, nil

@@ -55,6 +55,10 @@ type fakeDelegator struct {
 	// block, when set, makes WaitChild hold until its context ends, then report it here.
 	block  bool
 	waited chan error
+	// hold, when set, makes WaitChild answer only after it (or its context ending first).
+	hold time.Duration
+	// limits are the LimitHit reports, as "limit: detail".
+	limits []string
 }
 
 func newFake(live ...string) *fakeDelegator {
@@ -120,8 +124,15 @@ func (d *fakeDelegator) Child(id, child string) (spawn.ChildInfo, error) {
 func (d *fakeDelegator) WaitChild(ctx context.Context, id, child string) (spawn.Completion, error) {
 	d.record(call{method: "WaitChild", session: id, child: child})
 	d.mu.Lock()
-	block := d.block
+	block, hold := d.block, d.hold
 	d.mu.Unlock()
+	if hold > 0 {
+		select {
+		case <-time.After(hold):
+		case <-ctx.Done():
+			return spawn.Completion{}, ctx.Err()
+		}
+	}
 	if block {
 		<-ctx.Done()
 		d.waited <- ctx.Err()
@@ -160,8 +171,41 @@ func (d *fakeDelegator) Spend(id string) (ledger.Spend, error) {
 	return ledger.Spend{SessionID: id, Charged: 42}, d.err
 }
 
+func (d *fakeDelegator) LimitHit(id, limit, detail string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.limits = append(d.limits, limit+": "+detail)
+}
+
+func (d *fakeDelegator) limitHits() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.limits)
+}
+
 func (d *fakeDelegator) Inference(w http.ResponseWriter, r *http.Request, id, upstream, path string) {
 	d.record(call{method: "Inference", session: id, child: upstream, path: path})
+	d.mu.Lock()
+	hold := d.hold
+	d.mu.Unlock()
+	if hold > 0 {
+		// As the gateway does: the whole request, then a reply streamed over hold.
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprintf(w, "data: got %d bytes\n\n", len(body))
+		http.NewResponseController(w).Flush()
+		select {
+		case <-time.After(hold):
+		case <-r.Context().Done():
+			return
+		}
+		fmt.Fprintf(w, "data: [DONE]\n\n")
+		return
+	}
 	w.WriteHeader(http.StatusTeapot)
 }
 
@@ -192,7 +236,7 @@ func open(t *testing.T, d *fakeDelegator) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ep, err := eps.Open(sessionID, false, 0, d)
+	ep, err := eps.Open(sessionID, false, 0, 0, d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -739,7 +783,7 @@ func TestNetNSEndpoint(t *testing.T) {
 			}
 		}
 	})
-	ep, err := eps.Open(sessionID, true, 0, d)
+	ep, err := eps.Open(sessionID, true, 0, 0, d)
 	if err != nil {
 		t.Fatalf("Open in a namespace: %v", err)
 	}
@@ -782,7 +826,7 @@ func TestNetNSEndpoint(t *testing.T) {
 
 	// While the first listener runs, a second Open must land in the same namespace, where
 	// the address is taken.
-	if second, err := eps.Open(sessionID, true, 0, d); err == nil {
+	if second, err := eps.Open(sessionID, true, 0, 0, d); err == nil {
 		second.Close()
 		t.Fatal("a second listener opened beside the first: Open did not re-enter the pinned namespace")
 	} else if !errors.Is(err, syscall.EADDRINUSE) {
@@ -791,7 +835,7 @@ func TestNetNSEndpoint(t *testing.T) {
 
 	// As after a daemon restart: the listener gone, the pin kept.
 	ep.Close()
-	again, err := eps.Open(sessionID, true, 0, d)
+	again, err := eps.Open(sessionID, true, 0, 0, d)
 	if err != nil {
 		t.Fatalf("reopening with the pin present: %v", err)
 	}

@@ -26,6 +26,8 @@ type Metrics struct {
 	tokens    *prometheus.CounterVec
 	refusals  *prometheus.CounterVec
 	limits    *prometheus.CounterVec
+	pruned    prometheus.Counter
+	compacted prometheus.Counter
 }
 
 // Budget reports the ledger's state at each scrape.
@@ -74,11 +76,19 @@ func New(states []string, count func() map[string]int) *Metrics {
 			Name: "roost_limit_hits_total",
 			Help: "Times a session met one of its bounds, by limit (endpoint_connections, log_bytes, workdir_bytes, workdir_inodes, children_total, disk_full, …): a refusal or a cut.",
 		}, []string{"limit"}),
+		pruned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "roost_sessions_pruned_total",
+			Help: "Ended sessions removed by retention (roostd --retain-ended, --retain-for) and roostctl prune.",
+		}),
+		compacted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "roost_events_compacted_total",
+			Help: "Events removed from the registry's log with the sessions retention removed.",
+		}),
 	}
 	m.registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.starts, m.startTime, m.recovered, m.spawns, m.spawnTime, m.tokens, m.refusals, m.limits,
+		m.starts, m.startTime, m.recovered, m.spawns, m.spawnTime, m.tokens, m.refusals, m.limits, m.pruned, m.compacted,
 		&stateCollector{states: states, count: count, desc: prometheus.NewDesc(
 			"roost_sessions", "Sessions in the registry, by state.", []string{"state"}, nil)},
 	)
@@ -97,6 +107,12 @@ func (m *Metrics) WatchBudget(b Budget) {
 func (m *Metrics) Charged(s ledger.Settlement) {
 	m.tokens.WithLabelValues(s.Capsule, s.Model).Add(float64(s.Charged))
 }
+
+// SessionsPruned counts ended sessions retention or prune removed.
+func (m *Metrics) SessionsPruned(n int) { m.pruned.Add(float64(n)) }
+
+// EventsCompacted counts events compacted away from the registry's log.
+func (m *Metrics) EventsCompacted(n int) { m.compacted.Add(float64(n)) }
 
 // LimitHit counts a session meeting one of its bounds.
 func (m *Metrics) LimitHit(limit string) { m.limits.WithLabelValues(limit).Inc() }

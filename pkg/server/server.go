@@ -249,7 +249,7 @@ func equalFold(a, b string) bool {
 }
 
 func (s *sessionService) Remove(ctx context.Context, req *roostv1.RemoveRequest) (*roostv1.RemoveResponse, error) {
-	if err := s.m.Remove(req.GetId()); err != nil {
+	if err := s.m.RemoveTree(ctx, req.GetId(), req.GetForce()); err != nil {
 		return nil, err
 	}
 	return &roostv1.RemoveResponse{}, nil
@@ -262,9 +262,39 @@ func (s *sessionService) Logs(req *roostv1.LogsRequest, stream grpc.ServerStream
 }
 
 func (s *sessionService) Events(req *roostv1.EventsRequest, stream grpc.ServerStreamingServer[roostv1.EventsResponse]) error {
-	return s.m.Events(stream.Context(), req.GetSince(), req.GetFollow(), func(ev session.Event) error {
+	since := req.GetSince()
+	if since == 0 && req.GetFromOldestKept() {
+		since = s.m.OldestKeptEvent()
+	}
+	return s.m.Events(stream.Context(), since, req.GetFollow(), func(ev session.Event) error {
 		return stream.Send(&roostv1.EventsResponse{Event: ev.Proto()})
 	})
+}
+
+func (s *sessionService) Prune(ctx context.Context, req *roostv1.PruneRequest) (*roostv1.PruneResponse, error) {
+	var until time.Duration
+	if u := req.GetUntil(); u != nil {
+		if err := u.CheckValid(); err != nil || u.AsDuration() < 0 {
+			return nil, fmt.Errorf("until: must be a duration of 0 or more: %w", errdefs.ErrInvalidArgument)
+		}
+		until = u.AsDuration()
+	}
+	res, err := s.m.Prune(until, req.GetDryRun())
+	if err != nil {
+		return nil, err
+	}
+	pruned := func(p session.Pruned) *roostv1.PrunedSession {
+		rec := p.Record.Proto()
+		return &roostv1.PrunedSession{Id: rec.GetId(), Capsule: rec.GetCapsule(), EndedAt: rec.GetEndedAt(), ExitStatus: rec.GetExitStatus(), Bytes: p.Bytes, KeptBecause: p.Why}
+	}
+	resp := &roostv1.PruneResponse{Bytes: res.Bytes, EventsCompacted: int64(res.EventsCompacted), DryRun: req.GetDryRun()}
+	for _, p := range res.Removed {
+		resp.Removed = append(resp.Removed, pruned(p))
+	}
+	for _, p := range res.Kept {
+		resp.Kept = append(resp.Kept, pruned(p))
+	}
+	return resp, nil
 }
 
 type capsuleService struct {

@@ -10,6 +10,8 @@ import (
 // fresh registry holds against this comment.
 //
 //	v1/                          schema bucket; key "version" = uvarint migration level
+//	  events_compacted = {"through":N,"by":...,"at":...} JSON, once events have been compacted:
+//	                     every event up to N is gone (see Tx.CompactEvents)
 //	  sessions/
 //	    <session id>/            one bucket per session
 //	      state        = the state's name (kept apart so state scans read a few bytes)
@@ -18,7 +20,7 @@ import (
 //	      explanation  = the effective grants at staging (roost.v1.Explanation, protojson)
 //	      task         = the task text a spawning parent gave (only when it gave one)
 //	  events/                    its bucket sequence is the last event's number
-//	    <seq, 8 bytes big-endian> = an Event as JSON
+//	    <seq, 8 bytes big-endian> = an Event as JSON; dense from events_compacted.through+1
 //	  ids/                       host uid/gid ranges held by sessions, until they are removed
 //	    <first id, 4 bytes big-endian> = the id of the session holding first..first+65535
 var (
@@ -27,6 +29,7 @@ var (
 	bucketSessions = []byte("sessions")
 	bucketEvents   = []byte("events")
 	bucketIDs      = []byte("ids")
+	keyCompaction  = []byte("events_compacted")
 
 	keyState       = []byte("state")
 	keyRecord      = []byte("record")

@@ -133,6 +133,27 @@ func (m *Manager) Self(id string) (spawn.Self, error) {
 	}, nil
 }
 
+// descendants lists, from recs, the sessions below id: its children, theirs, and so on.
+func descendants(recs []*Record, id string) []*Record {
+	kids := map[string][]*Record{}
+	for _, r := range recs {
+		if r.ParentID != "" {
+			kids[r.ParentID] = append(kids[r.ParentID], r)
+		}
+	}
+	var out []*Record
+	queue := []string{id}
+	for len(queue) > 0 {
+		next := queue[0]
+		queue = queue[1:]
+		for _, c := range kids[next] {
+			out = append(out, c)
+			queue = append(queue, c.ID)
+		}
+	}
+	return out
+}
+
 func countLive(recs []*Record) int {
 	n := 0
 	for _, r := range recs {
@@ -201,12 +222,15 @@ func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request)
 	}
 	achieved, _ := manifest.ParseClass(parent.Achieved)
 	verdict := spawn.Referee(
-		spawn.Parent{ID: parentID, Policy: pp, Achieved: achieved, DepthRemaining: parent.DepthRemaining, LiveChildren: countLive(kids), HostRoot: parent.HostRoot, Shell: parent.Shell},
+		spawn.Parent{ID: parentID, Policy: pp, Achieved: achieved, DepthRemaining: parent.DepthRemaining, LiveChildren: countLive(kids), TotalChildren: len(kids), HostRoot: parent.HostRoot, Shell: parent.Shell},
 		spawn.Child{Name: req.Capsule, Ref: ref, Policy: &child.policy, Floor: child.decision.Floor, HostRoot: m.hostRoot(child), Shell: child.shell},
 		m.cfg.MaxConcurrent)
 	if verdict != nil {
 		if r, ok := verdict.(*spawn.Refusal); ok {
 			result = "refused_" + r.Reason
+			if r.Key == spawn.KeyMaxTotalChildren {
+				m.LimitHit(parentID, LimitChildrenTotal, r.Msg)
+			}
 		}
 		m.traceDelegation(parent, ref, "", verdict)
 		return res, verdict
@@ -218,7 +242,22 @@ func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request)
 		return res, err
 	}
 
-	dir, err := m.childWorkdir(parent, req.Capsule, slices.Contains(pp.Spawn.WorkdirSnapshot, req.Capsule))
+	snapshot := slices.Contains(pp.Spawn.WorkdirSnapshot, req.Capsule)
+	if snapshot {
+		if err := m.snapshotFits(parent, pp); err != nil {
+			result = "refused_" + spawn.ReasonEnvelope
+			if r, ok := err.(*spawn.Refusal); ok {
+				limit := LimitWorkdirBytes
+				if r.Key == "capabilities.resources.workdir_max_inodes" {
+					limit = LimitWorkdirInodes
+				}
+				m.LimitHit(parentID, limit, r.Msg)
+			}
+			m.traceDelegation(parent, ref, "", err)
+			return res, err
+		}
+	}
+	dir, err := m.childWorkdir(parent, req.Capsule, snapshot)
 	if err != nil {
 		result = "failed"
 		return res, err
@@ -320,6 +359,49 @@ func (m *Manager) childWorkdir(parent *Record, name string, snapshot bool) (chil
 		}
 	}
 	return d, nil
+}
+
+// snapshotFits refuses a snapshot spawn whose copy would take the parent past its
+// resources.workdir_max_bytes or workdir_max_inodes. A child's workdir is charged to its
+// parent, and the copy is roostd's own doing, made at once: the guard would only see it
+// once it had landed, so it is judged before it is made.
+func (m *Manager) snapshotFits(parent *Record, pp *manifest.Policy) error {
+	lim := workdir.Limits{Bytes: pp.Resources.WorkdirMaxBytes.Value, Inodes: pp.Resources.WorkdirMaxInodes.Value}
+	roots, what := m.guardRoots(parent, true)
+	// Every measure stops past lim: the parts are within the whole, and a whole past it is
+	// refused as it is.
+	held, err := workdir.Measure(roots, lim)
+	if err != nil {
+		return fmt.Errorf("measuring the parent's workdir for a snapshot: %w", err)
+	}
+	if held.Past(lim) {
+		// The guard ends the parent at its next look; no copy meanwhile.
+		key, msg := "capabilities.resources.workdir_max_bytes", fmt.Sprintf("%s hold more than %d bytes already, past resources.workdir_max_bytes (%d): no copy of the workdir fits", what, held.Bytes, lim.Bytes)
+		if held.Bytes <= lim.Bytes {
+			key, msg = "capabilities.resources.workdir_max_inodes", fmt.Sprintf("%s hold more than %d files and directories already, past resources.workdir_max_inodes (%d): no copy of the workdir fits", what, held.Inodes, lim.Inodes)
+		}
+		return &spawn.Refusal{Reason: spawn.ReasonEnvelope, Key: key, Msg: msg}
+	}
+	// The copy is the workdir without its .roost (the children's workdirs, or links to
+	// them), every name of a file with several links a file of its own.
+	whole, err := workdir.Measure([]string{parent.Workdir}, lim)
+	if err != nil {
+		return fmt.Errorf("measuring the parent's workdir for a snapshot: %w", err)
+	}
+	kids, _ := workdir.Measure([]string{filepath.Join(parent.Workdir, containment.ChildrenRoot)}, lim)
+	copyBytes := whole.Bytes + whole.LinkBytes - kids.Bytes - kids.LinkBytes
+	copyInodes := whole.Inodes + whole.LinkNames - kids.Inodes - kids.LinkNames
+	if after := held.Bytes + copyBytes; after > lim.Bytes {
+		return &spawn.Refusal{Reason: spawn.ReasonEnvelope, Key: "capabilities.resources.workdir_max_bytes",
+			Msg: fmt.Sprintf("a copy of the workdir (%d bytes) would take %s from %d to %d bytes, past resources.workdir_max_bytes (%d); the children's workdirs count against their parent's",
+				copyBytes, what, held.Bytes, after, lim.Bytes)}
+	}
+	if after := held.Inodes + copyInodes; after > lim.Inodes {
+		return &spawn.Refusal{Reason: spawn.ReasonEnvelope, Key: "capabilities.resources.workdir_max_inodes",
+			Msg: fmt.Sprintf("a copy of the workdir (%d files and directories) would take %s from %d to %d, past resources.workdir_max_inodes (%d); the children's workdirs count against their parent's",
+				copyInodes, what, held.Inodes, after, lim.Inodes)}
+	}
+	return nil
 }
 
 // childInfo is a child as its parent sees it.

@@ -1,20 +1,48 @@
 package session
 
 import (
+	"errors"
 	"fmt"
-	"io/fs"
-	"path/filepath"
-	"syscall"
+	"strings"
 	"time"
+
+	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/workdir"
 )
 
-// guardWorkdir measures the session's workdir and home every GuardInterval and ends the
-// session once together they have grown past its limit. The walk never follows a symlink and
-// counts allocated blocks, so neither a link to a large tree nor a sparse file fools it.
-func (m *Manager) guardWorkdir(l *liveSession, id string, dirs []string, limit int64, done <-chan struct{}) {
+// guardTries is how often one tick measures again a tree that changed deep down while it
+// was being counted (workdir.ErrMoved) before it takes the change for an attack.
+const guardTries = 3
+
+// guardWorkdir measures, every GuardInterval, what the session holds on disk, and ends it
+// once that is past resources.workdir_max_bytes or resources.workdir_max_inodes. What is
+// measured, together (see guardRoots): the workdir, the session's home, a scoped session's
+// TMPDIR, and the workdirs (with homes and TMPDIRs) of every child it has started that is
+// still recorded, at any depth. A sealed session's /tmp is a tmpfs inside its own mount
+// namespace, bounded by size when it is mounted (workdir_max_bytes, at most its cgroup's
+// memory), so it needs no measuring here.
+//
+// The walk is workdir.Measure's: by descriptors, never following a link, allocated blocks
+// and every inode, hard links once, each tree counted once however they nest, stopping as
+// soon as either limit is passed. No path length, depth or link hides anything from it.
+// rec is the session as it was when supervision began (a copy: the guard reads no field
+// that changes).
+func (m *Manager) guardWorkdir(l *liveSession, rec *Record, done <-chan struct{}) {
 	defer m.wg.Done()
+	lim := workdir.Limits{Bytes: rec.WorkdirLimit, Inodes: manifest.DefaultWorkdirMaxInodes}
+	canSpawn := true
+	if p, err := m.policyOf(l, rec); err == nil {
+		lim.Inodes = p.Resources.WorkdirMaxInodes.Value
+		if lim.Bytes <= 0 {
+			lim.Bytes = p.Resources.WorkdirMaxBytes.Value
+		}
+		canSpawn = len(p.Spawn.Allow) > 0
+	} else {
+		m.cfg.Logger.Warn("workdir guard: reading the session's policy; the default inode limit holds", "session", rec.ID, "err", err)
+	}
 	ticker := time.NewTicker(m.cfg.GuardInterval)
 	defer ticker.Stop()
+	warned := false
 	for {
 		select {
 		case <-done:
@@ -23,43 +51,98 @@ func (m *Manager) guardWorkdir(l *liveSession, id string, dirs []string, limit i
 			return
 		case <-ticker.C:
 		}
-		var used int64
-		for _, dir := range dirs {
-			used += diskUsage(dir, limit-used)
+		roots, what := m.guardRoots(rec, canSpawn)
+		var used workdir.Usage
+		var err error
+		for try := 0; try < guardTries; try++ {
+			if used, err = workdir.Measure(roots, lim); !errors.Is(err, workdir.ErrMoved) {
+				break
+			}
 		}
-		if used <= limit {
+		limit, saw := "", ""
+		switch {
+		case lim.Bytes > 0 && used.Bytes > lim.Bytes:
+			limit = LimitWorkdirBytes
+			saw = fmt.Sprintf("%s grew to %d bytes, past resources.workdir_max_bytes (%d)", what, used.Bytes, lim.Bytes)
+		case lim.Inodes > 0 && used.Inodes > lim.Inodes:
+			limit = LimitWorkdirInodes
+			saw = fmt.Sprintf("%s hold %d files and directories, past resources.workdir_max_inodes (%d)", what, used.Inodes, lim.Inodes)
+		case errors.Is(err, workdir.ErrMoved):
+			// Only directories more than workdir.OpenLevels deep, moved again and again while
+			// they are counted, do this: a tree that cannot be measured is not let grow.
+			limit = LimitWorkdirInodes
+			saw = fmt.Sprintf("%s could not be measured: directories more than %d levels deep kept moving while roost counted them (%d tries), so resources.workdir_max_inodes (%d) cannot be held",
+				what, workdir.OpenLevels, guardTries, lim.Inodes)
+		}
+		if err != nil && limit == "" && !warned {
+			// What could not be looked at (roostd, as root, can look at everything a
+			// session can make); said once per session.
+			warned = true
+			m.cfg.Logger.Warn("workdir guard: part of the session's trees could not be measured", "session", rec.ID, "err", err)
+		}
+		if limit == "" {
 			continue
 		}
-		saw := fmt.Sprintf("the workdir and home grew to %d bytes, past resources.workdir_max_bytes (%d)", used, limit)
 		l.mu.Lock()
-		err := m.beginStopSaying(l, id, EndWorkdir, saw, m.cfg.StopGrace)
+		err = m.beginStopSaying(l, rec.ID, EndWorkdir, saw, m.cfg.StopGrace)
 		l.mu.Unlock()
 		if err != nil {
-			m.cfg.Logger.Error("workdir guard", "session", id, "err", err)
+			m.cfg.Logger.Error("workdir guard", "session", rec.ID, "err", err)
 		}
+		m.LimitHit(rec.ID, limit, saw)
 		return
 	}
 }
 
-// diskUsage adds up the blocks allocated under dir, stopping early once past stopAt.
-func diskUsage(dir string, stopAt int64) int64 {
-	var total int64
-	errStop := fmt.Errorf("past the limit")
-	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+// guardRoots lists the trees charged to the session and says, for its detail, what they are.
+func (m *Manager) guardRoots(rec *Record, canSpawn bool) ([]string, string) {
+	roots := []string{rec.Workdir, m.homeDir(rec.ID)}
+	parts := []string{"workdir", "home"}
+	if tmp := m.tmpDirOf(rec); tmp != "" {
+		roots = append(roots, tmp)
+		parts = append(parts, "TMPDIR")
+	}
+	if canSpawn {
+		// Where the children of a parent without a sealed root work (a sealed parent's work
+		// beneath its workdir, and are counted there once: a root inside another is counted
+		// as itself only).
+		roots = append(roots, m.childrenOfDir(rec.ID))
+		recs, err := m.allRecords()
 		if err != nil {
-			return nil
+			m.cfg.Logger.Warn("workdir guard: listing the session's children", "session", rec.ID, "err", err)
 		}
-		info, err := d.Info()
-		if err != nil {
-			return nil
+		below := descendants(recs, rec.ID)
+		for _, d := range below {
+			roots = append(roots, d.Workdir, m.homeDir(d.ID), m.childrenOfDir(d.ID))
+			if tmp := m.tmpDirOf(d); tmp != "" {
+				roots = append(roots, tmp)
+			}
 		}
-		if st, ok := info.Sys().(*syscall.Stat_t); ok {
-			total += st.Blocks * 512
+		if len(below) > 0 {
+			parts = append(parts, "children's workdirs")
 		}
-		if total > stopAt {
-			return errStop
-		}
-		return nil
-	})
-	return total
+	}
+	return roots, "the " + joinAnd(parts)
+}
+
+// tmpDirOf is a scoped session's TMPDIR on the host; "" for other classes (a sealed
+// session's /tmp is a tmpfs of bounded size; advisory and unconfined sessions share the
+// host's).
+func (m *Manager) tmpDirOf(rec *Record) string {
+	if rec.Achieved != manifest.Scoped.String() {
+		return ""
+	}
+	rt, ok := m.cfg.Runtimes[manifest.Scoped].(interface{ TmpDir(string) string })
+	if !ok {
+		return ""
+	}
+	return rt.TmpDir(rec.ID)
+}
+
+// joinAnd is "a", "a and b", "a, b and c".
+func joinAnd(parts []string) string {
+	if len(parts) < 2 {
+		return strings.Join(parts, "")
+	}
+	return strings.Join(parts[:len(parts)-1], ", ") + " and " + parts[len(parts)-1]
 }

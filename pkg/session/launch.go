@@ -151,7 +151,7 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class 
 		return nil, fmt.Errorf("the session's ledger account: %w", err)
 	}
 	if m.cfg.Endpoints != nil {
-		ep, err := m.cfg.Endpoints.Open(rec.ID, class == manifest.Sealed, 0, m)
+		ep, err := m.cfg.Endpoints.Open(rec.ID, class == manifest.Sealed, 0, int(policy.Resources.EndpointMaxConnections.Value), m)
 		if err != nil {
 			return nil, err
 		}
@@ -215,6 +215,8 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, man *manifest.Ma
 		CapsuleDir: rec.Capsule.Root(),
 		Rlimits:    containment.Rlimits(policy),
 		Policy:     policy,
+		// roost-init keeps each output stream within it.
+		LogMaxBytes: policy.Resources.LogMaxBytes.Value,
 	}
 }
 

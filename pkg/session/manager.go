@@ -49,8 +49,9 @@ type Artifacts interface {
 // Endpoints opens sessions' endpoints (see pkg/endpoint).
 type Endpoints interface {
 	// Open starts a session's endpoint: in a network namespace of its own when netns, else
-	// on host loopback at port (0: any free one).
-	Open(sessionID string, netns bool, port int, b spawn.Backend) (spawn.Endpoint, error)
+	// on host loopback at port (0: any free one). It holds at most maxConns connections at
+	// once (resources.endpoint_max_connections) and reports those it refuses to b.
+	Open(sessionID string, netns bool, port, maxConns int, b spawn.Backend) (spawn.Endpoint, error)
 	// Credential is the session's ROOST_CREDENTIAL.
 	Credential(sessionID string) string
 	// Release unpins the session's network namespace, if it has one.
@@ -130,6 +131,8 @@ type Manager struct {
 
 	// tools resolves shell.allow entries, toolchain presets among them, on this host.
 	tools *toolchain.Resolver
+	// logCutsMu orders the notes of which log cuts were reported (CheckLogCuts).
+	logCutsMu sync.Mutex
 
 	// blobMu keeps collecting the content store apart from a stage between importing a
 	// capsule and recording the session that names it.

@@ -7,6 +7,7 @@ import (
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -39,7 +40,33 @@ func (r *Record) Proto() *roostv1.Session {
 	if r.Process != nil && r.State.Live() {
 		s.Pid = int32(r.Process.PID)
 	}
+	if st := r.logStats(); st != nil {
+		s.Stdout, s.Stderr = logStatsProto(st.MaxBytes, st.Stdout), logStatsProto(st.MaxBytes, st.Stderr)
+	}
 	return s
+}
+
+// logStats is what roost-init counted of the session's output: logs.json, or the totals in
+// exit.json when that is final and logs.json is not (a full disk at the end). Nil for a
+// session that has not run, or records from before the count.
+func (r *Record) logStats() *roostinit.LogStats {
+	if r.RecordsDir == "" {
+		return nil
+	}
+	st, err := roostinit.ReadLogStats(r.RecordsDir)
+	if (err != nil || !st.Final) && r.State == Exited {
+		if info, xerr := containment.ReadExit(r.RecordsDir); xerr == nil && info.Logs != nil {
+			return info.Logs
+		}
+	}
+	if err != nil {
+		return nil
+	}
+	return &st
+}
+
+func logStatsProto(maxBytes int64, s roostinit.StreamStats) *roostv1.LogStats {
+	return &roostv1.LogStats{WrittenBytes: s.WrittenBytes, DroppedBytes: s.DroppedBytes, MaxBytes: maxBytes, FailedBytes: s.FailedBytes}
 }
 
 // Proto is the event as the API shows it.

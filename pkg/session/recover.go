@@ -61,6 +61,7 @@ func (m *Manager) recoverOne(rec *Record) string {
 	// whatever roost-init is still doing.
 	info, err := containment.ReadExit(rec.RecordsDir)
 	if err == nil {
+		m.CheckLogCuts(rec.ID, rec.RecordsDir)
 		status, code, detail := classify(rec, info, nil)
 		m.finish(l, rec, status, code, detail, info.EndedAt)
 		return RecoveredExited
@@ -124,7 +125,11 @@ func (m *Manager) reopenEndpoint(l *liveSession, rec *Record, class manifest.Cla
 	} else if rec.EndpointPort == 0 {
 		return
 	}
-	ep, err := m.cfg.Endpoints.Open(rec.ID, netns, rec.EndpointPort, m)
+	maxConns := manifest.DefaultEndpointMaxConns
+	if policy, err := m.policyOf(l, rec); err == nil {
+		maxConns = int(policy.Resources.EndpointMaxConnections.Value)
+	}
+	ep, err := m.cfg.Endpoints.Open(rec.ID, netns, rec.EndpointPort, maxConns, m)
 	if err != nil {
 		m.cfg.Logger.Warn("reopening the session's endpoint", "session", rec.ID, "err", err)
 		return

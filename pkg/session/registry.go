@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -61,7 +62,9 @@ func (r *Registry) View(fn func(*Tx) error) error {
 }
 
 // Update runs fn in one read-write transaction and returns the events it emitted once the
-// transaction has committed. When fn fails nothing is written and no event exists.
+// transaction has committed. When fn fails nothing is written and no event exists. A commit
+// the filesystem has no room for is rolled back whole (bbolt writes the new meta page last)
+// and fails ResourceExhausted, naming the state directory and its free space.
 func (r *Registry) Update(fn func(*Tx) error) ([]Event, error) {
 	var events []Event
 	err := r.db.Update(func(btx *bolt.Tx) error {
@@ -73,6 +76,9 @@ func (r *Registry) Update(fn func(*Tx) error) ([]Event, error) {
 		return nil
 	})
 	if err != nil {
+		if isNoSpace(err) {
+			return nil, noSpaceError(filepath.Dir(r.db.Path()), fmt.Sprintf("writing the registry %s failed (%v); nothing of the change was recorded", r.db.Path(), err))
+		}
 		return nil, err
 	}
 	return events, nil
@@ -285,8 +291,13 @@ func (t *Tx) emit(ev Event) error {
 	return nil
 }
 
-// EventsSince returns up to limit events with a sequence number above since, in order.
+// EventsSince returns up to limit events with a sequence number above since, in order. When
+// compaction has deleted events after since it fails with a *CompactedError rather than skip
+// them.
 func (t *Tx) EventsSince(since uint64, limit int) ([]Event, error) {
+	if c := t.Compaction(); since < c.Through {
+		return nil, &CompactedError{Since: since, Compaction: c, Last: t.LastSeq()}
+	}
 	var out []Event
 	c := eventsBucket(t.tx).Cursor()
 	for k, v := c.Seek(seqKey(since + 1)); k != nil && len(out) < limit; k, v = c.Next() {
@@ -301,6 +312,102 @@ func (t *Tx) EventsSince(since uint64, limit int) ([]Event, error) {
 
 // LastSeq is the sequence number of the newest event; 0 when there is none.
 func (t *Tx) LastSeq() uint64 { return eventsBucket(t.tx).Sequence() }
+
+// Compaction is how far the event log has been compacted: every event up to Through is gone,
+// every later one is kept. Sequence numbers are never reused, so the log is always the dense
+// run Through+1..LastSeq.
+type Compaction struct {
+	Through uint64 `json:"through"`
+	// By names what removed the sessions whose events went, e.g. "roostd --retain-ended 100".
+	By string    `json:"by,omitempty"`
+	At time.Time `json:"at,omitzero"`
+}
+
+// Compaction reads the compaction mark; zero when no event has been compacted.
+func (t *Tx) Compaction() Compaction {
+	var c Compaction
+	if v := getBucket(t.tx, bucketV1).Get(keyCompaction); v != nil {
+		// A mark that does not parse still says events were compacted, not how far: keep
+		// readers from replaying a log with a hole by taking it as far as it could be.
+		if err := json.Unmarshal(v, &c); err != nil {
+			c.Through = t.firstSeq() - 1
+		}
+	}
+	return c
+}
+
+// firstSeq is the oldest event kept; LastSeq+1 when none is.
+func (t *Tx) firstSeq() uint64 {
+	if k, _ := eventsBucket(t.tx).Cursor().First(); k != nil {
+		return binary.BigEndian.Uint64(k)
+	}
+	return t.LastSeq() + 1
+}
+
+// CompactEvents deletes, oldest first and at most batch of them, the events that precede
+// every event of a session the registry still holds (so each is about a session that has
+// been removed), and then, while more than keep remain, the oldest ones whatever they are
+// about (keep 0: no such bound). It records how far the log now starts, and by what. It
+// returns how many events it deleted; a caller compacting a long log calls it again, in a
+// new transaction, until that is fewer than batch.
+func (t *Tx) CompactEvents(keep uint64, by string, batch int) (int, error) {
+	events, sessions := eventsBucket(t.tx), sessionsBucket(t.tx)
+	last := events.Sequence()
+	var doomed [][]byte
+	c := events.Cursor()
+	for k, v := c.First(); k != nil && len(doomed) < batch; k, v = c.Next() {
+		seq := binary.BigEndian.Uint64(k)
+		if keep == 0 || last-seq+1 <= keep {
+			var ev struct {
+				SessionID string `json:"session_id"`
+			}
+			// An unreadable event is left for its reader to report, and the window starts
+			// at it.
+			if err := json.Unmarshal(v, &ev); err != nil || sessions.Bucket([]byte(ev.SessionID)) != nil {
+				break
+			}
+		}
+		doomed = append(doomed, slices.Clone(k))
+	}
+	if len(doomed) == 0 {
+		return 0, nil
+	}
+	for _, k := range doomed {
+		if err := events.Delete(k); err != nil {
+			return 0, err
+		}
+	}
+	mark, err := json.Marshal(Compaction{Through: binary.BigEndian.Uint64(doomed[len(doomed)-1]), By: by, At: time.Now().UTC()})
+	if err != nil {
+		return 0, err
+	}
+	if err := getBucket(t.tx, bucketV1).Put(keyCompaction, mark); err != nil {
+		return 0, err
+	}
+	return len(doomed), nil
+}
+
+// CompactedError is a read of events that compaction has deleted.
+type CompactedError struct {
+	// Since is where the reader asked to start; Last the newest event there is.
+	Since, Last uint64
+	Compaction
+}
+
+func (e *CompactedError) Error() string {
+	by := ""
+	if e.By != "" {
+		by = fmt.Sprintf(" (by %s, with the sessions it removed)", e.By)
+	}
+	oldest := fmt.Sprintf("the oldest kept is %d", e.Through+1)
+	if e.Last <= e.Through {
+		oldest = fmt.Sprintf("none is kept; the next will be %d", e.Through+1)
+	}
+	return fmt.Sprintf("events before %d were compacted away%s; %s: use --since %d or later", e.Through+1, by, oldest, e.Through)
+}
+
+// Unwrap classes it: the reader must restart from the window, not retry.
+func (e *CompactedError) Unwrap() error { return errdefs.ErrFailedPrecondition }
 
 // IDPool is the block of host ids sessions' ranges come from. Its first range is the
 // daemon's own (rehearsals run as it); sessions get the others.

@@ -76,7 +76,21 @@ func TestTransitionMatrix(t *testing.T) {
 // The bucket tree a fresh registry holds is the one buckets.go documents.
 func TestBucketTreeMatchesSchema(t *testing.T) {
 	r, _ := openTestRegistry(t)
+	gone := stage(t, r, "ses_0")
 	stage(t, r, "ses_a")
+	// A removed session's events compacted away leave the compaction mark.
+	if _, err := r.Update(func(tx *Tx) error { return tx.Delete(gone) }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Update(func(tx *Tx) error {
+		n, err := tx.CompactEvents(0, "test", 100)
+		if err == nil && n != 1 {
+			err = fmt.Errorf("compacted %d events, want 1", n)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
 	var tree []string
 	err := r.db.View(func(tx *bolt.Tx) error {
 		var walk func(prefix string, b *bolt.Bucket) error
@@ -110,7 +124,7 @@ func TestBucketTreeMatchesSchema(t *testing.T) {
 	}
 	tree = slices.Compact(tree)
 	want := []string{
-		"v1/", "v1/events/", "v1/events/<seq>", "v1/ids/", "v1/ids/<first id>", "v1/sessions/", "v1/sessions/<session id>/",
+		"v1/", "v1/events/", "v1/events/<seq>", "v1/events_compacted", "v1/ids/", "v1/ids/<first id>", "v1/sessions/", "v1/sessions/<session id>/",
 		"v1/sessions/<session id>/explanation", "v1/sessions/<session id>/manifest",
 		"v1/sessions/<session id>/record", "v1/sessions/<session id>/state", "v1/version",
 	}

@@ -100,6 +100,10 @@ func (m *Manager) Explain(opts StageOptions, oci bool) (*roostv1.Explanation, []
 // state staged. A capsule that is invalid, or whose floor this host cannot meet, is refused
 // and leaves no trace in the registry.
 func (m *Manager) Stage(opts StageOptions) (*Record, error) {
+	// Before the capsule is copied into the store, which is on the same filesystem.
+	if err := m.checkDiskSpace(); err != nil {
+		return nil, err
+	}
 	// The capsule's copy in the store is named by nothing until the session is recorded:
 	// no collection may run in between.
 	m.blobMu.RLock()
@@ -113,6 +117,11 @@ func (m *Manager) Stage(opts StageOptions) (*Record, error) {
 
 // stage records a session from its plan (a spawn has made the plan already, to referee it).
 func (m *Manager) stage(p *plan, opts StageOptions) (*Record, error) {
+	// A nearly full state directory takes no new session (a spawn's included); what runs
+	// keeps the room.
+	if err := m.checkDiskSpace(); err != nil {
+		return nil, err
+	}
 	if !p.decision.Met {
 		return nil, errdefs.ErrFailedPrecondition.WithMessage(p.decision.Shortfall)
 	}

@@ -33,10 +33,12 @@ func (m *Manager) supervise(l *liveSession, rec *Record, proc containment.Proces
 	if rec.State == Stopping {
 		m.armKill(l, rec)
 	}
-	if rec.WorkdirLimit > 0 {
-		m.wg.Add(1)
-		go m.guardWorkdir(l, rec.ID, []string{rec.Workdir, m.homeDir(rec.ID)}, rec.WorkdirLimit, proc.Done())
-	}
+	// The workdir guard reads a copy: the record is the caller's to change.
+	guarded := *rec
+	m.wg.Add(1)
+	go m.guardWorkdir(l, &guarded, proc.Done())
+	m.wg.Add(1)
+	go m.watchLogs(rec.ID, rec.RecordsDir, proc.Done())
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -223,7 +225,26 @@ func (m *Manager) recordEnd(id string, l *liveSession, info containment.ExitInfo
 	if ended.IsZero() {
 		ended = time.Now().UTC()
 	}
+	m.CheckLogCuts(rec.ID, rec.RecordsDir)
 	m.finish(l, rec, status, code, detail, ended)
+}
+
+// watchLogs reports the session's output cuts (see CheckLogCuts) every GuardInterval while
+// it runs.
+func (m *Manager) watchLogs(id, recordsDir string, done <-chan struct{}) {
+	defer m.wg.Done()
+	ticker := time.NewTicker(m.cfg.GuardInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-m.ctx.Done():
+			return
+		case <-ticker.C:
+			m.CheckLogCuts(id, recordsDir)
+		}
+	}
 }
 
 // endWithoutProcess ends a session that has no process to wait for: it failed to start or
@@ -250,7 +271,7 @@ func (m *Manager) finish(l *liveSession, rec *Record, status ExitStatus, code *i
 		if rec.ParentID != "" {
 			m.writeCompletion(rec)
 		}
-		if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Exited) }); err != nil {
+		if err := m.recordExited(rec); err != nil {
 			m.cfg.Logger.Error("recording end", "session", rec.ID, "err", err)
 			return
 		}
@@ -268,6 +289,29 @@ func (m *Manager) finish(l *liveSession, rec *Record, status ExitStatus, code *i
 	case <-l.ended:
 	default:
 		close(l.ended)
+	}
+}
+
+// recordExited commits the session's end. An end is what roostd must not lose: when the
+// state directory's disk is full it retries, with a growing pause, until space returns (or
+// the daemon stops: the next one records the end from exit.json).
+func (m *Manager) recordExited(rec *Record) error {
+	was := rec.State
+	pause := 100 * time.Millisecond
+	for {
+		err := m.update(func(tx *Tx) error { return tx.Transition(rec, Exited) })
+		if err == nil || !isNoSpace(err) {
+			return err
+		}
+		// The transaction rolled back; the record in hand must say so again.
+		rec.State = was
+		m.cfg.Logger.Warn("recording an end: the state directory is full; retrying", "session", rec.ID, "in", pause)
+		select {
+		case <-time.After(pause):
+		case <-m.ctx.Done():
+			return err
+		}
+		pause = min(2*pause, 5*time.Second)
 	}
 }
 

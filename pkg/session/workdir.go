@@ -131,7 +131,8 @@ func (m *Manager) parentGroup(parentID string) (int, error) {
 
 // homeDir is the session's home: its own, apart from the workdir so that what tools cache
 // there (a module cache, a build cache, shell history) stays out of the work. It counts
-// against resources.workdir_max_bytes with the workdir, and goes when the session is removed.
+// with the workdir against resources.workdir_max_bytes and workdir_max_inodes (guard.go),
+// and goes when the session is removed.
 func (m *Manager) homeDir(id string) string { return filepath.Join(m.cfg.StateDir, homesDir, id) }
 
 // prepareHome makes the session's home, its uid's.
@@ -153,7 +154,8 @@ func (m *Manager) childrenDirs(rec *Record, class manifest.Class, p *manifest.Po
 	return []string{m.childrenOfDir(rec.ID)}
 }
 
-// childrenOfDir is where the children of a parent without a sealed root work.
+// childrenOfDir is where the children of a parent without a sealed root work. Its parent's
+// workdir guard counts it, and removing the parent removes it.
 func (m *Manager) childrenOfDir(parentID string) string {
 	return filepath.Join(m.cfg.StateDir, childrenDir, parentID)
 }

@@ -38,11 +38,19 @@ type Inferencer interface {
 	Inference(w http.ResponseWriter, r *http.Request, sessionID, upstream, path string)
 }
 
-// Backend is everything a session's endpoint serves; the session manager is one.
+// LimitReporter hears the bounds a session's endpoint enforces on it (too many
+// connections): limit names the bound, detail what was cut.
+type LimitReporter interface {
+	LimitHit(sessionID, limit, detail string)
+}
+
+// Backend is everything a session's endpoint serves, and whom it tells of the bounds it
+// enforces; the session manager is one.
 type Backend interface {
 	Delegator
 	Spender
 	Inferencer
+	LimitReporter
 }
 
 // RefusalBody is the JSON of a spend refusal (429), from the admission route and the

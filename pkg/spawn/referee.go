@@ -18,6 +18,9 @@ type Parent struct {
 	// of roostd --max-depth and every ancestor's spawn.max_depth, one less at each level.
 	DepthRemaining int
 	LiveChildren   int
+	// TotalChildren is every child ever staged for the parent that is still recorded, live
+	// or ended: what spawn.max_total_children bounds.
+	TotalChildren int
 	// HostRoot: the parent runs as host root (roostd's sessions.allow_root).
 	HostRoot bool
 	// Shell is what the parent's shell.allow resolved to (nil: compare names).
@@ -45,6 +48,10 @@ const (
 	ReasonEnvelope   = "envelope"
 )
 
+// KeyMaxTotalChildren is the key a refusal for too many children over a session's life
+// names.
+const KeyMaxTotalChildren = "capabilities.spawn.max_total_children"
+
 // Refusal is a spawn the referee refused, naming the manifest key and the entry that
 // failed. It classifies as permission denied.
 type Refusal struct {
@@ -59,9 +66,10 @@ func (r *Refusal) Error() string { return r.Key + ": " + r.Msg }
 func (*Refusal) Forbidden() {}
 
 // Referee decides a spawn, in this order: the child's name is in the parent's spawn.allow;
-// the parent has depth left; it has room for another live child (its spawn.max_children
-// and roostd --max-concurrent); the child's policy lies inside the parent's on every axis.
-// A mismatch is refused, never narrowed.
+// the parent has depth left; it has not yet started spawn.max_total_children children; it
+// has room for another live child (its spawn.max_children and roostd --max-concurrent);
+// the child's policy lies inside the parent's on every axis. A mismatch is refused, never
+// narrowed.
 func Referee(p Parent, c Child, maxConcurrent int) error {
 	if err := Allowed(p.Policy, c.Name); err != nil {
 		return err
@@ -69,6 +77,12 @@ func Referee(p Parent, c Child, maxConcurrent int) error {
 	if p.DepthRemaining < 1 {
 		return &Refusal{ReasonDepth, "capabilities.spawn.max_depth",
 			"no delegation depth is left at this level (spawn.max_depth of this session or an ancestor, or roostd --max-depth)"}
+	}
+	// Before the live count: once spent, the total does not come back as children end.
+	if total := p.Policy.Spawn.MaxTotalChildren.Value; int64(p.TotalChildren) >= total {
+		return &Refusal{ReasonChildren, KeyMaxTotalChildren,
+			fmt.Sprintf("%d children started already, the most this session may start in its life (spawn.max_total_children %d)",
+				p.TotalChildren, total)}
 	}
 	limit := int(p.Policy.Spawn.MaxChildren.Value)
 	if maxConcurrent < limit {

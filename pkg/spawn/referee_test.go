@@ -121,6 +121,7 @@ type refereeCase struct {
 	childName     string
 	depth         *int
 	live          int
+	total         int
 	maxConcurrent *int
 	achieved      string
 	floor         string
@@ -135,7 +136,7 @@ func intp(n int) *int { return &n }
 
 func (tc refereeCase) run(t *testing.T) {
 	t.Helper()
-	p := spawn.Parent{ID: "parent", Policy: policyOf(t, tc.parent.yaml()), Achieved: class(t, "scoped"), DepthRemaining: 2, LiveChildren: tc.live}
+	p := spawn.Parent{ID: "parent", Policy: policyOf(t, tc.parent.yaml()), Achieved: class(t, "scoped"), DepthRemaining: 2, LiveChildren: tc.live, TotalChildren: tc.total}
 	if tc.depth != nil {
 		p.DepthRemaining = *tc.depth
 	}
@@ -207,6 +208,17 @@ func TestRefereeGates(t *testing.T) {
 			wantReason: spawn.ReasonChildren, wantKey: "capabilities.spawn.max_children"},
 		{name: "default spawn.max_children", parent: base.with("spawn.max_children", ""), child: base, live: manifest.DefaultSpawnMaxChildren, maxConcurrent: intp(100),
 			wantReason: spawn.ReasonChildren, wantKey: "capabilities.spawn.max_children"},
+		// spawn.max_total_children counts every child started, ended ones too.
+		{name: "at spawn.max_total_children", parent: base.with("spawn.max_total_children", "3"), child: base.with("spawn.max_total_children", "3"), total: 3,
+			wantReason: spawn.ReasonChildren, wantKey: spawn.KeyMaxTotalChildren, wantMsgContain: []string{"3 children started already", "spawn.max_total_children 3"}},
+		{name: "past spawn.max_total_children", parent: base.with("spawn.max_total_children", "3"), child: base.with("spawn.max_total_children", "1"), total: 7,
+			wantReason: spawn.ReasonChildren, wantKey: spawn.KeyMaxTotalChildren},
+		{name: "one below spawn.max_total_children", parent: base.with("spawn.max_total_children", "3"), child: base.with("spawn.max_total_children", "3"), total: 2},
+		{name: "total spent names the total, not the live count", parent: base.with("spawn.max_total_children", "3", "spawn.max_children", "2"), child: base.with("spawn.max_total_children", "3"), total: 3, live: 2,
+			wantReason: spawn.ReasonChildren, wantKey: spawn.KeyMaxTotalChildren},
+		{name: "default spawn.max_total_children", parent: base, child: base, total: manifest.DefaultSpawnMaxTotal,
+			wantReason: spawn.ReasonChildren, wantKey: spawn.KeyMaxTotalChildren, wantMsgContain: []string{"spawn.max_total_children 64"}},
+		{name: "below the default spawn.max_total_children", parent: base, child: base, total: manifest.DefaultSpawnMaxTotal - 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, tc.run)

@@ -8,8 +8,10 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -24,17 +26,16 @@ const (
 	ExecName = "roost-exec"
 )
 
-// Descriptors roost-init is started with, after stdin (/dev/null) and the program's stdout
-// and stderr. The records directory comes as a descriptor, not a path: in a sealed session
-// it is outside roost-init's root, and a descriptor of it held by a non-dumpable PID 1 is
-// out of the program's reach.
+// Descriptors roost-init is started with, after stdin, stdout and stderr (/dev/null: it
+// never writes to them). The records directory comes as a descriptor, not a path: in a
+// sealed session it is outside roost-init's root, and a descriptor of it held by a
+// non-dumpable PID 1 is out of the program's reach. roost-init writes the program's output
+// there itself (see LogsFile), as it writes init.json and exit.json.
 const (
 	initSpecFD    = 3 // read: the InitSpec, JSON, until EOF
 	initReportFD  = 4 // write: one Report line once the program runs or has failed to start
-	initRecordsFD = 5 // the session's records directory, where init.json and exit.json go
+	initRecordsFD = 5 // the session's records directory: output, init.json, exit.json
 )
-
-// roost-init's own stdout and stderr are the program's: it never writes to them itself.
 
 // Descriptors roost-exec is started with, after the program's stdin, stdout and stderr.
 const (
@@ -90,9 +91,14 @@ func initMain() int {
 		writeReport(report, Report{Error: "roost-init: reading spec: " + err.Error()})
 		return 1
 	}
+	var pump *logPump
 	fail := func(msg string) int {
 		info := ExitInfo{Code: 127, StartError: msg, EndedAt: time.Now().UTC()}
-		if err := writeJSONDurably(records, ExitFile, info); err != nil {
+		if pump != nil {
+			st := pump.finish(drainGrace)
+			info.Logs = &st
+		}
+		if err := writeExit(records, info); err != nil {
 			msg += "; and writing exit.json: " + err.Error()
 		}
 		writeReport(report, Report{Error: msg})
@@ -101,6 +107,8 @@ func initMain() int {
 
 	// The program must not be able to read this process's memory or descriptors.
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	prewarmThreads(initThreads)
+	ownOutput(records)
 	// Become the reaper of every orphan below us, so a daemonised grandchild stays ours to
 	// kill when the session ends.
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
@@ -109,7 +117,14 @@ func initMain() int {
 	sigs := make(chan os.Signal, 32)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
 
-	pid, startErr := startExec(spec.Exec)
+	// The program writes to pipes roost-init drains into the records directory, each
+	// stream held to resources.log_max_bytes.
+	pump, err := startPump(records, spec.LogMaxBytes)
+	if err != nil {
+		return fail("roost-init: the session's output files: " + err.Error())
+	}
+	pid, startErr := startExec(spec.Exec, pump)
+	pump.closeChildEnds()
 	if startErr != "" {
 		return fail(startErr)
 	}
@@ -144,13 +159,70 @@ func initMain() int {
 	default:
 		info.Code = status.ExitStatus()
 	}
-	err := writeJSONDurably(records, ExitFile, info)
-	// The session ends with its program: nothing it left behind outlives it.
+	// The session ends with its program: nothing it left behind outlives it. Once they are
+	// gone nobody holds the output pipes, and the pump drains what is left in them: the
+	// output and its counts are complete before exit.json says the session ended.
 	reapAll(pid)
-	if err != nil {
+	st := pump.finish(drainGrace)
+	info.Logs = &st
+	if err := writeExit(records, info); err != nil {
 		return 1
 	}
 	return 0
+}
+
+// exitRetry is how often roost-init tries again to write exit.json on a full disk.
+const exitRetry = 100 * time.Millisecond
+
+// writeExit writes exit.json durably. roostd needs that record to end the session with its
+// exact outcome, so a full disk or quota is waited out, retrying for as long as it takes
+// (roost-init outlives roostd; an operator can still kill it). Other errors are final.
+func writeExit(records int, info ExitInfo) error {
+	for {
+		err := writeJSONDurably(records, ExitFile, info)
+		if !errors.Is(err, unix.ENOSPC) && !errors.Is(err, unix.EDQUOT) {
+			return err
+		}
+		time.Sleep(exitRetry)
+	}
+}
+
+// ownOutput sends what roost-init itself writes to stderr (above all the Go runtime's trace if
+// it ever crashes) to init.log in the records directory: its stdout and stderr are /dev/null,
+// the program's output going through the log pump instead.
+func ownOutput(records int) {
+	fd, err := unix.Openat(records, InitLogFile, unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return
+	}
+	_ = unix.Dup3(fd, 2, 0)
+	unix.Close(fd)
+}
+
+// initThreads is how many OS threads roost-init makes before the program starts: more than
+// its goroutines ever block in system calls at once (wait4, the two streams' writes, logs.json,
+// exit.json, a forwarded signal).
+const initThreads = 8
+
+// prewarmThreads makes the Go runtime start n OS threads now, while the session's pids allow
+// it. The runtime starts a thread whenever one blocks in a system call and another goroutine
+// must run; once a fork bomb has taken every pid of the session's cgroup, that fails and the
+// runtime aborts — and roost-init must outlive whatever its program does. Threads a locked
+// goroutine released are kept idle by the runtime, never freed.
+func prewarmThreads(n int) {
+	var ready, release sync.WaitGroup
+	ready.Add(n)
+	release.Add(1)
+	for range n {
+		go func() {
+			runtime.LockOSThread()
+			ready.Done()
+			release.Wait()
+			runtime.UnlockOSThread()
+		}()
+	}
+	ready.Wait()
+	release.Done()
 }
 
 func writeReport(w io.Writer, r Report) {
@@ -159,9 +231,10 @@ func writeReport(w io.Writer, r Report) {
 	_, _ = w.Write(append(data, '\n'))
 }
 
-// startExec starts roost-exec in a new process group and hands it the spec. It returns the
-// program's pid once exec succeeded, or why the program could not start.
-func startExec(spec ExecSpec) (int, string) {
+// startExec starts roost-exec in a new process group, its stdout and stderr the pump's
+// pipes, and hands it the spec. It returns the program's pid once exec succeeded, or why
+// the program could not start.
+func startExec(spec ExecSpec, pump *logPump) (int, string) {
 	specR, specW, err := os.Pipe()
 	if err != nil {
 		return 0, "roost-init: " + err.Error()
@@ -174,10 +247,11 @@ func startExec(spec ExecSpec) (int, string) {
 	if err != nil {
 		return 0, "roost-init: " + err.Error()
 	}
+	stdout, stderr := pump.childFDs()
 	attr := &syscall.ProcAttr{
 		Dir:   spec.Dir,
 		Env:   []string{},
-		Files: []uintptr{devnull.Fd(), 1, 2, specR.Fd(), errW.Fd()},
+		Files: []uintptr{devnull.Fd(), uintptr(stdout), uintptr(stderr), specR.Fd(), errW.Fd()},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	}
 	if spec.Mounts != nil {

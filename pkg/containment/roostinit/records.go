@@ -5,7 +5,8 @@
 //
 // roost-init outlives roostd. It records the program's identity in init.json once it runs
 // and how it ended in exit.json, so a restarted daemon learns what happened while it was
-// away.
+// away. It also carries the program's output from pipes into the records directory, each
+// stream held to resources.log_max_bytes (see LogsFile).
 package roostinit
 
 import (
@@ -30,6 +31,8 @@ const (
 	// InitFile records the supervisor's and the program's process identities once the
 	// program runs. A restarted roostd finds a live session through it.
 	InitFile = "init.json"
+	// InitLogFile holds what roost-init itself wrote to stderr: a crash's trace, if ever.
+	InitLogFile = "init.log"
 	// ExitFile records how the program ended.
 	ExitFile = "exit.json"
 )
@@ -37,6 +40,9 @@ const (
 // InitSpec is what roostd hands roost-init on its spec pipe.
 type InitSpec struct {
 	Exec ExecSpec `json:"exec"`
+	// LogMaxBytes is resources.log_max_bytes: what is kept of each output stream at most
+	// (DefaultLogMaxBytes when 0).
+	LogMaxBytes int64 `json:"log_max_bytes,omitempty"`
 }
 
 // ExecSpec is the program's start, handed on to roost-exec.
@@ -124,6 +130,8 @@ type ExitInfo struct {
 	// OOMKilled is set by the daemon, not roost-init: the kernel's OOM killer acted in the
 	// session's cgroup.
 	OOMKilled bool `json:"oom_killed,omitempty"`
+	// Logs is the final count of the program's output, as logs.json has it.
+	Logs *LogStats `json:"logs,omitempty"`
 }
 
 // ErrNoExitRecord means roost-init left no exit.json: it died without recording an end.
@@ -183,17 +191,22 @@ func writeJSON(dirfd int, name string, v any, sync bool) error {
 		return fmt.Errorf("%s: %w", tmp, err)
 	}
 	f := os.NewFile(uintptr(fd), tmp)
-	if _, err := f.Write(append(data, '\n')); err != nil {
+	// A write that fails (a full disk) leaves no partial temporary file holding space.
+	discard := func(err error) error {
 		f.Close()
+		_ = unix.Unlinkat(dirfd, tmp, 0)
 		return err
+	}
+	if _, err := f.Write(append(data, '\n')); err != nil {
+		return discard(err)
 	}
 	if sync {
 		if err := f.Sync(); err != nil {
-			f.Close()
-			return err
+			return discard(err)
 		}
 	}
 	if err := f.Close(); err != nil {
+		_ = unix.Unlinkat(dirfd, tmp, 0)
 		return err
 	}
 	if err := unix.Renameat(dirfd, tmp, dirfd, name); err != nil {

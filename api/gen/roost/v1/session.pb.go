@@ -56,7 +56,11 @@ type Session struct {
 	// What a live session with a cgroup uses now; absent otherwise.
 	Usage *Usage `protobuf:"bytes,18,opt,name=usage,proto3" json:"usage,omitempty"`
 	// Who the session's processes are on the host.
-	Identity      *Identity `protobuf:"bytes,19,opt,name=identity,proto3" json:"identity,omitempty"`
+	Identity *Identity `protobuf:"bytes,19,opt,name=identity,proto3" json:"identity,omitempty"`
+	// What roost-init kept of the program's stdout and stderr (resources.log_max_bytes);
+	// absent for a session that has not run, or whose records predate the count.
+	Stdout        *LogStats `protobuf:"bytes,20,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr        *LogStats `protobuf:"bytes,21,opt,name=stderr,proto3" json:"stderr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -224,6 +228,95 @@ func (x *Session) GetIdentity() *Identity {
 	return nil
 }
 
+func (x *Session) GetStdout() *LogStats {
+	if x != nil {
+		return x.Stdout
+	}
+	return nil
+}
+
+func (x *Session) GetStderr() *LogStats {
+	if x != nil {
+		return x.Stderr
+	}
+	return nil
+}
+
+// LogStats counts one output stream of a session. The records keep its first bytes (an
+// eighth of the cap, at most 1 MiB) and its newest; what lies between is dropped, and
+// `roostctl logs` marks the cut.
+type LogStats struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every byte the program (and whatever shared its output) wrote to the stream.
+	WrittenBytes int64 `protobuf:"varint,1,opt,name=written_bytes,json=writtenBytes,proto3" json:"written_bytes,omitempty"`
+	// What of it the records no longer hold: cut by the cap, or lost to a failed write.
+	DroppedBytes int64 `protobuf:"varint,2,opt,name=dropped_bytes,json=droppedBytes,proto3" json:"dropped_bytes,omitempty"`
+	// The cap the stream was held to: resources.log_max_bytes.
+	MaxBytes int64 `protobuf:"varint,3,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// Of the dropped bytes, those lost to failed writes (a full disk).
+	FailedBytes   int64 `protobuf:"varint,4,opt,name=failed_bytes,json=failedBytes,proto3" json:"failed_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogStats) Reset() {
+	*x = LogStats{}
+	mi := &file_roost_v1_session_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogStats) ProtoMessage() {}
+
+func (x *LogStats) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogStats.ProtoReflect.Descriptor instead.
+func (*LogStats) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *LogStats) GetWrittenBytes() int64 {
+	if x != nil {
+		return x.WrittenBytes
+	}
+	return 0
+}
+
+func (x *LogStats) GetDroppedBytes() int64 {
+	if x != nil {
+		return x.DroppedBytes
+	}
+	return 0
+}
+
+func (x *LogStats) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+func (x *LogStats) GetFailedBytes() int64 {
+	if x != nil {
+		return x.FailedBytes
+	}
+	return 0
+}
+
 // Identity is who a session's processes are on the host.
 type Identity struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -242,7 +335,7 @@ type Identity struct {
 
 func (x *Identity) Reset() {
 	*x = Identity{}
-	mi := &file_roost_v1_session_proto_msgTypes[1]
+	mi := &file_roost_v1_session_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -254,7 +347,7 @@ func (x *Identity) String() string {
 func (*Identity) ProtoMessage() {}
 
 func (x *Identity) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[1]
+	mi := &file_roost_v1_session_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -267,7 +360,7 @@ func (x *Identity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Identity.ProtoReflect.Descriptor instead.
 func (*Identity) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{1}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Identity) GetUid() uint32 {
@@ -311,7 +404,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_roost_v1_session_proto_msgTypes[2]
+	mi := &file_roost_v1_session_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -323,7 +416,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[2]
+	mi := &file_roost_v1_session_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -336,7 +429,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{2}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Usage) GetMemoryBytes() int64 {
@@ -384,7 +477,7 @@ type CapsuleRef struct {
 
 func (x *CapsuleRef) Reset() {
 	*x = CapsuleRef{}
-	mi := &file_roost_v1_session_proto_msgTypes[3]
+	mi := &file_roost_v1_session_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -396,7 +489,7 @@ func (x *CapsuleRef) String() string {
 func (*CapsuleRef) ProtoMessage() {}
 
 func (x *CapsuleRef) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[3]
+	mi := &file_roost_v1_session_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -409,7 +502,7 @@ func (x *CapsuleRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapsuleRef.ProtoReflect.Descriptor instead.
 func (*CapsuleRef) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{3}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CapsuleRef) GetName() string {
@@ -460,7 +553,7 @@ type ContainmentState struct {
 
 func (x *ContainmentState) Reset() {
 	*x = ContainmentState{}
-	mi := &file_roost_v1_session_proto_msgTypes[4]
+	mi := &file_roost_v1_session_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -472,7 +565,7 @@ func (x *ContainmentState) String() string {
 func (*ContainmentState) ProtoMessage() {}
 
 func (x *ContainmentState) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[4]
+	mi := &file_roost_v1_session_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -485,7 +578,7 @@ func (x *ContainmentState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainmentState.ProtoReflect.Descriptor instead.
 func (*ContainmentState) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{4}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ContainmentState) GetDeclared() string {
@@ -516,7 +609,7 @@ type Spend struct {
 
 func (x *Spend) Reset() {
 	*x = Spend{}
-	mi := &file_roost_v1_session_proto_msgTypes[5]
+	mi := &file_roost_v1_session_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -528,7 +621,7 @@ func (x *Spend) String() string {
 func (*Spend) ProtoMessage() {}
 
 func (x *Spend) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[5]
+	mi := &file_roost_v1_session_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -541,7 +634,7 @@ func (x *Spend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Spend.ProtoReflect.Descriptor instead.
 func (*Spend) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{5}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Spend) GetTokens() int64 {
@@ -583,7 +676,7 @@ type StageRequest struct {
 
 func (x *StageRequest) Reset() {
 	*x = StageRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[6]
+	mi := &file_roost_v1_session_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -595,7 +688,7 @@ func (x *StageRequest) String() string {
 func (*StageRequest) ProtoMessage() {}
 
 func (x *StageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[6]
+	mi := &file_roost_v1_session_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -608,7 +701,7 @@ func (x *StageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageRequest.ProtoReflect.Descriptor instead.
 func (*StageRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{6}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StageRequest) GetCapsule() string {
@@ -648,7 +741,7 @@ type StageResponse struct {
 
 func (x *StageResponse) Reset() {
 	*x = StageResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[7]
+	mi := &file_roost_v1_session_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -660,7 +753,7 @@ func (x *StageResponse) String() string {
 func (*StageResponse) ProtoMessage() {}
 
 func (x *StageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[7]
+	mi := &file_roost_v1_session_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -673,7 +766,7 @@ func (x *StageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageResponse.ProtoReflect.Descriptor instead.
 func (*StageResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{7}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StageResponse) GetSession() *Session {
@@ -692,7 +785,7 @@ type LaunchRequest struct {
 
 func (x *LaunchRequest) Reset() {
 	*x = LaunchRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[8]
+	mi := &file_roost_v1_session_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -704,7 +797,7 @@ func (x *LaunchRequest) String() string {
 func (*LaunchRequest) ProtoMessage() {}
 
 func (x *LaunchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[8]
+	mi := &file_roost_v1_session_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -717,7 +810,7 @@ func (x *LaunchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LaunchRequest.ProtoReflect.Descriptor instead.
 func (*LaunchRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{8}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *LaunchRequest) GetId() string {
@@ -736,7 +829,7 @@ type LaunchResponse struct {
 
 func (x *LaunchResponse) Reset() {
 	*x = LaunchResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[9]
+	mi := &file_roost_v1_session_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -748,7 +841,7 @@ func (x *LaunchResponse) String() string {
 func (*LaunchResponse) ProtoMessage() {}
 
 func (x *LaunchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[9]
+	mi := &file_roost_v1_session_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -761,7 +854,7 @@ func (x *LaunchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LaunchResponse.ProtoReflect.Descriptor instead.
 func (*LaunchResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{9}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *LaunchResponse) GetSession() *Session {
@@ -780,7 +873,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[10]
+	mi := &file_roost_v1_session_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -792,7 +885,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[10]
+	mi := &file_roost_v1_session_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -805,7 +898,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{10}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetRequest) GetId() string {
@@ -824,7 +917,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[11]
+	mi := &file_roost_v1_session_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +929,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[11]
+	mi := &file_roost_v1_session_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +942,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{11}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetResponse) GetSession() *Session {
@@ -869,7 +962,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[12]
+	mi := &file_roost_v1_session_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -881,7 +974,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[12]
+	mi := &file_roost_v1_session_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -894,7 +987,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{12}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListRequest) GetAll() bool {
@@ -913,7 +1006,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[13]
+	mi := &file_roost_v1_session_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -925,7 +1018,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[13]
+	mi := &file_roost_v1_session_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -938,7 +1031,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{13}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListResponse) GetSessions() []*Session {
@@ -957,7 +1050,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[14]
+	mi := &file_roost_v1_session_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -969,7 +1062,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[14]
+	mi := &file_roost_v1_session_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -982,7 +1075,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{14}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WaitRequest) GetId() string {
@@ -1001,7 +1094,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[15]
+	mi := &file_roost_v1_session_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1013,7 +1106,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[15]
+	mi := &file_roost_v1_session_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1026,7 +1119,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{15}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WaitResponse) GetSession() *Session {
@@ -1047,7 +1140,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[16]
+	mi := &file_roost_v1_session_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1059,7 +1152,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[16]
+	mi := &file_roost_v1_session_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1072,7 +1165,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{16}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StopRequest) GetId() string {
@@ -1098,7 +1191,7 @@ type StopResponse struct {
 
 func (x *StopResponse) Reset() {
 	*x = StopResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[17]
+	mi := &file_roost_v1_session_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1110,7 +1203,7 @@ func (x *StopResponse) String() string {
 func (*StopResponse) ProtoMessage() {}
 
 func (x *StopResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[17]
+	mi := &file_roost_v1_session_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1123,7 +1216,7 @@ func (x *StopResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopResponse.ProtoReflect.Descriptor instead.
 func (*StopResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{17}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StopResponse) GetSession() *Session {
@@ -1144,7 +1237,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[18]
+	mi := &file_roost_v1_session_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1156,7 +1249,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[18]
+	mi := &file_roost_v1_session_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1169,7 +1262,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{18}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *KillRequest) GetId() string {
@@ -1195,7 +1288,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[19]
+	mi := &file_roost_v1_session_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1207,7 +1300,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[19]
+	mi := &file_roost_v1_session_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1220,7 +1313,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{19}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *KillResponse) GetSession() *Session {
@@ -1239,7 +1332,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[20]
+	mi := &file_roost_v1_session_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1251,7 +1344,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[20]
+	mi := &file_roost_v1_session_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1264,7 +1357,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{20}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -1283,7 +1376,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[21]
+	mi := &file_roost_v1_session_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1295,7 +1388,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[21]
+	mi := &file_roost_v1_session_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1308,7 +1401,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{21}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PauseResponse) GetSession() *Session {
@@ -1327,7 +1420,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[22]
+	mi := &file_roost_v1_session_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1339,7 +1432,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[22]
+	mi := &file_roost_v1_session_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1352,7 +1445,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{22}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -1371,7 +1464,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[23]
+	mi := &file_roost_v1_session_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1383,7 +1476,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[23]
+	mi := &file_roost_v1_session_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1396,7 +1489,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{23}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResumeResponse) GetSession() *Session {
@@ -1407,15 +1500,18 @@ func (x *ResumeResponse) GetSession() *Session {
 }
 
 type RemoveRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The session goes with every session below it, children first; a live one anywhere in
+	// the tree refuses the removal unless force, which kills the live ones first.
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[24]
+	mi := &file_roost_v1_session_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1427,7 +1523,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[24]
+	mi := &file_roost_v1_session_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1440,7 +1536,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{24}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RemoveRequest) GetId() string {
@@ -1448,6 +1544,13 @@ func (x *RemoveRequest) GetId() string {
 		return x.Id
 	}
 	return ""
+}
+
+func (x *RemoveRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
 }
 
 type RemoveResponse struct {
@@ -1458,7 +1561,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[25]
+	mi := &file_roost_v1_session_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1470,7 +1573,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[25]
+	mi := &file_roost_v1_session_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1483,7 +1586,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{25}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{26}
 }
 
 type LogsRequest struct {
@@ -1496,7 +1599,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[26]
+	mi := &file_roost_v1_session_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1611,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[26]
+	mi := &file_roost_v1_session_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1624,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{26}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *LogsRequest) GetId() string {
@@ -1549,7 +1652,7 @@ type LogsResponse struct {
 
 func (x *LogsResponse) Reset() {
 	*x = LogsResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[27]
+	mi := &file_roost_v1_session_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1561,7 +1664,7 @@ func (x *LogsResponse) String() string {
 func (*LogsResponse) ProtoMessage() {}
 
 func (x *LogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[27]
+	mi := &file_roost_v1_session_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1574,7 +1677,7 @@ func (x *LogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
 func (*LogsResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{27}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *LogsResponse) GetStream() string {
@@ -1596,14 +1699,17 @@ type EventsRequest struct {
 	// Replay events with a sequence number greater than this one; 0 replays from the start.
 	Since uint64 `protobuf:"varint,1,opt,name=since,proto3" json:"since,omitempty"`
 	// Keep streaming events as they are committed.
-	Follow        bool `protobuf:"varint,2,opt,name=follow,proto3" json:"follow,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Follow bool `protobuf:"varint,2,opt,name=follow,proto3" json:"follow,omitempty"`
+	// With since 0, replay from the oldest event the log still keeps (retention may have
+	// compacted older ones away), instead of failing for want of them.
+	FromOldestKept bool `protobuf:"varint,3,opt,name=from_oldest_kept,json=fromOldestKept,proto3" json:"from_oldest_kept,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[28]
+	mi := &file_roost_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1615,7 +1721,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[28]
+	mi := &file_roost_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1628,7 +1734,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{28}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *EventsRequest) GetSince() uint64 {
@@ -1645,6 +1751,13 @@ func (x *EventsRequest) GetFollow() bool {
 	return false
 }
 
+func (x *EventsRequest) GetFromOldestKept() bool {
+	if x != nil {
+		return x.FromOldestKept
+	}
+	return false
+}
+
 type EventsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Event         *Event                 `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
@@ -1654,7 +1767,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[29]
+	mi := &file_roost_v1_session_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1666,7 +1779,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[29]
+	mi := &file_roost_v1_session_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1679,7 +1792,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{29}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *EventsResponse) GetEvent() *Event {
@@ -1687,6 +1800,226 @@ func (x *EventsResponse) GetEvent() *Event {
 		return x.Event
 	}
 	return nil
+}
+
+type PruneRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only sessions that ended longer ago than this; every ended session when absent.
+	Until *durationpb.Duration `protobuf:"bytes,1,opt,name=until,proto3" json:"until,omitempty"`
+	// Remove nothing: report what would be removed.
+	DryRun        bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PruneRequest) Reset() {
+	*x = PruneRequest{}
+	mi := &file_roost_v1_session_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PruneRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PruneRequest) ProtoMessage() {}
+
+func (x *PruneRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PruneRequest.ProtoReflect.Descriptor instead.
+func (*PruneRequest) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *PruneRequest) GetUntil() *durationpb.Duration {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+func (x *PruneRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+type PruneResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sessions removed (with dry_run, that would be), oldest end first.
+	Removed []*PrunedSession `protobuf:"bytes,1,rep,name=removed,proto3" json:"removed,omitempty"`
+	// Ended sessions the request selects that were kept, with why.
+	Kept []*PrunedSession `protobuf:"bytes,2,rep,name=kept,proto3" json:"kept,omitempty"`
+	// What the removed sessions' records, homes and roost-made workdirs held on disk.
+	Bytes int64 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// How many events left the log with them.
+	EventsCompacted int64 `protobuf:"varint,4,opt,name=events_compacted,json=eventsCompacted,proto3" json:"events_compacted,omitempty"`
+	DryRun          bool  `protobuf:"varint,5,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *PruneResponse) Reset() {
+	*x = PruneResponse{}
+	mi := &file_roost_v1_session_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PruneResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PruneResponse) ProtoMessage() {}
+
+func (x *PruneResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PruneResponse.ProtoReflect.Descriptor instead.
+func (*PruneResponse) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *PruneResponse) GetRemoved() []*PrunedSession {
+	if x != nil {
+		return x.Removed
+	}
+	return nil
+}
+
+func (x *PruneResponse) GetKept() []*PrunedSession {
+	if x != nil {
+		return x.Kept
+	}
+	return nil
+}
+
+func (x *PruneResponse) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *PruneResponse) GetEventsCompacted() int64 {
+	if x != nil {
+		return x.EventsCompacted
+	}
+	return 0
+}
+
+func (x *PruneResponse) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+// PrunedSession is one ended session Prune removed or kept.
+type PrunedSession struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Id         string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Capsule    *CapsuleRef            `protobuf:"bytes,2,opt,name=capsule,proto3" json:"capsule,omitempty"`
+	EndedAt    *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	ExitStatus string                 `protobuf:"bytes,4,opt,name=exit_status,json=exitStatus,proto3" json:"exit_status,omitempty"`
+	Bytes      int64                  `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// Why it was kept; empty for one removed.
+	KeptBecause   string `protobuf:"bytes,6,opt,name=kept_because,json=keptBecause,proto3" json:"kept_because,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrunedSession) Reset() {
+	*x = PrunedSession{}
+	mi := &file_roost_v1_session_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrunedSession) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrunedSession) ProtoMessage() {}
+
+func (x *PrunedSession) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrunedSession.ProtoReflect.Descriptor instead.
+func (*PrunedSession) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *PrunedSession) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *PrunedSession) GetCapsule() *CapsuleRef {
+	if x != nil {
+		return x.Capsule
+	}
+	return nil
+}
+
+func (x *PrunedSession) GetEndedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndedAt
+	}
+	return nil
+}
+
+func (x *PrunedSession) GetExitStatus() string {
+	if x != nil {
+		return x.ExitStatus
+	}
+	return ""
+}
+
+func (x *PrunedSession) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *PrunedSession) GetKeptBecause() string {
+	if x != nil {
+		return x.KeptBecause
+	}
+	return ""
 }
 
 // Event is one committed change to the registry. Sequence numbers are dense, start at 1 and
@@ -1710,7 +2043,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_roost_v1_session_proto_msgTypes[30]
+	mi := &file_roost_v1_session_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1722,7 +2055,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[30]
+	mi := &file_roost_v1_session_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1735,7 +2068,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{30}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Event) GetSeq() uint64 {
@@ -1798,7 +2131,7 @@ var File_roost_v1_session_proto protoreflect.FileDescriptor
 
 const file_roost_v1_session_proto_rawDesc = "" +
 	"\n" +
-	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf2\x05\n" +
+	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xca\x06\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
 	"\acapsule\x18\x02 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x12\x14\n" +
@@ -1824,9 +2157,16 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x03pid\x18\x10 \x01(\x05R\x03pid\x12\x18\n" +
 	"\acommand\x18\x11 \x03(\tR\acommand\x12%\n" +
 	"\x05usage\x18\x12 \x01(\v2\x0f.roost.v1.UsageR\x05usage\x12.\n" +
-	"\bidentity\x18\x13 \x01(\v2\x12.roost.v1.IdentityR\bidentityB\f\n" +
+	"\bidentity\x18\x13 \x01(\v2\x12.roost.v1.IdentityR\bidentity\x12*\n" +
+	"\x06stdout\x18\x14 \x01(\v2\x12.roost.v1.LogStatsR\x06stdout\x12*\n" +
+	"\x06stderr\x18\x15 \x01(\v2\x12.roost.v1.LogStatsR\x06stderrB\f\n" +
 	"\n" +
-	"_exit_code\"_\n" +
+	"_exit_code\"\x94\x01\n" +
+	"\bLogStats\x12#\n" +
+	"\rwritten_bytes\x18\x01 \x01(\x03R\fwrittenBytes\x12#\n" +
+	"\rdropped_bytes\x18\x02 \x01(\x03R\fdroppedBytes\x12\x1b\n" +
+	"\tmax_bytes\x18\x03 \x01(\x03R\bmaxBytes\x12!\n" +
+	"\ffailed_bytes\x18\x04 \x01(\x03R\vfailedBytes\"_\n" +
 	"\bIdentity\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x12\n" +
@@ -1893,21 +2233,40 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\rResumeRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"=\n" +
 	"\x0eResumeResponse\x12+\n" +
-	"\asession\x18\x01 \x01(\v2\x11.roost.v1.SessionR\asession\"\x1f\n" +
+	"\asession\x18\x01 \x01(\v2\x11.roost.v1.SessionR\asession\"5\n" +
 	"\rRemoveRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\x10\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"\x10\n" +
 	"\x0eRemoveResponse\"5\n" +
 	"\vLogsRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06follow\x18\x02 \x01(\bR\x06follow\":\n" +
 	"\fLogsResponse\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"=\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"g\n" +
 	"\rEventsRequest\x12\x14\n" +
 	"\x05since\x18\x01 \x01(\x04R\x05since\x12\x16\n" +
-	"\x06follow\x18\x02 \x01(\bR\x06follow\"7\n" +
+	"\x06follow\x18\x02 \x01(\bR\x06follow\x12(\n" +
+	"\x10from_oldest_kept\x18\x03 \x01(\bR\x0efromOldestKept\"7\n" +
 	"\x0eEventsResponse\x12%\n" +
-	"\x05event\x18\x01 \x01(\v2\x0f.roost.v1.EventR\x05event\"\xfb\x01\n" +
+	"\x05event\x18\x01 \x01(\v2\x0f.roost.v1.EventR\x05event\"X\n" +
+	"\fPruneRequest\x12/\n" +
+	"\x05until\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05until\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"\xc9\x01\n" +
+	"\rPruneResponse\x121\n" +
+	"\aremoved\x18\x01 \x03(\v2\x17.roost.v1.PrunedSessionR\aremoved\x12+\n" +
+	"\x04kept\x18\x02 \x03(\v2\x17.roost.v1.PrunedSessionR\x04kept\x12\x14\n" +
+	"\x05bytes\x18\x03 \x01(\x03R\x05bytes\x12)\n" +
+	"\x10events_compacted\x18\x04 \x01(\x03R\x0feventsCompacted\x12\x17\n" +
+	"\adry_run\x18\x05 \x01(\bR\x06dryRun\"\xe0\x01\n" +
+	"\rPrunedSession\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
+	"\acapsule\x18\x02 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x125\n" +
+	"\bended_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x12\x1f\n" +
+	"\vexit_status\x18\x04 \x01(\tR\n" +
+	"exitStatus\x12\x14\n" +
+	"\x05bytes\x18\x05 \x01(\x03R\x05bytes\x12!\n" +
+	"\fkept_because\x18\x06 \x01(\tR\vkeptBecause\"\xfb\x01\n" +
 	"\x05Event\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
@@ -1920,7 +2279,7 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\texit_code\x18\a \x01(\x05H\x00R\bexitCode\x88\x01\x01\x12\x16\n" +
 	"\x06detail\x18\b \x01(\tR\x06detailB\f\n" +
 	"\n" +
-	"_exit_code2\xc3\x05\n" +
+	"_exit_code2\xfd\x05\n" +
 	"\x0eSessionService\x128\n" +
 	"\x05Stage\x12\x16.roost.v1.StageRequest\x1a\x17.roost.v1.StageResponse\x12;\n" +
 	"\x06Launch\x12\x17.roost.v1.LaunchRequest\x1a\x18.roost.v1.LaunchResponse\x122\n" +
@@ -1933,7 +2292,8 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x06Resume\x12\x17.roost.v1.ResumeRequest\x1a\x18.roost.v1.ResumeResponse\x12;\n" +
 	"\x06Remove\x12\x17.roost.v1.RemoveRequest\x1a\x18.roost.v1.RemoveResponse\x127\n" +
 	"\x04Logs\x12\x15.roost.v1.LogsRequest\x1a\x16.roost.v1.LogsResponse0\x01\x12=\n" +
-	"\x06Events\x12\x17.roost.v1.EventsRequest\x1a\x18.roost.v1.EventsResponse0\x01B*Z(roost.dev/roost/api/gen/roost/v1;roostv1b\x06proto3"
+	"\x06Events\x12\x17.roost.v1.EventsRequest\x1a\x18.roost.v1.EventsResponse0\x01\x128\n" +
+	"\x05Prune\x12\x16.roost.v1.PruneRequest\x1a\x17.roost.v1.PruneResponseB*Z(roost.dev/roost/api/gen/roost/v1;roostv1b\x06proto3"
 
 var (
 	file_roost_v1_session_proto_rawDescOnce sync.Once
@@ -1947,94 +2307,107 @@ func file_roost_v1_session_proto_rawDescGZIP() []byte {
 	return file_roost_v1_session_proto_rawDescData
 }
 
-var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_roost_v1_session_proto_goTypes = []any{
 	(*Session)(nil),               // 0: roost.v1.Session
-	(*Identity)(nil),              // 1: roost.v1.Identity
-	(*Usage)(nil),                 // 2: roost.v1.Usage
-	(*CapsuleRef)(nil),            // 3: roost.v1.CapsuleRef
-	(*ContainmentState)(nil),      // 4: roost.v1.ContainmentState
-	(*Spend)(nil),                 // 5: roost.v1.Spend
-	(*StageRequest)(nil),          // 6: roost.v1.StageRequest
-	(*StageResponse)(nil),         // 7: roost.v1.StageResponse
-	(*LaunchRequest)(nil),         // 8: roost.v1.LaunchRequest
-	(*LaunchResponse)(nil),        // 9: roost.v1.LaunchResponse
-	(*GetRequest)(nil),            // 10: roost.v1.GetRequest
-	(*GetResponse)(nil),           // 11: roost.v1.GetResponse
-	(*ListRequest)(nil),           // 12: roost.v1.ListRequest
-	(*ListResponse)(nil),          // 13: roost.v1.ListResponse
-	(*WaitRequest)(nil),           // 14: roost.v1.WaitRequest
-	(*WaitResponse)(nil),          // 15: roost.v1.WaitResponse
-	(*StopRequest)(nil),           // 16: roost.v1.StopRequest
-	(*StopResponse)(nil),          // 17: roost.v1.StopResponse
-	(*KillRequest)(nil),           // 18: roost.v1.KillRequest
-	(*KillResponse)(nil),          // 19: roost.v1.KillResponse
-	(*PauseRequest)(nil),          // 20: roost.v1.PauseRequest
-	(*PauseResponse)(nil),         // 21: roost.v1.PauseResponse
-	(*ResumeRequest)(nil),         // 22: roost.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 23: roost.v1.ResumeResponse
-	(*RemoveRequest)(nil),         // 24: roost.v1.RemoveRequest
-	(*RemoveResponse)(nil),        // 25: roost.v1.RemoveResponse
-	(*LogsRequest)(nil),           // 26: roost.v1.LogsRequest
-	(*LogsResponse)(nil),          // 27: roost.v1.LogsResponse
-	(*EventsRequest)(nil),         // 28: roost.v1.EventsRequest
-	(*EventsResponse)(nil),        // 29: roost.v1.EventsResponse
-	(*Event)(nil),                 // 30: roost.v1.Event
-	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 32: google.protobuf.Duration
+	(*LogStats)(nil),              // 1: roost.v1.LogStats
+	(*Identity)(nil),              // 2: roost.v1.Identity
+	(*Usage)(nil),                 // 3: roost.v1.Usage
+	(*CapsuleRef)(nil),            // 4: roost.v1.CapsuleRef
+	(*ContainmentState)(nil),      // 5: roost.v1.ContainmentState
+	(*Spend)(nil),                 // 6: roost.v1.Spend
+	(*StageRequest)(nil),          // 7: roost.v1.StageRequest
+	(*StageResponse)(nil),         // 8: roost.v1.StageResponse
+	(*LaunchRequest)(nil),         // 9: roost.v1.LaunchRequest
+	(*LaunchResponse)(nil),        // 10: roost.v1.LaunchResponse
+	(*GetRequest)(nil),            // 11: roost.v1.GetRequest
+	(*GetResponse)(nil),           // 12: roost.v1.GetResponse
+	(*ListRequest)(nil),           // 13: roost.v1.ListRequest
+	(*ListResponse)(nil),          // 14: roost.v1.ListResponse
+	(*WaitRequest)(nil),           // 15: roost.v1.WaitRequest
+	(*WaitResponse)(nil),          // 16: roost.v1.WaitResponse
+	(*StopRequest)(nil),           // 17: roost.v1.StopRequest
+	(*StopResponse)(nil),          // 18: roost.v1.StopResponse
+	(*KillRequest)(nil),           // 19: roost.v1.KillRequest
+	(*KillResponse)(nil),          // 20: roost.v1.KillResponse
+	(*PauseRequest)(nil),          // 21: roost.v1.PauseRequest
+	(*PauseResponse)(nil),         // 22: roost.v1.PauseResponse
+	(*ResumeRequest)(nil),         // 23: roost.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 24: roost.v1.ResumeResponse
+	(*RemoveRequest)(nil),         // 25: roost.v1.RemoveRequest
+	(*RemoveResponse)(nil),        // 26: roost.v1.RemoveResponse
+	(*LogsRequest)(nil),           // 27: roost.v1.LogsRequest
+	(*LogsResponse)(nil),          // 28: roost.v1.LogsResponse
+	(*EventsRequest)(nil),         // 29: roost.v1.EventsRequest
+	(*EventsResponse)(nil),        // 30: roost.v1.EventsResponse
+	(*PruneRequest)(nil),          // 31: roost.v1.PruneRequest
+	(*PruneResponse)(nil),         // 32: roost.v1.PruneResponse
+	(*PrunedSession)(nil),         // 33: roost.v1.PrunedSession
+	(*Event)(nil),                 // 34: roost.v1.Event
+	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 36: google.protobuf.Duration
 }
 var file_roost_v1_session_proto_depIdxs = []int32{
-	3,  // 0: roost.v1.Session.capsule:type_name -> roost.v1.CapsuleRef
-	4,  // 1: roost.v1.Session.containment:type_name -> roost.v1.ContainmentState
-	31, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	31, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
-	31, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
-	5,  // 5: roost.v1.Session.spend:type_name -> roost.v1.Spend
-	31, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
-	2,  // 7: roost.v1.Session.usage:type_name -> roost.v1.Usage
-	1,  // 8: roost.v1.Session.identity:type_name -> roost.v1.Identity
-	32, // 9: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
-	0,  // 10: roost.v1.StageResponse.session:type_name -> roost.v1.Session
-	0,  // 11: roost.v1.LaunchResponse.session:type_name -> roost.v1.Session
-	0,  // 12: roost.v1.GetResponse.session:type_name -> roost.v1.Session
-	0,  // 13: roost.v1.ListResponse.sessions:type_name -> roost.v1.Session
-	0,  // 14: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
-	32, // 15: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
-	0,  // 16: roost.v1.StopResponse.session:type_name -> roost.v1.Session
-	0,  // 17: roost.v1.KillResponse.session:type_name -> roost.v1.Session
-	0,  // 18: roost.v1.PauseResponse.session:type_name -> roost.v1.Session
-	0,  // 19: roost.v1.ResumeResponse.session:type_name -> roost.v1.Session
-	30, // 20: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
-	31, // 21: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
-	6,  // 22: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
-	8,  // 23: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
-	10, // 24: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
-	12, // 25: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
-	14, // 26: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
-	16, // 27: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
-	18, // 28: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
-	20, // 29: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
-	22, // 30: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
-	24, // 31: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
-	26, // 32: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
-	28, // 33: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
-	7,  // 34: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
-	9,  // 35: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
-	11, // 36: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
-	13, // 37: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
-	15, // 38: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
-	17, // 39: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
-	19, // 40: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
-	21, // 41: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
-	23, // 42: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
-	25, // 43: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
-	27, // 44: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
-	29, // 45: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
-	34, // [34:46] is the sub-list for method output_type
-	22, // [22:34] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	4,  // 0: roost.v1.Session.capsule:type_name -> roost.v1.CapsuleRef
+	5,  // 1: roost.v1.Session.containment:type_name -> roost.v1.ContainmentState
+	35, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	35, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
+	35, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
+	6,  // 5: roost.v1.Session.spend:type_name -> roost.v1.Spend
+	35, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
+	3,  // 7: roost.v1.Session.usage:type_name -> roost.v1.Usage
+	2,  // 8: roost.v1.Session.identity:type_name -> roost.v1.Identity
+	1,  // 9: roost.v1.Session.stdout:type_name -> roost.v1.LogStats
+	1,  // 10: roost.v1.Session.stderr:type_name -> roost.v1.LogStats
+	36, // 11: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
+	0,  // 12: roost.v1.StageResponse.session:type_name -> roost.v1.Session
+	0,  // 13: roost.v1.LaunchResponse.session:type_name -> roost.v1.Session
+	0,  // 14: roost.v1.GetResponse.session:type_name -> roost.v1.Session
+	0,  // 15: roost.v1.ListResponse.sessions:type_name -> roost.v1.Session
+	0,  // 16: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
+	36, // 17: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
+	0,  // 18: roost.v1.StopResponse.session:type_name -> roost.v1.Session
+	0,  // 19: roost.v1.KillResponse.session:type_name -> roost.v1.Session
+	0,  // 20: roost.v1.PauseResponse.session:type_name -> roost.v1.Session
+	0,  // 21: roost.v1.ResumeResponse.session:type_name -> roost.v1.Session
+	34, // 22: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
+	36, // 23: roost.v1.PruneRequest.until:type_name -> google.protobuf.Duration
+	33, // 24: roost.v1.PruneResponse.removed:type_name -> roost.v1.PrunedSession
+	33, // 25: roost.v1.PruneResponse.kept:type_name -> roost.v1.PrunedSession
+	4,  // 26: roost.v1.PrunedSession.capsule:type_name -> roost.v1.CapsuleRef
+	35, // 27: roost.v1.PrunedSession.ended_at:type_name -> google.protobuf.Timestamp
+	35, // 28: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
+	7,  // 29: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
+	9,  // 30: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
+	11, // 31: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
+	13, // 32: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
+	15, // 33: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
+	17, // 34: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
+	19, // 35: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
+	21, // 36: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
+	23, // 37: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
+	25, // 38: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
+	27, // 39: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
+	29, // 40: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
+	31, // 41: roost.v1.SessionService.Prune:input_type -> roost.v1.PruneRequest
+	8,  // 42: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
+	10, // 43: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
+	12, // 44: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
+	14, // 45: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
+	16, // 46: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
+	18, // 47: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
+	20, // 48: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
+	22, // 49: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
+	24, // 50: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
+	26, // 51: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
+	28, // 52: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
+	30, // 53: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
+	32, // 54: roost.v1.SessionService.Prune:output_type -> roost.v1.PruneResponse
+	42, // [42:55] is the sub-list for method output_type
+	29, // [29:42] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_session_proto_init() }
@@ -2043,14 +2416,14 @@ func file_roost_v1_session_proto_init() {
 		return
 	}
 	file_roost_v1_session_proto_msgTypes[0].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[30].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[34].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_session_proto_rawDesc), len(file_roost_v1_session_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   31,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,7 @@ const (
 	SessionService_Remove_FullMethodName = "/roost.v1.SessionService/Remove"
 	SessionService_Logs_FullMethodName   = "/roost.v1.SessionService/Logs"
 	SessionService_Events_FullMethodName = "/roost.v1.SessionService/Events"
+	SessionService_Prune_FullMethodName  = "/roost.v1.SessionService/Prune"
 )
 
 // SessionServiceClient is the client API for SessionService service.
@@ -64,14 +65,21 @@ type SessionServiceClient interface {
 	Pause(ctx context.Context, in *PauseRequest, opts ...grpc.CallOption) (*PauseResponse, error)
 	// Resume thaws a paused session.
 	Resume(ctx context.Context, in *ResumeRequest, opts ...grpc.CallOption) (*ResumeResponse, error)
-	// Remove forgets a staged or ended session and deletes its records directory.
+	// Remove forgets a staged or ended session, and every session below it, and deletes
+	// their records directories, homes and roost-made workdirs.
 	Remove(ctx context.Context, in *RemoveRequest, opts ...grpc.CallOption) (*RemoveResponse, error)
 	// Logs streams the session's output; with follow set it ends when the session has ended
 	// and all its output has been sent.
 	Logs(ctx context.Context, in *LogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[LogsResponse], error)
 	// Events replays the registry's events after a sequence number, then (with follow) streams
-	// new ones as they are committed.
+	// new ones as they are committed. A sequence number before the events compaction has kept
+	// (see Prune) fails with FAILED_PRECONDITION, naming the oldest event kept.
 	Events(ctx context.Context, in *EventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[EventsResponse], error)
+	// Prune removes ended sessions now, each as Remove does: every one, or those that ended
+	// before a time. A session a live session descends from is kept. The event log is then
+	// compacted to the sessions that remain: events of removed sessions older than the first
+	// event of every session kept are deleted.
+	Prune(ctx context.Context, in *PruneRequest, opts ...grpc.CallOption) (*PruneResponse, error)
 }
 
 type sessionServiceClient struct {
@@ -220,6 +228,16 @@ func (c *sessionServiceClient) Events(ctx context.Context, in *EventsRequest, op
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SessionService_EventsClient = grpc.ServerStreamingClient[EventsResponse]
 
+func (c *sessionServiceClient) Prune(ctx context.Context, in *PruneRequest, opts ...grpc.CallOption) (*PruneResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PruneResponse)
+	err := c.cc.Invoke(ctx, SessionService_Prune_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionServiceServer is the server API for SessionService service.
 // All implementations must embed UnimplementedSessionServiceServer
 // for forward compatibility.
@@ -251,14 +269,21 @@ type SessionServiceServer interface {
 	Pause(context.Context, *PauseRequest) (*PauseResponse, error)
 	// Resume thaws a paused session.
 	Resume(context.Context, *ResumeRequest) (*ResumeResponse, error)
-	// Remove forgets a staged or ended session and deletes its records directory.
+	// Remove forgets a staged or ended session, and every session below it, and deletes
+	// their records directories, homes and roost-made workdirs.
 	Remove(context.Context, *RemoveRequest) (*RemoveResponse, error)
 	// Logs streams the session's output; with follow set it ends when the session has ended
 	// and all its output has been sent.
 	Logs(*LogsRequest, grpc.ServerStreamingServer[LogsResponse]) error
 	// Events replays the registry's events after a sequence number, then (with follow) streams
-	// new ones as they are committed.
+	// new ones as they are committed. A sequence number before the events compaction has kept
+	// (see Prune) fails with FAILED_PRECONDITION, naming the oldest event kept.
 	Events(*EventsRequest, grpc.ServerStreamingServer[EventsResponse]) error
+	// Prune removes ended sessions now, each as Remove does: every one, or those that ended
+	// before a time. A session a live session descends from is kept. The event log is then
+	// compacted to the sessions that remain: events of removed sessions older than the first
+	// event of every session kept are deleted.
+	Prune(context.Context, *PruneRequest) (*PruneResponse, error)
 	mustEmbedUnimplementedSessionServiceServer()
 }
 
@@ -304,6 +329,9 @@ func (UnimplementedSessionServiceServer) Logs(*LogsRequest, grpc.ServerStreaming
 }
 func (UnimplementedSessionServiceServer) Events(*EventsRequest, grpc.ServerStreamingServer[EventsResponse]) error {
 	return status.Error(codes.Unimplemented, "method Events not implemented")
+}
+func (UnimplementedSessionServiceServer) Prune(context.Context, *PruneRequest) (*PruneResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Prune not implemented")
 }
 func (UnimplementedSessionServiceServer) mustEmbedUnimplementedSessionServiceServer() {}
 func (UnimplementedSessionServiceServer) testEmbeddedByValue()                        {}
@@ -528,6 +556,24 @@ func _SessionService_Events_Handler(srv interface{}, stream grpc.ServerStream) e
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SessionService_EventsServer = grpc.ServerStreamingServer[EventsResponse]
 
+func _SessionService_Prune_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PruneRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).Prune(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_Prune_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).Prune(ctx, req.(*PruneRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SessionService_ServiceDesc is the grpc.ServiceDesc for SessionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -574,6 +620,10 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Remove",
 			Handler:    _SessionService_Remove_Handler,
+		},
+		{
+			MethodName: "Prune",
+			Handler:    _SessionService_Prune_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,376 @@
+package roostinit
+
+import (
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	// pipeSize is what roost-init asks of each output pipe: a burst this large never waits
+	// for the pump. The kernel grants up to fs.pipe-max-size (1 MiB by default).
+	pipeSize = 1 << 20
+	// pumpBuffer is what one read takes from a pipe at most.
+	pumpBuffer = 256 << 10
+	// statsInterval is how often logs.json follows the counts while output flows.
+	statsInterval = time.Second
+	// drainGrace bounds the last drain once the program and everything it left are gone:
+	// only a process outside the session (handed the pipe over a socket) can hold it open
+	// longer, and it is not waited for.
+	drainGrace = 2 * time.Second
+)
+
+// logPump carries the program's stdout and stderr from pipes into the records directory,
+// each held to the cap (see LogsFile). It always reads: a write that fails counts as
+// dropped, so the program never waits on the disk's state, only on the pump's pace.
+type logPump struct {
+	dir   int
+	sinks [2]*logSink
+	pipes [2]*os.File
+	// child holds the program's ends of the pipes until it has been started.
+	child [2]int
+	wg    sync.WaitGroup
+
+	mu    sync.Mutex
+	stats LogStats
+	dirty bool
+
+	// cut wakes the flusher when a stream is first cut; stop ends it.
+	cut     chan struct{}
+	stop    chan struct{}
+	flusher chan struct{}
+}
+
+// startPump creates stdout.log and stderr.log in the records directory dirfd and the pipes
+// the program writes to, and starts copying. The program's ends are childFDs.
+func startPump(dirfd int, maxBytes int64) (_ *logPump, err error) {
+	if maxBytes <= 0 {
+		maxBytes = DefaultLogMaxBytes
+	}
+	p := &logPump{
+		dir:     dirfd,
+		child:   [2]int{-1, -1},
+		stats:   LogStats{MaxBytes: maxBytes, UpdatedAt: time.Now().UTC()},
+		cut:     make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+		flusher: make(chan struct{}),
+	}
+	defer func() {
+		if err != nil {
+			p.closeChildEnds()
+			for _, f := range p.pipes {
+				if f != nil {
+					f.Close()
+				}
+			}
+			for _, s := range p.sinks {
+				if s != nil {
+					s.closeFile()
+				}
+			}
+		}
+	}()
+	layout := layoutFor(maxBytes)
+	for i, name := range []string{StdoutStream, StderrStream} {
+		s := &logSink{dir: dirfd, stream: name, layout: layout, stats: p.stats.Stream(name), pump: p}
+		if err := s.openHead(); err != nil {
+			return nil, err
+		}
+		p.sinks[i] = s
+		var fds [2]int
+		if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
+			return nil, err
+		}
+		p.child[i] = fds[1]
+		// Best effort: a smaller pipe only means the program waits sooner in a burst.
+		_, _ = unix.FcntlInt(uintptr(fds[0]), unix.F_SETPIPE_SZ, pipeSize)
+		// roost-init's end is non-blocking, so the runtime's poller waits on it and a
+		// deadline can bound the last drain; the program's end stays blocking, as a
+		// program expects its stdout to be.
+		if err := unix.SetNonblock(fds[0], true); err != nil {
+			unix.Close(fds[0])
+			return nil, err
+		}
+		p.pipes[i] = os.NewFile(uintptr(fds[0]), name)
+	}
+	// The files exist (empty) before the program runs, as roostd made them before.
+	if err := writeJSONAtomically(dirfd, LogsFile, p.stats); err != nil {
+		return nil, err
+	}
+	for i := range p.sinks {
+		p.wg.Add(1)
+		go p.run(p.pipes[i], p.sinks[i])
+	}
+	go p.flush()
+	return p, nil
+}
+
+// childFDs are the program's stdout and stderr.
+func (p *logPump) childFDs() (stdout, stderr int) { return p.child[0], p.child[1] }
+
+// closeChildEnds drops roost-init's copies of the program's ends, once the program holds
+// them: the pipes then read EOF once every process that holds them is gone.
+func (p *logPump) closeChildEnds() {
+	for i, fd := range p.child {
+		if fd >= 0 {
+			unix.Close(fd)
+			p.child[i] = -1
+		}
+	}
+}
+
+func (p *logPump) run(pipe *os.File, s *logSink) {
+	defer p.wg.Done()
+	buf := make([]byte, pumpBuffer)
+	for {
+		n, err := pipe.Read(buf)
+		if n > 0 {
+			s.write(buf[:n])
+		}
+		if err != nil {
+			// EOF: every writer is gone. A deadline: the last drain's grace is over.
+			break
+		}
+	}
+	s.closeFile()
+}
+
+// account adds one chunk's counts to the stream's: written by the program, cut by the cap,
+// lost to a failed write.
+func (p *logPump) account(st *StreamStats, written, cut, failed int64, writeErr error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	first := (cut > 0 && st.CutAt.IsZero()) || (failed > 0 && st.FailedBytes == 0)
+	st.WrittenBytes += written
+	st.DroppedBytes += cut + failed
+	st.FailedBytes += failed
+	if writeErr != nil {
+		st.WriteError = writeErr.Error()
+	}
+	if cut > 0 && st.CutAt.IsZero() {
+		st.CutAt = time.Now().UTC()
+	}
+	p.dirty = true
+	if first {
+		// roostd learns of a cut from logs.json: write it now, not at the next tick.
+		select {
+		case p.cut <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// flush keeps logs.json current while the program runs: at most every statsInterval, and
+// at once when a stream is first cut.
+func (p *logPump) flush() {
+	defer close(p.flusher)
+	tick := time.NewTicker(statsInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-tick.C:
+		case <-p.cut:
+		}
+		p.writeStats(false)
+	}
+}
+
+// writeStats writes logs.json if the counts changed since it was last written.
+func (p *logPump) writeStats(final bool) LogStats {
+	p.mu.Lock()
+	if final {
+		p.stats.Final, p.dirty = true, true
+	}
+	if !p.dirty {
+		st := p.stats
+		p.mu.Unlock()
+		return st
+	}
+	p.stats.UpdatedAt = time.Now().UTC()
+	st := p.stats
+	p.dirty = false
+	p.mu.Unlock()
+	if err := writeJSONAtomically(p.dir, LogsFile, st); err != nil {
+		// A full disk, say: the next tick tries again, and exit.json carries the totals.
+		p.mu.Lock()
+		p.dirty = true
+		p.mu.Unlock()
+	}
+	return st
+}
+
+// finish drains the pipes, which every process of the session has let go (roost-init has
+// killed and reaped them), for at most grace, and writes the final counts. A pipe still
+// held past that, by a process the session handed it to, is abandoned.
+func (p *logPump) finish(grace time.Duration) LogStats {
+	p.closeChildEnds()
+	deadline := time.Now().Add(grace)
+	for _, f := range p.pipes {
+		_ = f.SetReadDeadline(deadline)
+	}
+	drained := make(chan struct{})
+	go func() {
+		p.wg.Wait()
+		close(drained)
+	}()
+	final := true
+	select {
+	case <-drained:
+	case <-time.After(grace + time.Second):
+		// A write that does not return (a hung filesystem): record what is counted.
+		final = false
+	}
+	close(p.stop)
+	<-p.flusher
+	for _, f := range p.pipes {
+		f.Close()
+	}
+	return p.writeStats(final)
+}
+
+// logSink keeps one stream in the records directory: the head, then the rotated tail.
+type logSink struct {
+	dir    int
+	stream string
+	layout logLayout
+	pump   *logPump
+	stats  *StreamStats
+
+	// f is the file being written, nil between files; it holds size bytes. inHead says it
+	// is the head.
+	f      *os.File
+	size   int64
+	inHead bool
+	// offset is the stream offset of the next byte.
+	offset int64
+	// tail is the kept segments, oldest first; the last is f when f is one.
+	tail []segment
+}
+
+type segment struct {
+	name string
+	size int64
+}
+
+func (s *logSink) openHead() error {
+	fd, err := unix.Openat(s.dir, HeadFile(s.stream), unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: HeadFile(s.stream), Err: err}
+	}
+	s.f, s.inHead = os.NewFile(uintptr(fd), HeadFile(s.stream)), true
+	return nil
+}
+
+// limit is how much the current file may hold.
+func (s *logSink) limit() int64 {
+	if s.inHead {
+		return s.layout.head
+	}
+	return s.layout.segment
+}
+
+// write keeps p, the stream's next bytes, as far as the cap and the disk allow.
+func (s *logSink) write(p []byte) {
+	var cut, failed int64
+	var writeErr error
+	written := int64(len(p))
+	for len(p) > 0 {
+		if s.f != nil && s.size >= s.limit() {
+			s.closeFile()
+		}
+		if budget := s.layout.segment * int64(s.layout.segments); !s.inHead && int64(len(p)) > budget {
+			// Past the head, only the chunk's last budget bytes would be kept: what comes
+			// before would only pass through segments rotated away before it ends. Skip
+			// it, and the segments it would have pushed out, without writing it (a tiny
+			// cap would otherwise cost a file per few bytes).
+			skip := int64(len(p)) - budget
+			cut += s.dropTail() + skip
+			s.offset += skip
+			p = p[skip:]
+		}
+		if s.f == nil {
+			d, err := s.next()
+			cut += d
+			if err != nil {
+				// No file to write to: drop this chunk and carry on draining.
+				n := int64(len(p))
+				failed += n
+				s.offset += n
+				writeErr = err
+				break
+			}
+		}
+		chunk := p[:min(int64(len(p)), s.limit()-s.size)]
+		n, err := s.f.Write(chunk)
+		s.size += int64(n)
+		s.offset += int64(len(chunk))
+		p = p[len(chunk):]
+		if err != nil {
+			failed += int64(len(chunk) - n)
+			writeErr = err
+			// What follows goes to a new file, named by its own offset: a gap in the
+			// stream is always between files, where readers mark it. Each chunk tries
+			// again, so output is kept again as soon as there is room.
+			s.closeFile()
+		}
+	}
+	s.pump.account(s.stats, written, cut, failed, writeErr)
+}
+
+// next opens the tail segment that begins at the current offset, and removes the oldest
+// past the cap; it returns the bytes that removal dropped.
+func (s *logSink) next() (int64, error) {
+	name := tailFile(s.stream, s.offset)
+	fd, err := unix.Openat(s.dir, name, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return 0, &os.PathError{Op: "open", Path: name, Err: err}
+	}
+	s.f, s.size, s.inHead = os.NewFile(uintptr(fd), name), 0, false
+	s.tail = append(s.tail, segment{name: name})
+	var dropped int64
+	for len(s.tail) > s.layout.segments {
+		old := s.tail[0]
+		_ = unix.Unlinkat(s.dir, old.name, 0)
+		dropped += old.size
+		s.tail = s.tail[1:]
+	}
+	return dropped, nil
+}
+
+// dropTail ends the current segment and removes every kept one; it returns the bytes they
+// held.
+func (s *logSink) dropTail() int64 {
+	s.closeFile()
+	var dropped int64
+	for _, seg := range s.tail {
+		_ = unix.Unlinkat(s.dir, seg.name, 0)
+		dropped += seg.size
+	}
+	s.tail = nil
+	return dropped
+}
+
+// closeFile ends the current file. An empty segment is removed: its name would claim an
+// offset its bytes never reached.
+func (s *logSink) closeFile() {
+	if s.f == nil {
+		return
+	}
+	s.f.Close()
+	s.f = nil
+	if s.inHead {
+		// The head is written once: what follows it goes to the tail.
+		s.inHead = false
+		return
+	}
+	last := &s.tail[len(s.tail)-1]
+	last.size = s.size
+	if s.size == 0 {
+		_ = unix.Unlinkat(s.dir, last.name, 0)
+		s.tail = s.tail[:len(s.tail)-1]
+	}
+}
