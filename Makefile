@@ -9,7 +9,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null)
 LDFLAGS := -X roost.dev/roost/pkg/version.Version=$(VERSION) -X roost.dev/roost/pkg/version.Commit=$(COMMIT)
 
-.PHONY: all deps build test unit e2e lint vet staticcheck fmt-check proto proto-check buf-lint demo bench fuzz tools clean
+.PHONY: all deps sdk build test unit e2e lint vet staticcheck fmt-check proto proto-check buf-lint demo bench fuzz tools clean
 
 all: build
 
@@ -31,8 +31,25 @@ test: lint unit e2e
 unit: deps
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/e2e)
 
-e2e: deps
+e2e: deps sdk
 	$(GO) test -count=1 ./test/e2e/
+
+## sdk: the official OpenAI and Anthropic SDKs that TestOfficialSDKs runs in sealed sessions,
+## installed exactly as test/e2e/sdk/package-lock.json pins them (npm ci) when node_modules is
+## missing or older than package.json or the lockfile; node and npm come from apt when missing.
+SDK_DIR := test/e2e/sdk
+
+sdk: $(SDK_DIR)/node_modules/.package-lock.json
+
+$(SDK_DIR)/node_modules/.package-lock.json: $(SDK_DIR)/package.json $(SDK_DIR)/package-lock.json
+	@command -v node >/dev/null || { echo "installing nodejs"; export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq nodejs || { apt-get update -qq && apt-get install -y -qq nodejs; }; }
+	@command -v npm >/dev/null || { echo "installing npm"; export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq npm || { apt-get update -qq && apt-get install -y -qq npm; }; }
+	@node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' || \
+		echo "warning: node $$(node --version): the pinned SDKs support Node 20 and later" >&2
+	cd $(SDK_DIR) && npm ci --no-audit --no-fund
+	@touch $@
 
 lint: deps fmt-check vet staticcheck buf-lint proto-check
 

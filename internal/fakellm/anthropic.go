@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // anthropicVersion is the form of an anthropic-version value: a single date. The API refuses
@@ -86,7 +89,9 @@ type message struct {
 	Usage        anthropicUsage `json:"usage"`
 }
 
-func serveMessages(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) {
+// anthropicAuth refuses, and answers for, a request without the configured key or without a
+// valid anthropic-version; then applies Config.Status. It reports whether to go on.
+func anthropicAuth(w http.ResponseWriter, r *http.Request, cfg Config) bool {
 	// x-api-key is the documented header; the SDKs since 1.0 send the key as a bearer token
 	// instead, which the API takes too. x-api-key wins when both are there.
 	key := r.Header.Get("x-api-key")
@@ -98,24 +103,31 @@ func serveMessages(w http.ResponseWriter, r *http.Request, cfg Config, body []by
 	switch {
 	case key == "":
 		anthropicError(w, http.StatusUnauthorized, "authentication_error", "x-api-key header is required")
-		return
+		return false
 	case cfg.APIKey != "" && key != cfg.APIKey:
 		anthropicError(w, http.StatusUnauthorized, "authentication_error", "invalid x-api-key")
-		return
+		return false
 	}
 	// Joined as an HTTP/1.1 intermediary would fold them, so a doubled header reads as the
 	// API reports it.
 	switch version := strings.Join(r.Header.Values("anthropic-version"), ", "); {
 	case version == "":
 		anthropicError(w, http.StatusBadRequest, "invalid_request_error", "anthropic-version: header is required")
-		return
+		return false
 	case !anthropicVersion.MatchString(version):
 		anthropicError(w, http.StatusBadRequest, "invalid_request_error", fmt.Sprintf("anthropic-version: %q is not a valid version", version))
-		return
+		return false
 	}
 	if cfg.Status != 0 {
 		typ, msg := anthropicStatusErr(cfg.Status)
 		anthropicError(w, cfg.Status, typ, msg)
+		return false
+	}
+	return true
+}
+
+func serveMessages(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) {
+	if !anthropicAuth(w, r, cfg) {
 		return
 	}
 	f, err := parseBody(body)
@@ -195,7 +207,7 @@ func serveMessages(w http.ResponseWriter, r *http.Request, cfg Config, body []by
 	}
 
 	anthropicHeaders(w)
-	ev := startSSE(w)
+	ev := startSSE(w, cfg)
 	// The stream opens with the message as it stands before any text: no content, no stop
 	// reason, the whole input usage and a token of output. The final output count arrives
 	// only in message_delta, and is cumulative, not an increment.
@@ -247,3 +259,89 @@ func serveMessages(w http.ResponseWriter, r *http.Request, cfg Config, body []by
 // writeEvent sends v as event name; Anthropic repeats the name as the data's type, and each
 // caller's v does.
 func writeEvent(ev *sse, name string, v any) { ev.event(name, marshal(v)) }
+
+// serveCountTokens answers messages/count_tokens: the input the messages would be, which is
+// Config.InputTokens; nothing is generated.
+func serveCountTokens(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) {
+	if !anthropicAuth(w, r, cfg) {
+		return
+	}
+	f, err := parseBody(body)
+	if err != nil {
+		anthropicError(w, http.StatusBadRequest, "invalid_request_error", "There was an issue with your request body: it is not valid JSON.")
+		return
+	}
+	invalid := func(msg string) {
+		anthropicError(w, http.StatusBadRequest, "invalid_request_error", msg)
+	}
+	if _, ok := f.str("model"); !ok {
+		invalid("model: Field required")
+		return
+	}
+	if msgs, ok := f.array("messages"); !ok || len(msgs) == 0 {
+		invalid("messages: Field required")
+		return
+	}
+	anthropicHeaders(w)
+	writeJSON(w, http.StatusOK, struct {
+		InputTokens int `json:"input_tokens"`
+	}{cfg.InputTokens})
+}
+
+type anthropicModel struct {
+	Type        string `json:"type"`
+	ID          string `json:"id"`
+	DisplayName string `json:"display_name"`
+	CreatedAt   string `json:"created_at"`
+}
+
+// serveAnthropicModels lists the models (id "") a page at a time (limit, after_id), or
+// describes one.
+func serveAnthropicModels(w http.ResponseWriter, r *http.Request, cfg Config, id string) {
+	if !anthropicAuth(w, r, cfg) {
+		return
+	}
+	model := func(id string) anthropicModel {
+		return anthropicModel{Type: "model", ID: id, DisplayName: id, CreatedAt: time.Unix(fakeCreated, 0).UTC().Format(time.RFC3339)}
+	}
+	if id != "" {
+		if !knownModel(cfg, id) {
+			anthropicError(w, http.StatusNotFound, "not_found_error", "model: "+id)
+			return
+		}
+		anthropicHeaders(w)
+		writeJSON(w, http.StatusOK, model(id))
+		return
+	}
+	all := listedModels(cfg)
+	q := r.URL.Query()
+	if after := q.Get("after_id"); after != "" {
+		if i := slices.Index(all, after); i >= 0 {
+			all = all[i+1:]
+		}
+	}
+	limit := 20
+	if l, err := strconv.Atoi(q.Get("limit")); err == nil {
+		if l < 1 || l > 1000 {
+			anthropicError(w, http.StatusBadRequest, "invalid_request_error", "limit: Input should be between 1 and 1000")
+			return
+		}
+		limit = l
+	}
+	page := all[:min(limit, len(all))]
+	data := []anthropicModel{}
+	for _, m := range page {
+		data = append(data, model(m))
+	}
+	var first, last *string
+	if len(page) > 0 {
+		first, last = &page[0], &page[len(page)-1]
+	}
+	anthropicHeaders(w)
+	writeJSON(w, http.StatusOK, struct {
+		Data    []anthropicModel `json:"data"`
+		HasMore bool             `json:"has_more"`
+		FirstID *string          `json:"first_id"`
+		LastID  *string          `json:"last_id"`
+	}{data, len(page) < len(all), first, last})
+}

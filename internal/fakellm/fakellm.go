@@ -7,8 +7,11 @@
 // message_start and message_delta, the Responses API in its final event): a fake that
 // simplified those shapes would let a gateway that misreads the real ones pass.
 //
-// Routes: POST /v1/chat/completions and POST /v1/responses (OpenAI), POST /v1/messages
-// (Anthropic). Anything else is a 404 in the shape of the provider whose path it resembles.
+// Routes: POST /v1/chat/completions (honouring n), /v1/completions (n, best_of, a list of
+// prompts), /v1/responses and /v1/embeddings (OpenAI); POST /v1/messages and
+// /v1/messages/count_tokens (Anthropic); GET /v1/models and /v1/models/{id} in the shape of
+// the provider whose headers the request carries (Anthropic's anthropic-version or x-api-key,
+// else OpenAI's). Anything else is a 404 in the shape of the provider whose path it resembles.
 package fakellm
 
 import (
@@ -46,7 +49,27 @@ type Config struct {
 	// Authentication is checked first, as the real services do, so a gateway that sends the
 	// wrong key is still told so.
 	Status int
+	// Models are what the models routes list, and the only ids they describe; empty lists
+	// DefaultModels and describes any id asked for.
+	Models []string
+
+	// Test-only knobs, for a client's (a gateway's) handling of what real upstreams rarely
+	// do but may.
+
+	// ExceedLimits reports OutputTokens for every answer (every choice) even past the
+	// request's own output limit, as an upstream that ignored the limit would.
+	ExceedLimits bool
+	// SSEComments puts a comment line (": keep-alive") before every event of a stream, as
+	// proxies and some providers do.
+	SSEComments bool
+	// MultilineData spreads each JSON event's data over several data: lines (cut after the
+	// commas between members and elements); a client joins them with newlines, which JSON
+	// takes as whitespace.
+	MultilineData bool
 }
+
+// DefaultModels are the models listed when Config.Models is empty.
+var DefaultModels = []string{"fake-small", "fake-large"}
 
 func (c Config) reply() string {
 	if c.Reply == "" {
@@ -147,13 +170,30 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 
 	path := strings.TrimSuffix(r.URL.Path, "/")
+	model, isModel := strings.CutPrefix(path, "/v1/models/")
+	if !isModel {
+		model = ""
+	}
+	anthropic := r.Header.Get("anthropic-version") != "" || r.Header.Get("x-api-key") != ""
 	switch {
 	case r.Method == http.MethodPost && path == "/v1/chat/completions":
 		serveChat(w, r, cfg, body)
+	case r.Method == http.MethodPost && path == "/v1/completions":
+		serveCompletions(w, r, cfg, body)
 	case r.Method == http.MethodPost && path == "/v1/responses":
 		serveResponses(w, r, cfg, body)
+	case r.Method == http.MethodPost && path == "/v1/embeddings":
+		serveEmbeddings(w, r, cfg, body)
 	case r.Method == http.MethodPost && path == "/v1/messages":
 		serveMessages(w, r, cfg, body)
+	case r.Method == http.MethodPost && path == "/v1/messages/count_tokens":
+		serveCountTokens(w, r, cfg, body)
+	case r.Method == http.MethodGet && (path == "/v1/models" || isModel && model != "" && !strings.Contains(model, "/")):
+		if anthropic {
+			serveAnthropicModels(w, r, cfg, model)
+		} else {
+			serveOpenAIModels(w, r, cfg, model)
+		}
 	case strings.HasPrefix(r.URL.Path, "/v1/messages"):
 		anthropicError(w, http.StatusNotFound, "not_found_error", "Not Found")
 	default:
@@ -282,16 +322,17 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 type sse struct {
 	w   http.ResponseWriter
 	rc  *http.ResponseController
+	cfg Config
 	err error
 }
 
 // startSSE sends the stream's headers, which must already hold the provider's own.
-func startSSE(w http.ResponseWriter) *sse {
+func startSSE(w http.ResponseWriter, cfg Config) *sse {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream; charset=utf-8")
 	h.Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
-	s := &sse{w: w, rc: http.NewResponseController(w)}
+	s := &sse{w: w, rc: http.NewResponseController(w), cfg: cfg}
 	s.flush()
 	return s
 }
@@ -302,12 +343,22 @@ func (s *sse) event(name string, data []byte) {
 		return
 	}
 	var buf bytes.Buffer
+	if s.cfg.SSEComments {
+		buf.WriteString(": keep-alive\n")
+	}
 	if name != "" {
 		buf.WriteString("event: " + name + "\n")
 	}
-	buf.WriteString("data: ")
-	buf.Write(data)
-	buf.WriteString("\n\n")
+	lines := [][]byte{data}
+	if s.cfg.MultilineData && json.Valid(data) {
+		lines = splitJSON(data)
+	}
+	for _, l := range lines {
+		buf.WriteString("data: ")
+		buf.Write(l)
+		buf.WriteString("\n")
+	}
+	buf.WriteString("\n")
 	if _, s.err = s.w.Write(buf.Bytes()); s.err == nil {
 		s.flush()
 	}
@@ -317,6 +368,27 @@ func (s *sse) flush() {
 	if s.err == nil {
 		s.err = s.rc.Flush()
 	}
+}
+
+// splitJSON cuts a JSON text after every comma outside its strings: joined again with
+// newlines it is the same value.
+func splitJSON(data []byte) [][]byte {
+	var out [][]byte
+	start, inString, escaped := 0, false, false
+	for i, c := range data {
+		switch {
+		case escaped:
+			escaped = false
+		case inString && c == '\\':
+			escaped = true
+		case c == '"':
+			inString = !inString
+		case !inString && c == ',':
+			out = append(out, data[start:i+1])
+			start = i + 1
+		}
+	}
+	return append(out, data[start:])
 }
 
 // splitReply cuts text into the pieces a stream sends as deltas: at word starts, as a
@@ -346,7 +418,7 @@ func splitReply(text string) []string {
 // capped is the output usage and whether the request's own limit cut the answer short: the
 // fake has no text to shorten, so it reports what a real model would have stopped at.
 func capped(cfg Config, limit int, limited bool) (int, bool) {
-	if limited && limit < cfg.OutputTokens {
+	if limited && limit < cfg.OutputTokens && !cfg.ExceedLimits {
 		return max(limit, 0), true
 	}
 	return cfg.OutputTokens, false

@@ -950,11 +950,14 @@ func TestNotFound(t *testing.T) {
 		method, path string
 		anthropic    bool
 	}{
-		{"POST", "/v1/completions", false},
-		{"GET", "/v1/models", false},
+		{"POST", "/v1/files", false},
+		{"POST", "/v1/models", false},
+		{"GET", "/v1/models/a/b", false},
+		{"DELETE", "/v1/models/fake-small", false},
 		{"GET", "/v1/chat/completions", false},
 		{"POST", "/", false},
-		{"POST", "/v1/messages/count_tokens", true},
+		{"POST", "/v1/messages/batches", true},
+		{"GET", "/v1/messages/count_tokens", true},
 		{"GET", "/v1/messages", true},
 	} {
 		t.Run(tc.method+tc.path, func(t *testing.T) {

@@ -3,6 +3,7 @@ package fakellm
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 )
@@ -148,6 +149,22 @@ func (p *openAIParams) optionalInt(key string) (int, bool) {
 	return n, ok
 }
 
+// choices reads a count of answers (n, best_of): an integer from 1 to 128, def when absent.
+func (p *openAIParams) choices(key string, def int) int {
+	n, ok := p.optionalInt(key)
+	switch {
+	case !ok:
+		return def
+	case n < 1:
+		p.fail(key, "Invalid '%s': integer below minimum value. Expected a value >= 1, but got %d instead.", key, n)
+		p.err.Code = ptr("integer_below_min_value")
+	case n > 128:
+		p.fail(key, "Invalid '%s': integer above maximum value. Expected a value <= 128, but got %d instead.", key, n)
+		p.err.Code = ptr("integer_above_max_value")
+	}
+	return n
+}
+
 func (p *openAIParams) optionalBool(key string) bool {
 	if p.err != nil || !p.f.has(key) {
 		return false
@@ -286,6 +303,8 @@ func serveChat(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) 
 	if n, ok := p.optionalInt("max_tokens"); ok && (!limited || n < limit) {
 		limit, limited = n, true
 	}
+	// n answers come back, each its own choice, and the usage counts them all.
+	n := p.choices("n", 1)
 	if p.err != nil {
 		openAIError(w, http.StatusBadRequest, *p.err)
 		return
@@ -298,8 +317,8 @@ func serveChat(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) 
 	}
 	var usage chatUsage
 	usage.PromptTokens = cfg.InputTokens
-	usage.CompletionTokens = out
-	usage.TotalTokens = cfg.InputTokens + out
+	usage.CompletionTokens = n * out
+	usage.TotalTokens = cfg.InputTokens + n*out
 
 	id := "chatcmpl-" + randID(29)
 	created := time.Now().Unix()
@@ -310,10 +329,13 @@ func serveChat(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) 
 			Object:  "chat.completion",
 			Created: created,
 			Model:   model,
-			Choices: []chatChoice{{
-				Message:      chatMessage{Role: "assistant", Content: cfg.reply(), Annotations: []any{}},
-				FinishReason: finish,
-			}},
+			Choices: func() []chatChoice {
+				choices := make([]chatChoice, n)
+				for i := range choices {
+					choices[i] = chatChoice{Index: i, Message: chatMessage{Role: "assistant", Content: cfg.reply(), Annotations: []any{}}, FinishReason: finish}
+				}
+				return choices
+			}(),
 			Usage:             usage,
 			ServiceTier:       "default",
 			SystemFingerprint: systemFingerprint,
@@ -322,7 +344,7 @@ func serveChat(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) 
 	}
 
 	openAIHeaders(w)
-	ev := startSSE(w)
+	ev := startSSE(w, cfg)
 	chunk := func(choices []chunkChoice, u any) {
 		c := chatChunk{
 			ID:                id,
@@ -338,20 +360,23 @@ func serveChat(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) 
 		}
 		ev.event("", marshal(c))
 	}
-	delta := func(d any, finish *string) []chunkChoice {
-		return []chunkChoice{{Delta: d, FinishReason: finish}}
-	}
-	chunk(delta(struct {
-		Role    string  `json:"role"`
-		Content string  `json:"content"`
-		Refusal *string `json:"refusal"`
-	}{Role: "assistant"}, nil), rawNull{})
-	for _, part := range splitReply(cfg.reply()) {
+	// Each choice streams in turn, its index on every chunk.
+	for i := range n {
+		delta := func(d any, finish *string) []chunkChoice {
+			return []chunkChoice{{Index: i, Delta: d, FinishReason: finish}}
+		}
 		chunk(delta(struct {
-			Content string `json:"content"`
-		}{part}, nil), rawNull{})
+			Role    string  `json:"role"`
+			Content string  `json:"content"`
+			Refusal *string `json:"refusal"`
+		}{Role: "assistant"}, nil), rawNull{})
+		for _, part := range splitReply(cfg.reply()) {
+			chunk(delta(struct {
+				Content string `json:"content"`
+			}{part}, nil), rawNull{})
+		}
+		chunk(delta(struct{}{}, &finish), rawNull{})
 	}
-	chunk(delta(struct{}{}, &finish), rawNull{})
 	if includeUsage {
 		chunk([]chunkChoice{}, usage)
 	}
@@ -495,7 +520,7 @@ func serveResponses(w http.ResponseWriter, r *http.Request, cfg Config, body []b
 	}
 
 	openAIHeaders(w)
-	ev := startSSE(w)
+	ev := startSSE(w, cfg)
 	seq := 0
 	emit := func(e responseEvent) {
 		e.SequenceNumber = seq
@@ -528,4 +553,216 @@ func serveResponses(w http.ResponseWriter, r *http.Request, cfg Config, body []b
 		final = "response.incomplete"
 	}
 	emit(responseEvent{Type: final, Response: &resp})
+}
+
+// completionsDefaultMaxTokens is what legacy completions produce at most when the request
+// sets no max_tokens.
+const completionsDefaultMaxTokens = 16
+
+type textChoice struct {
+	Text         string  `json:"text"`
+	Index        int     `json:"index"`
+	Logprobs     any     `json:"logprobs"`
+	FinishReason *string `json:"finish_reason"`
+}
+
+type textCompletion struct {
+	ID                string       `json:"id"`
+	Object            string       `json:"object"`
+	Created           int64        `json:"created"`
+	Model             string       `json:"model"`
+	SystemFingerprint string       `json:"system_fingerprint"`
+	Choices           []textChoice `json:"choices"`
+	Usage             any          `json:"usage,omitempty"`
+}
+
+// serveCompletions answers the legacy completions API: n choices for each prompt (a string,
+// a token list, or a list of either), generated best_of times each, all of which count in
+// the usage.
+func serveCompletions(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) {
+	p := openAIRequest(w, r, cfg, body)
+	if p == nil {
+		return
+	}
+	model := p.requiredString("model")
+	prompts := 1
+	if p.err == nil {
+		if !p.f.has("prompt") {
+			p.fail("prompt", "Missing required parameter: 'prompt'.")
+		} else if list, ok := p.f.array("prompt"); ok && len(list) > 0 && kind(list[0]) != "an integer" {
+			prompts = len(list)
+		}
+	}
+	stream := p.optionalBool("stream")
+	limit, limited := p.optionalInt("max_tokens")
+	if !limited {
+		limit, limited = completionsDefaultMaxTokens, true
+	}
+	n := p.choices("n", 1)
+	bestOf := p.choices("best_of", n)
+	if p.err == nil && bestOf < n {
+		p.fail("best_of", "best_of must be greater than or equal to n.")
+	}
+	if p.err == nil && stream && bestOf > n {
+		p.fail("best_of", "Cannot stream results with best_of greater than n.")
+	}
+	includeUsage := false
+	if p.err == nil && p.f.has("stream_options") {
+		if !stream {
+			p.fail("stream_options", "The 'stream_options' parameter is only allowed when 'stream' is enabled.")
+		} else if opts, err := parseBody(p.f["stream_options"]); err != nil {
+			p.failType("stream_options", "an object")
+		} else {
+			op := &openAIParams{f: opts}
+			includeUsage = op.optionalBool("include_usage")
+			if op.err != nil {
+				p.fail("stream_options.include_usage", "Invalid type for 'stream_options.include_usage': expected a boolean, but got %s instead.", kind(opts["include_usage"]))
+			}
+		}
+	}
+	if p.err != nil {
+		openAIError(w, http.StatusBadRequest, *p.err)
+		return
+	}
+	out, truncated := capped(cfg, limit, limited)
+	finish := "stop"
+	if truncated {
+		finish = "length"
+	}
+	usage := chatUsage{PromptTokens: cfg.InputTokens, CompletionTokens: prompts * bestOf * out}
+	usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
+	c := textCompletion{ID: "cmpl-" + randID(29), Object: "text_completion", Created: time.Now().Unix(), Model: model, SystemFingerprint: systemFingerprint}
+	openAIHeaders(w)
+	if !stream {
+		for i := range prompts * n {
+			c.Choices = append(c.Choices, textChoice{Text: cfg.reply(), Index: i, FinishReason: &finish})
+		}
+		c.Usage = usage
+		writeJSON(w, http.StatusOK, c)
+		return
+	}
+	ev := startSSE(w, cfg)
+	for i := range prompts * n {
+		parts := splitReply(cfg.reply())
+		for j, part := range parts {
+			chunk := c
+			var fr *string
+			if j == len(parts)-1 {
+				fr = &finish
+			}
+			chunk.Choices = []textChoice{{Text: part, Index: i, FinishReason: fr}}
+			ev.event("", marshal(chunk))
+		}
+	}
+	if includeUsage {
+		chunk := c
+		chunk.Choices, chunk.Usage = []textChoice{}, usage
+		ev.event("", marshal(chunk))
+	}
+	ev.event("", []byte("[DONE]"))
+}
+
+// embeddingDimensions is the length of every embedding when the request sets none.
+const embeddingDimensions = 8
+
+// serveEmbeddings answers one embedding per input (a string, a token list, or a list of
+// either); the usage is input only.
+func serveEmbeddings(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) {
+	p := openAIRequest(w, r, cfg, body)
+	if p == nil {
+		return
+	}
+	model := p.requiredString("model")
+	inputs := 1
+	if p.err == nil {
+		if !p.f.has("input") {
+			p.fail("input", "Missing required parameter: 'input'.")
+		} else if list, ok := p.f.array("input"); ok && len(list) > 0 && kind(list[0]) != "an integer" {
+			inputs = len(list)
+		}
+	}
+	dims, ok := p.optionalInt("dimensions")
+	if !ok {
+		dims = embeddingDimensions
+	} else if p.err == nil && dims < 1 {
+		p.fail("dimensions", "Invalid 'dimensions': integer below minimum value. Expected a value >= 1, but got %d instead.", dims)
+	}
+	if p.err != nil {
+		openAIError(w, http.StatusBadRequest, *p.err)
+		return
+	}
+	type embedding struct {
+		Object    string    `json:"object"`
+		Index     int       `json:"index"`
+		Embedding []float64 `json:"embedding"`
+	}
+	data := make([]embedding, inputs)
+	for i := range data {
+		v := make([]float64, min(dims, 4096))
+		for j := range v {
+			v[j] = float64((i+j)%7) / 7
+		}
+		data[i] = embedding{Object: "embedding", Index: i, Embedding: v}
+	}
+	openAIHeaders(w)
+	writeJSON(w, http.StatusOK, struct {
+		Object string      `json:"object"`
+		Data   []embedding `json:"data"`
+		Model  string      `json:"model"`
+		Usage  any         `json:"usage"`
+	}{"list", data, model, map[string]int{"prompt_tokens": cfg.InputTokens, "total_tokens": cfg.InputTokens}})
+}
+
+// fakeCreated is when every listed model was made: a fixed time, so listings compare equal.
+const fakeCreated = 1700000000
+
+// listedModels is what the models routes list.
+func listedModels(cfg Config) []string {
+	if len(cfg.Models) > 0 {
+		return cfg.Models
+	}
+	return DefaultModels
+}
+
+// knownModel says whether the models routes describe id.
+func knownModel(cfg Config, id string) bool {
+	return len(cfg.Models) == 0 || slices.Contains(cfg.Models, id)
+}
+
+type openAIModel struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// serveOpenAIModels lists the models (id "") or describes one.
+func serveOpenAIModels(w http.ResponseWriter, r *http.Request, cfg Config, id string) {
+	if !openAIAuth(w, r, cfg) {
+		return
+	}
+	if cfg.Status != 0 {
+		openAIError(w, cfg.Status, openAIStatusErr(cfg.Status))
+		return
+	}
+	openAIHeaders(w)
+	if id != "" {
+		if !knownModel(cfg, id) {
+			openAIError(w, http.StatusNotFound, openAIErr{
+				Message: fmt.Sprintf("The model '%s' does not exist", id),
+				Type:    "invalid_request_error", Param: ptr("model"), Code: ptr("model_not_found"),
+			})
+			return
+		}
+		writeJSON(w, http.StatusOK, openAIModel{ID: id, Object: "model", Created: fakeCreated, OwnedBy: "fakellm"})
+		return
+	}
+	var data []openAIModel
+	for _, m := range listedModels(cfg) {
+		data = append(data, openAIModel{ID: m, Object: "model", Created: fakeCreated, OwnedBy: "fakellm"})
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Object string        `json:"object"`
+		Data   []openAIModel `json:"data"`
+	}{"list", data})
 }

@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strings"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -79,6 +81,118 @@ type Upstream struct {
 	// DefaultMaxOutputTokens is what a request that sets no output limit is admitted for
 	// (DefaultMaxOutputTokens when 0).
 	DefaultMaxOutputTokens int64 `yaml:"default_max_output_tokens"`
+	// Models are the model names the spend metrics keep as their model label, besides a
+	// capsule's own inference.model; a call naming any other model counts as "other".
+	Models []string `yaml:"models"`
+	// Routes are forwarded besides the built-in routes of the upstream's format.
+	Routes []Route `yaml:"routes"`
+}
+
+// Route is one API route the operator lets sessions call on an upstream besides the built-in
+// ones of its format (pkg/gateway lists those).
+type Route struct {
+	// Method is GET, POST, PUT, PATCH or DELETE.
+	Method string `yaml:"method"`
+	// Path is the route as a client names it under $ROOST_ENDPOINT/v1/inference/<upstream>/
+	// and as it is sent after the upstream's url ("v1/audio/speech"). A segment {name}
+	// stands for any one segment ("v1/files/{id}/content").
+	Path string `yaml:"path"`
+	// Metered must be said: false forwards the route without admission and never charges
+	// it; true admits each call for Tokens and settles it from the usage the answer reports
+	// in a shape the gateway reads, else charges Tokens.
+	Metered *bool `yaml:"metered"`
+	// Tokens is what a call of a metered route is admitted for: its worst case.
+	Tokens int64 `yaml:"tokens"`
+	// Query names the query parameters forwarded; a call carrying any other is refused.
+	Query []string `yaml:"query"`
+}
+
+// RouteMethods are the methods a declared route may have.
+var RouteMethods = []string{"GET", "POST", "PUT", "PATCH", "DELETE"}
+
+// builtinRoutes are the routes pkg/gateway forwards for each format on its own, with {}
+// for a wildcard segment; a declared route may not repeat one (pkg/gateway's tests hold
+// the two lists together).
+var builtinRoutes = map[string][]string{
+	FormatOpenAI: {"POST v1/chat/completions", "POST v1/responses", "POST v1/completions", "POST v1/embeddings",
+		"GET v1/models", "GET v1/models/{}"},
+	FormatAnthropic: {"POST v1/messages", "POST v1/messages/count_tokens", "GET v1/models", "GET v1/models/{}"},
+}
+
+// maxRouteTokens bounds a metered route's admission as the ledger does (ledger.MaxTokens).
+const maxRouteTokens = 1 << 40
+
+var (
+	routeSegmentRE  = regexp.MustCompile(`^[A-Za-z0-9_~:@-][A-Za-z0-9._~:@-]*$`)
+	routeWildcardRE = regexp.MustCompile(`^\{[A-Za-z_][A-Za-z0-9_]*\}$`)
+	queryNameRE     = regexp.MustCompile(`^[A-Za-z0-9_.\[\]-]+$`)
+)
+
+// RouteKey is a route's method and path with every wildcard segment written {}: two routes
+// with the same key match the same calls.
+func RouteKey(method, path string) string {
+	segs := strings.Split(path, "/")
+	for i, s := range segs {
+		if routeWildcardRE.MatchString(s) {
+			segs[i] = "{}"
+		}
+	}
+	return method + " " + strings.Join(segs, "/")
+}
+
+// checkRoutes validates an upstream's models and declared routes.
+func (u *Upstream) checkRoutes(at string) error {
+	models := map[string]bool{}
+	for j, m := range u.Models {
+		switch {
+		case m == "" || len(m) > 256 || strings.ContainsFunc(m, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+			return fmt.Errorf("%s.models[%d]: %q: expected a model name (1 to 256 printable characters)", at, j, m)
+		case m == "other":
+			return fmt.Errorf("%s.models[%d]: \"other\" is the label of every model not listed", at, j)
+		case models[m]:
+			return fmt.Errorf("%s.models[%d]: %q is listed twice", at, j, m)
+		}
+		models[m] = true
+	}
+	seen := map[string]bool{}
+	for _, b := range builtinRoutes[u.Format] {
+		seen[b] = true
+	}
+	for j := range u.Routes {
+		r := &u.Routes[j]
+		rat := fmt.Sprintf("%s.routes[%d]", at, j)
+		if !slices.Contains(RouteMethods, r.Method) {
+			return fmt.Errorf("%s.method: %q: expected one of %s", rat, r.Method, strings.Join(RouteMethods, ", "))
+		}
+		r.Path = strings.TrimPrefix(r.Path, "/")
+		if r.Path == "" {
+			return fmt.Errorf("%s.path: a route's path is required (e.g. v1/audio/speech)", rat)
+		}
+		for _, seg := range strings.Split(r.Path, "/") {
+			if !routeSegmentRE.MatchString(seg) && !routeWildcardRE.MatchString(seg) {
+				return fmt.Errorf("%s.path: %q: segment %q: expected letters, digits and _~:@-. (not leading with '.'), or a {name} wildcard", rat, r.Path, seg)
+			}
+		}
+		key := RouteKey(r.Method, r.Path)
+		if seen[key] {
+			return fmt.Errorf("%s: %s %s is built in or declared before", rat, r.Method, r.Path)
+		}
+		seen[key] = true
+		switch {
+		case r.Metered == nil:
+			return fmt.Errorf("%s.metered: say whether the gateway meters %s %s: metered: false forwards it uncharged; metered: true with tokens: N admits each call for N", rat, r.Method, r.Path)
+		case *r.Metered && (r.Tokens <= 0 || r.Tokens > maxRouteTokens):
+			return fmt.Errorf("%s.tokens: %d: a metered route needs what a call is admitted for, 1 to %d", rat, r.Tokens, int64(maxRouteTokens))
+		case !*r.Metered && r.Tokens != 0:
+			return fmt.Errorf("%s.tokens: %d: an unmetered route is never charged; drop tokens or say metered: true", rat, r.Tokens)
+		}
+		for k, q := range r.Query {
+			if !queryNameRE.MatchString(q) {
+				return fmt.Errorf("%s.query[%d]: %q is not a query parameter name", rat, k, q)
+			}
+		}
+	}
+	return nil
 }
 
 // DefaultMaxOutputTokens is the output a call without its own limit is admitted for.
@@ -196,6 +310,9 @@ func Parse(data []byte, file string) (*Config, error) {
 			return nil, fmt.Errorf("%s.default_max_output_tokens: %d: must be more than 0", at, u.DefaultMaxOutputTokens)
 		case u.DefaultMaxOutputTokens == 0:
 			c.Inference.Upstreams[i].DefaultMaxOutputTokens = DefaultMaxOutputTokens
+		}
+		if err := c.Inference.Upstreams[i].checkRoutes(at); err != nil {
+			return nil, err
 		}
 	}
 	return &c, nil

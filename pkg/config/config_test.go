@@ -88,3 +88,57 @@ func TestSessionsAndEnv(t *testing.T) {
 		t.Fatalf("a key file only its group may read: %v", err)
 	}
 }
+
+// An upstream's models list and declared routes: each route says whether it is metered
+// (and then what a call is admitted for), may not repeat a built-in route or another, and
+// has a clean path.
+func TestUpstreamRoutes(t *testing.T) {
+	head := "inference:\n  upstreams:\n    - name: openai\n      format: openai\n      url: https://api.openai.com\n      api_key_file: /k\n"
+	good := head + `      models: [gpt-4o, gpt-4o-mini]
+      routes:
+        - {method: POST, path: v1/audio/speech, metered: false}
+        - {method: POST, path: /v1/images/generations, metered: true, tokens: 5000}
+        - {method: GET, path: "v1/files/{id}/content", metered: false, query: [limit]}
+`
+	c, err := Parse([]byte(good), "roostd.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := c.Inference.Upstreams[0]
+	if len(u.Models) != 2 || len(u.Routes) != 3 || u.Routes[1].Path != "v1/images/generations" || !*u.Routes[1].Metered || u.Routes[1].Tokens != 5000 || *u.Routes[0].Metered || u.Routes[2].Query[0] != "limit" {
+		t.Fatalf("%+v", u)
+	}
+	route := func(r string) string { return head + "      routes:\n        - " + r + "\n" }
+	for src, want := range map[string]string{
+		route(`{method: POST, path: v1/audio/speech}`):                                                          "routes[0].metered: say whether",
+		route(`{method: POST, path: v1/x, metered: true}`):                                                      "routes[0].tokens: 0: a metered route needs",
+		route(`{method: POST, path: v1/x, metered: false, tokens: 5}`):                                          "routes[0].tokens: 5: an unmetered route",
+		route(`{method: post, path: v1/x, metered: false}`):                                                     `routes[0].method: "post"`,
+		route(`{method: HEAD, path: v1/x, metered: false}`):                                                     `routes[0].method: "HEAD"`,
+		route(`{method: POST, path: "v1/../admin", metered: false}`):                                            `segment ".."`,
+		route(`{method: POST, path: "v1//x", metered: false}`):                                                  `segment ""`,
+		route(`{method: POST, path: "v1/a%2fb", metered: false}`):                                               `segment "a%2fb"`,
+		route(`{method: POST, path: "v1\\x", metered: false}`):                                                  `segment "v1\\x"`,
+		route(`{method: POST, path: "", metered: false}`):                                                       "routes[0].path: a route's path is required",
+		route(`{method: POST, path: v1/chat/completions, metered: false}`):                                      "POST v1/chat/completions is built in",
+		route(`{method: GET, path: "v1/models/{model}", metered: false}`):                                       "GET v1/models/{model} is built in",
+		route(`{method: GET, path: v1/x, metered: false, query: ["a=b"]}`):                                      `routes[0].query[0]: "a=b"`,
+		route(`{method: GET, path: v1/x, metered: true, tokens: 1099511627777}`):                                "tokens: 1099511627777",
+		route("{method: GET, path: v1/x, metered: false}\n        - {method: GET, path: v1/x, metered: false}"): "routes[1]: GET v1/x is built in or declared before",
+		head + "      models: [a, a]\n":                                                                         `models[1]: "a" is listed twice`,
+		head + "      models: [other]\n":                                                                        `models[0]: "other" is the label`,
+		head + "      models: [\"\"]\n":                                                                         `models[0]: ""`,
+		head + "      routes:\n        - {method: POST, path: v1/x, metred: false}\n":                           "field metred not found",
+	} {
+		if _, err := Parse([]byte(src), "roostd.yaml"); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v (want %q)", src, err, want)
+		}
+	}
+	// The same path under another method, or on the other format, is another route.
+	if _, err := Parse([]byte(route(`{method: GET, path: v1/chat/completions, metered: false}`)), "roostd.yaml"); err != nil {
+		t.Errorf("GET chat/completions: %v", err)
+	}
+	if _, err := Parse([]byte(strings.Replace(route(`{method: POST, path: v1/chat/completions, metered: false}`), "format: openai", "format: anthropic", 1)), "roostd.yaml"); err != nil {
+		t.Errorf("chat/completions on anthropic: %v", err)
+	}
+}

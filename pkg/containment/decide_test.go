@@ -99,7 +99,7 @@ func TestGrantsNeverClaimWhatAPlainProcessCannotHold(t *testing.T) {
 			t.Errorf("values: %+v %+v", byKey["network.allow"], byKey["resources.max_open_files"])
 		}
 	}
-	// RLIMIT_AS only when declared.
+	// RLIMIT_AS always in a class without a cgroup (at its default when undeclared).
 	declared := policy(t, "capabilities: {resources: {memory_bytes: 1073741824}}")
 	for _, g := range Grants(manifest.Advisory, &declared, false) {
 		if g.Key == "resources.memory_bytes" && g.Enforcement != Enforced {
@@ -107,8 +107,8 @@ func TestGrantsNeverClaimWhatAPlainProcessCannotHold(t *testing.T) {
 		}
 	}
 	for _, g := range Grants(manifest.Advisory, &p, false) {
-		if g.Key == "resources.memory_bytes" && g.Enforcement != NotApplicable {
-			t.Errorf("an undeclared memory_bytes is %q", g.Enforcement)
+		if g.Key == "resources.memory_bytes" && (g.Enforcement != Enforced || g.Value != "68719476736 (default)") {
+			t.Errorf("an undeclared memory_bytes is %q, %q", g.Enforcement, g.Value)
 		}
 	}
 	// Nothing is claimed for a class there is no runtime for.

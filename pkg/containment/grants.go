@@ -26,10 +26,11 @@ type Grant struct {
 }
 
 // Rlimits are the resource limits a session's processes get, one per resources key that
-// maps to an rlimit. RLIMIT_AS only when the manifest declares resources.memory_bytes: address
-// space is not memory (runtimes with a JIT, a garbage collector or sanitizers reserve far
-// more than they touch), and the cgroup holds memory where there is one.
-func Rlimits(p *manifest.Policy) []Rlimit {
+// maps to an rlimit. RLIMIT_AS is address space, not memory: where a cgroup holds memory
+// (scoped, sealed) it is set only when the manifest declares resources.memory_bytes; in a
+// class without a cgroup it is the only ceiling there is, so it always applies, at a default
+// (manifest.DefaultMemoryBytes) sized for runtimes that reserve far more than they touch.
+func Rlimits(class manifest.Class, p *manifest.Policy) []Rlimit {
 	r := p.Resources
 	out := []Rlimit{
 		{Name: "resources.max_open_files", Resource: unix.RLIMIT_NOFILE, Value: uint64(r.MaxOpenFiles.Value)},
@@ -37,18 +38,26 @@ func Rlimits(p *manifest.Policy) []Rlimit {
 		{Name: "resources.cpu_seconds", Resource: unix.RLIMIT_CPU, Value: uint64(r.CPUSeconds.Value)},
 		{Name: "resources.max_processes", Resource: unix.RLIMIT_NPROC, Value: uint64(r.MaxProcesses.Value)},
 	}
-	if r.MemoryBytes.Declared != nil {
+	if r.MemoryBytes.Declared != nil || !hasCgroup(class) {
 		out = append(out, Rlimit{Name: "resources.memory_bytes", Resource: unix.RLIMIT_AS, Value: uint64(r.MemoryBytes.Value)})
 	}
 	return out
 }
 
-// memoryBytes is how resources.memory_bytes is held: RLIMIT_AS when declared, nothing when not.
-func memoryBytes(p *manifest.Policy) [2]string {
-	if p.Resources.MemoryBytes.Declared == nil {
-		return [2]string{NotApplicable, "no RLIMIT_AS unless declared (address space is not memory: JITs, garbage collectors and sanitizers reserve far more than they use)"}
+// hasCgroup says whether a class's sessions run in a cgroup of their own.
+func hasCgroup(class manifest.Class) bool {
+	return class == manifest.Scoped || class == manifest.Sealed
+}
+
+// memoryBytes is how resources.memory_bytes is held in a class.
+func memoryBytes(class manifest.Class, p *manifest.Policy) [2]string {
+	switch {
+	case p.Resources.MemoryBytes.Declared != nil:
+		return [2]string{Enforced, "RLIMIT_AS on every process (address space, which runtimes with a JIT or a garbage collector reserve far beyond what they use)"}
+	case hasCgroup(class):
+		return [2]string{NotApplicable, "not set: the cgroup's memory limit (resources.cgroup_memory_bytes) holds memory; RLIMIT_AS applies only when declared"}
 	}
-	return [2]string{Enforced, "RLIMIT_AS on every process"}
+	return [2]string{Enforced, "RLIMIT_AS on every process, the only memory ceiling in a class without a cgroup; the default is sized for Node, the JVM and Go, which reserve far more address space than they use"}
 }
 
 // Grants lists every key of the policy with how a session of class holds it on this host;
@@ -190,7 +199,7 @@ func plainGrants(class manifest.Class, p *manifest.Policy, asRoot bool) []Grant 
 		"resources.cgroup_pids_max":     {Advisory, noKernel + " (no cgroup)"},
 		"resources.cgroup_cpu_percent":  {Advisory, noKernel + " (no cgroup)"},
 		"resources.max_processes":       nproc,
-		"resources.memory_bytes":        memoryBytes(p),
+		"resources.memory_bytes":        memoryBytes(class, p),
 		"resources.workdir_max_bytes":   workdirGuard,
 	}).grants(p)
 }
@@ -224,7 +233,7 @@ func scopedGrants(p *manifest.Policy) []Grant {
 		"resources.cgroup_pids_max":     {Enforced, "cgroup pids.max"},
 		"resources.cgroup_cpu_percent":  {Enforced, "cgroup cpu quota per 100ms period"},
 		"resources.max_processes":       {Enforced, "cgroup pids.max holds the count, and RLIMIT_NPROC against the session's own uid"},
-		"resources.memory_bytes":        memoryBytes(p),
+		"resources.memory_bytes":        memoryBytes(manifest.Scoped, p),
 		"resources.workdir_max_bytes":   workdirGuard,
 	}).grants(p)
 }
@@ -257,7 +266,7 @@ func sealedGrants(p *manifest.Policy) []Grant {
 		"resources.cgroup_pids_max":     {Enforced, "cgroup pids.max"},
 		"resources.cgroup_cpu_percent":  {Enforced, "cgroup cpu quota per 100ms period"},
 		"resources.max_processes":       {Enforced, "cgroup pids.max holds the count, and RLIMIT_NPROC against the session's own uid range"},
-		"resources.memory_bytes":        memoryBytes(p),
+		"resources.memory_bytes":        memoryBytes(manifest.Sealed, p),
 		"resources.workdir_max_bytes":   {Enforced, workdirGuard[1] + "; /tmp is a tmpfs of at most this size"},
 	}).grants(p)
 }

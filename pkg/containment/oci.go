@@ -182,7 +182,7 @@ func present(paths []string) []string {
 // ociRlimits are the session's rlimits as the OCI spec names them.
 func ociRlimits(p *manifest.Policy) []specs.POSIXRlimit {
 	var out []specs.POSIXRlimit
-	for _, rl := range Rlimits(p) {
+	for _, rl := range Rlimits(manifest.Sealed, p) {
 		name, ok := rlimitNames[rl.Resource]
 		if !ok {
 			continue

@@ -1,11 +1,17 @@
 package containment
 
 import (
+	"context"
 	"debug/elf"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"roost.dev/roost/pkg/manifest"
 )
 
 // loader is the dynamic loader /usr/bin/true names: always on a session's exec allowlist,
@@ -81,22 +87,51 @@ func TestRenamesAcrossDirectories(t *testing.T) {
 	expectOutput(t, out+errOut, "moved", "linked")
 }
 
-// Runtimes that reserve address space run: no RLIMIT_AS unless the manifest declares one.
-func TestNoAddressSpaceLimitByDefault(t *testing.T) {
+// Runtimes that reserve address space run: where a cgroup holds memory there is no RLIMIT_AS
+// unless the manifest declares one; where none does, RLIMIT_AS is the ceiling, at a default
+// sized for them.
+func TestAddressSpaceLimitOnlyWhereNothingBetter(t *testing.T) {
 	_, out, _, _ := scopedRun(t, "capabilities: {containment: scoped}", `echo "as=$(ulimit -v)"`)
 	expectOutput(t, out, "as=unlimited")
 	declared := policy(t, "capabilities: {resources: {memory_bytes: 1073741824}}")
 	undeclared := policy(t, "")
-	has := func(rls []Rlimit) bool {
+	as := func(rls []Rlimit) int64 {
 		for _, r := range rls {
-			if r.Name == "resources.memory_bytes" {
-				return r.Value == 1073741824
+			if r.Resource == unix.RLIMIT_AS {
+				return int64(r.Value)
 			}
 		}
-		return false
+		return -1
 	}
-	if !has(Rlimits(&declared)) || has(Rlimits(&undeclared)) {
-		t.Fatalf("RLIMIT_AS: declared %+v, undeclared %+v", Rlimits(&declared), Rlimits(&undeclared))
+	for _, class := range []manifest.Class{manifest.Unconfined, manifest.Advisory, manifest.Scoped, manifest.Sealed} {
+		if got := as(Rlimits(class, &declared)); got != 1073741824 {
+			t.Errorf("%s, declared: RLIMIT_AS %d", class, got)
+		}
+		want := int64(-1)
+		if class == manifest.Unconfined || class == manifest.Advisory {
+			want = manifest.DefaultMemoryBytes
+		}
+		if got := as(Rlimits(class, &undeclared)); got != want {
+			t.Errorf("%s, undeclared: RLIMIT_AS %d, want %d", class, got, want)
+		}
+	}
+	// What a class without a cgroup applies is what its program sees.
+	s := spec(t, "/bin/sh", "-c", `ulimit -v`)
+	s.Rlimits = Rlimits(manifest.Advisory, &undeclared)
+	p, err := NewProcessRuntime(SelfInit).Start(context.Background(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, p)
+	if got, want := readFile(t, filepath.Join(s.RecordsDir, StdoutFile)), fmt.Sprintf("%d\n", manifest.DefaultMemoryBytes/1024); got != want {
+		t.Fatalf("ulimit -v in a class without a cgroup: %q, want %q", got, want)
+	}
+	for class, want := range map[manifest.Class]string{manifest.Advisory: Enforced, manifest.Scoped: NotApplicable, manifest.Sealed: NotApplicable} {
+		for _, g := range Grants(class, &undeclared, false) {
+			if g.Key == "resources.memory_bytes" && g.Enforcement != want {
+				t.Errorf("%s explains resources.memory_bytes as %s (%s), want %s", class, g.Enforcement, g.Mechanism, want)
+			}
+		}
 	}
 }
 

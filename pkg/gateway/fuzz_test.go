@@ -2,7 +2,13 @@ package gateway
 
 import (
 	"bytes"
-	"net/http/httptest"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/url"
+	"path"
+	"slices"
+	"strings"
 	"testing"
 
 	"roost.dev/roost/pkg/config"
@@ -10,24 +16,49 @@ import (
 )
 
 // FuzzUsage feeds the meter whatever an upstream might answer, as JSON and as an event
-// stream: it never panics, passes a stream through byte for byte, and reports only usage the
-// ledger accepts.
+// stream: it never panics, reports only usage the ledger accepts, reads the same whether the
+// answer arrives whole, cut in two anywhere or a byte at a time, and the body the proxy
+// copies passes through it unchanged.
 func FuzzUsage(f *testing.F) {
-	f.Add([]byte(`{"usage":{"prompt_tokens":12,"completion_tokens":30}}`))
-	f.Add([]byte(`{"type":"message_start","message":{"usage":{"input_tokens":7,"cache_read_input_tokens":3}}}`))
-	f.Add([]byte("event: response.completed\ndata: {\"response\":{\"usage\":{\"input_tokens\":1,\"output_tokens\":2}}}\n\n"))
-	f.Add([]byte("data: {\"usage\":{\"prompt_tokens\":-5,\"completion_tokens\":99999999999999999}}\n\ndata: [DONE]\n"))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		var m usageMeter
-		m.json(data)
-		check(t, m.usage())
-		var s usageMeter
-		w := httptest.NewRecorder()
-		s.stream(w, bytes.NewReader(data))
-		if !bytes.Equal(w.Body.Bytes(), data) {
-			t.Fatalf("the stream came through changed")
+	f.Add([]byte(`{"usage":{"prompt_tokens":12,"completion_tokens":30}}`), uint16(7))
+	f.Add([]byte(`{"type":"message_start","message":{"usage":{"input_tokens":7,"cache_read_input_tokens":3}}}`), uint16(0))
+	f.Add([]byte("event: response.completed\ndata: {\"response\":{\"usage\":{\"input_tokens\":1,\"output_tokens\":2}}}\n\n"), uint16(40))
+	f.Add([]byte("data: {\"usage\":{\"prompt_tokens\":-5,\"completion_tokens\":99999999999999999}}\n\ndata: [DONE]\n"), uint16(3))
+	f.Add([]byte(": c\r\ndata: {\"choices\":[],\r\ndata: \"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\r\n\r\ndata: [DONE]\r\r"), uint16(17))
+	f.Add([]byte("data: {\"usage\":{\"input_tokens\":9223372036854775807,\"cache_read_input_tokens\":9223372036854775807}}\n\n"), uint16(9))
+	f.Fuzz(func(t *testing.T, data []byte, cut uint16) {
+		for _, sse := range []bool{false, true} {
+			whole := &meter{sse: sse}
+			whole.Write(data)
+			whole.end()
+			u, final := whole.usage()
+			check(t, u)
+
+			at := int(cut) % (len(data) + 1)
+			split := &meter{sse: sse}
+			split.Write(data[:at])
+			split.Write(data[at:])
+			split.end()
+			bytewise := &meter{sse: sse}
+			for i := range data {
+				bytewise.Write(data[i : i+1])
+			}
+			bytewise.end()
+			for _, other := range []*meter{split, bytewise} {
+				if ou, of := other.usage(); of != final || (ou == nil) != (u == nil) || (u != nil && *ou != *u) {
+					t.Fatalf("sse %v: read whole %+v %v, in pieces %+v %v", sse, u, final, ou, of)
+				}
+			}
+
+			through := &meter{sse: sse}
+			got, err := io.ReadAll(&meteredBody{ReadCloser: io.NopCloser(bytes.NewReader(data)), meter: through})
+			if err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("the answer came through changed")
+			}
+			if tu, tf := through.usage(); tf != final || (tu == nil) != (u == nil) || (u != nil && *tu != *u) {
+				t.Fatalf("read through the body: %+v %v, want %+v %v", tu, tf, u, final)
+			}
 		}
-		check(t, s.usage())
 	})
 }
 
@@ -37,19 +68,117 @@ func check(t *testing.T, u *ledger.Usage) {
 	}
 }
 
-// FuzzPrepare feeds a call's preparation any request body: it never panics, and what it
-// admits is positive and bounded.
+// jsonRoutes are the built-in routes whose body the gateway reads.
+func jsonRoutes() []route {
+	var out []route
+	for _, format := range []string{config.FormatOpenAI, config.FormatAnthropic} {
+		for _, rt := range builtinRoutes[format] {
+			if rt.jsonBody() {
+				out = append(out, rt)
+			}
+		}
+	}
+	return out
+}
+
+// FuzzPrepare feeds a call's preparation any request body on any built-in route: it never
+// panics, refuses only with a 400 or 403 of its own, and what it admits is positive and
+// bounded; the body it forwards is a JSON object naming the declared model, and preparing
+// that again changes nothing — the upstream reads what the gateway read.
 func FuzzPrepare(f *testing.F) {
-	f.Add([]byte(`{"model":"m","messages":[],"max_tokens":50,"stream":true}`))
-	f.Add([]byte(`{"max_completion_tokens":-1}`))
-	f.Add([]byte(`[1,2]`))
-	f.Fuzz(func(t *testing.T, body []byte) {
-		c := call{upstream: config.Upstream{Format: config.FormatOpenAI, DefaultMaxOutputTokens: 4096}, path: "v1/chat/completions", body: body}
-		if err := c.prepare(Caller{Model: "m"}); err != nil {
+	f.Add([]byte(`{"model":"m","messages":[],"max_tokens":50,"stream":true}`), uint8(0))
+	f.Add([]byte(`{"max_completion_tokens":-1}`), uint8(0))
+	f.Add([]byte(`[1,2]`), uint8(1))
+	f.Add([]byte(`{"model":"m","prompt":["a","b"],"n":3,"best_of":5,"max_tokens":1e300}`), uint8(2))
+	f.Add([]byte(`{"n":50,"n":1,"max_tokens":400.5,"stream":true,"stream_options":{"include_usage":false}}`), uint8(0))
+	f.Add([]byte(`{"model":"m","input":"<b>&</b>","max_output_tokens":"9"}`), uint8(1))
+	f.Fuzz(func(t *testing.T, body []byte, which uint8) {
+		routes := jsonRoutes()
+		rt := &routes[int(which)%len(routes)]
+		c := call{route: rt, body: body}
+		err := c.prepare(Caller{Model: "m"}, 4096)
+		if err != nil {
+			var ae *apiError
+			if !errors.As(err, &ae) || (ae.status != 400 && ae.status != 403) {
+				t.Fatalf("refused with %v", err)
+			}
 			return
 		}
-		if c.maxOutput <= 0 || c.inputEstimate < 0 {
-			t.Fatalf("admits %d + %d", c.inputEstimate, c.maxOutput)
+		if c.input <= 0 || c.output < 0 || c.reservation() <= 0 || c.reservation() > ledger.MaxTokens {
+			t.Fatalf("admits %d + %d", c.input, c.output)
+		}
+		if rt.metered && rt.kind != kindEmbeddings && c.output <= 0 {
+			t.Fatalf("a model call admitted for no output: %s", body)
+		}
+		var sent struct {
+			Model string `json:"model"`
+		}
+		if json.Unmarshal(c.body, &sent) != nil || sent.Model != "m" {
+			t.Fatalf("forwards %s", c.body)
+		}
+		again := call{route: rt, body: c.body}
+		if err := again.prepare(Caller{Model: "m"}, 4096); err != nil || !bytes.Equal(again.body, c.body) || again.input != c.input || again.output != c.output {
+			t.Fatalf("prepared twice: %v\n%s\n%s", err, c.body, again.body)
+		}
+	})
+}
+
+// FuzzRoute feeds the route matcher any method and request-target: it never panics, and a
+// call it lets through goes to a route of the table, by its method, at a path made of the
+// route's segments and wildcard values that are each one plain segment — never a dot
+// segment, an empty one, a backslash or anything percent-encoded that was not a character
+// of its own — with only the route's query parameters.
+func FuzzRoute(f *testing.F) {
+	for _, s := range []struct{ method, target string }{
+		{"POST", "v1/chat/completions"}, {"GET", "v1/models/gpt-4o"}, {"GET", "v1/models/ft:gpt-4o:org:x?x=1"},
+		{"POST", "v1/%2e%2e/%2e%2e/admin/secrets"}, {"POST", "v1/chat%2fcompletions"}, {"POST", "v1/chat%252fcompletions"},
+		{"GET", "v1/files/a%20b/content"}, {"POST", `v1\chat`}, {"GET", "v1/models/..%2f"}, {"DELETE", "v1/files/x"},
+		{"GET", "v1/models?limit=3&after_id=x"},
+	} {
+		f.Add(s.method, s.target)
+	}
+	unmetered := false
+	u := config.Upstream{Format: config.FormatAnthropic, Routes: []config.Route{
+		{Method: "GET", Path: "v1/files/{id}/content", Metered: &unmetered, Query: []string{"limit"}},
+	}}
+	routes := slices.Concat(builtinRoutes[config.FormatOpenAI], routesOf(u))
+	f.Fuzz(func(t *testing.T, method, target string) {
+		const prefix = "/v1/inference/up/"
+		in, err := url.ParseRequestURI(prefix + target)
+		if err != nil || !strings.HasPrefix(in.Path, prefix) {
+			return
+		}
+		rt, sent, query, err := match(routes, method, in, strings.TrimPrefix(in.Path, prefix))
+		if err != nil {
+			var ae *apiError
+			if !errors.As(err, &ae) || (ae.status != 400 && ae.status != 403) {
+				t.Fatalf("refused with %v", err)
+			}
+			return
+		}
+		if rt.method != method {
+			t.Fatalf("%s matched %s", method, rt)
+		}
+		segs := strings.Split(sent, "/")
+		if len(segs) != len(rt.segs) {
+			t.Fatalf("%q sent as %q for %s", target, sent, rt)
+		}
+		for i, s := range segs {
+			plain, err := url.PathUnescape(s)
+			switch {
+			case rt.segs[i] != wildcard && s != rt.segs[i]:
+				t.Fatalf("%q sent as %q for %s", target, sent, rt)
+			case err != nil || plain == "" || plain == "." || plain == ".." || strings.ContainsAny(plain, `/\%`) || url.PathEscape(plain) != s:
+				t.Fatalf("%q: segment %q sent as %q", target, plain, s)
+			}
+		}
+		if path.Clean("/"+sent) != "/"+sent || strings.Contains(strings.ToLower(sent), "%2e") {
+			t.Fatalf("%q sent as %q", target, sent)
+		}
+		for name := range query {
+			if !slices.Contains(rt.query, name) {
+				t.Fatalf("%q: query %q forwarded on %s", target, name, rt)
+			}
 		}
 	})
 }

@@ -1,12 +1,17 @@
 // Package gateway is the inference gateway a session reaches through its endpoint: it
 // forwards a model call to the upstream roostd's configuration declares, with the operator's
-// key (the capsule never holds it), after admitting the call's most it could spend, and it
+// key (the capsule never holds it), after admitting the most the call could spend, and it
 // settles the reservation from the usage the upstream reports — in a JSON answer or in a
 // streamed (SSE) one. OpenAI and Anthropic wire formats are understood.
+//
+// It forwards only what it can meter or knows to be free: each format's model-call routes
+// (metered) and its model listing and token counting (never charged), plus what the
+// operator declares per upstream; every other route is refused before anything leaves, as
+// is a path that could mean something else upstream. The path sent is built from the route
+// alone, and of the caller's headers only those the SDKs need are passed on.
 package gateway
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -14,16 +19,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
-	"github.com/containerd/errdefs"
-
 	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/ledger"
-	"roost.dev/roost/pkg/spawn"
 )
 
 // Ledger is what the gateway needs of the spend ledger.
@@ -44,14 +50,28 @@ type Caller struct {
 	// ceiling until budget frees or Deadline passes.
 	OnExhausted string
 	Deadline    time.Time
+	// OnOverrun, when set, hears of a call whose reported usage was charged above what it
+	// was admitted for (the settlement's Charged above its Reserved).
+	OnOverrun func(ledger.Settlement)
 }
 
 // Gateway forwards sessions' model calls.
 type Gateway struct {
-	upstreams map[string]config.Upstream
+	upstreams map[string]*upstream
 	ledger    Ledger
-	client    *http.Client
+	transport http.RoundTripper
 	log       *slog.Logger
+	now       func() time.Time
+}
+
+// upstream is one configured upstream, ready to be called.
+type upstream struct {
+	config.Upstream
+	// base is the parsed URL; nil when it does not parse (the configuration was not
+	// checked), and then every call fails.
+	base   *url.URL
+	routes []route
+	models map[string]bool
 }
 
 // New returns a gateway to the given upstreams, metering into l.
@@ -59,19 +79,30 @@ func New(upstreams []config.Upstream, l Ledger, log *slog.Logger) *Gateway {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	g := &Gateway{upstreams: map[string]config.Upstream{}, ledger: l, log: log,
-		client: &http.Client{Transport: &http.Transport{
+	g := &Gateway{upstreams: map[string]*upstream{}, ledger: l, log: log, now: time.Now,
+		transport: &http.Transport{
 			Proxy:                 nil,
 			MaxIdleConnsPerHost:   32,
 			IdleConnTimeout:       90 * time.Second,
 			TLSHandshakeTimeout:   10 * time.Second,
 			ResponseHeaderTimeout: 10 * time.Minute,
 			ForceAttemptHTTP2:     true,
-		}}}
+		}}
 	for _, u := range upstreams {
-		g.upstreams[u.Name] = u
+		g.upstreams[u.Name] = newUpstream(u)
 	}
 	return g
+}
+
+func newUpstream(u config.Upstream) *upstream {
+	up := &upstream{Upstream: u, routes: routesOf(u), models: map[string]bool{}}
+	if base, err := url.Parse(u.URL); err == nil && base.Host != "" {
+		up.base = base
+	}
+	for _, m := range u.Models {
+		up.models[m] = true
+	}
+	return up
 }
 
 // Formats maps each upstream's name to its format.
@@ -83,138 +114,196 @@ func (g *Gateway) Formats() map[string]string {
 	return out
 }
 
-// maxResponse bounds a non-streamed answer the gateway reads to find its usage.
-const maxResponse = 64 << 20
-
-// Serve forwards one call of c to upstream at path.
+// Serve forwards one call of c to upstream at path, the call's path under the upstream as
+// the server decoded it (r.URL holds it as it came).
 func (g *Gateway) Serve(w http.ResponseWriter, r *http.Request, c Caller, upstream, path string) {
+	format := g.formatFor(c, upstream)
+	fail := func(err error) {
+		if e := g.asAPIError(err); e != nil {
+			e.write(w, format)
+		}
+	}
 	u, err := g.check(c, upstream)
 	if err != nil {
-		spawn.WriteError(w, err)
+		fail(err)
 		return
 	}
-	body, err := io.ReadAll(r.Body)
+	rt, upPath, query, err := match(u.routes, r.Method, r.URL, path)
 	if err != nil {
-		spawn.WriteError(w, err)
+		fail(err)
 		return
+	}
+	var body []byte
+	if r.Method != http.MethodGet {
+		if body, err = io.ReadAll(r.Body); err != nil {
+			fail(err)
+			return
+		}
 	}
 	key, err := os.ReadFile(u.APIKeyFile)
-	if err != nil {
-		g.log.Error("reading an upstream's key", "upstream", u.Name, "err", err)
-		reply(w, http.StatusBadGateway, fmt.Sprintf("roostd cannot read the key of upstream %q; the operator must fix %s", u.Name, u.APIKeyFile))
+	if err != nil || u.base == nil {
+		g.log.Error("an upstream cannot be called", "upstream", u.Name, "url", u.URL, "key_file", u.APIKeyFile, "err", err)
+		fail(&apiError{status: http.StatusBadGateway, code: "upstream_misconfigured",
+			msg: fmt.Sprintf("roostd cannot call upstream %q: its key (%s) or url is unusable; the operator must fix it", u.Name, u.APIKeyFile)})
 		return
 	}
-	call := call{upstream: u, path: path, body: body}
-	if r.Method == http.MethodPost && len(bytes.TrimSpace(body)) > 0 {
-		if err := call.prepare(c); err != nil {
-			spawn.WriteError(w, err)
-			return
-		}
-	}
-	var res ledger.Reservation
-	if call.metered {
-		if res, err = g.admit(r.Context(), c, &call); err != nil {
-			spawn.WriteError(w, err)
-			return
-		}
-	}
-	used, status := g.forward(w, r, &call, strings.TrimSpace(string(key)))
-	if !call.metered {
-		return
-	}
+	cl := &call{route: rt, body: body}
 	switch {
-	case status == 0 || status >= 400:
-		// The call failed: it is charged what was sent, no more.
-		used = &ledger.Usage{Input: call.inputEstimate}
-	case used == nil:
-		// It succeeded but said nothing of its usage (a cut stream): the most it could cost.
-		used = &ledger.Usage{Input: call.inputEstimate, Output: call.maxOutput}
+	case rt.jsonBody():
+		if err := cl.prepare(c, u.DefaultMaxOutputTokens); err != nil {
+			fail(err)
+			return
+		}
+	case rt.metered:
+		cl.output, cl.model = rt.tokens, modelOf(body)
 	}
-	if _, err := g.ledger.Settle(c.SessionID, res.ID, *used); err != nil {
-		g.log.Error("settling a gateway call", "session", c.SessionID, "reservation", res.ID, "err", err)
+	cl.label = u.label(c, cl.model)
+
+	meter := &meter{}
+	status := 0
+	if rt.metered {
+		res, err := g.admit(r.Context(), c, cl)
+		if err != nil {
+			fail(err)
+			return
+		}
+		// Deferred: the proxy ends the handler with a panic (http.ErrAbortHandler) when the
+		// answer is cut mid-copy, and the reservation must be settled even so.
+		defer g.settle(c, cl, res, meter, &status)
 	}
+	target := &url.URL{Scheme: u.base.Scheme, User: u.base.User, Host: u.base.Host, RawQuery: query.Encode()}
+	target.RawPath = strings.TrimSuffix(u.base.EscapedPath(), "/") + "/" + upPath
+	target.Path, _ = url.PathUnescape(target.RawPath)
+	header := outHeader(r.Header, u, rt, strings.TrimSpace(string(key)))
+
+	// httputil.ReverseProxy does the forwarding: hop-by-hop headers, 1xx answers,
+	// trailers, flushing a stream as each write arrives (FlushInterval -1), and a client
+	// that goes away cancelling the upstream call.
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			out := pr.Out
+			out.URL, out.Host, out.Header = target, "", header
+			out.Trailer, out.TransferEncoding = nil, nil
+			out.Body, out.GetBody, out.ContentLength = nil, nil, 0
+			if len(cl.body) > 0 {
+				sent := cl.body
+				out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(sent)), int64(len(sent))
+				out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(sent)), nil }
+			}
+		},
+		Transport:     g.transport,
+		FlushInterval: -1,
+		ModifyResponse: func(resp *http.Response) error {
+			status = resp.StatusCode
+			// The upstream's cookies are its own business with roostd, not the capsule's.
+			resp.Header.Del("Set-Cookie")
+			if rt.metered {
+				// Without a length the answer ends when the handler returns — after the
+				// deferred settlement — so a caller that has read it whole finds its spend
+				// settled (its next call is admitted against the truth, not the reservation).
+				resp.Header.Del("Content-Length")
+				resp.ContentLength = -1
+				mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+				meter.sse = mt == "text/event-stream"
+				resp.Body = &meteredBody{ReadCloser: resp.Body, meter: meter}
+			}
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return
+			}
+			g.log.Warn("upstream call failed", "upstream", u.Name, "err", err)
+			(&apiError{status: http.StatusBadGateway, code: "upstream_unreachable", retry: true,
+				msg: fmt.Sprintf("upstream %q did not answer: %v", u.Name, err)}).write(w, format)
+		},
+		ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+	}
+	proxy.ServeHTTP(w, r)
+}
+
+// formatFor is the format errors are answered in: the named upstream's, else the one the
+// capsule declares, else OpenAI's.
+func (g *Gateway) formatFor(c Caller, name string) string {
+	for _, n := range []string{name, c.Upstream} {
+		if u, ok := g.upstreams[n]; ok {
+			return u.Format
+		}
+	}
+	return config.FormatOpenAI
 }
 
 // check finds the upstream the session may call.
-func (g *Gateway) check(c Caller, upstream string) (config.Upstream, error) {
+func (g *Gateway) check(c Caller, name string) (*upstream, error) {
 	if c.Upstream == "" {
-		return config.Upstream{}, fmt.Errorf("inference.upstream: the capsule declares none, so it may call no model through roost: %w", errdefs.ErrPermissionDenied)
+		return nil, &apiError{status: http.StatusForbidden, code: "upstream_not_allowed",
+			msg: "inference.upstream: the capsule declares none, so it may call no model through roost"}
 	}
-	if upstream != c.Upstream {
-		return config.Upstream{}, fmt.Errorf("inference.upstream: the capsule declares %q; it may not call %q: %w", c.Upstream, upstream, errdefs.ErrPermissionDenied)
+	if name != c.Upstream {
+		return nil, &apiError{status: http.StatusForbidden, code: "upstream_not_allowed",
+			msg: fmt.Sprintf("inference.upstream: the capsule declares %q; it may not call %q", c.Upstream, name)}
 	}
-	u, ok := g.upstreams[upstream]
+	u, ok := g.upstreams[name]
 	if !ok {
-		return config.Upstream{}, fmt.Errorf("upstream %q is not in roostd's configuration (--config): %w", upstream, errdefs.ErrNotFound)
+		return nil, &apiError{status: http.StatusNotFound, code: "upstream_unknown",
+			msg: fmt.Sprintf("upstream %q is not in roostd's configuration (--config)", name)}
 	}
 	return u, nil
 }
 
-// call is one model call on its way through.
-type call struct {
-	upstream config.Upstream
-	path     string
-	body     []byte
-	model    string
-	metered  bool
-	// inputEstimate is the input's tokens, estimated from its size; maxOutput the most the
-	// answer may hold.
-	inputEstimate, maxOutput int64
+// label is what the spend metrics count a call's model as: the capsule's declared model or
+// one the operator lists for the upstream, else "other" — so no capsule chooses a label.
+func (u *upstream) label(c Caller, model string) string {
+	if model != "" && (model == c.Model || u.models[model]) {
+		return model
+	}
+	return "other"
 }
 
-// prepare reads what the call may cost from its body, holds it to the capsule's declared
-// model, and makes a streamed OpenAI chat call report its usage.
-func (c *call) prepare(caller Caller) error {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(c.body, &fields); err != nil {
-		return fmt.Errorf("the request body is not a JSON object: %v: %w", err, errdefs.ErrInvalidArgument)
+// modelOf is the model a declared route's JSON body names, if it is one.
+func modelOf(body []byte) string {
+	var b struct {
+		Model string `json:"model"`
 	}
-	_ = json.Unmarshal(fields["model"], &c.model)
-	changed := false
-	switch {
-	case caller.Model != "" && c.model == "":
-		c.model = caller.Model
-		fields["model"], _ = json.Marshal(caller.Model)
-		changed = true
-	case caller.Model != "" && c.model != caller.Model:
-		return fmt.Errorf("inference.model: the capsule declares %q; the request names %q: %w", caller.Model, c.model, errdefs.ErrPermissionDenied)
-	}
-	c.maxOutput = c.upstream.DefaultMaxOutputTokens
-	for _, name := range []string{"max_completion_tokens", "max_tokens", "max_output_tokens"} {
-		var n int64
-		if json.Unmarshal(fields[name], &n) == nil && n > 0 {
-			c.maxOutput = min(n, ledger.MaxTokens)
-			break
-		}
-	}
-	var stream bool
-	_ = json.Unmarshal(fields["stream"], &stream)
-	if stream && c.upstream.Format == config.FormatOpenAI && strings.HasSuffix(c.path, "chat/completions") {
-		opts := map[string]json.RawMessage{}
-		_ = json.Unmarshal(fields["stream_options"], &opts)
-		opts["include_usage"] = json.RawMessage("true")
-		fields["stream_options"], _ = json.Marshal(opts)
-		changed = true
-	}
-	if changed {
-		body, err := json.Marshal(fields)
-		if err != nil {
-			return err
-		}
-		c.body = body
-	}
-	c.inputEstimate = estimateTokens(c.body)
-	c.metered = true
-	return nil
+	_ = json.Unmarshal(body, &b)
+	return b.Model
 }
 
-// estimateTokens estimates a request's input tokens from its size: about four bytes a
-// token for English text and JSON, rounded up. Settlement replaces it with the truth.
-func estimateTokens(body []byte) int64 { return int64(len(body)+3) / 4 }
+// forwardedHeaders are the caller's request headers passed upstream, besides the SDKs' own
+// X-Stainless-* (retry count, timeout, platform): what the providers read to serve the
+// call. Nothing that authenticates or attributes (Authorization, X-Api-Key, OpenAI-
+// Organization, OpenAI-Project, Cookie, …) nor proxy headers (Forwarded, X-Forwarded-*)
+// pass; the operator's key is set instead. Accept-Encoding does not pass either: the
+// transport asks for gzip itself and decompresses, so the meter reads plain text.
+var forwardedHeaders = []string{"Accept", "Content-Type", "User-Agent", "Anthropic-Version", "Anthropic-Beta", "Openai-Beta", "Idempotency-Key"}
+
+func outHeader(in http.Header, u *upstream, rt *route, key string) http.Header {
+	out := http.Header{}
+	for k, vs := range in {
+		ck := http.CanonicalHeaderKey(k)
+		if slices.Contains(forwardedHeaders, ck) || strings.HasPrefix(ck, "X-Stainless-") {
+			out[ck] = slices.Clone(vs)
+		}
+	}
+	if rt.jsonBody() {
+		// The gateway read the body as JSON and sends it as JSON, whatever the caller said.
+		out.Set("Content-Type", "application/json")
+	}
+	switch u.Format {
+	case config.FormatAnthropic:
+		out.Set("X-Api-Key", key)
+		if out.Get("Anthropic-Version") == "" {
+			out.Set("Anthropic-Version", "2023-06-01")
+		}
+	default:
+		out.Set("Authorization", "Bearer "+key)
+	}
+	return out
+}
 
 // admit reserves the call's most; with on_exhausted: wait, a refusal at the machine's
 // ceiling holds the call until budget frees, the session's deadline or the caller leaves.
-func (g *Gateway) admit(ctx context.Context, c Caller, call *call) (ledger.Reservation, error) {
+func (g *Gateway) admit(ctx context.Context, c Caller, cl *call) (ledger.Reservation, error) {
 	var deadline <-chan time.Time
 	if !c.Deadline.IsZero() {
 		t := time.NewTimer(time.Until(c.Deadline))
@@ -223,7 +312,7 @@ func (g *Gateway) admit(ctx context.Context, c Caller, call *call) (ledger.Reser
 	}
 	for {
 		changed := g.ledger.Changed()
-		res, err := g.ledger.Admit(ledger.Admission{SessionID: c.SessionID, Tokens: call.inputEstimate + call.maxOutput, Model: call.model})
+		res, err := g.ledger.Admit(ledger.Admission{SessionID: c.SessionID, Tokens: cl.reservation(), Model: cl.label})
 		var refusal *ledger.Refusal
 		if err == nil || !errors.As(err, &refusal) || refusal.Limit != ledger.LimitMachine || c.OnExhausted != "wait" {
 			return res, err
@@ -238,174 +327,48 @@ func (g *Gateway) admit(ctx context.Context, c Caller, call *call) (ledger.Reser
 	}
 }
 
-// hopHeaders are not forwarded either way; credentials are roost's to set.
-var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer",
-	"Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Accept-Encoding", "Authorization", "X-Api-Key"}
-
-// forward sends the call upstream and copies the answer back as it arrives, reading the
-// usage it reports. status is 0 when no answer came.
-func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, c *call, key string) (*ledger.Usage, int) {
-	target := strings.TrimSuffix(c.upstream.URL, "/") + "/" + c.path
-	if r.URL.RawQuery != "" {
-		target += "?" + r.URL.RawQuery
+// settle charges a metered call: the usage the upstream reported for the whole answer;
+// what was sent (the input estimate) when it failed or never answered; and when it answered
+// without reporting its whole usage (a stream cut short), the most it could have cost — or
+// what it did report, if that is more. What is charged is the truth even above the
+// reservation; then the overrun is told (Caller.OnOverrun) and logged.
+func (g *Gateway) settle(c Caller, cl *call, res ledger.Reservation, m *meter, status *int) {
+	used, whole := m.usage()
+	switch {
+	case *status == 0 || *status >= 400:
+		used = &ledger.Usage{Input: cl.input}
+	case used == nil || !whole:
+		in, out := cl.input, cl.output
+		if used != nil {
+			in, out = max(in, used.Input), max(out, used.Output)
+		}
+		used = &ledger.Usage{Input: in, Output: out}
 	}
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, target, bytes.NewReader(c.body))
+	s, err := g.ledger.Settle(c.SessionID, res.ID, *used)
 	if err != nil {
-		reply(w, http.StatusBadRequest, err.Error())
-		return nil, 0
-	}
-	for k, vs := range r.Header {
-		out.Header[k] = vs
-	}
-	for _, h := range hopHeaders {
-		out.Header.Del(h)
-	}
-	switch c.upstream.Format {
-	case config.FormatAnthropic:
-		out.Header.Set("X-Api-Key", key)
-		if out.Header.Get("Anthropic-Version") == "" {
-			out.Header.Set("Anthropic-Version", "2023-06-01")
-		}
-	default:
-		out.Header.Set("Authorization", "Bearer "+key)
-	}
-	resp, err := g.client.Do(out)
-	if err != nil {
-		if r.Context().Err() == nil {
-			g.log.Warn("upstream call failed", "upstream", c.upstream.Name, "err", err)
-			reply(w, http.StatusBadGateway, fmt.Sprintf("upstream %q did not answer: %v", c.upstream.Name, err))
-		}
-		return nil, 0
-	}
-	defer resp.Body.Close()
-	for k, vs := range resp.Header {
-		w.Header()[k] = vs
-	}
-	for _, h := range hopHeaders {
-		w.Header().Del(h)
-	}
-	w.WriteHeader(resp.StatusCode)
-	var meter usageMeter
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		meter.stream(w, resp.Body)
-	} else {
-		data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
-		_, _ = w.Write(data)
-		if err == nil {
-			meter.json(data)
-		}
-	}
-	return meter.usage(), resp.StatusCode
-}
-
-// usageMeter reads the usage an answer reports: OpenAI's prompt_tokens/completion_tokens
-// (chat) or input_tokens/output_tokens (responses), Anthropic's input_tokens (plus cache
-// reads and writes) and output_tokens — at the top of a JSON answer, or in a streamed
-// event's message (Anthropic's message_start), response (OpenAI's response.completed) or
-// own usage (OpenAI's last chat chunk, Anthropic's message_delta). Streams report running
-// totals, so the largest seen wins.
-type usageMeter struct {
-	input, output int64
-	seen          bool
-}
-
-func (m *usageMeter) usage() *ledger.Usage {
-	if !m.seen {
-		return nil
-	}
-	return &ledger.Usage{Input: m.input, Output: m.output}
-}
-
-type usageFields struct {
-	PromptTokens             *int64 `json:"prompt_tokens"`
-	CompletionTokens         *int64 `json:"completion_tokens"`
-	InputTokens              *int64 `json:"input_tokens"`
-	OutputTokens             *int64 `json:"output_tokens"`
-	CacheCreationInputTokens int64  `json:"cache_creation_input_tokens"`
-	CacheReadInputTokens     int64  `json:"cache_read_input_tokens"`
-}
-
-type usageCarrier struct {
-	Usage    *usageFields `json:"usage"`
-	Message  *usageHolder `json:"message"`
-	Response *usageHolder `json:"response"`
-}
-
-type usageHolder struct {
-	Usage *usageFields `json:"usage"`
-}
-
-func (m *usageMeter) json(data []byte) {
-	var c usageCarrier
-	if json.Unmarshal(data, &c) != nil {
+		g.log.Error("settling a gateway call", "session", c.SessionID, "reservation", res.ID, "err", err)
 		return
 	}
-	for _, u := range []*usageFields{c.Usage, holderUsage(c.Message), holderUsage(c.Response)} {
-		if u != nil {
-			m.add(u)
+	if s.Charged > s.Reserved {
+		g.log.Warn("a gateway call spent more than it was admitted for", "session", c.SessionID, "route", cl.route.String(),
+			"model", cl.label, "reserved", s.Reserved, "charged", s.Charged)
+		if c.OnOverrun != nil {
+			c.OnOverrun(s)
 		}
 	}
 }
 
-func holderUsage(h *usageHolder) *usageFields {
-	if h == nil {
-		return nil
-	}
-	return h.Usage
+// meteredBody passes an answer through its meter as the proxy reads it.
+type meteredBody struct {
+	io.ReadCloser
+	meter *meter
 }
 
-func (m *usageMeter) add(u *usageFields) {
-	in, out := int64(-1), int64(-1)
-	switch {
-	case u.PromptTokens != nil:
-		in = *u.PromptTokens
-	case u.InputTokens != nil:
-		in = *u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens
+func (b *meteredBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	_, _ = b.meter.Write(p[:n])
+	if err == io.EOF {
+		b.meter.end()
 	}
-	switch {
-	case u.CompletionTokens != nil:
-		out = *u.CompletionTokens
-	case u.OutputTokens != nil:
-		out = *u.OutputTokens
-	}
-	if in < 0 && out < 0 {
-		return
-	}
-	// An upstream reporting nonsense (negative, absurd) is held to what the ledger takes.
-	m.seen = true
-	m.input, m.output = min(max(m.input, in), ledger.MaxTokens), min(max(m.output, out), ledger.MaxTokens)
-}
-
-// stream copies a server-sent event stream through, flushing each line as it comes, and
-// meters every data line.
-func (m *usageMeter) stream(w http.ResponseWriter, body io.Reader) {
-	flusher, _ := w.(http.Flusher)
-	br := bufio.NewReaderSize(body, 64<<10)
-	for {
-		line, err := br.ReadBytes('\n')
-		if len(line) > 0 {
-			if _, werr := w.Write(line); werr != nil {
-				return
-			}
-			if data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:")); ok {
-				m.json(bytes.TrimSpace(data))
-			}
-			if flusher != nil && len(bytes.TrimSpace(line)) == 0 {
-				flusher.Flush()
-			}
-		}
-		if err != nil {
-			if flusher != nil {
-				flusher.Flush()
-			}
-			return
-		}
-	}
-}
-
-func reply(w http.ResponseWriter, status int, msg string) {
-	data, _ := json.Marshal(map[string]string{"error": msg})
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(append(data, '\n'))
+	return n, err
 }

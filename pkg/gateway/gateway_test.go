@@ -30,7 +30,16 @@ type rig struct {
 	caller Caller
 }
 
-func newRig(t *testing.T, format string, ceiling int64, caller Caller) *rig {
+// rigOption changes a rig before its gateway starts: the upstream's configuration (its URL
+// is the fake's), the ledger's observer.
+type rigOption func(*rigConfig)
+
+type rigConfig struct {
+	upstream config.Upstream
+	observer ledger.Observer
+}
+
+func newRig(t *testing.T, format string, ceiling int64, caller Caller, opts ...rigOption) *rig {
 	t.Helper()
 	fake, err := fakellm.Start(fakellm.Config{APIKey: operatorKey, InputTokens: 12, OutputTokens: 30})
 	if err != nil {
@@ -42,7 +51,11 @@ func newRig(t *testing.T, format string, ceiling int64, caller Caller) *rig {
 	if err := os.WriteFile(keyFile, []byte(operatorKey+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	l, err := ledger.Open(ledger.Config{Path: filepath.Join(dir, ledger.File)})
+	cfg := rigConfig{upstream: config.Upstream{Name: "up", Format: format, URL: fake.URL(), APIKeyFile: keyFile, DefaultMaxOutputTokens: 100}}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	l, err := ledger.Open(ledger.Config{Path: filepath.Join(dir, ledger.File), Observer: cfg.observer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +63,7 @@ func newRig(t *testing.T, format string, ceiling int64, caller Caller) *rig {
 	if err := l.Register(ledger.Session{ID: "s1", Capsule: "agent", Ceiling: ceiling}); err != nil {
 		t.Fatal(err)
 	}
-	g := New([]config.Upstream{{Name: "up", Format: format, URL: fake.URL(), APIKeyFile: keyFile, DefaultMaxOutputTokens: 100}}, l, nil)
+	g := New([]config.Upstream{cfg.upstream}, l, nil)
 	caller.SessionID = "s1"
 	if caller.Upstream == "" {
 		caller.Upstream = "up"
@@ -217,7 +230,8 @@ func TestFailedCallChargesInputEstimate(t *testing.T) {
 	if status != 529 || !strings.Contains(out, "overloaded_error") {
 		t.Fatalf("%d %s", status, out)
 	}
-	estimate := estimateTokens([]byte(body))
+	// The body forwarded is the one the gateway re-encoded; the estimate is of that.
+	estimate := estimateTokens(r.fake.Requests()[0].Body)
 	if s := r.spent(); s.Charged != estimate || s.OutputTokens != 0 || s.Reserved != 0 {
 		t.Fatalf("after a failed call: %+v (estimate %d)", s, estimate)
 	}
@@ -287,13 +301,22 @@ func TestUsageShapes(t *testing.T) {
 		{"no usage", []string{`{"choices":[]}`, `[DONE]`, `not json`}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var m usageMeter
+			m := &meter{sse: true}
 			for _, e := range tc.events {
-				m.json([]byte(e))
+				m.Write([]byte("data: " + e + "\n\n"))
 			}
-			got := m.usage()
+			got, _ := m.usage()
 			if (got == nil) != (tc.want == nil) || (got != nil && *got != *tc.want) {
 				t.Fatalf("usage %+v, want %+v", got, tc.want)
+			}
+			if len(tc.events) == 1 {
+				// The same as a JSON answer.
+				j := &meter{}
+				j.Write([]byte(tc.events[0]))
+				j.end()
+				if got, _ := j.usage(); (got == nil) != (tc.want == nil) || (got != nil && *got != *tc.want) {
+					t.Fatalf("as JSON: usage %+v, want %+v", got, tc.want)
+				}
 			}
 		})
 	}
@@ -317,9 +340,7 @@ func TestStreamPassesEventsThroughAtOnce(t *testing.T) {
 	go upstream.Serve(ln)
 	t.Cleanup(func() { upstream.Close() })
 	r := newRig(t, config.FormatOpenAI, 0, Caller{})
-	key := filepath.Join(t.TempDir(), "key")
-	os.WriteFile(key, []byte("k"), 0o600)
-	r.gw.upstreams["up"] = config.Upstream{Name: "up", Format: config.FormatOpenAI, URL: "http://" + ln.Addr().String(), APIKeyFile: key, DefaultMaxOutputTokens: 100}
+	setUpstreamURL(r, "http://"+ln.Addr().String())
 
 	var once sync.Once
 	t.Cleanup(func() { once.Do(func() { close(release) }) })

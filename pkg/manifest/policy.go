@@ -18,14 +18,19 @@ const (
 	DefaultMaxFileSizeBytes  = 4 << 30
 	DefaultCPUSeconds        = 3600
 	DefaultMaxProcesses      = 128
-	DefaultMemoryBytes       = 2 << 30
-	DefaultWorkdirMaxBytes   = 10 << 30
-	DefaultWorkdirMaxInodes  = 1_000_000
-	DefaultLogMaxBytes       = 64 << 20
-	DefaultEndpointMaxConns  = 64
-	DefaultSpawnMaxDepth     = 3
-	DefaultSpawnMaxChildren  = 4
-	DefaultSpawnMaxTotal     = 64
+	// resources.memory_bytes is RLIMIT_AS, which caps address space, not memory. V8 reserves
+	// a 4 GiB pointer cage and 10 GiB per WebAssembly memory (Node's own HTTP client is one),
+	// wasmtime 6 GiB per linear memory, the JVM a quarter of the host's RAM for its heap plus
+	// 1 GiB of class space, Go's runtime a few hundred MiB. 64 GiB holds Node with several
+	// WebAssembly instances and a default JVM on a host of up to 200 GiB of RAM.
+	DefaultMemoryBytes      = 64 << 30
+	DefaultWorkdirMaxBytes  = 10 << 30
+	DefaultWorkdirMaxInodes = 1_000_000
+	DefaultLogMaxBytes      = 64 << 20
+	DefaultEndpointMaxConns = 64
+	DefaultSpawnMaxDepth    = 3
+	DefaultSpawnMaxChildren = 4
+	DefaultSpawnMaxTotal    = 64
 )
 
 // What inference.on_exhausted may say.

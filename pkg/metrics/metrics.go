@@ -24,6 +24,10 @@ type Metrics struct {
 	spawns    *prometheus.CounterVec
 	spawnTime *prometheus.HistogramVec
 	tokens    *prometheus.CounterVec
+	// tokensOld is tokens under its former name, roost_tokens_spent_total (the unit belongs
+	// before _total): deprecated, kept for one release so dashboards can move.
+	tokensOld *prometheus.CounterVec
+	overruns  *prometheus.CounterVec
 	refusals  *prometheus.CounterVec
 	limits    *prometheus.CounterVec
 	pruned    prometheus.Counter
@@ -65,9 +69,17 @@ func New(states []string, count func() map[string]int) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
 		}, []string{"decision"}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "roost_tokens_spent_total",
-			Help: "Tokens charged to sessions, by capsule and model (the model a gateway call named; empty for calls capsules settle themselves).",
+			Name: "roost_spent_tokens_total",
+			Help: "Tokens charged to sessions, by capsule and model: a gateway call's model when it is the capsule's declared inference.model or one its upstream's models list names, else \"other\"; empty for calls capsules settle themselves.",
 		}, []string{"capsule", "model"}),
+		tokensOld: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "roost_tokens_spent_total",
+			Help: "Deprecated: renamed roost_spent_tokens_total, which it equals; to be removed.",
+		}, []string{"capsule", "model"}),
+		overruns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "roost_spend_overruns_total",
+			Help: "Settlements that charged more than their call was admitted for (the reported usage is charged), by capsule.",
+		}, []string{"capsule"}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "roost_spend_refusals_total",
 			Help: "Admissions refused at a ceiling, by limit (session, ancestor, machine).",
@@ -88,7 +100,7 @@ func New(states []string, count func() map[string]int) *Metrics {
 	m.registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.starts, m.startTime, m.recovered, m.spawns, m.spawnTime, m.tokens, m.refusals, m.limits, m.pruned, m.compacted,
+		m.starts, m.startTime, m.recovered, m.spawns, m.spawnTime, m.tokens, m.tokensOld, m.overruns, m.refusals, m.limits, m.pruned, m.compacted,
 		&stateCollector{states: states, count: count, desc: prometheus.NewDesc(
 			"roost_sessions", "Sessions in the registry, by state.", []string{"state"}, nil)},
 	)
@@ -103,9 +115,14 @@ func (m *Metrics) WatchBudget(b Budget) {
 	})
 }
 
-// Charged counts tokens charged to a session.
+// Charged counts tokens charged to a session, and a settlement above its reservation. The
+// model label is the one the gateway admitted the call with, already bounded.
 func (m *Metrics) Charged(s ledger.Settlement) {
 	m.tokens.WithLabelValues(s.Capsule, s.Model).Add(float64(s.Charged))
+	m.tokensOld.WithLabelValues(s.Capsule, s.Model).Add(float64(s.Charged))
+	if s.Reason == ledger.ReasonSettled && s.Charged > s.Reserved {
+		m.overruns.WithLabelValues(s.Capsule).Inc()
+	}
 }
 
 // SessionsPruned counts ended sessions retention or prune removed.

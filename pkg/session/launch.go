@@ -213,7 +213,7 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, man *manifest.Ma
 		Dir:        rec.Workdir,
 		RecordsDir: rec.RecordsDir,
 		CapsuleDir: rec.Capsule.Root(),
-		Rlimits:    containment.Rlimits(policy),
+		Rlimits:    containment.Rlimits(class, policy),
 		Policy:     policy,
 		// roost-init keeps each output stream within it.
 		LogMaxBytes: policy.Resources.LogMaxBytes.Value,

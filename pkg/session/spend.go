@@ -156,7 +156,30 @@ func (m *Manager) Settle(id string, req spawn.SettleRequest) (ledger.Settlement,
 	if req.Reservation == "" {
 		return ledger.Settlement{}, fmt.Errorf("reservation: the id admit returned is required: %w", errdefs.ErrInvalidArgument)
 	}
-	return l.Settle(id, req.Reservation, ledger.Usage{Input: req.InputTokens, Output: req.OutputTokens})
+	s, err := l.Settle(id, req.Reservation, ledger.Usage{Input: req.InputTokens, Output: req.OutputTokens})
+	if err == nil && s.Reason == ledger.ReasonSettled && s.Charged > s.Reserved {
+		m.spendOverrun(id, s)
+	}
+	return s, err
+}
+
+// EventSpendOverrun is a settlement that charged more than its call was admitted for: the
+// reported usage is charged, and the event says both.
+const EventSpendOverrun = "spend.overrun"
+
+// spendOverrun records a settlement above its reservation as an event on the session.
+func (m *Manager) spendOverrun(id string, s ledger.Settlement) {
+	rec, err := m.Get(id)
+	if err != nil {
+		return
+	}
+	detail := fmt.Sprintf("reserved %d, charged %d (input %d, output %d)", s.Reserved, s.Charged, s.InputTokens, s.OutputTokens)
+	if s.Model != "" {
+		detail += ", model " + s.Model
+	}
+	if err := m.update(func(tx *Tx) error { return tx.Note(rec, EventSpendOverrun, detail) }); err != nil {
+		m.cfg.Logger.Warn("recording a spend overrun", "session", id, "err", err)
+	}
 }
 
 // Spend is the session's account.
@@ -184,5 +207,6 @@ func (m *Manager) Inference(w http.ResponseWriter, r *http.Request, id, upstream
 	m.cfg.Gateway.Serve(w, r, gateway.Caller{
 		SessionID: id, Upstream: p.Inference.Upstream, Model: p.Inference.Model,
 		OnExhausted: p.Inference.OnExhausted, Deadline: rec.DeadlineAt,
+		OnOverrun: func(s ledger.Settlement) { m.spendOverrun(id, s) },
 	}, upstream, path)
 }

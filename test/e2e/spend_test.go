@@ -146,7 +146,9 @@ with urllib.request.urlopen(req) as resp:
 print("python streamed:", text)
 PY
 `
-	caps := sealedCaps("curl, python3", "", 60) + "inference:\n  upstream: llm\n"
+	// The model is declared: the metric's model label takes only declared (or configured)
+	// names, anything else counting as "other".
+	caps := sealedCaps("curl, python3", "", 60) + "inference:\n  upstream: llm\n  model: gpt-test\n"
 	id := strings.TrimSpace(d.ok("run", "--detach", capsule(t, "agent", script, caps)))
 	if res := d.ctl("wait", id); res.code != 0 {
 		t.Fatalf("the capsule: %+v\n%s", res, d.ok("logs", id))
@@ -171,7 +173,7 @@ PY
 	if !strings.Contains(string(trace), `"tokens":84,"input_tokens":24,"output_tokens":60`) {
 		t.Errorf("session_end carries no token totals:\n%s", grepLines(string(trace), "session_end"))
 	}
-	if m := scrape(t, d); !strings.Contains(m, `roost_tokens_spent_total{capsule="agent",model="gpt-test"} 84`) {
+	if m := scrape(t, d); !strings.Contains(m, `roost_spent_tokens_total{capsule="agent",model="gpt-test"} 84`) {
 		t.Errorf("metrics:\n%s", grepLines(m, "roost_tokens"))
 	}
 }
