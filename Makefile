@@ -85,10 +85,14 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./pkg/manifest/ ./pkg/session/ ./pkg/server/ ./pkg/spawn/ ./pkg/ledger/ ./pkg/workdir/
 
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s -fuzzminimizetime 5s ./pkg/manifest/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 60s -fuzzminimizetime 5s ./pkg/manifest/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseNetRule$$' -fuzztime 20s -fuzzminimizetime 5s ./pkg/manifest/
 	$(GO) test -run '^$$' -fuzz FuzzVerify -fuzztime 20s -fuzzminimizetime 5s ./pkg/spawn/
 	$(GO) test -run '^$$' -fuzz FuzzUsage -fuzztime 20s -fuzzminimizetime 5s ./pkg/gateway/
 	$(GO) test -run '^$$' -fuzz FuzzPrepare -fuzztime 20s -fuzzminimizetime 5s ./pkg/gateway/
+	$(GO) test -run '^$$' -fuzz FuzzRoute -fuzztime 20s -fuzzminimizetime 5s ./pkg/gateway/
+	$(GO) test -run '^$$' -fuzz FuzzSOCKSRequest -fuzztime 20s -fuzzminimizetime 5s ./pkg/egress/
+	$(GO) test -run '^$$' -fuzz FuzzAuthority -fuzztime 20s -fuzzminimizetime 5s ./pkg/egress/
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 20s -fuzzminimizetime 5s ./pkg/config/
 	$(GO) test -run '^$$' -fuzz FuzzInterpreters -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/roostinit/
 

@@ -177,6 +177,13 @@ func printSession(w io.Writer, s *roostv1.Session) {
 	row("tokens", fmt.Sprint(s.GetSpend().GetTokens()))
 	row("stdout", logStats(s.GetStdout()))
 	row("stderr", logStats(s.GetStderr()))
+	if e := s.GetEgress(); e != nil {
+		out := fmt.Sprintf("%d connection(s), %d denied; %s up, %s down", e.GetConnections(), e.GetDenied(), bytesIEC(e.GetBytesUp()), bytesIEC(e.GetBytesDown()))
+		if e.GetActive() > 0 {
+			out += fmt.Sprintf("; %d open", e.GetActive())
+		}
+		row("egress", out)
+	}
 	if u := s.GetUsage(); u != nil {
 		row("memory", fmt.Sprintf("%s (peak %s)", bytesIEC(u.GetMemoryBytes()), bytesIEC(u.GetMemoryPeakBytes())))
 		row("cpu", fmt.Sprintf("%.2fs", u.GetCpuSeconds()))

@@ -22,6 +22,7 @@ import (
 	"roost.dev/roost/pkg/artifact"
 	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/endpoint"
 	"roost.dev/roost/pkg/gateway"
 	"roost.dev/roost/pkg/ledger"
@@ -266,6 +267,8 @@ func serve(o *options, log *slog.Logger) error {
 		AllowRoot:      cfg.Sessions.AllowRoot,
 		HostPaths:      cfg.Sessions.HostPaths,
 		EnvPassthrough: cfg.Env.Passthrough,
+		Egress: &egress.Config{Hosts: cfg.Egress.HostAddrs(), PermitCIDRs: cfg.Egress.Prefixes(),
+			MaxConnectionsPerSession: cfg.Egress.MaxConnectionsPerSession},
 	})
 	if err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -15,6 +16,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"roost.dev/roost/pkg/manifest"
 )
 
 // Config is the whole file.
@@ -22,6 +25,65 @@ type Config struct {
 	Inference Inference `yaml:"inference"`
 	Sessions  Sessions  `yaml:"sessions"`
 	Env       Env       `yaml:"env"`
+	Egress    Egress    `yaml:"egress"`
+}
+
+// Egress is how sessions' proxies reach the outside (network.allow).
+type Egress struct {
+	// Hosts are names answered before DNS: air-gapped sites, tests.
+	Hosts map[string]string `yaml:"hosts"`
+	// PermitCIDRs are special-purpose ranges (private, loopback, link-local, …) the operator
+	// opens to every session's network.allow names.
+	PermitCIDRs []string `yaml:"permit_cidrs"`
+	// MaxConnectionsPerSession bounds each session's open egress connections together;
+	// DefaultEgressConnections when 0.
+	MaxConnectionsPerSession int `yaml:"max_connections_per_session"`
+}
+
+// DefaultEgressConnections is egress.max_connections_per_session's default.
+const DefaultEgressConnections = 64
+
+// HostAddrs is egress.hosts parsed (Parse has checked every entry).
+func (e *Egress) HostAddrs() map[string]netip.Addr {
+	out := map[string]netip.Addr{}
+	for name, addr := range e.Hosts {
+		out[strings.TrimSuffix(strings.ToLower(name), ".")] = netip.MustParseAddr(addr).Unmap()
+	}
+	return out
+}
+
+// Prefixes is egress.permit_cidrs parsed (Parse has checked every entry).
+func (e *Egress) Prefixes() []netip.Prefix {
+	var out []netip.Prefix
+	for _, c := range e.PermitCIDRs {
+		out = append(out, netip.MustParsePrefix(c).Masked())
+	}
+	return out
+}
+
+func (e *Egress) check(file string) error {
+	for name, addr := range e.Hosts {
+		host := strings.TrimSuffix(strings.ToLower(name), ".")
+		_, notIP := netip.ParseAddr(host)
+		if _, err := manifest.ParseNetRule(host); err != nil || notIP == nil || strings.ContainsAny(host, ":*") {
+			return fmt.Errorf("%s: egress.hosts: %q is not a host name", file, name)
+		}
+		if _, err := netip.ParseAddr(addr); err != nil {
+			return fmt.Errorf("%s: egress.hosts.%s: %q is not an IP address", file, name, addr)
+		}
+	}
+	for i, c := range e.PermitCIDRs {
+		if _, err := netip.ParsePrefix(c); err != nil {
+			return fmt.Errorf("%s: egress.permit_cidrs[%d]: %q is not a CIDR prefix (10.213.0.0/24, fd00::/8)", file, i, c)
+		}
+	}
+	switch {
+	case e.MaxConnectionsPerSession < 0:
+		return fmt.Errorf("%s: egress.max_connections_per_session: %d: must be more than 0", file, e.MaxConnectionsPerSession)
+	case e.MaxConnectionsPerSession == 0:
+		e.MaxConnectionsPerSession = DefaultEgressConnections
+	}
+	return nil
 }
 
 // Sessions is how roostd runs sessions' processes.
@@ -279,6 +341,9 @@ func Parse(data []byte, file string) (*Config, error) {
 		return nil, fmt.Errorf("%s: %w", file, err)
 	}
 	if err := c.Sessions.check(file); err != nil {
+		return nil, err
+	}
+	if err := c.Egress.check(file); err != nil {
 		return nil, err
 	}
 	for i, v := range c.Env.Passthrough {

@@ -142,3 +142,41 @@ func TestUpstreamRoutes(t *testing.T) {
 		t.Errorf("chat/completions on anthropic: %v", err)
 	}
 }
+
+func TestEgress(t *testing.T) {
+	c, err := Parse([]byte(`egress:
+  hosts:
+    Git.Internal.Test.: 10.213.0.2
+    v6.test: "::ffff:10.213.0.3"
+  permit_cidrs: [10.213.0.0/24, "fd00::/8"]
+`), "roostd.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hosts := c.Egress.HostAddrs()
+	if hosts["git.internal.test"].String() != "10.213.0.2" || hosts["v6.test"].String() != "10.213.0.3" || len(hosts) != 2 {
+		t.Errorf("hosts: %v", hosts)
+	}
+	if p := c.Egress.Prefixes(); len(p) != 2 || p[0].String() != "10.213.0.0/24" || p[1].String() != "fd00::/8" {
+		t.Errorf("permit_cidrs: %v", p)
+	}
+	if c.Egress.MaxConnectionsPerSession != DefaultEgressConnections {
+		t.Errorf("max_connections_per_session: %d", c.Egress.MaxConnectionsPerSession)
+	}
+	bad := map[string]string{
+		"egress:\n  hostz: {}\n":                         "field hostz not found",
+		"egress:\n  hosts: {a.test: nowhere}\n":          `egress.hosts.a.test: "nowhere" is not an IP address`,
+		"egress:\n  hosts: {\"*.a.test\": 10.0.0.1}\n":   `egress.hosts: "*.a.test" is not a host name`,
+		"egress:\n  hosts: {\"a.test:80\": 10.0.0.1}\n":  `egress.hosts: "a.test:80" is not a host name`,
+		"egress:\n  hosts: {1.2.3.4: 10.0.0.1}\n":        `egress.hosts: "1.2.3.4" is not a host name`,
+		"egress:\n  hosts: {\"a b\": 10.0.0.1}\n":        `egress.hosts: "a b" is not a host name`,
+		"egress:\n  permit_cidrs: [10.0.0.1]\n":          `egress.permit_cidrs[0]: "10.0.0.1" is not a CIDR prefix`,
+		"egress:\n  max_connections_per_session: -1\n":   "egress.max_connections_per_session: -1",
+		"egress:\n  max_connections_per_session: many\n": "cannot unmarshal",
+	}
+	for src, want := range bad {
+		if _, err := Parse([]byte(src), "roostd.yaml"); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v (want %q)", src, err, want)
+		}
+	}
+}

@@ -116,6 +116,7 @@ func values(p *manifest.Policy) [][2]string {
 		{"resources.workdir_max_inodes", limit(r.WorkdirMaxInodes)},
 		{"resources.log_max_bytes", limit(r.LogMaxBytes)},
 		{"resources.endpoint_max_connections", limit(r.EndpointMaxConnections)},
+		{"resources.egress_max_bytes", orNoBound(r.EgressMaxBytes)},
 		{"inference.upstream", orNone(p.Inference.Upstream)},
 		{"inference.model", orNone(p.Inference.Model)},
 		{"inference.max_session_tokens", tokens},
@@ -152,11 +153,26 @@ var common = hold{
 	"resources.endpoint_max_connections": {Enforced, "the session's endpoint closes connections past it at once (header, body and idle timeouts too)"},
 }
 
-// In a sealed root the gateway is the only way out, so what it holds, holds.
-var sealedInference = hold{
-	"inference.upstream":           {Enforced, "the session's gateway forwards only to this upstream, with the operator's key; the session's network namespace reaches nothing else"},
+// In a network namespace of its own the session reaches the upstream with the operator's key
+// only through its gateway, so what the gateway holds, holds.
+var netnsInference = hold{
+	"inference.upstream":           {Enforced, "the session's gateway forwards only to this upstream, with the operator's key; the session's network namespace reaches nothing else but what its egress proxy admits"},
 	"inference.model":              {Enforced, "the gateway refuses calls naming another model"},
 	"inference.max_session_tokens": {Enforced, "the ledger admits each call through the gateway (or /v1/spend) only within it and every ancestor's, durably and strictly"},
+}
+
+// egress is how a session in a network namespace of its own reaches the outside: through
+// the proxy on its endpoint, which admits only network.allow.
+func egress(p *manifest.Policy) hold {
+	allow := [2]string{Enforced, "own network namespace with loopback only: nothing outside is reachable, and no proxy is offered"}
+	if len(p.Network.Allow) > 0 {
+		allow = [2]string{Enforced, "own network namespace with loopback only; the proxy on its endpoint (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY) connects only to these, resolving names in roostd and dialling the address it checked, refusing special-purpose addresses (loopback, private, link-local, metadata, …) unless a rule names the IP or roostd's egress.permit_cidrs opens them; every connection audited in trace.jsonl"}
+	}
+	max := [2]string{Enforced, "no bound on what the proxy carries (roostd's egress.max_connections_per_session bounds its connections)"}
+	if p.Resources.EgressMaxBytes.Declared != nil {
+		max = [2]string{Enforced, "the session's proxy refuses new connections and cuts open ones once the bytes it carried up and down together reach it"}
+	}
+	return hold{"network.allow": allow, "resources.egress_max_bytes": max}
 }
 
 var workdirGuard = [2]string{Enforced, "roostd measures the workdir every 2s (allocated blocks, links not followed) and stops the session once past it"}
@@ -184,6 +200,7 @@ func plainGrants(class manifest.Class, p *manifest.Policy, asRoot bool) []Grant 
 	return with(common, hold{
 		"containment":                   containment,
 		"network.allow":                 {Advisory, noKernel + " (no network namespace); the program reaches whatever the host reaches"},
+		"resources.egress_max_bytes":    {NotApplicable, "this class has no egress proxy: the program reaches the network directly"},
 		"network.unix_sockets":          {Advisory, noKernel + " (no seccomp filter)"},
 		"filesystem.scope":              {Advisory, noKernel + " (no Landlock, no mount confinement)"},
 		"filesystem.workdir_exec":       {Advisory, noKernel},
@@ -206,18 +223,17 @@ func plainGrants(class manifest.Class, p *manifest.Policy, asRoot bool) []Grant 
 
 func scopedGrants(p *manifest.Policy) []Grant {
 	unix := [2]string{Enforced, "seccomp: socket(AF_UNIX) fails with EACCES, and so does a datagram socketpair (a stream or seqpacket socketpair, which connects a process only to itself, is allowed)"}
-	spawn := [2]string{Enforced, "roost's endpoint (a host loopback port; the credential names the session) referees every spawn; roostd's control socket refuses every session's processes (peer credentials checked), and cannot be reached without AF_UNIX anyway"}
+	spawn := [2]string{Enforced, "roost's endpoint, in the session's own network namespace, referees every spawn; roostd's control socket refuses every session's processes (peer credentials checked), and cannot be reached without AF_UNIX anyway"}
 	if p.Network.UnixSockets {
 		unix = [2]string{Enforced, "allowed; its uid reaches the host's sockets as DAC lets it, abstract ones only within the session (Landlock scope), and roostd's control socket refuses every session's processes (peer credentials checked)"}
-		spawn = [2]string{Enforced, "roost's endpoint (a host loopback port; the credential names the session) referees every spawn; roostd's control socket refuses every session's processes (peer credentials checked)"}
+		spawn = [2]string{Enforced, "roost's endpoint, in the session's own network namespace, referees every spawn; roostd's control socket refuses every session's processes (peer credentials checked)"}
 	}
 	readOnly := [2]string{Enforced, "Landlock: nothing outside the scope is writable"}
 	if p.Filesystem.Scope == "" && len(p.Filesystem.ReadOnly) > 0 {
 		readOnly = [2]string{Advisory, "Landlock cannot take write access back inside a writable tree: give a scope that leaves these out, or use sealed"}
 	}
-	return with(common, hold{
-		"containment":                   {Enforced, "on the host's view, as an unprivileged uid of its own: Landlock (reads only the system trees, its capsule, workdir and TMPDIR), cgroup, seccomp (moby's default profile; no new namespaces, no ptrace), no capabilities, no_new_privs"},
-		"network.allow":                 {Advisory, "no network namespace in this class: the program reaches whatever the host reaches"},
+	return with(with(with(common, netnsInference), egress(p)), hold{
+		"containment":                   {Enforced, "on the host's view, as an unprivileged uid of its own, in a network namespace of its own (loopback and its endpoint only): Landlock (reads only the system trees, its capsule, workdir and TMPDIR), cgroup, seccomp (moby's default profile; no new namespaces, no ptrace), no capabilities, no_new_privs"},
 		"network.unix_sockets":          unix,
 		"filesystem.scope":              {Enforced, "Landlock: only the scope (or the whole workdir) and a private TMPDIR are writable; with a scope, only it and the read_only subtrees of the workdir are readable"},
 		"filesystem.workdir_exec":       scopedWorkdirExec(p),
@@ -248,9 +264,8 @@ func sealedGrants(p *manifest.Policy) []Grant {
 		exec = [2]string{Enforced, "/work, /tmp, /dev/shm and /root execute what the session puts there; the rest of the root only the allowlist; the user namespace, namespaces, seccomp and cgroup hold whatever runs"}
 	}
 	referee := "the session's endpoint, inside its own network namespace, referees every spawn (spawn.allow, depth, live children, then the child's envelope); roostd's socket is absent from the root"
-	return with(with(common, sealedInference), hold{
+	return with(with(with(common, netnsInference), egress(p)), hold{
 		"containment":                   {Enforced, "libcontainer: a user namespace (root inside is an unprivileged uid range of the session's own on the host), mount, pid, ipc, uts, net and cgroup namespaces; a composed read-only root; no capabilities; no_new_privs; seccomp (moby's default profile; no new namespaces, no ptrace)"},
-		"network.allow":                 {Enforced, "own network namespace with loopback only: nothing outside is reachable (no egress proxy admits these yet)"},
 		"network.unix_sockets":          unix,
 		"filesystem.scope":              {Enforced, "mounts: /work is read-only but for the scope"},
 		"filesystem.workdir_exec":       exec,
@@ -332,6 +347,14 @@ func orNone(s string) string {
 		return "none"
 	}
 	return s
+}
+
+// orNoBound is a limit whose default is no bound.
+func orNoBound(l manifest.Limit) string {
+	if l.Declared == nil {
+		return "none"
+	}
+	return limit(l)
 }
 
 func limit(l manifest.Limit) string {

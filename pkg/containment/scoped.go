@@ -19,12 +19,13 @@ import (
 	"roost.dev/roost/pkg/manifest"
 )
 
-// ScopedRuntime runs scoped sessions: the program stays on the host's own view, with no
-// namespace, held by what a process can be held with there. roost-exec, before it execs the
-// program, joins the session's cgroup (memory, pids, cpu), sets no_new_privs, applies
-// Landlock (the host readable, only the workdir or its scope writable, the exec
-// allowlist), drops every capability and loads the same seccomp filter a sealed session
-// gets. For hosts (or containers) where namespaces cannot be had.
+// ScopedRuntime runs scoped sessions: the program keeps the host's view of files, held by
+// what a process can be held with there, in a network namespace of its own (the session's
+// pinned one, where its endpoint listens; else a new one, loopback only). roost-exec, before
+// it execs the program, joins the session's cgroup (memory, pids, cpu) and network
+// namespace, sets no_new_privs, applies Landlock (the host readable, only the workdir or its
+// scope writable, the exec allowlist), drops every capability and loads the same seccomp
+// filter a sealed session gets. For hosts (or containers) where a sealed root cannot be had.
 type ScopedRuntime struct {
 	plain *ProcessRuntime
 	// tmp holds each session's private temporary directory (TMPDIR).
@@ -136,6 +137,8 @@ func (r *ScopedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 		DropCapabilities: true,
 		Seccomp:          bpf,
 		User:             user,
+		NetNS:            spec.NetNS,
+		NewNetNS:         spec.NetNS == "",
 	}
 	exec.Landlock, exec.Mounts = scopedExec(spec, tmp)
 	p, err := r.plain.start(ctx, spec, exec)

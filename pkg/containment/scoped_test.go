@@ -2,6 +2,7 @@ package containment
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -77,5 +78,43 @@ func TestScopedMemoryBomb(t *testing.T) {
 	info, _, _, _ := scopedRun(t, "capabilities: {containment: scoped, resources: {cgroup_memory_bytes: 67108864}, shell: {allow: [tail]}}", `tail /dev/zero`)
 	if info.Code != 128+int(syscall.SIGKILL) || !info.OOMKilled {
 		t.Fatalf("memory bomb: %+v", info)
+	}
+}
+
+// A scoped session has a network namespace of its own: the host's loopback services are out
+// of reach, its own loopback works, and a pinned namespace given to it is the one it joins.
+func TestScopedNetworkNamespace(t *testing.T) {
+	needRoot(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("HTTP/1.0 200 OK\r\n\r\nhost service\n"))
+			c.Close()
+		}
+	}()
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	hostNS, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, out, errOut, _ := scopedRun(t, "capabilities: {containment: scoped, shell: {allow: [curl, readlink, cat]}}",
+		`readlink /proc/self/ns/net
+curl -s --max-time 5 http://127.0.0.1:`+port+`/ && echo "REACHED the host" || echo "host loopback unreachable"
+cat /proc/net/dev`)
+	if strings.Contains(out, "REACHED") || strings.Contains(out, hostNS) {
+		t.Fatalf("the scoped session shares the host's network (host %s):\n%s\n%s", hostNS, out, errOut)
+	}
+	expectOutput(t, out, "host loopback unreachable", "net:[")
+	// Only lo: /proc/net/dev lists one interface.
+	if n := strings.Count(out, ":"); n != 2 || !strings.Contains(out, "lo:") {
+		t.Fatalf("interfaces other than lo:\n%s", out)
 	}
 }

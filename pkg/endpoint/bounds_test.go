@@ -50,7 +50,7 @@ func TestConnectionBudget(t *testing.T) {
 // default) connections.
 func openWith(t *testing.T, eps *endpoint.Endpoints, id string, maxConns int, d *fakeDelegator) *fixture {
 	t.Helper()
-	ep, err := eps.Open(id, false, 0, maxConns, d)
+	ep, err := eps.Open(id, false, 0, maxConns, d, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

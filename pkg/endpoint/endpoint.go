@@ -1,8 +1,10 @@
 // Package endpoint is each session's own HTTP listener: what a running capsule reaches roost
-// through. A sealed session's listener is at 127.0.0.1:7700 inside the session's network
-// namespace, so only that session can connect to it and the caller is known from which
-// listener accepted; a session without a namespace gets a port of its own on host loopback,
-// where its credential alone says who calls.
+// through. A sealed or scoped session's listener is at 127.0.0.1:7700 inside the session's
+// network namespace, so only that session can connect to it and the caller is known from
+// which listener accepted; there it also carries the session's egress proxy (HTTP forward
+// requests, CONNECT and SOCKS5), which needs no credential for that reason. A session without
+// a namespace gets a port of its own on host loopback, where its credential alone says who
+// calls, and no proxy.
 package endpoint
 
 import (
@@ -26,6 +28,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/spawn"
 )
 
@@ -185,8 +188,9 @@ func (e *Endpoints) NetNSPath(sessionID string) string { return filepath.Join(e.
 // it; otherwise it listens on host loopback at port (0: any free port). The endpoint holds
 // at most maxConns connections at once (DefaultMaxConnections when 0 or less); one past
 // that, or past the cap of all endpoints together, is closed unread and reported to d as
-// LimitConnections, at most once per report interval.
-func (e *Endpoints) Open(sessionID string, netns bool, port, maxConns int, d spawn.Backend) (spawn.Endpoint, error) {
+// LimitConnections, at most once per report interval. In a namespace the endpoint carries
+// proxy, the session's egress, when it is not nil.
+func (e *Endpoints) Open(sessionID string, netns bool, port, maxConns int, d spawn.Backend, proxy *egress.Session) (spawn.Endpoint, error) {
 	ep := &Endpoint{}
 	var ln net.Listener
 	var err error
@@ -215,6 +219,12 @@ func (e *Endpoints) Open(sessionID string, netns bool, port, maxConns int, d spa
 	ep.conns = &gate{max: int64(maxConns)}
 	ln = &limitListener{Listener: ln, session: ep.conns, global: e.global, refused: refused}
 	h := &handler{id: sessionID, keys: e.keys, d: d, log: e.log}
+	if netns && proxy != nil {
+		// A connection opening with SOCKS5's version byte goes to the proxy; the rest are
+		// HTTP, forward requests and CONNECT among them.
+		ln = egress.Split(ln, proxy.ServeSOCKS)
+		h.proxy = proxy
+	}
 	ep.srv = &http.Server{
 		Handler:           h.routes(),
 		ReadHeaderTimeout: e.readHeaderTimeout,
@@ -349,6 +359,8 @@ type handler struct {
 	keys *spawn.Keys
 	d    spawn.Backend
 	log  *slog.Logger
+	// proxy is the session's egress; nil when the endpoint carries none.
+	proxy *egress.Session
 }
 
 // denied is the one answer to every identity failure, byte for byte, so no endpoint tells
@@ -370,6 +382,10 @@ func (h *handler) routes() http.Handler {
 		h.d.Inference(w, r, h.id, r.PathValue("upstream"), r.PathValue("path"))
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if egress.IsProxyRequest(r) {
+			h.egress(w, r)
+			return
+		}
 		if !h.authorised(r) {
 			deny(w)
 			return
@@ -398,6 +414,17 @@ func (h *handler) authorised(r *http.Request) bool {
 	}
 	id, ok := h.keys.Verify(strings.TrimSpace(cred))
 	return ok && id == h.id && h.d.Live(id)
+}
+
+// egress serves a proxy request: through the session's proxy when the endpoint carries one,
+// which only a namespace's listener does (who calls is known from where it listens).
+func (h *handler) egress(w http.ResponseWriter, r *http.Request) {
+	if h.proxy != nil {
+		h.proxy.ServeHTTP(w, r)
+		return
+	}
+	w.Header().Set(egress.DeniedHeader, "no_proxy")
+	reply(w, http.StatusForbidden, map[string]string{"error": "this session's endpoint carries no egress proxy: only sealed and scoped sessions (in a network namespace of their own) reach the outside through roost", "reason": "no_proxy"})
 }
 
 func deny(w http.ResponseWriter) {

@@ -236,7 +236,7 @@ func open(t *testing.T, d *fakeDelegator) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ep, err := eps.Open(sessionID, false, 0, 0, d)
+	ep, err := eps.Open(sessionID, false, 0, 0, d, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -783,7 +783,7 @@ func TestNetNSEndpoint(t *testing.T) {
 			}
 		}
 	})
-	ep, err := eps.Open(sessionID, true, 0, 0, d)
+	ep, err := eps.Open(sessionID, true, 0, 0, d, nil)
 	if err != nil {
 		t.Fatalf("Open in a namespace: %v", err)
 	}
@@ -826,7 +826,7 @@ func TestNetNSEndpoint(t *testing.T) {
 
 	// While the first listener runs, a second Open must land in the same namespace, where
 	// the address is taken.
-	if second, err := eps.Open(sessionID, true, 0, 0, d); err == nil {
+	if second, err := eps.Open(sessionID, true, 0, 0, d, nil); err == nil {
 		second.Close()
 		t.Fatal("a second listener opened beside the first: Open did not re-enter the pinned namespace")
 	} else if !errors.Is(err, syscall.EADDRINUSE) {
@@ -835,7 +835,7 @@ func TestNetNSEndpoint(t *testing.T) {
 
 	// As after a daemon restart: the listener gone, the pin kept.
 	ep.Close()
-	again, err := eps.Open(sessionID, true, 0, 0, d)
+	again, err := eps.Open(sessionID, true, 0, 0, d, nil)
 	if err != nil {
 		t.Fatalf("reopening with the pin present: %v", err)
 	}

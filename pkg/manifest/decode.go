@@ -199,6 +199,7 @@ func (d *decoder) capabilities(n *yaml.Node, path string) *Capabilities {
 				{"workdir_max_inodes", set(&r.WorkdirMaxInodes, d.positive)},
 				{"log_max_bytes", set(&r.LogMaxBytes, d.positive)},
 				{"endpoint_max_connections", set(&r.EndpointMaxConnections, d.positive)},
+				{"egress_max_bytes", set(&r.EgressMaxBytes, d.positive)},
 			})
 		}},
 	})

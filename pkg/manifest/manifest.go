@@ -104,6 +104,8 @@ type Resources struct {
 	LogMaxBytes       *int64
 	// EndpointMaxConnections bounds the session's concurrent connections to its endpoint.
 	EndpointMaxConnections *int64
+	// EgressMaxBytes bounds what the session's egress proxy carries, up and down together.
+	EgressMaxBytes *int64
 }
 
 // Ref is the capsule's name@version.

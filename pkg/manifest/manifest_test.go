@@ -317,7 +317,7 @@ func TestNetRule(t *testing.T) {
 			t.Errorf("String round trip of %q: %q -> %+v %v", in, got.String(), again, err)
 		}
 	}
-	for _, bad := range []string{"", ":80", "x.com:0", "x.com:08", "a..b", "https://", "https://x.com:", "[::1", "[::1]x", "[1.2.3.4]", "x.com:80:80", "user@x.com", "*.x.com", "https://x.com?q"} {
+	for _, bad := range []string{"", ":80", "x.com:0", "x.com:08", "a..b", "https://", "https://x.com:", "[::1", "[::1]x", "[1.2.3.4]", "x.com:80:80", "user@x.com", "*.com", "a.*.x.com", "*x.com", "https://x.com?q"} {
 		if _, err := ParseNetRule(bad); err == nil {
 			t.Errorf("ParseNetRule(%q) accepted", bad)
 		}

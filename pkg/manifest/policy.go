@@ -133,6 +133,9 @@ type ResourcesPolicy struct {
 	LogMaxBytes Limit
 	// EndpointMaxConnections bounds the session's concurrent connections to its endpoint.
 	EndpointMaxConnections Limit
+	// EgressMaxBytes bounds what the session's egress proxy carries, up and down together;
+	// Value 0 when undeclared: no bound.
+	EgressMaxBytes Limit
 }
 
 // InferencePolicy is the inference block resolved.
@@ -226,6 +229,7 @@ func Lower(m *Manifest) Policy {
 		WorkdirMaxInodes:       resolve(r.WorkdirMaxInodes, DefaultWorkdirMaxInodes),
 		LogMaxBytes:            resolve(r.LogMaxBytes, DefaultLogMaxBytes),
 		EndpointMaxConnections: resolve(r.EndpointMaxConnections, DefaultEndpointMaxConns),
+		EgressMaxBytes:         resolve(r.EgressMaxBytes, 0),
 	}
 
 	p.Inference.OnExhausted = OnExhaustedFail

@@ -32,6 +32,10 @@ type Metrics struct {
 	limits    *prometheus.CounterVec
 	pruned    prometheus.Counter
 	compacted prometheus.Counter
+	// egressConns and egressBytes count sessions' egress proxies' work; no host label: the
+	// destinations are the sessions' choice, and in the trace.
+	egressConns *prometheus.CounterVec
+	egressBytes *prometheus.CounterVec
 }
 
 // Budget reports the ledger's state at each scrape.
@@ -96,11 +100,20 @@ func New(states []string, count func() map[string]int) *Metrics {
 			Name: "roost_events_compacted_total",
 			Help: "Events removed from the registry's log with the sessions retention removed.",
 		}),
+		egressConns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "roost_egress_connections_total",
+			Help: "Connections and forwarded requests of sessions' egress proxies, by decision (allowed, denied).",
+		}, []string{"decision"}),
+		egressBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "roost_egress_bytes_total",
+			Help: "Payload bytes sessions' egress proxies carried, by direction (up: to the destination, down: from it).",
+		}, []string{"direction"}),
 	}
 	m.registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.starts, m.startTime, m.recovered, m.spawns, m.spawnTime, m.tokens, m.tokensOld, m.overruns, m.refusals, m.limits, m.pruned, m.compacted,
+		m.egressConns, m.egressBytes,
 		&stateCollector{states: states, count: count, desc: prometheus.NewDesc(
 			"roost_sessions", "Sessions in the registry, by state.", []string{"state"}, nil)},
 	)
@@ -130,6 +143,13 @@ func (m *Metrics) SessionsPruned(n int) { m.pruned.Add(float64(n)) }
 
 // EventsCompacted counts events compacted away from the registry's log.
 func (m *Metrics) EventsCompacted(n int) { m.compacted.Add(float64(n)) }
+
+// Egress counts one connection or request of a session's egress proxy and what it carried.
+func (m *Metrics) Egress(decision string, bytesUp, bytesDown int64) {
+	m.egressConns.WithLabelValues(decision).Inc()
+	m.egressBytes.WithLabelValues("up").Add(float64(bytesUp))
+	m.egressBytes.WithLabelValues("down").Add(float64(bytesDown))
+}
 
 // LimitHit counts a session meeting one of its bounds.
 func (m *Metrics) LimitHit(limit string) { m.limits.WithLabelValues(limit).Inc() }

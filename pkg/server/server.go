@@ -129,6 +129,9 @@ func (s *sessionService) session(rec *session.Record) *roostv1.Session {
 		if u := s.m.Usage(rec.ID); u != nil {
 			out.Usage = &roostv1.Usage{MemoryBytes: u.MemoryBytes, MemoryPeakBytes: u.MemoryPeakBytes, CpuSeconds: u.CPUSeconds, Pids: u.Pids}
 		}
+		if e := s.m.EgressNow(rec.ID); e != nil {
+			out.Egress = e
+		}
 	}
 	return out
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/spawn"
 	"roost.dev/roost/pkg/toolchain"
@@ -151,8 +152,15 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class 
 		return nil, fmt.Errorf("the session's ledger account: %w", err)
 	}
 	if m.cfg.Endpoints != nil {
-		ep, err := m.cfg.Endpoints.Open(rec.ID, class == manifest.Sealed, 0, int(policy.Resources.EndpointMaxConnections.Value), m)
+		var proxy *egress.Session
+		if hasNetNS(class) {
+			proxy = m.openEgress(l, rec.ID, policy, EgressTotals{}, 0)
+		}
+		ep, err := m.cfg.Endpoints.Open(rec.ID, hasNetNS(class), 0, int(policy.Resources.EndpointMaxConnections.Value), m, proxy)
 		if err != nil {
+			if proxy != nil {
+				proxy.Close()
+			}
 			return nil, err
 		}
 		l.ep = ep
@@ -186,6 +194,7 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, man *manifest.Ma
 		extra["ROOST_CREDENTIAL"] = m.cfg.Endpoints.Credential(rec.ID)
 	}
 	m.inferenceEnv(policy, ep, extra["ROOST_CREDENTIAL"], extra)
+	egressEnv(policy, ep, extra)
 	if rec.HasTask {
 		task = filepath.Join(rec.RecordsDir, TaskFile)
 		extra["ROOST_TASK_FILE"] = task

@@ -16,6 +16,7 @@ import (
 	"roost.dev/roost/pkg/artifact"
 	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/spawn"
 	"roost.dev/roost/pkg/toolchain"
@@ -50,8 +51,9 @@ type Artifacts interface {
 type Endpoints interface {
 	// Open starts a session's endpoint: in a network namespace of its own when netns, else
 	// on host loopback at port (0: any free one). It holds at most maxConns connections at
-	// once (resources.endpoint_max_connections) and reports those it refuses to b.
-	Open(sessionID string, netns bool, port, maxConns int, b spawn.Backend) (spawn.Endpoint, error)
+	// once (resources.endpoint_max_connections) and reports those it refuses to b. In a
+	// namespace it carries proxy, the session's egress, when that is not nil.
+	Open(sessionID string, netns bool, port, maxConns int, b spawn.Backend, proxy *egress.Session) (spawn.Endpoint, error)
 	// Credential is the session's ROOST_CREDENTIAL.
 	Credential(sessionID string) string
 	// Release unpins the session's network namespace, if it has one.
@@ -65,6 +67,8 @@ type Observer interface {
 	SessionStarted(class manifest.Class, took time.Duration)
 	SessionStartFailed(class manifest.Class)
 	SessionRecovered(outcome string)
+	// Egress counts one connection or request of a session's egress proxy.
+	Egress(decision string, bytesUp, bytesDown int64)
 }
 
 // Config is what a Manager needs.
@@ -105,6 +109,9 @@ type Config struct {
 	// HostPaths are the host trees capsules may read with filesystem.host_read (roostd's
 	// sessions.host_paths).
 	HostPaths []string
+	// Egress is how sessions in a network namespace of their own reach the outside
+	// (roostd's egress block); nil for not at all.
+	Egress *egress.Config
 	// EnvPassthrough is the operator's list of host variables a capsule's env.allow may
 	// draw from (roostd's env.passthrough); nothing else of HostEnv reaches a session.
 	EnvPassthrough []string
@@ -128,6 +135,8 @@ type Manager struct {
 
 	mu   sync.Mutex
 	live map[string]*liveSession
+	// egress is the proxy every session's endpoint carries; nil without Config.Egress.
+	egress *egress.Proxy
 
 	// tools resolves shell.allow entries, toolchain presets among them, on this host.
 	tools *toolchain.Resolver
@@ -147,6 +156,9 @@ type liveSession struct {
 	spawnMu sync.Mutex
 	proc    containment.Process
 	ep      spawn.Endpoint
+	// egress is the session's proxy, when it has a network namespace of its own.
+	egressMu sync.Mutex
+	egress   *liveEgress
 	// policy is the session's lowered manifest, for what its endpoint serves (policyOf).
 	policyMu  sync.Mutex
 	policy    *manifest.Policy
@@ -182,6 +194,9 @@ func Open(cfg Config) (*Manager, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{cfg: cfg, reg: reg, changed: newNotifier(), ctx: ctx, cancel: cancel, live: map[string]*liveSession{}, tools: toolchain.NewResolver()}
+	if cfg.Egress != nil {
+		m.egress = egress.New(*cfg.Egress, m, cfg.Logger)
+	}
 	if err := m.recover(); err != nil {
 		cancel()
 		reg.Close()
@@ -206,6 +221,11 @@ func (m *Manager) Close() error {
 		if l.ep != nil {
 			l.ep.Close()
 		}
+		l.egressMu.Lock()
+		if l.egress != nil {
+			l.egress.proxy.Close()
+		}
+		l.egressMu.Unlock()
 		l.mu.Unlock()
 	}
 	m.wg.Wait()

@@ -49,6 +49,7 @@ func (r *recorder) SessionRecovered(o string) {
 	r.recovered = append(r.recovered, o)
 	r.mu.Unlock()
 }
+func (r *recorder) Egress(string, int64, int64) {}
 
 // testPool is this package's tests' block of host ids, apart from roostd's and other
 // packages' tests'.

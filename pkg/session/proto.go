@@ -40,6 +40,9 @@ func (r *Record) Proto() *roostv1.Session {
 	if r.Process != nil && r.State.Live() {
 		s.Pid = int32(r.Process.PID)
 	}
+	if r.Egress != nil {
+		s.Egress = r.Egress.proto(0)
+	}
 	if st := r.logStats(); st != nil {
 		s.Stdout, s.Stderr = logStatsProto(st.MaxBytes, st.Stdout), logStatsProto(st.MaxBytes, st.Stderr)
 	}
@@ -183,6 +186,7 @@ func policyProto(p *manifest.Policy) *roostv1.Policy {
 			WorkdirMaxInodes:       limitProto(r.WorkdirMaxInodes),
 			LogMaxBytes:            limitProto(r.LogMaxBytes),
 			EndpointMaxConnections: limitProto(r.EndpointMaxConnections),
+			EgressMaxBytes:         limitProto(r.EgressMaxBytes),
 		},
 		Inference: &roostv1.InferencePolicy{
 			Upstream: p.Inference.Upstream, Model: p.Inference.Model,

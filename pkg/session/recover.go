@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -115,7 +116,8 @@ func (m *Manager) reopenEndpoint(l *liveSession, rec *Record, class manifest.Cla
 	if m.cfg.Endpoints == nil {
 		return
 	}
-	netns := class == manifest.Sealed
+	// A scoped session launched before scoped sessions had a namespace keeps its port.
+	netns := hasNetNS(class) && rec.EndpointPort == 0
 	if netns {
 		pinned, err := m.cfg.Endpoints.Pinned()
 		if err != nil || !slices.Contains(pinned, rec.ID) {
@@ -129,8 +131,16 @@ func (m *Manager) reopenEndpoint(l *liveSession, rec *Record, class manifest.Cla
 	if policy, err := m.policyOf(l, rec); err == nil {
 		maxConns = int(policy.Resources.EndpointMaxConnections.Value)
 	}
-	ep, err := m.cfg.Endpoints.Open(rec.ID, netns, rec.EndpointPort, maxConns, m)
+	var proxy *egress.Session
+	if policy, err := m.policyOf(l, rec); err == nil && netns {
+		before, traced := tracedEgress(rec.RecordsDir)
+		proxy = m.openEgress(l, rec.ID, policy, before, traced)
+	}
+	ep, err := m.cfg.Endpoints.Open(rec.ID, netns, rec.EndpointPort, maxConns, m, proxy)
 	if err != nil {
+		if proxy != nil {
+			proxy.Close()
+		}
 		m.cfg.Logger.Warn("reopening the session's endpoint", "session", rec.ID, "err", err)
 		return
 	}

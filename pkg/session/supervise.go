@@ -263,6 +263,8 @@ func (m *Manager) finish(l *liveSession, rec *Record, status ExitStatus, code *i
 	defer m.releaseRuntime(rec)
 	if rec.State != Exited {
 		rec.ExitStatus, rec.ExitCode, rec.Detail, rec.EndedAt = status, code, detail, ended
+		// Before the trace's end: the proxy's last records precede it.
+		m.closeEgress(l, rec)
 		m.closeAccount(rec)
 		if err := appendTrace(rec.RecordsDir, traceEnd(rec)); err != nil {
 			m.cfg.Logger.Warn("trace", "session", rec.ID, "err", err)

@@ -35,6 +35,8 @@ type traceRecord struct {
 	Tokens       *int64 `json:"tokens,omitempty"`
 	InputTokens  *int64 `json:"input_tokens,omitempty"`
 	OutputTokens *int64 `json:"output_tokens,omitempty"`
+	// Egress is what the session's proxy carried, at its end.
+	Egress *EgressTotals `json:"egress,omitempty"`
 }
 
 func traceStart(rec *Record, explanation []byte) traceRecord {
@@ -57,6 +59,7 @@ func traceEnd(rec *Record) traceRecord {
 		ExitCode:   rec.ExitCode,
 		Detail:     rec.Detail,
 		Tokens:     &rec.Tokens, InputTokens: &rec.InputTokens, OutputTokens: &rec.OutputTokens,
+		Egress: rec.Egress,
 	}
 	if !rec.StartedAt.IsZero() {
 		ms := rec.EndedAt.Sub(rec.StartedAt).Milliseconds()
@@ -88,6 +91,14 @@ func appendTrace(dir string, t traceRecord) error {
 	if err != nil {
 		return err
 	}
+	// session_end syncs the file, session_start with it: the registry, not the trace,
+	// is what survives a host crash mid-session.
+	return appendLine(path, data, t.EventType == "session_end")
+}
+
+// appendLine appends data and a newline to the file at path in one write, so lines written
+// at once by several goroutines never interleave.
+func appendLine(path string, data []byte, sync bool) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return err
@@ -96,9 +107,7 @@ func appendTrace(dir string, t traceRecord) error {
 		f.Close()
 		return err
 	}
-	// session_end syncs the file, session_start with it: the registry, not the trace,
-	// is what survives a host crash mid-session.
-	if t.EventType == "session_end" {
+	if sync {
 		if err := f.Sync(); err != nil {
 			f.Close()
 			return err

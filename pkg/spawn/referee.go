@@ -194,6 +194,13 @@ func envelope(p Parent, c Child) error {
 			return refuse(l.key, "the child's %d is more than its parent's %d", l.child.Value, l.parent.Value)
 		}
 	}
+	// 0 is no bound: only a bounded parent constrains, and then the child needs a bound too.
+	if pe, ce := pr.EgressMaxBytes.Value, cr.EgressMaxBytes.Value; pe > 0 && (ce == 0 || ce > pe) {
+		if ce == 0 {
+			return refuse("capabilities.resources.egress_max_bytes", "the child declares no bound; its parent's is %d", pe)
+		}
+		return refuse("capabilities.resources.egress_max_bytes", "the child's %d is more than its parent's %d", ce, pe)
+	}
 	if c.Floor < p.Achieved {
 		return refuse("capabilities.containment", "the child would run %s, weaker than its parent's %s; a child's containment may only rise", c.Floor, p.Achieved)
 	}
@@ -206,13 +213,27 @@ func envelope(p Parent, c Child) error {
 
 // Covers says whether the parent's network.allow entry p admits everything the child's
 // entry c does: a bare host covers every scheme and port of it, host:port that port under
-// any scheme, scheme://host[:port] only itself.
+// any scheme, scheme://host[:port] only itself. A parent wildcard *.example.com covers the
+// child hosts it matches (a.example.com, x.a.example.com), a narrower or equal wildcard
+// (*.a.example.com, *.example.com), but not the apex example.com; a parent's exact host
+// never covers a child's wildcard.
 func Covers(p, c manifest.NetRule) bool {
+	var host bool
 	switch {
-	case p.Host != c.Host:
+	case p.Host == c.Host:
+		host = true
+	case c.IsWildcard():
+		// c admits the names beneath its base; p admits them all when it admits the base
+		// as a name (and is then itself a wildcard: an exact host admits one name only).
+		host = p.IsWildcard() && p.Matches(strings.TrimPrefix(c.Host, "*."))
+	default:
+		host = p.Matches(c.Host)
+	}
+	switch {
+	case !host:
 		return false
 	case p.Scheme != "":
-		return p == c
+		return p.Scheme == c.Scheme && p.Port == c.Port
 	case p.Port != 0:
 		return c.Port == p.Port
 	default:

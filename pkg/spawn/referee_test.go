@@ -307,6 +307,14 @@ func TestRefereeEnvelope(t *testing.T) {
 		refused(key+" left to the default", base, base.with(key, ""), key)
 	}
 
+	// resources.egress_max_bytes: 0 is no bound, so a bounded parent's child needs one too.
+	egress := "resources.egress_max_bytes"
+	granted(egress+" unbounded under unbounded", base, base)
+	granted(egress+" bounded under unbounded", base, base.with(egress, "1000"))
+	granted(egress+" below the parent's", base.with(egress, "1000"), base.with(egress, "999"))
+	refused(egress+" above the parent's", base.with(egress, "1000"), base.with(egress, "1001"), egress, "the child's 1001 is more than its parent's 1000")
+	refused(egress+" unbounded under a bound", base.with(egress, "1000"), base, egress, "the child declares no bound; its parent's is 1000")
+
 	for _, c := range []struct {
 		achieved, floor string
 		ok              bool

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -254,6 +255,14 @@ func TestIdentityFailuresIdentical(t *testing.T) {
 
 func scrape(t *testing.T, d *daemon) string {
 	t.Helper()
+	if d.netns != "" {
+		// Its metrics listen on loopback in its namespace.
+		out, err := exec.Command("nsenter", "--net="+d.netns, "curl", "-sS", "--noproxy", "*", "http://"+d.metricsAddr+"/metrics").Output()
+		if err != nil {
+			t.Fatalf("scraping roostd's metrics in %s: %v", d.netns, err)
+		}
+		return string(out)
+	}
 	resp, err := http.Get("http://" + d.metricsAddr + "/metrics")
 	if err != nil {
 		t.Fatal(err)

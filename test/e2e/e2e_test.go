@@ -55,8 +55,10 @@ type daemon struct {
 	metricsAddr string
 	// args are roostd's further flags, on every start.
 	args []string
-	cmd  *exec.Cmd
-	log  *bytes.Buffer
+	// netns, when set, is a network namespace roostd runs in (nsenter --net).
+	netns string
+	cmd   *exec.Cmd
+	log   *bytes.Buffer
 }
 
 func freePort(t *testing.T) string {
@@ -102,7 +104,11 @@ func newDaemon(t *testing.T, args ...string) *daemon {
 func (d *daemon) start() {
 	d.t.Helper()
 	d.log = &bytes.Buffer{}
-	d.cmd = exec.Command(filepath.Join(binDir, "roostd"), append([]string{"--state-dir", d.stateDir, "--socket", d.socket, "--metrics-addr", d.metricsAddr}, d.args...)...)
+	argv := append([]string{filepath.Join(binDir, "roostd"), "--state-dir", d.stateDir, "--socket", d.socket, "--metrics-addr", d.metricsAddr}, d.args...)
+	if d.netns != "" {
+		argv = append([]string{"nsenter", "--net=" + d.netns}, argv...)
+	}
+	d.cmd = exec.Command(argv[0], argv[1:]...)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatal(err)

@@ -40,6 +40,16 @@ func execMain() {
 			fail("roost-exec: joining the session's cgroup: %v", err)
 		}
 	}
+	switch {
+	case spec.NetNS != "":
+		if err := joinNetNS(spec.NetNS); err != nil {
+			fail("roost-exec: joining the session's network namespace: %v", err)
+		}
+	case spec.NewNetNS:
+		if err := newNetNS(); err != nil {
+			fail("roost-exec: a network namespace of its own: %v", err)
+		}
+	}
 	// A sealed session's roost-init runs shielded from the OOM killer; the program must not
 	// inherit that shield (raising the score needs no privilege).
 	if data, err := os.ReadFile("/proc/self/oom_score_adj"); err == nil && strings.HasPrefix(strings.TrimSpace(string(data)), "-") {
@@ -147,6 +157,41 @@ func executable(path string) error {
 	}
 	if info.Mode().Perm()&0o111 == 0 {
 		return errors.New("is not executable")
+	}
+	return nil
+}
+
+// joinNetNS moves this thread (the one that execs) into the network namespace pinned at
+// path. It must be a network namespace: a session given any other file would keep the host's.
+func joinNetNS(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
+}
+
+// newNetNS moves this thread into a new network namespace and brings its loopback up.
+func newNetNS() error {
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		return err
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("reading lo's flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bringing lo up: %w", err)
 	}
 	return nil
 }

@@ -71,6 +71,12 @@ type ExecSpec struct {
 	// supplementary groups, an empty bounding set and no_new_privs, so nothing the program
 	// execs (a setuid binary included) runs as anyone else.
 	User *User `json:"user,omitempty"`
+	// NetNS, when set, is a pinned network namespace the program joins (while still root):
+	// the session's own, with loopback and its endpoint only.
+	NetNS string `json:"netns,omitempty"`
+	// NewNetNS gives the program a network namespace of its own with loopback only, when
+	// there is no pinned one to join.
+	NewNetNS bool `json:"new_netns,omitempty"`
 }
 
 // Mounts is what a scoped session's private mount namespace changes in the host's view.

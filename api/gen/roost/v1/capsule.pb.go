@@ -1128,8 +1128,10 @@ type ResourcesPolicy struct {
 	WorkdirMaxInodes       *Limit                 `protobuf:"bytes,10,opt,name=workdir_max_inodes,json=workdirMaxInodes,proto3" json:"workdir_max_inodes,omitempty"`
 	LogMaxBytes            *Limit                 `protobuf:"bytes,11,opt,name=log_max_bytes,json=logMaxBytes,proto3" json:"log_max_bytes,omitempty"`
 	EndpointMaxConnections *Limit                 `protobuf:"bytes,12,opt,name=endpoint_max_connections,json=endpointMaxConnections,proto3" json:"endpoint_max_connections,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// value 0 when undeclared: no bound.
+	EgressMaxBytes *Limit `protobuf:"bytes,13,opt,name=egress_max_bytes,json=egressMaxBytes,proto3" json:"egress_max_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ResourcesPolicy) Reset() {
@@ -1242,6 +1244,13 @@ func (x *ResourcesPolicy) GetLogMaxBytes() *Limit {
 func (x *ResourcesPolicy) GetEndpointMaxConnections() *Limit {
 	if x != nil {
 		return x.EndpointMaxConnections
+	}
+	return nil
+}
+
+func (x *ResourcesPolicy) GetEgressMaxBytes() *Limit {
+	if x != nil {
+		return x.EgressMaxBytes
 	}
 	return nil
 }
@@ -1403,7 +1412,7 @@ const file_roost_v1_capsule_proto_rawDesc = "" +
 	"\x05allow\x18\x01 \x03(\tR\x05allow\"~\n" +
 	"\fLimitsPolicy\x12:\n" +
 	"\x10deadline_seconds\x18\x01 \x01(\v2\x0f.roost.v1.LimitR\x0fdeadlineSeconds\x122\n" +
-	"\fmemory_bytes\x18\x02 \x01(\v2\x0f.roost.v1.LimitR\vmemoryBytes\"\xd9\x05\n" +
+	"\fmemory_bytes\x18\x02 \x01(\v2\x0f.roost.v1.LimitR\vmemoryBytes\"\x94\x06\n" +
 	"\x0fResourcesPolicy\x12?\n" +
 	"\x13cgroup_memory_bytes\x18\x01 \x01(\v2\x0f.roost.v1.LimitR\x11cgroupMemoryBytes\x127\n" +
 	"\x0fcgroup_pids_max\x18\x02 \x01(\v2\x0f.roost.v1.LimitR\rcgroupPidsMax\x12=\n" +
@@ -1418,7 +1427,8 @@ const file_roost_v1_capsule_proto_rawDesc = "" +
 	"\x12workdir_max_inodes\x18\n" +
 	" \x01(\v2\x0f.roost.v1.LimitR\x10workdirMaxInodes\x123\n" +
 	"\rlog_max_bytes\x18\v \x01(\v2\x0f.roost.v1.LimitR\vlogMaxBytes\x12I\n" +
-	"\x18endpoint_max_connections\x18\f \x01(\v2\x0f.roost.v1.LimitR\x16endpointMaxConnections\"\xb0\x01\n" +
+	"\x18endpoint_max_connections\x18\f \x01(\v2\x0f.roost.v1.LimitR\x16endpointMaxConnections\x129\n" +
+	"\x10egress_max_bytes\x18\r \x01(\v2\x0f.roost.v1.LimitR\x0eegressMaxBytes\"\xb0\x01\n" +
 	"\x0fInferencePolicy\x12\x1a\n" +
 	"\bupstream\x18\x01 \x01(\tR\bupstream\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x121\n" +
@@ -1500,13 +1510,14 @@ var file_roost_v1_capsule_proto_depIdxs = []int32{
 	9,  // 32: roost.v1.ResourcesPolicy.workdir_max_inodes:type_name -> roost.v1.Limit
 	9,  // 33: roost.v1.ResourcesPolicy.log_max_bytes:type_name -> roost.v1.Limit
 	9,  // 34: roost.v1.ResourcesPolicy.endpoint_max_connections:type_name -> roost.v1.Limit
-	0,  // 35: roost.v1.CapsuleService.Explain:input_type -> roost.v1.ExplainRequest
-	1,  // 36: roost.v1.CapsuleService.Explain:output_type -> roost.v1.ExplainResponse
-	36, // [36:37] is the sub-list for method output_type
-	35, // [35:36] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	9,  // 35: roost.v1.ResourcesPolicy.egress_max_bytes:type_name -> roost.v1.Limit
+	0,  // 36: roost.v1.CapsuleService.Explain:input_type -> roost.v1.ExplainRequest
+	1,  // 37: roost.v1.CapsuleService.Explain:output_type -> roost.v1.ExplainResponse
+	37, // [37:38] is the sub-list for method output_type
+	36, // [36:37] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_capsule_proto_init() }

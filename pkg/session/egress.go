@@ -1,0 +1,228 @@
+package session
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
+	"roost.dev/roost/pkg/egress"
+	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/spawn"
+)
+
+// How a session reaches the outside. A sealed or scoped session lives in a network namespace
+// of its own that holds loopback and its endpoint only; the endpoint carries its egress proxy
+// (HTTP forward, CONNECT and SOCKS5), which admits only its network.allow, resolves names in
+// roostd and audits each connection in the session's trace. Unconfined and advisory sessions
+// share the host's network: no proxy, network.allow is advisory there.
+
+// hasNetNS says whether a class's sessions get a network namespace of their own.
+func hasNetNS(class manifest.Class) bool {
+	return class == manifest.Sealed || class == manifest.Scoped
+}
+
+// EgressTotals is what a session's proxy carried over its whole life.
+type EgressTotals struct {
+	// Connections counts allowed connections and requests, Denied refused ones.
+	Connections int64 `json:"connections,omitempty"`
+	Denied      int64 `json:"denied,omitempty"`
+	// BytesUp and BytesDown are payload bytes to and from the destinations.
+	BytesUp   int64 `json:"bytes_up,omitempty"`
+	BytesDown int64 `json:"bytes_down,omitempty"`
+}
+
+func (t EgressTotals) add(o EgressTotals) EgressTotals {
+	return EgressTotals{Connections: t.Connections + o.Connections, Denied: t.Denied + o.Denied,
+		BytesUp: t.BytesUp + o.BytesUp, BytesDown: t.BytesDown + o.BytesDown}
+}
+
+// liveEgress is a running session's proxy and what the trace holds of it.
+type liveEgress struct {
+	proxy *egress.Session
+	// before is what earlier daemons' proxies carried for the session (read from its trace
+	// at recovery).
+	before EgressTotals
+	// traced counts the bytes of egress records in the trace; past traceMax the trace
+	// stops taking them (the totals still count), so no session can fill the disk with
+	// connection attempts.
+	mu       sync.Mutex
+	traced   int64
+	traceMax int64
+	capped   bool
+}
+
+// totals is everything the session's proxy carried.
+func (e *liveEgress) totals() EgressTotals {
+	t := e.proxy.Totals()
+	return e.before.add(EgressTotals{Connections: t.Connections, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown})
+}
+
+// openEgress gives a session in a network namespace of its own its proxy; before is what
+// it carried under earlier daemons, tracedBytes the size of the egress records its trace
+// already holds.
+func (m *Manager) openEgress(l *liveSession, sessionID string, p *manifest.Policy, before EgressTotals, tracedBytes int64) *egress.Session {
+	if m.egress == nil {
+		return nil
+	}
+	e := &liveEgress{before: before, traced: tracedBytes, traceMax: p.Resources.LogMaxBytes.Value}
+	e.proxy = m.egress.Session(sessionID, p.Network.Allow, p.Resources.EgressMaxBytes.Value, before.BytesUp+before.BytesDown)
+	l.egressMu.Lock()
+	l.egress = e
+	l.egressMu.Unlock()
+	return e.proxy
+}
+
+// egressEnv points the program's HTTP clients, git and curl at its proxy, when it may reach
+// anything: HTTP_PROXY and HTTPS_PROXY (forward requests and CONNECT), ALL_PROXY (SOCKS5
+// with the name resolved by the proxy), each in both cases, and NO_PROXY for the endpoint.
+func egressEnv(p *manifest.Policy, ep spawn.Endpoint, env map[string]string) {
+	if len(p.Network.Allow) == 0 || ep == nil || ep.NetNS() == "" {
+		return
+	}
+	addr := strings.TrimPrefix(ep.URL(), "http://")
+	httpProxy, socks := "http://"+addr, "socks5h://"+addr
+	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"} {
+		env[k] = httpProxy
+	}
+	env["ALL_PROXY"], env["all_proxy"] = socks, socks
+	env["NO_PROXY"], env["no_proxy"] = "127.0.0.1,localhost", "127.0.0.1,localhost"
+}
+
+// egressTrace is one egress record in the session's trace.
+type egressTrace struct {
+	EventType  string    `json:"event_type"`
+	SessionID  string    `json:"session_id"`
+	Timestamp  time.Time `json:"timestamp"`
+	Proto      string    `json:"proto"`
+	Host       string    `json:"host"`
+	Port       int       `json:"port"`
+	Addr       string    `json:"addr,omitempty"`
+	Decision   string    `json:"decision"`
+	Rule       string    `json:"rule,omitempty"`
+	Reason     string    `json:"reason,omitempty"`
+	Detail     string    `json:"detail,omitempty"`
+	BytesUp    int64     `json:"bytes_up"`
+	BytesDown  int64     `json:"bytes_down"`
+	DurationMS int64     `json:"duration_ms"`
+}
+
+// Egress-related trace event types.
+const (
+	traceEgress       = "egress"
+	traceEgressCapped = "egress_trace_capped"
+)
+
+var _ egress.Auditor = (*Manager)(nil)
+
+// Egress records one connection or request of a session's proxy: in the session's trace
+// (until its egress records reach resources.log_max_bytes) and in the metrics.
+func (m *Manager) Egress(sessionID string, r egress.Record) {
+	if m.cfg.Observer != nil {
+		m.cfg.Observer.Egress(r.Decision, r.BytesUp, r.BytesDown)
+	}
+	m.mu.Lock()
+	l := m.live[sessionID]
+	m.mu.Unlock()
+	if l == nil {
+		return
+	}
+	l.egressMu.Lock()
+	e := l.egress
+	l.egressMu.Unlock()
+	if e == nil {
+		return
+	}
+	data, err := json.Marshal(egressTrace{EventType: traceEgress, SessionID: sessionID, Timestamp: r.Time.UTC(),
+		Proto: r.Proto, Host: r.Host, Port: r.Port, Addr: r.Addr, Decision: r.Decision, Rule: r.Rule, Reason: r.Reason,
+		Detail: r.Detail, BytesUp: r.BytesUp, BytesDown: r.BytesDown, DurationMS: r.Duration.Milliseconds()})
+	if err != nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.capped {
+		return
+	}
+	if e.traced+int64(len(data))+1 > e.traceMax {
+		e.capped = true
+		note, _ := json.Marshal(traceRecord{EventType: traceEgressCapped, SessionID: sessionID, Timestamp: time.Now().UTC(),
+			Detail: "the trace holds no more egress records: they reached resources.log_max_bytes; inspect and the metrics still count every connection"})
+		data = note
+	}
+	e.traced += int64(len(data)) + 1
+	if err := appendLine(filepath.Join(m.recordsDirFor(sessionID), TraceFile), data, false); err != nil {
+		m.cfg.Logger.Warn("writing the trace", "session", sessionID, "err", err)
+	}
+}
+
+// tracedEgress reads back from a session's trace what its proxies carried, and how many
+// bytes of egress records the trace holds.
+func tracedEgress(recordsDir string) (EgressTotals, int64) {
+	var t EgressTotals
+	var traced int64
+	f, err := os.Open(filepath.Join(recordsDir, TraceFile))
+	if err != nil {
+		return t, 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		var r egressTrace
+		if json.Unmarshal(line, &r) != nil || (r.EventType != traceEgress && r.EventType != traceEgressCapped) {
+			continue
+		}
+		traced += int64(len(line)) + 1
+		if r.EventType != traceEgress {
+			continue
+		}
+		if r.Decision == egress.Allowed {
+			t.Connections++
+		} else {
+			t.Denied++
+		}
+		t.BytesUp += r.BytesUp
+		t.BytesDown += r.BytesDown
+	}
+	return t, traced
+}
+
+// closeEgress ends the session's proxy (its open connections are cut and recorded) and
+// keeps its totals in the record.
+func (m *Manager) closeEgress(l *liveSession, rec *Record) {
+	l.egressMu.Lock()
+	e := l.egress
+	l.egressMu.Unlock()
+	if e == nil {
+		return
+	}
+	e.proxy.Close()
+	if t := e.totals(); t != (EgressTotals{}) {
+		rec.Egress = &t
+	}
+}
+
+func (t EgressTotals) proto(active int) *roostv1.Egress {
+	return &roostv1.Egress{Connections: t.Connections, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown, Active: int32(active)}
+}
+
+// EgressNow is what a live session's proxy has carried so far; nil when it has none.
+func (m *Manager) EgressNow(id string) *roostv1.Egress {
+	l := m.lookup(id)
+	if l == nil {
+		return nil
+	}
+	l.egressMu.Lock()
+	e := l.egress
+	l.egressMu.Unlock()
+	if e == nil {
+		return nil
+	}
+	return e.totals().proto(e.proxy.Totals().Active)
+}
