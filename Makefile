@@ -16,6 +16,7 @@ all: build
 build: deps
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/roostd ./cmd/roostctl
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o bin/ ./cmd/roost-init
+	CGO_ENABLED=1 $(GO) build -trimpath -o bin/ ./cmd/roost-wasm
 
 ## deps: what building roostd needs beyond Go: libseccomp's headers, for libcontainer.
 deps:

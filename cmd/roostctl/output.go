@@ -177,6 +177,9 @@ func printSession(w io.Writer, s *roostv1.Session) {
 	row("tokens", fmt.Sprint(s.GetSpend().GetTokens()))
 	row("stdout", logStats(s.GetStdout()))
 	row("stderr", logStats(s.GetStderr()))
+	if w := s.GetWasm(); w != nil {
+		row("wasm", fmt.Sprintf("%s (sha256 %s) in roost-wasm, %s", w.GetModule(), w.GetSha256(), w.GetRuntime()))
+	}
 	if e := s.GetEgress(); e != nil {
 		out := fmt.Sprintf("%d connection(s), %d denied; %s up, %s down", e.GetConnections(), e.GetDenied(), bytesIEC(e.GetBytesUp()), bytesIEC(e.GetBytesDown()))
 		if e.GetActive() > 0 {

@@ -14,6 +14,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/endpoint"
 	"roost.dev/roost/pkg/gateway"
+	"roost.dev/roost/pkg/hooks"
 	"roost.dev/roost/pkg/ledger"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/metrics"
@@ -249,6 +251,21 @@ func serve(o *options, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("session endpoints: %w", err)
 	}
+	wasm := session.NewWasmCache(wasmRunner(log), stateDir)
+	sink := &hookSink{}
+	hooksRun, err := operatorHooks(cfg.Hooks, wasm, pool.RehearsalIDs(), mtr, sink, log)
+	if err != nil {
+		return err
+	}
+	var sessionHooks session.Hooks
+	if hooksRun != nil {
+		sessionHooks = hooksRun
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = hooksRun.Close(ctx)
+		}()
+	}
 	sessions, err = session.Open(session.Config{
 		StateDir:       stateDir,
 		DaemonFloor:    floor,
@@ -267,12 +284,15 @@ func serve(o *options, log *slog.Logger) error {
 		AllowRoot:      cfg.Sessions.AllowRoot,
 		HostPaths:      cfg.Sessions.HostPaths,
 		EnvPassthrough: cfg.Env.Passthrough,
+		Wasm:           wasm,
+		Hooks:          sessionHooks,
 		Egress: &egress.Config{Hosts: cfg.Egress.HostAddrs(), PermitCIDRs: cfg.Egress.Prefixes(),
 			MaxConnectionsPerSession: cfg.Egress.MaxConnectionsPerSession},
 	})
 	if err != nil {
 		return err
 	}
+	sink.set(sessions)
 	defer sessions.Close()
 	// Every session is recovered: retention may look at which have ended.
 	retention := session.Retention{MaxEnded: o.retainEnded, MaxAge: o.retainFor}
@@ -382,6 +402,74 @@ func initBinary(log *slog.Logger) string {
 	}
 	log.Warn("roost-init not found next to roostd; sessions start under roostd's own binary (slower launches)")
 	return containment.SelfInit
+}
+
+// operatorHooks readies roostd's configured hooks: each module compiled once now, every run
+// as the uid of roostd's own id range (slot 0: never a session's), with no files and no
+// environment. Nil when there are none.
+func operatorHooks(list []config.Hook, wasm *session.WasmCache, ids containment.IDs, mtr *metrics.Metrics, sink hooks.EventSink, log *slog.Logger) (*hooks.Hooks, error) {
+	if len(list) == 0 {
+		return nil, nil
+	}
+	if wasm == nil {
+		return nil, errors.New("--config declares hooks, but roost-wasm, which runs them, is not next to roostd (make build puts it in ./bin)")
+	}
+	for _, h := range list {
+		if _, _, err := wasm.Compiled(h.Module); err != nil {
+			return nil, fmt.Errorf("hook %q: %w", h.Name, err)
+		}
+		log.Info("hook ready", "hook", h.Name, "on", h.On, "module", h.Module)
+	}
+	runner := hooks.NewExecRunner(hooks.Config{
+		Runner:     wasm.Runner(),
+		Credential: &syscall.Credential{Uid: ids.First, Gid: ids.First, Groups: []uint32{}},
+		Compiled: func(module string) (string, string, bool) {
+			entry, sum, err := wasm.Compiled(module)
+			return entry, sum, err == nil
+		},
+	})
+	return hooks.New(list, runner, mtr, sink, log), nil
+}
+
+// hookSink hands hook runs to the session manager, which exists only after the hooks do.
+type hookSink struct {
+	mu sync.Mutex
+	m  *session.Manager
+}
+
+func (s *hookSink) set(m *session.Manager) { s.mu.Lock(); s.m = m; s.mu.Unlock() }
+
+// HookEvent records a run as an event once the manager is there.
+func (s *hookSink) HookEvent(hook string, r hooks.Result, subject string) {
+	s.mu.Lock()
+	m := s.m
+	s.mu.Unlock()
+	if m != nil {
+		m.HookEvent(hook, r, subject)
+	}
+}
+
+// wasmRunner finds roost-wasm next to roostd; "" when it is not there (WASM capsules are
+// then refused at stage). roostd runs it as root to compile modules, so one others can
+// rewrite is ignored.
+func wasmRunner(log *slog.Logger) string {
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	path := filepath.Join(filepath.Dir(exe), "roost-wasm")
+	info, err := os.Stat(path)
+	switch {
+	case err != nil:
+		log.Info("no WASM runner next to roostd: run.wasm capsules are refused", "path", path)
+	case info.Mode().Perm()&0o022 != 0:
+		log.Warn("ignoring roost-wasm: it is writable by group or others", "path", path, "mode", info.Mode().String())
+	case info.Mode().IsRegular() && info.Mode().Perm()&0o111 == 0o111:
+		return path
+	default:
+		log.Warn("ignoring roost-wasm: sessions' uids must be able to run it (mode 0755)", "path", path, "mode", info.Mode().String())
+	}
+	return ""
 }
 
 // lookupSocketGroup resolves --socket-group; nil when it is not given.

@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -26,6 +27,100 @@ type Config struct {
 	Sessions  Sessions  `yaml:"sessions"`
 	Env       Env       `yaml:"env"`
 	Egress    Egress    `yaml:"egress"`
+	// Hooks are the operator's WASM hooks (pkg/hooks runs them), in the order they run.
+	Hooks []Hook `yaml:"hooks"`
+}
+
+// Hook is one operator-defined WASM hook: a WASI preview 1 module roost-wasm runs with
+// the event's JSON on its stdin, no files and no environment.
+type Hook struct {
+	// Name names it in errors, events and metrics: [a-z0-9][a-z0-9-]*, unique.
+	Name string `yaml:"name"`
+	// On is its event: HookStage (before a session is staged; it may refuse it) or
+	// HookSessionEnd (after a session's end is recorded; it is told, never asked).
+	On string `yaml:"on"`
+	// Module is the absolute path of its .wasm, a regular file when the file is loaded.
+	Module string `yaml:"module"`
+	// DeadlineSeconds bounds each run; DefaultHookDeadlineSeconds when 0, at most
+	// MaxHookDeadlineSeconds.
+	DeadlineSeconds int `yaml:"deadline_seconds"`
+	// MemoryBytes bounds the module's linear memory; DefaultHookMemoryBytes when 0, at
+	// most MaxHookMemoryBytes (all a 32-bit module can address).
+	MemoryBytes int64 `yaml:"memory_bytes"`
+	// OnOverflow is what a session_end hook does when its queue is full: HookOverflowDrop
+	// (the default) or HookOverflowBlock. A stage hook has no queue and takes none.
+	OnOverflow string `yaml:"on_overflow"`
+}
+
+// A hook's events and overflow behaviours.
+const (
+	HookStage         = "stage"
+	HookSessionEnd    = "session_end"
+	HookOverflowDrop  = "drop"
+	HookOverflowBlock = "block"
+)
+
+// A hook's bounds.
+const (
+	DefaultHookDeadlineSeconds = 30
+	MaxHookDeadlineSeconds     = 600
+	DefaultHookMemoryBytes     = 64 << 20
+	MaxHookMemoryBytes         = 4 << 30
+)
+
+// Deadline is the hook's deadline_seconds as a duration.
+func (h *Hook) Deadline() time.Duration { return time.Duration(h.DeadlineSeconds) * time.Second }
+
+func checkHooks(file string, hooks []Hook) error {
+	seen := map[string]bool{}
+	for i := range hooks {
+		h := &hooks[i]
+		at := fmt.Sprintf("%s: hooks[%d]", file, i)
+		switch {
+		case !capsuleNameRE.MatchString(h.Name):
+			return fmt.Errorf("%s.name: %q is not a hook name ([a-z0-9][a-z0-9-]*)", at, h.Name)
+		case seen[h.Name]:
+			return fmt.Errorf("%s.name: %q is declared twice", at, h.Name)
+		}
+		seen[h.Name] = true
+		if h.On != HookStage && h.On != HookSessionEnd {
+			return fmt.Errorf("%s.on: %q: expected stage or session_end", at, h.On)
+		}
+		if !filepath.IsAbs(h.Module) {
+			return fmt.Errorf("%s.module: %q: expected an absolute path", at, h.Module)
+		}
+		switch info, err := os.Stat(h.Module); {
+		case err != nil:
+			var pe *os.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			return fmt.Errorf("%s.module: %q: %w", at, h.Module, err)
+		case !info.Mode().IsRegular():
+			return fmt.Errorf("%s.module: %s is not a regular file", at, h.Module)
+		}
+		switch {
+		case h.DeadlineSeconds < 0 || h.DeadlineSeconds > MaxHookDeadlineSeconds:
+			return fmt.Errorf("%s.deadline_seconds: %d: expected 1 to %d", at, h.DeadlineSeconds, MaxHookDeadlineSeconds)
+		case h.DeadlineSeconds == 0:
+			h.DeadlineSeconds = DefaultHookDeadlineSeconds
+		}
+		switch {
+		case h.MemoryBytes < 0 || h.MemoryBytes > MaxHookMemoryBytes:
+			return fmt.Errorf("%s.memory_bytes: %d: expected 1 to %d (4 GiB)", at, h.MemoryBytes, int64(MaxHookMemoryBytes))
+		case h.MemoryBytes == 0:
+			h.MemoryBytes = DefaultHookMemoryBytes
+		}
+		switch {
+		case h.On == HookStage && h.OnOverflow != "":
+			return fmt.Errorf("%s.on_overflow: a stage hook runs while its caller waits and has no queue; on_overflow is for session_end hooks", at)
+		case h.On == HookSessionEnd && h.OnOverflow == "":
+			h.OnOverflow = HookOverflowDrop
+		case h.On == HookSessionEnd && h.OnOverflow != HookOverflowDrop && h.OnOverflow != HookOverflowBlock:
+			return fmt.Errorf("%s.on_overflow: %q: expected drop or block", at, h.OnOverflow)
+		}
+	}
+	return nil
 }
 
 // Egress is how sessions' proxies reach the outside (network.allow).
@@ -344,6 +439,9 @@ func Parse(data []byte, file string) (*Config, error) {
 		return nil, err
 	}
 	if err := c.Egress.check(file); err != nil {
+		return nil, err
+	}
+	if err := checkHooks(file, c.Hooks); err != nil {
 		return nil, err
 	}
 	for i, v := range c.Env.Passthrough {

@@ -180,3 +180,66 @@ func TestEgress(t *testing.T) {
 		}
 	}
 }
+
+// Hooks: names, events, modules that exist, bounds and defaults; every error names its key.
+func TestHooks(t *testing.T) {
+	dir := t.TempDir()
+	mod := filepath.Join(dir, "policy.wasm")
+	if err := os.WriteFile(mod, []byte("\x00asm\x01\x00\x00\x00"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	good := "hooks:\n" +
+		"  - name: policy\n    on: stage\n    module: " + mod + "\n" +
+		"  - {name: audit-1, on: session_end, module: " + mod + ", deadline_seconds: 600, memory_bytes: 4294967296, on_overflow: block}\n" +
+		"  - {name: audit-2, on: session_end, module: " + mod + "}\n"
+	c, err := Parse([]byte(good), "roostd.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Hook{
+		{Name: "policy", On: HookStage, Module: mod, DeadlineSeconds: 30, MemoryBytes: 64 << 20},
+		{Name: "audit-1", On: HookSessionEnd, Module: mod, DeadlineSeconds: 600, MemoryBytes: 4 << 30, OnOverflow: HookOverflowBlock},
+		{Name: "audit-2", On: HookSessionEnd, Module: mod, DeadlineSeconds: 30, MemoryBytes: 64 << 20, OnOverflow: HookOverflowDrop},
+	}
+	if len(c.Hooks) != len(want) {
+		t.Fatalf("%+v", c.Hooks)
+	}
+	for i := range want {
+		if c.Hooks[i] != want[i] {
+			t.Errorf("hooks[%d]: %+v, want %+v", i, c.Hooks[i], want[i])
+		}
+	}
+	if d := c.Hooks[0].Deadline(); d.String() != "30s" {
+		t.Errorf("deadline: %v", d)
+	}
+
+	hook := func(fields string) string {
+		return "hooks:\n  - {name: ok, on: stage, module: " + mod + "}\n  - {" + fields + "}\n"
+	}
+	end := "name: h, on: session_end, module: " + mod
+	for src, want := range map[string]string{
+		hook("name: Policy, on: stage, module: " + mod):               `roostd.yaml: hooks[1].name: "Policy" is not a hook name ([a-z0-9][a-z0-9-]*)`,
+		hook("name: -x, on: stage, module: " + mod):                   `hooks[1].name: "-x" is not a hook name`,
+		hook("on: stage, module: " + mod):                             `hooks[1].name: "" is not a hook name`,
+		hook("name: ok, on: stage, module: " + mod):                   `hooks[1].name: "ok" is declared twice`,
+		hook("name: h, on: stagee, module: " + mod):                   `roostd.yaml: hooks[1].on: "stagee": expected stage or session_end`,
+		hook("name: h, module: " + mod):                               `hooks[1].on: "": expected stage or session_end`,
+		hook("name: h, on: stage, module: policy.wasm"):               `hooks[1].module: "policy.wasm": expected an absolute path`,
+		hook("name: h, on: stage"):                                    `hooks[1].module: "": expected an absolute path`,
+		hook("name: h, on: stage, module: " + mod + ".missing"):       `hooks[1].module: "` + mod + `.missing": no such file or directory`,
+		hook("name: h, on: stage, module: " + dir):                    `hooks[1].module: ` + dir + ` is not a regular file`,
+		hook(end + ", deadline_seconds: -1"):                          "hooks[1].deadline_seconds: -1: expected 1 to 600",
+		hook(end + ", deadline_seconds: 601"):                         "hooks[1].deadline_seconds: 601: expected 1 to 600",
+		hook(end + ", deadline_seconds: soon"):                        "cannot unmarshal",
+		hook(end + ", memory_bytes: -1"):                              "hooks[1].memory_bytes: -1: expected 1 to 4294967296 (4 GiB)",
+		hook(end + ", memory_bytes: 4294967297"):                      "hooks[1].memory_bytes: 4294967297: expected 1 to 4294967296",
+		hook(end + ", on_overflow: wait"):                             `hooks[1].on_overflow: "wait": expected drop or block`,
+		hook("name: h, on: stage, on_overflow: drop, module: " + mod): "hooks[1].on_overflow: a stage hook runs while its caller waits and has no queue",
+		hook(end + ", deadline: 5"):                                   "field deadline not found",
+		"hooks: {name: h}\n":                                          "cannot unmarshal",
+	} {
+		if _, err := Parse([]byte(src), "roostd.yaml"); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v (want %q)", src, err, want)
+		}
+	}
+}

@@ -73,7 +73,7 @@ func TestDecideWorkdirExecKeepsTheClass(t *testing.T) {
 func TestGrantsNeverClaimWhatAPlainProcessCannotHold(t *testing.T) {
 	p := policy(t, "capabilities: {network: {allow: [example.com]}, shell: {allow: [sh]}, filesystem: {scope: src}}")
 	for _, root := range []bool{true, false} {
-		grants := Grants(manifest.Advisory, &p, root)
+		grants := Grants(manifest.Advisory, &p, root, false)
 		byKey := map[string]Grant{}
 		for _, g := range grants {
 			byKey[g.Key] = g
@@ -101,27 +101,44 @@ func TestGrantsNeverClaimWhatAPlainProcessCannotHold(t *testing.T) {
 	}
 	// RLIMIT_AS always in a class without a cgroup (at its default when undeclared).
 	declared := policy(t, "capabilities: {resources: {memory_bytes: 1073741824}}")
-	for _, g := range Grants(manifest.Advisory, &declared, false) {
+	for _, g := range Grants(manifest.Advisory, &declared, false, false) {
 		if g.Key == "resources.memory_bytes" && g.Enforcement != Enforced {
 			t.Errorf("a declared memory_bytes is %q", g.Enforcement)
 		}
 	}
-	for _, g := range Grants(manifest.Advisory, &p, false) {
+	for _, g := range Grants(manifest.Advisory, &p, false, false) {
 		if g.Key == "resources.memory_bytes" && (g.Enforcement != Enforced || g.Value != "68719476736 (default)") {
 			t.Errorf("an undeclared memory_bytes is %q, %q", g.Enforcement, g.Value)
 		}
 	}
 	// Nothing is claimed for a class there is no runtime for.
-	for _, g := range Grants(manifest.ClassNone, &p, false) {
+	for _, g := range Grants(manifest.ClassNone, &p, false, false) {
 		if g.Enforcement != "" {
 			t.Fatalf("grant %s claims %q for no class", g.Key, g.Enforcement)
 		}
 	}
-	// Every row of every class this build runs says how it is held.
+	// Every row of every class this build runs says how it is held, for a command and for a
+	// WASM module; a WASM session's guest memory and fuel are held, a command's are not.
 	for _, class := range manifest.Classes {
-		for _, g := range Grants(class, &p, true) {
-			if g.Enforcement == "" || g.Mechanism == "" {
-				t.Errorf("%s: %s has no enforcement or mechanism", class, g.Key)
+		for _, wasm := range []bool{false, true} {
+			byKey := map[string]Grant{}
+			for _, g := range Grants(class, &p, true, wasm) {
+				byKey[g.Key] = g
+				if g.Enforcement == "" || g.Mechanism == "" {
+					t.Errorf("%s, wasm %v: %s has no enforcement or mechanism", class, wasm, g.Key)
+				}
+			}
+			want := NotApplicable
+			if wasm {
+				want = Enforced
+				if byKey["run.wasm"].Enforcement != Enforced {
+					t.Errorf("%s: a WASM session's preopens are not reported: %+v", class, byKey["run.wasm"])
+				}
+			}
+			for _, key := range []string{"limits.memory_bytes", "limits.wasm_fuel"} {
+				if byKey[key].Enforcement != want {
+					t.Errorf("%s, wasm %v: %s is %q", class, wasm, key, byKey[key].Enforcement)
+				}
 			}
 		}
 	}

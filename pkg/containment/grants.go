@@ -61,9 +61,10 @@ func memoryBytes(class manifest.Class, p *manifest.Policy) [2]string {
 }
 
 // Grants lists every key of the policy with how a session of class holds it on this host;
-// asRoot says the operator lets the session run as host root (sessions.allow_root).
-// A class this build cannot run gets values only: nothing is claimed for it.
-func Grants(class manifest.Class, p *manifest.Policy, asRoot bool) []Grant {
+// asRoot says the operator lets the session run as host root (sessions.allow_root), wasm
+// that it runs a WASM module (run.wasm) in roost's runner. A class this build cannot run
+// gets values only: nothing is claimed for it.
+func Grants(class manifest.Class, p *manifest.Policy, asRoot, wasm bool) []Grant {
 	var out []Grant
 	switch class {
 	case manifest.Unconfined, manifest.Advisory:
@@ -77,6 +78,9 @@ func Grants(class manifest.Class, p *manifest.Policy, asRoot bool) []Grant {
 	}
 	// The first row is the class in force, whatever the manifest asked for.
 	out[0].Value = class.String()
+	if wasm && class != manifest.ClassNone {
+		out = wasmGrants(out, p)
+	}
 	return out
 }
 
@@ -104,6 +108,7 @@ func values(p *manifest.Policy) [][2]string {
 		{"env.allow", list(p.Env.Allow)},
 		{"limits.deadline_seconds", limit(p.Limits.DeadlineSeconds)},
 		{"limits.memory_bytes", limit(p.Limits.MemoryBytes)},
+		{"limits.wasm_fuel", orNoBound(p.Limits.WasmFuel)},
 		{"resources.cgroup_memory_bytes", limit(r.CgroupMemoryBytes)},
 		{"resources.cgroup_pids_max", limit(r.CgroupPidsMax)},
 		{"resources.cgroup_cpu_percent", limit(r.CgroupCPUPercent)},
@@ -141,6 +146,7 @@ var common = hold{
 	"env.allow":                          {Enforced, "roost builds the environment: the manifest's env, these host variables, and ROOST_*"},
 	"limits.deadline_seconds":            {Enforced, "roostd sends SIGTERM at the deadline and SIGKILL 10s later"},
 	"limits.memory_bytes":                {NotApplicable, "bounds a WASM guest's memory; this session runs a command"},
+	"limits.wasm_fuel":                   {NotApplicable, "bounds a WASM guest's instructions; this session runs a command"},
 	"resources.max_open_files":           {Enforced, "RLIMIT_NOFILE on every process"},
 	"resources.max_file_size_bytes":      {Enforced, "RLIMIT_FSIZE on every process"},
 	"resources.cpu_seconds":              {Enforced, "RLIMIT_CPU on every process"},
@@ -366,4 +372,28 @@ func limit(l manifest.Limit) string {
 		return fmt.Sprintf("%s (declared %d)", s, *l.Declared)
 	}
 	return s
+}
+
+// wasmGrants is how roost's WASM runner holds what a WASM session's guest may do, inside
+// the class's containment: its memory, fuel and deadline, and the only files it can name.
+func wasmGrants(out []Grant, p *manifest.Policy) []Grant {
+	for i := range out {
+		switch out[i].Key {
+		case "limits.memory_bytes":
+			out[i].Enforcement, out[i].Mechanism = Enforced, "wasmtime's store limiter: the guest's linear memory cannot grow past it (memory.grow fails; the guest decides what follows)"
+		case "limits.wasm_fuel":
+			out[i].Enforcement, out[i].Mechanism = Enforced, "no bound on the guest's instructions (the deadline still ends it)"
+			if p.Limits.WasmFuel.Declared != nil {
+				out[i].Mechanism = "wasmtime fuel: the guest traps when it is spent, and the session ends crashed"
+			}
+		case "limits.deadline_seconds":
+			out[i].Mechanism = "roostd sends SIGTERM at the deadline, which the runner turns into an epoch interruption of the guest at once (SIGKILL 10s later); the session ends deadline_reached"
+		}
+	}
+	preopens := "/work: the workdir, read-write; /capsule: the capsule, read-only"
+	if p.Filesystem.Scope != "" {
+		preopens = "/work: the workdir, read-only, and /work/" + p.Filesystem.Scope + " read-write; /capsule: the capsule, read-only"
+	}
+	return append(out, Grant{Key: "run.wasm", Value: preopens, Enforcement: Enforced,
+		Mechanism: "WASI preview 1 in roost's runner (wasmtime), started by roost-init under this class: the guest names no file outside its preopens and has no sockets; the class holds filesystem.scope and read_only beneath /work as for any program"})
 }

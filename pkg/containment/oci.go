@@ -20,6 +20,10 @@ const (
 	sealedCapsule  = "/capsule"
 	sealedInitDir  = "/.roost"
 	sealedInitPath = sealedInitDir + "/" + InitName
+	// SealedRunnerPath is roost's WASM runner in a sealed root, SealedWasmModule the
+	// session's compiled module: both bound read-only from the host when it runs one.
+	SealedRunnerPath = sealedInitDir + "/roost-wasm"
+	SealedWasmModule = sealedInitDir + "/module.cwasm"
 	// SealedTaskPath is where a sealed session finds the task text its parent gave it.
 	SealedTaskPath = "/run/roost/task.md"
 	// SealedHome is a sealed session's HOME: root's home, as its passwd says.
@@ -57,6 +61,9 @@ type SealedLayout struct {
 	Home string
 	// HostRead lists host trees bound read-only at the same paths (filesystem.host_read).
 	HostRead []string
+	// Runner and WasmModule, for a WASM session, are roost-wasm and the session's compiled
+	// module on the host, bound read-only at SealedRunnerPath and SealedWasmModule.
+	Runner, WasmModule string
 }
 
 // SealedSpec describes a sealed session as an OCI runtime spec: the one description of its
@@ -96,6 +103,11 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 	)
 	for _, h := range l.HostRead {
 		mounts = append(mounts, specs.Mount{Destination: h, Type: "bind", Source: h, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+	}
+	if l.Runner != "" {
+		mounts = append(mounts,
+			specs.Mount{Destination: SealedRunnerPath, Type: "bind", Source: l.Runner, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+			specs.Mount{Destination: SealedWasmModule, Type: "bind", Source: l.WasmModule, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
 	}
 	mounts = append(mounts, workMounts(l, p, noexec)...)
 	if l.Home != "" {

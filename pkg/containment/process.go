@@ -69,7 +69,7 @@ func (r *ProcessRuntime) Start(ctx context.Context, spec Spec) (Process, error) 
 	if err != nil {
 		return nil, err
 	}
-	p, err := r.start(ctx, spec, roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, Rlimits: spec.Rlimits, User: user})
+	p, err := r.start(ctx, spec, roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, Rlimits: spec.Rlimits, User: user, Report: spec.Runner != ""})
 	if err != nil {
 		return nil, err
 	}

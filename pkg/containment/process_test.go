@@ -285,3 +285,23 @@ func TestStartTime(t *testing.T) {
 		t.Fatal("StartTime of a missing pid")
 	}
 }
+
+// A descriptor roostd inherited without close-on-exec (from whatever started it) never
+// reaches a session's program: it sees its stdio and nothing else.
+func TestInheritedDescriptorsDoNotLeak(t *testing.T) {
+	leak, err := syscall.Open("/etc/hostname", syscall.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(leak)
+	s := spec(t, "/bin/sh", "-c", `for f in /proc/self/fd/*; do echo "${f##*/}"; done`)
+	p, err := NewProcessRuntime(SelfInit).Start(context.Background(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, p)
+	// The shell lists its descriptors through one of its own: the directory it reads (3).
+	if got := readFile(t, filepath.Join(s.RecordsDir, StdoutFile)); got != "0\n1\n2\n3\n" {
+		t.Fatalf("the program holds descriptors besides its stdio (fd %d was leaked into roostd):\n%s", leak, got)
+	}
+}

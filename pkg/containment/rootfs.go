@@ -75,9 +75,11 @@ func composeRoot(dir string, l SealedLayout) error {
 			return fmt.Errorf("mount point for %s: %w", h, err)
 		}
 	}
-	// The bind target for roost-init is a file.
-	if err := os.WriteFile(filepath.Join(dir, ".roost", InitName), nil, 0o555); err != nil {
-		return err
+	// The bind targets for roost-init, the WASM runner and a compiled module are files.
+	for _, name := range []string{InitName, filepath.Base(SealedRunnerPath), filepath.Base(SealedWasmModule)} {
+		if err := os.WriteFile(filepath.Join(dir, ".roost", name), nil, 0o555); err != nil {
+			return err
+		}
 	}
 	etc := filepath.Join(dir, "etc")
 	files := map[string]string{

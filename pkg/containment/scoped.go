@@ -139,6 +139,7 @@ func (r *ScopedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 		User:             user,
 		NetNS:            spec.NetNS,
 		NewNetNS:         spec.NetNS == "",
+		Report:           spec.Runner != "",
 	}
 	exec.Landlock, exec.Mounts = scopedExec(spec, tmp)
 	p, err := r.plain.start(ctx, spec, exec)
@@ -233,6 +234,10 @@ func ScopedFS(spec Spec, tmp string) *roostinit.LandlockFS {
 	}
 	if spec.Task != "" {
 		fsr.ReadFiles = append(fsr.ReadFiles, spec.Task)
+	}
+	if spec.Runner != "" {
+		// exec opens the file for reading too: the runner needs READ_FILE beside EXECUTE.
+		fsr.ReadFiles = append(fsr.ReadFiles, spec.Runner, spec.WasmModule)
 	}
 	fsr.Read = append(fsr.Read, spec.Children...)
 	if spec.Policy != nil {

@@ -164,6 +164,7 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	id := spec.SessionID
 	layout := r.Layout(id, spec.Dir, spec.CapsuleDir)
 	layout.NetNS, layout.Task, layout.IDs, layout.Home = spec.NetNS, spec.Task, spec.IDs, spec.Home
+	layout.Runner, layout.WasmModule = spec.Runner, spec.WasmModule
 	if hr := spec.Policy.Filesystem.HostRead; len(hr) > 0 {
 		// Host trees need mount points the shared root has not: the session gets a root
 		// composed for it (Release removes it).
@@ -223,7 +224,7 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	// Inside the root the program runs at /work, its command from the sealed view.
 	// Landlock holds the exec allowlist: the program, shell.allow, and their interpreters.
 	execSpec := roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: sealedWork, Rlimits: spec.Rlimits,
-		Landlock: sealedLandlock(spec)}
+		Landlock: sealedLandlock(spec), Report: spec.Runner != ""}
 	proc := &libcontainer.Process{
 		Args:       []string{sealedInitPath, id},
 		Env:        []string{"PATH=" + defaultPath},

@@ -14,12 +14,14 @@ import (
 
 // Names this package shares with roost-init.
 const (
-	StdoutFile = roostinit.StdoutFile
-	StderrFile = roostinit.StderrFile
-	InitFile   = roostinit.InitFile
-	ExitFile   = roostinit.ExitFile
-	InitName   = roostinit.InitName
-	ExecName   = roostinit.ExecName
+	OutcomeDeadlineReached = roostinit.OutcomeDeadlineReached
+	OutcomeFuelExhausted   = roostinit.OutcomeFuelExhausted
+	StdoutFile             = roostinit.StdoutFile
+	StderrFile             = roostinit.StderrFile
+	InitFile               = roostinit.InitFile
+	ExitFile               = roostinit.ExitFile
+	InitName               = roostinit.InitName
+	ExecName               = roostinit.ExecName
 )
 
 type (
@@ -29,6 +31,8 @@ type (
 	ProcessRef = roostinit.ProcessRef
 	// ExitInfo is how a program ended, as roost-init recorded it.
 	ExitInfo = roostinit.ExitInfo
+	// Outcome is what a program (roost's WASM runner) reported of its own end.
+	Outcome = roostinit.Outcome
 )
 
 var (
@@ -88,6 +92,10 @@ type Spec struct {
 	// with neither is refused, so no forgotten field ever means root.
 	IDs  IDs
 	Root bool
+	// Runner and WasmModule, for a WASM session (run.wasm), are roost-wasm and the
+	// session's compiled module on the host: Argv runs the runner (in the session's view),
+	// which reads the module, and gets a report pipe to say how its guest ended.
+	Runner, WasmModule string
 }
 
 // IDs is a host uid/gid range: a sealed session's user namespace maps 0..Size-1 onto

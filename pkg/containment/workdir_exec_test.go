@@ -127,7 +127,7 @@ func TestAddressSpaceLimitOnlyWhereNothingBetter(t *testing.T) {
 		t.Fatalf("ulimit -v in a class without a cgroup: %q, want %q", got, want)
 	}
 	for class, want := range map[manifest.Class]string{manifest.Advisory: Enforced, manifest.Scoped: NotApplicable, manifest.Sealed: NotApplicable} {
-		for _, g := range Grants(class, &undeclared, false) {
+		for _, g := range Grants(class, &undeclared, false, false) {
 			if g.Key == "resources.memory_bytes" && g.Enforcement != want {
 				t.Errorf("%s explains resources.memory_bytes as %s (%s), want %s", class, g.Enforcement, g.Mechanism, want)
 			}

@@ -181,6 +181,7 @@ func (d *decoder) capabilities(n *yaml.Node, path string) *Capabilities {
 					}
 				}},
 				{"memory_bytes", set(&l.MemoryBytes, d.positive)},
+				{"wasm_fuel", set(&l.WasmFuel, d.positive)},
 			})
 		}},
 		{"resources", func(n *yaml.Node, p string) {

@@ -87,6 +87,8 @@ type EnvGrant struct {
 type Limits struct {
 	DeadlineSeconds *int64
 	MemoryBytes     *int64
+	// WasmFuel bounds the instructions a WASM guest may run (wasmtime's fuel).
+	WasmFuel *int64
 }
 
 // Resources is capabilities.resources.

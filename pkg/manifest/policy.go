@@ -113,6 +113,8 @@ type EnvPolicy struct {
 type LimitsPolicy struct {
 	DeadlineSeconds Limit
 	MemoryBytes     Limit
+	// WasmFuel bounds a WASM guest's instructions; Value 0 when undeclared: no bound.
+	WasmFuel Limit
 }
 
 // ResourcesPolicy is capabilities.resources resolved.
@@ -210,6 +212,7 @@ func Lower(m *Manifest) Policy {
 	p.Limits = LimitsPolicy{
 		DeadlineSeconds: resolve(l.DeadlineSeconds, DefaultDeadlineSeconds),
 		MemoryBytes:     resolve(l.MemoryBytes, DefaultWasmMemoryBytes),
+		WasmFuel:        resolve(l.WasmFuel, 0),
 	}
 
 	var r Resources

@@ -36,6 +36,10 @@ type Metrics struct {
 	// destinations are the sessions' choice, and in the trace.
 	egressConns *prometheus.CounterVec
 	egressBytes *prometheus.CounterVec
+	// hookRuns and hookTime count and time operator hooks' runs (pkg/hooks), by hook name:
+	// the operator's config bounds that set.
+	hookRuns *prometheus.CounterVec
+	hookTime *prometheus.HistogramVec
 }
 
 // Budget reports the ledger's state at each scrape.
@@ -108,12 +112,21 @@ func New(states []string, count func() map[string]int) *Metrics {
 			Name: "roost_egress_bytes_total",
 			Help: "Payload bytes sessions' egress proxies carried, by direction (up: to the destination, down: from it).",
 		}, []string{"direction"}),
+		hookRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "roost_hook_runs_total",
+			Help: "Runs of roostd's configured hooks, by hook and result: stage hooks allowed, vetoed, trap, timeout, out_of_memory, failed; session_end hooks ok, failed, trap, timeout, out_of_memory, and dropped (not run: its queue was full or roostd stopped).",
+		}, []string{"hook", "result"}),
+		hookTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "roost_hook_seconds",
+			Help:    "Time a hook's run took, from starting its runner to its end (dropped inputs are not timed).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 21),
+		}, []string{"hook"}),
 	}
 	m.registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.starts, m.startTime, m.recovered, m.spawns, m.spawnTime, m.tokens, m.tokensOld, m.overruns, m.refusals, m.limits, m.pruned, m.compacted,
-		m.egressConns, m.egressBytes,
+		m.egressConns, m.egressBytes, m.hookRuns, m.hookTime,
 		&stateCollector{states: states, count: count, desc: prometheus.NewDesc(
 			"roost_sessions", "Sessions in the registry, by state.", []string{"state"}, nil)},
 	)
@@ -149,6 +162,15 @@ func (m *Metrics) Egress(decision string, bytesUp, bytesDown int64) {
 	m.egressConns.WithLabelValues(decision).Inc()
 	m.egressBytes.WithLabelValues("up").Add(float64(bytesUp))
 	m.egressBytes.WithLabelValues("down").Add(float64(bytesDown))
+}
+
+// HookRan counts one run of a hook with its result and times it; a "dropped" input, which
+// never ran, is counted and not timed. *Metrics is pkg/hooks' Observer.
+func (m *Metrics) HookRan(hook, result string, took time.Duration) {
+	m.hookRuns.WithLabelValues(hook, result).Inc()
+	if result != "dropped" {
+		m.hookTime.WithLabelValues(hook).Observe(took.Seconds())
+	}
 }
 
 // LimitHit counts a session meeting one of its bounds.

@@ -96,7 +96,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 		rec.EndpointPort = l.ep.Port()
 	}
 	rec.StartedAt = ref.StartedAt
-	rec.DeadlineAt = ref.StartedAt.Add(rec.Deadline)
+	rec.DeadlineAt = ref.StartedAt.Add(rec.deadline())
 	if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Running) }); err != nil {
 		// The program runs but the registry refused the record: end it rather than leave
 		// a process nobody can see.
@@ -206,6 +206,13 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, man *manifest.Ma
 	if rec.IDs != nil {
 		ids = *rec.IDs
 	}
+	argv := view.command(rec)
+	var runner, module string
+	if rec.Wasm != nil {
+		runner, module = m.wasmFiles(rec)
+		inRunner, inModule := m.wasmView(class, rec)
+		argv = wasmArgv(rec, policy, view, inRunner, inModule)
+	}
 	return containment.Spec{
 		SessionID:  rec.ID,
 		Class:      class,
@@ -215,7 +222,7 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, man *manifest.Ma
 		Home:       m.homeDir(rec.ID),
 		Exec:       view.paths(execFiles(rec)),
 		ExecTrees:  view.paths(execTrees(rec)),
-		Argv:       view.command(rec),
+		Argv:       argv,
 		Env:        environment(rec, man, m.hostEnv(policy), view, extra),
 		NetNS:      netns,
 		Task:       task,
@@ -224,6 +231,8 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, man *manifest.Ma
 		CapsuleDir: rec.Capsule.Root(),
 		Rlimits:    containment.Rlimits(class, policy),
 		Policy:     policy,
+		Runner:     runner,
+		WasmModule: module,
 		// roost-init keeps each output stream within it.
 		LogMaxBytes: policy.Resources.LogMaxBytes.Value,
 	}

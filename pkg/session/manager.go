@@ -109,6 +109,11 @@ type Config struct {
 	// HostPaths are the host trees capsules may read with filesystem.host_read (roostd's
 	// sessions.host_paths).
 	HostPaths []string
+	// Hooks are the operator's stage and session_end hooks; nil for none.
+	Hooks Hooks
+	// Wasm runs run.wasm sessions and keeps their compiled modules; nil for none (then a
+	// WASM capsule is refused at stage).
+	Wasm *WasmCache
 	// Egress is how sessions in a network namespace of their own reach the outside
 	// (roostd's egress block); nil for not at all.
 	Egress *egress.Config
@@ -197,6 +202,7 @@ func Open(cfg Config) (*Manager, error) {
 	if cfg.Egress != nil {
 		m.egress = egress.New(*cfg.Egress, m, cfg.Logger)
 	}
+
 	if err := m.recover(); err != nil {
 		cancel()
 		reg.Close()

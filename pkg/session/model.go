@@ -137,6 +137,8 @@ type Record struct {
 	Tokens       int64 `json:"tokens,omitempty"`
 	InputTokens  int64 `json:"input_tokens,omitempty"`
 	OutputTokens int64 `json:"output_tokens,omitempty"`
+	// Wasm is what a run.wasm session runs: its module and compiled entry; nil for a command.
+	Wasm *WasmRun `json:"wasm,omitempty"`
 	// Egress is what the session's egress proxy carried, kept at its end.
 	Egress *EgressTotals `json:"egress,omitempty"`
 }

@@ -43,6 +43,9 @@ func (r *Record) Proto() *roostv1.Session {
 	if r.Egress != nil {
 		s.Egress = r.Egress.proto(0)
 	}
+	if w := r.Wasm; w != nil {
+		s.Wasm = &roostv1.WasmRun{Module: w.Module, Sha256: w.SHA256, Runtime: w.Runtime, Cache: w.Cache}
+	}
 	if st := r.logStats(); st != nil {
 		s.Stdout, s.Stderr = logStatsProto(st.MaxBytes, st.Stdout), logStatsProto(st.MaxBytes, st.Stderr)
 	}
@@ -117,7 +120,7 @@ func (m *Manager) explanation(p *plan) *roostv1.Explanation {
 	if !d.Met {
 		class = d.Floor
 	}
-	for _, g := range containment.Grants(class, &p.policy, m.hostRoot(p)) {
+	for _, g := range containment.Grants(class, &p.policy, m.hostRoot(p), p.manifest.Run.Wasm != "") {
 		e.Grants = append(e.Grants, &roostv1.Grant{Key: g.Key, Value: g.Value, Enforcement: g.Enforcement, Mechanism: g.Mechanism})
 	}
 	e.Identity = &roostv1.Identity{Size: idsPerSession, HostRoot: m.hostRoot(p)}
@@ -172,6 +175,7 @@ func policyProto(p *manifest.Policy) *roostv1.Policy {
 		Env: &roostv1.EnvPolicy{Allow: p.Env.Allow},
 		Limits: &roostv1.LimitsPolicy{
 			DeadlineSeconds: limitProto(p.Limits.DeadlineSeconds), MemoryBytes: limitProto(p.Limits.MemoryBytes),
+			WasmFuel: limitProto(p.Limits.WasmFuel),
 		},
 		Resources: &roostv1.ResourcesPolicy{
 			CgroupMemoryBytes:      limitProto(r.CgroupMemoryBytes),

@@ -98,7 +98,7 @@ func (m *Manager) recoverOne(rec *Record) string {
 		ref := proc.Ref()
 		rec.Process = &ref
 		rec.StartedAt = ref.StartedAt
-		rec.DeadlineAt = ref.StartedAt.Add(rec.Deadline)
+		rec.DeadlineAt = ref.StartedAt.Add(rec.deadline())
 		if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Running) }); err != nil {
 			m.cfg.Logger.Error("recovering", "session", rec.ID, "err", err)
 		}

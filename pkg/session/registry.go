@@ -230,6 +230,12 @@ func (t *Tx) Note(rec *Record, eventType, detail string) error {
 	return t.emit(Event{Type: eventType, SessionID: rec.ID, State: rec.State, Detail: detail})
 }
 
+// NoteDaemon records an event about no session: roostd's own (a stage hook's judgement of a
+// capsule no session was recorded for).
+func (t *Tx) NoteDaemon(eventType, detail string) error {
+	return t.emit(Event{Type: eventType, Detail: detail})
+}
+
 // Delete forgets a session, and lets go of its id range; only a staged or ended one may go.
 func (t *Tx) Delete(rec *Record) error {
 	sessions := sessionsBucket(t.tx)

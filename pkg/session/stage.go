@@ -128,8 +128,15 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*Record, error) {
 	if err := m.checkUpstream(&p.policy, filepath.Join(p.dir, manifest.FileName)); err != nil {
 		return nil, err
 	}
+	if err := m.stageHooks(p, opts.ParentID); err != nil {
+		return nil, err
+	}
+	var wasm *WasmRun
 	if p.manifest.Run.Wasm != "" {
-		return nil, errdefs.ErrFailedPrecondition.WithMessage(fmt.Sprintf("%s: run.wasm: this build has no WASM runner; give run.command instead", filepath.Join(p.dir, manifest.FileName)))
+		var err error
+		if wasm, err = m.cfg.Wasm.prepare(p.ref.Root(), p.manifest.Run.Wasm, filepath.Join(p.dir, manifest.FileName)); err != nil {
+			return nil, err
+		}
 	}
 	id, err := newID()
 	if err != nil {
@@ -155,6 +162,7 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*Record, error) {
 		Deadline:     time.Duration(p.policy.Limits.DeadlineSeconds.Value) * time.Second,
 		WorkdirLimit: p.policy.Resources.WorkdirMaxBytes.Value,
 		Shell:        p.shell,
+		Wasm:         wasm,
 		CreatedAt:    time.Now().UTC(),
 	}
 	// A top-level session may start roostd --max-depth levels below it; each level one
@@ -211,9 +219,13 @@ func (m *Manager) hostRoot(p *plan) bool {
 	return p.decision.Achieved != manifest.Sealed && slices.Contains(m.cfg.AllowRoot, p.manifest.Name)
 }
 
-// command is the program's command line: run.command then run.args. A program named by a
-// relative path with a slash (bin/agent) lives in the capsule directory.
+// command is the program's command line: run.command (or run.wasm's module) then run.args.
+// A program named by a relative path with a slash (bin/agent) lives in the capsule directory,
+// as a module always does.
 func command(capsuleDir string, run manifest.Run) []string {
+	if run.Wasm != "" {
+		return append([]string{filepath.Join(capsuleDir, run.Wasm)}, run.Args...)
+	}
 	argv := append(append([]string{}, run.Command...), run.Args...)
 	if !filepath.IsAbs(argv[0]) && strings.Contains(argv[0], "/") {
 		argv[0] = filepath.Join(capsuleDir, argv[0])

@@ -277,6 +277,7 @@ func (m *Manager) finish(l *liveSession, rec *Record, status ExitStatus, code *i
 			m.cfg.Logger.Error("recording end", "session", rec.ID, "err", err)
 			return
 		}
+		m.endHooks(rec)
 	}
 	if l.ep != nil {
 		l.ep.Close()
@@ -363,6 +364,11 @@ func classify(rec *Record, info containment.ExitInfo, exitErr error) (ExitStatus
 		return StatusTerminated, &code, "killed by roostctl kill with " + signalName(syscall.Signal(info.Signal))
 	case info.OOMKilled:
 		return StatusCrashed, &code, "oom"
+	case rec.Wasm != nil && hasOutcome(info):
+		// The runner says how its guest ended when the code cannot: a trap, fuel, its own
+		// deadline. Only the runner writes there: the guest has no descriptor but its stdio.
+		o, _ := info.Outcome()
+		return wasmOutcome(o, code)
 	case info.Signal != 0:
 		switch syscall.Signal(info.Signal) {
 		case syscall.SIGXCPU:
@@ -379,3 +385,24 @@ func classify(rec *Record, info containment.ExitInfo, exitErr error) (ExitStatus
 }
 
 func unixSignalName(sig syscall.Signal) string { return unix.SignalName(sig) }
+
+func hasOutcome(info containment.ExitInfo) bool {
+	_, ok := info.Outcome()
+	return ok
+}
+
+// wasmOutcome is a WASM session's end as its runner reported it.
+func wasmOutcome(o containment.Outcome, code int) (ExitStatus, *int, string) {
+	detail := o.Detail
+	if o.Backtrace != "" {
+		detail += "\n" + o.Backtrace
+	}
+	switch o.Status {
+	case containment.OutcomeDeadlineReached:
+		return StatusDeadlineReached, &code, "limits.deadline_seconds reached; the runner interrupted the guest: " + detail
+	case containment.OutcomeFuelExhausted:
+		return StatusCrashed, &code, "limits.wasm_fuel spent: " + detail
+	default:
+		return StatusCrashed, &code, detail
+	}
+}

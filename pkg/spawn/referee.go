@@ -195,11 +195,19 @@ func envelope(p Parent, c Child) error {
 		}
 	}
 	// 0 is no bound: only a bounded parent constrains, and then the child needs a bound too.
-	if pe, ce := pr.EgressMaxBytes.Value, cr.EgressMaxBytes.Value; pe > 0 && (ce == 0 || ce > pe) {
-		if ce == 0 {
-			return refuse("capabilities.resources.egress_max_bytes", "the child declares no bound; its parent's is %d", pe)
+	for _, l := range []struct {
+		key           string
+		child, parent int64
+	}{
+		{"capabilities.resources.egress_max_bytes", cr.EgressMaxBytes.Value, pr.EgressMaxBytes.Value},
+		{"capabilities.limits.wasm_fuel", cp.Limits.WasmFuel.Value, pp.Limits.WasmFuel.Value},
+	} {
+		switch {
+		case l.parent > 0 && l.child == 0:
+			return refuse(l.key, "the child declares no bound; its parent's is %d", l.parent)
+		case l.parent > 0 && l.child > l.parent:
+			return refuse(l.key, "the child's %d is more than its parent's %d", l.child, l.parent)
 		}
-		return refuse("capabilities.resources.egress_max_bytes", "the child's %d is more than its parent's %d", ce, pe)
 	}
 	if c.Floor < p.Achieved {
 		return refuse("capabilities.containment", "the child would run %s, weaker than its parent's %s; a child's containment may only rise", c.Floor, p.Achieved)

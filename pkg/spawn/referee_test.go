@@ -314,6 +314,10 @@ func TestRefereeEnvelope(t *testing.T) {
 	granted(egress+" below the parent's", base.with(egress, "1000"), base.with(egress, "999"))
 	refused(egress+" above the parent's", base.with(egress, "1000"), base.with(egress, "1001"), egress, "the child's 1001 is more than its parent's 1000")
 	refused(egress+" unbounded under a bound", base.with(egress, "1000"), base, egress, "the child declares no bound; its parent's is 1000")
+	fuel := "limits.wasm_fuel"
+	granted(fuel+" bounded under unbounded", base, base.with(fuel, "1000"))
+	refused(fuel+" above the parent's", base.with(fuel, "1000"), base.with(fuel, "1001"), fuel, "the child's 1001 is more than its parent's 1000")
+	refused(fuel+" unbounded under a bound", base.with(fuel, "1000"), base, fuel, "the child declares no bound; its parent's is 1000")
 
 	for _, c := range []struct {
 		achieved, floor string

@@ -30,11 +30,15 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	build := exec.Command("go", "build", "-tags", "seccomp", "-o", dir, "roost.dev/roost/cmd/roostd", "roost.dev/roost/cmd/roostctl", "roost.dev/roost/cmd/roost-init")
+	build := exec.Command("go", "build", "-tags", "seccomp", "-o", dir, "roost.dev/roost/cmd/roostd", "roost.dev/roost/cmd/roostctl", "roost.dev/roost/cmd/roost-init", "roost.dev/roost/cmd/roost-wasm")
 	build.Stdout, build.Stderr = os.Stdout, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building roost:", err)
 		os.Exit(1)
+	}
+	// Sessions' uids run roost-wasm from here, as they would from /usr/local/bin.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		panic(err)
 	}
 	binDir = dir
 	code := m.Run()
@@ -207,6 +211,7 @@ type event struct {
 	Seq       string `json:"seq"`
 	Type      string `json:"type"`
 	SessionID string `json:"session_id"`
+	Detail    string `json:"detail"`
 }
 
 func (d *daemon) events(since int) []event {

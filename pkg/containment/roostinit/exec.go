@@ -28,10 +28,20 @@ func execMain() {
 	runtime.LockOSThread()
 	syscall.CloseOnExec(execErrFD)
 	syscall.CloseOnExec(execSpecFD)
+	syscall.CloseOnExec(execReportFD)
 	var spec ExecSpec
 	if err := readSpec(execSpecFD, &spec); err != nil {
 		fail("roost-exec: reading spec: %v", err)
 	}
+	// The report pipe takes OutcomeFD, execSpecFD's number, which readSpec has just closed:
+	// now, before anything here opens a file that could take that number.
+	if spec.Report {
+		if err := unix.Dup3(execReportFD, OutcomeFD, 0); err != nil {
+			fail("roost-exec: the report pipe: %v", err)
+		}
+		unix.Close(execReportFD)
+	}
+	spec.Env = outcomeEnv(spec.Env, spec.Report)
 	if len(spec.Argv) == 0 {
 		fail("roost-exec: empty command")
 	}
@@ -104,6 +114,15 @@ func execMain() {
 		if err := dropCapabilities(); err != nil {
 			fail("roost-exec: dropping capabilities: %v", err)
 		}
+	}
+	// Nothing roostd holds, or whatever started roostd left open, reaches the program: every
+	// descriptor past its stdio (and its report pipe) closes at exec.
+	first := uint(3)
+	if spec.Report {
+		first = OutcomeFD + 1
+	}
+	if err := closeOnExecFrom(first); err != nil {
+		fail("roost-exec: closing inherited descriptors: %v", err)
 	}
 	if len(spec.Seccomp) > 0 {
 		if err := loadSeccomp(spec.Seccomp); err != nil {
@@ -192,6 +211,40 @@ func newNetNS() error {
 	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
 	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
 		return fmt.Errorf("bringing lo up: %w", err)
+	}
+	return nil
+}
+
+// outcomeEnv is env with OutcomeFDEnv naming the report pipe when the program has one, and
+// without it otherwise: nothing may send the program's report to a descriptor of its own.
+func outcomeEnv(env []string, report bool) []string {
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, OutcomeFDEnv+"=") {
+			out = append(out, kv)
+		}
+	}
+	if report {
+		out = append(out, OutcomeFDEnv+"="+strconv.Itoa(OutcomeFD))
+	}
+	return out
+}
+
+// closeOnExecFrom marks every descriptor from first on close-on-exec: close_range where the
+// kernel has it (5.11), each open one by /proc/self/fd otherwise.
+func closeOnExecFrom(first uint) error {
+	err := unix.CloseRange(first, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+	if err == nil || (!errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EINVAL)) {
+		return err
+	}
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd >= int(first) {
+			syscall.CloseOnExec(fd)
+		}
 	}
 	return nil
 }

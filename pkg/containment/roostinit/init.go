@@ -1,6 +1,7 @@
 package roostinit
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -41,6 +42,9 @@ const (
 const (
 	execSpecFD = 3 // read: the ExecSpec, JSON, until EOF
 	execErrFD  = 4 // write: why exec failed; closed by a successful exec (close-on-exec)
+	// execReportFD, with ExecSpec.Report only: the program's report pipe, which roost-exec
+	// moves to OutcomeFD (execSpecFD's number, free once the spec is read).
+	execReportFD = 5
 )
 
 // maxSpecSize bounds what a helper reads from its spec pipe.
@@ -123,9 +127,17 @@ func initMain() int {
 	if err != nil {
 		return fail("roost-init: the session's output files: " + err.Error())
 	}
-	pid, startErr := startExec(spec.Exec, pump)
+	var outcome *outcomeReader
+	if spec.Exec.Report {
+		if outcome, err = newOutcomeReader(); err != nil {
+			return fail("roost-init: the program's report pipe: " + err.Error())
+		}
+	}
+	pid, startErr := startExec(spec.Exec, pump, outcome.childEnd())
 	pump.closeChildEnds()
+	outcome.started()
 	if startErr != "" {
+		outcome.discard()
 		return fail(startErr)
 	}
 	startedAt := time.Now().UTC()
@@ -139,6 +151,7 @@ func initMain() int {
 		// than run something nobody can supervise.
 		_ = SignalGroup(pid, syscall.SIGKILL)
 		reapAll(pid)
+		outcome.discard()
 		return fail("roost-init: writing init.json: " + err.Error())
 	}
 	writeReport(report, Report{Ref: &ref})
@@ -165,6 +178,7 @@ func initMain() int {
 	reapAll(pid)
 	st := pump.finish(drainGrace)
 	info.Logs = &st
+	info.Report = outcome.finish(drainGrace)
 	if err := writeExit(records, info); err != nil {
 		return 1
 	}
@@ -232,9 +246,10 @@ func writeReport(w io.Writer, r Report) {
 }
 
 // startExec starts roost-exec in a new process group, its stdout and stderr the pump's
-// pipes, and hands it the spec. It returns the program's pid once exec succeeded, or why
-// the program could not start.
-func startExec(spec ExecSpec, pump *logPump) (int, string) {
+// pipes, and hands it the spec; report, when not nil, is the program's report pipe
+// (execReportFD). It returns the program's pid once exec succeeded, or why the program
+// could not start.
+func startExec(spec ExecSpec, pump *logPump, report *os.File) (int, string) {
 	specR, specW, err := os.Pipe()
 	if err != nil {
 		return 0, "roost-init: " + err.Error()
@@ -253,6 +268,9 @@ func startExec(spec ExecSpec, pump *logPump) (int, string) {
 		Env:   []string{},
 		Files: []uintptr{devnull.Fd(), uintptr(stdout), uintptr(stderr), specR.Fd(), errW.Fd()},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	}
+	if report != nil {
+		attr.Files = append(attr.Files, report.Fd())
 	}
 	if spec.Mounts != nil {
 		// Its own mount namespace, with every mount private: nothing roost-exec mounts
@@ -353,4 +371,85 @@ func childrenOf(ppid int) []int {
 		}
 	}
 	return out
+}
+
+// outcomeReader is roost-init's end of the program's report pipe (ExecSpec.Report): it
+// reads what the program writes there, at most MaxOutcomeSize bytes and one more to tell a
+// longer report, until EOF or until the program has ended. A nil reader does nothing.
+type outcomeReader struct {
+	r, w *os.File
+	done chan struct{}
+	data []byte
+	err  error
+}
+
+func newOutcomeReader() (*outcomeReader, error) {
+	// The read end stays non-blocking (os.Pipe), so a deadline can end a read that waits
+	// on a write end something still holds.
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	return &outcomeReader{r: r, w: w, done: make(chan struct{})}, nil
+}
+
+// childEnd is the write end roost-exec is handed.
+func (o *outcomeReader) childEnd() *os.File {
+	if o == nil {
+		return nil
+	}
+	return o.w
+}
+
+// started drops roost-init's write end, so the pipe reads EOF once the program and
+// everything it passed the descriptor to are gone, and starts reading.
+func (o *outcomeReader) started() {
+	if o == nil {
+		return
+	}
+	o.w.Close()
+	go func() {
+		defer close(o.done)
+		o.data, o.err = io.ReadAll(io.LimitReader(o.r, MaxOutcomeSize+1))
+		if o.err == nil && len(o.data) > MaxOutcomeSize {
+			// Too long to keep; read on, so a program that writes more is not blocked on a
+			// full pipe.
+			_, _ = io.Copy(io.Discard, o.r)
+		}
+	}()
+}
+
+// discard stops reading: the program never ran.
+func (o *outcomeReader) discard() {
+	if o == nil {
+		return
+	}
+	_ = o.r.SetReadDeadline(time.Now())
+	<-o.done
+	o.r.Close()
+}
+
+// finish returns the report once the program has ended and everything below roost-init is
+// reaped, waiting at most grace for the last of it (only a process outside the session can
+// hold the write end longer; what was read by then is judged). Nothing written, or anything
+// but one JSON object within MaxOutcomeSize, gives nil; the latter with a note in init.log.
+func (o *outcomeReader) finish(grace time.Duration) json.RawMessage {
+	if o == nil {
+		return nil
+	}
+	_ = o.r.SetReadDeadline(time.Now().Add(grace))
+	<-o.done
+	o.r.Close()
+	if o.err != nil {
+		fmt.Fprintf(os.Stderr, "roost-init: reading the program's report: %v\n", o.err)
+	}
+	if len(bytes.TrimSpace(o.data)) == 0 {
+		return nil
+	}
+	report, err := ParseReport(o.data)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "roost-init: the program's report (%d bytes) is %v; dropped\n", len(o.data), err)
+		return nil
+	}
+	return report
 }

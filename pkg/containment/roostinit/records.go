@@ -77,6 +77,11 @@ type ExecSpec struct {
 	// NewNetNS gives the program a network namespace of its own with loopback only, when
 	// there is no pinned one to join.
 	NewNetNS bool `json:"new_netns,omitempty"`
+	// Report hands the program a pipe for one outcome report (see Outcome): it finds it at
+	// descriptor OutcomeFD, named by OutcomeFDEnv in its environment. roost-init keeps what
+	// it writes there in exit.json. Without Report the program gets no such descriptor, and
+	// OutcomeFDEnv is taken out of its environment.
+	Report bool `json:"report,omitempty"`
 }
 
 // Mounts is what a scoped session's private mount namespace changes in the host's view.
@@ -138,6 +143,66 @@ type ExitInfo struct {
 	OOMKilled bool `json:"oom_killed,omitempty"`
 	// Logs is the final count of the program's output, as logs.json has it.
 	Logs *LogStats `json:"logs,omitempty"`
+	// Report is what the program said of its own end on its report pipe (ExecSpec.Report):
+	// one JSON object, an Outcome from roost-wasm, kept as it came (compacted). Absent when
+	// it wrote nothing, or anything else (dropped, with a note in init.log).
+	Report json.RawMessage `json:"report,omitempty"`
+}
+
+// The report pipe a program gets with ExecSpec.Report.
+const (
+	// OutcomeFD is the program's descriptor of the pipe's write end.
+	OutcomeFD = 3
+	// OutcomeFDEnv names the variable that tells the program OutcomeFD.
+	OutcomeFDEnv = "ROOST_REPORT_FD"
+	// MaxOutcomeSize bounds what roost-init reads from the pipe; a longer report is dropped.
+	MaxOutcomeSize = 16 << 10
+)
+
+// Outcome statuses, for a program that ended abnormally in a way its exit code cannot say.
+const (
+	OutcomeCrashed         = "crashed"          // a trap: the guest's code failed
+	OutcomeDeadlineReached = "deadline_reached" // the program's own deadline interrupted it
+	OutcomeFuelExhausted   = "fuel_exhausted"   // the guest ran out of fuel
+	OutcomeMemoryRefused   = "memory_refused"   // the guest's memory was refused beyond its cap
+)
+
+// Outcome is the report a program writes on its report pipe: roost-wasm's, when the guest
+// ended with a trap, out of fuel, or at its deadline. Detail is one line of at most 1 KiB,
+// Backtrace at most 8 KiB.
+type Outcome struct {
+	Status    string `json:"status"`
+	Detail    string `json:"detail,omitempty"`
+	Backtrace string `json:"backtrace,omitempty"`
+}
+
+// Outcome decodes Report; false when there is none or it is not an Outcome.
+func (i ExitInfo) Outcome() (Outcome, bool) {
+	var o Outcome
+	if len(i.Report) == 0 || json.Unmarshal(i.Report, &o) != nil {
+		return Outcome{}, false
+	}
+	return o, true
+}
+
+// ParseReport checks what a program wrote on its report pipe: one JSON object of at most
+// MaxOutcomeSize bytes. It returns the object compacted, or why it is refused.
+func ParseReport(data []byte) (json.RawMessage, error) {
+	if len(data) > MaxOutcomeSize {
+		return nil, fmt.Errorf("longer than %d bytes", MaxOutcomeSize)
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(data, &obj); err != nil {
+		return nil, fmt.Errorf("not one JSON object: %w", err)
+	}
+	if obj == nil {
+		return nil, errors.New("not one JSON object: null")
+	}
+	var out bytes.Buffer
+	if err := json.Compact(&out, data); err != nil {
+		return nil, err
+	}
+	return out.Bytes(), nil
 }
 
 // ErrNoExitRecord means roost-init left no exit.json: it died without recording an end.

@@ -1066,8 +1066,10 @@ type LimitsPolicy struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	DeadlineSeconds *Limit                 `protobuf:"bytes,1,opt,name=deadline_seconds,json=deadlineSeconds,proto3" json:"deadline_seconds,omitempty"`
 	MemoryBytes     *Limit                 `protobuf:"bytes,2,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// value 0 when undeclared: no bound.
+	WasmFuel      *Limit `protobuf:"bytes,3,opt,name=wasm_fuel,json=wasmFuel,proto3" json:"wasm_fuel,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LimitsPolicy) Reset() {
@@ -1110,6 +1112,13 @@ func (x *LimitsPolicy) GetDeadlineSeconds() *Limit {
 func (x *LimitsPolicy) GetMemoryBytes() *Limit {
 	if x != nil {
 		return x.MemoryBytes
+	}
+	return nil
+}
+
+func (x *LimitsPolicy) GetWasmFuel() *Limit {
+	if x != nil {
+		return x.WasmFuel
 	}
 	return nil
 }
@@ -1409,10 +1418,11 @@ const file_roost_v1_capsule_proto_rawDesc = "" +
 	"\fmax_children\x18\x04 \x01(\v2\x0f.roost.v1.LimitR\vmaxChildren\x12=\n" +
 	"\x12max_total_children\x18\x05 \x01(\v2\x0f.roost.v1.LimitR\x10maxTotalChildren\"!\n" +
 	"\tEnvPolicy\x12\x14\n" +
-	"\x05allow\x18\x01 \x03(\tR\x05allow\"~\n" +
+	"\x05allow\x18\x01 \x03(\tR\x05allow\"\xac\x01\n" +
 	"\fLimitsPolicy\x12:\n" +
 	"\x10deadline_seconds\x18\x01 \x01(\v2\x0f.roost.v1.LimitR\x0fdeadlineSeconds\x122\n" +
-	"\fmemory_bytes\x18\x02 \x01(\v2\x0f.roost.v1.LimitR\vmemoryBytes\"\x94\x06\n" +
+	"\fmemory_bytes\x18\x02 \x01(\v2\x0f.roost.v1.LimitR\vmemoryBytes\x12,\n" +
+	"\twasm_fuel\x18\x03 \x01(\v2\x0f.roost.v1.LimitR\bwasmFuel\"\x94\x06\n" +
 	"\x0fResourcesPolicy\x12?\n" +
 	"\x13cgroup_memory_bytes\x18\x01 \x01(\v2\x0f.roost.v1.LimitR\x11cgroupMemoryBytes\x127\n" +
 	"\x0fcgroup_pids_max\x18\x02 \x01(\v2\x0f.roost.v1.LimitR\rcgroupPidsMax\x12=\n" +
@@ -1498,26 +1508,27 @@ var file_roost_v1_capsule_proto_depIdxs = []int32{
 	9,  // 20: roost.v1.SpawnPolicy.max_total_children:type_name -> roost.v1.Limit
 	9,  // 21: roost.v1.LimitsPolicy.deadline_seconds:type_name -> roost.v1.Limit
 	9,  // 22: roost.v1.LimitsPolicy.memory_bytes:type_name -> roost.v1.Limit
-	9,  // 23: roost.v1.ResourcesPolicy.cgroup_memory_bytes:type_name -> roost.v1.Limit
-	9,  // 24: roost.v1.ResourcesPolicy.cgroup_pids_max:type_name -> roost.v1.Limit
-	9,  // 25: roost.v1.ResourcesPolicy.cgroup_cpu_percent:type_name -> roost.v1.Limit
-	9,  // 26: roost.v1.ResourcesPolicy.max_open_files:type_name -> roost.v1.Limit
-	9,  // 27: roost.v1.ResourcesPolicy.max_file_size_bytes:type_name -> roost.v1.Limit
-	9,  // 28: roost.v1.ResourcesPolicy.cpu_seconds:type_name -> roost.v1.Limit
-	9,  // 29: roost.v1.ResourcesPolicy.max_processes:type_name -> roost.v1.Limit
-	9,  // 30: roost.v1.ResourcesPolicy.memory_bytes:type_name -> roost.v1.Limit
-	9,  // 31: roost.v1.ResourcesPolicy.workdir_max_bytes:type_name -> roost.v1.Limit
-	9,  // 32: roost.v1.ResourcesPolicy.workdir_max_inodes:type_name -> roost.v1.Limit
-	9,  // 33: roost.v1.ResourcesPolicy.log_max_bytes:type_name -> roost.v1.Limit
-	9,  // 34: roost.v1.ResourcesPolicy.endpoint_max_connections:type_name -> roost.v1.Limit
-	9,  // 35: roost.v1.ResourcesPolicy.egress_max_bytes:type_name -> roost.v1.Limit
-	0,  // 36: roost.v1.CapsuleService.Explain:input_type -> roost.v1.ExplainRequest
-	1,  // 37: roost.v1.CapsuleService.Explain:output_type -> roost.v1.ExplainResponse
-	37, // [37:38] is the sub-list for method output_type
-	36, // [36:37] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	9,  // 23: roost.v1.LimitsPolicy.wasm_fuel:type_name -> roost.v1.Limit
+	9,  // 24: roost.v1.ResourcesPolicy.cgroup_memory_bytes:type_name -> roost.v1.Limit
+	9,  // 25: roost.v1.ResourcesPolicy.cgroup_pids_max:type_name -> roost.v1.Limit
+	9,  // 26: roost.v1.ResourcesPolicy.cgroup_cpu_percent:type_name -> roost.v1.Limit
+	9,  // 27: roost.v1.ResourcesPolicy.max_open_files:type_name -> roost.v1.Limit
+	9,  // 28: roost.v1.ResourcesPolicy.max_file_size_bytes:type_name -> roost.v1.Limit
+	9,  // 29: roost.v1.ResourcesPolicy.cpu_seconds:type_name -> roost.v1.Limit
+	9,  // 30: roost.v1.ResourcesPolicy.max_processes:type_name -> roost.v1.Limit
+	9,  // 31: roost.v1.ResourcesPolicy.memory_bytes:type_name -> roost.v1.Limit
+	9,  // 32: roost.v1.ResourcesPolicy.workdir_max_bytes:type_name -> roost.v1.Limit
+	9,  // 33: roost.v1.ResourcesPolicy.workdir_max_inodes:type_name -> roost.v1.Limit
+	9,  // 34: roost.v1.ResourcesPolicy.log_max_bytes:type_name -> roost.v1.Limit
+	9,  // 35: roost.v1.ResourcesPolicy.endpoint_max_connections:type_name -> roost.v1.Limit
+	9,  // 36: roost.v1.ResourcesPolicy.egress_max_bytes:type_name -> roost.v1.Limit
+	0,  // 37: roost.v1.CapsuleService.Explain:input_type -> roost.v1.ExplainRequest
+	1,  // 38: roost.v1.CapsuleService.Explain:output_type -> roost.v1.ExplainResponse
+	38, // [38:39] is the sub-list for method output_type
+	37, // [37:38] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_capsule_proto_init() }

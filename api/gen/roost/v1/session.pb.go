@@ -63,7 +63,9 @@ type Session struct {
 	Stderr *LogStats `protobuf:"bytes,21,opt,name=stderr,proto3" json:"stderr,omitempty"`
 	// What the session's egress proxy carried (sealed and scoped sessions); absent when it
 	// carried nothing.
-	Egress        *Egress `protobuf:"bytes,22,opt,name=egress,proto3" json:"egress,omitempty"`
+	Egress *Egress `protobuf:"bytes,22,opt,name=egress,proto3" json:"egress,omitempty"`
+	// What a WASM capsule's session runs (run.wasm); absent for a command.
+	Wasm          *WasmRun `protobuf:"bytes,23,opt,name=wasm,proto3" json:"wasm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -252,6 +254,86 @@ func (x *Session) GetEgress() *Egress {
 	return nil
 }
 
+func (x *Session) GetWasm() *WasmRun {
+	if x != nil {
+		return x.Wasm
+	}
+	return nil
+}
+
+// WasmRun is a WASM session's module, as roost's runner runs it.
+type WasmRun struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// run.wasm, relative to the capsule.
+	Module string `protobuf:"bytes,1,opt,name=module,proto3" json:"module,omitempty"`
+	// The module's sha256 (hex).
+	Sha256 string `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	// The runner's wasmtime version and engine settings, which the compiled entry is for.
+	Runtime string `protobuf:"bytes,3,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	// The compiled entry's name in the state directory's wasm/.
+	Cache         string `protobuf:"bytes,4,opt,name=cache,proto3" json:"cache,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WasmRun) Reset() {
+	*x = WasmRun{}
+	mi := &file_roost_v1_session_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WasmRun) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WasmRun) ProtoMessage() {}
+
+func (x *WasmRun) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WasmRun.ProtoReflect.Descriptor instead.
+func (*WasmRun) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *WasmRun) GetModule() string {
+	if x != nil {
+		return x.Module
+	}
+	return ""
+}
+
+func (x *WasmRun) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *WasmRun) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
+	}
+	return ""
+}
+
+func (x *WasmRun) GetCache() string {
+	if x != nil {
+		return x.Cache
+	}
+	return ""
+}
+
 // Egress counts what a session's egress proxy did over the session's whole life.
 type Egress struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -269,7 +351,7 @@ type Egress struct {
 
 func (x *Egress) Reset() {
 	*x = Egress{}
-	mi := &file_roost_v1_session_proto_msgTypes[1]
+	mi := &file_roost_v1_session_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -281,7 +363,7 @@ func (x *Egress) String() string {
 func (*Egress) ProtoMessage() {}
 
 func (x *Egress) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[1]
+	mi := &file_roost_v1_session_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -294,7 +376,7 @@ func (x *Egress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Egress.ProtoReflect.Descriptor instead.
 func (*Egress) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{1}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Egress) GetConnections() int64 {
@@ -351,7 +433,7 @@ type LogStats struct {
 
 func (x *LogStats) Reset() {
 	*x = LogStats{}
-	mi := &file_roost_v1_session_proto_msgTypes[2]
+	mi := &file_roost_v1_session_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -363,7 +445,7 @@ func (x *LogStats) String() string {
 func (*LogStats) ProtoMessage() {}
 
 func (x *LogStats) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[2]
+	mi := &file_roost_v1_session_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -376,7 +458,7 @@ func (x *LogStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogStats.ProtoReflect.Descriptor instead.
 func (*LogStats) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{2}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *LogStats) GetWrittenBytes() int64 {
@@ -425,7 +507,7 @@ type Identity struct {
 
 func (x *Identity) Reset() {
 	*x = Identity{}
-	mi := &file_roost_v1_session_proto_msgTypes[3]
+	mi := &file_roost_v1_session_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -437,7 +519,7 @@ func (x *Identity) String() string {
 func (*Identity) ProtoMessage() {}
 
 func (x *Identity) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[3]
+	mi := &file_roost_v1_session_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -450,7 +532,7 @@ func (x *Identity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Identity.ProtoReflect.Descriptor instead.
 func (*Identity) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{3}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Identity) GetUid() uint32 {
@@ -494,7 +576,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_roost_v1_session_proto_msgTypes[4]
+	mi := &file_roost_v1_session_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -506,7 +588,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[4]
+	mi := &file_roost_v1_session_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -519,7 +601,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{4}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Usage) GetMemoryBytes() int64 {
@@ -567,7 +649,7 @@ type CapsuleRef struct {
 
 func (x *CapsuleRef) Reset() {
 	*x = CapsuleRef{}
-	mi := &file_roost_v1_session_proto_msgTypes[5]
+	mi := &file_roost_v1_session_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -579,7 +661,7 @@ func (x *CapsuleRef) String() string {
 func (*CapsuleRef) ProtoMessage() {}
 
 func (x *CapsuleRef) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[5]
+	mi := &file_roost_v1_session_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -592,7 +674,7 @@ func (x *CapsuleRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapsuleRef.ProtoReflect.Descriptor instead.
 func (*CapsuleRef) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{5}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CapsuleRef) GetName() string {
@@ -643,7 +725,7 @@ type ContainmentState struct {
 
 func (x *ContainmentState) Reset() {
 	*x = ContainmentState{}
-	mi := &file_roost_v1_session_proto_msgTypes[6]
+	mi := &file_roost_v1_session_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -655,7 +737,7 @@ func (x *ContainmentState) String() string {
 func (*ContainmentState) ProtoMessage() {}
 
 func (x *ContainmentState) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[6]
+	mi := &file_roost_v1_session_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -668,7 +750,7 @@ func (x *ContainmentState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainmentState.ProtoReflect.Descriptor instead.
 func (*ContainmentState) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{6}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ContainmentState) GetDeclared() string {
@@ -699,7 +781,7 @@ type Spend struct {
 
 func (x *Spend) Reset() {
 	*x = Spend{}
-	mi := &file_roost_v1_session_proto_msgTypes[7]
+	mi := &file_roost_v1_session_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -711,7 +793,7 @@ func (x *Spend) String() string {
 func (*Spend) ProtoMessage() {}
 
 func (x *Spend) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[7]
+	mi := &file_roost_v1_session_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -724,7 +806,7 @@ func (x *Spend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Spend.ProtoReflect.Descriptor instead.
 func (*Spend) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{7}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Spend) GetTokens() int64 {
@@ -766,7 +848,7 @@ type StageRequest struct {
 
 func (x *StageRequest) Reset() {
 	*x = StageRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[8]
+	mi := &file_roost_v1_session_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -778,7 +860,7 @@ func (x *StageRequest) String() string {
 func (*StageRequest) ProtoMessage() {}
 
 func (x *StageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[8]
+	mi := &file_roost_v1_session_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -791,7 +873,7 @@ func (x *StageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageRequest.ProtoReflect.Descriptor instead.
 func (*StageRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{8}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StageRequest) GetCapsule() string {
@@ -831,7 +913,7 @@ type StageResponse struct {
 
 func (x *StageResponse) Reset() {
 	*x = StageResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[9]
+	mi := &file_roost_v1_session_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -843,7 +925,7 @@ func (x *StageResponse) String() string {
 func (*StageResponse) ProtoMessage() {}
 
 func (x *StageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[9]
+	mi := &file_roost_v1_session_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -856,7 +938,7 @@ func (x *StageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageResponse.ProtoReflect.Descriptor instead.
 func (*StageResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{9}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StageResponse) GetSession() *Session {
@@ -875,7 +957,7 @@ type LaunchRequest struct {
 
 func (x *LaunchRequest) Reset() {
 	*x = LaunchRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[10]
+	mi := &file_roost_v1_session_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -887,7 +969,7 @@ func (x *LaunchRequest) String() string {
 func (*LaunchRequest) ProtoMessage() {}
 
 func (x *LaunchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[10]
+	mi := &file_roost_v1_session_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -900,7 +982,7 @@ func (x *LaunchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LaunchRequest.ProtoReflect.Descriptor instead.
 func (*LaunchRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{10}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LaunchRequest) GetId() string {
@@ -919,7 +1001,7 @@ type LaunchResponse struct {
 
 func (x *LaunchResponse) Reset() {
 	*x = LaunchResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[11]
+	mi := &file_roost_v1_session_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -931,7 +1013,7 @@ func (x *LaunchResponse) String() string {
 func (*LaunchResponse) ProtoMessage() {}
 
 func (x *LaunchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[11]
+	mi := &file_roost_v1_session_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -944,7 +1026,7 @@ func (x *LaunchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LaunchResponse.ProtoReflect.Descriptor instead.
 func (*LaunchResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{11}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LaunchResponse) GetSession() *Session {
@@ -963,7 +1045,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[12]
+	mi := &file_roost_v1_session_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1057,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[12]
+	mi := &file_roost_v1_session_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1070,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{12}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetRequest) GetId() string {
@@ -1007,7 +1089,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[13]
+	mi := &file_roost_v1_session_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +1101,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[13]
+	mi := &file_roost_v1_session_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +1114,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{13}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetResponse) GetSession() *Session {
@@ -1052,7 +1134,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[14]
+	mi := &file_roost_v1_session_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1146,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[14]
+	mi := &file_roost_v1_session_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1159,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{14}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListRequest) GetAll() bool {
@@ -1096,7 +1178,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[15]
+	mi := &file_roost_v1_session_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1108,7 +1190,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[15]
+	mi := &file_roost_v1_session_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1121,7 +1203,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{15}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListResponse) GetSessions() []*Session {
@@ -1140,7 +1222,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[16]
+	mi := &file_roost_v1_session_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1152,7 +1234,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[16]
+	mi := &file_roost_v1_session_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1165,7 +1247,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{16}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WaitRequest) GetId() string {
@@ -1184,7 +1266,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[17]
+	mi := &file_roost_v1_session_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1196,7 +1278,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[17]
+	mi := &file_roost_v1_session_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1209,7 +1291,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{17}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WaitResponse) GetSession() *Session {
@@ -1230,7 +1312,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[18]
+	mi := &file_roost_v1_session_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1242,7 +1324,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[18]
+	mi := &file_roost_v1_session_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1255,7 +1337,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{18}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StopRequest) GetId() string {
@@ -1281,7 +1363,7 @@ type StopResponse struct {
 
 func (x *StopResponse) Reset() {
 	*x = StopResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[19]
+	mi := &file_roost_v1_session_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1293,7 +1375,7 @@ func (x *StopResponse) String() string {
 func (*StopResponse) ProtoMessage() {}
 
 func (x *StopResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[19]
+	mi := &file_roost_v1_session_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1306,7 +1388,7 @@ func (x *StopResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopResponse.ProtoReflect.Descriptor instead.
 func (*StopResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{19}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StopResponse) GetSession() *Session {
@@ -1327,7 +1409,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[20]
+	mi := &file_roost_v1_session_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1339,7 +1421,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[20]
+	mi := &file_roost_v1_session_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1352,7 +1434,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{20}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *KillRequest) GetId() string {
@@ -1378,7 +1460,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[21]
+	mi := &file_roost_v1_session_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1390,7 +1472,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[21]
+	mi := &file_roost_v1_session_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1403,7 +1485,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{21}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *KillResponse) GetSession() *Session {
@@ -1422,7 +1504,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[22]
+	mi := &file_roost_v1_session_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1434,7 +1516,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[22]
+	mi := &file_roost_v1_session_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1447,7 +1529,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{22}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -1466,7 +1548,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[23]
+	mi := &file_roost_v1_session_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1478,7 +1560,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[23]
+	mi := &file_roost_v1_session_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1491,7 +1573,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{23}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PauseResponse) GetSession() *Session {
@@ -1510,7 +1592,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[24]
+	mi := &file_roost_v1_session_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1522,7 +1604,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[24]
+	mi := &file_roost_v1_session_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1535,7 +1617,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{24}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -1554,7 +1636,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[25]
+	mi := &file_roost_v1_session_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1566,7 +1648,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[25]
+	mi := &file_roost_v1_session_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1579,7 +1661,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{25}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResumeResponse) GetSession() *Session {
@@ -1601,7 +1683,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[26]
+	mi := &file_roost_v1_session_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1613,7 +1695,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[26]
+	mi := &file_roost_v1_session_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1626,7 +1708,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{26}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RemoveRequest) GetId() string {
@@ -1651,7 +1733,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[27]
+	mi := &file_roost_v1_session_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1663,7 +1745,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[27]
+	mi := &file_roost_v1_session_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1676,7 +1758,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{27}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{28}
 }
 
 type LogsRequest struct {
@@ -1689,7 +1771,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[28]
+	mi := &file_roost_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1701,7 +1783,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[28]
+	mi := &file_roost_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1714,7 +1796,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{28}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *LogsRequest) GetId() string {
@@ -1742,7 +1824,7 @@ type LogsResponse struct {
 
 func (x *LogsResponse) Reset() {
 	*x = LogsResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[29]
+	mi := &file_roost_v1_session_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1754,7 +1836,7 @@ func (x *LogsResponse) String() string {
 func (*LogsResponse) ProtoMessage() {}
 
 func (x *LogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[29]
+	mi := &file_roost_v1_session_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1767,7 +1849,7 @@ func (x *LogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
 func (*LogsResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{29}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *LogsResponse) GetStream() string {
@@ -1799,7 +1881,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[30]
+	mi := &file_roost_v1_session_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1811,7 +1893,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[30]
+	mi := &file_roost_v1_session_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1824,7 +1906,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{30}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *EventsRequest) GetSince() uint64 {
@@ -1857,7 +1939,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[31]
+	mi := &file_roost_v1_session_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1869,7 +1951,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[31]
+	mi := &file_roost_v1_session_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1882,7 +1964,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{31}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *EventsResponse) GetEvent() *Event {
@@ -1904,7 +1986,7 @@ type PruneRequest struct {
 
 func (x *PruneRequest) Reset() {
 	*x = PruneRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[32]
+	mi := &file_roost_v1_session_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1916,7 +1998,7 @@ func (x *PruneRequest) String() string {
 func (*PruneRequest) ProtoMessage() {}
 
 func (x *PruneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[32]
+	mi := &file_roost_v1_session_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1929,7 +2011,7 @@ func (x *PruneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneRequest.ProtoReflect.Descriptor instead.
 func (*PruneRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{32}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PruneRequest) GetUntil() *durationpb.Duration {
@@ -1963,7 +2045,7 @@ type PruneResponse struct {
 
 func (x *PruneResponse) Reset() {
 	*x = PruneResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[33]
+	mi := &file_roost_v1_session_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1975,7 +2057,7 @@ func (x *PruneResponse) String() string {
 func (*PruneResponse) ProtoMessage() {}
 
 func (x *PruneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[33]
+	mi := &file_roost_v1_session_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1988,7 +2070,7 @@ func (x *PruneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneResponse.ProtoReflect.Descriptor instead.
 func (*PruneResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{33}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PruneResponse) GetRemoved() []*PrunedSession {
@@ -2042,7 +2124,7 @@ type PrunedSession struct {
 
 func (x *PrunedSession) Reset() {
 	*x = PrunedSession{}
-	mi := &file_roost_v1_session_proto_msgTypes[34]
+	mi := &file_roost_v1_session_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2054,7 +2136,7 @@ func (x *PrunedSession) String() string {
 func (*PrunedSession) ProtoMessage() {}
 
 func (x *PrunedSession) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[34]
+	mi := &file_roost_v1_session_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2067,7 +2149,7 @@ func (x *PrunedSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrunedSession.ProtoReflect.Descriptor instead.
 func (*PrunedSession) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{34}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PrunedSession) GetId() string {
@@ -2133,7 +2215,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_roost_v1_session_proto_msgTypes[35]
+	mi := &file_roost_v1_session_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2145,7 +2227,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[35]
+	mi := &file_roost_v1_session_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2158,7 +2240,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{35}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Event) GetSeq() uint64 {
@@ -2221,7 +2303,7 @@ var File_roost_v1_session_proto protoreflect.FileDescriptor
 
 const file_roost_v1_session_proto_rawDesc = "" +
 	"\n" +
-	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf4\x06\n" +
+	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9b\a\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
 	"\acapsule\x18\x02 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x12\x14\n" +
@@ -2250,9 +2332,15 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\bidentity\x18\x13 \x01(\v2\x12.roost.v1.IdentityR\bidentity\x12*\n" +
 	"\x06stdout\x18\x14 \x01(\v2\x12.roost.v1.LogStatsR\x06stdout\x12*\n" +
 	"\x06stderr\x18\x15 \x01(\v2\x12.roost.v1.LogStatsR\x06stderr\x12(\n" +
-	"\x06egress\x18\x16 \x01(\v2\x10.roost.v1.EgressR\x06egressB\f\n" +
+	"\x06egress\x18\x16 \x01(\v2\x10.roost.v1.EgressR\x06egress\x12%\n" +
+	"\x04wasm\x18\x17 \x01(\v2\x11.roost.v1.WasmRunR\x04wasmB\f\n" +
 	"\n" +
-	"_exit_code\"\x94\x01\n" +
+	"_exit_code\"i\n" +
+	"\aWasmRun\x12\x16\n" +
+	"\x06module\x18\x01 \x01(\tR\x06module\x12\x16\n" +
+	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x18\n" +
+	"\aruntime\x18\x03 \x01(\tR\aruntime\x12\x14\n" +
+	"\x05cache\x18\x04 \x01(\tR\x05cache\"\x94\x01\n" +
 	"\x06Egress\x12 \n" +
 	"\vconnections\x18\x01 \x01(\x03R\vconnections\x12\x16\n" +
 	"\x06denied\x18\x02 \x01(\x03R\x06denied\x12\x19\n" +
@@ -2405,109 +2493,111 @@ func file_roost_v1_session_proto_rawDescGZIP() []byte {
 	return file_roost_v1_session_proto_rawDescData
 }
 
-var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_roost_v1_session_proto_goTypes = []any{
 	(*Session)(nil),               // 0: roost.v1.Session
-	(*Egress)(nil),                // 1: roost.v1.Egress
-	(*LogStats)(nil),              // 2: roost.v1.LogStats
-	(*Identity)(nil),              // 3: roost.v1.Identity
-	(*Usage)(nil),                 // 4: roost.v1.Usage
-	(*CapsuleRef)(nil),            // 5: roost.v1.CapsuleRef
-	(*ContainmentState)(nil),      // 6: roost.v1.ContainmentState
-	(*Spend)(nil),                 // 7: roost.v1.Spend
-	(*StageRequest)(nil),          // 8: roost.v1.StageRequest
-	(*StageResponse)(nil),         // 9: roost.v1.StageResponse
-	(*LaunchRequest)(nil),         // 10: roost.v1.LaunchRequest
-	(*LaunchResponse)(nil),        // 11: roost.v1.LaunchResponse
-	(*GetRequest)(nil),            // 12: roost.v1.GetRequest
-	(*GetResponse)(nil),           // 13: roost.v1.GetResponse
-	(*ListRequest)(nil),           // 14: roost.v1.ListRequest
-	(*ListResponse)(nil),          // 15: roost.v1.ListResponse
-	(*WaitRequest)(nil),           // 16: roost.v1.WaitRequest
-	(*WaitResponse)(nil),          // 17: roost.v1.WaitResponse
-	(*StopRequest)(nil),           // 18: roost.v1.StopRequest
-	(*StopResponse)(nil),          // 19: roost.v1.StopResponse
-	(*KillRequest)(nil),           // 20: roost.v1.KillRequest
-	(*KillResponse)(nil),          // 21: roost.v1.KillResponse
-	(*PauseRequest)(nil),          // 22: roost.v1.PauseRequest
-	(*PauseResponse)(nil),         // 23: roost.v1.PauseResponse
-	(*ResumeRequest)(nil),         // 24: roost.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 25: roost.v1.ResumeResponse
-	(*RemoveRequest)(nil),         // 26: roost.v1.RemoveRequest
-	(*RemoveResponse)(nil),        // 27: roost.v1.RemoveResponse
-	(*LogsRequest)(nil),           // 28: roost.v1.LogsRequest
-	(*LogsResponse)(nil),          // 29: roost.v1.LogsResponse
-	(*EventsRequest)(nil),         // 30: roost.v1.EventsRequest
-	(*EventsResponse)(nil),        // 31: roost.v1.EventsResponse
-	(*PruneRequest)(nil),          // 32: roost.v1.PruneRequest
-	(*PruneResponse)(nil),         // 33: roost.v1.PruneResponse
-	(*PrunedSession)(nil),         // 34: roost.v1.PrunedSession
-	(*Event)(nil),                 // 35: roost.v1.Event
-	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 37: google.protobuf.Duration
+	(*WasmRun)(nil),               // 1: roost.v1.WasmRun
+	(*Egress)(nil),                // 2: roost.v1.Egress
+	(*LogStats)(nil),              // 3: roost.v1.LogStats
+	(*Identity)(nil),              // 4: roost.v1.Identity
+	(*Usage)(nil),                 // 5: roost.v1.Usage
+	(*CapsuleRef)(nil),            // 6: roost.v1.CapsuleRef
+	(*ContainmentState)(nil),      // 7: roost.v1.ContainmentState
+	(*Spend)(nil),                 // 8: roost.v1.Spend
+	(*StageRequest)(nil),          // 9: roost.v1.StageRequest
+	(*StageResponse)(nil),         // 10: roost.v1.StageResponse
+	(*LaunchRequest)(nil),         // 11: roost.v1.LaunchRequest
+	(*LaunchResponse)(nil),        // 12: roost.v1.LaunchResponse
+	(*GetRequest)(nil),            // 13: roost.v1.GetRequest
+	(*GetResponse)(nil),           // 14: roost.v1.GetResponse
+	(*ListRequest)(nil),           // 15: roost.v1.ListRequest
+	(*ListResponse)(nil),          // 16: roost.v1.ListResponse
+	(*WaitRequest)(nil),           // 17: roost.v1.WaitRequest
+	(*WaitResponse)(nil),          // 18: roost.v1.WaitResponse
+	(*StopRequest)(nil),           // 19: roost.v1.StopRequest
+	(*StopResponse)(nil),          // 20: roost.v1.StopResponse
+	(*KillRequest)(nil),           // 21: roost.v1.KillRequest
+	(*KillResponse)(nil),          // 22: roost.v1.KillResponse
+	(*PauseRequest)(nil),          // 23: roost.v1.PauseRequest
+	(*PauseResponse)(nil),         // 24: roost.v1.PauseResponse
+	(*ResumeRequest)(nil),         // 25: roost.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 26: roost.v1.ResumeResponse
+	(*RemoveRequest)(nil),         // 27: roost.v1.RemoveRequest
+	(*RemoveResponse)(nil),        // 28: roost.v1.RemoveResponse
+	(*LogsRequest)(nil),           // 29: roost.v1.LogsRequest
+	(*LogsResponse)(nil),          // 30: roost.v1.LogsResponse
+	(*EventsRequest)(nil),         // 31: roost.v1.EventsRequest
+	(*EventsResponse)(nil),        // 32: roost.v1.EventsResponse
+	(*PruneRequest)(nil),          // 33: roost.v1.PruneRequest
+	(*PruneResponse)(nil),         // 34: roost.v1.PruneResponse
+	(*PrunedSession)(nil),         // 35: roost.v1.PrunedSession
+	(*Event)(nil),                 // 36: roost.v1.Event
+	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 38: google.protobuf.Duration
 }
 var file_roost_v1_session_proto_depIdxs = []int32{
-	5,  // 0: roost.v1.Session.capsule:type_name -> roost.v1.CapsuleRef
-	6,  // 1: roost.v1.Session.containment:type_name -> roost.v1.ContainmentState
-	36, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	36, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
-	36, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
-	7,  // 5: roost.v1.Session.spend:type_name -> roost.v1.Spend
-	36, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
-	4,  // 7: roost.v1.Session.usage:type_name -> roost.v1.Usage
-	3,  // 8: roost.v1.Session.identity:type_name -> roost.v1.Identity
-	2,  // 9: roost.v1.Session.stdout:type_name -> roost.v1.LogStats
-	2,  // 10: roost.v1.Session.stderr:type_name -> roost.v1.LogStats
-	1,  // 11: roost.v1.Session.egress:type_name -> roost.v1.Egress
-	37, // 12: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
-	0,  // 13: roost.v1.StageResponse.session:type_name -> roost.v1.Session
-	0,  // 14: roost.v1.LaunchResponse.session:type_name -> roost.v1.Session
-	0,  // 15: roost.v1.GetResponse.session:type_name -> roost.v1.Session
-	0,  // 16: roost.v1.ListResponse.sessions:type_name -> roost.v1.Session
-	0,  // 17: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
-	37, // 18: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
-	0,  // 19: roost.v1.StopResponse.session:type_name -> roost.v1.Session
-	0,  // 20: roost.v1.KillResponse.session:type_name -> roost.v1.Session
-	0,  // 21: roost.v1.PauseResponse.session:type_name -> roost.v1.Session
-	0,  // 22: roost.v1.ResumeResponse.session:type_name -> roost.v1.Session
-	35, // 23: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
-	37, // 24: roost.v1.PruneRequest.until:type_name -> google.protobuf.Duration
-	34, // 25: roost.v1.PruneResponse.removed:type_name -> roost.v1.PrunedSession
-	34, // 26: roost.v1.PruneResponse.kept:type_name -> roost.v1.PrunedSession
-	5,  // 27: roost.v1.PrunedSession.capsule:type_name -> roost.v1.CapsuleRef
-	36, // 28: roost.v1.PrunedSession.ended_at:type_name -> google.protobuf.Timestamp
-	36, // 29: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
-	8,  // 30: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
-	10, // 31: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
-	12, // 32: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
-	14, // 33: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
-	16, // 34: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
-	18, // 35: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
-	20, // 36: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
-	22, // 37: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
-	24, // 38: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
-	26, // 39: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
-	28, // 40: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
-	30, // 41: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
-	32, // 42: roost.v1.SessionService.Prune:input_type -> roost.v1.PruneRequest
-	9,  // 43: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
-	11, // 44: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
-	13, // 45: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
-	15, // 46: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
-	17, // 47: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
-	19, // 48: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
-	21, // 49: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
-	23, // 50: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
-	25, // 51: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
-	27, // 52: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
-	29, // 53: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
-	31, // 54: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
-	33, // 55: roost.v1.SessionService.Prune:output_type -> roost.v1.PruneResponse
-	43, // [43:56] is the sub-list for method output_type
-	30, // [30:43] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	6,  // 0: roost.v1.Session.capsule:type_name -> roost.v1.CapsuleRef
+	7,  // 1: roost.v1.Session.containment:type_name -> roost.v1.ContainmentState
+	37, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	37, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
+	37, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
+	8,  // 5: roost.v1.Session.spend:type_name -> roost.v1.Spend
+	37, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
+	5,  // 7: roost.v1.Session.usage:type_name -> roost.v1.Usage
+	4,  // 8: roost.v1.Session.identity:type_name -> roost.v1.Identity
+	3,  // 9: roost.v1.Session.stdout:type_name -> roost.v1.LogStats
+	3,  // 10: roost.v1.Session.stderr:type_name -> roost.v1.LogStats
+	2,  // 11: roost.v1.Session.egress:type_name -> roost.v1.Egress
+	1,  // 12: roost.v1.Session.wasm:type_name -> roost.v1.WasmRun
+	38, // 13: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
+	0,  // 14: roost.v1.StageResponse.session:type_name -> roost.v1.Session
+	0,  // 15: roost.v1.LaunchResponse.session:type_name -> roost.v1.Session
+	0,  // 16: roost.v1.GetResponse.session:type_name -> roost.v1.Session
+	0,  // 17: roost.v1.ListResponse.sessions:type_name -> roost.v1.Session
+	0,  // 18: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
+	38, // 19: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
+	0,  // 20: roost.v1.StopResponse.session:type_name -> roost.v1.Session
+	0,  // 21: roost.v1.KillResponse.session:type_name -> roost.v1.Session
+	0,  // 22: roost.v1.PauseResponse.session:type_name -> roost.v1.Session
+	0,  // 23: roost.v1.ResumeResponse.session:type_name -> roost.v1.Session
+	36, // 24: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
+	38, // 25: roost.v1.PruneRequest.until:type_name -> google.protobuf.Duration
+	35, // 26: roost.v1.PruneResponse.removed:type_name -> roost.v1.PrunedSession
+	35, // 27: roost.v1.PruneResponse.kept:type_name -> roost.v1.PrunedSession
+	6,  // 28: roost.v1.PrunedSession.capsule:type_name -> roost.v1.CapsuleRef
+	37, // 29: roost.v1.PrunedSession.ended_at:type_name -> google.protobuf.Timestamp
+	37, // 30: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
+	9,  // 31: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
+	11, // 32: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
+	13, // 33: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
+	15, // 34: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
+	17, // 35: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
+	19, // 36: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
+	21, // 37: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
+	23, // 38: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
+	25, // 39: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
+	27, // 40: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
+	29, // 41: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
+	31, // 42: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
+	33, // 43: roost.v1.SessionService.Prune:input_type -> roost.v1.PruneRequest
+	10, // 44: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
+	12, // 45: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
+	14, // 46: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
+	16, // 47: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
+	18, // 48: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
+	20, // 49: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
+	22, // 50: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
+	24, // 51: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
+	26, // 52: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
+	28, // 53: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
+	30, // 54: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
+	32, // 55: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
+	34, // 56: roost.v1.SessionService.Prune:output_type -> roost.v1.PruneResponse
+	44, // [44:57] is the sub-list for method output_type
+	31, // [31:44] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_session_proto_init() }
@@ -2516,14 +2606,14 @@ func file_roost_v1_session_proto_init() {
 		return
 	}
 	file_roost_v1_session_proto_msgTypes[0].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[35].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[36].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_session_proto_rawDesc), len(file_roost_v1_session_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   36,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

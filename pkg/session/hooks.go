@@ -1,0 +1,127 @@
+package session
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/containerd/errdefs"
+
+	"roost.dev/roost/pkg/hooks"
+)
+
+// The operator's hooks (roostd's config; pkg/hooks runs them): a stage hook judges every
+// session before it is recorded — a spawn's too — and refuses it by vetoing, or by failing
+// in any way (fail closed); a session_end hook hears every session's final record, off the
+// end's path. Every run is an event.
+
+// Hooks is what the manager asks of the operator's hooks.
+type Hooks interface {
+	Stage(ctx context.Context, subject string, input []byte) error
+	SessionEnd(subject string, input []byte)
+}
+
+var _ Hooks = (*hooks.Hooks)(nil)
+
+// EventHookRan is one run of an operator's hook; the detail names the hook, what it judged,
+// its result and its reason or output.
+const EventHookRan = "hook.ran"
+
+// stageHookInput is what a stage hook reads on its stdin.
+type stageHookInput struct {
+	Event   string `json:"event"`
+	Capsule struct {
+		Name    string `json:"name"`
+		Version string `json:"version"`
+		SHA256  string `json:"sha256"`
+		Source  string `json:"source,omitempty"`
+	} `json:"capsule"`
+	ParentID string `json:"parent_id"`
+	// Explanation is the decision and grants exactly as `roostctl explain --json` prints
+	// them.
+	Explanation json.RawMessage `json:"explanation"`
+}
+
+// stageHooks asks the stage hooks about the plan; a refusal is PermissionDenied (roostctl
+// exit 125, a spawn's 403) saying which hook refused and why.
+func (m *Manager) stageHooks(p *plan, parentID string) error {
+	if m.cfg.Hooks == nil {
+		return nil
+	}
+	explanation, err := explanationJSON.Marshal(m.explanation(p))
+	if err != nil {
+		return err
+	}
+	in := stageHookInput{Event: "stage", ParentID: parentID, Explanation: explanation}
+	in.Capsule.Name, in.Capsule.Version, in.Capsule.SHA256, in.Capsule.Source = p.ref.Name, p.ref.Version, p.ref.SHA256, p.ref.Source
+	data, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	err = m.cfg.Hooks.Stage(m.ctx, p.ref.Name+"@"+p.ref.Version, data)
+	var refused *hooks.RefusedError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &refused):
+		return errdefs.ErrPermissionDenied.WithMessage(refused.Error())
+	default:
+		return errdefs.ErrUnavailable.WithMessage(fmt.Sprintf("the stage hooks could not judge %s@%s: %v", p.ref.Name, p.ref.Version, err))
+	}
+}
+
+// endHooks tells the session_end hooks of a session's end: its final record, as
+// `roostctl inspect --json` prints it.
+func (m *Manager) endHooks(rec *Record) {
+	if m.cfg.Hooks == nil {
+		return
+	}
+	data, err := explanationJSON.Marshal(rec.Proto())
+	var compact bytes.Buffer
+	if err == nil {
+		// protojson varies its spacing on purpose; hooks get one stable form.
+		err = json.Compact(&compact, data)
+	}
+	if err != nil {
+		m.cfg.Logger.Warn("the session_end hooks' input", "session", rec.ID, "err", err)
+		return
+	}
+	m.cfg.Hooks.SessionEnd(rec.ID, compact.Bytes())
+}
+
+var _ hooks.EventSink = (*Manager)(nil)
+
+// hookOutputInEvent bounds what of a hook's stdout an event keeps.
+const hookOutputInEvent = 4 << 10
+
+// HookEvent records one hook run as an event: on the session it concerns (a session_end
+// hook's), or on none (a stage hook's, which judged a capsule before any session existed).
+func (m *Manager) HookEvent(hook string, r hooks.Result, subject string) {
+	detail := fmt.Sprintf("hook %q on %s: %s in %s", hook, subject, r.Outcome, r.Took.Round(1e6))
+	if r.Reason != "" {
+		detail += ": " + r.Reason
+	}
+	if out := strings.TrimSpace(string(r.Stdout)); out != "" && r.Outcome != hooks.OutcomeVetoed {
+		if len(out) > hookOutputInEvent {
+			out = out[:hookOutputInEvent]
+			for !utf8.ValidString(out) {
+				out = out[:len(out)-1]
+			}
+			out += " [cut]"
+		}
+		detail += "; its output: " + out
+	}
+	err := m.update(func(tx *Tx) error {
+		if rec, err := tx.Get(subject); err == nil {
+			return tx.Note(rec, EventHookRan, detail)
+		}
+		return tx.NoteDaemon(EventHookRan, detail)
+	})
+	if err != nil {
+		m.cfg.Logger.Warn("recording a hook's run", "hook", hook, "subject", subject, "err", err)
+	}
+}
