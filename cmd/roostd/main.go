@@ -414,19 +414,21 @@ func operatorHooks(list []config.Hook, wasm *session.WasmCache, ids containment.
 	if wasm == nil {
 		return nil, errors.New("--config declares hooks, but roost-wasm, which runs them, is not next to roostd (make build puts it in ./bin)")
 	}
-	for _, h := range list {
-		if _, _, err := wasm.Compiled(h.Module); err != nil {
-			return nil, fmt.Errorf("hook %q: %w", h.Name, err)
+	// Compiled in the background: roostd serves at once, and a hook run before its module
+	// is compiled compiles it in its runner instead.
+	go func() {
+		for _, h := range list {
+			if _, _, err := wasm.Compiled(h.Module); err != nil {
+				log.Error("a hook's module does not compile: its runs will fail, and a stage hook refuses every session", "hook", h.Name, "module", h.Module, "err", err)
+				continue
+			}
+			log.Info("hook ready", "hook", h.Name, "on", h.On, "module", h.Module)
 		}
-		log.Info("hook ready", "hook", h.Name, "on", h.On, "module", h.Module)
-	}
+	}()
 	runner := hooks.NewExecRunner(hooks.Config{
 		Runner:     wasm.Runner(),
 		Credential: &syscall.Credential{Uid: ids.First, Gid: ids.First, Groups: []uint32{}},
-		Compiled: func(module string) (string, string, bool) {
-			entry, sum, err := wasm.Compiled(module)
-			return entry, sum, err == nil
-		},
+		Compiled:   wasm.Cached,
 	})
 	return hooks.New(list, runner, mtr, sink, log), nil
 }

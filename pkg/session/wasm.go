@@ -79,6 +79,33 @@ func (c *WasmCache) Compiled(path string) (entry, sha256 string, err error) {
 	return filepath.Join(c.dir, w.Cache), w.CacheSHA256, nil
 }
 
+// Cached is the module's entry when it has been compiled already; it never compiles (a
+// caller that must not wait lets the runner compile instead).
+func (c *WasmCache) Cached(path string) (entry, sha256 string, ok bool) {
+	sum, err := moduleDigest(path)
+	if err != nil {
+		return "", "", false
+	}
+	c.mu.Lock()
+	runtime := c.version
+	c.mu.Unlock()
+	if runtime == "" {
+		return "", "", false
+	}
+	key := sha256sum(sum + "\n" + runtime)
+	entry = filepath.Join(c.dir, key+".cwasm")
+	digest, err := os.ReadFile(entry + ".sha256")
+	if d := strings.TrimSpace(string(digest)); err == nil && len(d) == 64 {
+		return entry, d, true
+	}
+	return "", "", false
+}
+
+func sha256sum(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:])
+}
+
 // runtime is the runner's version line: wasmtime's version and the engine settings' hash.
 func (c *WasmCache) runtime() (string, error) {
 	if c.version != "" {
@@ -109,8 +136,7 @@ func (c *WasmCache) prepare(root, module, where string) (*WasmRun, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the WASM runner %s: %w", c.runner, err)
 	}
-	key := sha256.Sum256([]byte(sum + "\n" + runtime))
-	name := hex.EncodeToString(key[:]) + ".cwasm"
+	name := sha256sum(sum+"\n"+runtime) + ".cwasm"
 	entry := filepath.Join(c.dir, name)
 	digest, err := os.ReadFile(entry + ".sha256")
 	if err != nil || len(bytes.TrimSpace(digest)) != 64 {
