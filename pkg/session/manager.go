@@ -255,6 +255,11 @@ const (
 // everything in them is owned by the one session it belongs to; the registry, the ledger,
 // the key and the records are root's alone (0600/0700).
 func PrepareStateDir(dir string) error {
+	// A directory others may write in (/tmp, a shared scratch tree) is not roostd's to
+	// take over: making it 0711 would lock every other user out of it.
+	if info, err := os.Stat(dir); err == nil && info.IsDir() && (info.Mode().Perm()&0o002 != 0 || info.Mode()&os.ModeSticky != 0) {
+		return fmt.Errorf("state directory %s is writable by others (mode %s): give roostd a directory of its own, e.g. %s/roost: %w", dir, info.Mode(), dir, errdefs.ErrInvalidArgument)
+	}
 	for _, d := range []string{dir, filepath.Join(dir, workDir), filepath.Join(dir, recordsDir), filepath.Join(dir, childrenDir), filepath.Join(dir, homesDir)} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return fmt.Errorf("state directory: %w", err)

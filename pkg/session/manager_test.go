@@ -816,3 +816,19 @@ func TestHostReadOffered(t *testing.T) {
 		t.Fatalf("a tree this host lacks: %v", err)
 	}
 }
+
+// roostd never takes over a directory others write in: --state-dir /tmp would otherwise
+// lock every other user out of /tmp.
+func TestStateDirSharedRefused(t *testing.T) {
+	shared := t.TempDir()
+	if err := os.Chmod(shared, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	err := PrepareStateDir(shared)
+	if err == nil || !strings.Contains(err.Error(), "writable by others") {
+		t.Fatalf("PrepareStateDir of a 1777 directory: %v", err)
+	}
+	if info, _ := os.Stat(shared); info.Mode().Perm() != 0o777 || info.Mode()&os.ModeSticky == 0 {
+		t.Fatalf("the shared directory's mode changed to %s", info.Mode())
+	}
+}
