@@ -9,7 +9,18 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null)
 LDFLAGS := -X roost.dev/roost/pkg/version.Version=$(VERSION) -X roost.dev/roost/pkg/version.Commit=$(COMMIT)
 
-.PHONY: all deps sdk build test unit e2e lint vet staticcheck fmt-check proto proto-check buf-lint demo bench fuzz tools clean
+# Where make install puts things: $(DESTDIR)$(PREFIX)/bin, $(DESTDIR)$(PREFIX)/share/doc/roost,
+# $(DESTDIR)/lib/systemd/system and $(DESTDIR)/etc/roost. INSTALL_FROM is where it takes the
+# binaries from (make build puts them in bin/).
+PREFIX  ?= /usr/local
+DESTDIR ?=
+INSTALL_FROM ?= bin
+UNITDIR := /lib/systemd/system
+CONFDIR := /etc/roost
+DOCDIR  := $(PREFIX)/share/doc/roost
+INSTALL_BINS := roostd roostctl roost-init roost-wasm
+
+.PHONY: all deps sdk build test unit e2e lint vet staticcheck fmt-check proto proto-check buf-lint demo bench fuzz tools clean install install-check buf-breaking api-baseline tidy-check deploy-check
 
 all: build
 
@@ -27,12 +38,12 @@ deps:
 
 ## test: everything CI checks: formatting, vet, staticcheck, the API lint and freshness of the
 ## generated code, unit tests (with the race detector) and the end-to-end tests.
-test: lint unit e2e
+test: lint unit e2e install-check
 
 unit: deps
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/e2e)
 
-e2e: deps sdk
+e2e: deps sdk $(TOOLS)/grpcurl
 	$(GO) test -count=1 ./test/e2e/
 
 ## sdk: the official OpenAI and Anthropic SDKs that TestOfficialSDKs runs in sealed sessions,
@@ -52,7 +63,7 @@ $(SDK_DIR)/node_modules/.package-lock.json: $(SDK_DIR)/package.json $(SDK_DIR)/p
 	cd $(SDK_DIR) && npm ci --no-audit --no-fund
 	@touch $@
 
-lint: deps fmt-check vet staticcheck buf-lint proto-check
+lint: deps fmt-check vet staticcheck buf-lint buf-breaking proto-check tidy-check deploy-check
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.tools/*')); \
@@ -66,6 +77,25 @@ staticcheck: $(TOOLS)/staticcheck
 
 buf-lint: $(TOOLS)/buf
 	$(TOOLS)/buf lint
+
+## buf-breaking: the API against its newest baseline (docs/api.md): nothing a client built
+## against it relies on may change.
+API_BASELINE := $(lastword $(sort $(wildcard api/baseline/v*.binpb)))
+buf-breaking: $(TOOLS)/buf
+	$(TOOLS)/buf breaking --against $(API_BASELINE)
+
+## api-baseline: cut a new baseline at a minor version (docs/api.md): make api-baseline VERSION=v0.2.0
+api-baseline: $(TOOLS)/buf
+	@test -n "$(filter v%,$(VERSION))" || { echo "give VERSION=vX.Y.0"; exit 1; }
+	$(TOOLS)/buf build -o api/baseline/$(VERSION).binpb
+
+## tidy-check: go.mod and go.sum say exactly what the code imports.
+tidy-check:
+	$(GO) mod tidy -diff
+
+## deploy-check: the Grafana dashboard and Prometheus rules in deploy/ (promtool from apt when missing).
+deploy-check:
+	./deploy/check.sh
 
 ## proto: regenerate api/gen from api/proto with the plugin versions go.mod pins.
 proto: $(TOOLS)/buf $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
@@ -97,15 +127,76 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 20s -fuzzminimizetime 5s ./pkg/config/
 	$(GO) test -run '^$$' -fuzz FuzzInterpreters -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/roostinit/
 
-tools: $(TOOLS)/buf $(TOOLS)/staticcheck $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
+tools: $(TOOLS)/buf $(TOOLS)/staticcheck $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc $(TOOLS)/grpcurl
 
-# buf and staticcheck are pinned in tools/go.mod (buf needs a newer protobuf than roost's);
-# the protoc plugins are pinned by roost's own go.mod, matching the runtime they generate for.
+# buf, staticcheck and grpcurl (the e2e tests call roostd's health and reflection services
+# with it; Debian bookworm has no package of it) are pinned in tools/go.mod (buf needs a
+# newer protobuf than roost's); the protoc plugins are pinned by roost's own go.mod,
+# matching the runtime they generate for.
 $(TOOLS)/buf $(TOOLS)/staticcheck: tools/go.mod tools/go.sum
 	cd tools && GOBIN=$(TOOLS) $(GO) install github.com/bufbuild/buf/cmd/buf honnef.co/go/tools/cmd/staticcheck
 
+$(TOOLS)/grpcurl: tools/go.mod tools/go.sum
+	cd tools && GOBIN=$(TOOLS) $(GO) install github.com/fullstorydev/grpcurl/cmd/grpcurl
+
 $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc: go.mod go.sum
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
+
+## install: roostd, roostctl, roost-init and roost-wasm (from $(INSTALL_FROM): make build first) to
+## $(DESTDIR)$(PREFIX)/bin, mode 0755; the systemd unit to $(DESTDIR)/lib/systemd/system with
+## its paths under $(PREFIX); a default configuration (all comments) to
+## $(DESTDIR)/etc/roost/roostd.yaml unless one is there; README.md and docs/security.md to
+## $(DESTDIR)$(PREFIX)/share/doc/roost.
+install:
+	@for b in $(INSTALL_BINS); do [ -f "$(INSTALL_FROM)/$$b" ] && [ -x "$(INSTALL_FROM)/$$b" ] || \
+		{ echo "install: $(INSTALL_FROM)/$$b is missing: run make build first (roost-wasm needs cgo: gcc)" >&2; exit 1; }; done
+	install -d -m 0755 "$(DESTDIR)$(PREFIX)/bin" "$(DESTDIR)$(UNITDIR)" "$(DESTDIR)$(DOCDIR)"
+	install -m 0755 $(addprefix $(INSTALL_FROM)/,$(INSTALL_BINS)) "$(DESTDIR)$(PREFIX)/bin/"
+	sed -e 's|/usr/local/bin/|$(PREFIX)/bin/|g' -e 's|/usr/local/share/doc/roost/|$(DOCDIR)/|g' \
+		deploy/systemd/roostd.service >"$(DESTDIR)$(UNITDIR)/.roostd.service.tmp"
+	chmod 0644 "$(DESTDIR)$(UNITDIR)/.roostd.service.tmp"
+	mv -f "$(DESTDIR)$(UNITDIR)/.roostd.service.tmp" "$(DESTDIR)$(UNITDIR)/roostd.service"
+	@# An operator's configuration is never replaced (nor its directory's mode changed).
+	@if [ -e "$(DESTDIR)$(CONFDIR)/roostd.yaml" ]; then \
+		echo "keeping $(DESTDIR)$(CONFDIR)/roostd.yaml"; \
+	else \
+		[ -d "$(DESTDIR)$(CONFDIR)" ] || install -d -m 0755 "$(DESTDIR)$(CONFDIR)"; \
+		echo "sed ... deploy/systemd/roostd.yaml >$(DESTDIR)$(CONFDIR)/roostd.yaml"; \
+		sed -e 's|/usr/local/share/doc/roost/|$(DOCDIR)/|g' deploy/systemd/roostd.yaml >"$(DESTDIR)$(CONFDIR)/.roostd.yaml.tmp" && \
+		chmod 0644 "$(DESTDIR)$(CONFDIR)/.roostd.yaml.tmp" && \
+		mv -n "$(DESTDIR)$(CONFDIR)/.roostd.yaml.tmp" "$(DESTDIR)$(CONFDIR)/roostd.yaml"; \
+		rm -f "$(DESTDIR)$(CONFDIR)/.roostd.yaml.tmp"; \
+	fi
+	install -m 0644 README.md docs/security.md "$(DESTDIR)$(DOCDIR)/"
+	@[ -n "$(DESTDIR)" ] || echo "installed; now: systemctl daemon-reload && systemctl enable --now roostd"
+
+## install-check: make install into a temporary DESTDIR, with the default PREFIX and another:
+## the layout, the modes, ExecStart under PREFIX, a second install keeping an edited
+## configuration, and systemd-analyze verify of the unit as installed (--root: the host's own
+## units stand in for the target's sysinit.target and the like). With INSTALL_FROM set to other
+## binaries (the e2e tests' own) it builds nothing.
+install-check: $(if $(filter bin,$(INSTALL_FROM)),build)
+	@command -v systemd-analyze >/dev/null || { echo "install-check: systemd-analyze is missing (apt-get install systemd)" >&2; exit 1; }
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; set -e; \
+	for prefix in /usr/local /opt/roost; do \
+		root="$$tmp/root$$(echo $$prefix | tr / -)"; \
+		$(MAKE) --no-print-directory -s install DESTDIR="$$root" PREFIX="$$prefix" INSTALL_FROM="$(INSTALL_FROM)" >/dev/null; \
+		for b in $(INSTALL_BINS); do \
+			mode=$$(stat -c %a "$$root$$prefix/bin/$$b"); \
+			[ "$$mode" = 755 ] || { echo "install-check: $$prefix/bin/$$b has mode $$mode, want 755" >&2; exit 1; }; \
+		done; \
+		unit="$$root$(UNITDIR)/roostd.service"; \
+		grep -q "^ExecStart=$$prefix/bin/roostd " "$$unit" || { echo "install-check: $$unit: ExecStart is not under $$prefix:" >&2; grep ExecStart "$$unit" >&2; exit 1; }; \
+		[ -f "$$root$(CONFDIR)/roostd.yaml" ] && [ -f "$$root$$prefix/share/doc/roost/README.md" ] && [ -f "$$root$$prefix/share/doc/roost/security.md" ] || \
+			{ echo "install-check: the configuration or the docs are missing under $$root" >&2; exit 1; }; \
+		echo "# the operator's own" >>"$$root$(CONFDIR)/roostd.yaml"; \
+		$(MAKE) --no-print-directory -s install DESTDIR="$$root" PREFIX="$$prefix" INSTALL_FROM="$(INSTALL_FROM)" >/dev/null; \
+		grep -q "^# the operator's own" "$$root$(CONFDIR)/roostd.yaml" || { echo "install-check: a second make install overwrote $(CONFDIR)/roostd.yaml" >&2; exit 1; }; \
+		cp -an /lib/systemd/system/. "$$root$(UNITDIR)/"; \
+		out=$$(systemd-analyze verify --root="$$root" --man=no --generators=no "$$unit" 2>&1) || { echo "$$out" >&2; echo "install-check: systemd-analyze verify failed" >&2; exit 1; }; \
+		[ -z "$$out" ] || { echo "$$out" >&2; echo "install-check: systemd-analyze verify warned" >&2; exit 1; }; \
+		echo "install-check: PREFIX=$$prefix: installed layout, modes, ExecStart, kept configuration, systemd-analyze verify: ok"; \
+	done
 
 clean:
 	rm -rf bin .tools

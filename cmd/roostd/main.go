@@ -63,6 +63,11 @@ type options struct {
 	// retainEnded and retainFor bound the ended sessions kept (0: no bound).
 	retainEnded int
 	retainFor   time.Duration
+	// cgroupParent and cgroupDriver are --cgroup-parent and --cgroup-driver.
+	cgroupParent, cgroupDriver string
+	// logLevel and logFormat are --log-level and --log-format.
+	logLevel  slog.Level
+	logFormat string
 }
 
 // The metrics hear session starts, recoveries, spawn decisions and the ledger's charges.
@@ -87,8 +92,12 @@ func parseFlags(args []string) (*options, error) {
 	fs.Int64Var(&o.machineTokens, "machine-tokens-per-day", 0, "machine-wide token ceiling per UTC day; 0 = none (when absent, the last one set is kept)")
 	fs.DurationVar(&o.reservationTTL, "reservation-ttl", ledger.DefaultTTL, "how long a token reservation stays open before it is charged in full")
 	fs.StringVar(&o.containment, "containment", "", "host-wide containment floor: unconfined, advisory, scoped or sealed")
+	fs.StringVar(&o.cgroupParent, "cgroup-parent", "", "where sessions' cgroups go: a cgroup path (cgroupfs) or a slice (systemd); default: beneath roostd's own cgroup when systemd delegates it in a leaf (DelegateSubgroup=supervisor), else /roost")
+	fs.StringVar(&o.cgroupDriver, "cgroup-driver", containment.CgroupDriverCgroupfs, "how sessions' cgroups are made: cgroupfs, or systemd (transient roost-<session>.scope units; needs systemd as PID 1)")
 	fs.IntVar(&o.retainEnded, "retain-ended", 0, "keep at most this many ended sessions, removing those that ended first (as roostctl rm does) and their events; 0 = no bound")
 	fs.DurationVar(&o.retainFor, "retain-for", 0, "remove ended sessions that ended longer ago than this (e.g. 720h), and their events; 0 = no bound")
+	logLevel := fs.String("log-level", "info", "least severe log lines written: debug, info, warn or error")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log line format on stderr: text (key=value) or json (one object per line)")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(os.Stderr, "Usage: roostd [flags]\n\nroostd keeps roost's session registry and supervises sessions.\n\nFlags:\n%s", fs.FlagUsages())
@@ -100,6 +109,13 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("unexpected argument %q (roostd takes only flags)", fs.Arg(0))
 	}
 	o.machineTokensSet = fs.Changed("machine-tokens-per-day")
+	var err error
+	if o.logLevel, err = parseLogLevel(*logLevel); err != nil {
+		return nil, err
+	}
+	if err := checkLogFormat(o.logFormat); err != nil {
+		return nil, err
+	}
 	switch {
 	case o.maxDepth < 0:
 		return nil, fmt.Errorf("--max-depth %d: must be 0 or more", o.maxDepth)
@@ -123,6 +139,7 @@ func run(args []string) int {
 		return 0
 	}
 	if err != nil {
+		// Before any logger: a usage error, said once, as roostctl says its own.
 		fmt.Fprintln(os.Stderr, "roostd:", err)
 		return 2
 	}
@@ -130,17 +147,24 @@ func run(args []string) int {
 		fmt.Println("roostd", version.Version, version.Commit)
 		return 0
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	log := newLogger(os.Stderr, o.logLevel, o.logFormat)
+	// First: nothing roostd starts may inherit the service manager's variables.
+	sm := newServiceManager(log)
+	defer sm.close()
+	sm.startWatchdog()
+	started := time.Now()
 	raiseOpenFiles(log)
-	if err := serve(o, log); err != nil {
-		log.Error("roostd stopped", "err", err)
-		fmt.Fprintln(os.Stderr, "roostd:", err)
+	if err := serve(o, log, sm); err != nil {
+		sm.status("failed: " + err.Error())
+		// The one place a fatal error is said.
+		log.Error("roostd stopped", "err", err, "exit_code", 1, "uptime", time.Since(started).Round(time.Millisecond).String())
 		return 1
 	}
+	log.Info("roostd stopped", "exit_code", 0, "uptime", time.Since(started).Round(time.Millisecond).String())
 	return 0
 }
 
-func serve(o *options, log *slog.Logger) error {
+func serve(o *options, log *slog.Logger, sm *serviceManager) error {
 	var floor manifest.Class
 	if o.containment != "" {
 		c, err := manifest.ParseClass(o.containment)
@@ -173,17 +197,23 @@ func serve(o *options, log *slog.Logger) error {
 		return fmt.Errorf("--state-dir: %w", err)
 	}
 	pool := session.IDPool{First: cfg.Sessions.IDs.First, Slots: cfg.Sessions.IDs.Slots}
+	// Before any runtime or child process: on cgroup v2 roostd may move itself into a leaf.
+	cgs, err := containment.NewCgroups(containment.CgroupConfig{Parent: o.cgroupParent, Driver: o.cgroupDriver, StateDir: stateDir})
+	if err != nil {
+		return err
+	}
+	log.Info("session cgroups", "driver", cgs.Driver(), "parent", cgs.Parent(), "why", cgs.Why())
 	init := initBinary(log)
-	plain := containment.NewProcessRuntime(init)
+	plain := containment.NewProcessRuntime(init, containment.WithCgroups(cgs))
 	runtimes := map[manifest.Class]session.Runtime{manifest.Unconfined: plain, manifest.Advisory: plain}
 	var sealed *containment.SealedRuntime
 	var scoped *containment.ScopedRuntime
 	if init != containment.SelfInit {
 		// A sealed root mounts roost-init itself: it must be the small static binary.
-		if sealed, err = containment.NewSealedRuntime(stateDir, init, pool.RehearsalIDs()); err != nil {
+		if sealed, err = containment.NewSealedRuntime(stateDir, init, pool.RehearsalIDs(), containment.WithCgroups(cgs)); err != nil {
 			return fmt.Errorf("sealed runtime: %w", err)
 		}
-		if scoped, err = containment.NewScopedRuntime(stateDir, init, pool.RehearsalIDs()); err != nil {
+		if scoped, err = containment.NewScopedRuntime(stateDir, init, pool.RehearsalIDs(), containment.WithCgroups(cgs)); err != nil {
 			return fmt.Errorf("scoped runtime: %w", err)
 		}
 		// Even when a rehearsal fails, sessions a previous daemon started are re-attached
@@ -196,11 +226,13 @@ func serve(o *options, log *slog.Logger) error {
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		host := containment.Probe()
+		cgs.Report(&host)
 		if sealed == nil {
 			return host, containment.NewCatalog(host, noInit, noInit)
 		}
 		return host, containment.NewCatalog(host, rehearse(ctx, scoped.Rehearse), rehearse(ctx, sealed.Rehearse))
 	}
+	sm.status("starting: probing the host and rehearsing containment classes")
 	host, catalog := assess(context.Background())
 	for _, c := range catalog {
 		if !c.Available {
@@ -266,6 +298,11 @@ func serve(o *options, log *slog.Logger) error {
 			_ = hooksRun.Close(ctx)
 		}()
 	}
+	if n, err := liveInRegistry(stateDir); err == nil {
+		sm.status(fmt.Sprintf("recovering %d session%s", n, plural(n)))
+		log.Info("recovering sessions", "live_in_registry", n)
+	}
+	recoveryStarted := time.Now()
 	sessions, err = session.Open(session.Config{
 		StateDir:       stateDir,
 		DaemonFloor:    floor,
@@ -277,7 +314,7 @@ func serve(o *options, log *slog.Logger) error {
 		MaxDepth:       o.maxDepth,
 		MaxConcurrent:  o.maxConcurrent,
 		Ledger:         spend,
-		Gateway:        gateway.New(cfg.Inference.Upstreams, spend, log),
+		Gateway:        gateway.New(cfg.Inference.Upstreams, &loggedLedger{Ledger: spend, sessions: sink, log: log}, log),
 		Observer:       mtr,
 		Logger:         log,
 		IDs:            pool,
@@ -294,6 +331,9 @@ func serve(o *options, log *slog.Logger) error {
 	}
 	sink.set(sessions)
 	defer sessions.Close()
+	// Before the registry closes: the watchdog's check reads it.
+	defer sm.stopWatchdog()
+	log.Info("sessions recovered", "took", time.Since(recoveryStarted).Round(time.Microsecond).String())
 	// Every session is recovered: retention may look at which have ended.
 	retention := session.Retention{MaxEnded: o.retainEnded, MaxAge: o.retainFor}
 	sessions.Retain(retention)
@@ -306,9 +346,10 @@ func serve(o *options, log *slog.Logger) error {
 		return err
 	}
 	defer os.Remove(o.socket)
+	sm.status("starting: opening the control socket")
 	srv := server.New(server.Config{Sessions: sessions, Artifacts: artifacts, Ledger: spend, Assess: assess, StateDir: stateDir, StartedAt: time.Now(), Logger: log,
 		IDs:   pool,
-		Peers: &server.PeerPolicy{Group: group, Sessions: server.NewSessionProcs(init)}})
+		Peers: &server.PeerPolicy{Group: group, Sessions: server.NewSessionProcs(init, cgs.Parents())}})
 
 	var metricsSrv *http.Server
 	if o.metricsAddr != "" {
@@ -326,16 +367,45 @@ func serve(o *options, log *slog.Logger) error {
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
+	// Recovery is done and the socket is listening (connections made from now on are
+	// served): only now does health say SERVING and the service manager hear READY=1.
+	srv.SetServing()
 	log.Info("roostd serving", "socket", o.socket, "state_dir", stateDir, "version", version.Version, "strongest_class", catalog.Strongest().String())
-
-	select {
-	case sig := <-sigs:
-		log.Info("shutting down; sessions keep running", "signal", sig.String())
-	case err := <-served:
+	health := func(ctx context.Context) error {
+		_, _, err := liveSessions(ctx, sessions)
 		return err
 	}
+	running, paused, _ := liveSessions(context.Background(), sessions)
+	sm.ready(servingStatus(running, paused), health)
+	statusTicker := time.NewTicker(statusEvery)
+	defer statusTicker.Stop()
+
+	for {
+		select {
+		case sig := <-sigs:
+			log.Info("shutting down; sessions keep running", "signal", sig.String())
+			sm.stopping("stopping; sessions keep running")
+		case err := <-served:
+			srv.SetNotServing()
+			return fmt.Errorf("the control API stopped serving: %w", err)
+		case <-statusTicker.C:
+			if sm.n == nil {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), statusEvery)
+			running, paused, err := liveSessions(ctx, sessions)
+			cancel()
+			if err == nil {
+				sm.status(servingStatus(running, paused))
+			}
+			continue
+		}
+		break
+	}
+	srv.SetNotServing()
 	// Stop accepting, let short RPCs finish; followers of logs and events are cut off.
 	stopped := make(chan struct{})
 	go func() { srv.GracefulStop(); close(stopped) }()
@@ -350,6 +420,23 @@ func serve(o *options, log *slog.Logger) error {
 		cancel()
 	}
 	return nil
+}
+
+// liveInRegistry counts the sessions the registry lists as live: those recovery will
+// reconcile. It opens the registry and closes it again before session.Open takes it.
+func liveInRegistry(stateDir string) (int, error) {
+	reg, err := session.OpenRegistry(filepath.Join(stateDir, session.DBFile))
+	if err != nil {
+		return 0, err
+	}
+	defer reg.Close()
+	var n int
+	err = reg.View(func(tx *session.Tx) error {
+		live, err := tx.List(session.State.Live)
+		n = len(live)
+		return err
+	})
+	return n, err
 }
 
 // raiseOpenFiles lifts roostd's soft open-file limit to its hard one, and logs both. (Go's
@@ -441,6 +528,12 @@ type hookSink struct {
 
 func (s *hookSink) set(m *session.Manager) { s.mu.Lock(); s.m = m; s.mu.Unlock() }
 
+func (s *hookSink) manager() *session.Manager {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m
+}
+
 // HookEvent records a run as an event once the manager is there.
 func (s *hookSink) HookEvent(hook string, r hooks.Result, subject string) {
 	s.mu.Lock()
@@ -449,6 +542,66 @@ func (s *hookSink) HookEvent(hook string, r hooks.Result, subject string) {
 	if m != nil {
 		m.HookEvent(hook, r, subject)
 	}
+}
+
+// loggedLedger is the ledger as the inference gateway uses it: a refused admission is
+// logged with the session's capsule and class, as the session manager logs those its
+// endpoint's own admissions meet. A call that waits for budget (on_exhausted: wait) is
+// refused again at every change of the ledger: a session's refusals are logged at most
+// once per refusalLogEvery, with how many went unlogged.
+type loggedLedger struct {
+	*ledger.Ledger
+	sessions *hookSink
+	log      *slog.Logger
+
+	mu     sync.Mutex
+	logged map[string]refusalLog
+}
+
+type refusalLog struct {
+	at         time.Time
+	suppressed int
+}
+
+const refusalLogEvery = 10 * time.Second
+
+var _ gateway.Ledger = (*loggedLedger)(nil)
+
+func (l *loggedLedger) Admit(a ledger.Admission) (ledger.Reservation, error) {
+	res, err := l.Ledger.Admit(a)
+	var refusal *ledger.Refusal
+	if errors.As(err, &refusal) {
+		now := time.Now()
+		l.mu.Lock()
+		if l.logged == nil {
+			l.logged = map[string]refusalLog{}
+		}
+		last, seen := l.logged[a.SessionID]
+		if seen && now.Sub(last.at) < refusalLogEvery {
+			last.suppressed++
+			l.logged[a.SessionID] = last
+			l.mu.Unlock()
+			return res, err
+		}
+		if len(l.logged) > 1024 {
+			for id, r := range l.logged {
+				if now.Sub(r.at) >= refusalLogEvery {
+					delete(l.logged, id)
+				}
+			}
+		}
+		l.logged[a.SessionID] = refusalLog{at: now}
+		l.mu.Unlock()
+		attrs := []any{"session", a.SessionID}
+		if m := l.sessions.manager(); m != nil {
+			if rec, err := m.Get(a.SessionID); err == nil {
+				attrs = append(attrs, "capsule", rec.Capsule.Name+"@"+rec.Capsule.Version, "class", rec.Achieved)
+			}
+		}
+		l.log.Info("spend refused", append(attrs, "limit", refusal.Kind(), "ceiling", refusal.Ceiling, "used", refusal.Used,
+			"requested", refusal.Requested, "model", a.Model, "reason", refusal.Error(), "unlogged_since_last", last.suppressed)...)
+	}
+	return res, err
 }
 
 // wasmRunner finds roost-wasm next to roostd; "" when it is not there (WASM capsules are

@@ -28,7 +28,7 @@ type Grant struct {
 // Rlimits are the resource limits a session's processes get, one per resources key that
 // maps to an rlimit. RLIMIT_AS is address space, not memory: where a cgroup holds memory
 // (scoped, sealed) it is set only when the manifest declares resources.memory_bytes; in a
-// class without a cgroup it is the only ceiling there is, so it always applies, at a default
+// class whose cgroup sets no limits it is the only ceiling there is, so it always applies, at a default
 // (manifest.DefaultMemoryBytes) sized for runtimes that reserve far more than they touch.
 func Rlimits(class manifest.Class, p *manifest.Policy) []Rlimit {
 	r := p.Resources
@@ -44,7 +44,9 @@ func Rlimits(class manifest.Class, p *manifest.Policy) []Rlimit {
 	return out
 }
 
-// hasCgroup says whether a class's sessions run in a cgroup of their own.
+// hasCgroup says whether a class's sessions run in a cgroup that holds limits. Every
+// class's sessions have a cgroup of their own (see Cgroups); unconfined and advisory ones
+// set none there.
 func hasCgroup(class manifest.Class) bool {
 	return class == manifest.Scoped || class == manifest.Sealed
 }
@@ -57,7 +59,7 @@ func memoryBytes(class manifest.Class, p *manifest.Policy) [2]string {
 	case hasCgroup(class):
 		return [2]string{NotApplicable, "not set: the cgroup's memory limit (resources.cgroup_memory_bytes) holds memory; RLIMIT_AS applies only when declared"}
 	}
-	return [2]string{Enforced, "RLIMIT_AS on every process, the only memory ceiling in a class without a cgroup; the default is sized for Node, the JVM and Go, which reserve far more address space than they use"}
+	return [2]string{Enforced, "RLIMIT_AS on every process, the only memory ceiling in a class whose cgroup sets no limits; the default is sized for Node, the JVM and Go, which reserve far more address space than they use"}
 }
 
 // Grants lists every key of the policy with how a session of class holds it on this host;
@@ -218,9 +220,9 @@ func plainGrants(class manifest.Class, p *manifest.Policy, asRoot bool) []Grant 
 		"spawn.max_depth":               {Advisory, referee},
 		"spawn.max_children":            {Advisory, referee},
 		"spawn.max_total_children":      {Advisory, referee},
-		"resources.cgroup_memory_bytes": {Advisory, noKernel + " (no cgroup)"},
-		"resources.cgroup_pids_max":     {Advisory, noKernel + " (no cgroup)"},
-		"resources.cgroup_cpu_percent":  {Advisory, noKernel + " (no cgroup)"},
+		"resources.cgroup_memory_bytes": {Advisory, noKernel + " (its cgroup sets no limits)"},
+		"resources.cgroup_pids_max":     {Advisory, noKernel + " (its cgroup sets no limits)"},
+		"resources.cgroup_cpu_percent":  {Advisory, noKernel + " (its cgroup sets no limits)"},
 		"resources.max_processes":       nproc,
 		"resources.memory_bytes":        memoryBytes(class, p),
 		"resources.workdir_max_bytes":   workdirGuard,

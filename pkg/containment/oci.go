@@ -28,7 +28,10 @@ const (
 	SealedTaskPath = "/run/roost/task.md"
 	// SealedHome is a sealed session's HOME: root's home, as its passwd says.
 	SealedHome = "/root"
-	// CgroupParent holds every scoped and sealed session's cgroup: /roost/<session>.
+	// CgroupParent is where sessions' cgroups go when roostd's own cgroup is not delegated
+	// to it (see DefaultCgroupParent), /roost/<session> in every hierarchy, and where every
+	// scoped and sealed session's cgroup went before the parent was configurable: Release
+	// and Attach look there too.
 	CgroupParent = "/roost"
 	// devShmBytes bounds /dev/shm; it is memory, charged to the session's cgroup too.
 	devShmBytes = 64 << 20
@@ -37,6 +40,9 @@ const (
 // SealedLayout is where a sealed session's parts live on the host.
 type SealedLayout struct {
 	SessionID string
+	// CgroupsPath is the session's cgroup, as the OCI spec's cgroupsPath says it: a path
+	// (cgroupfs) or slice:prefix:name (systemd); "" is CgroupParent/<session>.
+	CgroupsPath string
 	// Rootfs is the directory composed for the session (see composeRoot).
 	Rootfs     string
 	Workdir    string
@@ -152,7 +158,7 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 			},
 			UIDMappings:   []specs.LinuxIDMapping{{ContainerID: 0, HostID: l.IDs.First, Size: l.IDs.Size}},
 			GIDMappings:   []specs.LinuxIDMapping{{ContainerID: 0, HostID: l.IDs.First, Size: l.IDs.Size}},
-			CgroupsPath:   path.Join(CgroupParent, l.SessionID),
+			CgroupsPath:   l.cgroupsPath(),
 			Resources:     resources(p),
 			MaskedPaths:   present(maskedPaths(example.Linux.MaskedPaths)),
 			ReadonlyPaths: present(example.Linux.ReadonlyPaths),
@@ -164,6 +170,13 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 	}
 	spec.Linux.Seccomp = seccomp
 	return spec, nil
+}
+
+func (l SealedLayout) cgroupsPath() string {
+	if l.CgroupsPath != "" {
+		return l.CgroupsPath
+	}
+	return path.Join(CgroupParent, l.SessionID)
 }
 
 // moreMasked are what roost hides in /proc and /sys beyond runc's defaults: moby's

@@ -27,8 +27,19 @@ type Host struct {
 	Kernel string
 	// LandlockABI is the Landlock ABI version the kernel offers; 0 when it has none.
 	LandlockABI int
-	// Cgroups is "v2", "hybrid" or "v1".
+	// Cgroups is "v2", "hybrid" or "v1" (CgroupMode).
 	Cgroups string
+	// CgroupDriver and CgroupParent are who makes sessions' cgroups and where they go,
+	// CgroupParentWhy why: Probe reports the default (cgroupfs, DefaultCgroupParent);
+	// Cgroups.Report what roostd was configured with.
+	CgroupDriver, CgroupParent, CgroupParentWhy string
+	// CgroupParentHint, when set, is what the operator should change for the parent to
+	// keep working (Cgroups.Report).
+	CgroupParentHint string
+	// SystemdDriver says whether the systemd cgroup driver can work here (systemd is PID 1),
+	// SystemdDriverWhy why or why not (SystemdAvailable).
+	SystemdDriver    bool
+	SystemdDriverWhy string
 	// Seccomp says the kernel offers seccomp filters.
 	Seccomp bool
 	// UserNamespaces is the user.max_user_namespaces limit; 0 when user namespaces are off.
@@ -56,6 +67,9 @@ func Probe() Host {
 		h.LandlockABI = int(abi)
 	}
 	h.Cgroups = cgroupLayout()
+	h.CgroupDriver = CgroupDriverCgroupfs
+	h.CgroupParent, h.CgroupParentWhy = DefaultCgroupParent()
+	h.SystemdDriver, h.SystemdDriverWhy = SystemdAvailable()
 	if data, err := os.ReadFile("/proc/self/status"); err == nil {
 		h.Seccomp = bytes.Contains(data, []byte("\nSeccomp:"))
 	}
@@ -75,16 +89,7 @@ func readKnob(path string) string {
 	return strings.TrimSpace(string(data))
 }
 
-func cgroupLayout() string {
-	var st unix.Statfs_t
-	if unix.Statfs("/sys/fs/cgroup", &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
-		return "v2"
-	}
-	if _, err := os.Stat("/sys/fs/cgroup/unified"); err == nil {
-		return "hybrid"
-	}
-	return "v1"
-}
+func cgroupLayout() string { return CgroupMode() }
 
 // Capability says whether one class can be delivered here, and what holds a session of it
 // or why it cannot be had.
@@ -168,7 +173,7 @@ func (h Host) Checks() []Check {
 	} else {
 		out = append(out, Check{Name: "seccomp", Status: "warn", Detail: "not offered by the kernel", Hint: "boot a kernel with CONFIG_SECCOMP_FILTER=y"})
 	}
-	out = append(out, cgroupCheck(h.Cgroups))
+	out = append(out, cgroupCheck(h.Cgroups), h.cgroupParentCheck(), h.systemdDriverCheck())
 	if seccompBuilt {
 		out = append(out, Check{Name: "seccomp in roostd", Status: "ok", Detail: "built with libseccomp (the seccomp build tag)"})
 	} else {
@@ -206,6 +211,29 @@ func cgroupCheck(layout string) Check {
 		return c
 	}
 	c.Status, c.Detail = "ok", layout+": "+strings.Join(cgroupControllers, ", ")+" available"
+	return c
+}
+
+// cgroupParentCheck says where sessions' cgroups go, and why.
+func (h Host) cgroupParentCheck() Check {
+	c := Check{Name: "cgroup parent", Status: "info"}
+	if h.CgroupParent == "" {
+		c.Detail = "unknown"
+		return c
+	}
+	c.Detail = fmt.Sprintf("%s (%s driver): %s", h.CgroupParent, h.CgroupDriver, h.CgroupParentWhy)
+	if h.CgroupParentHint != "" {
+		c.Status, c.Hint = "warn", h.CgroupParentHint
+	}
+	return c
+}
+
+// systemdDriverCheck says whether --cgroup-driver systemd can work here.
+func (h Host) systemdDriverCheck() Check {
+	c := Check{Name: "systemd cgroup driver", Status: "info", Detail: "available: " + h.SystemdDriverWhy}
+	if !h.SystemdDriver {
+		c.Detail = "not available: " + h.SystemdDriverWhy + "; --cgroup-driver cgroupfs (the default) is"
+	}
 	return c
 }
 

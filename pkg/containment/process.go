@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/opencontainers/cgroups"
+
 	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/manifest"
 )
@@ -36,16 +38,29 @@ func (e *StartError) Error() string { return e.Msg }
 const reportTimeout = 30 * time.Second
 
 // ProcessRuntime runs sessions of the classes that need no kernel sandbox (unconfined,
-// advisory) as a plain process tree under roost-init.
+// advisory) as a plain process tree under roost-init, in a cgroup of the session's own
+// without limits (<parent>/<session>; see Cgroups), which roost-init is started into
+// before the program exists: a session's processes never share roostd's cgroup.
 type ProcessRuntime struct {
 	// Init is the binary that plays roost-init and roost-exec.
 	Init string
+	// cg says where sessions' cgroups go; nil is the default configuration.
+	cg *Cgroups
 }
 
 // NewProcessRuntime returns a runtime that starts sessions under the roost-init binary at
 // init; "/proc/self/exe" when the running binary plays roost-init itself (see RunHelper).
-func NewProcessRuntime(init string) *ProcessRuntime {
-	return &ProcessRuntime{Init: init}
+// WithCgroups says where their cgroups go.
+func NewProcessRuntime(init string, opts ...Option) *ProcessRuntime {
+	return &ProcessRuntime{Init: init, cg: applyOptions(opts).cgroups}
+}
+
+// Cgroups is where the runtime puts its sessions' cgroups.
+func (r *ProcessRuntime) Cgroups() *Cgroups {
+	if r.cg != nil {
+		return r.cg
+	}
+	return defaultCgroups()
 }
 
 // SelfInit is the init path of a binary that calls RunHelper first thing in main.
@@ -57,27 +72,43 @@ type plainProcess struct {
 	watch      *exitWatch
 	// cmd is set when this daemon started roost-init: it must reap it.
 	cmd *exec.Cmd
+	// cgroup is the session's cgroup; nil when it has none (a session started before
+	// plain sessions had one, or on a host that lets roostd make none).
+	cgroup cgroups.Manager
 }
 
-var _ Process = (*plainProcess)(nil)
+var (
+	_ Process = (*plainProcess)(nil)
+	_ Meter   = (*plainProcess)(nil)
+)
 
 // Start starts spec's program under a new roost-init and returns once it runs. Output goes
 // to files in the records directory, through pipes roost-init drains, never through one
 // the daemon holds.
-func (r *ProcessRuntime) Start(ctx context.Context, spec Spec) (Process, error) {
+func (r *ProcessRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr error) {
 	user, err := spec.user()
 	if err != nil {
 		return nil, err
 	}
-	p, err := r.start(ctx, spec, roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, Rlimits: spec.Rlimits, User: user, Report: spec.Runner != ""})
+	cg, err := r.Cgroups().create(spec.SessionID, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil && cg != nil {
+			_ = r.Cgroups().remove(spec.SessionID)
+		}
+	}()
+	p, err := r.start(ctx, spec, roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, Rlimits: spec.Rlimits, User: user, Report: spec.Runner != ""}, cg)
 	if err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
-// start starts roost-init with exec as what roost-exec applies before the program.
-func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostinit.ExecSpec) (*plainProcess, error) {
+// start starts roost-init in the session's cgroup cg (nil: none), with exec as what
+// roost-exec applies before the program.
+func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostinit.ExecSpec, cg *sessionCgroup) (*plainProcess, error) {
 	io, err := openInitIO(spec.RecordsDir)
 	if err != nil {
 		return nil, err
@@ -86,20 +117,47 @@ func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostini
 	// roost-init's descriptors, in its order: stdin, stdout and stderr are /dev/null (it
 	// writes the program's output into the records directory itself), then spec (3),
 	// report (4) and the records directory (5).
-	cmd := &exec.Cmd{
-		Path:       r.Init,
-		Args:       []string{InitName, spec.SessionID},
-		Dir:        "/",
-		Env:        []string{},
-		ExtraFiles: io.childFiles(),
-		// Its own session: a signal or hangup aimed at roostd's group never reaches it, and
-		// no parent-death signal is set, so it outlives the daemon.
-		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
+	command := func(into *os.File) *exec.Cmd {
+		cmd := &exec.Cmd{
+			Path:       r.Init,
+			Args:       []string{InitName, spec.SessionID},
+			Dir:        "/",
+			Env:        []string{},
+			ExtraFiles: io.childFiles(),
+			// Its own session: a signal or hangup aimed at roostd's group never reaches it,
+			// and no parent-death signal is set, so it outlives the daemon.
+			SysProcAttr: &syscall.SysProcAttr{Setsid: true},
+		}
+		if into != nil {
+			// Born in the session's cgroup (CLONE_INTO_CGROUP): not for an instant in roostd's.
+			cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(into.Fd())
+		}
+		return cmd
 	}
+	into := cg.intoFD()
+	if into != nil {
+		defer into.Close()
+	}
+	cmd := command(into)
 	err = cmd.Start()
+	if err != nil && into != nil {
+		// A kernel without clone3's CLONE_INTO_CGROUP (before 5.7): start it, then move it.
+		into = nil
+		cmd = command(nil)
+		err = cmd.Start()
+	}
 	io.started()
 	if err != nil {
 		return nil, fmt.Errorf("starting roost-init: %w", err)
+	}
+	// roost-init waits for its spec before it does anything: it, and so everything it starts,
+	// is in the session's cgroup in every hierarchy before the program exists.
+	if cg != nil {
+		if err := cg.join(cmd.Process.Pid, into != nil); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return nil, err
+		}
 	}
 	if err := io.handSpec(initSpec(spec, execSpec)); err != nil {
 		_ = cmd.Process.Kill()
@@ -125,6 +183,9 @@ func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostini
 		return nil, err
 	}
 	p := &plainProcess{ref: *rep.Ref, recordsDir: spec.RecordsDir, cmd: cmd, watch: w}
+	if cg != nil {
+		p.cgroup = cg.m
+	}
 	if w == nil {
 		// roost-init already ended: the program was quicker than us.
 		p.watch = &exitWatch{done: make(chan struct{})}
@@ -273,7 +334,8 @@ func (r *ProcessRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (
 	if err != nil {
 		return nil, err
 	}
-	return &plainProcess{ref: *ref, recordsDir: recordsDir, watch: w}, nil
+	// Its cgroup wherever it is: where it was noted, the parent now, or /roost.
+	return &plainProcess{ref: *ref, recordsDir: recordsDir, watch: w, cgroup: r.Cgroups().manager(sessionID, nil)}, nil
 }
 
 // awaitInit reads init.json, giving a roost-init of the session that is still starting the
@@ -295,8 +357,13 @@ func awaitInit(sessionID, recordsDir string) (*ProcessRef, error) {
 	}
 }
 
-// Release holds nothing for a plain session.
-func (r *ProcessRuntime) Release(string) error { return nil }
+// Release removes the session's cgroup wherever it is (where it was noted, under the
+// parent, or under /roost), ending anything still in it.
+func (r *ProcessRuntime) Release(sessionID string) error { return r.Cgroups().remove(sessionID) }
+
+// Held lists the sessions whose cgroups are noted (CgroupConfig.StateDir) and not yet
+// removed: whatever their class, Release removes them.
+func (r *ProcessRuntime) Held() ([]string, error) { return r.Cgroups().held() }
 
 func (p *plainProcess) Ref() ProcessRef       { return p.ref }
 func (p *plainProcess) Done() <-chan struct{} { return p.watch.done }
@@ -309,6 +376,9 @@ func (p *plainProcess) Signal(sig syscall.Signal) error {
 	}
 	return signalGroup(p.ref.PID, sig)
 }
+
+// Usage reads the session's cgroup.
+func (p *plainProcess) Usage() (Usage, error) { return usage(p.cgroup) }
 
 func (p *plainProcess) Exit() (ExitInfo, error) {
 	<-p.watch.done

@@ -3,6 +3,7 @@ package containment
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,7 +21,25 @@ func TestMain(m *testing.M) {
 	if RunHelper(os.Args) {
 		return
 	}
-	os.Exit(m.Run())
+	os.Exit(runTests(m))
+}
+
+// runTests runs the tests with the runtimes' default cgroup parent a cgroup of this test
+// binary's own, removed at the end from every hierarchy: what the tests leave there never
+// reaches /roost, nor another test binary's sessions.
+func runTests(m *testing.M) int {
+	if os.Geteuid() == 0 {
+		parent := "/roost-unit-" + strconv.Itoa(os.Getpid())
+		if c, err := NewCgroups(CgroupConfig{Parent: parent}); err == nil {
+			defaultOnce.Do(func() { defaultCg = c })
+			defer func() {
+				if err := removeCgroupTree(parent); err != nil {
+					fmt.Fprintln(os.Stderr, "removing the tests' cgroups:", err)
+				}
+			}()
+		}
+	}
+	return m.Run()
 }
 
 // firstTestID places this package's test sessions apart from roostd's default block and

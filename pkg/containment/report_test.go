@@ -23,7 +23,7 @@ func reportRun(t *testing.T, init string, s Spec, exec roostinit.ExecSpec) (Exit
 		t.Fatal(err)
 	}
 	exec.Argv, exec.Env, exec.Dir, exec.User = s.Argv, s.Env, s.Dir, user
-	p, err := NewProcessRuntime(init).start(context.Background(), s, exec)
+	p, err := NewProcessRuntime(init).start(context.Background(), s, exec, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,6 @@ import (
 	"syscall"
 
 	"github.com/opencontainers/cgroups"
-	cgroupsmanager "github.com/opencontainers/cgroups/manager"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"roost.dev/roost/pkg/containment/roostinit"
@@ -35,9 +34,9 @@ type ScopedRuntime struct {
 }
 
 // NewScopedRuntime starts sessions under the roost-init binary at init and keeps their
-// temporary directories under stateDir.
-func NewScopedRuntime(stateDir, init string, rehearsal IDs) (*ScopedRuntime, error) {
-	r := &ScopedRuntime{plain: NewProcessRuntime(init), tmp: filepath.Join(stateDir, "tmp"), rehearsal: rehearsal}
+// temporary directories under stateDir. WithCgroups says where their cgroups go.
+func NewScopedRuntime(stateDir, init string, rehearsal IDs, opts ...Option) (*ScopedRuntime, error) {
+	r := &ScopedRuntime{plain: NewProcessRuntime(init, opts...), tmp: filepath.Join(stateDir, "tmp"), rehearsal: rehearsal}
 	// Others may pass through to a TMPDIR they own, never list the sessions'.
 	if err := os.MkdirAll(r.tmp, 0o711); err != nil {
 		return nil, err
@@ -48,9 +47,12 @@ func NewScopedRuntime(stateDir, init string, rehearsal IDs) (*ScopedRuntime, err
 // TmpDir is the scoped session's private temporary directory, which TMPDIR names.
 func (r *ScopedRuntime) TmpDir(sessionID string) string { return filepath.Join(r.tmp, sessionID) }
 
+// Cgroups is where the runtime puts its sessions' cgroups.
+func (r *ScopedRuntime) Cgroups() *Cgroups { return r.plain.Cgroups() }
+
+// scopedProcess is a plainProcess whose cgroup holds limits, and is always there.
 type scopedProcess struct {
 	*plainProcess
-	cgroup cgroups.Manager
 }
 
 var (
@@ -59,20 +61,18 @@ var (
 	_ Meter   = (*scopedProcess)(nil)
 )
 
-func scopedCgroup(sessionID string, p *manifest.Policy) (cgroups.Manager, error) {
+// scopedResources are a scoped session's cgroup limits: memory with swap 0, pids, cpu.
+func scopedResources(p *manifest.Policy) *cgroups.Resources {
 	r := p.Resources
 	mem := r.CgroupMemoryBytes.Value
-	return cgroupsmanager.New(&cgroups.Cgroup{
-		Path: filepath.Join(CgroupParent, sessionID),
-		Resources: &cgroups.Resources{
-			Memory:      mem,
-			MemorySwap:  mem,
-			PidsLimit:   ptrInt64(r.CgroupPidsMax.Value),
-			CpuQuota:    r.CgroupCPUPercent.Value * cpuPeriod / 100,
-			CpuPeriod:   cpuPeriod,
-			SkipDevices: true,
-		},
-	})
+	return &cgroups.Resources{
+		Memory:      mem,
+		MemorySwap:  mem,
+		PidsLimit:   ptrInt64(r.CgroupPidsMax.Value),
+		CpuQuota:    r.CgroupCPUPercent.Value * cpuPeriod / 100,
+		CpuPeriod:   cpuPeriod,
+		SkipDevices: true,
+	}
 }
 
 func ptrInt64(v int64) *int64 { return &v }
@@ -107,22 +107,12 @@ func (r *ScopedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 			return nil, fmt.Errorf("the session's TMPDIR: %w", err)
 		}
 	}
-	cg, err := scopedCgroup(spec.SessionID, spec.Policy)
+	// The cgroup, with its limits, is there before roost-init: roost-init is started into it
+	// (and with it roost-exec and the program), and counts against its pids and memory as a
+	// sealed session's does.
+	cg, err := r.Cgroups().create(spec.SessionID, scopedResources(spec.Policy))
 	if err != nil {
 		return nil, err
-	}
-	if err := cg.Apply(-1); err != nil {
-		return nil, fmt.Errorf("creating the session's cgroup: %w", err)
-	}
-	if err := cg.Set(mustResources(cg)); err != nil {
-		return nil, fmt.Errorf("setting the session's cgroup limits: %w", err)
-	}
-	var procs []string
-	for _, dir := range cg.GetPaths() {
-		// Controllers the manager left alone (devices, with SkipDevices) have no directory.
-		if _, err := os.Stat(dir); err == nil {
-			procs = append(procs, filepath.Join(dir, "cgroup.procs"))
-		}
 	}
 	bpf, err := scopedSeccomp(spec.Policy)
 	if err != nil {
@@ -132,7 +122,6 @@ func (r *ScopedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	env := append(slices.Clone(spec.Env), "TMPDIR="+tmp)
 	exec := roostinit.ExecSpec{
 		Argv: spec.Argv, Env: env, Dir: spec.Dir, Rlimits: spec.Rlimits,
-		Cgroups:          procs,
 		NoNewPrivileges:  true,
 		DropCapabilities: true,
 		Seccomp:          bpf,
@@ -142,19 +131,11 @@ func (r *ScopedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 		Report:           spec.Runner != "",
 	}
 	exec.Landlock, exec.Mounts = scopedExec(spec, tmp)
-	p, err := r.plain.start(ctx, spec, exec)
+	p, err := r.plain.start(ctx, spec, exec, cg)
 	if err != nil {
 		return nil, err
 	}
-	return &scopedProcess{plainProcess: p, cgroup: cg}, nil
-}
-
-func mustResources(cg cgroups.Manager) *cgroups.Resources {
-	c, err := cg.GetCgroups()
-	if err != nil || c.Resources == nil {
-		return &cgroups.Resources{SkipDevices: true}
-	}
-	return c.Resources
+	return &scopedProcess{plainProcess: p}, nil
 }
 
 // scopedSeccomp is the sealed profile for the session's policy, compiled.
@@ -173,11 +154,14 @@ func (r *ScopedRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (P
 	if err != nil {
 		return nil, err
 	}
-	cg, err := cgroupsmanager.New(&cgroups.Cgroup{Path: filepath.Join(CgroupParent, sessionID), Resources: &cgroups.Resources{SkipDevices: true}})
-	if err != nil {
-		return nil, err
+	plain := p.(*plainProcess)
+	if plain.cgroup == nil {
+		// Found nowhere: a manager of where it would be, so pausing and reading say so.
+		if plain.cgroup, err = r.Cgroups().placeOf(sessionID).manager(nil); err != nil {
+			return nil, err
+		}
 	}
-	return &scopedProcess{plainProcess: p.(*plainProcess), cgroup: cg}, nil
+	return &scopedProcess{plainProcess: plain}, nil
 }
 
 // scopedExec is what may execute in a scoped session, and the mounts that hold it. The trees
@@ -298,9 +282,10 @@ func beneathAny(path string, dirs []string) bool {
 	return false
 }
 
-// Release removes the session's cgroup (ending anything left in it) and temporary directory.
+// Release removes the session's cgroup wherever it is (ending anything left in it) and its
+// temporary directory.
 func (r *ScopedRuntime) Release(sessionID string) error {
-	return errors.Join(removeCgroups(sessionID), os.RemoveAll(r.TmpDir(sessionID)))
+	return errors.Join(r.Cgroups().remove(sessionID), os.RemoveAll(r.TmpDir(sessionID)))
 }
 
 // Held lists sessions that still have a temporary directory.
@@ -308,19 +293,6 @@ func (r *ScopedRuntime) Held() ([]string, error) { return dirNames(r.tmp) }
 
 func (p *scopedProcess) Pause() error  { return p.cgroup.Freeze(cgroups.Frozen) }
 func (p *scopedProcess) Resume() error { return p.cgroup.Freeze(cgroups.Thawed) }
-
-func (p *scopedProcess) Usage() (Usage, error) {
-	st, err := p.cgroup.GetStats()
-	if err != nil {
-		return Usage{}, err
-	}
-	return Usage{
-		MemoryBytes:     int64(st.MemoryStats.Usage.Usage),
-		MemoryPeakBytes: int64(st.MemoryStats.Usage.MaxUsage),
-		CPUSeconds:      float64(st.CpuStats.CpuUsage.TotalUsage) / 1e9,
-		Pids:            int64(st.PidsStats.Current),
-	}, nil
-}
 
 func (p *scopedProcess) Exit() (ExitInfo, error) {
 	info, err := p.plainProcess.Exit()

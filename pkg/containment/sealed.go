@@ -13,8 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/opencontainers/cgroups"
-	cgroupsmanager "github.com/opencontainers/cgroups/manager"
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/specconv"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -43,16 +41,20 @@ type SealedRuntime struct {
 	etcBinds []string
 	// rehearsal is the id range rehearsals run as: one no session is ever given.
 	rehearsal IDs
+	// cg says where sessions' cgroups go; nil is the default configuration.
+	cg *Cgroups
 }
 
 // NewSealedRuntime keeps its state under stateDir and mounts init, a static roost-init
-// binary, into each root. Rehearsals run as the ids of rehearsal.
-func NewSealedRuntime(stateDir, init string, rehearsal IDs) (*SealedRuntime, error) {
+// binary, into each root. Rehearsals run as the ids of rehearsal. WithCgroups says where
+// sessions' cgroups go.
+func NewSealedRuntime(stateDir, init string, rehearsal IDs, opts ...Option) (*SealedRuntime, error) {
 	r := &SealedRuntime{
 		containers: filepath.Join(stateDir, "containers"),
 		roots:      filepath.Join(stateDir, "roots"),
 		init:       init,
 		rehearsal:  rehearsal,
+		cg:         applyOptions(opts).cgroups,
 	}
 	if err := os.MkdirAll(r.containers, 0o700); err != nil {
 		return nil, err
@@ -130,16 +132,25 @@ func (r *SealedRuntime) collectRoots() error {
 	return nil
 }
 
+// Cgroups is where the runtime puts its sessions' cgroups.
+func (r *SealedRuntime) Cgroups() *Cgroups {
+	if r.cg != nil {
+		return r.cg
+	}
+	return defaultCgroups()
+}
+
 // Layout is where the session's parts go; Explain shows it with placeholders.
 func (r *SealedRuntime) Layout(sessionID, workdir, capsuleDir string) SealedLayout {
 	return SealedLayout{
-		SessionID:  sessionID,
-		Rootfs:     r.root,
-		Workdir:    workdir,
-		CapsuleDir: capsuleDir,
-		Init:       r.init,
-		MergedUsr:  r.merged,
-		EtcBinds:   r.etcBinds,
+		SessionID:   sessionID,
+		CgroupsPath: r.Cgroups().ociPath(sessionID),
+		Rootfs:      r.root,
+		Workdir:     workdir,
+		CapsuleDir:  capsuleDir,
+		Init:        r.init,
+		MergedUsr:   r.merged,
+		EtcBinds:    r.etcBinds,
 	}
 }
 
@@ -196,13 +207,24 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	if err != nil {
 		return nil, err
 	}
+	cg := r.Cgroups()
 	config, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{
-		CgroupName:   id,
-		NoNewKeyring: true,
-		Spec:         ociSpec,
+		CgroupName:       id,
+		UseSystemdCgroup: cg.driver == CgroupDriverSystemd,
+		NoNewKeyring:     true,
+		Spec:             ociSpec,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("converting the OCI spec: %w", err)
+	}
+	// Noted before libcontainer makes it: a crash before its state is written leaves a
+	// cgroup Release still finds.
+	place := cg.placeOf(id)
+	if err := place.check(id); err != nil {
+		return nil, err
+	}
+	if err := cg.note(id, place); err != nil {
+		return nil, err
 	}
 	container, err := libcontainer.Create(r.containers, id, config)
 	if err != nil {
@@ -418,20 +440,27 @@ func awaitInner(recordsDir string, initPID int, initStart uint64) (*ProcessRef, 
 
 // Release removes what the runtime holds for an ended session: the container (its cgroup,
 // its libcontainer state) and the composed root. It handles a container whose creation a
-// crash cut short: state without state.json, cgroups libcontainer cannot load.
+// crash cut short (state without state.json, cgroups libcontainer cannot load), and finds
+// the cgroup wherever it is: where libcontainer's state says, where it was noted, under
+// the parent, under /roost.
 func (r *SealedRuntime) Release(sessionID string) error {
+	if err := checkSessionID(sessionID); err != nil {
+		return err
+	}
 	var errs []error
 	if c, err := libcontainer.Load(r.containers, sessionID); err == nil {
 		if err := c.Destroy(); err != nil {
-			errs = append(errs, fmt.Errorf("destroying the container: %w", err))
+			// Still running, or paused: what is released has ended, or ends now.
+			err = destroyLive(c)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("destroying the container: %w", err))
+			}
 		}
-	} else {
-		if err := removeCgroups(sessionID); err != nil {
-			errs = append(errs, err)
-		}
-		if err := os.RemoveAll(filepath.Join(r.containers, sessionID)); err != nil {
-			errs = append(errs, err)
-		}
+	} else if err := os.RemoveAll(filepath.Join(r.containers, sessionID)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := r.Cgroups().remove(sessionID); err != nil {
+		errs = append(errs, err)
 	}
 	// A root Bundle composed for the session (the shared root stays).
 	if err := os.RemoveAll(filepath.Join(r.roots, sessionID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -440,30 +469,21 @@ func (r *SealedRuntime) Release(sessionID string) error {
 	return errors.Join(errs...)
 }
 
+// destroyLive kills a container libcontainer will not destroy while its init lives (paused
+// too), waits for the init to go, and destroys it.
+func destroyLive(c *libcontainer.Container) error {
+	_ = c.Resume()
+	_ = c.Signal(syscall.SIGKILL)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if st, err := c.Status(); err != nil || st == libcontainer.Stopped {
+			break
+		}
+	}
+	return c.Destroy()
+}
+
 // Held lists the sessions this runtime holds a container for: what Release frees.
 func (r *SealedRuntime) Held() ([]string, error) { return dirNames(r.containers) }
-
-// removeCgroups removes a session's cgroups by path, for the cases libcontainer cannot load.
-func removeCgroups(sessionID string) error {
-	m, err := cgroupsmanager.New(&cgroups.Cgroup{Path: filepath.Join(CgroupParent, sessionID), Resources: &cgroups.Resources{}})
-	if err != nil {
-		return err
-	}
-	// Whatever is left there belongs to the ended session.
-	_ = signalCgroup(m, syscall.SIGKILL)
-	return m.Destroy()
-}
-
-func signalCgroup(m cgroups.Manager, sig syscall.Signal) error {
-	pids, err := m.GetAllPids()
-	if err != nil {
-		return err
-	}
-	for _, pid := range pids {
-		_ = syscall.Kill(pid, sig)
-	}
-	return nil
-}
 
 func (p *sealedProcess) Ref() ProcessRef       { return p.ref }
 func (p *sealedProcess) Done() <-chan struct{} { return p.watch.done }

@@ -20,7 +20,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 
-	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/roostinit"
 )
 
@@ -46,9 +45,10 @@ type SocketGroup struct {
 // their orphans stay below it; a sealed session's processes cannot leave a pid namespace
 // whose init is roost-init.
 type SessionProcs struct {
-	// CgroupParent holds every scoped and sealed session's cgroup (a cgroup v2 path); a
-	// process in a cgroup strictly beneath it is a session's.
-	CgroupParent string
+	// CgroupParents hold every session's cgroup (the configured parent, and /roost for
+	// sessions started before it was configurable); a process in a cgroup strictly beneath
+	// one is a session's.
+	CgroupParents []string
 	// Helpers are the comm names of the processes sessions run under.
 	Helpers []string
 	// HelperBinary, when set, is the binary that plays the helpers: a process running it is
@@ -61,14 +61,14 @@ type SessionProcs struct {
 // made of recycled pids must end.
 const maxAncestry = 4096
 
-// NewSessionProcs returns roostd's own: the cgroup parent the scoped and sealed runtimes
-// use (containment's CgroupParent), the helpers' names, and the binary that plays
+// NewSessionProcs returns roostd's own: the cgroup parents sessions' cgroups live under
+// (containment's Cgroups.Parents), the helpers' names, and the binary that plays
 // them (roostd's init binary, or /proc/self/exe when roostd plays roost-init itself).
-func NewSessionProcs(helperBinary string) SessionProcs {
+func NewSessionProcs(helperBinary string, cgroupParents []string) SessionProcs {
 	return SessionProcs{
-		CgroupParent: containment.CgroupParent,
-		Helpers:      []string{roostinit.InitName, roostinit.ExecName},
-		HelperBinary: helperBinary,
+		CgroupParents: cgroupParents,
+		Helpers:       []string{roostinit.InitName, roostinit.ExecName},
+		HelperBinary:  helperBinary,
 	}
 }
 
@@ -115,7 +115,10 @@ func (s SessionProcs) Of(pid int) (string, error) {
 // walk reads pid and its ancestors up to the top of the tree. It returns the first sign
 // of a session, or the chain of pids it read (pid first) when there is none.
 func (s SessionProcs) walk(pid int, helper os.FileInfo) (string, []int, error) {
-	parent := strings.TrimSuffix(path.Clean(s.CgroupParent), "/") + "/"
+	var parents []string
+	for _, p := range s.CgroupParents {
+		parents = append(parents, strings.TrimSuffix(path.Clean(p), "/")+"/")
+	}
 	var chain []int
 	for p := pid; p > 0; {
 		if len(chain) == maxAncestry {
@@ -146,7 +149,7 @@ func (s SessionProcs) walk(pid int, helper os.FileInfo) (string, []int, error) {
 				return fmt.Sprintf("%s runs the session helper binary %s", who, name), nil, nil
 			}
 		}
-		if s.CgroupParent != "" {
+		if len(parents) > 0 {
 			cgroups, err := readCgroups(p)
 			if err != nil {
 				return "", nil, vanished(p, pid, err)
@@ -154,8 +157,10 @@ func (s SessionProcs) walk(pid int, helper os.FileInfo) (string, []int, error) {
 			for _, cg := range cgroups {
 				// Every hierarchy counts: on a hybrid host the unified one is joined too,
 				// and on a v1 host it is all there is.
-				if strings.HasPrefix(cg, parent) && len(cg) > len(parent) {
-					return fmt.Sprintf("%s is in session cgroup %s", who, cg), nil, nil
+				for _, parent := range parents {
+					if strings.HasPrefix(cg, parent) && len(cg) > len(parent) {
+						return fmt.Sprintf("%s is in session cgroup %s", who, cg), nil, nil
+					}
 				}
 			}
 		}

@@ -237,7 +237,7 @@ func needRoot(t *testing.T) {
 }
 
 func testSessions() SessionProcs {
-	return SessionProcs{CgroupParent: "/roost", Helpers: []string{"roost-init", "roost-exec"}}
+	return SessionProcs{CgroupParents: []string{"/roost"}, Helpers: []string{"roost-init", "roost-exec"}}
 }
 
 func assertServed(t *testing.T, what string, res peerResult) {

@@ -8,12 +8,18 @@ import (
 	"log/slog"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -47,13 +53,40 @@ type Config struct {
 	IDs session.IDPool
 }
 
-// New returns a gRPC server with every roost service registered.
-func New(cfg Config) *grpc.Server {
+// Server is roostd's gRPC server: roost's services, the standard health service
+// (grpc.health.v1) and server reflection, all behind the same peer check.
+type Server struct {
+	*grpc.Server
+	health *health.Server
+	// services are the names whose health follows the daemon's readiness: roost's own.
+	services []string
+	// mu orders readiness changes; stopped makes SetNotServing final.
+	mu      sync.Mutex
+	stopped bool
+}
+
+// Keepalive bounds. Clients may ping an idle connection (roostctl's followers of logs and
+// events sit idle for long) but no more often than MinPingInterval; a client pinging
+// faster is sent GOAWAY. The server pings a connection idle for ServerPingAfter and drops
+// it when no answer comes within ServerPingTimeout: a peer that stopped reading frees what
+// it held.
+const (
+	MinPingInterval   = 10 * time.Second
+	ServerPingAfter   = 2 * time.Minute
+	ServerPingTimeout = 20 * time.Second
+)
+
+// New returns a gRPC server with every roost service registered, health reporting
+// NOT_SERVING for all of them (and for the server as a whole, "") until SetServing.
+func New(cfg Config) *Server {
 	unary := []grpc.UnaryServerInterceptor{unaryInterceptor(cfg.Logger)}
 	stream := []grpc.StreamServerInterceptor{streamInterceptor(cfg.Logger)}
 	opts := []grpc.ServerOption{
 		// Bound what one request may carry; roost's requests are small.
 		grpc.MaxRecvMsgSize(1 << 20),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: MinPingInterval, PermitWithoutStream: true}),
+		// No MaxConnectionAge: a follower's stream lives as long as its operator wants it.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: ServerPingAfter, Timeout: ServerPingTimeout}),
 	}
 	if cfg.Peers != nil {
 		log := cfg.Logger
@@ -71,8 +104,43 @@ func New(cfg Config) *grpc.Server {
 	roostv1.RegisterSystemServiceServer(srv, &systemService{cfg: cfg})
 	roostv1.RegisterArtifactServiceServer(srv, &artifactService{store: cfg.Artifacts})
 	roostv1.RegisterSpendServiceServer(srv, &spendService{ledger: cfg.Ledger})
-	return srv
+	s := &Server{Server: srv, health: health.NewServer()}
+	for name := range srv.GetServiceInfo() {
+		s.services = append(s.services, name)
+	}
+	slices.Sort(s.services)
+	// The health server starts with "" SERVING; nothing is until the daemon says so.
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	for _, name := range s.services {
+		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
+	}
+	// Registered on the same server, so the same peer check and interceptors guard them.
+	healthpb.RegisterHealthServer(srv, s.health)
+	reflection.Register(srv)
+	return s
 }
+
+// SetServing reports every service, and the server as a whole, SERVING: the daemon has
+// recovered its sessions and serves.
+func (s *Server) SetServing() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.stopped {
+		s.health.Resume()
+	}
+}
+
+// SetNotServing reports every service NOT_SERVING for good: the daemon is shutting down.
+// Watchers hear it before their streams end.
+func (s *Server) SetNotServing() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopped = true
+	s.health.Shutdown()
+}
+
+// Services names the services whose health follows the daemon's readiness.
+func (s *Server) Services() []string { return slices.Clone(s.services) }
 
 type sessionService struct {
 	roostv1.UnimplementedSessionServiceServer

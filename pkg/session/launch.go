@@ -106,6 +106,8 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 	if m.cfg.Observer != nil {
 		m.cfg.Observer.SessionStarted(class, time.Since(began))
 	}
+	m.cfg.Logger.Info("session launched", "session", rec.ID, "capsule", rec.Capsule.Name+"@"+rec.Capsule.Version, "class", rec.Achieved,
+		"pid", ref.PID, "took", time.Since(began).Round(time.Microsecond).String())
 	m.supervise(l, rec, proc)
 	return rec, nil
 }

@@ -26,8 +26,11 @@ func (m *Manager) LimitHit(sessionID, limit, detail string) {
 	}
 	rec, err := m.Get(sessionID)
 	if err != nil {
+		m.cfg.Logger.Info("session limit hit", "session", sessionID, "limit", limit, "detail", detail)
 		return
 	}
+	m.cfg.Logger.Info("session limit hit", "session", rec.ID, "capsule", rec.Capsule.Name+"@"+rec.Capsule.Version, "class", rec.Achieved,
+		"limit", limit, "detail", detail)
 	if err := m.update(func(tx *Tx) error { return tx.Note(rec, EventLimit, limit+": "+detail) }); err != nil {
 		m.cfg.Logger.Warn("recording a limit", "session", sessionID, "limit", limit, "err", err)
 	}

@@ -34,7 +34,8 @@ func (m *Manager) recover() error {
 	for _, rec := range recs {
 		was := rec.State
 		outcome := m.recoverOne(rec)
-		m.cfg.Logger.Info("recovered session", "session", rec.ID, "was", was, "outcome", outcome, "now", rec.State)
+		m.cfg.Logger.Info("recovered session", "session", rec.ID, "capsule", rec.Capsule.Name+"@"+rec.Capsule.Version, "class", rec.Achieved,
+			"was", was, "outcome", outcome, "now", rec.State)
 		detail := fmt.Sprintf("%s: roostd restarted while the session was %s", outcome, was)
 		if err := m.update(func(tx *Tx) error { return tx.Note(rec, EventRecovered, detail) }); err != nil {
 			m.cfg.Logger.Warn("recording recovery", "session", rec.ID, "err", err)

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -144,7 +145,14 @@ func (m *Manager) Admit(id string, req spawn.AdmitRequest) (ledger.Reservation, 
 	if err != nil {
 		return ledger.Reservation{}, err
 	}
-	return l.Admit(ledger.Admission{SessionID: id, RequestID: req.RequestID, Tokens: req.Tokens})
+	res, err := l.Admit(ledger.Admission{SessionID: id, RequestID: req.RequestID, Tokens: req.Tokens})
+	if refusal := (*ledger.Refusal)(nil); errors.As(err, &refusal) {
+		if rec, gerr := m.Get(id); gerr == nil {
+			m.cfg.Logger.Info("spend refused", "session", rec.ID, "capsule", rec.Capsule.Name+"@"+rec.Capsule.Version, "class", rec.Achieved,
+				"limit", refusal.Kind(), "ceiling", refusal.Ceiling, "used", refusal.Used, "requested", refusal.Requested, "reason", refusal.Error())
+		}
+	}
+	return res, err
 }
 
 // Settle reports what a reserved call spent.

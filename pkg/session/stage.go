@@ -191,6 +191,8 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*Record, error) {
 	}); err != nil {
 		return nil, err
 	}
+	m.cfg.Logger.Info("session staged", "session", rec.ID, "capsule", rec.Capsule.Name+"@"+rec.Capsule.Version, "class", rec.Achieved,
+		"declared", rec.Declared, "parent", rec.ParentID, "workdir", rec.Workdir)
 	return rec, nil
 }
 

@@ -277,6 +277,16 @@ func (m *Manager) finish(l *liveSession, rec *Record, status ExitStatus, code *i
 			m.cfg.Logger.Error("recording end", "session", rec.ID, "err", err)
 			return
 		}
+		ended := []any{"session", rec.ID, "capsule", rec.Capsule.Name + "@" + rec.Capsule.Version, "class", rec.Achieved,
+			"status", string(rec.ExitStatus)}
+		if rec.ExitCode != nil {
+			ended = append(ended, "exit_code", *rec.ExitCode)
+		}
+		ended = append(ended, "detail", rec.Detail)
+		if !rec.StartedAt.IsZero() {
+			ended = append(ended, "ran", rec.EndedAt.Sub(rec.StartedAt).Round(time.Millisecond).String())
+		}
+		m.cfg.Logger.Info("session ended", ended...)
 		m.endHooks(rec)
 	}
 	if l.ep != nil {

@@ -74,6 +74,8 @@ func (m *Manager) traceDelegation(parent *Record, ref, childID string, err error
 	if err != nil {
 		t.EventType = "delegation_refused"
 		t.Refusal = err.Error()
+		m.cfg.Logger.Info("spawn refused", "session", parent.ID, "capsule", parent.Capsule.Name+"@"+parent.Capsule.Version, "class", parent.Achieved,
+			"child", ref, "reason", err.Error())
 	}
 	if werr := appendTrace(m.recordsDirFor(parent.ID), t); werr != nil {
 		m.cfg.Logger.Warn("writing the trace", "session", parent.ID, "err", werr)
