@@ -633,9 +633,14 @@ func TestCgroupsDelegationMark(t *testing.T) {
 	if ok, how := delegated(dir); !ok || how != "trusted.delegate=1" {
 		t.Fatalf("delegated %v %q", ok, how)
 	}
-	parent, why := defaultParent("v2", cg, func(c string) (bool, string) { return delegated(filepath.Join(mnt, c)) })
-	if parent != cg+"/sessions" || !strings.Contains(why, "trusted.delegate=1") {
-		t.Fatalf("%s: %s", parent, why)
+	isDelegated := func(c string) (bool, string) { return delegated(filepath.Join(mnt, c)) }
+	// roostd in the delegated cgroup itself: not by default (see defaultParent).
+	if parent, why := defaultParent("v2", cg, isDelegated); parent != CgroupParent || !strings.Contains(why, "DelegateSubgroup=supervisor") {
+		t.Fatalf("in the delegated cgroup: %s: %s", parent, why)
+	}
+	// roostd in its supervisor leaf: sessions beneath the delegated cgroup.
+	if parent, why := defaultParent("v2", cg+"/"+SupervisorCgroup, isDelegated); parent != cg+"/sessions" || !strings.Contains(why, "trusted.delegate=1") {
+		t.Fatalf("in its supervisor leaf: %s: %s", parent, why)
 	}
 }
 
