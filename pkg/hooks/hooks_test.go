@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -121,6 +122,17 @@ func newEnv(t *testing.T, runner string) *env {
 	if err := os.WriteFile(e.runner, src, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// A process forked elsewhere in the test binary while the file was open for writing
+	// holds that descriptor until it execs, and exec of the file fails with ETXTBSY until
+	// then: wait that out here, not in the middle of a test's timing.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		err := exec.Command(e.runner).Run()
+		if !errors.Is(err, syscall.ETXTBSY) || time.Now().After(deadline) {
+			break
+		}
+	}
+	// What the fake runner logged of that run is no test's.
+	_ = os.Remove(filepath.Join(dir, "runner.log"))
 	return e
 }
 
