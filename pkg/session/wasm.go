@@ -92,8 +92,7 @@ func (c *WasmCache) Cached(path string) (entry, sha256 string, ok bool) {
 	if runtime == "" {
 		return "", "", false
 	}
-	key := sha256sum(sum + "\n" + runtime)
-	entry = filepath.Join(c.dir, key+".cwasm")
+	entry = filepath.Join(c.dir, entryName(sum, runtime))
 	digest, err := os.ReadFile(entry + ".sha256")
 	if d := strings.TrimSpace(string(digest)); err == nil && len(d) == 64 {
 		return entry, d, true
@@ -101,9 +100,11 @@ func (c *WasmCache) Cached(path string) (entry, sha256 string, ok bool) {
 	return "", "", false
 }
 
-func sha256sum(s string) string {
-	h := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(h[:])
+// entryName is a compiled module's name: one per module and runner (wasmtime's version and
+// engine settings).
+func entryName(moduleSHA256, runtime string) string {
+	h := sha256.Sum256([]byte(moduleSHA256 + "\n" + runtime))
+	return hex.EncodeToString(h[:]) + ".cwasm"
 }
 
 // runtime is the runner's version line: wasmtime's version and the engine settings' hash.
@@ -136,7 +137,7 @@ func (c *WasmCache) prepare(root, module, where string) (*WasmRun, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the WASM runner %s: %w", c.runner, err)
 	}
-	name := sha256sum(sum+"\n"+runtime) + ".cwasm"
+	name := entryName(sum, runtime)
 	entry := filepath.Join(c.dir, name)
 	digest, err := os.ReadFile(entry + ".sha256")
 	if err != nil || len(bytes.TrimSpace(digest)) != 64 {
