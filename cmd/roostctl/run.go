@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -255,35 +254,4 @@ func sessionExit(s *roostv1.Session) error {
 		return withCode(code, nil)
 	}
 	return withCode(code, fmt.Errorf("session %s %s: %s", s.GetId(), s.GetExitStatus(), s.GetDetail()))
-}
-
-// copyLogs streams a session's output to stdout and stderr.
-func (a *app) copyLogs(ctx context.Context, id string, follow bool, stdout, stderr io.Writer) error {
-	c, err := a.sessions()
-	if err != nil {
-		return err
-	}
-	stream, err := c.Logs(ctx, &roostv1.LogsRequest{Id: id, Follow: follow})
-	if err != nil {
-		return err
-	}
-	for {
-		chunk, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		w := stdout
-		if chunk.GetStream() == "stderr" {
-			w = stderr
-		}
-		if _, err := w.Write(chunk.GetData()); err != nil {
-			if errors.Is(err, syscall.EPIPE) {
-				return nil
-			}
-			return err
-		}
-	}
 }

@@ -285,6 +285,95 @@ func (x *ListArtifactsResponse) GetArtifacts() []*Artifact {
 	return nil
 }
 
+type RemoveArtifactRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name@version
+	Ref           string `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveArtifactRequest) Reset() {
+	*x = RemoveArtifactRequest{}
+	mi := &file_roost_v1_artifact_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveArtifactRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveArtifactRequest) ProtoMessage() {}
+
+func (x *RemoveArtifactRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_artifact_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveArtifactRequest.ProtoReflect.Descriptor instead.
+func (*RemoveArtifactRequest) Descriptor() ([]byte, []int) {
+	return file_roost_v1_artifact_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RemoveArtifactRequest) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+type RemoveArtifactResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Artifact      *Artifact              `protobuf:"bytes,1,opt,name=artifact,proto3" json:"artifact,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveArtifactResponse) Reset() {
+	*x = RemoveArtifactResponse{}
+	mi := &file_roost_v1_artifact_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveArtifactResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveArtifactResponse) ProtoMessage() {}
+
+func (x *RemoveArtifactResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_artifact_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveArtifactResponse.ProtoReflect.Descriptor instead.
+func (*RemoveArtifactResponse) Descriptor() ([]byte, []int) {
+	return file_roost_v1_artifact_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *RemoveArtifactResponse) GetArtifact() *Artifact {
+	if x != nil {
+		return x.Artifact
+	}
+	return nil
+}
+
 var File_roost_v1_artifact_proto protoreflect.FileDescriptor
 
 const file_roost_v1_artifact_proto_rawDesc = "" +
@@ -304,10 +393,15 @@ const file_roost_v1_artifact_proto_rawDesc = "" +
 	"\acreated\x18\x02 \x01(\bR\acreated\"\x16\n" +
 	"\x14ListArtifactsRequest\"I\n" +
 	"\x15ListArtifactsResponse\x120\n" +
-	"\tartifacts\x18\x01 \x03(\v2\x12.roost.v1.ArtifactR\tartifacts2\x9a\x01\n" +
+	"\tartifacts\x18\x01 \x03(\v2\x12.roost.v1.ArtifactR\tartifacts\")\n" +
+	"\x15RemoveArtifactRequest\x12\x10\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\"H\n" +
+	"\x16RemoveArtifactResponse\x12.\n" +
+	"\bartifact\x18\x01 \x01(\v2\x12.roost.v1.ArtifactR\bartifact2\xef\x01\n" +
 	"\x0fArtifactService\x125\n" +
 	"\x04Push\x12\x15.roost.v1.PushRequest\x1a\x16.roost.v1.PushResponse\x12P\n" +
-	"\rListArtifacts\x12\x1e.roost.v1.ListArtifactsRequest\x1a\x1f.roost.v1.ListArtifactsResponseB*Z(roost.dev/roost/api/gen/roost/v1;roostv1b\x06proto3"
+	"\rListArtifacts\x12\x1e.roost.v1.ListArtifactsRequest\x1a\x1f.roost.v1.ListArtifactsResponse\x12S\n" +
+	"\x0eRemoveArtifact\x12\x1f.roost.v1.RemoveArtifactRequest\x1a .roost.v1.RemoveArtifactResponseB*Z(roost.dev/roost/api/gen/roost/v1;roostv1b\x06proto3"
 
 var (
 	file_roost_v1_artifact_proto_rawDescOnce sync.Once
@@ -321,28 +415,33 @@ func file_roost_v1_artifact_proto_rawDescGZIP() []byte {
 	return file_roost_v1_artifact_proto_rawDescData
 }
 
-var file_roost_v1_artifact_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_roost_v1_artifact_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_roost_v1_artifact_proto_goTypes = []any{
-	(*Artifact)(nil),              // 0: roost.v1.Artifact
-	(*PushRequest)(nil),           // 1: roost.v1.PushRequest
-	(*PushResponse)(nil),          // 2: roost.v1.PushResponse
-	(*ListArtifactsRequest)(nil),  // 3: roost.v1.ListArtifactsRequest
-	(*ListArtifactsResponse)(nil), // 4: roost.v1.ListArtifactsResponse
-	(*timestamppb.Timestamp)(nil), // 5: google.protobuf.Timestamp
+	(*Artifact)(nil),               // 0: roost.v1.Artifact
+	(*PushRequest)(nil),            // 1: roost.v1.PushRequest
+	(*PushResponse)(nil),           // 2: roost.v1.PushResponse
+	(*ListArtifactsRequest)(nil),   // 3: roost.v1.ListArtifactsRequest
+	(*ListArtifactsResponse)(nil),  // 4: roost.v1.ListArtifactsResponse
+	(*RemoveArtifactRequest)(nil),  // 5: roost.v1.RemoveArtifactRequest
+	(*RemoveArtifactResponse)(nil), // 6: roost.v1.RemoveArtifactResponse
+	(*timestamppb.Timestamp)(nil),  // 7: google.protobuf.Timestamp
 }
 var file_roost_v1_artifact_proto_depIdxs = []int32{
-	5, // 0: roost.v1.Artifact.pushed_at:type_name -> google.protobuf.Timestamp
+	7, // 0: roost.v1.Artifact.pushed_at:type_name -> google.protobuf.Timestamp
 	0, // 1: roost.v1.PushResponse.artifact:type_name -> roost.v1.Artifact
 	0, // 2: roost.v1.ListArtifactsResponse.artifacts:type_name -> roost.v1.Artifact
-	1, // 3: roost.v1.ArtifactService.Push:input_type -> roost.v1.PushRequest
-	3, // 4: roost.v1.ArtifactService.ListArtifacts:input_type -> roost.v1.ListArtifactsRequest
-	2, // 5: roost.v1.ArtifactService.Push:output_type -> roost.v1.PushResponse
-	4, // 6: roost.v1.ArtifactService.ListArtifacts:output_type -> roost.v1.ListArtifactsResponse
-	5, // [5:7] is the sub-list for method output_type
-	3, // [3:5] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	0, // 3: roost.v1.RemoveArtifactResponse.artifact:type_name -> roost.v1.Artifact
+	1, // 4: roost.v1.ArtifactService.Push:input_type -> roost.v1.PushRequest
+	3, // 5: roost.v1.ArtifactService.ListArtifacts:input_type -> roost.v1.ListArtifactsRequest
+	5, // 6: roost.v1.ArtifactService.RemoveArtifact:input_type -> roost.v1.RemoveArtifactRequest
+	2, // 7: roost.v1.ArtifactService.Push:output_type -> roost.v1.PushResponse
+	4, // 8: roost.v1.ArtifactService.ListArtifacts:output_type -> roost.v1.ListArtifactsResponse
+	6, // 9: roost.v1.ArtifactService.RemoveArtifact:output_type -> roost.v1.RemoveArtifactResponse
+	7, // [7:10] is the sub-list for method output_type
+	4, // [4:7] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_artifact_proto_init() }
@@ -356,7 +455,7 @@ func file_roost_v1_artifact_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_artifact_proto_rawDesc), len(file_roost_v1_artifact_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,8 +19,9 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	ArtifactService_Push_FullMethodName          = "/roost.v1.ArtifactService/Push"
-	ArtifactService_ListArtifacts_FullMethodName = "/roost.v1.ArtifactService/ListArtifacts"
+	ArtifactService_Push_FullMethodName           = "/roost.v1.ArtifactService/Push"
+	ArtifactService_ListArtifacts_FullMethodName  = "/roost.v1.ArtifactService/ListArtifacts"
+	ArtifactService_RemoveArtifact_FullMethodName = "/roost.v1.ArtifactService/RemoveArtifact"
 )
 
 // ArtifactServiceClient is the client API for ArtifactService service.
@@ -35,6 +36,9 @@ type ArtifactServiceClient interface {
 	Push(ctx context.Context, in *PushRequest, opts ...grpc.CallOption) (*PushResponse, error)
 	// ListArtifacts lists every pushed capsule.
 	ListArtifacts(ctx context.Context, in *ListArtifactsRequest, opts ...grpc.CallOption) (*ListArtifactsResponse, error)
+	// RemoveArtifact deletes a pushed capsule. A session staged or live from it keeps it
+	// (FailedPrecondition, naming the sessions); ended sessions keep their own copy.
+	RemoveArtifact(ctx context.Context, in *RemoveArtifactRequest, opts ...grpc.CallOption) (*RemoveArtifactResponse, error)
 }
 
 type artifactServiceClient struct {
@@ -65,6 +69,16 @@ func (c *artifactServiceClient) ListArtifacts(ctx context.Context, in *ListArtif
 	return out, nil
 }
 
+func (c *artifactServiceClient) RemoveArtifact(ctx context.Context, in *RemoveArtifactRequest, opts ...grpc.CallOption) (*RemoveArtifactResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveArtifactResponse)
+	err := c.cc.Invoke(ctx, ArtifactService_RemoveArtifact_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ArtifactServiceServer is the server API for ArtifactService service.
 // All implementations must embed UnimplementedArtifactServiceServer
 // for forward compatibility.
@@ -77,6 +91,9 @@ type ArtifactServiceServer interface {
 	Push(context.Context, *PushRequest) (*PushResponse, error)
 	// ListArtifacts lists every pushed capsule.
 	ListArtifacts(context.Context, *ListArtifactsRequest) (*ListArtifactsResponse, error)
+	// RemoveArtifact deletes a pushed capsule. A session staged or live from it keeps it
+	// (FailedPrecondition, naming the sessions); ended sessions keep their own copy.
+	RemoveArtifact(context.Context, *RemoveArtifactRequest) (*RemoveArtifactResponse, error)
 	mustEmbedUnimplementedArtifactServiceServer()
 }
 
@@ -92,6 +109,9 @@ func (UnimplementedArtifactServiceServer) Push(context.Context, *PushRequest) (*
 }
 func (UnimplementedArtifactServiceServer) ListArtifacts(context.Context, *ListArtifactsRequest) (*ListArtifactsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListArtifacts not implemented")
+}
+func (UnimplementedArtifactServiceServer) RemoveArtifact(context.Context, *RemoveArtifactRequest) (*RemoveArtifactResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveArtifact not implemented")
 }
 func (UnimplementedArtifactServiceServer) mustEmbedUnimplementedArtifactServiceServer() {}
 func (UnimplementedArtifactServiceServer) testEmbeddedByValue()                         {}
@@ -150,6 +170,24 @@ func _ArtifactService_ListArtifacts_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ArtifactService_RemoveArtifact_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveArtifactRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ArtifactServiceServer).RemoveArtifact(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ArtifactService_RemoveArtifact_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ArtifactServiceServer).RemoveArtifact(ctx, req.(*RemoveArtifactRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ArtifactService_ServiceDesc is the grpc.ServiceDesc for ArtifactService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -164,6 +202,10 @@ var ArtifactService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListArtifacts",
 			Handler:    _ArtifactService_ListArtifacts_Handler,
+		},
+		{
+			MethodName: "RemoveArtifact",
+			Handler:    _ArtifactService_RemoveArtifact_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

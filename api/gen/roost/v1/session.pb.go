@@ -65,7 +65,10 @@ type Session struct {
 	// carried nothing.
 	Egress *Egress `protobuf:"bytes,22,opt,name=egress,proto3" json:"egress,omitempty"`
 	// What a WASM capsule's session runs (run.wasm); absent for a command.
-	Wasm          *WasmRun `protobuf:"bytes,23,opt,name=wasm,proto3" json:"wasm,omitempty"`
+	Wasm *WasmRun `protobuf:"bytes,23,opt,name=wasm,proto3" json:"wasm,omitempty"`
+	// The name given at stage (run|stage --name); unique among the sessions not removed.
+	// Every request that takes a session id also takes its name.
+	Name          string `protobuf:"bytes,24,opt,name=name,proto3" json:"name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -259,6 +262,13 @@ func (x *Session) GetWasm() *WasmRun {
 		return x.Wasm
 	}
 	return nil
+}
+
+func (x *Session) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
 }
 
 // WasmRun is a WASM session's module, as roost's runner runs it.
@@ -570,8 +580,14 @@ type Usage struct {
 	MemoryPeakBytes int64                  `protobuf:"varint,2,opt,name=memory_peak_bytes,json=memoryPeakBytes,proto3" json:"memory_peak_bytes,omitempty"`
 	CpuSeconds      float64                `protobuf:"fixed64,3,opt,name=cpu_seconds,json=cpuSeconds,proto3" json:"cpu_seconds,omitempty"`
 	Pids            int64                  `protobuf:"varint,4,opt,name=pids,proto3" json:"pids,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The cgroup's memory ceiling (memory.max); 0 when it has none.
+	MemoryLimitBytes int64 `protobuf:"varint,5,opt,name=memory_limit_bytes,json=memoryLimitBytes,proto3" json:"memory_limit_bytes,omitempty"`
+	// The cgroup's pids ceiling (pids.max); 0 when it has none.
+	PidsLimit int64 `protobuf:"varint,6,opt,name=pids_limit,json=pidsLimit,proto3" json:"pids_limit,omitempty"`
+	// What the session's workdir holds now, in bytes (the walk roost's workdir bound does).
+	WorkdirBytes  int64 `protobuf:"varint,7,opt,name=workdir_bytes,json=workdirBytes,proto3" json:"workdir_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Usage) Reset() {
@@ -628,6 +644,27 @@ func (x *Usage) GetCpuSeconds() float64 {
 func (x *Usage) GetPids() int64 {
 	if x != nil {
 		return x.Pids
+	}
+	return 0
+}
+
+func (x *Usage) GetMemoryLimitBytes() int64 {
+	if x != nil {
+		return x.MemoryLimitBytes
+	}
+	return 0
+}
+
+func (x *Usage) GetPidsLimit() int64 {
+	if x != nil {
+		return x.PidsLimit
+	}
+	return 0
+}
+
+func (x *Usage) GetWorkdirBytes() int64 {
+	if x != nil {
+		return x.WorkdirBytes
 	}
 	return 0
 }
@@ -841,7 +878,10 @@ type StageRequest struct {
 	// Lowers limits.deadline_seconds; it can never raise it.
 	Deadline *durationpb.Duration `protobuf:"bytes,3,opt,name=deadline,proto3" json:"deadline,omitempty"`
 	// Raises the containment floor; it can never lower it.
-	Containment   string `protobuf:"bytes,4,opt,name=containment,proto3" json:"containment,omitempty"`
+	Containment string `protobuf:"bytes,4,opt,name=containment,proto3" json:"containment,omitempty"`
+	// A name for the session: [a-z0-9][a-z0-9_.-]*, at most 64 bytes, unique among the
+	// sessions not removed.
+	Name          string `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -900,6 +940,13 @@ func (x *StageRequest) GetDeadline() *durationpb.Duration {
 func (x *StageRequest) GetContainment() string {
 	if x != nil {
 		return x.Containment
+	}
+	return ""
+}
+
+func (x *StageRequest) GetName() string {
+	if x != nil {
+		return x.Name
 	}
 	return ""
 }
@@ -1762,9 +1809,20 @@ func (*RemoveResponse) Descriptor() ([]byte, []int) {
 }
 
 type LogsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Follow        bool                   `protobuf:"varint,2,opt,name=follow,proto3" json:"follow,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Id     string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Follow bool                   `protobuf:"varint,2,opt,name=follow,proto3" json:"follow,omitempty"`
+	// Split output where its write time changes, so each response carries one time.
+	Timestamps bool `protobuf:"varint,3,opt,name=timestamps,proto3" json:"timestamps,omitempty"`
+	// Only each stream's last `tail` lines of what exists when the call begins; all when
+	// absent.
+	Tail *int64 `protobuf:"varint,4,opt,name=tail,proto3,oneof" json:"tail,omitempty"`
+	// Only output written at or after this time.
+	Since *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=since,proto3" json:"since,omitempty"`
+	// Resume: only bytes at or beyond these stream offsets (LogsResponse.offset + len(data)
+	// of the last response received for that stream).
+	StdoutOffset  int64 `protobuf:"varint,6,opt,name=stdout_offset,json=stdoutOffset,proto3" json:"stdout_offset,omitempty"`
+	StderrOffset  int64 `protobuf:"varint,7,opt,name=stderr_offset,json=stderrOffset,proto3" json:"stderr_offset,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1813,11 +1871,52 @@ func (x *LogsRequest) GetFollow() bool {
 	return false
 }
 
+func (x *LogsRequest) GetTimestamps() bool {
+	if x != nil {
+		return x.Timestamps
+	}
+	return false
+}
+
+func (x *LogsRequest) GetTail() int64 {
+	if x != nil && x.Tail != nil {
+		return *x.Tail
+	}
+	return 0
+}
+
+func (x *LogsRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *LogsRequest) GetStdoutOffset() int64 {
+	if x != nil {
+		return x.StdoutOffset
+	}
+	return 0
+}
+
+func (x *LogsRequest) GetStderrOffset() int64 {
+	if x != nil {
+		return x.StderrOffset
+	}
+	return 0
+}
+
 type LogsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// stdout | stderr
-	Stream        string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
-	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Stream string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Data   []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// When the first byte of data was written, as roost-init recorded it (with timestamps
+	// set); absent for a marker line and for records from before roost kept write times.
+	Time *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=time,proto3" json:"time,omitempty"`
+	// Where in the stream data's first byte was written; -1 for a line roost inserted (the
+	// marker where resources.log_max_bytes dropped bytes).
+	Offset        int64 `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1864,6 +1963,20 @@ func (x *LogsResponse) GetData() []byte {
 		return x.Data
 	}
 	return nil
+}
+
+func (x *LogsResponse) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *LogsResponse) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
 }
 
 type EventsRequest struct {
@@ -2299,11 +2412,499 @@ func (x *Event) GetDetail() string {
 	return ""
 }
 
+type ExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*ExecRequest_Start
+	//	*ExecRequest_Stdin
+	//	*ExecRequest_CloseStdin
+	//	*ExecRequest_Resize
+	Msg           isExecRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecRequest) Reset() {
+	*x = ExecRequest{}
+	mi := &file_roost_v1_session_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecRequest) ProtoMessage() {}
+
+func (x *ExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
+func (*ExecRequest) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ExecRequest) GetMsg() isExecRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *ExecRequest) GetStart() *ExecStart {
+	if x != nil {
+		if x, ok := x.Msg.(*ExecRequest_Start); ok {
+			return x.Start
+		}
+	}
+	return nil
+}
+
+func (x *ExecRequest) GetStdin() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*ExecRequest_Stdin); ok {
+			return x.Stdin
+		}
+	}
+	return nil
+}
+
+func (x *ExecRequest) GetCloseStdin() bool {
+	if x != nil {
+		if x, ok := x.Msg.(*ExecRequest_CloseStdin); ok {
+			return x.CloseStdin
+		}
+	}
+	return false
+}
+
+func (x *ExecRequest) GetResize() *TerminalSize {
+	if x != nil {
+		if x, ok := x.Msg.(*ExecRequest_Resize); ok {
+			return x.Resize
+		}
+	}
+	return nil
+}
+
+type isExecRequest_Msg interface {
+	isExecRequest_Msg()
+}
+
+type ExecRequest_Start struct {
+	Start *ExecStart `protobuf:"bytes,1,opt,name=start,proto3,oneof"`
+}
+
+type ExecRequest_Stdin struct {
+	Stdin []byte `protobuf:"bytes,2,opt,name=stdin,proto3,oneof"`
+}
+
+type ExecRequest_CloseStdin struct {
+	// stdin has ended.
+	CloseStdin bool `protobuf:"varint,3,opt,name=close_stdin,json=closeStdin,proto3,oneof"`
+}
+
+type ExecRequest_Resize struct {
+	Resize *TerminalSize `protobuf:"bytes,4,opt,name=resize,proto3,oneof"`
+}
+
+func (*ExecRequest_Start) isExecRequest_Msg() {}
+
+func (*ExecRequest_Stdin) isExecRequest_Msg() {}
+
+func (*ExecRequest_CloseStdin) isExecRequest_Msg() {}
+
+func (*ExecRequest_Resize) isExecRequest_Msg() {}
+
+// ExecStart names the session and the command. Only the first request carries one.
+type ExecStart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session's id, unique id prefix or name.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// argv; argv[0] is looked up in the session's PATH and must pass its exec allowlist.
+	Command []string `protobuf:"bytes,2,rep,name=command,proto3" json:"command,omitempty"`
+	// Read stdin from the stream; without it the command's stdin is empty.
+	Stdin bool `protobuf:"varint,3,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	// Run the command on a new pseudo-terminal; its output then comes as stdout alone.
+	Tty  bool          `protobuf:"varint,4,opt,name=tty,proto3" json:"tty,omitempty"`
+	Size *TerminalSize `protobuf:"bytes,5,opt,name=size,proto3" json:"size,omitempty"`
+	// More environment, NAME=VALUE, over the session's own.
+	Env []string `protobuf:"bytes,6,rep,name=env,proto3" json:"env,omitempty"`
+	// The working directory; the session's workdir when empty.
+	Cwd           string `protobuf:"bytes,7,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecStart) Reset() {
+	*x = ExecStart{}
+	mi := &file_roost_v1_session_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecStart) ProtoMessage() {}
+
+func (x *ExecStart) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
+func (*ExecStart) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *ExecStart) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ExecStart) GetCommand() []string {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+func (x *ExecStart) GetStdin() bool {
+	if x != nil {
+		return x.Stdin
+	}
+	return false
+}
+
+func (x *ExecStart) GetTty() bool {
+	if x != nil {
+		return x.Tty
+	}
+	return false
+}
+
+func (x *ExecStart) GetSize() *TerminalSize {
+	if x != nil {
+		return x.Size
+	}
+	return nil
+}
+
+func (x *ExecStart) GetEnv() []string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *ExecStart) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+type TerminalSize struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rows          uint32                 `protobuf:"varint,1,opt,name=rows,proto3" json:"rows,omitempty"`
+	Cols          uint32                 `protobuf:"varint,2,opt,name=cols,proto3" json:"cols,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TerminalSize) Reset() {
+	*x = TerminalSize{}
+	mi := &file_roost_v1_session_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TerminalSize) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TerminalSize) ProtoMessage() {}
+
+func (x *TerminalSize) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
+func (*TerminalSize) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *TerminalSize) GetRows() uint32 {
+	if x != nil {
+		return x.Rows
+	}
+	return 0
+}
+
+func (x *TerminalSize) GetCols() uint32 {
+	if x != nil {
+		return x.Cols
+	}
+	return 0
+}
+
+type ExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*ExecResponse_Started
+	//	*ExecResponse_Stdout
+	//	*ExecResponse_Stderr
+	//	*ExecResponse_Exit
+	Msg           isExecResponse_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecResponse) Reset() {
+	*x = ExecResponse{}
+	mi := &file_roost_v1_session_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecResponse) ProtoMessage() {}
+
+func (x *ExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
+func (*ExecResponse) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ExecResponse) GetMsg() isExecResponse_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *ExecResponse) GetStarted() *ExecStarted {
+	if x != nil {
+		if x, ok := x.Msg.(*ExecResponse_Started); ok {
+			return x.Started
+		}
+	}
+	return nil
+}
+
+func (x *ExecResponse) GetStdout() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*ExecResponse_Stdout); ok {
+			return x.Stdout
+		}
+	}
+	return nil
+}
+
+func (x *ExecResponse) GetStderr() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*ExecResponse_Stderr); ok {
+			return x.Stderr
+		}
+	}
+	return nil
+}
+
+func (x *ExecResponse) GetExit() *ExecExit {
+	if x != nil {
+		if x, ok := x.Msg.(*ExecResponse_Exit); ok {
+			return x.Exit
+		}
+	}
+	return nil
+}
+
+type isExecResponse_Msg interface {
+	isExecResponse_Msg()
+}
+
+type ExecResponse_Started struct {
+	Started *ExecStarted `protobuf:"bytes,1,opt,name=started,proto3,oneof"`
+}
+
+type ExecResponse_Stdout struct {
+	Stdout []byte `protobuf:"bytes,2,opt,name=stdout,proto3,oneof"`
+}
+
+type ExecResponse_Stderr struct {
+	Stderr []byte `protobuf:"bytes,3,opt,name=stderr,proto3,oneof"`
+}
+
+type ExecResponse_Exit struct {
+	Exit *ExecExit `protobuf:"bytes,4,opt,name=exit,proto3,oneof"`
+}
+
+func (*ExecResponse_Started) isExecResponse_Msg() {}
+
+func (*ExecResponse_Stdout) isExecResponse_Msg() {}
+
+func (*ExecResponse_Stderr) isExecResponse_Msg() {}
+
+func (*ExecResponse_Exit) isExecResponse_Msg() {}
+
+type ExecStarted struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The exec's id in the session's events and trace.
+	ExecId string `protobuf:"bytes,1,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	// The command's process id on the host.
+	Pid           int32 `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecStarted) Reset() {
+	*x = ExecStarted{}
+	mi := &file_roost_v1_session_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecStarted) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecStarted) ProtoMessage() {}
+
+func (x *ExecStarted) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
+func (*ExecStarted) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *ExecStarted) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *ExecStarted) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+type ExecExit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The command's exit code; 128+N when signal N ended it.
+	ExitCode int32 `protobuf:"varint,1,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	// In words: "exited with code 3", "killed by SIGKILL", "refused by shell.allow: ...".
+	Detail        string `protobuf:"bytes,2,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecExit) Reset() {
+	*x = ExecExit{}
+	mi := &file_roost_v1_session_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecExit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecExit) ProtoMessage() {}
+
+func (x *ExecExit) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
+func (*ExecExit) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ExecExit) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *ExecExit) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 var File_roost_v1_session_proto protoreflect.FileDescriptor
 
 const file_roost_v1_session_proto_rawDesc = "" +
 	"\n" +
-	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9b\a\n" +
+	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaf\a\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
 	"\acapsule\x18\x02 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x12\x14\n" +
@@ -2333,7 +2934,8 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x06stdout\x18\x14 \x01(\v2\x12.roost.v1.LogStatsR\x06stdout\x12*\n" +
 	"\x06stderr\x18\x15 \x01(\v2\x12.roost.v1.LogStatsR\x06stderr\x12(\n" +
 	"\x06egress\x18\x16 \x01(\v2\x10.roost.v1.EgressR\x06egress\x12%\n" +
-	"\x04wasm\x18\x17 \x01(\v2\x11.roost.v1.WasmRunR\x04wasmB\f\n" +
+	"\x04wasm\x18\x17 \x01(\v2\x11.roost.v1.WasmRunR\x04wasm\x12\x12\n" +
+	"\x04name\x18\x18 \x01(\tR\x04nameB\f\n" +
 	"\n" +
 	"_exit_code\"i\n" +
 	"\aWasmRun\x12\x16\n" +
@@ -2357,13 +2959,17 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x12\n" +
 	"\x04size\x18\x03 \x01(\rR\x04size\x12\x1b\n" +
-	"\thost_root\x18\x04 \x01(\bR\bhostRoot\"\x8b\x01\n" +
+	"\thost_root\x18\x04 \x01(\bR\bhostRoot\"\xfd\x01\n" +
 	"\x05Usage\x12!\n" +
 	"\fmemory_bytes\x18\x01 \x01(\x03R\vmemoryBytes\x12*\n" +
 	"\x11memory_peak_bytes\x18\x02 \x01(\x03R\x0fmemoryPeakBytes\x12\x1f\n" +
 	"\vcpu_seconds\x18\x03 \x01(\x01R\n" +
 	"cpuSeconds\x12\x12\n" +
-	"\x04pids\x18\x04 \x01(\x03R\x04pids\"|\n" +
+	"\x04pids\x18\x04 \x01(\x03R\x04pids\x12,\n" +
+	"\x12memory_limit_bytes\x18\x05 \x01(\x03R\x10memoryLimitBytes\x12\x1d\n" +
+	"\n" +
+	"pids_limit\x18\x06 \x01(\x03R\tpidsLimit\x12#\n" +
+	"\rworkdir_bytes\x18\a \x01(\x03R\fworkdirBytes\"|\n" +
 	"\n" +
 	"CapsuleRef\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -2377,12 +2983,13 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x05Spend\x12\x16\n" +
 	"\x06tokens\x18\x01 \x01(\x03R\x06tokens\x12!\n" +
 	"\finput_tokens\x18\x02 \x01(\x03R\vinputTokens\x12#\n" +
-	"\routput_tokens\x18\x03 \x01(\x03R\foutputTokens\"\x9b\x01\n" +
+	"\routput_tokens\x18\x03 \x01(\x03R\foutputTokens\"\xaf\x01\n" +
 	"\fStageRequest\x12\x18\n" +
 	"\acapsule\x18\x01 \x01(\tR\acapsule\x12\x18\n" +
 	"\aworkdir\x18\x02 \x01(\tR\aworkdir\x125\n" +
 	"\bdeadline\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bdeadline\x12 \n" +
-	"\vcontainment\x18\x04 \x01(\tR\vcontainment\"<\n" +
+	"\vcontainment\x18\x04 \x01(\tR\vcontainment\x12\x12\n" +
+	"\x04name\x18\x05 \x01(\tR\x04name\"<\n" +
 	"\rStageResponse\x12+\n" +
 	"\asession\x18\x01 \x01(\v2\x11.roost.v1.SessionR\asession\"\x1f\n" +
 	"\rLaunchRequest\x12\x0e\n" +
@@ -2423,13 +3030,23 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\rRemoveRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\"\x10\n" +
-	"\x0eRemoveResponse\"5\n" +
+	"\x0eRemoveResponse\"\xf3\x01\n" +
 	"\vLogsRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
-	"\x06follow\x18\x02 \x01(\bR\x06follow\":\n" +
+	"\x06follow\x18\x02 \x01(\bR\x06follow\x12\x1e\n" +
+	"\n" +
+	"timestamps\x18\x03 \x01(\bR\n" +
+	"timestamps\x12\x17\n" +
+	"\x04tail\x18\x04 \x01(\x03H\x00R\x04tail\x88\x01\x01\x120\n" +
+	"\x05since\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12#\n" +
+	"\rstdout_offset\x18\x06 \x01(\x03R\fstdoutOffset\x12#\n" +
+	"\rstderr_offset\x18\a \x01(\x03R\fstderrOffsetB\a\n" +
+	"\x05_tail\"\x82\x01\n" +
 	"\fLogsResponse\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"g\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12.\n" +
+	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
+	"\x06offset\x18\x04 \x01(\x03R\x06offset\"g\n" +
 	"\rEventsRequest\x12\x14\n" +
 	"\x05since\x18\x01 \x01(\x04R\x05since\x12\x16\n" +
 	"\x06follow\x18\x02 \x01(\bR\x06follow\x12(\n" +
@@ -2465,7 +3082,37 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\texit_code\x18\a \x01(\x05H\x00R\bexitCode\x88\x01\x01\x12\x16\n" +
 	"\x06detail\x18\b \x01(\tR\x06detailB\f\n" +
 	"\n" +
-	"_exit_code2\xfd\x05\n" +
+	"_exit_code\"\xae\x01\n" +
+	"\vExecRequest\x12+\n" +
+	"\x05start\x18\x01 \x01(\v2\x13.roost.v1.ExecStartH\x00R\x05start\x12\x16\n" +
+	"\x05stdin\x18\x02 \x01(\fH\x00R\x05stdin\x12!\n" +
+	"\vclose_stdin\x18\x03 \x01(\bH\x00R\n" +
+	"closeStdin\x120\n" +
+	"\x06resize\x18\x04 \x01(\v2\x16.roost.v1.TerminalSizeH\x00R\x06resizeB\x05\n" +
+	"\x03msg\"\xad\x01\n" +
+	"\tExecStart\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\acommand\x18\x02 \x03(\tR\acommand\x12\x14\n" +
+	"\x05stdin\x18\x03 \x01(\bR\x05stdin\x12\x10\n" +
+	"\x03tty\x18\x04 \x01(\bR\x03tty\x12*\n" +
+	"\x04size\x18\x05 \x01(\v2\x16.roost.v1.TerminalSizeR\x04size\x12\x10\n" +
+	"\x03env\x18\x06 \x03(\tR\x03env\x12\x10\n" +
+	"\x03cwd\x18\a \x01(\tR\x03cwd\"6\n" +
+	"\fTerminalSize\x12\x12\n" +
+	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"\xa6\x01\n" +
+	"\fExecResponse\x121\n" +
+	"\astarted\x18\x01 \x01(\v2\x15.roost.v1.ExecStartedH\x00R\astarted\x12\x18\n" +
+	"\x06stdout\x18\x02 \x01(\fH\x00R\x06stdout\x12\x18\n" +
+	"\x06stderr\x18\x03 \x01(\fH\x00R\x06stderr\x12(\n" +
+	"\x04exit\x18\x04 \x01(\v2\x12.roost.v1.ExecExitH\x00R\x04exitB\x05\n" +
+	"\x03msg\"8\n" +
+	"\vExecStarted\x12\x17\n" +
+	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12\x10\n" +
+	"\x03pid\x18\x02 \x01(\x05R\x03pid\"?\n" +
+	"\bExecExit\x12\x1b\n" +
+	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
+	"\x06detail\x18\x02 \x01(\tR\x06detail2\xb8\x06\n" +
 	"\x0eSessionService\x128\n" +
 	"\x05Stage\x12\x16.roost.v1.StageRequest\x1a\x17.roost.v1.StageResponse\x12;\n" +
 	"\x06Launch\x12\x17.roost.v1.LaunchRequest\x1a\x18.roost.v1.LaunchResponse\x122\n" +
@@ -2479,7 +3126,8 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x06Remove\x12\x17.roost.v1.RemoveRequest\x1a\x18.roost.v1.RemoveResponse\x127\n" +
 	"\x04Logs\x12\x15.roost.v1.LogsRequest\x1a\x16.roost.v1.LogsResponse0\x01\x12=\n" +
 	"\x06Events\x12\x17.roost.v1.EventsRequest\x1a\x18.roost.v1.EventsResponse0\x01\x128\n" +
-	"\x05Prune\x12\x16.roost.v1.PruneRequest\x1a\x17.roost.v1.PruneResponseB*Z(roost.dev/roost/api/gen/roost/v1;roostv1b\x06proto3"
+	"\x05Prune\x12\x16.roost.v1.PruneRequest\x1a\x17.roost.v1.PruneResponse\x129\n" +
+	"\x04Exec\x12\x15.roost.v1.ExecRequest\x1a\x16.roost.v1.ExecResponse(\x010\x01B*Z(roost.dev/roost/api/gen/roost/v1;roostv1b\x06proto3"
 
 var (
 	file_roost_v1_session_proto_rawDescOnce sync.Once
@@ -2493,7 +3141,7 @@ func file_roost_v1_session_proto_rawDescGZIP() []byte {
 	return file_roost_v1_session_proto_rawDescData
 }
 
-var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_roost_v1_session_proto_goTypes = []any{
 	(*Session)(nil),               // 0: roost.v1.Session
 	(*WasmRun)(nil),               // 1: roost.v1.WasmRun
@@ -2532,72 +3180,87 @@ var file_roost_v1_session_proto_goTypes = []any{
 	(*PruneResponse)(nil),         // 34: roost.v1.PruneResponse
 	(*PrunedSession)(nil),         // 35: roost.v1.PrunedSession
 	(*Event)(nil),                 // 36: roost.v1.Event
-	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 38: google.protobuf.Duration
+	(*ExecRequest)(nil),           // 37: roost.v1.ExecRequest
+	(*ExecStart)(nil),             // 38: roost.v1.ExecStart
+	(*TerminalSize)(nil),          // 39: roost.v1.TerminalSize
+	(*ExecResponse)(nil),          // 40: roost.v1.ExecResponse
+	(*ExecStarted)(nil),           // 41: roost.v1.ExecStarted
+	(*ExecExit)(nil),              // 42: roost.v1.ExecExit
+	(*timestamppb.Timestamp)(nil), // 43: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 44: google.protobuf.Duration
 }
 var file_roost_v1_session_proto_depIdxs = []int32{
 	6,  // 0: roost.v1.Session.capsule:type_name -> roost.v1.CapsuleRef
 	7,  // 1: roost.v1.Session.containment:type_name -> roost.v1.ContainmentState
-	37, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	37, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
-	37, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
+	43, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	43, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
+	43, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
 	8,  // 5: roost.v1.Session.spend:type_name -> roost.v1.Spend
-	37, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
+	43, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
 	5,  // 7: roost.v1.Session.usage:type_name -> roost.v1.Usage
 	4,  // 8: roost.v1.Session.identity:type_name -> roost.v1.Identity
 	3,  // 9: roost.v1.Session.stdout:type_name -> roost.v1.LogStats
 	3,  // 10: roost.v1.Session.stderr:type_name -> roost.v1.LogStats
 	2,  // 11: roost.v1.Session.egress:type_name -> roost.v1.Egress
 	1,  // 12: roost.v1.Session.wasm:type_name -> roost.v1.WasmRun
-	38, // 13: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
+	44, // 13: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
 	0,  // 14: roost.v1.StageResponse.session:type_name -> roost.v1.Session
 	0,  // 15: roost.v1.LaunchResponse.session:type_name -> roost.v1.Session
 	0,  // 16: roost.v1.GetResponse.session:type_name -> roost.v1.Session
 	0,  // 17: roost.v1.ListResponse.sessions:type_name -> roost.v1.Session
 	0,  // 18: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
-	38, // 19: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
+	44, // 19: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
 	0,  // 20: roost.v1.StopResponse.session:type_name -> roost.v1.Session
 	0,  // 21: roost.v1.KillResponse.session:type_name -> roost.v1.Session
 	0,  // 22: roost.v1.PauseResponse.session:type_name -> roost.v1.Session
 	0,  // 23: roost.v1.ResumeResponse.session:type_name -> roost.v1.Session
-	36, // 24: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
-	38, // 25: roost.v1.PruneRequest.until:type_name -> google.protobuf.Duration
-	35, // 26: roost.v1.PruneResponse.removed:type_name -> roost.v1.PrunedSession
-	35, // 27: roost.v1.PruneResponse.kept:type_name -> roost.v1.PrunedSession
-	6,  // 28: roost.v1.PrunedSession.capsule:type_name -> roost.v1.CapsuleRef
-	37, // 29: roost.v1.PrunedSession.ended_at:type_name -> google.protobuf.Timestamp
-	37, // 30: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
-	9,  // 31: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
-	11, // 32: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
-	13, // 33: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
-	15, // 34: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
-	17, // 35: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
-	19, // 36: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
-	21, // 37: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
-	23, // 38: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
-	25, // 39: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
-	27, // 40: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
-	29, // 41: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
-	31, // 42: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
-	33, // 43: roost.v1.SessionService.Prune:input_type -> roost.v1.PruneRequest
-	10, // 44: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
-	12, // 45: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
-	14, // 46: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
-	16, // 47: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
-	18, // 48: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
-	20, // 49: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
-	22, // 50: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
-	24, // 51: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
-	26, // 52: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
-	28, // 53: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
-	30, // 54: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
-	32, // 55: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
-	34, // 56: roost.v1.SessionService.Prune:output_type -> roost.v1.PruneResponse
-	44, // [44:57] is the sub-list for method output_type
-	31, // [31:44] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	43, // 24: roost.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
+	43, // 25: roost.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
+	36, // 26: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
+	44, // 27: roost.v1.PruneRequest.until:type_name -> google.protobuf.Duration
+	35, // 28: roost.v1.PruneResponse.removed:type_name -> roost.v1.PrunedSession
+	35, // 29: roost.v1.PruneResponse.kept:type_name -> roost.v1.PrunedSession
+	6,  // 30: roost.v1.PrunedSession.capsule:type_name -> roost.v1.CapsuleRef
+	43, // 31: roost.v1.PrunedSession.ended_at:type_name -> google.protobuf.Timestamp
+	43, // 32: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
+	38, // 33: roost.v1.ExecRequest.start:type_name -> roost.v1.ExecStart
+	39, // 34: roost.v1.ExecRequest.resize:type_name -> roost.v1.TerminalSize
+	39, // 35: roost.v1.ExecStart.size:type_name -> roost.v1.TerminalSize
+	41, // 36: roost.v1.ExecResponse.started:type_name -> roost.v1.ExecStarted
+	42, // 37: roost.v1.ExecResponse.exit:type_name -> roost.v1.ExecExit
+	9,  // 38: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
+	11, // 39: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
+	13, // 40: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
+	15, // 41: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
+	17, // 42: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
+	19, // 43: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
+	21, // 44: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
+	23, // 45: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
+	25, // 46: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
+	27, // 47: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
+	29, // 48: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
+	31, // 49: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
+	33, // 50: roost.v1.SessionService.Prune:input_type -> roost.v1.PruneRequest
+	37, // 51: roost.v1.SessionService.Exec:input_type -> roost.v1.ExecRequest
+	10, // 52: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
+	12, // 53: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
+	14, // 54: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
+	16, // 55: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
+	18, // 56: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
+	20, // 57: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
+	22, // 58: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
+	24, // 59: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
+	26, // 60: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
+	28, // 61: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
+	30, // 62: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
+	32, // 63: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
+	34, // 64: roost.v1.SessionService.Prune:output_type -> roost.v1.PruneResponse
+	40, // 65: roost.v1.SessionService.Exec:output_type -> roost.v1.ExecResponse
+	52, // [52:66] is the sub-list for method output_type
+	38, // [38:52] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_session_proto_init() }
@@ -2606,14 +3269,27 @@ func file_roost_v1_session_proto_init() {
 		return
 	}
 	file_roost_v1_session_proto_msgTypes[0].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[29].OneofWrappers = []any{}
 	file_roost_v1_session_proto_msgTypes[36].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[37].OneofWrappers = []any{
+		(*ExecRequest_Start)(nil),
+		(*ExecRequest_Stdin)(nil),
+		(*ExecRequest_CloseStdin)(nil),
+		(*ExecRequest_Resize)(nil),
+	}
+	file_roost_v1_session_proto_msgTypes[40].OneofWrappers = []any{
+		(*ExecResponse_Started)(nil),
+		(*ExecResponse_Stdout)(nil),
+		(*ExecResponse_Stderr)(nil),
+		(*ExecResponse_Exit)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_session_proto_rawDesc), len(file_roost_v1_session_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   37,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

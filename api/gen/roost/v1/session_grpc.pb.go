@@ -32,6 +32,7 @@ const (
 	SessionService_Logs_FullMethodName   = "/roost.v1.SessionService/Logs"
 	SessionService_Events_FullMethodName = "/roost.v1.SessionService/Events"
 	SessionService_Prune_FullMethodName  = "/roost.v1.SessionService/Prune"
+	SessionService_Exec_FullMethodName   = "/roost.v1.SessionService/Exec"
 )
 
 // SessionServiceClient is the client API for SessionService service.
@@ -80,6 +81,11 @@ type SessionServiceClient interface {
 	// compacted to the sessions that remain: events of removed sessions older than the first
 	// event of every session kept are deleted.
 	Prune(ctx context.Context, in *PruneRequest, opts ...grpc.CallOption) (*PruneResponse, error)
+	// Exec runs one more command inside a running session, with exactly the session's
+	// containment: its namespaces, cgroup, uid, seccomp filter, capabilities, Landlock rules
+	// and exec allowlist. The first request is an ExecStart; later ones carry stdin, its end,
+	// or a terminal's new size. The responses are ExecStarted, then output, then ExecExit.
+	Exec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecRequest, ExecResponse], error)
 }
 
 type sessionServiceClient struct {
@@ -238,6 +244,19 @@ func (c *sessionServiceClient) Prune(ctx context.Context, in *PruneRequest, opts
 	return out, nil
 }
 
+func (c *sessionServiceClient) Exec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecRequest, ExecResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SessionService_ServiceDesc.Streams[2], SessionService_Exec_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExecRequest, ExecResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SessionService_ExecClient = grpc.BidiStreamingClient[ExecRequest, ExecResponse]
+
 // SessionServiceServer is the server API for SessionService service.
 // All implementations must embed UnimplementedSessionServiceServer
 // for forward compatibility.
@@ -284,6 +303,11 @@ type SessionServiceServer interface {
 	// compacted to the sessions that remain: events of removed sessions older than the first
 	// event of every session kept are deleted.
 	Prune(context.Context, *PruneRequest) (*PruneResponse, error)
+	// Exec runs one more command inside a running session, with exactly the session's
+	// containment: its namespaces, cgroup, uid, seccomp filter, capabilities, Landlock rules
+	// and exec allowlist. The first request is an ExecStart; later ones carry stdin, its end,
+	// or a terminal's new size. The responses are ExecStarted, then output, then ExecExit.
+	Exec(grpc.BidiStreamingServer[ExecRequest, ExecResponse]) error
 	mustEmbedUnimplementedSessionServiceServer()
 }
 
@@ -332,6 +356,9 @@ func (UnimplementedSessionServiceServer) Events(*EventsRequest, grpc.ServerStrea
 }
 func (UnimplementedSessionServiceServer) Prune(context.Context, *PruneRequest) (*PruneResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Prune not implemented")
+}
+func (UnimplementedSessionServiceServer) Exec(grpc.BidiStreamingServer[ExecRequest, ExecResponse]) error {
+	return status.Error(codes.Unimplemented, "method Exec not implemented")
 }
 func (UnimplementedSessionServiceServer) mustEmbedUnimplementedSessionServiceServer() {}
 func (UnimplementedSessionServiceServer) testEmbeddedByValue()                        {}
@@ -574,6 +601,13 @@ func _SessionService_Prune_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionService_Exec_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(SessionServiceServer).Exec(&grpc.GenericServerStream[ExecRequest, ExecResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SessionService_ExecServer = grpc.BidiStreamingServer[ExecRequest, ExecResponse]
+
 // SessionService_ServiceDesc is the grpc.ServiceDesc for SessionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -636,6 +670,12 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Events",
 			Handler:       _SessionService_Events_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Exec",
+			Handler:       _SessionService_Exec_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "roost/v1/session.proto",
