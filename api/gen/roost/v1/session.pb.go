@@ -1352,7 +1352,10 @@ type StopRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// Time between SIGTERM and SIGKILL; 10s when absent.
-	Grace         *durationpb.Duration `protobuf:"bytes,2,opt,name=grace,proto3" json:"grace,omitempty"`
+	Grace *durationpb.Duration `protobuf:"bytes,2,opt,name=grace,proto3" json:"grace,omitempty"`
+	// Who asked, for the session's detail: "roostctl stop" when empty; roostctl run sends
+	// "interrupted (SIGINT to roostctl run)".
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1399,6 +1402,13 @@ func (x *StopRequest) GetGrace() *durationpb.Duration {
 		return x.Grace
 	}
 	return nil
+}
+
+func (x *StopRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
 }
 
 type StopResponse struct {
@@ -3008,10 +3018,11 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\vWaitRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\";\n" +
 	"\fWaitResponse\x12+\n" +
-	"\asession\x18\x01 \x01(\v2\x11.roost.v1.SessionR\asession\"N\n" +
+	"\asession\x18\x01 \x01(\v2\x11.roost.v1.SessionR\asession\"f\n" +
 	"\vStopRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12/\n" +
-	"\x05grace\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05grace\";\n" +
+	"\x05grace\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05grace\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\";\n" +
 	"\fStopResponse\x12+\n" +
 	"\asession\x18\x01 \x01(\v2\x11.roost.v1.SessionR\asession\"5\n" +
 	"\vKillRequest\x12\x0e\n" +
