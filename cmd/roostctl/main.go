@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -21,14 +22,20 @@ import (
 
 const defaultSocket = "/run/roost/roostd.sock"
 
-// Exit codes shared by every command; run and wait also exit with the capsule's code.
+// Exit codes, one table for every command (the README's "Exit codes" repeats it). Commands
+// that report a session's end (run, wait, stop, kill) exit with the capsule's own code, or
+// one of the codes from 124 up; every other outcome is 0, 1, 2 or 69.
 const (
-	exitOK       = 0
-	exitFailure  = 1
-	exitUsage    = 2
-	exitDeadline = 124
-	exitNoLaunch = 125
-	exitLost     = 255
+	exitOK      = 0
+	exitFailure = 1 // a roostctl operation failed: roostd refused it or it went wrong
+	exitUsage   = 2 // roostctl was called wrongly: unknown command, bad flag or argument
+	// exitUnavailable is sysexits' EX_UNAVAILABLE: roostd could not be reached, so nothing
+	// is known of the session; distinct from any code a capsule's program can end with
+	// through roost (its own codes are below 124 or 128+N).
+	exitUnavailable = 69
+	exitDeadline    = 124 // the session's deadline was reached
+	exitNoLaunch    = 125 // roost could not stage or launch the session
+	exitLost        = 255 // roost lost track of how the session ended
 )
 
 // exitError carries the code a command wants roostctl to exit with. A nil err exits
@@ -72,18 +79,32 @@ func execute(args []string) int {
 	if err == nil {
 		return exitOK
 	}
+	code, msg := a.classify(err)
+	if msg != "" {
+		fmt.Fprintln(os.Stderr, "roostctl:", msg)
+	}
+	return code
+}
+
+// classify is the one place an error becomes an exit code and the line that explains it.
+// An unreachable roostd is 69 whatever the command would have exited with, since nothing
+// is known of the session then.
+func (a *app) classify(err error) (int, string) {
 	var ee *exitError
+	code := exitFailure
 	if errors.As(err, &ee) {
-		if ee.err != nil {
-			fmt.Fprintln(os.Stderr, "roostctl:", a.describe(ee.err))
+		if ee.err == nil {
+			return ee.code, ""
 		}
-		return ee.code
+		code, err = ee.code, ee.err
 	}
-	fmt.Fprintln(os.Stderr, "roostctl:", a.describe(err))
+	if status.Code(err) == codes.Unavailable {
+		return exitUnavailable, a.describe(err)
+	}
 	if isUsage(err) {
-		return exitUsage
+		return exitUsage, err.Error()
 	}
-	return exitFailure
+	return code, a.describe(err)
 }
 
 // usageError marks a mistake in how roostctl was called.
@@ -102,7 +123,13 @@ func (a *app) describe(err error) string {
 		return err.Error()
 	}
 	if st.Code() == codes.Unavailable {
-		return fmt.Sprintf("cannot reach roostd at %s (%s); is it running? Set --socket or ROOST_SOCKET to its socket", a.socket, st.Message())
+		why := st.Message()
+		// gRPC wraps the dial error in its own words; the last "dial unix PATH: " is where
+		// the system's reason (no such file, connection refused, permission denied) begins.
+		if i := strings.LastIndex(why, ": connect: "); i >= 0 {
+			why = strings.TrimSuffix(why[i+len(": connect: "):], `"`)
+		}
+		return fmt.Sprintf("cannot reach roostd at %s: %s; is it running? Set --socket or ROOST_SOCKET to its socket", a.socket, why)
 	}
 	return st.Message()
 }
@@ -116,9 +143,22 @@ func (a *app) rootCommand() *cobra.Command {
 A capsule is a directory holding capsule.yaml and the files it needs; roost runs it as a
 session, in a containment class it decides from the manifest, and keeps a record of every
 session in its registry.`,
-		SilenceUsage:      true,
-		SilenceErrors:     true,
-		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
+		SilenceUsage:               true,
+		SilenceErrors:              true,
+		SuggestionsMinimumDistance: 2,
+		// The root runs only to say that its argument is no command: cobra's own error for
+		// that is not a usage error, and would exit 1 like a failed operation.
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return nil
+			}
+			msg := fmt.Sprintf("unknown command %q; see roostctl --help", args[0])
+			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+				msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, " or "))
+			}
+			return usageError{errors.New(msg)}
+		},
+		RunE: func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 	}
 	root.PersistentFlags().StringVar(&a.socket, "socket", "", "roostd's control socket (default $ROOST_SOCKET, else "+defaultSocket+")")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
@@ -158,7 +159,7 @@ func printSession(w io.Writer, s *roostv1.Session) {
 	row("containment", fmt.Sprintf("declared %s, achieved %s", s.GetContainment().GetDeclared(), orDash(s.GetContainment().GetAchieved())))
 	row("runs as", identity(s.GetIdentity(), s.GetContainment().GetAchieved()))
 	row("parent", s.GetParentId())
-	row("command", strings.Join(s.GetCommand(), " "))
+	row("command", shellJoin(s.GetCommand()))
 	if s.GetPid() != 0 {
 		row("pid", fmt.Sprint(s.GetPid()))
 	}
@@ -240,4 +241,33 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// shellJoin writes argv as a shell would need it typed, on one line: an argument with a
+// space, quote or control character in it is quoted, newlines as \n, so a multi-line
+// script keeps inspect's columns.
+func shellJoin(argv []string) string {
+	out := make([]string, len(argv))
+	for i, arg := range argv {
+		plain := arg != ""
+		for _, r := range arg {
+			if !(r == '/' || r == '.' || r == '-' || r == '_' || r == '=' || r == ':' || r == ',' || r == '+' || r == '@' || r == '%' ||
+				('a' <= r && r <= 'z') || ('A' <= r && r <= 'Z') || ('0' <= r && r <= '9')) {
+				plain = false
+				break
+			}
+		}
+		switch {
+		case plain:
+			out[i] = arg
+		case strings.ContainsFunc(arg, func(r rune) bool { return r < ' ' || r == 0x7f }):
+			// bash's $'…' reads the escapes strconv.Quote writes, but for the quotes.
+			q := strconv.Quote(arg)
+			q = strings.ReplaceAll(q[1:len(q)-1], `\"`, `"`)
+			out[i] = "$'" + strings.ReplaceAll(q, "'", `\'`) + "'"
+		default:
+			out[i] = "'" + strings.ReplaceAll(arg, "'", `'\''`) + "'"
+		}
+	}
+	return strings.Join(out, " ")
 }

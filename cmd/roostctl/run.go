@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
@@ -76,9 +77,12 @@ containment and records a session in state "staged". It prints the session id.
 Exit codes: 0 staged; 125 the capsule was refused (the reason is on stderr).`,
 		Args: exactArgs(1, "one CAPSULE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkDeadline(cmd, &f); err != nil {
+				return err
+			}
 			s, err := a.stage(cmd.Context(), &f, args[0])
 			if err != nil {
-				return withCode(exitNoLaunch, err)
+				return stageFailed(err)
 			}
 			if f.json {
 				return printJSON(cmd.OutOrStdout(), s)
@@ -89,6 +93,24 @@ Exit codes: 0 staged; 125 the capsule was refused (the reason is on stderr).`,
 	}
 	f.register(cmd)
 	return cmd
+}
+
+// checkDeadline refuses a --deadline that says nothing: left at zero, the flag would be
+// taken as not given, and the manifest's deadline would apply unannounced.
+func checkDeadline(cmd *cobra.Command, f *stageFlags) error {
+	if cmd.Flags().Changed("deadline") && f.deadline <= 0 {
+		return usageError{fmt.Errorf("--deadline %s: give a positive whole number of seconds, e.g. 30s or 5m", f.deadline)}
+	}
+	return nil
+}
+
+// stageFailed is the exit for a capsule roost would not stage: 125, unless roostctl itself
+// was called wrongly or could not reach roostd.
+func stageFailed(err error) error {
+	if isUsage(err) {
+		return err
+	}
+	return withCode(exitNoLaunch, err)
 }
 
 func (a *app) stage(ctx context.Context, f *stageFlags, capsule string) (*roostv1.Session, error) {
@@ -177,9 +199,12 @@ unless --detach).`,
 
 func (a *app) run(cmd *cobra.Command, f *stageFlags, detach bool, capsule string) error {
 	ctx := cmd.Context()
+	if err := checkDeadline(cmd, f); err != nil {
+		return err
+	}
 	staged, err := a.stage(ctx, f, capsule)
 	if err != nil {
-		return withCode(exitNoLaunch, err)
+		return stageFailed(err)
 	}
 	c, _ := a.sessions()
 	// From here the session exists: interrupting roostctl stops it rather than leaving it
@@ -213,11 +238,11 @@ func (a *app) run(cmd *cobra.Command, f *stageFlags, detach bool, capsule string
 		count := 0
 		for {
 			select {
-			case <-interrupts:
+			case sig := <-interrupts:
 				count++
 				if count == 1 {
 					fmt.Fprintf(os.Stderr, "roostctl: stopping session %s (Ctrl-C again to kill it)\n", s.GetId())
-					go c.Stop(context.WithoutCancel(streamCtx), &roostv1.StopRequest{Id: s.GetId()})
+					go c.Stop(context.WithoutCancel(streamCtx), &roostv1.StopRequest{Id: s.GetId(), Reason: "interrupted (" + unix.SignalName(sig.(syscall.Signal)) + " to roostctl run)"})
 				} else {
 					go c.Kill(context.WithoutCancel(streamCtx), &roostv1.KillRequest{Id: s.GetId(), Signal: "KILL"})
 				}
@@ -241,6 +266,8 @@ func (a *app) run(cmd *cobra.Command, f *stageFlags, detach bool, capsule string
 		if err := printJSON(cmd.OutOrStdout(), end); err != nil {
 			return err
 		}
+		// The record says how it ended; stderr stays empty for a script reading both.
+		return withCode(sessionExitCode(end), nil)
 	}
 	return sessionExit(end)
 }

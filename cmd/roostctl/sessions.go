@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -77,7 +77,9 @@ func (a *app) stopCommand() *cobra.Command {
 		Use:   "stop SESSION...",
 		Short: "Stop sessions: SIGTERM, then SIGKILL after the grace period",
 		Long: `stop sends SIGTERM to every process of each SESSION, then SIGKILL once --grace has
-passed, and returns once each end is recorded. Stopping an ended session does nothing.`,
+passed, and returns once each end is recorded. Stopping an ended session does nothing and
+is no failure. Exit codes: 0 every SESSION has ended; 1 one could not be stopped (each
+failure is on stderr); 69 roostd could not be reached.`,
 		Args: minArgs(1, "at least one SESSION"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if grace < 0 {
@@ -87,21 +89,41 @@ passed, and returns once each end is recorded. Stopping an ended session does no
 			if err != nil {
 				return err
 			}
-			var failed error
-			for _, id := range args {
+			return a.eachSession(cmd, args, func(id string) error {
 				resp, err := c.Stop(cmd.Context(), &roostv1.StopRequest{Id: id, Grace: durationpb.New(grace)})
 				if err != nil {
-					failed = errors.Join(failed, fmt.Errorf("%s: %s", id, a.describe(err)))
-					continue
+					return err
 				}
 				a.printEnded(cmd, resp.GetSession(), asJSON)
-			}
-			return failed
+				return nil
+			})
 		},
 	}
 	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the final records as JSON, one per line")
 	return cmd
+}
+
+// eachSession runs one RPC per SESSION argument, printing each failure on stderr as it
+// comes (the daemon's message names the session) and going on with the rest; it fails
+// at once when roostd cannot be reached, since every later call would too.
+func (a *app) eachSession(cmd *cobra.Command, args []string, do func(id string) error) error {
+	failed := false
+	for _, id := range args {
+		err := do(id)
+		if err == nil {
+			continue
+		}
+		if status.Code(err) == codes.Unavailable || isUsage(err) {
+			return err
+		}
+		fmt.Fprintln(cmd.ErrOrStderr(), "roostctl:", a.describe(err))
+		failed = true
+	}
+	if failed {
+		return withCode(exitFailure, nil)
+	}
+	return nil
 }
 
 func (a *app) printEnded(cmd *cobra.Command, s *roostv1.Session, asJSON bool) {
@@ -119,26 +141,35 @@ func (a *app) killCommand() *cobra.Command {
 		Use:   "kill SESSION...",
 		Short: "Send a signal to every process of sessions (SIGKILL by default)",
 		Long: `kill sends --signal to every process of each SESSION. For SIGKILL, or any signal that
-ends the session, it returns once the end is recorded.`,
+ends the session, it returns once the end is recorded. A session that has already ended
+is no failure: kill prints how it ended. Exit codes: 0 every SESSION was signalled or had
+ended; 1 one could not be (each failure is on stderr); 2 an unknown signal; 69 roostd could
+not be reached.`,
 		Args: minArgs(1, "at least one SESSION"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.sessions()
 			if err != nil {
 				return err
 			}
-			var failed error
-			for _, id := range args {
+			return a.eachSession(cmd, args, func(id string) error {
 				resp, err := c.Kill(cmd.Context(), &roostv1.KillRequest{Id: id, Signal: signal})
-				if err != nil {
-					if status.Code(err) == codes.InvalidArgument {
-						return usageError{errors.New(a.describe(err))}
+				if status.Code(err) == codes.FailedPrecondition {
+					// Like stop: a session that has already ended is where kill would take
+					// it, so that is no failure; anything else (staged, paused) is.
+					if got, gerr := c.Get(cmd.Context(), &roostv1.GetRequest{Id: id}); gerr == nil && got.GetSession().GetState() == "exited" {
+						a.printEnded(cmd, got.GetSession(), asJSON)
+						return nil
 					}
-					failed = errors.Join(failed, fmt.Errorf("%s: %s", id, a.describe(err)))
-					continue
+				}
+				if status.Code(err) == codes.InvalidArgument {
+					return usageError{fmt.Errorf("--signal: %s", a.describe(err))}
+				}
+				if err != nil {
+					return err
 				}
 				a.printEnded(cmd, resp.GetSession(), asJSON)
-			}
-			return failed
+				return nil
+			})
 		},
 	}
 	cmd.Flags().StringVarP(&signal, "signal", "s", "KILL", "signal name (TERM, SIGHUP) or number")
@@ -161,15 +192,16 @@ removal unless --force, which kills the live ones first.`,
 			if err != nil {
 				return err
 			}
-			var failed error
-			for _, id := range args {
+			return a.eachSession(cmd, args, func(id string) error {
 				if _, err := c.Remove(cmd.Context(), &roostv1.RemoveRequest{Id: id, Force: force}); err != nil {
-					failed = errors.Join(failed, fmt.Errorf("%s: %s", id, a.describe(err)))
-					continue
+					if status.Code(err) == codes.FailedPrecondition && !force && !strings.Contains(err.Error(), "--force") && !strings.Contains(err.Error(), "-f") {
+						return fmt.Errorf("%s; stop it first, or remove it with roostctl rm -f", a.describe(err))
+					}
+					return err
 				}
 				fmt.Fprintln(cmd.OutOrStdout(), id)
-			}
-			return failed
+				return nil
+			})
 		},
 	}
 	cmd.Flags().BoolVarP(&force, "force", "f", false, "kill the live sessions of the tree before removing it")
@@ -177,9 +209,10 @@ removal unless --force, which kills the live ones first.`,
 }
 
 func (a *app) pauseCommand() *cobra.Command {
-	return a.freezeCommand("pause", "Freeze every process of running sessions (sealed sessions)",
+	return a.freezeCommand("pause", "Freeze every process of running sessions",
 		`pause freezes each SESSION's cgroup: its processes stop where they are until resume.
-The deadline does not run while a session is paused.`,
+The deadline does not run while a session is paused. Scoped and sealed sessions can be
+paused; advisory and unconfined ones have no cgroup to freeze.`,
 		func(ctx context.Context, c roostv1.SessionServiceClient, id string) (*roostv1.Session, error) {
 			resp, err := c.Pause(ctx, &roostv1.PauseRequest{Id: id})
 			return resp.GetSession(), err
@@ -206,16 +239,14 @@ func (a *app) freezeCommand(name, short, long string, call func(context.Context,
 			if err != nil {
 				return err
 			}
-			var failed error
-			for _, id := range args {
+			return a.eachSession(cmd, args, func(id string) error {
 				s, err := call(cmd.Context(), c, id)
 				if err != nil {
-					failed = errors.Join(failed, fmt.Errorf("%s: %s", id, a.describe(err)))
-					continue
+					return err
 				}
 				a.printEnded(cmd, s, asJSON)
-			}
-			return failed
+				return nil
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the records as JSON, one per line")

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -79,18 +80,33 @@ func limitOrNone(n int64) string {
 	return strconv.FormatInt(n, 10)
 }
 
+// ceiling says a machine ceiling in words.
+func ceiling(n int64) string {
+	if n == 0 {
+		return "no limit"
+	}
+	return strconv.FormatInt(n, 10) + " tokens per UTC day"
+}
+
 func (a *app) setLimitCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "set-limit TOKENS",
-		Short: "Set the machine's tokens per UTC day (0: none), at once",
+	cmd := &cobra.Command{
+		Use:   "set-limit TOKENS|none",
+		Short: "Set the machine's tokens per UTC day (none or 0: no limit), at once",
 		Long: `set-limit changes the machine's ceiling of tokens per UTC day while roostd runs;
-0 removes it. It is kept across restarts unless roostd is given --machine-tokens-per-day.
-Calls held by inference.on_exhausted: wait go on once the ceiling lets them.`,
-		Args: exactArgs(1, "one TOKENS count"),
+none (or 0) removes it. It is kept across restarts unless roostd is given
+--machine-tokens-per-day. Calls held by inference.on_exhausted: wait go on once the
+ceiling lets them.`,
+		Example: `  roostctl spend set-limit 2000000
+  roostctl spend set-limit none`,
+		Args: exactArgs(1, "one TOKENS count or none"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			n, err := strconv.ParseInt(args[0], 10, 64)
-			if err != nil || n < 0 {
-				return usageError{fmt.Errorf("TOKENS %q: expected a whole number, 0 or more", args[0])}
+			var n int64
+			if args[0] != "none" {
+				var err error
+				n, err = strconv.ParseInt(args[0], 10, 64)
+				if err != nil || n < 0 {
+					return usageError{fmt.Errorf("TOKENS %q: give a whole number of tokens, or none to remove the limit", args[0])}
+				}
 			}
 			conn, err := a.connect()
 			if err != nil {
@@ -100,8 +116,16 @@ Calls held by inference.on_exhausted: wait go on once the ceiling lets them.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "machine ceiling %s tokens per day (was %s)\n", limitOrNone(resp.GetTokens()), limitOrNone(resp.GetPrevious()))
+			fmt.Fprintf(cmd.OutOrStdout(), "machine ceiling: %s (was %s)\n", ceiling(resp.GetTokens()), ceiling(resp.GetPrevious()))
 			return nil
 		},
 	}
+	// "-1" reaches cobra as a shorthand flag; say what is wrong with it as a number.
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		if strings.Contains(err.Error(), "unknown shorthand flag") {
+			return usageError{fmt.Errorf("%w: a ceiling cannot be negative; none removes it", err)}
+		}
+		return usageError{err}
+	})
+	return cmd
 }
