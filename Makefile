@@ -20,7 +20,7 @@ CONFDIR := /etc/roost
 DOCDIR  := $(PREFIX)/share/doc/roost
 INSTALL_BINS := roostd roostctl roost-init roost-wasm
 
-.PHONY: all deps sdk build test unit e2e lint vet staticcheck fmt-check proto proto-check buf-lint demo bench fuzz tools clean install install-check buf-breaking api-baseline tidy-check deploy-check
+.PHONY: all deps sdk build man test unit e2e lint vet staticcheck fmt-check proto proto-check buf-lint demo bench fuzz tools clean install install-check buf-breaking api-baseline tidy-check deploy-check
 
 all: build
 
@@ -28,6 +28,12 @@ build: deps
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/roostd ./cmd/roostctl
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o bin/ ./cmd/roost-init
 	CGO_ENABLED=1 $(GO) build -trimpath -o bin/ ./cmd/roost-wasm
+
+## man: roostctl's man pages, one per command, generated from its command tree into bin/man
+## (make install puts them under $(PREFIX)/share/man/man1). Dated by the last commit, so the
+## same tree gives the same pages.
+man: build
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || date +%s) bin/roostctl gen-man bin/man
 
 ## deps: what building roostd needs beyond Go: libseccomp's headers, for libcontainer.
 deps:
@@ -146,7 +152,8 @@ $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc: go.mod go.sum
 ## $(DESTDIR)$(PREFIX)/bin, mode 0755; the systemd unit to $(DESTDIR)/lib/systemd/system with
 ## its paths under $(PREFIX); a default configuration (all comments) to
 ## $(DESTDIR)/etc/roost/roostd.yaml unless one is there; README.md and docs/security.md to
-## $(DESTDIR)$(PREFIX)/share/doc/roost.
+## $(DESTDIR)$(PREFIX)/share/doc/roost; roostctl's man pages to $(PREFIX)/share/man/man1 and
+## its bash completion to $(PREFIX)/share/bash-completion/completions.
 install:
 	@for b in $(INSTALL_BINS); do [ -f "$(INSTALL_FROM)/$$b" ] && [ -x "$(INSTALL_FROM)/$$b" ] || \
 		{ echo "install: $(INSTALL_FROM)/$$b is missing: run make build first (roost-wasm needs cgo: gcc)" >&2; exit 1; }; done
@@ -168,6 +175,10 @@ install:
 		rm -f "$(DESTDIR)$(CONFDIR)/.roostd.yaml.tmp"; \
 	fi
 	install -m 0644 README.md docs/security.md "$(DESTDIR)$(DOCDIR)/"
+	install -d -m 0755 "$(DESTDIR)$(PREFIX)/share/man/man1" "$(DESTDIR)$(PREFIX)/share/bash-completion/completions"
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || date +%s) \
+		$(INSTALL_FROM)/roostctl gen-man "$(DESTDIR)$(PREFIX)/share/man/man1"
+	$(INSTALL_FROM)/roostctl completion bash >"$(DESTDIR)$(PREFIX)/share/bash-completion/completions/roostctl"
 	@[ -n "$(DESTDIR)" ] || echo "installed; now: systemctl daemon-reload && systemctl enable --now roostd"
 
 ## install-check: make install into a temporary DESTDIR, with the default PREFIX and another:
@@ -187,7 +198,8 @@ install-check: $(if $(filter bin,$(INSTALL_FROM)),build)
 		done; \
 		unit="$$root$(UNITDIR)/roostd.service"; \
 		grep -q "^ExecStart=$$prefix/bin/roostd " "$$unit" || { echo "install-check: $$unit: ExecStart is not under $$prefix:" >&2; grep ExecStart "$$unit" >&2; exit 1; }; \
-		[ -f "$$root$(CONFDIR)/roostd.yaml" ] && [ -f "$$root$$prefix/share/doc/roost/README.md" ] && [ -f "$$root$$prefix/share/doc/roost/security.md" ] || \
+		[ -f "$$root$(CONFDIR)/roostd.yaml" ] && [ -f "$$root$$prefix/share/doc/roost/README.md" ] && [ -f "$$root$$prefix/share/doc/roost/security.md" ] && \
+			[ -f "$$root$$prefix/share/man/man1/roostctl-run.1" ] && [ -s "$$root$$prefix/share/bash-completion/completions/roostctl" ] || \
 			{ echo "install-check: the configuration or the docs are missing under $$root" >&2; exit 1; }; \
 		echo "# the operator's own" >>"$$root$(CONFDIR)/roostd.yaml"; \
 		$(MAKE) --no-print-directory -s install DESTDIR="$$root" PREFIX="$$prefix" INSTALL_FROM="$(INSTALL_FROM)" >/dev/null; \

@@ -175,6 +175,11 @@ session in its registry.`,
 		c.GroupID = "host"
 		root.AddCommand(c)
 	}
+	root.AddCommand(a.manCommand())
+	root.SetHelpCommandGroupID("host")
+	root.SetCompletionCommandGroupID("host")
+	root.SetUsageTemplate(usageTemplate)
+	a.completeArgs(root)
 	return root
 }
 

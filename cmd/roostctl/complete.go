@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/cobra/doc"
+
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
+)
+
+// helpWidth is what every help text is written to fit: roostctl --help and each command's
+// help stay within it (a test holds them to it).
+const helpWidth = 100
+
+// usageTemplate is cobra's default with its flag lists wrapped to helpWidth.
+const usageTemplate = `Usage:{{if .Runnable}}
+  {{.UseLine}}{{end}}{{if .HasAvailableSubCommands}}
+  {{.CommandPath}} [command]{{end}}{{if gt (len .Aliases) 0}}
+
+Aliases:
+  {{.NameAndAliases}}{{end}}{{if .HasExample}}
+
+Examples:
+{{.Example}}{{end}}{{if .HasAvailableSubCommands}}{{$cmds := .Commands}}{{if eq (len .Groups) 0}}
+
+Available Commands:{{range $cmds}}{{if (or .IsAvailableCommand (eq .Name "help"))}}
+  {{rpad .Name .NamePadding }} {{.Short}}{{end}}{{end}}{{else}}{{range $group := .Groups}}
+
+{{.Title}}{{range $cmds}}{{if (and (eq .GroupID $group.ID) (or .IsAvailableCommand (eq .Name "help")))}}
+  {{rpad .Name .NamePadding }} {{.Short}}{{end}}{{end}}{{end}}{{if not .AllChildCommandsHaveGroup}}
+
+Additional Commands:{{range $cmds}}{{if (and (eq .GroupID "") (or .IsAvailableCommand (eq .Name "help")))}}
+  {{rpad .Name .NamePadding }} {{.Short}}{{end}}{{end}}{{end}}{{end}}{{end}}{{if .HasAvailableLocalFlags}}
+
+Flags:
+{{(.LocalFlags.FlagUsagesWrapped 100) | trimTrailingWhitespaces}}{{end}}{{if .HasAvailableInheritedFlags}}
+
+Global Flags:
+{{(.InheritedFlags.FlagUsagesWrapped 100) | trimTrailingWhitespaces}}{{end}}{{if .HasHelpSubCommands}}
+
+Additional help topics:{{range .Commands}}{{if .IsAdditionalHelpTopicCommand}}
+  {{rpad .CommandPath .CommandPathPadding}} {{.Short}}{{end}}{{end}}{{end}}{{if .HasAvailableSubCommands}}
+
+Use "{{.CommandPath}} [command] --help" for more information about a command.{{end}}
+`
+
+// completeArgs gives every command whose arguments are sessions or capsules completion of
+// them, from what roostd holds: the command tree says which by its Use line.
+func (a *app) completeArgs(root *cobra.Command) {
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.ValidArgsFunction == nil {
+			switch {
+			case strings.Contains(c.Use, " SESSION"):
+				c.ValidArgsFunction = a.completeSessions
+			case strings.Contains(c.Use, " CAPSULE"):
+				c.ValidArgsFunction = a.completeCapsules
+			case strings.Contains(c.Use, " NAME@VERSION"):
+				c.ValidArgsFunction = a.completeArtifacts
+			}
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+}
+
+// completionContext bounds a completion's RPC: a shell waiting on a dead daemon would hang
+// the operator's prompt.
+func completionContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 2*time.Second)
+}
+
+// completeSessions offers names, then ids, of the sessions a command can act on: exec,
+// logs -f, stop and the like take live ones, but every verb takes an ended one too, so all
+// are offered with their state as the description.
+func (a *app) completeSessions(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+	if cmd.Name() == "exec" && len(args) > 0 {
+		return nil, cobra.ShellCompDirectiveDefault
+	}
+	c, err := a.sessions()
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	ctx, cancel := completionContext()
+	defer cancel()
+	resp, err := c.List(ctx, &roostv1.ListRequest{All: true})
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	var out []cobra.Completion
+	for _, s := range resp.GetSessions() {
+		desc := fmt.Sprintf("%s %s", s.GetCapsule().GetName(), s.GetState())
+		if n := s.GetName(); n != "" && strings.HasPrefix(n, toComplete) {
+			out = append(out, cobra.CompletionWithDesc(n, desc))
+		}
+		if strings.HasPrefix(s.GetId(), toComplete) {
+			out = append(out, cobra.CompletionWithDesc(s.GetId(), desc))
+		}
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
+}
+
+// completeArtifacts offers the pushed capsules' name@version.
+func (a *app) completeArtifacts(_ *cobra.Command, _ []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+	conn, err := a.connect()
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	ctx, cancel := completionContext()
+	defer cancel()
+	resp, err := roostv1.NewArtifactServiceClient(conn).ListArtifacts(ctx, &roostv1.ListArtifactsRequest{})
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	var out []cobra.Completion
+	for _, art := range resp.GetArtifacts() {
+		ref := art.GetName() + "@" + art.GetVersion()
+		if strings.HasPrefix(ref, toComplete) {
+			out = append(out, cobra.CompletionWithDesc(ref, "pushed "+art.GetPushedAt().AsTime().Local().Format(time.DateTime)))
+		}
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
+}
+
+// completeCapsules offers pushed capsules and, for a path, the directories holding a
+// capsule.yaml below what was typed.
+func (a *app) completeCapsules(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+	if len(args) > 0 {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	out, _ := a.completeArtifacts(cmd, args, toComplete)
+	dir, prefix := filepath.Split(toComplete)
+	readDir := dir
+	if readDir == "" {
+		readDir = "."
+	}
+	entries, err := os.ReadDir(readDir)
+	if err != nil {
+		return out, cobra.ShellCompDirectiveNoFileComp
+	}
+	for _, e := range entries {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), prefix) || strings.HasPrefix(e.Name(), ".") && !strings.HasPrefix(prefix, ".") {
+			continue
+		}
+		path := dir + e.Name()
+		if _, err := os.Stat(filepath.Join(path, "capsule.yaml")); err == nil {
+			out = append(out, cobra.CompletionWithDesc(path, "capsule"))
+		} else {
+			// A directory further down may hold one; let the shell go on into it.
+			out = append(out, cobra.Completion(path+"/"))
+		}
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp | cobra.ShellCompDirectiveNoSpace
+}
+
+// manCommand writes roostctl's man pages, one per command, from the command tree: make
+// man calls it, so the pages never drift from --help.
+func (a *app) manCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:    "gen-man DIR",
+		Short:  "Write roostctl's man pages (roostctl.1, roostctl-run.1, ...) into DIR",
+		Hidden: true,
+		Args:   exactArgs(1, "one DIR"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := os.MkdirAll(args[0], 0o755); err != nil {
+				return err
+			}
+			root := cmd.Root()
+			root.DisableAutoGenTag = true
+			header := &doc.GenManHeader{Title: "ROOSTCTL", Section: "1", Source: "roost", Manual: "roost manual"}
+			return doc.GenManTree(root, header, args[0])
+		},
+	}
+}
