@@ -1,0 +1,155 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestExitCodeTable holds roostctl to the README's table of exit codes, one row each.
+func TestExitCodeTable(t *testing.T) {
+	d := newDaemon(t)
+	sleeper := capsule(t, "sleeper", "sleep 60", "")
+	killed := strings.TrimSpace(d.ok("run", "--detach", sleeper))
+	stopped := strings.TrimSpace(d.ok("run", "--detach", sleeper))
+	go d.ctl("kill", killed)
+	go d.ctl("stop", "--grace", "1s", stopped)
+	nostart := t.TempDir()
+	os.WriteFile(filepath.Join(nostart, "capsule.yaml"), []byte("name: nostart\nversion: 0.1.0\nrun:\n  command: [/no/such/program]\n"), 0o644)
+	unreachable := func(args ...string) result {
+		cmd := exec.Command(filepath.Join(binDir, "roostctl"), args...)
+		cmd.Env = append(os.Environ(), "ROOST_SOCKET="+filepath.Join(t.TempDir(), "none.sock"))
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		return result{out.String(), errOut.String(), cmd.ProcessState.ExitCode()}
+	}
+	rows := []struct {
+		name   string
+		run    func() result
+		code   int
+		stderr string
+	}{
+		{"capsule's own code", func() result { return d.ctl("run", capsule(t, "three", "exit 3", "")) }, 3, ""},
+		{"capsule's zero", func() result { return d.ctl("run", capsule(t, "zero", "true", "")) }, 0, ""},
+		{"deadline reached", func() result { return d.ctl("run", "--deadline", "1s", sleeper) }, 124, "deadline_reached"},
+		{"not launched", func() result { return d.ctl("run", nostart) }, 125, "/no/such/program"},
+		{"killed: 128+SIGKILL", func() result { return d.ctl("wait", killed) }, 137, ""},
+		{"stopped: 128+SIGTERM", func() result { return d.ctl("wait", stopped) }, 143, ""},
+		{"failed operation", func() result { return d.ctl("wait", "nope") }, 1, `no session "nope"`},
+		{"failed operation on a live session", func() result { return d.ctl("pause", "nope") }, 1, "nope"},
+		{"unknown command", func() result { return d.ctl("lgs") }, 2, "did you mean"},
+		{"unknown flag", func() result { return d.ctl("ps", "--bogus") }, 2, "--bogus"},
+		{"bad flag value", func() result { return d.ctl("run", "--deadline", "abc", sleeper) }, 2, "--deadline"},
+		{"zero deadline", func() result { return d.ctl("run", "--deadline", "0s", sleeper) }, 2, "--deadline"},
+		{"sub-second deadline", func() result { return d.ctl("stage", "--deadline", "1500ms", sleeper) }, 2, "--deadline"},
+		{"missing argument", func() result { return d.ctl("wait") }, 2, "SESSION"},
+		{"unreachable: ps", func() result { return unreachable("ps") }, 69, "cannot reach roostd"},
+		{"unreachable: wait", func() result { return unreachable("wait", "x") }, 69, "cannot reach roostd"},
+		{"unreachable: run", func() result { return unreachable("run", sleeper) }, 69, "cannot reach roostd"},
+	}
+	for _, row := range rows {
+		res := row.run()
+		if res.code != row.code || !strings.Contains(res.stderr, row.stderr) {
+			t.Errorf("%s: exit %d, stderr %q; want exit %d with %q", row.name, res.code, res.stderr, row.code, row.stderr)
+		}
+	}
+}
+
+// TestRoughEdges drives each smoothed edge through roostctl, as the operator who found it.
+func TestRoughEdges(t *testing.T) {
+	d := newDaemon(t)
+	ended := strings.TrimSpace(d.ok("run", "--detach", capsule(t, "brief", "true", "")))
+	d.ok("wait", ended)
+
+	// Stop and kill agree: an ended session is where both would take it.
+	for _, verb := range []string{"stop", "kill"} {
+		res := d.ctl(verb, ended)
+		if res.code != 0 || !strings.Contains(res.stdout, ended) {
+			t.Errorf("%s of an ended session: %+v", verb, res)
+		}
+	}
+	// A failure names the session once, not once from roostctl and once from roostd.
+	res := d.ctl("pause", ended)
+	if res.code != 1 || strings.Count(res.stderr, ended) != 1 {
+		t.Errorf("pause of an ended session: %+v", res)
+	}
+	// rm of a live session says how to remove it anyway.
+	live := strings.TrimSpace(d.ok("run", "--detach", capsule(t, "sleeper", "sleep 60", "")))
+	res = d.ctl("rm", live)
+	if res.code != 1 || !strings.Contains(res.stderr, "rm -f") {
+		t.Errorf("rm of a live session: %+v", res)
+	}
+	d.ok("rm", "-f", live)
+
+	// run --json: the record on stdout, nothing else anywhere.
+	res = d.ctl("run", "--json", capsule(t, "noisy", "echo out; echo err >&2; exit 3", ""))
+	if res.code != 3 || res.stderr != "" || !strings.Contains(res.stdout, `"exit_code": 3`) {
+		t.Errorf("run --json: %+v", res)
+	}
+	res = d.ctl("run", "--json", "--deadline", "1s", capsule(t, "slow", "sleep 30", ""))
+	if res.code != 124 || res.stderr != "" {
+		t.Errorf("run --json past its deadline: %+v", res)
+	}
+
+	// The machine ceiling in words, and "none" to lift it.
+	if out := d.ok("spend", "set-limit", "5000"); !strings.Contains(out, "5000 tokens per UTC day (was no limit)") {
+		t.Errorf("set-limit 5000: %q", out)
+	}
+	if out := d.ok("spend", "set-limit", "none"); !strings.Contains(out, "no limit (was 5000 tokens per UTC day)") {
+		t.Errorf("set-limit none: %q", out)
+	}
+	if res := d.ctl("spend", "set-limit", "-1"); res.code != 2 || !strings.Contains(res.stderr, "cannot be negative") {
+		t.Errorf("set-limit -1: %+v", res)
+	}
+
+	// inspect keeps its columns for a multi-line script.
+	multi := strings.TrimSpace(d.ok("run", "--detach", capsule(t, "multi", "echo one\necho two", "")))
+	d.ok("wait", multi)
+	for _, line := range strings.Split(strings.TrimRight(d.ok("inspect", multi), "\n"), "\n") {
+		if !strings.Contains(line, ":") {
+			t.Errorf("inspect: a line outside its columns: %q", line)
+		}
+	}
+}
+
+// TestRunCtrlCRecordsWhy: a Ctrl-C on run is recorded as the interrupt it was, not as a
+// roostctl stop nobody typed.
+func TestRunCtrlCRecordsWhy(t *testing.T) {
+	d := newDaemon(t)
+	cmd := exec.Command(filepath.Join(binDir, "roostctl"), "run", capsule(t, "patient", "echo waiting; sleep 30", ""))
+	cmd.Env = append(os.Environ(), "ROOST_SOCKET="+d.socket)
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, _ := bufio.NewReader(stdout).ReadString('\n'); line != "waiting\n" {
+		t.Fatalf("first line %q", line)
+	}
+	cmd.Process.Signal(os.Interrupt)
+	cmd.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		list := d.ps()
+		if len(list) == 1 && list[0].State == "exited" {
+			if !strings.Contains(list[0].Detail, "interrupted (SIGINT to roostctl run)") || strings.Contains(list[0].Detail, "roostctl stop") {
+				t.Fatalf("detail after Ctrl-C: %q", list[0].Detail)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("session after Ctrl-C: %+v", list)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
