@@ -124,7 +124,7 @@ run_sealed() {
 	echo $((t1 - t0)) >>"$tmp/e2e.us"
 	sed -n 's/^make-us: //p' <<<"$out" >>"$tmp/sealed.us"
 	# Drop the session and its workdir.
-	./bin/roostctl rm "$(./bin/roostctl ps --all -q | tail -1)" >/dev/null
+	./bin/roostctl rm "$(./bin/roostctl ps --all -q | head -1)" >/dev/null
 }
 
 echo "== warm-up (untimed)"

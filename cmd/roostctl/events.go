@@ -5,7 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"text/tabwriter"
+	"path"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -16,8 +20,98 @@ import (
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 )
 
-// streamEvents prints events after since until the stream ends, keeping last current.
-func (a *app) streamEvents(ctx context.Context, c roostv1.SessionServiceClient, since uint64, fromOldest, follow, asJSON bool, out io.Writer, tw *tabwriter.Writer, last *uint64, opts ...grpc.CallOption) error {
+// eventsFilterKeys are the keys events --filter knows.
+var eventsFilterKeys = []string{"session", "type"}
+
+// eventFilter is what events --filter and --until select.
+type eventFilter struct {
+	// types are patterns (path.Match) an event's type must match one of; nil: any.
+	types []string
+	// sessions are the ids an event's session must be one of; nil: any.
+	sessions []string
+	// until, when set, is the last moment whose events are printed.
+	until time.Time
+}
+
+func (f *eventFilter) match(ev *roostv1.Event) bool {
+	if f.types != nil && !matchAny(f.types, ev.GetType()) {
+		return false
+	}
+	return f.sessions == nil || containsString(f.sessions, ev.GetSessionId())
+}
+
+// after reports whether ev is past --until: events come in commit order, which is time
+// order, so the first one past it ends the listing.
+func (f *eventFilter) after(ev *roostv1.Event) bool {
+	return !f.until.IsZero() && ev.GetTime().AsTime().After(f.until)
+}
+
+func matchAny(patterns []string, s string) bool {
+	for _, p := range patterns {
+		if ok, _ := path.Match(p, s); ok {
+			return true
+		}
+	}
+	return false
+}
+
+func containsString(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// errUntil ends a stream at --until.
+var errUntil = errors.New("--until reached")
+
+// eventWidths are the table's fixed column widths. Fixed, not measured, so that a follower
+// prints each event as it comes and still lines up: SEQ up to 8 digits, TIME RFC3339 with
+// an offset, TYPE the longest roostd emits (session.launching), SESSION a short id.
+var eventWidths = []int{8, 25, 17, 12}
+
+// eventRow is one event's cells for the table.
+func eventRow(ev *roostv1.Event, noTrunc bool) []string {
+	what := ev.GetExitStatus()
+	if ev.ExitCode != nil {
+		what = fmt.Sprintf("%s (%d)", what, ev.GetExitCode())
+	}
+	if what == "" {
+		what = ev.GetDetail()
+	}
+	id := ev.GetSessionId()
+	switch {
+	case id == "":
+		id = "-"
+	case !noTrunc:
+		id = shortID(id, shortIDLen)
+	}
+	return []string{strconv.FormatUint(ev.GetSeq(), 10), ev.GetTime().AsTime().Local().Format(time.RFC3339), ev.GetType(), id, what}
+}
+
+// printEventRow writes cells in columns of widths (a cell wider than its column pushes the
+// rest of its line along, by two spaces at least), and no trailing spaces.
+func printEventRow(w io.Writer, cells []string, widths []int) error {
+	var line strings.Builder
+	for i, cell := range cells {
+		line.WriteString(cell)
+		if i < len(cells)-1 {
+			pad := 2
+			if i < len(widths) {
+				pad = max(widths[i]-len(cell), 0) + 2
+			}
+			line.WriteString(strings.Repeat(" ", pad))
+		}
+	}
+	_, err := fmt.Fprintln(w, strings.TrimRight(line.String(), " "))
+	return err
+}
+
+// streamEvents hands emit the events after since that f selects until the stream ends
+// (or passes f.until), keeping last current.
+func (a *app) streamEvents(ctx context.Context, c roostv1.SessionServiceClient, since uint64, fromOldest, follow bool, f *eventFilter, emit func(*roostv1.Event) error, last *uint64, opts ...grpc.CallOption) error {
 	// Without --since, from whatever the log still keeps; --since 0 asks for everything,
 	// and roostd says so when retention has compacted the start away.
 	stream, err := c.Events(ctx, &roostv1.EventsRequest{Since: since, Follow: follow, FromOldestKept: since == 0 && fromOldest}, opts...)
@@ -33,30 +127,45 @@ func (a *app) streamEvents(ctx context.Context, c roostv1.SessionServiceClient, 
 			return err
 		}
 		ev := resp.GetEvent()
+		if f.after(ev) {
+			return errUntil
+		}
 		*last = ev.GetSeq()
-		if asJSON {
-			if err := printJSONLine(out, ev); err != nil {
-				return err
-			}
+		if !f.match(ev) {
 			continue
 		}
-		what := ev.GetExitStatus()
-		if ev.ExitCode != nil {
-			what = fmt.Sprintf("%s (%d)", what, ev.GetExitCode())
-		}
-		if what == "" {
-			what = ev.GetDetail()
-		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", ev.GetSeq(), ev.GetTime().AsTime().Local().Format(time.RFC3339), ev.GetType(), ev.GetSessionId(), what)
-		if follow {
-			tw.Flush()
+		if err := emit(ev); err != nil {
+			return err
 		}
 	}
 }
 
+// parseUntil reads --until as docker does: an RFC3339 time, Unix seconds, or a duration
+// counted back from now (10m: ten minutes ago; -10m, written --until=-10m: ten minutes from
+// now).
+func parseUntil(s string, now time.Time) (time.Time, error) {
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02"} {
+		if t, err := time.ParseInLocation(layout, s, time.Local); err == nil {
+			return t, nil
+		}
+	}
+	if unixSeconds.MatchString(s) {
+		secs, err := strconv.ParseFloat(s, 64)
+		if err == nil {
+			return time.Unix(0, int64(secs*float64(time.Second))), nil
+		}
+	}
+	if d, err := time.ParseDuration(s); err == nil {
+		return now.Add(-d), nil
+	}
+	return time.Time{}, usageError{fmt.Errorf("--until %q: give a time (2006-01-02T15:04:05Z07:00), Unix seconds, or a duration before now (10m; -10m is ten minutes from now)", s)}
+}
+
 func (a *app) eventsCommand() *cobra.Command {
 	var since uint64
-	var follow, asJSON bool
+	var follow, asJSON, noTrunc bool
+	var until string
+	var filters []string
 	cmd := &cobra.Command{
 		Use:   "events",
 		Short: "Print the registry's events",
@@ -65,26 +174,119 @@ and exits; --follow keeps printing new events as they happen. Sequence numbers s
 daemon restarts, so "events --since N --follow" resumes exactly after event N; a follower
 that loses roostd (a restart, a crash) waits for it and resumes after the last event it
 printed, so it sees every event exactly once.
-With --json it prints one JSON object per line, each with its "seq".`,
+
+--filter KEY=VALUE selects events; give it more than once, or comma-separated. Filters on
+one key widen the selection, on different keys narrow it:
+  type=PATTERN      the event's type, as a shell pattern: session.exited, session.*
+  session=SESSION   one session's events; a name, short id or id prefix is resolved once,
+                    when events starts (a removed session only by its full id)
+
+--until T stops at T: a time (RFC3339), Unix seconds, or a duration before now (10m is
+ten minutes ago, --until=-10m ten minutes from now). Events after T are not printed; with
+--follow, events stops when the clock reaches T.
+
+The table shows short session ids (--no-trunc: full ones). With --json it prints one JSON
+object per line, each with its "seq".`,
+		Example: `  roostctl events --filter type=session.exited
+  roostctl events --filter session=build-1,type=session.running --json
+  roostctl events --follow --until=-5m          # what happens in the next five minutes`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			f := &eventFilter{}
+			var refs []string
+			for _, arg := range filters {
+				for kv := range strings.SplitSeq(arg, ",") {
+					key, value, ok := strings.Cut(kv, "=")
+					if !ok || value == "" {
+						return usageError{fmt.Errorf("--filter %q: give KEY=VALUE, KEY one of %s", kv, strings.Join(eventsFilterKeys, ", "))}
+					}
+					switch key {
+					case "type":
+						if _, err := path.Match(value, ""); err != nil {
+							return usageError{fmt.Errorf("--filter type=%s: not a pattern: %v", value, err)}
+						}
+						f.types = append(f.types, value)
+					case "session":
+						refs = append(refs, value)
+					default:
+						return usageError{fmt.Errorf("--filter %q: unknown key %q; the keys are %s", kv, key, strings.Join(eventsFilterKeys, ", "))}
+					}
+				}
+			}
+			if until != "" {
+				t, err := parseUntil(until, time.Now())
+				if err != nil {
+					return err
+				}
+				f.until = t
+			}
 			c, err := a.sessions()
 			if err != nil {
 				return err
 			}
+			for _, ref := range refs {
+				id, err := resolveForEvents(cmd.Context(), c, ref)
+				if err != nil {
+					return err
+				}
+				f.sessions = append(f.sessions, id)
+			}
+			ctx := cmd.Context()
+			var reached atomic.Bool
+			if follow && !f.until.IsZero() {
+				if !f.until.After(time.Now()) {
+					// Every event still to come is after --until: there is nothing to follow.
+					follow = false
+				} else {
+					// A follower stops when the clock reaches --until, event or no event. By
+					// a cancel of its own, not a context deadline: that would travel to
+					// roostd as the call's timeout, and roostd's end of the stream may come
+					// back before roostctl's own timer has fired.
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithCancel(ctx)
+					defer cancel()
+					timer := time.AfterFunc(time.Until(f.until), func() {
+						reached.Store(true)
+						cancel()
+					})
+					defer timer.Stop()
+				}
+			}
 			out := cmd.OutOrStdout()
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			defer tw.Flush()
+			// The header goes out with the first row, or at the end of a listing with none:
+			// a refused listing (events compacted away) prints nothing on stdout.
+			headed := asJSON
+			header := func() error {
+				if headed {
+					return nil
+				}
+				headed = true
+				return printEventRow(out, []string{"SEQ", "TIME", "TYPE", "SESSION", "DETAIL"}, eventWidths)
+			}
+			emit := func(ev *roostv1.Event) error {
+				if asJSON {
+					return printJSONLine(out, ev)
+				}
+				if err := header(); err != nil {
+					return err
+				}
+				return printEventRow(out, eventRow(ev, noTrunc), eventWidths)
+			}
 			last := since
 			var opts []grpc.CallOption
 			for {
-				err := a.streamEvents(cmd.Context(), c, last, !cmd.Flags().Changed("since"), follow, asJSON, out, tw, &last, opts...)
-				if err == nil || !follow || status.Code(err) != codes.Unavailable {
+				err := a.streamEvents(ctx, c, last, !cmd.Flags().Changed("since"), follow, f, emit, &last, opts...)
+				switch {
+				case err == nil, errors.Is(err, errUntil):
+					return header()
+				case reached.Load():
+					// The clock reached --until.
+					return header()
+				case !follow || status.Code(err) != codes.Unavailable:
 					return err
 				}
 				// roostd went away (a restart, a crash): the registry keeps every event, so
 				// resuming after the last one seen loses none and repeats none.
-				tw.Flush()
 				fmt.Fprintf(cmd.ErrOrStderr(), "roostctl: lost roostd (%s); resuming after event %d once it is back\n", status.Convert(err).Message(), last)
 				opts = []grpc.CallOption{grpc.WaitForReady(true)}
 			}
@@ -93,5 +295,27 @@ With --json it prints one JSON object per line, each with its "seq".`,
 	cmd.Flags().Uint64Var(&since, "since", 0, "print events after this sequence number")
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing events as they happen")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per line")
+	cmd.Flags().StringArrayVar(&filters, "filter", nil, "select events by `KEY=VALUE` (repeatable, comma-separated); keys: "+strings.Join(eventsFilterKeys, ", "))
+	cmd.Flags().StringVar(&until, "until", "", "stop at time `T`: RFC3339, Unix seconds, or a duration before now")
+	cmd.Flags().BoolVar(&noTrunc, "no-trunc", false, "show full session ids")
 	return cmd
+}
+
+var unixSeconds = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?$`)
+
+// fullID matches a whole session id.
+var fullID = regexp.MustCompile(`^ses_[0-9a-f]{32}$`)
+
+// resolveForEvents turns a --filter session= argument into a session id, by roostd, once.
+// A full id roostd no longer knows is taken as it is: the log keeps a removed session's
+// events until compaction.
+func resolveForEvents(ctx context.Context, c roostv1.SessionServiceClient, ref string) (string, error) {
+	resp, err := c.Get(ctx, &roostv1.GetRequest{Id: ref})
+	if err == nil {
+		return resp.GetSession().GetId(), nil
+	}
+	if status.Code(err) == codes.NotFound && fullID.MatchString(ref) {
+		return ref, nil
+	}
+	return "", fmt.Errorf("--filter session=%s: %s", ref, status.Convert(err).Message())
 }

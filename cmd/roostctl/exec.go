@@ -1,7 +1,209 @@
 package main
 
-import "github.com/spf13/cobra"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
+)
 
 func (a *app) execCommand() *cobra.Command {
-	return &cobra.Command{Use: "exec SESSION -- COMMAND [ARG...]", Short: "Run a command inside a running session"}
+	var opts struct {
+		interactive, tty bool
+		env              []string
+		workdir          string
+	}
+	cmd := &cobra.Command{
+		Use:   "exec [flags] SESSION -- COMMAND [ARG...]",
+		Short: "Run a command inside a running session",
+		Long: `exec runs one more command inside a running session, with exactly the session's
+containment: its namespaces, cgroup, uid, seccomp filter, capabilities, Landlock rules and
+exec allowlist (shell.allow). A command the allowlist refuses does not run (exit 126); one
+that cannot be found does not either (127). A paused session must be resumed first.
+The command starts in the session's workdir, with the session's environment; roostctl
+exits with its code (128+N when signal N ended it), or 1 when it could not be run at all.
+Each exec is recorded in the session's events and its trace.`,
+		Example: `  roostctl exec ses_0193 -- ls -la
+  roostctl exec -w src -e DEBUG=1 ses_0193 -- make test
+  roostctl exec -i ses_0193 -- sh -c 'wc -l' < notes.txt
+  roostctl exec -it ses_0193 -- sh`,
+		Args: minArgs(2, "a SESSION and a COMMAND"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			// Flags stop at SESSION, so a "--" after it is still an argument here.
+			argv := args[1:]
+			if argv[0] == "--" {
+				argv = argv[1:]
+			}
+			if len(argv) == 0 {
+				return usageError{errors.New("exec takes a COMMAND after SESSION; see roostctl exec --help")}
+			}
+			return a.exec(cmd.Context(), args[0], argv, execFlags{
+				stdin: opts.interactive, tty: opts.tty, env: opts.env, workdir: opts.workdir,
+			})
+		},
+	}
+	// Flags after SESSION belong to the command: roostctl exec S ls -la.
+	cmd.Flags().SetInterspersed(false)
+	cmd.Flags().BoolVarP(&opts.interactive, "interactive", "i", false, "keep stdin open and send it to the command")
+	cmd.Flags().BoolVarP(&opts.tty, "tty", "t", false, "run the command on a terminal of its own (output then comes on stdout)")
+	cmd.Flags().StringArrayVarP(&opts.env, "env", "e", nil, "set NAME=VALUE over the session's environment (repeatable)")
+	cmd.Flags().StringVarP(&opts.workdir, "workdir", "w", "", "working directory in the session's view (default its workdir)")
+	return cmd
+}
+
+type execFlags struct {
+	stdin, tty bool
+	env        []string
+	workdir    string
+}
+
+// exec runs the command and returns its exit code as roostctl's.
+func (a *app) exec(ctx context.Context, id string, argv []string, f execFlags) error {
+	for _, kv := range f.env {
+		if name, _, ok := strings.Cut(kv, "="); !ok || name == "" {
+			return usageError{fmt.Errorf("-e %q: want NAME=VALUE", kv)}
+		}
+	}
+	c, err := a.sessions()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.Exec(ctx)
+	if err != nil {
+		return err
+	}
+	// Sends come from the stdin copier, the resize watcher and here: gRPC allows one sender.
+	var sendMu sync.Mutex
+	send := func(req *roostv1.ExecRequest) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		return stream.Send(req)
+	}
+
+	in := int(os.Stdin.Fd())
+	local := f.tty && term.IsTerminal(in)
+	start := &roostv1.ExecStart{Id: id, Command: argv, Stdin: f.stdin, Tty: f.tty, Env: f.env, Cwd: f.workdir}
+	if f.tty {
+		start.Size = terminalSize()
+	}
+	if err := send(&roostv1.ExecRequest{Msg: &roostv1.ExecRequest_Start{Start: start}}); err != nil {
+		return recvErr(stream, err)
+	}
+	if !f.stdin && !f.tty {
+		// Nothing more to say: stdin stays empty, and no terminal resizes.
+		_ = stream.CloseSend()
+	}
+
+	started := false
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = errors.New("roostd ended the exec without saying how the command ended")
+			}
+			return err
+		}
+		switch m := resp.GetMsg().(type) {
+		case *roostv1.ExecResponse_Started:
+			if started {
+				continue
+			}
+			started = true
+			if local {
+				// Keys go to the command as typed (^C included): its terminal interprets them.
+				state, err := term.MakeRaw(in)
+				if err == nil {
+					defer term.Restore(in, state)
+				}
+				stopResize := watchResize(send)
+				defer stopResize()
+			}
+			if f.stdin {
+				go copyStdin(send)
+			}
+		case *roostv1.ExecResponse_Stdout:
+			_, _ = os.Stdout.Write(m.Stdout)
+		case *roostv1.ExecResponse_Stderr:
+			_, _ = os.Stderr.Write(m.Stderr)
+		case *roostv1.ExecResponse_Exit:
+			code := int(m.Exit.GetExitCode())
+			if !started {
+				// It never ran: the detail says why (refused by shell.allow, not found).
+				return withCode(max(code, exitFailure), errors.New(m.Exit.GetDetail()))
+			}
+			return withCode(code, nil)
+		}
+	}
+}
+
+// recvErr is the error that ended a stream whose send failed: gRPC reports the reason on
+// the receiving side.
+func recvErr(stream roostv1.SessionService_ExecClient, sendErr error) error {
+	if _, err := stream.Recv(); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	return sendErr
+}
+
+// copyStdin sends roostctl's stdin to the command, then its end.
+func copyStdin(send func(*roostv1.ExecRequest) error) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := os.Stdin.Read(buf)
+		if n > 0 {
+			if send(&roostv1.ExecRequest{Msg: &roostv1.ExecRequest_Stdin{Stdin: append([]byte(nil), buf[:n]...)}}) != nil {
+				return
+			}
+		}
+		if err != nil {
+			_ = send(&roostv1.ExecRequest{Msg: &roostv1.ExecRequest_CloseStdin{CloseStdin: true}})
+			return
+		}
+	}
+}
+
+// terminalSize is the local terminal's size (stdin's, else stdout's); nil when neither is
+// one.
+func terminalSize() *roostv1.TerminalSize {
+	for _, fd := range []int{int(os.Stdin.Fd()), int(os.Stdout.Fd())} {
+		if cols, rows, err := term.GetSize(fd); err == nil && rows > 0 && cols > 0 {
+			return &roostv1.TerminalSize{Rows: uint32(rows), Cols: uint32(cols)}
+		}
+	}
+	return nil
+}
+
+// watchResize sends the local terminal's new size on every SIGWINCH until stopped.
+func watchResize(send func(*roostv1.ExecRequest) error) (stop func()) {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGWINCH)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-sigs:
+				if size := terminalSize(); size != nil {
+					_ = send(&roostv1.ExecRequest{Msg: &roostv1.ExecRequest_Resize{Resize: size}})
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(sigs)
+		close(done)
+	}
 }

@@ -2,12 +2,15 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"os"
 	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
@@ -48,13 +51,21 @@ called SESSION.`,
 			}
 			e := resp.GetExplanation()
 			if oci {
+				// On stderr, first: stdout stays the spec alone, for a file or another
+				// runtime, while whoever reads the terminal learns it is not this
+				// capsule's own class.
+				if note := ociNote(e); note != "" {
+					for _, line := range wrapText("roostctl: note: "+note, explainWidth(cmd.ErrOrStderr())) {
+						fmt.Fprintln(cmd.ErrOrStderr(), line)
+					}
+				}
 				fmt.Fprintln(cmd.OutOrStdout(), resp.GetOciConfig())
 				return nil
 			}
 			if asJSON {
 				return printJSON(cmd.OutOrStdout(), e)
 			}
-			printExplanation(cmd, e)
+			printExplanation(cmd.OutOrStdout(), e, explainWidth(cmd.OutOrStdout()))
 			return nil
 		},
 	}
@@ -65,42 +76,113 @@ called SESSION.`,
 	return cmd
 }
 
-func printExplanation(cmd *cobra.Command, e *roostv1.Explanation) {
-	out := cmd.OutOrStdout()
+// explainWidth is the width explain wraps its human output to: the terminal's, or 100
+// columns when stdout is not a terminal (a pager, a file, a pipe).
+func explainWidth(out io.Writer) int {
+	if f, ok := out.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		if w, _, err := term.GetSize(int(f.Fd())); err == nil && w >= 40 {
+			return w
+		}
+	}
+	return 100
+}
+
+// ociNote says, when the capsule would not run sealed, that the spec shown is a sealed
+// session's and what this capsule would run as instead, and why; "" when it would run sealed.
+func ociNote(e *roostv1.Explanation) string {
+	d := e.GetContainment()
+	const shown = "the OCI spec shown is what a sealed session of this capsule would run with"
+	if !d.GetFloorMet() {
+		return fmt.Sprintf("%s; this capsule would not run at all here: %s", shown, d.GetShortfallReason())
+	}
+	if d.GetAchieved() == "sealed" {
+		return ""
+	}
+	var from []string
+	for _, s := range d.GetSources() {
+		if s.GetClass() == d.GetDeclared() {
+			from = append(from, s.GetSource())
+		}
+	}
+	return fmt.Sprintf("%s, but this capsule would run %s, not sealed: its containment floor is %s (from %s), and a session runs at exactly its floor; explain --oci --containment sealed shows the spec it would run with under run --containment sealed",
+		shown, d.GetAchieved(), d.GetDeclared(), strings.Join(from, ", "))
+}
+
+// labelWidth is the width of explain's labels ("capsule", "shell.allow"), the hanging
+// indent of their text.
+const labelWidth = 13
+
+// field prints one labelled line, wrapped to width with the text's continuation lines
+// indented under its start.
+func field(out io.Writer, label, text string, width int) {
+	for i, line := range wrapText(text, width-labelWidth) {
+		if i > 0 {
+			label = ""
+		}
+		fmt.Fprintf(out, "%-*s%s\n", labelWidth, label, line)
+	}
+}
+
+// wrapText breaks s at spaces into lines of at most width columns; a word longer than
+// width (a digest, a path) keeps a line of its own.
+func wrapText(s string, width int) []string {
+	width = max(width, 20)
+	var lines []string
+	var cur strings.Builder
+	n := 0
+	for _, word := range strings.Fields(s) {
+		w := utf8.RuneCountInString(word)
+		if n > 0 && n+1+w > width {
+			lines = append(lines, cur.String())
+			cur.Reset()
+			n = 0
+		}
+		if n > 0 {
+			cur.WriteByte(' ')
+			n++
+		}
+		cur.WriteString(word)
+		n += w
+	}
+	if n > 0 || len(lines) == 0 {
+		lines = append(lines, cur.String())
+	}
+	return lines
+}
+
+func printExplanation(out io.Writer, e *roostv1.Explanation, width int) {
 	c := e.GetCapsule()
 	d := e.GetContainment()
-	fmt.Fprintf(out, "capsule      %s@%s  %s\n", c.GetName(), c.GetVersion(), c.GetSha256())
-	fmt.Fprintf(out, "source       %s\n", c.GetSource())
-	fmt.Fprintf(out, "floor        %s  (", d.GetDeclared())
-	for i, s := range d.GetSources() {
-		if i > 0 {
-			fmt.Fprint(out, ", ")
-		}
-		fmt.Fprintf(out, "%s: %s", s.GetSource(), s.GetClass())
+	field(out, "capsule", fmt.Sprintf("%s@%s  %s", c.GetName(), c.GetVersion(), c.GetSha256()), width)
+	field(out, "source", c.GetSource(), width)
+	var from []string
+	for _, s := range d.GetSources() {
+		from = append(from, fmt.Sprintf("%s: %s", s.GetSource(), s.GetClass()))
 	}
-	fmt.Fprintln(out, ")")
+	field(out, "floor", fmt.Sprintf("%s  (%s)", d.GetDeclared(), strings.Join(from, ", ")), width)
 	if d.GetFloorMet() {
-		fmt.Fprintf(out, "achieved     %s\n", d.GetAchieved())
-		fmt.Fprintf(out, "mechanism    %s\n", d.GetMechanism())
+		field(out, "achieved", d.GetAchieved(), width)
+		field(out, "mechanism", d.GetMechanism(), width)
 	} else {
-		fmt.Fprintf(out, "achieved     none: staging would be refused\n")
-		fmt.Fprintf(out, "shortfall    %s\n", d.GetShortfallReason())
+		field(out, "achieved", "none: staging would be refused", width)
+		field(out, "shortfall", d.GetShortfallReason(), width)
 	}
 	if id := e.GetIdentity(); id != nil {
 		switch {
 		case id.GetHostRoot():
-			fmt.Fprintln(out, "runs as      host root: roostd's sessions.allow_root names this capsule")
+			field(out, "runs as", "host root: roostd's sessions.allow_root names this capsule", width)
 		case d.GetAchieved() == "sealed" || !d.GetFloorMet() && d.GetDeclared() == "sealed":
-			fmt.Fprintf(out, "runs as      root in a user namespace mapping ids 0-%d onto a host uid range of its own (allocated at stage)\n", id.GetSize()-1)
+			field(out, "runs as", fmt.Sprintf("root in a user namespace mapping ids 0-%d onto a host uid range of its own (allocated at stage)", id.GetSize()-1), width)
 		default:
-			fmt.Fprintln(out, "runs as      an unprivileged host uid of its own (allocated at stage), no capabilities, no_new_privs")
+			field(out, "runs as", "an unprivileged host uid of its own (allocated at stage), no capabilities, no_new_privs", width)
 		}
 	}
-	if r := e.GetReadable(); len(r) > 0 {
-		fmt.Fprintf(out, "reads        %s\n", strings.Join(r, "; "))
+	// One item a line: each is a sentence of its own, and stays whole when it fits.
+	for i, r := range e.GetReadable() {
+		field(out, map[bool]string{true: "reads"}[i == 0], r, width)
 	}
-	if x := e.GetExecutable(); len(x) > 0 {
-		fmt.Fprintf(out, "executes     %s\n", strings.Join(x, "; "))
+	for i, x := range e.GetExecutable() {
+		field(out, map[bool]string{true: "executes"}[i == 0], x, width)
 	}
 	for i, sh := range e.GetShell() {
 		label := ""
@@ -111,20 +193,62 @@ func printExplanation(cmd *cobra.Command, e *roostv1.Explanation) {
 		for j := len(sh.GetFiles()); j < len(what); j++ {
 			what[j] += "/ (tree)"
 		}
-		fmt.Fprintf(out, "%-12s %s → %s\n", label, sh.GetEntry(), strings.Join(what, " "))
+		field(out, label, fmt.Sprintf("%s → %s", sh.GetEntry(), strings.Join(what, " ")), width)
 	}
 	for i, v := range e.GetEnv() {
 		label := ""
 		if i == 0 {
 			label = "host env"
 		}
-		fmt.Fprintf(out, "%-12s %s: %s (%s)\n", label, v.GetName(), v.GetVerdict(), v.GetReason())
+		field(out, label, fmt.Sprintf("%s: %s (%s)", v.GetName(), v.GetVerdict(), v.GetReason()), width)
 	}
 	fmt.Fprintln(out)
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "GRANT\tVALUE\tENFORCEMENT\tHOW")
+	printGrants(out, e, width)
+}
+
+// valueCap bounds the VALUE column: a longer value (a long list) pushes its row's HOW to
+// the next line rather than widening every row.
+const valueCap = 30
+
+// printGrants prints the grant table: KEY, VALUE and ENFORCEMENT in columns, HOW wrapped
+// to width beneath its own column.
+func printGrants(out io.Writer, e *roostv1.Explanation, width int) {
+	type row struct{ key, value, enf, how string }
+	rows := []row{{"GRANT", "VALUE", "ENFORCEMENT", "HOW"}}
 	for _, g := range e.GetGrants() {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", g.GetKey(), g.GetValue(), orDash(g.GetEnforcement()), g.GetMechanism())
+		// The class's mechanism is said above; its row would say it again in other words.
+		if g.GetKey() == "containment" && e.GetContainment().GetFloorMet() {
+			rows = append(rows, row{g.GetKey(), g.GetValue(), orDash(g.GetEnforcement()), "the mechanism above"})
+			continue
+		}
+		rows = append(rows, row{g.GetKey(), g.GetValue(), orDash(g.GetEnforcement()), g.GetMechanism()})
 	}
-	tw.Flush()
+	var wk, wv, we int
+	for _, r := range rows {
+		wk = max(wk, utf8.RuneCountInString(r.key))
+		if n := utf8.RuneCountInString(r.value); n <= valueCap {
+			wv = max(wv, n)
+		}
+		we = max(we, utf8.RuneCountInString(r.enf))
+	}
+	indent := wk + 2 + wv + 2 + we + 2
+	how := width - indent
+	if how < 30 {
+		// Too narrow for a HOW column: HOW goes beneath each row, indented.
+		indent, how = 4, width-4
+	}
+	for _, r := range rows {
+		head := fmt.Sprintf("%-*s  %-*s  %-*s  ", wk, r.key, wv, r.value, we, r.enf)
+		lines := wrapText(r.how, how)
+		if n := utf8.RuneCountInString(head); n > indent {
+			fmt.Fprintln(out, strings.TrimRight(head, " "))
+			head = ""
+		}
+		for i, line := range lines {
+			if i > 0 || head == "" {
+				head = strings.Repeat(" ", indent)
+			}
+			fmt.Fprintln(out, head+line)
+		}
+	}
 }

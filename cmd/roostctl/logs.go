@@ -1,63 +1,207 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 )
 
+// logTimeLayout is RFC 3339 with nanoseconds always nine digits (time.RFC3339Nano drops
+// trailing zeros): prefixes line up, and sort as text as they do as times.
+const logTimeLayout = "2006-01-02T15:04:05.000000000Z07:00"
+
 func (a *app) logsCommand() *cobra.Command {
-	var follow bool
+	var o logsOptions
+	var tail, since string
 	cmd := &cobra.Command{
 		Use:   "logs SESSION",
 		Short: "Print a session's output",
 		Long: `logs prints what the session's program wrote: stdout to stdout, stderr to stderr.
-With -f it keeps printing until the session ends.
+With -f it keeps printing until the session ends; if it loses roostd meanwhile (a restart,
+a crash) it says so on stderr, waits for roostd and resumes where it stopped, so every byte
+is printed exactly once.
+--tail N prints only each stream's last N lines (then, with -f, what follows); --since only
+what was written at or after a time, or within a duration before now; -t starts each line
+with the time its first byte was written (RFC 3339, nanoseconds). roost-init records those
+times as it takes the output from the program, to the millisecond; sessions from before it
+did have no times: their lines get no prefix, and --since judges them by their files.
 Each stream is kept within the capsule's resources.log_max_bytes: its first bytes and its
 newest. Where bytes were dropped between them a line says how many:
   --- roost: 123456 bytes of stdout dropped here (resources.log_max_bytes 67108864) ---
 inspect shows, per stream, the bytes written and dropped.`,
+		Example: `  roostctl logs ses_01a2                      # everything kept
+  roostctl logs -f --tail 20 ses_01a2         # the last 20 lines of each stream, then follow
+  roostctl logs --since 10m -t ses_01a2       # the last ten minutes, each line timed
+  roostctl logs --since 2025-05-01T12:00:00Z ses_01a2`,
 		Args: exactArgs(1, "one SESSION"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.copyLogs(cmd.Context(), args[0], follow, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			if cmd.Flags().Changed("tail") && tail != "all" {
+				n, err := strconv.ParseInt(tail, 10, 64)
+				if err != nil || n < 0 {
+					return usageError{fmt.Errorf("--tail %q: give a number of lines, 0 or more, or all", tail)}
+				}
+				o.tail = &n
+			}
+			if since != "" {
+				t, err := parseSince(since, time.Now())
+				if err != nil {
+					return usageError{err}
+				}
+				o.since = t
+			}
+			return a.streamLogs(cmd.Context(), args[0], o, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
-	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing output until the session ends")
+	cmd.Flags().BoolVarP(&o.follow, "follow", "f", false, "keep printing output until the session ends")
+	cmd.Flags().StringVar(&tail, "tail", "all", "print only each stream's last `N` lines")
+	cmd.Flags().StringVar(&since, "since", "", "print only output written at or after `T`: RFC 3339, or a duration before now")
+	cmd.Flags().BoolVarP(&o.timestamps, "timestamps", "t", false, "start each line with when it was written")
 	return cmd
 }
 
-// copyLogs streams a session's output to stdout and stderr.
+// parseSince reads --since: a time in RFC 3339 (fractional seconds allowed), or a duration
+// that far before now.
+func parseSince(s string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+		return now.Add(-d), nil
+	}
+	return time.Time{}, fmt.Errorf("--since %q: give a time in RFC 3339 (e.g. 2025-05-01T12:00:00Z) or a duration before now (e.g. 90s, 10m, 2h)", s)
+}
+
+// logsOptions is what logs (and run) ask of a session's output.
+type logsOptions struct {
+	follow, timestamps bool
+	tail               *int64
+	since              time.Time
+}
+
+// copyLogs streams all of a session's output to stdout and stderr (with follow, until it
+// ends, across roostd restarts).
 func (a *app) copyLogs(ctx context.Context, id string, follow bool, stdout, stderr io.Writer) error {
+	return a.streamLogs(ctx, id, logsOptions{follow: follow}, stdout, stderr)
+}
+
+// streamLogs prints a session's output as o asks. Following, a lost roostd is waited for
+// and the stream resumed at the offsets reached: roost-init's files are still there, so
+// nothing is lost or printed twice (unless the cap dropped it meanwhile: then the marker
+// says so).
+func (a *app) streamLogs(ctx context.Context, id string, o logsOptions, stdout, stderr io.Writer) error {
 	c, err := a.sessions()
 	if err != nil {
 		return err
 	}
-	stream, err := c.Logs(ctx, &roostv1.LogsRequest{Id: id, Follow: follow})
+	req := &roostv1.LogsRequest{Id: id, Follow: o.follow, Timestamps: o.timestamps, Tail: o.tail}
+	if !o.since.IsZero() {
+		req.Since = timestamppb.New(o.since)
+	}
+	if o.follow {
+		// Only a roostd that was there is waited for: one that cannot be reached at all,
+		// or a session it does not know, is said at once.
+		if _, err := c.Get(ctx, &roostv1.GetRequest{Id: id}); err != nil {
+			return err
+		}
+	}
+	p := &logPrinter{out: [2]io.Writer{stdout, stderr}, timestamps: o.timestamps}
+	var opts []grpc.CallOption
+	for {
+		err := p.copy(ctx, c, req, opts...)
+		if err == nil || !o.follow || status.Code(err) != codes.Unavailable {
+			return err
+		}
+		fmt.Fprintf(stderr, "roostctl: lost roostd (%s); resuming once it is back\n", status.Convert(err).Message())
+		if p.received {
+			// roostd sends where each stream begins before any output: from here on the
+			// offsets say it all, and a tail counted again would count newer lines.
+			req.Tail = nil
+			req.StdoutOffset, req.StderrOffset = p.next[0], p.next[1]
+		}
+		opts = []grpc.CallOption{grpc.WaitForReady(true)}
+	}
+}
+
+// logPrinter writes a session's output as it arrives, remembering where each stream is.
+type logPrinter struct {
+	out        [2]io.Writer
+	timestamps bool
+	// next is, per stream, the offset past the last byte received; received says anything
+	// (output, or where a stream begins) was.
+	next     [2]int64
+	received bool
+	// midLine says a stream's last byte printed did not end a line: what follows gets no
+	// time of its own.
+	midLine [2]bool
+	buf     []byte
+}
+
+func (p *logPrinter) copy(ctx context.Context, c roostv1.SessionServiceClient, req *roostv1.LogsRequest, opts ...grpc.CallOption) error {
+	stream, err := c.Logs(ctx, req, opts...)
 	if err != nil {
 		return err
 	}
 	for {
-		chunk, err := stream.Recv()
+		resp, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {
 			return err
 		}
-		w := stdout
-		if chunk.GetStream() == "stderr" {
-			w = stderr
-		}
-		if _, err := w.Write(chunk.GetData()); err != nil {
+		if err := p.print(resp); err != nil {
 			if errors.Is(err, syscall.EPIPE) {
 				return nil
 			}
 			return err
 		}
 	}
+}
+
+func (p *logPrinter) print(resp *roostv1.LogsResponse) error {
+	i := 0
+	if resp.GetStream() == "stderr" {
+		i = 1
+	}
+	p.received = true
+	data := resp.GetData()
+	if resp.GetOffset() >= 0 {
+		p.next[i] = resp.GetOffset() + int64(len(data))
+	}
+	if len(data) == 0 {
+		return nil
+	}
+	out := data
+	if p.timestamps && resp.GetTime() != nil {
+		prefix := resp.GetTime().AsTime().Local().Format(logTimeLayout) + " "
+		p.buf = p.buf[:0]
+		for rest, mid := data, p.midLine[i]; len(rest) > 0; mid = false {
+			if !mid {
+				p.buf = append(p.buf, prefix...)
+			}
+			line, after, found := bytes.Cut(rest, []byte{'\n'})
+			p.buf = append(p.buf, line...)
+			if found {
+				p.buf = append(p.buf, '\n')
+			}
+			rest = after
+		}
+		out = p.buf
+	}
+	p.midLine[i] = data[len(data)-1] != '\n'
+	_, err := p.out[i].Write(out)
+	return err
 }

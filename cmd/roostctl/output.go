@@ -142,6 +142,7 @@ func printSession(w io.Writer, s *roostv1.Session) {
 		}
 	}
 	row("id", s.GetId())
+	row("name", s.GetName())
 	row("capsule", s.GetCapsule().GetName()+"@"+s.GetCapsule().GetVersion())
 	row("sha256", strings.TrimPrefix(s.GetCapsule().GetSha256(), "sha256:"))
 	row("source", s.GetCapsule().GetSource())

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bufio"
 	"fmt"
+	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
@@ -13,17 +17,33 @@ import (
 
 func (a *app) pruneCommand() *cobra.Command {
 	var until time.Duration
-	var dryRun, asJSON bool
+	var dryRun, asJSON, force bool
 	cmd := &cobra.Command{
 		Use:   "prune",
-		Short: "Remove ended sessions now: all of them, or those ended before --until",
+		Short: "Remove ended sessions now: all of them, or those that ended over --until ago",
 		Long: `prune removes every ended session, or with --until DUR those that ended more than DUR
-ago, each as rm does: its registry entry, its records directory, its home and the workdir
-roost made for it (a --workdir given to run is handed back, never removed). Staged and live
-sessions stay, and so does an ended session a live session descends from. The registry's
-event log is then compacted to the sessions that remain, so events --since an older
-sequence number fails, naming the oldest event kept.
---dry-run removes nothing and lists what would go. With --json it prints the whole answer.`,
+ago, each as rm does: its registry entry, its records directory (logs, trace, exit status),
+its home and the workdir roost made for it (a --workdir given to run is handed back, never
+removed). Staged and live sessions stay, and so does an ended session a live session
+descends from (each kept one is named on stderr, with why). The registry's event log is then
+compacted to the sessions that remain, so events --since an older sequence number fails,
+naming the oldest event kept; and the artifact store's capsule copies that no remaining
+session records and no name@version names (see artifacts rm) are deleted.
+
+roostd --retain-ended N and --retain-for DUR do the same by themselves, as sessions end;
+prune is for a host that keeps every session (the default) or for now rather than later.
+
+Records are audit material, and what prune removes is gone for good. So when its stdin is a
+terminal, prune lists what it would remove and asks before removing it, unless --force (-f)
+or --dry-run; from a script (stdin not a terminal) it never asks. Sessions that end between
+the question and the answer go too.
+
+--dry-run removes nothing and lists what would go. With --json it prints the whole answer:
+removed and kept sessions (id, capsule, ended_at, exit_status, bytes, kept_because), bytes,
+events_compacted.`,
+		Example: `  roostctl prune --dry-run
+  roostctl prune --until 24h
+  roostctl prune -f --json`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if until < 0 {
@@ -37,24 +57,21 @@ sequence number fails, naming the oldest event kept.
 			if until > 0 {
 				req.Until = durationpb.New(until)
 			}
+			out := cmd.OutOrStdout()
+			if !dryRun && !force && isTerminal(cmd.InOrStdin()) {
+				ok, err := a.confirmPrune(cmd, c, req)
+				if err != nil || !ok {
+					return err
+				}
+			}
 			resp, err := c.Prune(cmd.Context(), req)
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp)
+				return printJSON(out, resp)
 			}
-			out := cmd.OutOrStdout()
-			if len(resp.GetRemoved()) > 0 {
-				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "SESSION\tCAPSULE\tENDED\tSTATUS\tSIZE")
-				for _, s := range resp.GetRemoved() {
-					fmt.Fprintf(tw, "%s\t%s@%s\t%s\t%s\t%s\n", s.GetId(), s.GetCapsule().GetName(), s.GetCapsule().GetVersion(), ago(s.GetEndedAt()), orDash(s.GetExitStatus()), bytesIEC(s.GetBytes()))
-				}
-				if err := tw.Flush(); err != nil {
-					return err
-				}
-			}
+			printPruned(out, resp.GetRemoved())
 			n := len(resp.GetRemoved())
 			switch {
 			case dryRun:
@@ -70,8 +87,49 @@ sequence number fails, naming the oldest event kept.
 	}
 	cmd.Flags().DurationVar(&until, "until", 0, "only sessions that ended more than this long ago (e.g. 24h); default every ended session")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "remove nothing; list what would be removed")
+	cmd.Flags().BoolVarP(&force, "force", "f", false, "do not ask, even on a terminal")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the answer as JSON")
 	return cmd
+}
+
+// printPruned lists sessions prune removed (or would remove).
+func printPruned(w io.Writer, list []*roostv1.PrunedSession) {
+	if len(list) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SESSION\tCAPSULE\tENDED\tSTATUS\tSIZE")
+	for _, s := range list {
+		fmt.Fprintf(tw, "%s\t%s@%s\t%s\t%s\t%s\n", s.GetId(), s.GetCapsule().GetName(), s.GetCapsule().GetVersion(), ago(s.GetEndedAt()), orDash(s.GetExitStatus()), bytesIEC(s.GetBytes()))
+	}
+	tw.Flush()
+}
+
+// confirmPrune asks the person at the terminal whether to remove what a dry run of req
+// lists; true to go on. Nothing to remove needs no answer (prune still compacts the log and
+// collects capsule copies). Anything but y or yes is no, and no is not a failure: nothing
+// was asked of roostd that it refused.
+func (a *app) confirmPrune(cmd *cobra.Command, c roostv1.SessionServiceClient, req *roostv1.PruneRequest) (bool, error) {
+	dry := proto.CloneOf(req)
+	dry.DryRun = true
+	resp, err := c.Prune(cmd.Context(), dry)
+	if err != nil {
+		return false, err
+	}
+	n := len(resp.GetRemoved())
+	if n == 0 {
+		return true, nil
+	}
+	stderr := cmd.ErrOrStderr()
+	printPruned(stderr, resp.GetRemoved())
+	fmt.Fprintf(stderr, "Remove these %d ended %s (%s) with their records, for good? [y/N] ", n, plural(n, "session"), bytesIEC(resp.GetBytes()))
+	answer, _ := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
+	switch strings.ToLower(strings.TrimSpace(answer)) {
+	case "y", "yes":
+		return true, nil
+	}
+	fmt.Fprintln(stderr, "nothing removed")
+	return false, nil
 }
 
 func plural(n int, word string) string {

@@ -24,6 +24,7 @@ type stageFlags struct {
 	deadline    time.Duration
 	containment string
 	json        bool
+	name        string
 }
 
 func (f *stageFlags) register(cmd *cobra.Command) {
@@ -31,6 +32,7 @@ func (f *stageFlags) register(cmd *cobra.Command) {
 	cmd.Flags().DurationVar(&f.deadline, "deadline", 0, "end the session after DUR (whole seconds); can only lower limits.deadline_seconds")
 	cmd.Flags().StringVar(&f.containment, "containment", "", "require at least this class: unconfined, advisory, scoped or sealed")
 	cmd.Flags().BoolVar(&f.json, "json", false, "print the session record as JSON")
+	cmd.Flags().StringVar(&f.name, "name", "", "give the session a `NAME` every command takes: [a-z0-9][a-z0-9_.-]*, at most 64 bytes, unique until rm")
 }
 
 // capsuleArg is what the daemon is told a CAPSULE argument names: a pushed capsule's
@@ -51,7 +53,8 @@ func (f *stageFlags) request(capsule string) (*roostv1.StageRequest, error) {
 	if err != nil {
 		return nil, err
 	}
-	req := &roostv1.StageRequest{Capsule: abs, Containment: f.containment}
+	// roostd checks the name (and says what is wrong with it): one rule, in one place.
+	req := &roostv1.StageRequest{Capsule: abs, Containment: f.containment, Name: f.name}
 	if f.workdir != "" {
 		if req.Workdir, err = filepath.Abs(f.workdir); err != nil {
 			return nil, err
@@ -186,7 +189,8 @@ it prints the session record as JSON instead of the program's output (the final 
 unless --detach).`,
 		Example: `  roostctl run examples/hello
   roostctl run --deadline 30s --workdir ./out examples/hello
-  roostctl run --detach examples/hello && roostctl ps`,
+  roostctl run --detach examples/hello && roostctl ps
+  roostctl run --name web -d examples/countdown && roostctl logs -f web`,
 		Args: exactArgs(1, "one CAPSULE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.run(cmd, &f, detach, args[0])
@@ -213,7 +217,7 @@ func (a *app) run(cmd *cobra.Command, f *stageFlags, detach bool, capsule string
 	signal.Notify(interrupts, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(interrupts)
 
-	launched, err := c.Launch(ctx, &roostv1.LaunchRequest{Id: staged.GetId()})
+	launched, err := launchShowingWait(ctx, c, cmd.ErrOrStderr(), &roostv1.LaunchRequest{Id: staged.GetId()})
 	if err != nil {
 		return withCode(exitNoLaunch, fmt.Errorf("session %s: %w", staged.GetId(), err))
 	}

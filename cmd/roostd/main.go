@@ -154,17 +154,25 @@ func run(args []string) int {
 	sm.startWatchdog()
 	started := time.Now()
 	raiseOpenFiles(log)
-	if err := serve(o, log, sm); err != nil {
+	// stopping is when the shutdown began (a signal, or the API failing); zero when serve
+	// never got to serve.
+	var stopping time.Time
+	err = serve(o, log, sm, &stopping)
+	attrs := []any{"uptime", time.Since(started).Round(time.Millisecond).String()}
+	if !stopping.IsZero() {
+		attrs = append(attrs, "shutdown", time.Since(stopping).Round(time.Millisecond).String())
+	}
+	if err != nil {
 		sm.status("failed: " + err.Error())
-		// The one place a fatal error is said.
-		log.Error("roostd stopped", "err", err, "exit_code", 1, "uptime", time.Since(started).Round(time.Millisecond).String())
+		// The one place a fatal error is said, and roostd's last line.
+		log.Error("roostd stopped", append([]any{"err", err, "exit_code", 1}, attrs...)...)
 		return 1
 	}
-	log.Info("roostd stopped", "exit_code", 0, "uptime", time.Since(started).Round(time.Millisecond).String())
+	log.Info("roostd stopped", append([]any{"exit_code", 0}, attrs...)...)
 	return 0
 }
 
-func serve(o *options, log *slog.Logger, sm *serviceManager) error {
+func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time) error {
 	var floor manifest.Class
 	if o.containment != "" {
 		c, err := manifest.ParseClass(o.containment)
@@ -386,9 +394,11 @@ func serve(o *options, log *slog.Logger, sm *serviceManager) error {
 	for {
 		select {
 		case sig := <-sigs:
+			*stopping = time.Now()
 			log.Info("shutting down; sessions keep running", "signal", sig.String())
 			sm.stopping("stopping; sessions keep running")
 		case err := <-served:
+			*stopping = time.Now()
 			srv.SetNotServing()
 			return fmt.Errorf("the control API stopped serving: %w", err)
 		case <-statusTicker.C:
@@ -405,15 +415,9 @@ func serve(o *options, log *slog.Logger, sm *serviceManager) error {
 		}
 		break
 	}
-	srv.SetNotServing()
-	// Stop accepting, let short RPCs finish; followers of logs and events are cut off.
-	stopped := make(chan struct{})
-	go func() { srv.GracefulStop(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-time.After(2 * time.Second):
-		srv.Stop()
-	}
+	// Stop accepting; followers of logs and events end at once (Unavailable: they resume
+	// against the next daemon), other RPCs get a moment to finish.
+	srv.Shutdown(shutdownGrace)
 	if metricsSrv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = metricsSrv.Shutdown(ctx)
@@ -421,6 +425,10 @@ func serve(o *options, log *slog.Logger, sm *serviceManager) error {
 	}
 	return nil
 }
+
+// shutdownGrace bounds how long a stopping roostd waits for RPCs in flight (a stage, a
+// wait) before it closes their connections.
+const shutdownGrace = 2 * time.Second
 
 // liveInRegistry counts the sessions the registry lists as live: those recovery will
 // reconcile. It opens the registry and closes it again before session.Open takes it.

@@ -22,7 +22,8 @@ import (
 
 // Store keeps pushed capsules as name@version, content-addressed by their tree's digest:
 // each is an immutable copy under blobs/sha256/<hex>, and the refs naming them live in a
-// bbolt file of the store's own. A name@version, once pushed, names one digest for ever.
+// bbolt file of the store's own. A name@version, once pushed, names one digest until it is
+// removed (Remove); a push never changes what it names.
 //
 //	<dir>/refs.db               bucket "refs": "name@version" → Artifact as JSON (0600)
 //	<dir>/blobs/sha256/<hex>/   a tree, as imported: root's, modes normalised (see DigestDir)
@@ -350,6 +351,38 @@ func (s *Store) Resolve(ref string) (Artifact, error) {
 		return json.Unmarshal(v, &a)
 	})
 	return a, err
+}
+
+// Remove forgets a pushed name@version and returns what it named. Only the ref goes: its
+// tree is a blob like any session's copy, which sessions staged from the ref run from
+// (Session.capsule.dir), so removing it here would pull it from under them. Collect, which
+// the session manager runs with the digests its sessions record, deletes the blob once no
+// session records it and no other ref names it. A later push may name other bytes
+// name@version: the sessions that ran the old ones recorded their digest.
+func (s *Store) Remove(ref string) (Artifact, error) {
+	if _, _, ok := ParseRef(ref); !ok {
+		return Artifact{}, fmt.Errorf("%q is not a pushed capsule's name@version (e.g. worker@0.1.0): %w", ref, errdefs.ErrInvalidArgument)
+	}
+	var a Artifact
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketRefs)
+		v := b.Get([]byte(ref))
+		if v == nil {
+			return fmt.Errorf("no capsule %s has been pushed (roostctl artifacts lists those that have): %w", ref, errdefs.ErrNotFound)
+		}
+		// A damaged entry is still removable: the ref is what the operator wants gone.
+		if err := json.Unmarshal(v, &a); err != nil {
+			a = Artifact{}
+		}
+		return b.Delete([]byte(ref))
+	})
+	if err != nil {
+		return Artifact{}, err
+	}
+	if a.Name == "" {
+		a.Name, a.Version, _ = ParseRef(ref)
+	}
+	return a, nil
 }
 
 // Dir is where an artifact's tree is.

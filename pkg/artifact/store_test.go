@@ -388,3 +388,65 @@ func TestCollect(t *testing.T) {
 		t.Fatalf("import after collect: %+v %v", again, err)
 	}
 }
+
+// Remove forgets the ref alone: the blob stays for the sessions that run it until Collect
+// finds nothing claiming it. The name is free again afterwards.
+func TestRemoveArtifact(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	one, _, err := s.Push(capsuleDir(t, "0.1.0", "#!/bin/sh\necho one\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	two, _, err := s.Push(capsuleDir(t, "0.2.0", "#!/bin/sh\necho two\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Remove("worker@0.1.0")
+	if err != nil || got.SHA256 != one.SHA256 || got.Ref() != "worker@0.1.0" {
+		t.Fatalf("remove: %+v %v", got, err)
+	}
+	if _, err := s.Resolve("worker@0.1.0"); !errdefs.IsNotFound(err) {
+		t.Fatalf("resolve after remove: %v", err)
+	}
+	if list, _ := s.List(); len(list) != 1 || list[0].Ref() != "worker@0.2.0" {
+		t.Fatalf("list after remove: %+v", list)
+	}
+	// A session staged from it still runs from the blob: a Collect that finds it claimed
+	// keeps it, one that does not removes it.
+	if _, err := os.Stat(s.Dir(one)); err != nil {
+		t.Fatalf("the blob went with the ref: %v", err)
+	}
+	if n, err := s.Collect(func(d string) bool { return d == one.SHA256 }); err != nil || n != 0 {
+		t.Fatalf("collect with the blob claimed: %d %v", n, err)
+	}
+	if _, err := os.Stat(s.Dir(one)); err != nil {
+		t.Fatalf("a claimed blob was collected: %v", err)
+	}
+	if n, err := s.Collect(nil); err != nil || n != 1 {
+		t.Fatalf("collect: %d %v", n, err)
+	}
+	if _, err := os.Stat(s.Dir(one)); !os.IsNotExist(err) {
+		t.Fatalf("the unnamed, unclaimed blob stayed: %v", err)
+	}
+	if _, err := os.Stat(s.Dir(two)); err != nil {
+		t.Fatalf("the other ref's blob went: %v", err)
+	}
+
+	if _, err := s.Remove("worker@0.1.0"); !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "worker@0.1.0") {
+		t.Fatalf("remove of a removed ref: %v", err)
+	}
+	for _, bad := range []string{"", "worker", "./worker@0.1.0", "Worker@1.0.0", "worker@"} {
+		if _, err := s.Remove(bad); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("remove %q: %v", bad, err)
+		}
+	}
+	// The name is free: other bytes may be pushed under it.
+	again, created, err := s.Push(capsuleDir(t, "0.1.0", "#!/bin/sh\necho three\n"))
+	if err != nil || !created || again.SHA256 == one.SHA256 {
+		t.Fatalf("push after remove: %+v %v %v", again, created, err)
+	}
+}

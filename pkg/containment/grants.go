@@ -205,7 +205,7 @@ func plainGrants(class manifest.Class, p *manifest.Policy, asRoot bool) []Grant 
 		nproc = [2]string{Advisory, "RLIMIT_NPROC is set, but the kernel does not apply it to root, which this session runs as (sessions.allow_root)"}
 		containment = [2]string{Enforced, "the class this session runs under: a plain process tree as host root, which roostd's sessions.allow_root allows for this capsule"}
 	}
-	return with(common, hold{
+	return with(with(common, spawnGrants(Advisory, referee)), hold{
 		"containment":                   containment,
 		"network.allow":                 {Advisory, noKernel + " (no network namespace); the program reaches whatever the host reaches"},
 		"resources.egress_max_bytes":    {NotApplicable, "this class has no egress proxy: the program reaches the network directly"},
@@ -215,14 +215,9 @@ func plainGrants(class manifest.Class, p *manifest.Policy, asRoot bool) []Grant 
 		"filesystem.read_only":          {Advisory, noKernel},
 		"filesystem.host_read":          {NotApplicable, "the host is readable as its uid allows: this class has no Landlock"},
 		"shell.allow":                   {Advisory, noKernel + " (no exec allowlist)"},
-		"spawn.allow":                   {Advisory, referee},
-		"spawn.workdir_snapshot":        {Advisory, referee},
-		"spawn.max_depth":               {Advisory, referee},
-		"spawn.max_children":            {Advisory, referee},
-		"spawn.max_total_children":      {Advisory, referee},
 		"resources.cgroup_memory_bytes": {Advisory, noKernel + " (its cgroup sets no limits)"},
-		"resources.cgroup_pids_max":     {Advisory, noKernel + " (its cgroup sets no limits)"},
-		"resources.cgroup_cpu_percent":  {Advisory, noKernel + " (its cgroup sets no limits)"},
+		"resources.cgroup_pids_max":     {Advisory, "not enforced, as cgroup_memory_bytes"},
+		"resources.cgroup_cpu_percent":  {Advisory, "not enforced, as cgroup_memory_bytes"},
 		"resources.max_processes":       nproc,
 		"resources.memory_bytes":        memoryBytes(class, p),
 		"resources.workdir_max_bytes":   workdirGuard,
@@ -240,7 +235,7 @@ func scopedGrants(p *manifest.Policy) []Grant {
 	if p.Filesystem.Scope == "" && len(p.Filesystem.ReadOnly) > 0 {
 		readOnly = [2]string{Advisory, "Landlock cannot take write access back inside a writable tree: give a scope that leaves these out, or use sealed"}
 	}
-	return with(with(with(common, netnsInference), egress(p)), hold{
+	return with(with(with(with(common, netnsInference), egress(p)), spawnGrants(spawn[0], spawn[1])), hold{
 		"containment":                   {Enforced, "on the host's view, as an unprivileged uid of its own, in a network namespace of its own (loopback and its endpoint only): Landlock (reads only the system trees, its capsule, workdir and TMPDIR), cgroup, seccomp (moby's default profile; no new namespaces, no ptrace), no capabilities, no_new_privs"},
 		"network.unix_sockets":          unix,
 		"filesystem.scope":              {Enforced, "Landlock: only the scope (or the whole workdir) and a private TMPDIR are writable; with a scope, only it and the read_only subtrees of the workdir are readable"},
@@ -248,11 +243,6 @@ func scopedGrants(p *manifest.Policy) []Grant {
 		"filesystem.read_only":          readOnly,
 		"filesystem.host_read":          {Enforced, "Landlock: readable, never writable; only trees roostd's sessions.host_paths offers"},
 		"shell.allow":                   {Enforced, "Landlock EXECUTE: only run.command[0], these (looked up on PATH) and their interpreters, each a regular executable file"},
-		"spawn.allow":                   spawn,
-		"spawn.workdir_snapshot":        spawn,
-		"spawn.max_depth":               spawn,
-		"spawn.max_children":            spawn,
-		"spawn.max_total_children":      spawn,
 		"resources.cgroup_memory_bytes": {Enforced, "cgroup memory limit, swap 0; the OOM killer ends the session (crashed, oom)"},
 		"resources.cgroup_pids_max":     {Enforced, "cgroup pids.max"},
 		"resources.cgroup_cpu_percent":  {Enforced, "cgroup cpu quota per 100ms period"},
@@ -272,7 +262,7 @@ func sealedGrants(p *manifest.Policy) []Grant {
 		exec = [2]string{Enforced, "/work, /tmp, /dev/shm and /root execute what the session puts there; the rest of the root only the allowlist; the user namespace, namespaces, seccomp and cgroup hold whatever runs"}
 	}
 	referee := "the session's endpoint, inside its own network namespace, referees every spawn (spawn.allow, depth, live children, then the child's envelope); roostd's socket is absent from the root"
-	return with(with(with(common, netnsInference), egress(p)), hold{
+	return with(with(with(with(common, netnsInference), egress(p)), spawnGrants(Enforced, referee)), hold{
 		"containment":                   {Enforced, "libcontainer: a user namespace (root inside is an unprivileged uid range of the session's own on the host), mount, pid, ipc, uts, net and cgroup namespaces; a composed read-only root; no capabilities; no_new_privs; seccomp (moby's default profile; no new namespaces, no ptrace)"},
 		"network.unix_sockets":          unix,
 		"filesystem.scope":              {Enforced, "mounts: /work is read-only but for the scope"},
@@ -280,11 +270,6 @@ func sealedGrants(p *manifest.Policy) []Grant {
 		"filesystem.read_only":          {Enforced, "read-only bind mounts over /work"},
 		"filesystem.host_read":          {Enforced, "bound read-only into the root at the same paths; only trees roostd's sessions.host_paths offers"},
 		"shell.allow":                   {Enforced, "Landlock EXECUTE: only run.command[0], these (looked up on PATH inside the root) and their interpreters, each a regular executable file"},
-		"spawn.allow":                   {Enforced, referee},
-		"spawn.workdir_snapshot":        {Enforced, referee},
-		"spawn.max_depth":               {Enforced, referee},
-		"spawn.max_children":            {Enforced, referee},
-		"spawn.max_total_children":      {Enforced, referee},
 		"resources.cgroup_memory_bytes": {Enforced, "cgroup memory limit, swap 0; the OOM killer ends the session (crashed, oom)"},
 		"resources.cgroup_pids_max":     {Enforced, "cgroup pids.max"},
 		"resources.cgroup_cpu_percent":  {Enforced, "cgroup cpu quota per 100ms period"},
@@ -292,6 +277,19 @@ func sealedGrants(p *manifest.Policy) []Grant {
 		"resources.memory_bytes":        memoryBytes(manifest.Sealed, p),
 		"resources.workdir_max_bytes":   {Enforced, workdirGuard[1] + "; /tmp is a tmpfs of at most this size"},
 	}).grants(p)
+}
+
+// spawnGrants: spawn.allow says how spawns are refereed; the other spawn keys say only what
+// that referee does with them, so explain does not print the same sentence five times.
+func spawnGrants(enforcement, referee string) hold {
+	const same = "the referee of spawn.allow "
+	return hold{
+		"spawn.allow":              {enforcement, referee},
+		"spawn.workdir_snapshot":   {enforcement, same + "gives only these children a copy of the parent's workdir"},
+		"spawn.max_depth":          {enforcement, same + "refuses a spawn past this depth (and roostd --max-depth)"},
+		"spawn.max_children":       {enforcement, same + "refuses a spawn past this many live children"},
+		"spawn.max_total_children": {enforcement, same + "refuses a spawn past this many children over the session's life"},
+	}
 }
 
 func scopedWorkdirExec(p *manifest.Policy) [2]string {

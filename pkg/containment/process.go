@@ -99,11 +99,17 @@ func (r *ProcessRuntime) Start(ctx context.Context, spec Spec) (_ Process, retEr
 			_ = r.Cgroups().remove(spec.SessionID)
 		}
 	}()
-	p, err := r.start(ctx, spec, roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, Rlimits: spec.Rlimits, User: user, Report: spec.Runner != ""}, cg)
+	p, err := r.start(ctx, spec, plainExecSpec(spec, user), cg)
 	if err != nil {
 		return nil, err
 	}
 	return p, nil
+}
+
+// plainExecSpec is what roost-exec applies before an unconfined or advisory session's
+// program, and before every command roostctl exec runs in one.
+func plainExecSpec(spec Spec, user *roostinit.User) roostinit.ExecSpec {
+	return roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, Rlimits: spec.Rlimits, User: user, Report: spec.Runner != ""}
 }
 
 // start starts roost-init in the session's cgroup cg (nil: none), with exec as what
@@ -377,8 +383,15 @@ func (p *plainProcess) Signal(sig syscall.Signal) error {
 	return signalGroup(p.ref.PID, sig)
 }
 
-// Usage reads the session's cgroup.
-func (p *plainProcess) Usage() (Usage, error) { return usage(p.cgroup) }
+// Usage reads the session's cgroup, its ceilings too.
+func (p *plainProcess) Usage() (Usage, error) {
+	u, err := usage(p.cgroup)
+	if err != nil {
+		return u, err
+	}
+	u.MemoryLimitBytes, u.PidsLimit = cgroupLimits(p.cgroup)
+	return u, nil
+}
 
 func (p *plainProcess) Exit() (ExitInfo, error) {
 	<-p.watch.done
@@ -405,4 +418,8 @@ type Usage struct {
 	MemoryPeakBytes int64
 	CPUSeconds      float64
 	Pids            int64
+	// MemoryLimitBytes and PidsLimit are the cgroup's ceilings (memory.max, pids.max); 0
+	// when it has none, as an advisory session's cgroup, which holds no limits.
+	MemoryLimitBytes int64
+	PidsLimit        int64
 }

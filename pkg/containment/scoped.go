@@ -114,9 +114,23 @@ func (r *ScopedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	if err != nil {
 		return nil, err
 	}
-	bpf, err := scopedSeccomp(spec.Policy)
+	exec, err := scopedExecSpec(spec, user, tmp)
 	if err != nil {
 		return nil, err
+	}
+	p, err := r.plain.start(ctx, spec, exec, cg)
+	if err != nil {
+		return nil, err
+	}
+	return &scopedProcess{plainProcess: p}, nil
+}
+
+// scopedExecSpec is what roost-exec applies before a scoped session's program, and before
+// every command roostctl exec runs in one; tmp is the session's TMPDIR.
+func scopedExecSpec(spec Spec, user *roostinit.User, tmp string) (roostinit.ExecSpec, error) {
+	bpf, err := scopedSeccomp(spec.Policy)
+	if err != nil {
+		return roostinit.ExecSpec{}, err
 	}
 	// The host's /tmp is shared and not readable here: the session gets its own.
 	env := append(slices.Clone(spec.Env), "TMPDIR="+tmp)
@@ -131,11 +145,7 @@ func (r *ScopedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 		Report:           spec.Runner != "",
 	}
 	exec.Landlock, exec.Mounts = scopedExec(spec, tmp)
-	p, err := r.plain.start(ctx, spec, exec, cg)
-	if err != nil {
-		return nil, err
-	}
-	return &scopedProcess{plainProcess: p}, nil
+	return exec, nil
 }
 
 // scopedSeccomp is the sealed profile for the session's policy, compiled.

@@ -243,10 +243,7 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	}
 	defer io.Close()
 
-	// Inside the root the program runs at /work, its command from the sealed view.
-	// Landlock holds the exec allowlist: the program, shell.allow, and their interpreters.
-	execSpec := roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: sealedWork, Rlimits: spec.Rlimits,
-		Landlock: sealedLandlock(spec), Report: spec.Runner != ""}
+	execSpec := sealedExecSpec(spec)
 	proc := &libcontainer.Process{
 		Args:       []string{sealedInitPath, id},
 		Env:        []string{"PATH=" + defaultPath},
@@ -296,6 +293,15 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 		return nil, err
 	}
 	return &sealedProcess{ref: ref, recordsDir: spec.RecordsDir, watch: w, runtime: r, container: container, proc: proc}, nil
+}
+
+// sealedExecSpec is what roost-exec applies inside a sealed root before the session's
+// program, and before every command roostctl exec runs there. Inside the root the program
+// runs at /work, its command from the sealed view. Landlock holds the exec allowlist: the
+// program, shell.allow, and their interpreters.
+func sealedExecSpec(spec Spec) roostinit.ExecSpec {
+	return roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: sealedWork, Rlimits: spec.Rlimits,
+		Landlock: sealedLandlock(spec), Report: spec.Runner != ""}
 }
 
 // sealedLandlock is the exec allowlist inside a sealed root. What the session can write
@@ -684,10 +690,13 @@ func (p *sealedProcess) Usage() (Usage, error) {
 		return Usage{}, errors.New("no cgroup statistics")
 	}
 	c := stats.CgroupStats
-	return Usage{
+	u := Usage{
 		MemoryBytes:     int64(c.MemoryStats.Usage.Usage),
 		MemoryPeakBytes: int64(c.MemoryStats.Usage.MaxUsage),
 		CPUSeconds:      float64(c.CpuStats.CpuUsage.TotalUsage) / 1e9,
 		Pids:            int64(c.PidsStats.Current),
-	}, nil
+	}
+	// The same read carried the ceilings: no second pass over the cgroup's files.
+	u.MemoryLimitBytes, u.PidsLimit = statsLimits(c)
+	return u, nil
 }

@@ -12,10 +12,18 @@ import (
 func (d *decoder) manifest(n *yaml.Node) *Manifest {
 	m := &Manifest{}
 	var runNode *yaml.Node
+	// runProblems counts what was found wrong inside run: a misspelt or mistyped command
+	// is already reported there, and "it has neither" would only repeat it.
+	runProblems := 0
 	seen := d.mapping(n, "", []field{
 		{"name", set(&m.Name, d.checkedStr(checkName))},
 		{"version", set(&m.Version, d.checkedStr(checkVersion))},
-		{"run", func(n *yaml.Node, p string) { runNode = n; m.Run = d.run(n, p) }},
+		{"run", func(n *yaml.Node, p string) {
+			runNode = n
+			before := len(d.errs)
+			m.Run = d.run(n, p)
+			runProblems = len(d.errs) - before
+		}},
 		{"env", func(n *yaml.Node, p string) { m.Env = d.env(n, p) }},
 		{"inference", func(n *yaml.Node, p string) { m.Inference = d.inference(n, p) }},
 		{"capabilities", func(n *yaml.Node, p string) { m.Capabilities = d.capabilities(n, p) }},
@@ -29,11 +37,14 @@ func (d *decoder) manifest(n *yaml.Node) *Manifest {
 		}
 	}
 	if runNode != nil && runNode.Kind == yaml.MappingNode {
+		// Said at the run key itself: a block mapping's own position is its first child
+		// key, which would put the problem on a line it is not about.
+		at := keyNode(n, "run")
 		switch {
-		case m.Run.Command == nil && m.Run.Wasm == "":
-			d.fail(runNode, "run", "needs exactly one of command or wasm; it has neither")
+		case m.Run.Command == nil && m.Run.Wasm == "" && runProblems == 0:
+			d.fail(at, "run", "needs exactly one of command or wasm; it has neither")
 		case m.Run.Command != nil && m.Run.Wasm != "":
-			d.fail(runNode, "run", "needs exactly one of command or wasm; it has both")
+			d.fail(at, "run", "needs exactly one of command or wasm; it has both")
 		}
 	}
 	return m

@@ -22,6 +22,13 @@ func FuzzParse(f *testing.F) {
 			if !errors.As(err, &me) || len(me.Fields) == 0 || me.Error() == "" {
 				t.Fatalf("refusal is not a populated *Error: %#v", err)
 			}
+			// Problems come in file order, as the operator reads the file.
+			for i := 1; i < len(me.Fields); i++ {
+				a, b := me.Fields[i-1], me.Fields[i]
+				if a.Line > b.Line || a.Line == b.Line && a.Column > b.Column {
+					t.Fatalf("problems out of file order:\n%v", me)
+				}
+			}
 			return
 		}
 		if checkName(m.Name) != nil || checkVersion(m.Version) != nil {

@@ -29,6 +29,14 @@ func Parse(data []byte, file string) (*Manifest, error) {
 	d := &decoder{}
 	m := d.manifest(root)
 	if len(d.errs) > 0 {
+		// The decoder finds problems in schema order (checks across keys come last); the
+		// operator reads the file from the top.
+		slices.SortStableFunc(d.errs, func(a, b *FieldError) int {
+			if a.Line != b.Line {
+				return a.Line - b.Line
+			}
+			return a.Column - b.Column
+		})
 		return nil, &Error{File: file, Fields: d.errs}
 	}
 	return m, nil
@@ -136,6 +144,18 @@ func (d *decoder) mapping(n *yaml.Node, path string, fields []field) map[string]
 		fields[idx].decode(v, p)
 	}
 	return seen
+}
+
+// keyNode is the key node of key in mapping n; n itself when there is none.
+func keyNode(n *yaml.Node, key string) *yaml.Node {
+	if n.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Kind == yaml.ScalarNode && n.Content[i].Value == key {
+				return n.Content[i]
+			}
+		}
+	}
+	return n
 }
 
 func isNull(n *yaml.Node) bool {
@@ -319,4 +339,16 @@ func (d *decoder) checkedList(check func(string) error) func(*yaml.Node, string)
 		}
 		return list
 	}
+}
+
+// Closest is the candidate nearest name by edit distance, when one is within maxDist (ties
+// go to the first in candidates); "" when none is. Roost uses it for did-you-mean hints.
+func Closest(name string, candidates []string, maxDist int) string {
+	best, bestDist := "", maxDist+1
+	for _, c := range candidates {
+		if d := editDistance(name, c); d < bestDist && c != name {
+			best, bestDist = c, d
+		}
+	}
+	return best
 }

@@ -67,10 +67,21 @@ func unaryInterceptor(log *slog.Logger) grpc.UnaryServerInterceptor {
 	}
 }
 
-func streamInterceptor(log *slog.Logger) grpc.StreamServerInterceptor {
+func streamInterceptor(log *slog.Logger, streams *streamSet) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
 		defer recoverPanic(log, info.FullMethod, &err)
-		return ToStatus(handler(srv, ss))
+		ctx, release, ok := streams.track(ss.Context(), info.FullMethod)
+		defer release()
+		if !ok {
+			return shuttingDown
+		}
+		err = handler(srv, &drainedStream{ServerStream: ss, ctx: ctx})
+		// Ended by Shutdown, not by its client or its own end: say so with the code
+		// followers resume on, not Canceled.
+		if err != nil && errors.Is(context.Cause(ctx), errShuttingDown) {
+			return shuttingDown
+		}
+		return ToStatus(err)
 	}
 }
 

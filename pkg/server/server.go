@@ -9,9 +9,11 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -63,6 +65,7 @@ type Server struct {
 	// mu orders readiness changes; stopped makes SetNotServing final.
 	mu      sync.Mutex
 	stopped bool
+	streams *streamSet
 }
 
 // Keepalive bounds. Clients may ping an idle connection (roostctl's followers of logs and
@@ -80,7 +83,8 @@ const (
 // NOT_SERVING for all of them (and for the server as a whole, "") until SetServing.
 func New(cfg Config) *Server {
 	unary := []grpc.UnaryServerInterceptor{unaryInterceptor(cfg.Logger)}
-	stream := []grpc.StreamServerInterceptor{streamInterceptor(cfg.Logger)}
+	streams := newStreamSet()
+	stream := []grpc.StreamServerInterceptor{streamInterceptor(cfg.Logger, streams)}
 	opts := []grpc.ServerOption{
 		// Bound what one request may carry; roost's requests are small.
 		grpc.MaxRecvMsgSize(1 << 20),
@@ -104,7 +108,7 @@ func New(cfg Config) *Server {
 	roostv1.RegisterSystemServiceServer(srv, &systemService{cfg: cfg})
 	roostv1.RegisterArtifactServiceServer(srv, &artifactService{store: cfg.Artifacts})
 	roostv1.RegisterSpendServiceServer(srv, &spendService{ledger: cfg.Ledger})
-	s := &Server{Server: srv, health: health.NewServer()}
+	s := &Server{Server: srv, health: health.NewServer(), streams: streams}
 	for name := range srv.GetServiceInfo() {
 		s.services = append(s.services, name)
 	}
@@ -175,6 +179,7 @@ func (s *sessionService) Stage(ctx context.Context, req *roostv1.StageRequest) (
 	if err != nil {
 		return nil, err
 	}
+	opts.Name = req.GetName()
 	rec, err := s.m.Stage(opts)
 	if err != nil {
 		return nil, err
@@ -194,8 +199,9 @@ func (s *sessionService) Launch(ctx context.Context, req *roostv1.LaunchRequest)
 func (s *sessionService) session(rec *session.Record) *roostv1.Session {
 	out := rec.Proto()
 	if rec.State.Live() {
-		if u := s.m.Usage(rec.ID); u != nil {
-			out.Usage = &roostv1.Usage{MemoryBytes: u.MemoryBytes, MemoryPeakBytes: u.MemoryPeakBytes, CpuSeconds: u.CPUSeconds, Pids: u.Pids}
+		if u := s.m.Usage(rec); u != nil {
+			out.Usage = &roostv1.Usage{MemoryBytes: u.MemoryBytes, MemoryPeakBytes: u.MemoryPeakBytes, CpuSeconds: u.CPUSeconds, Pids: u.Pids,
+				MemoryLimitBytes: u.MemoryLimitBytes, PidsLimit: u.PidsLimit, WorkdirBytes: u.WorkdirBytes}
 		}
 		if e := s.m.EgressNow(rec.ID); e != nil {
 			out.Egress = e
@@ -256,7 +262,11 @@ func (s *sessionService) Stop(ctx context.Context, req *roostv1.StopRequest) (*r
 		}
 		grace = g.AsDuration()
 	}
-	rec, err := s.m.Stop(ctx, req.GetId(), grace)
+	// The reason lands in the session's one-line detail: bounded, and on one line.
+	if r := req.GetReason(); len(r) > 200 || strings.ContainsFunc(r, unicode.IsControl) {
+		return nil, fmt.Errorf("reason: at most 200 bytes of text on one line: %w", errdefs.ErrInvalidArgument)
+	}
+	rec, err := s.m.StopBecause(ctx, req.GetId(), grace, req.GetReason())
 	if err != nil {
 		return nil, err
 	}
@@ -327,8 +337,12 @@ func (s *sessionService) Remove(ctx context.Context, req *roostv1.RemoveRequest)
 }
 
 func (s *sessionService) Logs(req *roostv1.LogsRequest, stream grpc.ServerStreamingServer[roostv1.LogsResponse]) error {
-	return s.m.Logs(stream.Context(), req.GetId(), req.GetFollow(), func(name string, data []byte) error {
-		return stream.Send(&roostv1.LogsResponse{Stream: name, Data: data})
+	opts, err := session.LogOptionsFrom(req)
+	if err != nil {
+		return err
+	}
+	return s.m.Logs(stream.Context(), req.GetId(), opts, func(c session.LogChunk) error {
+		return stream.Send(c.Proto())
 	})
 }
 

@@ -23,12 +23,17 @@ import (
 //	    <seq, 8 bytes big-endian> = an Event as JSON; dense from events_compacted.through+1
 //	  ids/                       host uid/gid ranges held by sessions, until they are removed
 //	    <first id, 4 bytes big-endian> = the id of the session holding first..first+65535
+//	  names/                     session names (names.go); made with the first name given, not
+//	                             by a migration: a roostd from before names ignores it
+//	    <name> = the id of the session holding it, deleted with that session; an entry whose
+//	             session is gone (removed by a roostd from before names) is stale: the name is free
 var (
 	bucketV1       = []byte("v1")
 	keyVersion     = []byte("version")
 	bucketSessions = []byte("sessions")
 	bucketEvents   = []byte("events")
 	bucketIDs      = []byte("ids")
+	bucketNames    = []byte("names")
 	keyCompaction  = []byte("events_compacted")
 
 	keyState       = []byte("state")

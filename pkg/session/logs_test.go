@@ -2,12 +2,16 @@ package session
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"roost.dev/roost/pkg/containment/roostinit"
 )
@@ -34,16 +38,36 @@ func logDir(t *testing.T, files map[string]string, stats *roostinit.LogStats) st
 func drainStream(t *testing.T, s *logStream) string {
 	t.Helper()
 	var b strings.Builder
-	if _, err := s.copy(func(stream string, data []byte) error {
-		if stream != s.name {
-			t.Fatalf("sent as %s", stream)
+	for _, c := range chunks(t, s) {
+		b.Write(c.Data)
+	}
+	return b.String()
+}
+
+// chunks is what a stream sends of what it holds now, each chunk's offset checked: a
+// marker's is -1, every other's the offset just past the bytes before it.
+func chunks(t *testing.T, s *logStream) []LogChunk {
+	t.Helper()
+	var out []LogChunk
+	next := int64(-1)
+	if _, err := s.copy(func(c LogChunk) error {
+		if c.Stream != s.name {
+			t.Fatalf("sent as %s", c.Stream)
 		}
-		b.Write(data)
+		if c.Offset >= 0 {
+			if next >= 0 && c.Offset < next {
+				t.Fatalf("chunk at %d after one that ended at %d", c.Offset, next)
+			}
+			next = c.Offset + int64(len(c.Data))
+		} else if !strings.Contains(string(c.Data), "--- roost: ") || !c.Time.IsZero() {
+			t.Fatalf("chunk %+v at -1 is not a marker", c)
+		}
+		out = append(out, LogChunk{Stream: c.Stream, Data: slices.Clone(c.Data), Offset: c.Offset, Time: c.Time})
 		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	return b.String()
+	return out
 }
 
 func appendFile(t *testing.T, path, data string) {
@@ -163,4 +187,252 @@ func seqText(n int) string {
 		b.WriteByte('\n')
 	}
 	return b.String()
+}
+
+// index encodes a time index: pairs of offset and time (unix milliseconds, for short
+// tests).
+func index(pairs ...int64) string {
+	var b []byte
+	for i := 0; i+1 < len(pairs); i += 2 {
+		b = binary.LittleEndian.AppendUint64(b, uint64(pairs[i]))
+		b = binary.LittleEndian.AppendUint64(b, uint64(pairs[i+1]*int64(time.Millisecond)))
+	}
+	return string(b)
+}
+
+func ms(n int64) time.Time { return time.UnixMilli(n) }
+
+// timedStream is a stream over a records directory, with options.
+func timedStream(dir string, timestamps bool, since time.Time, from int64) *logStream {
+	s := newLogStream(dir, Stdout)
+	s.timestamps, s.from, s.pos = timestamps, from, from
+	if !since.IsZero() {
+		s.since = since.UnixNano()
+	}
+	return s
+}
+
+type piece struct {
+	data string
+	off  int64
+	at   int64 // unix milliseconds; 0 for none
+}
+
+func pieces(cs []LogChunk) []piece {
+	var out []piece
+	for _, c := range cs {
+		p := piece{data: string(c.Data), off: c.Offset}
+		if !c.Time.IsZero() {
+			p.at = c.Time.UnixMilli()
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// A head and a segment after a cut, both timed: the head's lines at 1000 and 1005 ms, the
+// segment's at 2000 and 2100 (a read of two lines, then one).
+func timedDir(t *testing.T) string {
+	stats := &roostinit.LogStats{MaxBytes: 1000, Stdout: roostinit.StreamStats{WrittenBytes: 120, DroppedBytes: 100}}
+	return logDir(t, map[string]string{
+		"stdout.log":            "one\ntwo\n",
+		"stdout.log.times":      index(0, 1000, 4, 1005),
+		"stdout.tail.108":       "x\nthree\nfour",
+		"stdout.tail.108.times": index(108, 2000, 116, 2100),
+	}, stats)
+}
+
+// With timestamps each chunk is what one entry times, with its time; offsets say where each
+// begins; without them chunks are not split, yet offsets are there.
+func TestLogsTimestamps(t *testing.T) {
+	dir := timedDir(t)
+	marker := "--- roost: 100 bytes of stdout dropped here (resources.log_max_bytes 1000) ---\n"
+	got := pieces(chunks(t, timedStream(dir, true, time.Time{}, 0)))
+	want := []piece{{"one\n", 0, 1000}, {"two\n", 4, 1005}, {marker, -1, 0}, {"x\nthree\n", 108, 2000}, {"four", 116, 2100}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("timestamps:\n%+v\nwant\n%+v", got, want)
+	}
+	got = pieces(chunks(t, timedStream(dir, false, time.Time{}, 0)))
+	want = []piece{{"one\ntwo\n", 0, 0}, {marker, -1, 0}, {"x\nthree\nfour", 108, 0}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("without timestamps:\n%+v\nwant\n%+v", got, want)
+	}
+	// Records from before times: offsets, no times.
+	old := logDir(t, map[string]string{"stdout.log": "a\nb\n"}, nil)
+	if got := pieces(chunks(t, timedStream(old, true, time.Time{}, 0))); !slices.Equal(got, []piece{{"a\nb\n", 0, 0}}) {
+		t.Fatalf("old records: %+v", got)
+	}
+}
+
+// since skips what was written before it, a cut with it when the bytes after the cut are
+// before it too; the first byte at or after it and everything later is sent.
+func TestLogsSince(t *testing.T) {
+	dir := timedDir(t)
+	marker := "--- roost: 100 bytes of stdout dropped here (resources.log_max_bytes 1000) ---\n"
+	for _, c := range []struct {
+		since int64
+		want  string
+	}{
+		{0, "one\ntwo\n" + marker + "x\nthree\nfour"},
+		{1000, "one\ntwo\n" + marker + "x\nthree\nfour"},
+		{1001, "two\n" + marker + "x\nthree\nfour"},
+		// The cut's bytes were written after the head's last and before the segment's first:
+		// they may be after since, so the marker stays.
+		{1500, marker + "x\nthree\nfour"},
+		{2000, marker + "x\nthree\nfour"},
+		{2001, "four"},
+		{3000, ""},
+	} {
+		var since time.Time
+		if c.since != 0 {
+			since = ms(c.since)
+		}
+		for _, ts := range []bool{false, true} {
+			if got := drainStream(t, timedStream(dir, ts, since, 0)); got != c.want {
+				t.Errorf("since %d (timestamps %v): %q, want %q", c.since, ts, got, c.want)
+			}
+		}
+	}
+	// Without an index, a file's modification time is all there is: one last written before
+	// since is skipped, any other sent whole.
+	old := logDir(t, map[string]string{"stdout.log": "old\n", "stdout.tail.4": "new\n"}, nil)
+	os.Chtimes(filepath.Join(old, "stdout.log"), ms(1000), ms(1000))
+	os.Chtimes(filepath.Join(old, "stdout.tail.4"), ms(3000), ms(3000))
+	if got := drainStream(t, timedStream(old, true, ms(2000), 0)); got != "new\n" {
+		t.Fatalf("old records since: %q", got)
+	}
+}
+
+// Resuming at an offset sends the bytes from there on, and marks only the cuts after it:
+// one in the middle of what was missed counts only the bytes after the offset.
+func TestLogsResumeOffsets(t *testing.T) {
+	dir := timedDir(t)
+	marker := func(n int) string {
+		return fmt.Sprintf("--- roost: %d bytes of stdout dropped here (resources.log_max_bytes 1000) ---\n", n)
+	}
+	for _, c := range []struct {
+		from int64
+		want []piece
+	}{
+		{2, []piece{{"e\n", 2, 1000}, {"two\n", 4, 1005}, {marker(100), -1, 0}, {"x\nthree\n", 108, 2000}, {"four", 116, 2100}}},
+		{8, []piece{{marker(100), -1, 0}, {"x\nthree\n", 108, 2000}, {"four", 116, 2100}}},
+		// A follower that had the head and part of what the cap dropped since.
+		{50, []piece{{marker(58), -1, 0}, {"x\nthree\n", 108, 2000}, {"four", 116, 2100}}},
+		{108, []piece{{"x\nthree\n", 108, 2000}, {"four", 116, 2100}}},
+		{110, []piece{{"three\n", 110, 2000}, {"four", 116, 2100}}},
+		{120, nil},
+	} {
+		if got := pieces(chunks(t, timedStream(dir, true, time.Time{}, c.from))); !slices.Equal(got, c.want) {
+			t.Errorf("from %d:\n%+v\nwant\n%+v", c.from, got, c.want)
+		}
+	}
+	// Following from an offset: what is appended later comes once, from where it begins.
+	s := timedStream(dir, false, time.Time{}, 117)
+	if got := pieces(chunks(t, s)); !slices.Equal(got, []piece{{"our", 117, 0}}) {
+		t.Fatalf("from 117: %+v", got)
+	}
+	appendFile(t, filepath.Join(dir, "stdout.tail.108"), "\nfive\n")
+	if got := pieces(chunks(t, s)); !slices.Equal(got, []piece{{"\nfive\n", 120, 0}}) {
+		t.Fatalf("appended: %+v", got)
+	}
+}
+
+// tail counts lines back from the end of what is kept, across files.
+func TestLogsTailStart(t *testing.T) {
+	// "one\ntwo\n" at 0, "x\nthree\nfour" at 108: "x" is the end of a line the cut went
+	// through, which begins where the head ends (so the marker is sent with it).
+	dir := timedDir(t)
+	for _, c := range []struct {
+		n    int64
+		want int64
+	}{{0, 120}, {1, 116}, {2, 110}, {3, 8}, {4, 4}, {5, 0}, {100, 0}} {
+		if got, err := tailStart(dir, Stdout, c.n); err != nil || got != c.want {
+			t.Errorf("tail %d: %d (%v), want %d", c.n, got, err, c.want)
+		}
+	}
+	// A newline that ends the stream ends its last line.
+	dir = logDir(t, map[string]string{"stdout.log": "a\nb\nc\n"}, nil)
+	for n, want := range []int64{6, 4, 2, 0, 0} {
+		if got, _ := tailStart(dir, Stdout, int64(n)); got != want {
+			t.Errorf("tail %d of a\nb\nc\n: %d, want %d", n, got, want)
+		}
+	}
+	if got, _ := tailStart(t.TempDir(), Stdout, 3); got != 0 {
+		t.Errorf("no files: %d", got)
+	}
+	// More than one read's worth.
+	long := strings.Repeat("y", 3*logChunk) + "\n" + strings.Repeat("z", logChunk+5) + "\n"
+	dir = logDir(t, map[string]string{"stdout.log": long}, nil)
+	if got, _ := tailStart(dir, Stdout, 1); got != 3*logChunk+1 {
+		t.Errorf("tail 1 of long lines: %d", got)
+	}
+}
+
+// Through the manager, a real session: lines written apart are timed apart, within the
+// session's run; tail, since and offsets select them.
+func TestLogsOptionsThroughTheManager(t *testing.T) {
+	m, _ := openManager(t, stateDir(t))
+	rec := run(t, m, StageOptions{Capsule: capsule(t, `echo one; sleep 0.3; echo two; sleep 0.3; echo three; echo err >&2`, "")})
+	rec = waitEnd(t, m, rec.ID)
+	get := func(opts LogOptions) []LogChunk {
+		t.Helper()
+		var out []LogChunk
+		if err := m.Logs(context.Background(), rec.ID, opts, func(c LogChunk) error {
+			if c.Stream == Stdout {
+				out = append(out, LogChunk{Stream: c.Stream, Data: slices.Clone(c.Data), Offset: c.Offset, Time: c.Time})
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	text := func(cs []LogChunk) string {
+		var b strings.Builder
+		for _, c := range cs {
+			b.Write(c.Data)
+		}
+		return b.String()
+	}
+	timed := get(LogOptions{Timestamps: true})
+	if text(timed) != "one\ntwo\nthree\n" || len(timed) != 3 {
+		t.Fatalf("timed chunks %+v", timed)
+	}
+	// A time is when roost-init read the bytes, the end when it saw the program exit: the
+	// last read can come a scheduler's moment after that.
+	const slack = 200 * time.Millisecond
+	for i, c := range timed {
+		if c.Time.Before(rec.StartedAt.Add(-slack)) || c.Time.After(rec.EndedAt.Add(slack)) {
+			t.Fatalf("chunk %d at %s, outside the run %s..%s", i, c.Time, rec.StartedAt, rec.EndedAt)
+		}
+		if i > 0 && c.Time.Sub(timed[i-1].Time) < 250*time.Millisecond {
+			t.Fatalf("chunk %d at %s, %s after the one before", i, c.Time, c.Time.Sub(timed[i-1].Time))
+		}
+	}
+	if got := get(LogOptions{}); len(got) != 1 || !got[0].Time.IsZero() || got[0].Offset != 0 {
+		t.Fatalf("without timestamps %+v", got)
+	}
+	two := int64(2)
+	if got := text(get(LogOptions{Tail: &two})); got != "two\nthree\n" {
+		t.Fatalf("tail 2: %q", got)
+	}
+	if got := text(get(LogOptions{Since: timed[1].Time.Add(-100 * time.Millisecond)})); got != "two\nthree\n" {
+		t.Fatalf("since before two: %q", got)
+	}
+	if got := text(get(LogOptions{StdoutOffset: 4})); got != "two\nthree\n" {
+		t.Fatalf("from 4: %q", got)
+	}
+	// Following with a tail says first where each stream begins.
+	var first []LogChunk
+	m.Logs(context.Background(), rec.ID, LogOptions{Follow: true, Tail: &two}, func(c LogChunk) error {
+		first = append(first, c)
+		return nil
+	})
+	if len(first) < 3 || len(first[0].Data) != 0 || first[0].Offset != 4 || first[0].Stream != Stdout || first[1].Stream != Stdout || first[1].Offset != 4 {
+		t.Fatalf("follow with tail begins %+v", first[:min(2, len(first))])
+	}
+	neg := int64(-1)
+	if err := m.Logs(context.Background(), rec.ID, LogOptions{Tail: &neg}, func(LogChunk) error { return nil }); err == nil {
+		t.Fatal("a negative tail was taken")
+	}
 }

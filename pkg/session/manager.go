@@ -299,11 +299,12 @@ func (m *Manager) update(fn func(*Tx) error) error {
 	return err
 }
 
-// Get returns one session; id may be a unique prefix of a session id.
-func (m *Manager) Get(id string) (*Record, error) {
+// Get returns one session; ref is its name, its id, a unique prefix of its id or its short
+// id (see resolve).
+func (m *Manager) Get(ref string) (*Record, error) {
 	var rec *Record
 	err := m.reg.View(func(tx *Tx) (err error) {
-		rec, err = resolve(tx, id)
+		rec, err = resolve(tx, ref)
 		return err
 	})
 	if err == nil {
@@ -313,32 +314,101 @@ func (m *Manager) Get(id string) (*Record, error) {
 }
 
 // minPrefix is the shortest id prefix accepted in place of a whole id.
-const minPrefix = len("ses_") + 4
+const minPrefix = len(idPrefix) + 4
 
-// resolve finds a session by its id or a unique prefix of it.
-func resolve(tx *Tx, id string) (*Record, error) {
-	if id == "" {
-		return nil, fmt.Errorf("no session id given: %w", errdefs.ErrInvalidArgument)
+// ShortIDLen is how many hex digits a short id has: the end of the id, which is random. The
+// start is not: an id is a UUIDv7, whose first 12 digits are its creation time in
+// milliseconds, so the ids of sessions staged the same minute share their first 8.
+const ShortIDLen = 12
+
+// minShortID is the fewest digits of a short id accepted in place of all of it: enough to
+// be unique among a few hundred sessions, few enough to type.
+const minShortID = 4
+
+// maxCandidates bounds the sessions an ambiguity error lists.
+const maxCandidates = 5
+
+// ShortID is a session id's short id: its last ShortIDLen hex digits (the whole id when it
+// has fewer after "ses_").
+func ShortID(id string) string {
+	if hex := strings.TrimPrefix(id, idPrefix); len(hex) > ShortIDLen {
+		return hex[len(hex)-ShortIDLen:]
 	}
-	rec, err := tx.Get(id)
-	if err == nil || !errdefs.IsNotFound(err) || len(id) < minPrefix {
+	return id
+}
+
+// resolve finds the session ref names. In order, the first kind that matches wins:
+//
+//  1. a session name, exactly;
+//  2. a session id, exactly;
+//  3. a prefix of one session's id: "ses_" and at least 4 more characters;
+//  4. a short id: at least 4 and at most 12 hex digits that begin one session's short id,
+//     or more than 12 that end one session's id (what ps shows when two short ids collide).
+//
+// Names never begin with "ses_" and ids always do, so 1 never shadows 2 or 3; a name made
+// of hex digits does shadow the short ids it begins. A ref that matches several sessions at
+// 3 or 4 is InvalidArgument, listing some of them.
+func resolve(tx *Tx, ref string) (*Record, error) {
+	if ref == "" {
+		return nil, fmt.Errorf("no session given (a name, an id or a short id): %w", errdefs.ErrInvalidArgument)
+	}
+	if holder := tx.NameHolder(ref); holder != "" {
+		return tx.Get(holder)
+	}
+	rec, err := tx.Get(ref)
+	if err == nil || !errdefs.IsNotFound(err) {
 		return rec, err
 	}
-	var match []string
+	var match func(id string) bool
+	var kind string
+	switch {
+	case strings.HasPrefix(ref, idPrefix) && len(ref) >= minPrefix:
+		kind = "id prefix"
+		match = func(id string) bool { return strings.HasPrefix(id, ref) }
+	case isHex(ref) && len(ref) >= minShortID && len(ref) <= ShortIDLen:
+		kind = "short id"
+		match = func(id string) bool { return strings.HasPrefix(ShortID(id), ref) }
+	case isHex(ref) && len(ref) > ShortIDLen:
+		kind = "short id"
+		match = func(id string) bool { return len(id) >= len(idPrefix)+len(ref) && strings.HasSuffix(id, ref) }
+	default:
+		return nil, fmt.Errorf("no session %q (no name or id is that; an id prefix is \"ses_\" and 4 or more characters, a short id 4 or more hex digits): %w", ref, errdefs.ErrNotFound)
+	}
+	var found []string
 	_ = sessionsBucket(tx.tx).ForEachBucket(func(k []byte) error {
-		if strings.HasPrefix(string(k), id) {
-			match = append(match, string(k))
+		if match(string(k)) {
+			found = append(found, string(k))
 		}
 		return nil
 	})
-	switch len(match) {
+	switch len(found) {
 	case 0:
-		return nil, err
+		return nil, fmt.Errorf("no session %q (no name, id or %s matches): %w", ref, kind, errdefs.ErrNotFound)
 	case 1:
-		return tx.Get(match[0])
-	default:
-		return nil, fmt.Errorf("session id prefix %q matches %d sessions; give more of it: %w", id, len(match), errdefs.ErrInvalidArgument)
+		return tx.Get(found[0])
 	}
+	list := make([]string, 0, maxCandidates+1)
+	for _, id := range found[:min(len(found), maxCandidates)] {
+		c := id
+		if r, err := tx.Get(id); err == nil && r.Name != "" {
+			c += " (" + r.Name + ")"
+		}
+		list = append(list, c)
+	}
+	if more := len(found) - maxCandidates; more > 0 {
+		list = append(list, fmt.Sprintf("and %d more", more))
+	}
+	return nil, fmt.Errorf("%s %q is ambiguous: it matches %d sessions: %s; give more of it, or the full id: %w",
+		kind, ref, len(found), strings.Join(list, ", "), errdefs.ErrInvalidArgument)
+}
+
+func isHex(s string) bool {
+	for i := range len(s) {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // List returns staged and live sessions, or all of them.

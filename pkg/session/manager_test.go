@@ -135,11 +135,11 @@ func waitEnd(t *testing.T, m *Manager, id string) *Record {
 func logs(t *testing.T, m *Manager, id string) (string, string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	err := m.Logs(context.Background(), id, false, func(stream string, data []byte) error {
-		if stream == Stdout {
-			out.Write(data)
+	err := m.Logs(context.Background(), id, LogOptions{}, func(c LogChunk) error {
+		if c.Stream == Stdout {
+			out.Write(c.Data)
 		} else {
-			errOut.Write(data)
+			errOut.Write(c.Data)
 		}
 		return nil
 	})
@@ -284,9 +284,13 @@ func TestDeadline(t *testing.T) {
 func TestDeadlineOptionOnlyLowers(t *testing.T) {
 	m, _ := openManager(t, stateDir(t))
 	dir := capsule(t, "true", "capabilities:\n  limits:\n    deadline_seconds: 5\n")
-	rec, err := m.Stage(StageOptions{Capsule: dir, Deadline: time.Hour})
-	if err != nil || rec.Deadline != 5*time.Second {
+	rec, err := m.Stage(StageOptions{Capsule: dir, Deadline: 2 * time.Second})
+	if err != nil || rec.Deadline != 2*time.Second {
 		t.Fatalf("deadline %v %v", rec.Deadline, err)
+	}
+	// One above the capsule's is refused, not ignored (TestDeadlineAboveManifestRefused).
+	if _, err := m.Stage(StageOptions{Capsule: dir, Deadline: time.Hour}); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("deadline above the capsule's: %v", err)
 	}
 	if _, err := m.Stage(StageOptions{Capsule: dir, Deadline: 1500 * time.Millisecond}); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("fractional deadline: %v", err)
@@ -473,8 +477,8 @@ func TestLogsFollow(t *testing.T) {
 	m, _ := openManager(t, stateDir(t))
 	rec := run(t, m, StageOptions{Capsule: capsule(t, "for i in 1 2 3 4 5; do echo line $i; sleep 0.1; done; echo end >&2", "")})
 	var out bytes.Buffer
-	err := m.Logs(context.Background(), rec.ID, true, func(stream string, data []byte) error {
-		out.WriteString(stream + ":" + string(data))
+	err := m.Logs(context.Background(), rec.ID, LogOptions{Follow: true}, func(c LogChunk) error {
+		out.WriteString(c.Stream + ":" + string(c.Data))
 		return nil
 	})
 	if err != nil {

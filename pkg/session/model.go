@@ -70,7 +70,10 @@ const (
 
 // Record is a session as the registry keeps it.
 type Record struct {
-	ID      string     `json:"id"`
+	ID string `json:"id"`
+	// Name is what the operator named the session at stage (run|stage --name); empty for
+	// none. Unique among the sessions the registry holds (see names.go).
+	Name    string     `json:"name,omitempty"`
 	Capsule CapsuleRef `json:"capsule"`
 	// State is kept under its own key in the session's bucket (see buckets.go), not in the
 	// JSON, so state scans read a few bytes per session.

@@ -14,7 +14,8 @@ import (
 // Proto is the session as the API (and `roostctl inspect --json`) shows it.
 func (r *Record) Proto() *roostv1.Session {
 	s := &roostv1.Session{
-		Id: r.ID,
+		Id:   r.ID,
+		Name: r.Name,
 		Capsule: &roostv1.CapsuleRef{
 			Name: r.Capsule.Name, Version: r.Capsule.Version, Sha256: r.Capsule.SHA256, Source: r.Capsule.Source, Dir: r.Capsule.Dir,
 		},

@@ -178,6 +178,9 @@ func (t *Tx) CreateWithTask(rec *Record, manifest, explanation, task []byte) err
 		}
 		return err
 	}
+	if err := t.claimName(rec); err != nil {
+		return err
+	}
 	blobs := map[string][]byte{string(keyManifest): manifest, string(keyExplanation): explanation}
 	if task != nil {
 		blobs[string(keyTask)] = task
@@ -246,6 +249,9 @@ func (t *Tx) Delete(rec *Record) error {
 		return err
 	}
 	if err := sessions.DeleteBucket([]byte(rec.ID)); err != nil {
+		return err
+	}
+	if err := t.releaseName(rec); err != nil {
 		return err
 	}
 	if rec.IDs != nil {

@@ -41,7 +41,7 @@ func (m *Manager) RemoveTree(ctx context.Context, id string, force bool) error {
 		}
 		if !force {
 			if r.ID == rec.ID {
-				return fmt.Errorf("session %s is %s; stop it before removing it: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
+				return fmt.Errorf("session %s is %s; stop it before removing it, or use roostctl rm -f to kill it first: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 			}
 			return fmt.Errorf("session %s has a descendant %s that is %s; stop it before removing it, or remove with --force to kill the tree first: %w",
 				rec.ID, r.ID, r.State, errdefs.ErrFailedPrecondition)
@@ -94,7 +94,7 @@ func (m *Manager) tree(rec *Record) ([]*Record, error) {
 // removeOne forgets one session that is not live.
 func (m *Manager) removeOne(rec *Record) error {
 	if rec.State.Live() {
-		return fmt.Errorf("session %s is %s; stop it before removing it: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("session %s is %s; stop it before removing it, or use roostctl rm -f to kill it first: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}
 	if err := m.returnWorkdir(rec); err != nil {
 		return fmt.Errorf("session %s: handing its workdir %s back to uid %d: %w", rec.ID, rec.Workdir, rec.WorkdirOwner.UID, err)

@@ -34,6 +34,9 @@ type StageOptions struct {
 	Deadline time.Duration
 	// Containment raises the floor; ClassNone leaves it.
 	Containment manifest.Class
+	// Name names the session (run|stage --name); empty for none. A child a session spawns
+	// has none: the delegation API gives it no way to ask for one.
+	Name string
 
 	// Set for a child a session spawns: its parent, the task text it is given, and the
 	// delegation depth it inherits.
@@ -100,6 +103,16 @@ func (m *Manager) Explain(opts StageOptions, oci bool) (*roostv1.Explanation, []
 // state staged. A capsule that is invalid, or whose floor this host cannot meet, is refused
 // and leaves no trace in the registry.
 func (m *Manager) Stage(opts StageOptions) (*Record, error) {
+	// A bad or taken name is refused before the capsule is read and copied: the record's
+	// transaction claims the name for good (CreateWithTask), this only spares the work.
+	if opts.Name != "" {
+		if err := ValidName(opts.Name); err != nil {
+			return nil, err
+		}
+		if err := m.reg.View(func(tx *Tx) error { return tx.nameFree(opts.Name, "") }); err != nil {
+			return nil, err
+		}
+	}
 	// Before the capsule is copied into the store, which is on the same filesystem.
 	if err := m.checkDiskSpace(); err != nil {
 		return nil, err
@@ -150,6 +163,7 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*Record, error) {
 	}
 	rec := &Record{
 		ID:           id,
+		Name:         opts.Name,
 		Capsule:      p.ref,
 		Declared:     p.decision.Floor.String(),
 		Achieved:     p.decision.Achieved.String(),
@@ -191,7 +205,7 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*Record, error) {
 	}); err != nil {
 		return nil, err
 	}
-	m.cfg.Logger.Info("session staged", "session", rec.ID, "capsule", rec.Capsule.Name+"@"+rec.Capsule.Version, "class", rec.Achieved,
+	m.cfg.Logger.Info("session staged", "session", rec.ID, "name", rec.Name, "capsule", rec.Capsule.Name+"@"+rec.Capsule.Version, "class", rec.Achieved,
 		"declared", rec.Declared, "parent", rec.ParentID, "workdir", rec.Workdir)
 	return rec, nil
 }
@@ -274,7 +288,8 @@ func (m *Manager) plan(opts StageOptions, store bool) (*plan, error) {
 	if source == "" {
 		source = dir
 	}
-	man, err := manifest.Parse(raw, filepath.Join(dir, manifest.FileName))
+	// Errors name the file the operator wrote, not the stored copy.
+	man, err := manifest.Parse(raw, filepath.Join(source, manifest.FileName))
 	if err != nil {
 		return nil, err
 	}
@@ -282,6 +297,11 @@ func (m *Manager) plan(opts StageOptions, store bool) (*plan, error) {
 	if opts.Deadline != 0 {
 		if opts.Deadline < time.Second || opts.Deadline%time.Second != 0 {
 			return nil, fmt.Errorf("deadline %s: give a whole number of seconds, at least 1s: %w", opts.Deadline, errdefs.ErrInvalidArgument)
+		}
+		// Only lowering is allowed; one above is refused, not silently dropped, so the
+		// operator is not left believing the session has the time asked for.
+		if err := deadlineAbove(policy, opts.Deadline); err != nil {
+			return nil, err
 		}
 		policy.LowerDeadline(int64(opts.Deadline / time.Second))
 	}
@@ -297,9 +317,12 @@ func (m *Manager) plan(opts StageOptions, store bool) (*plan, error) {
 	}
 	// What the session may exec is decided here, on this host, and recorded: an entry that
 	// names nothing here is refused now, not found missing at launch.
+	if err := checkShellNames(policy.Shell.Allow, "", max(policy.Containment, m.cfg.DaemonFloor, opts.Containment)); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(source, manifest.FileName), err)
+	}
 	shell, err := m.tools.Resolve(policy.Shell.Allow, "", dir)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, manifest.FileName), err)
+		return nil, fmt.Errorf("%s: %w", filepath.Join(source, manifest.FileName), err)
 	}
 	decision := containment.Decide(&policy, containment.Sources(&policy, m.cfg.DaemonFloor, opts.Containment), m.cfg.Catalog)
 	return &plan{

@@ -1,9 +1,13 @@
 package session
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -128,6 +132,13 @@ func (m *Manager) armKill(l *liveSession, rec *Record) {
 // Stop ends a session: SIGTERM, then SIGKILL after grace. It returns once the end is
 // recorded. Stopping a session that has already ended returns it as it is.
 func (m *Manager) Stop(ctx context.Context, id string, grace time.Duration) (*Record, error) {
+	return m.StopBecause(ctx, id, grace, "")
+}
+
+// StopBecause is Stop with why the caller stops it (StopRequest.reason): the session's
+// detail says "stopped: <reason>" rather than "stopped by roostctl stop", so a session
+// ended by, say, an interrupted roostctl run says so. An empty reason is Stop's.
+func (m *Manager) StopBecause(ctx context.Context, id string, grace time.Duration, reason string) (*Record, error) {
 	rec, err := m.Get(id)
 	if err != nil {
 		return nil, err
@@ -143,7 +154,7 @@ func (m *Manager) Stop(ctx context.Context, id string, grace time.Duration) (*Re
 		return nil, fmt.Errorf("session %s is %s but not supervised by this daemon: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}
 	l.mu.Lock()
-	err = m.beginStop(l, rec.ID, EndStop, grace)
+	err = m.beginStopSaying(l, rec.ID, EndStop, reason, grace)
 	l.mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -221,6 +232,7 @@ func (m *Manager) recordEnd(id string, l *liveSession, info containment.ExitInfo
 		return
 	}
 	status, code, detail := classify(rec, info, exitErr)
+	detail = landlockHint(rec, status, detail)
 	ended := info.EndedAt
 	if ended.IsZero() {
 		ended = time.Now().UTC()
@@ -368,6 +380,8 @@ func classify(rec *Record, info containment.ExitInfo, exitErr error) (ExitStatus
 		return StatusDeadlineReached, &code, fmt.Sprintf("deadline of %s reached; %s", rec.Deadline, how)
 	case rec.EndRequest == EndWorkdir, rec.EndRequest == EndParent:
 		return StatusTerminated, &code, rec.EndDetail + "; " + how
+	case rec.EndRequest == EndStop && rec.EndDetail != "":
+		return StatusTerminated, &code, "stopped: " + rec.EndDetail + "; " + how
 	case rec.EndRequest == EndStop:
 		return StatusTerminated, &code, "stopped by roostctl stop; " + how
 	case rec.EndRequest == EndKill && info.Signal != 0 && info.Signal == rec.EndSignal:
@@ -395,6 +409,34 @@ func classify(rec *Record, info containment.ExitInfo, exitErr error) (ExitStatus
 }
 
 func unixSignalName(sig syscall.Signal) string { return unix.SignalName(sig) }
+
+// hintHead is how much of the start of a session's stderr landlockHint reads.
+const hintHead = 64 << 10
+
+// landlockHint adds a pointer to explain to the detail of a session under Landlock (scoped
+// and sealed) that exited non-zero with "Permission denied" near the start of its stderr:
+// Landlock's refusals are bare EACCES, and the program's own message never says roost made
+// them. (Landlock's audit records, on kernels that have them, go to the audit log, which
+// roostd does not read.) The detail stays one line.
+func landlockHint(rec *Record, status ExitStatus, detail string) string {
+	if status != StatusError || (rec.Achieved != manifest.Scoped.String() && rec.Achieved != manifest.Sealed.String()) || rec.RecordsDir == "" {
+		return detail
+	}
+	f, err := os.Open(filepath.Join(rec.RecordsDir, containment.StderrFile))
+	if err != nil {
+		return detail
+	}
+	defer f.Close()
+	head, _ := io.ReadAll(io.LimitReader(f, hintHead))
+	if !bytes.Contains(head, []byte("Permission denied")) {
+		return detail
+	}
+	capsule := rec.Capsule.Source
+	if capsule == "" {
+		capsule = rec.Capsule.Name + "@" + rec.Capsule.Version
+	}
+	return detail + "; hint: roost limits what this session may read, write and execute (Landlock, shell.allow); see roostctl explain " + capsule
+}
 
 func hasOutcome(info containment.ExitInfo) bool {
 	_, ok := info.Outcome()

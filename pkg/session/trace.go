@@ -37,6 +37,8 @@ type traceRecord struct {
 	OutputTokens *int64 `json:"output_tokens,omitempty"`
 	// Egress is what the session's proxy carried, at its end.
 	Egress *EgressTotals `json:"egress,omitempty"`
+	// ExecID names a command roostctl exec ran in the session (exec_start, exec_end).
+	ExecID string `json:"exec_id,omitempty"`
 }
 
 func traceStart(rec *Record, explanation []byte) traceRecord {

@@ -70,7 +70,7 @@ func TestBoundsEndpointConnections(t *testing.T) {
 	// While the capsule holds its connections, the control socket answers promptly.
 	for i := range 5 {
 		start := time.Now()
-		res := d.ctl("ps")
+		res := d.ctl("ps", "--no-trunc")
 		took := time.Since(start)
 		if res.code != 0 || !strings.Contains(res.stdout, id) {
 			t.Errorf("roostctl ps #%d: %+v", i, res)

@@ -18,8 +18,8 @@ func TestExitCodeTable(t *testing.T) {
 	sleeper := capsule(t, "sleeper", "sleep 60", "")
 	killed := strings.TrimSpace(d.ok("run", "--detach", sleeper))
 	stopped := strings.TrimSpace(d.ok("run", "--detach", sleeper))
-	go d.ctl("kill", killed)
-	go d.ctl("stop", "--grace", "1s", stopped)
+	d.ok("kill", killed)
+	d.ok("stop", "--grace", "1s", stopped)
 	nostart := t.TempDir()
 	os.WriteFile(filepath.Join(nostart, "capsule.yaml"), []byte("name: nostart\nversion: 0.1.0\nrun:\n  command: [/no/such/program]\n"), 0o644)
 	unreachable := func(args ...string) result {

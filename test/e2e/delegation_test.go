@@ -103,7 +103,7 @@ echo "$a" | sed -n 1p
 	if out := d.ok("logs", w[0].ID); out != "worker saw: from the middle\n" {
 		t.Errorf("the worker's log: %q", out)
 	}
-	tree := d.ok("ps", "--all", "--tree")
+	tree := d.ok("ps", "--all", "--tree", "--no-trunc")
 	if !strings.Contains(tree, "└─ "+m[0].ID) || !strings.Contains(tree, "   └─ "+w[0].ID) {
 		t.Errorf("ps --tree:\n%s", tree)
 	}
@@ -174,7 +174,7 @@ sleep 60
 			t.Fatalf("the child never ran: %+v\n%s", d.ps(), d.log)
 		}
 	}
-	if tree := d.ok("ps", "--tree"); !strings.Contains(tree, "└─ "+child.ID) {
+	if tree := d.ok("ps", "--tree", "--no-trunc"); !strings.Contains(tree, "└─ "+child.ID) {
 		t.Errorf("ps --tree:\n%s", tree)
 	}
 	d.ctl("kill", id)

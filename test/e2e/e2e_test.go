@@ -204,6 +204,8 @@ func (d *daemon) ps() []session {
 	if err := json.Unmarshal([]byte(d.ok("ps", "--all", "--json")), &list); err != nil {
 		d.t.Fatal(err)
 	}
+	// ps lists newest first; the tests read them in the order they were made.
+	slices.Reverse(list)
 	return list
 }
 
@@ -548,7 +550,7 @@ func TestExplainDoctorVersion(t *testing.T) {
 		t.Fatalf("version: %s", out)
 	}
 	res := (&daemon{t: t, socket: filepath.Join(t.TempDir(), "none.sock")}).ctl("ps")
-	if res.code != 1 || !strings.Contains(res.stderr, "cannot reach roostd") {
+	if res.code != 69 || !strings.Contains(res.stderr, "cannot reach roostd") {
 		t.Fatalf("no daemon: %+v", res)
 	}
 }

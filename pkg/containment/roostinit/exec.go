@@ -29,7 +29,7 @@ func execMain() {
 	syscall.CloseOnExec(execErrFD)
 	syscall.CloseOnExec(execSpecFD)
 	syscall.CloseOnExec(execReportFD)
-	var spec ExecSpec
+	var spec joinSpec
 	if err := readSpec(execSpecFD, &spec); err != nil {
 		fail("roost-exec: reading spec: %v", err)
 	}
@@ -78,8 +78,14 @@ func execMain() {
 			fail("%s: setrlimit to %d: %v", rl.Name, rl.Value, err)
 		}
 	}
-	path, err := lookPath(spec.Argv[0], envValue(spec.Env, "PATH"))
+	if err := spec.Join.enterMountNS(); err != nil {
+		fail("roost-exec: joining the session's mount namespace: %v", err)
+	}
+	path, err := lookPath(spec.ruled(), envValue(spec.Env, "PATH"))
 	if err != nil {
+		fail("%v", err)
+	}
+	if err := spec.Join.checkAllowed(spec.Landlock, path, envValue(spec.Env, "PATH"), spec.Argv[0]); err != nil {
 		fail("%v", err)
 	}
 	if spec.Mounts != nil {
@@ -115,6 +121,11 @@ func execMain() {
 			fail("roost-exec: dropping capabilities: %v", err)
 		}
 	}
+	if spec.Join != nil {
+		if path, err = spec.Join.settle(spec.Argv[0], envValue(spec.Env, "PATH")); err != nil {
+			fail("%v", err)
+		}
+	}
 	// Nothing roostd holds, or whatever started roostd left open, reaches the program: every
 	// descriptor past its stdio (and its report pipe) closes at exec.
 	first := uint(3)
@@ -130,6 +141,9 @@ func execMain() {
 		}
 	}
 	err = syscall.Exec(path, spec.Argv, spec.Env)
+	if hint := execRefusal(spec.Landlock, err); hint != "" {
+		fail("exec %s: %v: %s", path, err, hint)
+	}
 	fail("exec %s: %v", path, err)
 }
 

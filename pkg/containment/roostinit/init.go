@@ -58,6 +58,12 @@ func Run(args []string) bool {
 	}
 	switch filepath.Base(args[0]) {
 	case InitName:
+		// libcontainer starts an extra process in a sealed session (roostctl exec) by the
+		// binary's path in the root, which names roost-init: the role comes second.
+		if len(args) == 2 && args[1] == ExecName {
+			execMain()
+			os.Exit(127)
+		}
 		os.Exit(initMain())
 	case ExecName:
 		execMain()

@@ -17,6 +17,9 @@ import (
 //	stdout.tail.<N>     the newest bytes, in up to four segments of a quarter of the rest;
 //	                    N is the stream offset of the segment's first byte. The oldest
 //	                    segment goes when a fifth begins.
+//	stdout.log.times, stdout.tail.<N>.times
+//	                    each file's time index: when its bytes were written (see
+//	                    TimesFile); it shares its file's part of the cap
 //	stderr.log, stderr.tail.<N>   the same for stderr
 //	logs.json           what each stream wrote and what was dropped (LogStats)
 //

@@ -127,7 +127,10 @@ func (p *logPump) run(pipe *os.File, s *logSink) {
 	for {
 		n, err := pipe.Read(buf)
 		if n > 0 {
-			s.write(buf[:n])
+			// The read's time is the bytes' write time as near as roost-init can tell: the
+			// pump keeps up with the program, so they waited in the pipe only as long as
+			// the last write to disk took.
+			s.write(buf[:n], time.Now())
 		}
 		if err != nil {
 			// EOF: every writer is gone. A deadline: the last drain's grace is over.
@@ -249,6 +252,17 @@ type logSink struct {
 	offset int64
 	// tail is the kept segments, oldest first; the last is f when f is one.
 	tail []segment
+
+	// idx is f's time index (see TimesFile), nil when f has none; it holds idxSize bytes,
+	// which count against f's part of the cap with its data.
+	idx     *os.File
+	idxSize int64
+	// lastRead is when the stream's last entry was made, as the clock's monotonic reading
+	// measures the spacing; lastTime is the time it recorded, which the next may not be
+	// before.
+	lastRead time.Time
+	lastTime int64
+	entry    [TimeEntrySize]byte
 }
 
 type segment struct {
@@ -262,7 +276,44 @@ func (s *logSink) openHead() error {
 		return &os.PathError{Op: "open", Path: HeadFile(s.stream), Err: err}
 	}
 	s.f, s.inHead = os.NewFile(uintptr(fd), HeadFile(s.stream)), true
+	// After the head, unlike a segment's: the program has not run yet, so no reader can
+	// find a byte of the head before its index is there.
+	s.openIndex(HeadFile(s.stream), s.layout.head)
 	return nil
+}
+
+// openIndex begins the time index of the file name, whose part of the cap is share. The
+// index is best effort: a file without one has no times, and its bytes are kept all the
+// same.
+func (s *logSink) openIndex(name string, share int64) {
+	s.idx, s.idxSize = nil, 0
+	if share < minTimedShare {
+		return
+	}
+	fd, err := unix.Openat(s.dir, TimesFile(name), unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return
+	}
+	s.idx = os.NewFile(uintptr(fd), TimesFile(name))
+}
+
+// stamp adds an entry to the index: the stream's next byte was written at now. It reports
+// whether the entry was kept.
+func (s *logSink) stamp(now time.Time) bool {
+	t := max(now.UnixNano(), s.lastTime)
+	encodeTime(&s.entry, LogTime{Offset: s.offset, Time: t})
+	// At its own offset rather than appended: a short write (a full disk) is then
+	// overwritten by the next entry instead of shifting every later one.
+	n, err := s.idx.WriteAt(s.entry[:], s.idxSize)
+	if err != nil || n != TimeEntrySize {
+		if n > 0 {
+			_ = s.idx.Truncate(s.idxSize)
+		}
+		return false
+	}
+	s.idxSize += TimeEntrySize
+	s.lastRead, s.lastTime = now, t
+	return true
 }
 
 // limit is how much the current file may hold.
@@ -273,14 +324,27 @@ func (s *logSink) limit() int64 {
 	return s.layout.segment
 }
 
-// write keeps p, the stream's next bytes, as far as the cap and the disk allow.
-func (s *logSink) write(p []byte) {
+// write keeps p, the stream's next bytes, read from the pipe at now, as far as the cap and
+// the disk allow, and notes their time in the index.
+func (s *logSink) write(p []byte, now time.Time) {
 	var cut, failed int64
 	var writeErr error
 	written := int64(len(p))
+	// A read a millisecond or more after the stream's last entry gets one of its own (in
+	// the file it begins in); the bytes of one that comes sooner keep the last entry's time.
+	// Each file's index begins with an entry whatever the spacing.
+	due := s.lastRead.IsZero() || now.Sub(s.lastRead) >= timeGranularity
 	for len(p) > 0 {
-		if s.f != nil && s.size >= s.limit() {
-			s.closeFile()
+		if s.f != nil {
+			used := s.size + s.idxSize
+			if s.idx != nil && (due || s.idxSize == 0) {
+				// The entry, and at least a byte after it, must fit: the index and the data
+				// share the file's part of the cap.
+				used += TimeEntrySize
+			}
+			if used >= s.limit() {
+				s.closeFile()
+			}
 		}
 		if budget := s.layout.segment * int64(s.layout.segments); !s.inHead && int64(len(p)) > budget {
 			// Past the head, only the chunk's last budget bytes would be kept: what comes
@@ -304,7 +368,10 @@ func (s *logSink) write(p []byte) {
 				break
 			}
 		}
-		chunk := p[:min(int64(len(p)), s.limit()-s.size)]
+		if s.idx != nil && (due || s.idxSize == 0) && s.stamp(now) {
+			due = false
+		}
+		chunk := p[:min(int64(len(p)), s.limit()-s.size-s.idxSize)]
 		n, err := s.f.Write(chunk)
 		s.size += int64(n)
 		s.offset += int64(len(chunk))
@@ -325,8 +392,16 @@ func (s *logSink) write(p []byte) {
 // past the cap; it returns the bytes that removal dropped.
 func (s *logSink) next() (int64, error) {
 	name := tailFile(s.stream, s.offset)
+	// The index before the segment: a reader that finds the segment and no index knows
+	// there is none to wait for.
+	s.openIndex(name, s.layout.segment)
 	fd, err := unix.Openat(s.dir, name, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
+		if s.idx != nil {
+			s.idx.Close()
+			s.idx = nil
+			_ = unix.Unlinkat(s.dir, TimesFile(name), 0)
+		}
 		return 0, &os.PathError{Op: "open", Path: name, Err: err}
 	}
 	s.f, s.size, s.inHead = os.NewFile(uintptr(fd), name), 0, false
@@ -334,7 +409,7 @@ func (s *logSink) next() (int64, error) {
 	var dropped int64
 	for len(s.tail) > s.layout.segments {
 		old := s.tail[0]
-		_ = unix.Unlinkat(s.dir, old.name, 0)
+		s.remove(old.name)
 		dropped += old.size
 		s.tail = s.tail[1:]
 	}
@@ -347,7 +422,7 @@ func (s *logSink) dropTail() int64 {
 	s.closeFile()
 	var dropped int64
 	for _, seg := range s.tail {
-		_ = unix.Unlinkat(s.dir, seg.name, 0)
+		s.remove(seg.name)
 		dropped += seg.size
 	}
 	s.tail = nil
@@ -362,6 +437,10 @@ func (s *logSink) closeFile() {
 	}
 	s.f.Close()
 	s.f = nil
+	if s.idx != nil {
+		s.idx.Close()
+		s.idx = nil
+	}
 	if s.inHead {
 		// The head is written once: what follows it goes to the tail.
 		s.inHead = false
@@ -370,7 +449,13 @@ func (s *logSink) closeFile() {
 	last := &s.tail[len(s.tail)-1]
 	last.size = s.size
 	if s.size == 0 {
-		_ = unix.Unlinkat(s.dir, last.name, 0)
+		s.remove(last.name)
 		s.tail = s.tail[:len(s.tail)-1]
 	}
+}
+
+// remove deletes a tail segment and its time index.
+func (s *logSink) remove(name string) {
+	_ = unix.Unlinkat(s.dir, name, 0)
+	_ = unix.Unlinkat(s.dir, TimesFile(name), 0)
 }

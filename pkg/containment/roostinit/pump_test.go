@@ -47,6 +47,16 @@ func pumpThrough(t *testing.T, maxBytes int64, chunks [][]byte, errText string) 
 	return dir, st
 }
 
+// indexSize is the size of a file's time index; 0 when it has none.
+func indexSize(t *testing.T, dir, name string) int64 {
+	t.Helper()
+	info, err := os.Stat(filepath.Join(dir, TimesFile(name)))
+	if err != nil {
+		return 0
+	}
+	return info.Size()
+}
+
 // kept reads a stream's files back as (offset, bytes) pieces.
 func kept(t *testing.T, dir, stream string) ([]LogFile, [][]byte) {
 	t.Helper()
@@ -114,11 +124,19 @@ func TestPumpKeepsHeadAndNewest(t *testing.T) {
 		if last.Offset+int64(len(data[len(data)-1])) != int64(len(in)) {
 			t.Fatalf("cap %d: the newest bytes are not kept", maxBytes)
 		}
-		if files[0].Name != StdoutFile || int64(len(data[0])) != layout.head {
-			t.Fatalf("cap %d: head %s of %d bytes", maxBytes, files[0].Name, len(data[0]))
+		// A file is full when its data and its index fill its part of the cap, or when the
+		// next entry would not fit with a byte after it.
+		headIndex := indexSize(t, dir, files[0].Name)
+		if files[0].Name != StdoutFile || int64(len(data[0]))+headIndex > layout.head || int64(len(data[0]))+headIndex+TimeEntrySize < layout.head {
+			t.Fatalf("cap %d: head %s of %d bytes, %d of index", maxBytes, files[0].Name, len(data[0]), headIndex)
 		}
-		if total > maxBytes || total < layout.head+layout.segment*int64(layout.segments-1) {
-			t.Fatalf("cap %d: %d bytes kept", maxBytes, total)
+		onDisk, index := streamDisk(t, dir, StdoutStream)
+		slack := int64(len(files)) * TimeEntrySize
+		if onDisk != total || total+index > maxBytes || total+index+slack < layout.head+layout.segment*int64(layout.segments-1) {
+			t.Fatalf("cap %d: %d bytes kept, %d of index", maxBytes, total, index)
+		}
+		if layout.segment >= minTimedShare {
+			checkIndexes(t, dir, files, data)
 		}
 		if st.Stdout.WrittenBytes != int64(len(in)) || st.Stdout.KeptBytes() != total || st.Stdout.FailedBytes != 0 || st.Stdout.CutAt.IsZero() {
 			t.Fatalf("cap %d: counts %+v, %d kept", maxBytes, st.Stdout, total)

@@ -36,8 +36,13 @@ type ArtifactServiceClient interface {
 	Push(ctx context.Context, in *PushRequest, opts ...grpc.CallOption) (*PushResponse, error)
 	// ListArtifacts lists every pushed capsule.
 	ListArtifacts(ctx context.Context, in *ListArtifactsRequest, opts ...grpc.CallOption) (*ListArtifactsResponse, error)
-	// RemoveArtifact deletes a pushed capsule. A session staged or live from it keeps it
-	// (FailedPrecondition, naming the sessions); ended sessions keep their own copy.
+	// RemoveArtifact forgets a pushed capsule's name@version: run, stage and spawn no longer
+	// find it, and a later push may store other bytes under it. No session depends on the
+	// name: each runs the stored tree its digest names (Session.capsule.dir), which roostd
+	// keeps while any session, staged, live or ended, records that digest, and deletes at
+	// the first rm, prune, retention pass or restart after none does. NotFound for a
+	// name@version never pushed or already removed; InvalidArgument for a ref that is not
+	// name@version.
 	RemoveArtifact(ctx context.Context, in *RemoveArtifactRequest, opts ...grpc.CallOption) (*RemoveArtifactResponse, error)
 }
 
@@ -91,8 +96,13 @@ type ArtifactServiceServer interface {
 	Push(context.Context, *PushRequest) (*PushResponse, error)
 	// ListArtifacts lists every pushed capsule.
 	ListArtifacts(context.Context, *ListArtifactsRequest) (*ListArtifactsResponse, error)
-	// RemoveArtifact deletes a pushed capsule. A session staged or live from it keeps it
-	// (FailedPrecondition, naming the sessions); ended sessions keep their own copy.
+	// RemoveArtifact forgets a pushed capsule's name@version: run, stage and spawn no longer
+	// find it, and a later push may store other bytes under it. No session depends on the
+	// name: each runs the stored tree its digest names (Session.capsule.dir), which roostd
+	// keeps while any session, staged, live or ended, records that digest, and deletes at
+	// the first rm, prune, retention pass or restart after none does. NotFound for a
+	// name@version never pushed or already removed; InvalidArgument for a ref that is not
+	// name@version.
 	RemoveArtifact(context.Context, *RemoveArtifactRequest) (*RemoveArtifactResponse, error)
 	mustEmbedUnimplementedArtifactServiceServer()
 }

@@ -1925,7 +1925,9 @@ type LogsResponse struct {
 	// set); absent for a marker line and for records from before roost kept write times.
 	Time *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=time,proto3" json:"time,omitempty"`
 	// Where in the stream data's first byte was written; -1 for a line roost inserted (the
-	// marker where resources.log_max_bytes dropped bytes).
+	// marker where resources.log_max_bytes dropped bytes). With tail and follow, each stream
+	// first gets a response without data whose offset is where its tail begins, so a
+	// follower that has received nothing of a stream yet can still resume it exactly.
 	Offset        int64 `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

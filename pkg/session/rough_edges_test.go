@@ -1,0 +1,167 @@
+package session
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"roost.dev/roost/pkg/manifest"
+)
+
+// TestDeadlineAboveManifestRefused: --deadline can only lower limits.deadline_seconds, so
+// one above it is refused at stage, naming both, rather than silently ignored.
+func TestDeadlineAboveManifestRefused(t *testing.T) {
+	m, _ := openManager(t, stateDir(t))
+	dir := capsule(t, "true", "capabilities:\n  limits:\n    deadline_seconds: 600\n")
+	_, err := m.Stage(StageOptions{Capsule: dir, Deadline: 2 * time.Hour})
+	if !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("deadline above the manifest's: %v", err)
+	}
+	if want := "--deadline 2h0m0s is above the capsule's limits.deadline_seconds (600 s); it can only lower it"; !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %q does not say %q", err, want)
+	}
+	// Equal or lower is fine.
+	for _, d := range []time.Duration{600 * time.Second, time.Minute} {
+		rec, err := m.Stage(StageOptions{Capsule: dir, Deadline: d})
+		if err != nil || rec.Deadline != d {
+			t.Fatalf("deadline %v: %v %v", d, rec, err)
+		}
+	}
+	// Without a declared limit, the default is what it may not exceed.
+	undeclared := capsule(t, "true", "")
+	if _, err := m.Stage(StageOptions{Capsule: undeclared, Deadline: 2 * time.Hour}); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "default") {
+		t.Fatalf("deadline above the default: %v", err)
+	}
+	if _, err := m.Stage(StageOptions{Capsule: dir, Deadline: -time.Second}); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("negative deadline: %v", err)
+	}
+}
+
+// TestStopReason: a stop with a reason says it in the session's detail instead of the
+// generic "stopped by roostctl stop".
+func TestStopReason(t *testing.T) {
+	m, _ := openManager(t, stateDir(t))
+	rec := run(t, m, StageOptions{Capsule: capsule(t, "sleep 30", "")})
+	stopped, err := m.StopBecause(context.Background(), rec.ID, 5*time.Second, "interrupted (SIGINT to roostctl run)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "stopped: interrupted (SIGINT to roostctl run); "; !strings.HasPrefix(stopped.Detail, want) || stopped.ExitStatus != StatusTerminated {
+		t.Fatalf("detail %q (%s), want it to start %q", stopped.Detail, stopped.ExitStatus, want)
+	}
+	rec = run(t, m, StageOptions{Capsule: capsule(t, "sleep 30", "")})
+	stopped, err = m.Stop(context.Background(), rec.ID, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(stopped.Detail, "stopped by roostctl stop; ") {
+		t.Fatalf("detail without a reason: %q", stopped.Detail)
+	}
+}
+
+// TestPauseAndRemoveSayWhatIsTrue: pause of a session without a cgroup says what pause
+// needs (scoped works as well as sealed), and rm of a live one names the way through (-f);
+// each names the session once.
+func TestPauseAndRemoveSayWhatIsTrue(t *testing.T) {
+	m, _ := openManager(t, stateDir(t))
+	rec := run(t, m, StageOptions{Capsule: capsule(t, "sleep 30", "capabilities:\n  containment: advisory\n")})
+	t.Cleanup(func() { m.Kill(context.Background(), rec.ID, 9) })
+	_, err := m.Pause(rec.ID)
+	if err == nil {
+		t.Fatal("paused a session without a cgroup")
+	}
+	msg := err.Error()
+	if !strings.Contains(msg, "pause needs a cgroup: scoped or sealed") || !strings.Contains(msg, "advisory") || strings.Contains(msg, "needs a sealed session") {
+		t.Errorf("pause: %q", msg)
+	}
+	if n := strings.Count(msg, rec.ID); n != 1 {
+		t.Errorf("pause names the session %d times: %q", n, msg)
+	}
+	err = m.RemoveTree(context.Background(), rec.ID, false)
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "roostctl rm -f") {
+		t.Errorf("rm of a live session: %v", err)
+	}
+	if n := strings.Count(err.Error(), rec.ID); n != 1 {
+		t.Errorf("rm names the session %d times: %q", n, err)
+	}
+}
+
+// TestShellAllowNamesChecked: a shell.allow name that is no program on the session's PATH
+// is refused at stage with its field path, the name, where roost looked, and the close
+// name it probably meant.
+func TestShellAllowNamesChecked(t *testing.T) {
+	bin := t.TempDir()
+	for _, name := range []string{"python3", "perl", "notes.txt"} {
+		mode := os.FileMode(0o755)
+		if name == "notes.txt" {
+			mode = 0o644
+		}
+		if err := os.WriteFile(filepath.Join(bin, name), []byte("#!/bin/sh\n"), mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := checkShellNames([]string{"perl", "pythn3"}, bin, manifest.Scoped)
+	if !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("pythn3: %v", err)
+	}
+	for _, want := range []string{"capabilities.shell.allow[1]", `"pythn3"`, bin, `did you mean "python3"?`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	// Only executables are suggested, and nothing far off is.
+	if err := checkShellNames([]string{"notes.tx"}, bin, manifest.Scoped); err == nil || strings.Contains(err.Error(), "did you mean") {
+		t.Errorf("notes.tx: %v", err)
+	}
+	if err := checkShellNames([]string{"perl", "/bin/sh", "@shell"}, bin, manifest.Sealed); err != nil {
+		t.Errorf("names that exist, paths and presets: %v", err)
+	}
+	// A sealed session's view is said to be the host's /usr.
+	if err := checkShellNames([]string{"nosuchprogram"}, bin, manifest.Sealed); err == nil || !strings.Contains(err.Error(), "sealed root") {
+		t.Errorf("sealed: %v", err)
+	}
+
+	// Through stage, as an operator meets it.
+	m, _ := openManager(t, stateDir(t))
+	_, err = m.Stage(StageOptions{Capsule: capsule(t, "true", "capabilities:\n  shell:\n    allow: [sh, shhhhh-nope]\n")})
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), `capabilities.shell.allow[1]: "shhhhh-nope": not found on PATH`) {
+		t.Fatalf("stage: %v", err)
+	}
+}
+
+// TestLandlockHint: a session under Landlock (scoped, sealed) that exits non-zero with
+// "Permission denied" at the head of its stderr gets a hint in its detail pointing at
+// explain; others do not.
+func TestLandlockHint(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "stderr.log"), []byte("cat: /etc/shadow: Permission denied\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rec := &Record{Achieved: "sealed", RecordsDir: dir}
+	rec.Capsule.Source = "/srv/capsules/x"
+	got := landlockHint(rec, StatusError, "exited with code 1")
+	if want := "exited with code 1; hint: roost limits what this session may read, write and execute (Landlock, shell.allow); see roostctl explain /srv/capsules/x"; got != want {
+		t.Errorf("sealed, denied:\n got %q\nwant %q", got, want)
+	}
+	for _, c := range []struct {
+		class  string
+		status ExitStatus
+	}{{"advisory", StatusError}, {"sealed", StatusOK}, {"scoped", StatusDeadlineReached}} {
+		rec.Achieved = c.class
+		if got := landlockHint(rec, c.status, "d"); got != "d" {
+			t.Errorf("%s %s: %q", c.class, c.status, got)
+		}
+	}
+	rec.Achieved = "scoped"
+	if err := os.WriteFile(filepath.Join(dir, "stderr.log"), []byte("something else\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := landlockHint(rec, StatusError, "d"); got != "d" {
+		t.Errorf("no denial: %q", got)
+	}
+}
