@@ -85,7 +85,7 @@ while [ ! -e /work/done ]; do sleep 0.05; done
 		}
 	}
 	// The ceiling changes at run time.
-	if out := d.ok("spend", "set-limit", "5000"); out != "machine ceiling 5000 tokens per day (was 1000)\n" {
+	if out := d.ok("spend", "set-limit", "5000"); out != "machine ceiling: 5000 tokens per UTC day (was 1000 tokens per UTC day)\n" {
 		t.Errorf("set-limit: %q", out)
 	}
 	if res := d.ctl("spend", "set-limit", "lots"); res.code != 2 || !strings.Contains(res.stderr, `TOKENS "lots"`) {
