@@ -153,3 +153,30 @@ func TestRunCtrlCRecordsWhy(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestCompletion asks roostctl for completions as bash's script does (cobra's __complete):
+// session names and ids come from roostd, capsules from its store and the directory.
+func TestCompletion(t *testing.T) {
+	d := newDaemon(t)
+	id := strings.TrimSpace(d.ok("run", "--detach", "--name", "webby", capsule(t, "sleeper", "sleep 60", "")))
+	d.ok("push", "examples/worker")
+	out := d.ok("__complete", "logs", "")
+	if !strings.Contains(out, "webby\tsleeper running") || !strings.Contains(out, id+"\tsleeper running") {
+		t.Errorf("completing a SESSION:\n%s", out)
+	}
+	if out := d.ok("__complete", "inspect", "web"); strings.Contains(out, id) || !strings.Contains(out, "webby") {
+		t.Errorf("completing a SESSION from \"web\":\n%s", out)
+	}
+	out = d.ok("__complete", "run", "examples/h")
+	if !strings.Contains(out, "examples/hello\tcapsule") {
+		t.Errorf("completing a CAPSULE directory:\n%s", out)
+	}
+	if out := d.ok("__complete", "run", "work"); !strings.Contains(out, "worker@0.1.0") {
+		t.Errorf("completing a pushed CAPSULE:\n%s", out)
+	}
+	for _, shell := range []string{"bash", "zsh", "fish"} {
+		if out := d.ok("completion", shell); !strings.Contains(out, "__complete") {
+			t.Errorf("completion %s: no script:\n%.300s", shell, out)
+		}
+	}
+}
