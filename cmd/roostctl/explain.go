@@ -21,7 +21,7 @@ func (a *app) explainCommand() *cobra.Command {
 	var deadline time.Duration
 	var asJSON, oci bool
 	cmd := &cobra.Command{
-		Use:   "explain CAPSULE",
+		Use:   "explain CAPSULE|NAME@VERSION",
 		Short: "Show a capsule's effective grants and containment, without running it",
 		Long: `explain reads CAPSULE as stage would and prints what a session of it would get: the
 containment floor and where it comes from, the class this host delivers (or why it
