@@ -26,14 +26,15 @@ all: build
 
 build: deps
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/roostd ./cmd/roostctl
+	@rm -rf bin/man && SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || date +%s) \
+		$(GO) run ./cmd/roostctl/internal/mangen bin/man
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o bin/ ./cmd/roost-init
 	CGO_ENABLED=1 $(GO) build -trimpath -o bin/ ./cmd/roost-wasm
 
 ## man: roostctl's man pages, one per command, generated from its command tree into bin/man
-## (make install puts them under $(PREFIX)/share/man/man1). Dated by the last commit, so the
-## same tree gives the same pages.
+## by make build (make install puts them under $(PREFIX)/share/man/man1). Dated by the last
+## commit, so the same tree gives the same pages.
 man: build
-	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || date +%s) bin/roostctl gen-man bin/man
 
 ## deps: what building roostd needs beyond Go: libseccomp's headers, for libcontainer.
 deps:
@@ -176,8 +177,7 @@ install:
 	fi
 	install -m 0644 README.md docs/security.md "$(DESTDIR)$(DOCDIR)/"
 	install -d -m 0755 "$(DESTDIR)$(PREFIX)/share/man/man1" "$(DESTDIR)$(PREFIX)/share/bash-completion/completions"
-	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || date +%s) \
-		$(INSTALL_FROM)/roostctl gen-man "$(DESTDIR)$(PREFIX)/share/man/man1"
+	install -m 0644 $(INSTALL_FROM)/man/*.1 "$(DESTDIR)$(PREFIX)/share/man/man1/"
 	$(INSTALL_FROM)/roostctl completion bash >"$(DESTDIR)$(PREFIX)/share/bash-completion/completions/roostctl"
 	@[ -n "$(DESTDIR)" ] || echo "installed; now: systemctl daemon-reload && systemctl enable --now roostd"
 

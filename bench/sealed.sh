@@ -67,8 +67,11 @@ for _ in $(seq 100); do
 	kill -0 "$roostd_pid" 2>/dev/null || { cat "$tmp/roostd.log" >&2; exit 1; }
 	sleep 0.1
 done
-if ! ./bin/roostctl doctor | grep -q '^sealed  *yes'; then
-	./bin/roostctl doctor >&2
+# grep -q would stop reading early, and pipefail would count roostctl's SIGPIPE: keep the
+# report whole first.
+doctor=$(./bin/roostctl doctor)
+if ! grep -q '^sealed  *yes' <<<"$doctor"; then
+	echo "$doctor" >&2
 	echo "bench/sealed.sh: roostd cannot run sealed sessions on this host" >&2
 	exit 1
 fi
@@ -97,7 +100,11 @@ bwrap_args+=(--ro-bind "$repo/bin/roost-init" /.roost/roost-init
 
 # Each tool appends its microseconds to $tmp/<tool>.us. The clock is $EPOCHREALTIME: timing
 # with $(date +%s%N) forks twice and adds about 2 ms here, as much as the floor itself.
-run_roost() { ./bin/roostctl run "$capsule"; }
+run_roost() {
+	local t0=${EPOCHREALTIME/./}
+	./bin/roostctl run "$capsule"
+	echo "$t0 ${EPOCHREALTIME/./}" >>"$tmp/roost.span"
+}
 run_runc() {
 	local b=$tmp/bundles/$1
 	mkdir -p "$b"
@@ -131,6 +138,8 @@ echo "== warm-up (untimed)"
 for t in "${tools[@]}"; do measure "$t" warm; done
 rm -f "$tmp"/*.us
 
+rm -f "$tmp/roost.span"
+./bin/roostctl prune -f >/dev/null
 echo "== $N iterations, interleaved"
 start=${EPOCHREALTIME/./}
 for i in $(seq "$N"); do
@@ -148,6 +157,33 @@ stats() {
 		r = int(0.9 * NR); if (r < 0.9 * NR) r++
 		printf "%.2f %.2f\n", med / 1000, v[r] / 1000 }'
 }
+# Where a roost start goes, from the registry's own event times (staged, launching, running,
+# exited) and the caller's clock around each roostctl run.
+phases=$(./bin/roostctl events --json | python3 -c '
+import json, sys, datetime, statistics
+def t(s):
+    s = s.rstrip("Z"); base, _, frac = s.partition(".")
+    return datetime.datetime.fromisoformat(base).replace(tzinfo=datetime.timezone.utc).timestamp() + float("0." + (frac or "0"))
+ev = {}
+for line in sys.stdin:
+    e = json.loads(line)
+    ev.setdefault(e["session_id"], {})[e["type"]] = t(e["time"])
+spans = [tuple(int(x) / 1e6 for x in l.split()) for l in open(sys.argv[1])]
+first = min(t0 for t0, _ in spans)
+sessions = sorted((v for v in ev.values() if v.get("session.staged", 0) >= first and "session.exited" in v), key=lambda v: v["session.staged"])
+rows = {"roostctl start + Stage RPC (to staged)": [], "staged -> launching (Launch RPC)": [],
+        "launching -> running (container, roost-init, program)": [], "running -> exited (program, its end recorded)": [],
+        "exited -> roostctl exit (Wait, output, exit)": []}
+for (t0, t1), v in zip(spans, sessions):
+    rows["roostctl start + Stage RPC (to staged)"].append(v["session.staged"] - t0)
+    rows["staged -> launching (Launch RPC)"].append(v["session.launching"] - v["session.staged"])
+    rows["launching -> running (container, roost-init, program)"].append(v["session.running"] - v["session.launching"])
+    rows["running -> exited (program, its end recorded)"].append(v["session.exited"] - v["session.running"])
+    rows["exited -> roostctl exit (Wait, output, exit)"].append(t1 - v["session.exited"])
+for k, xs in rows.items():
+    print("%-54s %8.2f" % (k, statistics.median(xs) * 1000))
+' "$tmp/roost.span")
+
 read -r roost_med roost_p90 < <(stats "$tmp/roost.us")
 read -r runc_med runc_p90 < <(stats "$tmp/runc.us")
 read -r bwrap_med bwrap_p90 < <(stats "$tmp/bwrap.us")
@@ -166,6 +202,42 @@ printf '%-46s %10s %10s\n' "floor: /usr/bin/true exec'd from bash" "$floor_med" 
 echo
 echo "roost/runc (medians):  $(ratio "$roost_med" "$runc_med")"
 echo "roost/bwrap (medians): $(ratio "$roost_med" "$bwrap_med")"
+echo
+printf '%-54s %8s\n' "roostctl run, by phase (medians of the $N above)" "ms"
+echo "$phases"
+# Throughput: sessions (containers) of /usr/bin/true started and ended per second by P
+# concurrent callers, each running its share of THROUGHPUT_N (default 4*N) starts.
+TN=${THROUGHPUT_N:-$((4 * N))}
+roost_one() { ./bin/roostctl run "$capsule" >/dev/null; }
+runc_one() {
+	local b=$tmp/bundles/tp-$1
+	mkdir -p "$b"
+	sed "s#\"cgroupsPath\": \"/roostbench/runc\"#\"cgroupsPath\": \"/roostbench/tp-$1\"#" \
+		"$tmp/bundle/config.json" >"$b/config.json"
+	runc --root "$tmp/runc" run --bundle "$b" "roostbench-tp-$1" </dev/null
+	runc --root "$tmp/runc" delete -f "roostbench-tp-$1" >/dev/null 2>&1 || true
+	rm -rf "$b"
+}
+export -f roost_one runc_one
+export capsule tmp
+per_second() { # TOOL P: sessions/s
+	local t0 t1
+	t0=${EPOCHREALTIME/./}
+	seq "$TN" | xargs -P "$2" -I{} bash -c "${1}_one {}"
+	t1=${EPOCHREALTIME/./}
+	awk -v n="$TN" -v us=$((t1 - t0)) 'BEGIN { printf "%.1f", n / (us / 1e6) }'
+}
+declare -A rate
+for p in 1 4 8; do
+	for t in roost runc; do rate[$t$p]=$(per_second "$t" "$p"); done
+done
+
+
+echo
+printf '%-46s %10s %10s %10s\n' "sessions/s, $TN starts of /usr/bin/true" "P=1" "P=4" "P=8"
+printf '%-46s %10s %10s %10s\n' "roostctl run (sealed)" "${rate[roost1]}" "${rate[roost4]}" "${rate[roost8]}"
+printf '%-46s %10s %10s %10s\n' "runc run + delete" "${rate[runc1]}" "${rate[runc4]}" "${rate[runc8]}"
+
 echo
 echo "runc runs the program directly as the container's init; roost runs it under roost-init"
 echo "and roost-exec and records the session (registry, events, records) around it."

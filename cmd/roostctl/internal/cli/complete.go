@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/cobra/doc"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 )
@@ -159,24 +158,4 @@ func (a *app) completeCapsules(cmd *cobra.Command, args []string, toComplete str
 		}
 	}
 	return out, cobra.ShellCompDirectiveNoFileComp | cobra.ShellCompDirectiveNoSpace
-}
-
-// manCommand writes roostctl's man pages, one per command, from the command tree: make
-// man calls it, so the pages never drift from --help.
-func (a *app) manCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:    "gen-man DIR",
-		Short:  "Write roostctl's man pages (roostctl.1, roostctl-run.1, ...) into DIR",
-		Hidden: true,
-		Args:   exactArgs(1, "one DIR"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := os.MkdirAll(args[0], 0o755); err != nil {
-				return err
-			}
-			root := cmd.Root()
-			root.DisableAutoGenTag = true
-			header := &doc.GenManHeader{Title: "ROOSTCTL", Section: "1", Source: "roost", Manual: "roost manual"}
-			return doc.GenManTree(root, header, args[0])
-		},
-	}
 }

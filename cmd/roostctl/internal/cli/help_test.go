@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -51,7 +51,7 @@ func TestHelpFitsWidth(t *testing.T) {
 // copy from it: each roostctl line must name a command that exists, with flags it has, and
 // every command roostctl offers must appear there.
 func TestReadmeTourMatchesCommands(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	data, err := os.ReadFile(filepath.Join("..", "..", "..", "..", "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,27 +118,4 @@ func TestReadmeTourMatchesCommands(t *testing.T) {
 			t.Errorf("README's tour of roostctl never shows %q", c.CommandPath())
 		}
 	})
-}
-
-// TestManPages writes the man pages as make man does and checks one per command.
-func TestManPages(t *testing.T) {
-	dir := t.TempDir()
-	a := &app{}
-	root := a.rootCommand()
-	root.SetArgs([]string{"gen-man", dir})
-	if err := root.Execute(); err != nil {
-		t.Fatal(err)
-	}
-	for _, page := range []string{"roostctl.1", "roostctl-run.1", "roostctl-exec.1", "roostctl-logs.1"} {
-		data, err := os.ReadFile(filepath.Join(dir, page))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Contains(data, []byte(".TH \"ROOSTCTL\"")) || !bytes.Contains(data, []byte(".SH SYNOPSIS")) {
-			t.Errorf("%s is not a man page:\n%s", page, data)
-		}
-	}
-	if _, err := os.Stat(filepath.Join(dir, "roostctl-gen-man.1")); err == nil {
-		t.Error("the hidden gen-man command has a man page")
-	}
 }
