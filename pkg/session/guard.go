@@ -59,6 +59,10 @@ func (m *Manager) guardWorkdir(l *liveSession, rec *Record, done <-chan struct{}
 				break
 			}
 		}
+		if err == nil || used.Bytes > 0 {
+			l.workdirBytes.Store(used.Bytes)
+			l.workdirMeasured.Store(true)
+		}
 		limit, saw := "", ""
 		switch {
 		case lim.Bytes > 0 && used.Bytes > lim.Bytes:

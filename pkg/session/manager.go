@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -170,6 +171,10 @@ type liveSession struct {
 	ended     chan struct{}
 	deadline  *time.Timer
 	killTimer *time.Timer
+	// workdirBytes is what the workdir guard last measured of the session's trees, for
+	// Usage: one walk serves the bound and the operator's view.
+	workdirBytes    atomic.Int64
+	workdirMeasured atomic.Bool
 }
 
 // Open opens the state directory's registry, reconciles every session it lists as live
