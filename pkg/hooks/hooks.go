@@ -258,22 +258,24 @@ func (h *Hooks) drop(w *worker, j job, full bool) {
 func (h *Hooks) work(w *worker) {
 	defer h.workers.Done()
 	for {
+		// Closing first: select picks at random among ready cases, and a worker must not
+		// go on taking queued inputs once Close has begun (Close drops them).
+		select {
+		case <-h.closing:
+			return
+		default:
+		}
 		select {
 		case <-h.closing:
 			return
 		case j := <-w.queue:
+			// Taken before Close began: it is in flight, and Close waits for it.
 			w.mu.Lock()
 			n := w.burst
 			w.burst = 0
 			w.mu.Unlock()
 			if n > 0 {
 				h.log.Warn("hook queue has room again", "hook", w.hook.Name, "dropped", n)
-			}
-			select {
-			case <-h.closing:
-				h.drop(w, j, false)
-				return
-			default:
 			}
 			h.run(h.ctx, w.hook, j.subject, j.input)
 		}
