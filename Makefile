@@ -158,6 +158,8 @@ $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc: go.mod go.sum
 install:
 	@for b in $(INSTALL_BINS); do [ -f "$(INSTALL_FROM)/$$b" ] && [ -x "$(INSTALL_FROM)/$$b" ] || \
 		{ echo "install: $(INSTALL_FROM)/$$b is missing: run make build first (roost-wasm needs cgo: gcc)" >&2; exit 1; }; done
+	@ls $(INSTALL_FROM)/man/*.1 >/dev/null 2>&1 || \
+		{ echo "install: $(INSTALL_FROM)/man holds no man pages: run make build first" >&2; exit 1; }
 	install -d -m 0755 "$(DESTDIR)$(PREFIX)/bin" "$(DESTDIR)$(UNITDIR)" "$(DESTDIR)$(DOCDIR)"
 	install -m 0755 $(addprefix $(INSTALL_FROM)/,$(INSTALL_BINS)) "$(DESTDIR)$(PREFIX)/bin/"
 	sed -e 's|/usr/local/bin/|$(PREFIX)/bin/|g' -e 's|/usr/local/share/doc/roost/|$(DOCDIR)/|g' \

@@ -36,6 +36,13 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "building roost:", err)
 		os.Exit(1)
 	}
+	// What make build puts beside the binaries, for make install-check from here.
+	man := exec.Command("go", "run", "roost.dev/roost/cmd/roostctl/internal/mangen", filepath.Join(dir, "man"))
+	man.Stdout, man.Stderr = os.Stdout, os.Stderr
+	if err := man.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "writing roostctl's man pages:", err)
+		os.Exit(1)
+	}
 	// Sessions' uids run roost-wasm from here, as they would from /usr/local/bin.
 	if err := os.Chmod(dir, 0o755); err != nil {
 		panic(err)
