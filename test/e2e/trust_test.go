@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The trust boundary, tried from inside sessions through roostd as an attacker would: read
@@ -189,7 +190,14 @@ func TestTrustSessionsNeverHostRoot(t *testing.T) {
 		t.Helper()
 		for _, id := range ids {
 			var s identity
-			waitFor(t, "the program's pid", func() bool { s = d.identity(id); return s.Pid != 0 })
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				if s = d.identity(id); s.Pid != 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("session %s has no program pid after 30 s:\n%s\nroostd:\n%s", id, d.ok("inspect", id), d.log)
+				}
+			}
 			uid := hostUID(t, s.Pid)
 			if uid == "0" || uid != strconv.Itoa(int(s.Identity.UID)) || s.Identity.Size != 65536 {
 				t.Fatalf("session %s runs as host uid %s; inspect says %+v", id, uid, s.Identity)
