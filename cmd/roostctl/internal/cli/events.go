@@ -140,25 +140,9 @@ func (a *app) streamEvents(ctx context.Context, c roostv1.SessionServiceClient, 
 	}
 }
 
-// parseUntil reads --until as docker does: an RFC3339 time, Unix seconds, or a duration
-// counted back from now (10m: ten minutes ago; -10m, written --until=-10m: ten minutes from
-// now).
+// parseUntil reads --until, where a negative duration (--until=-10m) means from now on.
 func parseUntil(s string, now time.Time) (time.Time, error) {
-	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02"} {
-		if t, err := time.ParseInLocation(layout, s, time.Local); err == nil {
-			return t, nil
-		}
-	}
-	if unixSeconds.MatchString(s) {
-		secs, err := strconv.ParseFloat(s, 64)
-		if err == nil {
-			return time.Unix(0, int64(secs*float64(time.Second))), nil
-		}
-	}
-	if d, err := time.ParseDuration(s); err == nil {
-		return now.Add(-d), nil
-	}
-	return time.Time{}, usageError{fmt.Errorf("--until %q: give a time (2006-01-02T15:04:05Z07:00), Unix seconds, or a duration before now (10m; -10m is ten minutes from now)", s)}
+	return parseTimeFlag("--until", s, now, true)
 }
 
 func (a *app) eventsCommand() *cobra.Command {
@@ -300,8 +284,6 @@ object per line, each with its "seq".`,
 	cmd.Flags().BoolVar(&noTrunc, "no-trunc", false, "show full session ids")
 	return cmd
 }
-
-var unixSeconds = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?$`)
 
 // fullID matches a whole session id.
 var fullID = regexp.MustCompile(`^ses_[0-9a-f]{32}$`)

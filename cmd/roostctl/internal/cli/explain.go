@@ -79,8 +79,8 @@ called SESSION.`,
 // explainWidth is the width explain wraps its human output to: the terminal's, or 100
 // columns when stdout is not a terminal (a pager, a file, a pipe).
 func explainWidth(out io.Writer) int {
-	if f, ok := out.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-		if w, _, err := term.GetSize(int(f.Fd())); err == nil && w >= 40 {
+	if isTerminal(out) {
+		if w, _, err := term.GetSize(int(out.(*os.File).Fd())); err == nil && w >= 40 {
 			return w
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"strconv"
 	"syscall"
 	"time"
@@ -56,9 +57,9 @@ inspect shows, per stream, the bytes written and dropped.`,
 				o.tail = &n
 			}
 			if since != "" {
-				t, err := parseSince(since, time.Now())
+				t, err := parseTimeFlag("--since", since, time.Now(), false)
 				if err != nil {
-					return usageError{err}
+					return err
 				}
 				o.since = t
 			}
@@ -67,21 +68,39 @@ inspect shows, per stream, the bytes written and dropped.`,
 	}
 	cmd.Flags().BoolVarP(&o.follow, "follow", "f", false, "keep printing output until the session ends")
 	cmd.Flags().StringVar(&tail, "tail", "all", "print only each stream's last `N` lines")
-	cmd.Flags().StringVar(&since, "since", "", "print only output written at or after `T`: RFC 3339, or a duration before now")
+	cmd.Flags().StringVar(&since, "since", "", "print only output written at or after `T`: RFC 3339, Unix seconds, or a duration before now")
 	cmd.Flags().BoolVarP(&o.timestamps, "timestamps", "t", false, "start each line with when it was written")
 	return cmd
 }
 
-// parseSince reads --since: a time in RFC 3339 (fractional seconds allowed), or a duration
-// that far before now.
-func parseSince(s string, now time.Time) (time.Time, error) {
-	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
-		return t, nil
+// unixSeconds is a time flag given as seconds since the epoch, fractions allowed.
+var unixSeconds = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?$`)
+
+// timeFlagForms says what parseTimeFlag takes, for its errors.
+const timeFlagForms = "a time (2006-01-02T15:04:05Z07:00, or 2006-01-02 in local time), Unix seconds, or a duration before now (10m)"
+
+// parseTimeFlag reads a time flag as docker does: an RFC 3339 time (or its date forms, in
+// local time), Unix seconds, or a duration counted back from now. A negative duration, a
+// time still to come, only where future says the flag can mean one (events --until).
+func parseTimeFlag(flag, s string, now time.Time, future bool) (time.Time, error) {
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02"} {
+		if t, err := time.ParseInLocation(layout, s, time.Local); err == nil {
+			return t, nil
+		}
 	}
-	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+	if unixSeconds.MatchString(s) {
+		if secs, err := strconv.ParseFloat(s, 64); err == nil {
+			return time.Unix(0, int64(secs*float64(time.Second))), nil
+		}
+	}
+	if d, err := time.ParseDuration(s); err == nil && (d >= 0 || future) {
 		return now.Add(-d), nil
 	}
-	return time.Time{}, fmt.Errorf("--since %q: give a time in RFC 3339 (e.g. 2025-05-01T12:00:00Z) or a duration before now (e.g. 90s, 10m, 2h)", s)
+	forms := timeFlagForms
+	if future {
+		forms += "; -10m is ten minutes from now"
+	}
+	return time.Time{}, usageError{fmt.Errorf("%s %q: give %s", flag, s, forms)}
 }
 
 // logsOptions is what logs (and run) ask of a session's output.

@@ -9,8 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"golang.org/x/term"
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 )
 
@@ -22,8 +21,7 @@ func isTerminal(stream any) bool {
 	if !ok {
 		return false
 	}
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
+	return term.IsTerminal(int(f.Fd()))
 }
 
 // Escape sequences every terminal roostctl meets understands (VT100).
