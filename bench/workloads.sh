@@ -95,8 +95,11 @@ for _ in $(seq 100); do
 	kill -0 "$roostd_pid" 2>/dev/null || { cat "$tmp/roostd.log" >&2; exit 1; }
 	sleep 0.1
 done
-if ! ./bin/roostctl doctor | grep -q '^sealed  *yes'; then
-	./bin/roostctl doctor >&2
+# grep -q would stop reading early, and pipefail would count roostctl's SIGPIPE: keep the
+# report whole first.
+doctor=$(./bin/roostctl doctor)
+if ! grep -q '^sealed  *yes' <<<"$doctor"; then
+	echo "$doctor" >&2
 	echo "bench/workloads.sh: roostd cannot run sealed sessions on this host" >&2
 	exit 1
 fi
