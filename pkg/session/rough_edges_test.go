@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/toolchain"
 )
 
 // TestDeadlineAboveManifestRefused: --deadline can only lower limits.deadline_seconds, so
@@ -105,7 +106,15 @@ func TestShellAllowNamesChecked(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	err := checkShellNames([]string{"perl", "pythn3"}, bin, manifest.Scoped)
+	tools := toolchain.NewResolver()
+	check := func(names []string, floor manifest.Class) error {
+		_, err := tools.Resolve(names, bin, "")
+		if err != nil {
+			err = shellAllowRefused(err, floor)
+		}
+		return err
+	}
+	err := check([]string{"perl", "pythn3"}, manifest.Scoped)
 	if !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("pythn3: %v", err)
 	}
@@ -115,14 +124,14 @@ func TestShellAllowNamesChecked(t *testing.T) {
 		}
 	}
 	// Only executables are suggested, and nothing far off is.
-	if err := checkShellNames([]string{"notes.tx"}, bin, manifest.Scoped); err == nil || strings.Contains(err.Error(), "did you mean") {
+	if err := check([]string{"notes.tx"}, manifest.Scoped); err == nil || strings.Contains(err.Error(), "did you mean") {
 		t.Errorf("notes.tx: %v", err)
 	}
-	if err := checkShellNames([]string{"perl", "/bin/sh", "@shell"}, bin, manifest.Sealed); err != nil {
+	if err := check([]string{"perl", "/bin/sh", "@shell"}, manifest.Sealed); err != nil {
 		t.Errorf("names that exist, paths and presets: %v", err)
 	}
 	// A sealed session's view is said to be the host's /usr.
-	if err := checkShellNames([]string{"nosuchprogram"}, bin, manifest.Sealed); err == nil || !strings.Contains(err.Error(), "sealed root") {
+	if err := check([]string{"nosuchprogram"}, manifest.Sealed); err == nil || !strings.Contains(err.Error(), "sealed root") {
 		t.Errorf("sealed: %v", err)
 	}
 

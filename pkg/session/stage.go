@@ -317,12 +317,9 @@ func (m *Manager) plan(opts StageOptions, store bool) (*plan, error) {
 	}
 	// What the session may exec is decided here, on this host, and recorded: an entry that
 	// names nothing here is refused now, not found missing at launch.
-	if err := checkShellNames(policy.Shell.Allow, "", max(policy.Containment, m.cfg.DaemonFloor, opts.Containment)); err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(source, manifest.FileName), err)
-	}
 	shell, err := m.tools.Resolve(policy.Shell.Allow, "", dir)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(source, manifest.FileName), err)
+		return nil, fmt.Errorf("%s: %w", filepath.Join(source, manifest.FileName), shellAllowRefused(err, max(policy.Containment, m.cfg.DaemonFloor, opts.Containment)))
 	}
 	decision := containment.Decide(&policy, containment.Sources(&policy, m.cfg.DaemonFloor, opts.Containment), m.cfg.Catalog)
 	return &plan{

@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+
+	"roost.dev/roost/pkg/manifest"
 )
 
 // DefaultPath is where names are looked up: the PATH a session gets unless its manifest sets
@@ -77,7 +79,7 @@ func (r *Resolver) Resolve(entries []string, path, capsuleDir string) ([]Entry, 
 		}
 		res, err := r.resolve(e, path)
 		if err != nil {
-			return nil, fmt.Errorf("capabilities.shell.allow[%d]: %q: %v: %w", i, e, err, errdefs.ErrInvalidArgument)
+			return nil, fmt.Errorf("capabilities.shell.allow[%d]: %q: %w: %w", i, e, err, errdefs.ErrInvalidArgument)
 		}
 		out = append(out, res)
 	}
@@ -123,18 +125,50 @@ func resolvePath(entry string) (Entry, error) {
 	return Entry{Entry: entry, Files: []string{entry}}, nil
 }
 
-// lookPath finds name as a shell does: the first executable regular file on path.
+// ErrNotOnPath is a name lookPath found no executable for.
+var ErrNotOnPath = errors.New("not found on PATH")
+
+// lookPath finds name as a shell does: the first executable regular file on path. Its error
+// names the path and, when one is within two edits, the executable name probably meant.
 func lookPath(name, path string) (string, error) {
 	for _, dir := range filepath.SplitList(path) {
 		if dir == "" {
 			continue
 		}
 		candidate := filepath.Join(dir, name)
-		if info, err := os.Stat(candidate); err == nil && info.Mode().IsRegular() && info.Mode().Perm()&0o111 != 0 {
+		if isExecutable(candidate) {
 			return candidate, nil
 		}
 	}
-	return "", fmt.Errorf("not found on PATH (%s)", path)
+	hint := ""
+	if near := manifest.Closest(name, executables(path), 2); near != "" {
+		hint = fmt.Sprintf("; did you mean %q?", near)
+	}
+	return "", fmt.Errorf("%w (%s)%s", ErrNotOnPath, path, hint)
+}
+
+func isExecutable(path string) bool {
+	info, err := os.Stat(path)
+	return err == nil && info.Mode().IsRegular() && info.Mode().Perm()&0o111 != 0
+}
+
+// executables lists the names of the executable regular files on path, once each.
+func executables(path string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, dir := range filepath.SplitList(path) {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, ent := range ents {
+			if !seen[ent.Name()] && isExecutable(filepath.Join(dir, ent.Name())) {
+				seen[ent.Name()] = true
+				out = append(out, ent.Name())
+			}
+		}
+	}
+	return out
 }
 
 // Presets are the toolchains a capsule may name whole.
