@@ -54,13 +54,27 @@ func watchExit(pid int, start uint64) (*exitWatch, error) {
 		defer w.file.Close()
 		// A pidfd polls readable once its process has exited. Returning false parks this
 		// goroutine in the poller until then.
-		_ = rc.Read(func(fd uintptr) bool {
-			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-			n, err := unix.Poll(fds, 0)
-			return err != nil || n > 0
-		})
+		_ = rc.Read(func(fd uintptr) bool { return exited(int(fd)) })
 	}()
 	return w, nil
+}
+
+// exited says whether the pidfd's process has ended. A poll that a signal interrupts
+// (the Go runtime preempts goroutines with SIGURG) looks again: read as an end, it would
+// have roostd record a live session lost and kill it.
+func exited(pidfd int) bool {
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 0)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			// Only a pidfd that is no longer one fails here; nothing is left to wait for.
+			return true
+		}
+		return n > 0
+	}
 }
 
 func signalGroup(pid int, sig syscall.Signal) error { return roostinit.SignalGroup(pid, sig) }

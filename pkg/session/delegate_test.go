@@ -335,6 +335,8 @@ func TestDelegationSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.m = m
+	// Before this manager's ledger closes (cleanups run last first).
+	t.Cleanup(d.endAll)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	child, err := m.Wait(ctx, res.SessionID)
