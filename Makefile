@@ -18,7 +18,7 @@ INSTALL_FROM ?= bin
 UNITDIR := /lib/systemd/system
 CONFDIR := /etc/roost
 DOCDIR  := $(PREFIX)/share/doc/roost
-INSTALL_BINS := roostd roostctl roost-init roost-wasm
+INSTALL_BINS := roostd roostctl roost-init roost-sealer roost-wasm
 
 .PHONY: all deps sdk build man test unit e2e lint vet staticcheck fmt-check proto proto-check buf-lint demo bench fuzz tools clean install install-check buf-breaking api-baseline tidy-check deploy-check
 
@@ -26,6 +26,7 @@ all: build
 
 build: deps
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/roostd ./cmd/roostctl
+	CGO_ENABLED=1 $(GO) build -trimpath -ldflags "-s -w" -o bin/ ./cmd/roost-sealer
 	@rm -rf bin/man && SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || date +%s) \
 		$(GO) run ./cmd/roostctl/internal/mangen bin/man
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o bin/ ./cmd/roost-init
@@ -133,6 +134,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzAuthority -fuzztime 20s -fuzzminimizetime 5s ./pkg/egress/
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 20s -fuzzminimizetime 5s ./pkg/config/
 	$(GO) test -run '^$$' -fuzz FuzzInterpreters -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/roostinit/
+	$(GO) test -run '^$$' -fuzz FuzzReadMessage -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/sealer/
 
 tools: $(TOOLS)/buf $(TOOLS)/staticcheck $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc $(TOOLS)/grpcurl
 
@@ -149,7 +151,7 @@ $(TOOLS)/grpcurl: tools/go.mod tools/go.sum
 $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc: go.mod go.sum
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
 
-## install: roostd, roostctl, roost-init and roost-wasm (from $(INSTALL_FROM): make build first) to
+## install: roostd, roostctl, roost-init, roost-sealer and roost-wasm (from $(INSTALL_FROM): make build first) to
 ## $(DESTDIR)$(PREFIX)/bin, mode 0755; the systemd unit to $(DESTDIR)/lib/systemd/system with
 ## its paths under $(PREFIX); a default configuration (all comments) to
 ## $(DESTDIR)/etc/roost/roostd.yaml unless one is there; README.md and docs/security.md to

@@ -23,6 +23,7 @@ import (
 	"roost.dev/roost/pkg/artifact"
 	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/sealer"
 	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/endpoint"
 	"roost.dev/roost/pkg/gateway"
@@ -218,7 +219,11 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 	var scoped *containment.ScopedRuntime
 	if init != containment.SelfInit {
 		// A sealed root mounts roost-init itself: it must be the small static binary.
-		if sealed, err = containment.NewSealedRuntime(stateDir, init, pool.RehearsalIDs(), containment.WithCgroups(cgs)); err != nil {
+		seal := sealerClient(log)
+		if seal != nil {
+			defer seal.Close()
+		}
+		if sealed, err = containment.NewSealedRuntime(stateDir, init, pool.RehearsalIDs(), containment.WithCgroups(cgs), containment.WithSealer(seal)); err != nil {
 			return fmt.Errorf("sealed runtime: %w", err)
 		}
 		if scoped, err = containment.NewScopedRuntime(stateDir, init, pool.RehearsalIDs(), containment.WithCgroups(cgs)); err != nil {
@@ -482,21 +487,48 @@ func rehearse(ctx context.Context, run func(context.Context) error) error {
 // initBinary finds roost-init next to roostd. Without it, sessions start under roostd's
 // own binary playing roost-init, which works but costs several milliseconds per launch.
 func initBinary(log *slog.Logger) string {
-	exe, err := os.Executable()
-	if err == nil {
-		path := filepath.Join(filepath.Dir(exe), "roost-init")
-		info, err := os.Stat(path)
-		switch {
-		case err != nil:
-		case info.Mode().Perm()&0o022 != 0:
-			// roostd runs it as root: a binary others can rewrite would be theirs to run.
-			log.Warn("ignoring roost-init: it is writable by group or others", "path", path, "mode", info.Mode().String())
-		case info.Mode().IsRegular() && info.Mode().Perm()&0o100 != 0:
-			return path
-		}
+	if path, ok := besideRoostd("roost-init", log); ok {
+		return path
 	}
 	log.Warn("roost-init not found next to roostd; sessions start under roostd's own binary (slower launches)")
 	return containment.SelfInit
+}
+
+// sealerClient starts roost-sealer from next to roostd, to start sealed sessions'
+// containers. Without it (nil) roostd starts them itself, which works but costs every
+// sealed start the re-execution of roostd's own binary as the container's init.
+func sealerClient(log *slog.Logger) *sealer.Client {
+	path, ok := besideRoostd(sealer.Name, log)
+	if !ok {
+		log.Warn("roost-sealer not found next to roostd; roostd starts sealed containers itself (slower sealed starts)")
+		return nil
+	}
+	c, err := sealer.NewClient(path)
+	if err != nil {
+		log.Warn("roost-sealer did not start; roostd starts sealed containers itself (slower sealed starts)", "err", err)
+		return nil
+	}
+	log.Info("sealed containers start through roost-sealer", "path", path)
+	return c
+}
+
+// besideRoostd finds an executable helper named name in roostd's own directory.
+func besideRoostd(name string, log *slog.Logger) (string, bool) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", false
+	}
+	path := filepath.Join(filepath.Dir(exe), name)
+	info, err := os.Stat(path)
+	switch {
+	case err != nil:
+	case info.Mode().Perm()&0o022 != 0:
+		// roostd runs it as root: a binary others can rewrite would be theirs to run.
+		log.Warn("ignoring "+name+": it is writable by group or others", "path", path, "mode", info.Mode().String())
+	case info.Mode().IsRegular() && info.Mode().Perm()&0o100 != 0:
+		return path, true
+	}
+	return "", false
 }
 
 // operatorHooks readies roostd's configured hooks: each module compiled once now, every run

@@ -19,6 +19,8 @@ import (
 	cgroupsmanager "github.com/opencontainers/cgroups/manager"
 	"github.com/opencontainers/cgroups/systemd"
 	"golang.org/x/sys/unix"
+
+	"roost.dev/roost/pkg/containment/sealer"
 )
 
 // Cgroup drivers: who makes the sessions' cgroups.
@@ -81,7 +83,12 @@ type Option func(*options)
 
 type options struct {
 	cgroups *Cgroups
+	sealer  *sealer.Client
 }
+
+// WithSealer has a sealed runtime start its containers through roost-sealer (see package
+// sealer) rather than from this process.
+func WithSealer(c *sealer.Client) Option { return func(o *options) { o.sealer = c } }
 
 // WithCgroups makes a runtime put its sessions' cgroups where c says. Without it a runtime
 // uses the default configuration, resolved once per process.

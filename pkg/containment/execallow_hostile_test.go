@@ -61,7 +61,7 @@ func execAllowRun(t *testing.T, class manifest.Class, caps, capsule string, argv
 	s.CapsuleDir = capsule
 	switch class {
 	case manifest.Sealed:
-		rt, err = NewSealedRuntime(reachableDir(t), staticInit(t), testIDs())
+		rt, err = NewSealedRuntime(reachableDir(t), staticInit(t), testIDs(), testSealer(t))
 		s.Env = []string{"PATH=/usr/bin:/bin", "HOME=/work"}
 	case manifest.Scoped:
 		rt, err = NewScopedRuntime(reachableDir(t), staticInit(t), testIDs())

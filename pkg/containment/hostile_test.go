@@ -170,7 +170,7 @@ func TestHostileTmpBounded(t *testing.T) {
 
 func TestHostileScopeSymlinkRefused(t *testing.T) {
 	needRoot(t)
-	rt, err := NewSealedRuntime(reachableDir(t), staticInit(t), testIDs())
+	rt, err := NewSealedRuntime(reachableDir(t), staticInit(t), testIDs(), testSealer(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"roost.dev/roost/pkg/artifact"
 	"roost.dev/roost/pkg/containment/roostinit"
+	"roost.dev/roost/pkg/containment/sealer"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -43,18 +44,22 @@ type SealedRuntime struct {
 	rehearsal IDs
 	// cg says where sessions' cgroups go; nil is the default configuration.
 	cg *Cgroups
+	// sealer starts the containers when set; nil: this process does.
+	sealer *sealer.Client
 }
 
 // NewSealedRuntime keeps its state under stateDir and mounts init, a static roost-init
 // binary, into each root. Rehearsals run as the ids of rehearsal. WithCgroups says where
 // sessions' cgroups go.
 func NewSealedRuntime(stateDir, init string, rehearsal IDs, opts ...Option) (*SealedRuntime, error) {
+	o := applyOptions(opts)
 	r := &SealedRuntime{
 		containers: filepath.Join(stateDir, "containers"),
 		roots:      filepath.Join(stateDir, "roots"),
 		init:       init,
 		rehearsal:  rehearsal,
-		cg:         applyOptions(opts).cgroups,
+		cg:         o.cgroups,
+		sealer:     o.sealer,
 	}
 	if err := os.MkdirAll(r.containers, 0o700); err != nil {
 		return nil, err
@@ -226,11 +231,6 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	if err := cg.note(id, place); err != nil {
 		return nil, err
 	}
-	container, err := libcontainer.Create(r.containers, id, config)
-	if err != nil {
-		return nil, fmt.Errorf("creating the container: %w", err)
-	}
-
 	// roost-init is the namespace's root, an unprivileged uid on the host: it writes the
 	// program's output, init.json and exit.json into the records directory, through the
 	// descriptor it is handed, as that uid. No path of the session leads there.
@@ -244,44 +244,65 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	defer io.Close()
 
 	execSpec := sealedExecSpec(spec)
-	proc := &libcontainer.Process{
-		Args:       []string{sealedInitPath, id},
-		Env:        []string{"PATH=" + defaultPath},
-		Cwd:        "/",
-		ExtraFiles: io.childFiles(),
-		Init:       true,
+	initArgs, initEnv := []string{sealedInitPath, id}, []string{"PATH=" + defaultPath}
+	var (
+		container *libcontainer.Container
+		// proc is the init when this process started it (and must reap it); nil when
+		// roost-sealer did, which reaps it itself.
+		proc    *libcontainer.Process
+		initPID int
+	)
+	if r.sealer != nil {
+		initPID, err = r.sealer.Run(ctx, sealer.Request{Root: r.containers, ID: id, Config: config,
+			Args: initArgs, Env: initEnv, Cwd: "/"}, io.childFiles())
+		io.started()
+		if err != nil {
+			return nil, err
+		}
+		if container, err = libcontainer.Load(r.containers, id); err != nil {
+			return nil, fmt.Errorf("loading the container roost-sealer started: %w", err)
+		}
+	} else {
+		if container, err = libcontainer.Create(r.containers, id, config); err != nil {
+			return nil, fmt.Errorf("creating the container: %w", err)
+		}
+		proc = &libcontainer.Process{Args: initArgs, Env: initEnv, Cwd: "/", ExtraFiles: io.childFiles(), Init: true}
+		err = container.Run(proc)
+		io.started()
+		if err != nil {
+			return nil, fmt.Errorf("starting the container: %w", err)
+		}
+		if initPID, err = proc.Pid(); err != nil {
+			return nil, err
+		}
 	}
-	err = container.Run(proc)
-	io.started()
-	if err != nil {
-		return nil, fmt.Errorf("starting the container: %w", err)
+	reap := func() {
+		if proc != nil {
+			_, _ = proc.Wait()
+		}
 	}
 	if err := io.handSpec(initSpec(spec, execSpec)); err != nil {
 		_ = container.Signal(syscall.SIGKILL)
-		_, _ = proc.Wait()
+		reap()
 		return nil, fmt.Errorf("handing the spec to roost-init: %w", err)
 	}
 	rep, err := readReport(ctx, io.reportR)
 	if err != nil {
 		_ = container.Signal(syscall.SIGKILL)
-		_, _ = proc.Wait()
+		reap()
 		return nil, err
 	}
 	if rep.Error != "" || rep.Ref == nil {
-		_, _ = proc.Wait()
+		reap()
 		if rep.Error == "" {
 			rep.Error = "roost-init ended without starting the program"
 		}
 		return nil, &StartError{Msg: rep.Error}
 	}
-	initPID, err := proc.Pid()
-	if err != nil {
-		return nil, err
-	}
-	ref, err := hostRef(initPID, rep.Ref)
+	ref, err := startedRef(container, proc != nil, initPID, rep.Ref)
 	if err != nil {
 		_ = container.Signal(syscall.SIGKILL)
-		_, _ = proc.Wait()
+		reap()
 		return nil, err
 	}
 	w, err := watchExit(ref.InitPID, ref.InitStart)
@@ -315,6 +336,28 @@ func sealedLandlock(spec Spec) *roostinit.Landlock {
 		l.WritableExec = []string{sealedWork, "/tmp", "/dev/shm", SealedHome}
 	}
 	return l
+}
+
+// startedRef is the started session's processes on the host. An init this process started
+// is its unreaped child, so its pid names it even after it ended; one roost-sealer started
+// is reaped as soon as it ends, and only the start time libcontainer recorded for it tells
+// it from a process that took its pid since.
+func startedRef(c *libcontainer.Container, ours bool, initPID int, inner *ProcessRef) (ProcessRef, error) {
+	if ours {
+		return hostRef(initPID, inner)
+	}
+	st, err := c.State()
+	if err != nil {
+		return ProcessRef{}, fmt.Errorf("the container's state: %w", err)
+	}
+	want := st.InitProcessStartTime
+	if got, err := StartTime(initPID); err != nil || got != want {
+		// Already ended and reaped (a quick program): exit.json tells the rest.
+		return ProcessRef{InitPID: initPID, InitStart: want, StartedAt: inner.StartedAt}, nil
+	}
+	ref, err := hostRef(initPID, inner)
+	ref.InitStart = want
+	return ref, err
 }
 
 // hostRef turns the pids roost-init saw in the session's pid namespace into the host's:

@@ -62,7 +62,7 @@ func sealedRun(t *testing.T, caps, script string) (ExitInfo, string, string, Spe
 	t.Helper()
 	needRoot(t)
 	state := reachableDir(t)
-	rt, err := NewSealedRuntime(state, staticInit(t), testIDs())
+	rt, err := NewSealedRuntime(state, staticInit(t), testIDs(), testSealer(t))
 	if err != nil {
 		t.Fatal(err)
 	}

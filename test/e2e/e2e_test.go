@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	build := exec.Command("go", "build", "-tags", "seccomp", "-o", dir, "roost.dev/roost/cmd/roostd", "roost.dev/roost/cmd/roostctl", "roost.dev/roost/cmd/roost-init", "roost.dev/roost/cmd/roost-wasm")
+	build := exec.Command("go", "build", "-tags", "seccomp", "-o", dir, "roost.dev/roost/cmd/roostd", "roost.dev/roost/cmd/roostctl", "roost.dev/roost/cmd/roost-init", "roost.dev/roost/cmd/roost-sealer", "roost.dev/roost/cmd/roost-wasm")
 	build.Stdout, build.Stderr = os.Stdout, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building roost:", err)

@@ -1,0 +1,161 @@
+package sealer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Client is roostd's side: it keeps one roost-sealer running (starting it again if it
+// ends) and sends it starts, each over a socket of its own so that they run concurrently.
+type Client struct {
+	path string
+
+	mu      sync.Mutex
+	control *os.File
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	closed  bool
+}
+
+// NewClient starts roost-sealer from path.
+func NewClient(path string) (*Client, error) {
+	c := &Client{path: path}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.spawn(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Path is the roost-sealer binary the client runs.
+func (c *Client) Path() string { return c.path }
+
+// spawn starts roost-sealer with its end of a new control socket. The caller holds c.mu.
+func (c *Client) spawn() error {
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("roost-sealer's control socket: %w", err)
+	}
+	ours, theirs := os.NewFile(uintptr(pair[0]), "sealer-control"), os.NewFile(uintptr(pair[1]), "sealer-control")
+	defer theirs.Close()
+	cmd := &exec.Cmd{
+		Path:       c.path,
+		Args:       []string{Name},
+		Env:        []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
+		ExtraFiles: []*os.File{theirs},
+		// Its own output is roostd's: libcontainer logs there what it cannot return.
+		Stderr: os.Stderr,
+	}
+	if err := cmd.Start(); err != nil {
+		ours.Close()
+		return fmt.Errorf("starting %s: %w", c.path, err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	c.control, c.cmd, c.exited = ours, cmd, exited
+	return nil
+}
+
+// conn hands roost-sealer one end of a new socket for one start and returns the other,
+// starting roost-sealer again first if it has ended.
+func (c *Client) conn() (*os.File, error) {
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	ours, theirs := os.NewFile(uintptr(pair[0]), "sealer-conn"), os.NewFile(uintptr(pair[1]), "sealer-conn")
+	defer theirs.Close()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		ours.Close()
+		return nil, errors.New("roost-sealer: the client is closed")
+	}
+	for attempt := 0; ; attempt++ {
+		select {
+		case <-c.exited:
+			c.control.Close()
+			if err := c.spawn(); err != nil {
+				ours.Close()
+				return nil, err
+			}
+		default:
+		}
+		err := unix.Sendmsg(int(c.control.Fd()), []byte{0}, unix.UnixRights(int(theirs.Fd())), nil, 0)
+		if err == nil {
+			return ours, nil
+		}
+		if attempt > 0 || !(errors.Is(err, unix.EPIPE) || errors.Is(err, unix.ECONNRESET)) {
+			ours.Close()
+			return nil, fmt.Errorf("handing a start to roost-sealer: %w", err)
+		}
+		// It ended since the last start: wait for its exit to be seen, then start it again.
+		select {
+		case <-c.exited:
+		case <-time.After(5 * time.Second):
+			ours.Close()
+			return nil, fmt.Errorf("handing a start to roost-sealer: %w", err)
+		}
+	}
+}
+
+// Run creates and starts a container as req says, its init's descriptors 3, 4, … being
+// files, and returns the init's host pid.
+func (c *Client) Run(ctx context.Context, req Request, files []*os.File) (int, error) {
+	conn, err := c.conn()
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		// A roost-sealer that never answers must not hold the start for ever.
+		tv := unix.NsecToTimeval(max(time.Until(dl), time.Millisecond).Nanoseconds())
+		_ = unix.SetsockoptTimeval(int(conn.Fd()), unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	}
+	if err := writeMessage(int(conn.Fd()), req, files); err != nil {
+		return 0, fmt.Errorf("sending the start to roost-sealer: %w", err)
+	}
+	var reply Reply
+	got, err := readMessage(int(conn.Fd()), &reply)
+	closeAll(got)
+	if err != nil {
+		return 0, fmt.Errorf("roost-sealer gave no answer (did it end?): %w", err)
+	}
+	if reply.Error != "" {
+		return 0, errors.New(reply.Error)
+	}
+	if reply.PID <= 0 {
+		return 0, errors.New("roost-sealer answered without the init's pid")
+	}
+	return reply.PID, nil
+}
+
+// Close ends roost-sealer: closing the control socket makes it finish the starts under way
+// and exit. Containers it started live on.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	c.control.Close()
+	select {
+	case <-c.exited:
+	case <-time.After(10 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.exited
+	}
+	return nil
+}
