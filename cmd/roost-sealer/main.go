@@ -14,6 +14,7 @@ import (
 	// nsenter's C constructor joins the namespaces before the Go runtime starts in a
 	// container's init process.
 	_ "github.com/opencontainers/runc/libcontainer/nsenter"
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
 	"roost.dev/roost/pkg/containment/sealer"
@@ -29,12 +30,13 @@ func main() {
 		fmt.Fprintf(os.Stderr, "%s: roostd starts this program with its control socket; it is not run by hand\n", sealer.Name)
 		os.Exit(2)
 	}
+	sealer.SetupLogging()
 	sealer.RunFromSealedCopy()
 	// Run from its sealed copy, the kernel named it after the descriptor it was executed
 	// through; ps and top should say what it is.
 	_ = os.WriteFile("/proc/self/comm", []byte(sealer.Name), 0)
 	if err := sealer.Serve(sealer.ControlFD); err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", sealer.Name, err)
+		logrus.Error(err)
 		os.Exit(1)
 	}
 }

@@ -1,7 +1,9 @@
 package sealer
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -9,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 )
 
@@ -46,18 +49,27 @@ func (c *Client) spawn() error {
 	}
 	ours, theirs := os.NewFile(uintptr(pair[0]), "sealer-control"), os.NewFile(uintptr(pair[1]), "sealer-control")
 	defer theirs.Close()
+	// What libcontainer logs in roost-sealer comes back as JSON lines, and goes on through
+	// this process's logrus, as if libcontainer had logged it here.
+	logR, logW, err := os.Pipe()
+	if err != nil {
+		ours.Close()
+		return err
+	}
+	defer logW.Close()
 	cmd := &exec.Cmd{
 		Path:       c.path,
 		Args:       []string{Name},
-		Env:        []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
+		Env:        []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", LogLevelEnv + "=" + logrus.GetLevel().String()},
 		ExtraFiles: []*os.File{theirs},
-		// Its own output is roostd's: libcontainer logs there what it cannot return.
-		Stderr: os.Stderr,
+		Stderr:     logW,
 	}
 	if err := cmd.Start(); err != nil {
 		ours.Close()
+		logR.Close()
 		return fmt.Errorf("starting %s: %w", c.path, err)
 	}
+	go relayLogs(logR)
 	exited := make(chan struct{})
 	go func() {
 		_ = cmd.Wait()
@@ -65,6 +77,30 @@ func (c *Client) spawn() error {
 	}()
 	c.control, c.cmd, c.exited = ours, cmd, exited
 	return nil
+}
+
+// relayLogs logs each line roost-sealer writes: a logrus entry as that entry, anything else
+// (a crash's trace) as a warning.
+func relayLogs(r *os.File) {
+	defer r.Close()
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var fields logrus.Fields
+		if err := json.Unmarshal(sc.Bytes(), &fields); err != nil {
+			logrus.WithField("from", Name).Warn(sc.Text())
+			continue
+		}
+		level, err := logrus.ParseLevel(fmt.Sprint(fields[logrus.FieldKeyLevel]))
+		if err != nil {
+			level = logrus.InfoLevel
+		}
+		msg := fmt.Sprint(fields[logrus.FieldKeyMsg])
+		for _, k := range []string{logrus.FieldKeyLevel, logrus.FieldKeyMsg, logrus.FieldKeyTime} {
+			delete(fields, k)
+		}
+		logrus.WithFields(fields).Log(level, msg)
+	}
 }
 
 // conn hands roost-sealer one end of a new socket for one start and returns the other,

@@ -10,12 +10,27 @@ import (
 
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/exeseal"
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 )
 
 // ControlFD is the descriptor roost-sealer is started with: its end of roostd's control
 // socket, over which each start arrives as a socket of its own.
 const ControlFD = 3
+
+// LogLevelEnv carries roostd's logrus level to roost-sealer, which logs JSON lines at it on
+// its standard error for roostd to relay.
+const LogLevelEnv = "_ROOST_SEALER_LOG_LEVEL"
+
+// SetupLogging has libcontainer's logs in roost-sealer go to standard error as JSON lines,
+// at the level roostd asked for.
+func SetupLogging() {
+	logrus.SetOutput(os.Stderr)
+	logrus.SetFormatter(&logrus.JSONFormatter{})
+	if level, err := logrus.ParseLevel(os.Getenv(LogLevelEnv)); err == nil {
+		logrus.SetLevel(level)
+	}
+}
 
 // sealedEnv marks a roost-sealer already running from its sealed copy.
 const sealedEnv = "_ROOST_SEALER_SEALED"
