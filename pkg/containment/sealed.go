@@ -243,7 +243,11 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	}
 	defer io.Close()
 
-	execSpec := sealedExecSpec(spec)
+	// The spec goes into its pipe while the container starts: roost-init finds it waiting
+	// rather than waiting for this process to hear the container is up. libcontainer has
+	// put the init in the session's cgroup before it runs roost-init, so no gate is lost.
+	handed := make(chan error, 1)
+	go func() { handed <- io.handSpec(initSpec(spec, sealedExecSpec(spec))) }()
 	initArgs, initEnv := []string{sealedInitPath, id}, []string{"PATH=" + defaultPath}
 	var (
 		container *libcontainer.Container
@@ -281,7 +285,7 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 			_, _ = proc.Wait()
 		}
 	}
-	if err := io.handSpec(initSpec(spec, execSpec)); err != nil {
+	if err := <-handed; err != nil {
 		_ = container.Signal(syscall.SIGKILL)
 		reap()
 		return nil, fmt.Errorf("handing the spec to roost-init: %w", err)
