@@ -92,8 +92,13 @@ func relayLogs(r *os.File) {
 			continue
 		}
 		level, err := logrus.ParseLevel(fmt.Sprint(fields[logrus.FieldKeyLevel]))
-		if err != nil {
+		switch {
+		case err != nil:
 			level = logrus.InfoLevel
+		case level < logrus.ErrorLevel:
+			// Logged at panic level here, an entry would panic roostd: its own process is
+			// where that level ended.
+			level = logrus.ErrorLevel
 		}
 		msg := fmt.Sprint(fields[logrus.FieldKeyMsg])
 		for _, k := range []string{logrus.FieldKeyLevel, logrus.FieldKeyMsg, logrus.FieldKeyTime} {

@@ -3,12 +3,14 @@ package sealer
 import (
 	"bytes"
 	"encoding/binary"
+	"io"
 	"os"
 	"reflect"
 	"testing"
 
 	"github.com/opencontainers/runc/libcontainer/specconv"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 )
 
@@ -123,4 +125,53 @@ func FuzzReadMessage(f *testing.F) {
 			t.Fatalf("a message of %d bytes was read", len(data))
 		}
 	})
+}
+
+// What roost-sealer logs arrives in roostd's logrus at its level, with its fields; a line at
+// panic level does not panic roostd, and a line that is not an entry (a crash's trace) is
+// kept as a warning.
+func TestRelayLogs(t *testing.T) {
+	hook := &captureHook{}
+	logger := logrus.StandardLogger()
+	oldOut, oldLevel, oldHooks := logger.Out, logger.GetLevel(), logger.ReplaceHooks(logrus.LevelHooks{})
+	t.Cleanup(func() { logger.SetOutput(oldOut); logger.SetLevel(oldLevel); logger.ReplaceHooks(oldHooks) })
+	logger.SetOutput(io.Discard)
+	logger.SetLevel(logrus.DebugLevel)
+	logger.AddHook(hook)
+
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { relayLogs(r); close(done) }()
+	_, _ = w.WriteString(`{"level":"debug","msg":"nsexec started","time":"2026-01-01T00:00:00Z","pid":7}` + "\n" +
+		`{"level":"panic","msg":"init failed"}` + "\n" +
+		"goroutine 1 [running]:\n")
+	w.Close()
+	<-done
+
+	want := []struct {
+		level logrus.Level
+		msg   string
+	}{{logrus.DebugLevel, "nsexec started"}, {logrus.ErrorLevel, "init failed"}, {logrus.WarnLevel, "goroutine 1 [running]:"}}
+	if len(hook.entries) != len(want) {
+		t.Fatalf("%d entries relayed, want %d: %+v", len(hook.entries), len(want), hook.entries)
+	}
+	for i, w := range want {
+		if e := hook.entries[i]; e.Level != w.level || e.Message != w.msg {
+			t.Errorf("entry %d: %s %q, want %s %q", i, e.Level, e.Message, w.level, w.msg)
+		}
+	}
+	if pid := hook.entries[0].Data["pid"]; pid != float64(7) {
+		t.Errorf("the entry's fields were lost: %v", hook.entries[0].Data)
+	}
+}
+
+type captureHook struct{ entries []logrus.Entry }
+
+func (*captureHook) Levels() []logrus.Level { return logrus.AllLevels }
+func (h *captureHook) Fire(e *logrus.Entry) error {
+	h.entries = append(h.entries, *e)
+	return nil
 }
