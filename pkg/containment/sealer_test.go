@@ -50,6 +50,22 @@ func testSealer(t *testing.T) Option {
 	return WithSealer(sealerClient)
 }
 
+// startSealed starts script as sealed session id with the capabilities caps.
+func startSealed(t *testing.T, rt *SealedRuntime, id, script, caps string) (Process, Spec) {
+	t.Helper()
+	s := spec(t, "/bin/sh", "-c", script)
+	s.SessionID = id
+	s.Class = manifest.Sealed
+	s.Policy = sealedPolicy(t, caps)
+	s.CapsuleDir = t.TempDir()
+	s.Env = []string{"PATH=/usr/bin:/bin"}
+	p, err := rt.Start(context.Background(), s)
+	if err != nil {
+		t.Fatalf("sealed start: %v", err)
+	}
+	return p, s
+}
+
 // parentOf is pid's parent pid and that parent's name.
 func parentOf(t *testing.T, pid int) (int, string) {
 	t.Helper()
@@ -74,16 +90,7 @@ func TestSealerStartsAndSurvivesItsOwnDeath(t *testing.T) {
 	}
 	start := func(name, script string) (Process, Spec) {
 		t.Helper()
-		s := spec(t, "/bin/sh", "-c", script)
-		s.SessionID = "ses_sealer_" + name
-		s.Class = manifest.Sealed
-		s.Policy = sealedPolicy(t, "capabilities: {containment: sealed, shell: {allow: [sleep, grep]}}")
-		s.CapsuleDir = t.TempDir()
-		s.Env = []string{"PATH=/usr/bin:/bin"}
-		p, err := rt.Start(context.Background(), s)
-		if err != nil {
-			t.Fatalf("sealed start: %v", err)
-		}
+		p, s := startSealed(t, rt, "ses_sealer_"+name, script, "capabilities: {containment: sealed, shell: {allow: [sleep, grep]}}")
 		t.Cleanup(func() { _ = rt.Release(s.SessionID) })
 		return p, s
 	}
@@ -131,16 +138,7 @@ func TestSealerQuickProgram(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 5 {
-		s := spec(t, "/bin/sh", "-c", "exit 7")
-		s.SessionID = fmt.Sprintf("ses_sealer_quick_%d", i)
-		s.Class = manifest.Sealed
-		s.Policy = sealedPolicy(t, "capabilities: {containment: sealed}")
-		s.CapsuleDir = t.TempDir()
-		s.Env = []string{"PATH=/usr/bin:/bin"}
-		p, err := rt.Start(context.Background(), s)
-		if err != nil {
-			t.Fatalf("sealed start: %v", err)
-		}
+		p, s := startSealed(t, rt, fmt.Sprintf("ses_sealer_quick_%d", i), "exit 7", "capabilities: {containment: sealed}")
 		if info := waitDone(t, p); info.Code != 7 {
 			t.Fatalf("exit %+v, want 7", info)
 		}
