@@ -349,8 +349,35 @@ func reapAll(pgid int) {
 	}
 }
 
-// childrenOf lists the processes whose parent is ppid.
+// childrenOf lists the processes whose parent is ppid: from the kernel's per-thread
+// children lists, which cost what the children number (an orphan adopted as subreaper joins
+// one of them too); only on a kernel without them, from a walk of every process on the host.
 func childrenOf(ppid int) []int {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", ppid))
+	if err == nil && len(tasks) > 0 {
+		var out []int
+		listed := false
+		for _, t := range tasks {
+			data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", ppid, t.Name()))
+			if err != nil {
+				continue
+			}
+			listed = true
+			for _, f := range strings.Fields(string(data)) {
+				if n, err := strconv.Atoi(f); err == nil {
+					out = append(out, n)
+				}
+			}
+		}
+		if listed {
+			return out
+		}
+	}
+	return scanChildren(ppid)
+}
+
+// scanChildren is childrenOf from every process's stat.
+func scanChildren(ppid int) []int {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
