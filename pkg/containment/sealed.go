@@ -375,7 +375,7 @@ func hostRef(initPID int, inner *ProcessRef) (ProcessRef, error) {
 		// pid cannot have been reused, and the end is in exit.json.
 		return ref, nil
 	}
-	for _, child := range childPIDs(initPID) {
+	for _, child := range roostinit.ChildrenOf(initPID) {
 		if innermostPID(child) == inner.PID {
 			if start, err := StartTime(child); err == nil {
 				ref.PID, ref.PIDStart = child, start
@@ -387,24 +387,6 @@ func hostRef(initPID int, inner *ProcessRef) (ProcessRef, error) {
 	// Not among roost-init's children: the program has already ended (roost-init reaps at
 	// once). PID stays 0; there is nothing left to signal, and exit.json tells the rest.
 	return ref, nil
-}
-
-// childPIDs lists pid's children, from every thread's children list.
-func childPIDs(pid int) []int {
-	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	var out []int
-	for _, t := range tasks {
-		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
-		if err != nil {
-			continue
-		}
-		for _, f := range strings.Fields(string(data)) {
-			if n, err := strconv.Atoi(f); err == nil {
-				out = append(out, n)
-			}
-		}
-	}
-	return out
 }
 
 // innermostPID is a process's pid in its own (innermost) pid namespace.

@@ -25,17 +25,17 @@ func startSleepers(t testing.TB, n int) []int {
 // whichever thread forked them.
 func TestChildrenOfMatchesScan(t *testing.T) {
 	want := startSleepers(t, 5)
-	got := childrenOf(os.Getpid())
+	got := ChildrenOf(os.Getpid())
 	scanned := scanChildren(os.Getpid())
 	for _, pid := range want {
 		if !slices.Contains(got, pid) {
-			t.Errorf("childrenOf misses child %d: %v", pid, got)
+			t.Errorf("ChildrenOf misses child %d: %v", pid, got)
 		}
 	}
 	slices.Sort(got)
 	slices.Sort(scanned)
 	if !slices.Equal(got, scanned) {
-		t.Errorf("childrenOf %v, a walk of /proc %v", got, scanned)
+		t.Errorf("ChildrenOf %v, a walk of /proc %v", got, scanned)
 	}
 }
 
@@ -44,7 +44,7 @@ func TestChildrenOfMatchesScan(t *testing.T) {
 func BenchmarkChildrenOf(b *testing.B) {
 	startSleepers(b, 3)
 	for b.Loop() {
-		childrenOf(os.Getpid())
+		ChildrenOf(os.Getpid())
 	}
 }
 

@@ -336,7 +336,7 @@ func reapAll(pgid int) {
 	_ = SignalGroup(pgid, syscall.SIGKILL)
 	self := os.Getpid()
 	for {
-		for _, child := range childrenOf(self) {
+		for _, child := range ChildrenOf(self) {
 			_ = syscall.Kill(child, syscall.SIGKILL)
 		}
 		_, err := syscall.Wait4(-1, nil, 0, nil)
@@ -349,10 +349,10 @@ func reapAll(pgid int) {
 	}
 }
 
-// childrenOf lists the processes whose parent is ppid: from the kernel's per-thread
+// ChildrenOf lists the processes whose parent is ppid: from the kernel's per-thread
 // children lists, which cost what the children number (an orphan adopted as subreaper joins
 // one of them too); only on a kernel without them, from a walk of every process on the host.
-func childrenOf(ppid int) []int {
+func ChildrenOf(ppid int) []int {
 	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", ppid))
 	if err == nil && len(tasks) > 0 {
 		var out []int
@@ -376,7 +376,7 @@ func childrenOf(ppid int) []int {
 	return scanChildren(ppid)
 }
 
-// scanChildren is childrenOf from every process's stat.
+// scanChildren is ChildrenOf from every process's stat.
 func scanChildren(ppid int) []int {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
