@@ -1,9 +1,10 @@
 package session
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -88,7 +89,7 @@ func (m *Manager) traceDelegation(parent *Record, ref, childID string, err error
 // daemon that died before committing the end) is not written twice.
 func appendTrace(dir string, t traceRecord) error {
 	path := filepath.Join(dir, TraceFile)
-	if t.EventType == "session_end" && traceHas(path, "session_end") {
+	if t.EventType == "session_end" && traceEnded(path) {
 		return nil
 	}
 	data, err := json.Marshal(t)
@@ -120,19 +121,26 @@ func appendLine(path string, data []byte, sync bool) error {
 	return f.Close()
 }
 
-func traceHas(path, eventType string) bool {
+// traceEnded says whether the trace already holds a session_end. It is the last record but
+// for the few an exec ending with the session may add, so only the file's tail is read: an
+// end must not cost a read of a long session's whole trace.
+func traceEnded(path string) bool {
 	f, err := os.Open(path)
 	if err != nil {
 		return false
 	}
 	defer f.Close()
-	needle := []byte(`"event_type":"` + eventType + `"`)
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 16<<20)
-	for sc.Scan() {
-		if bytes.Contains(sc.Bytes(), needle) {
-			return true
-		}
+	st, err := f.Stat()
+	if err != nil {
+		return false
 	}
-	return false
+	from := max(st.Size()-traceTail, 0)
+	buf := make([]byte, st.Size()-from)
+	if _, err := f.ReadAt(buf, from); err != nil && !errors.Is(err, io.EOF) {
+		return false
+	}
+	return bytes.Contains(buf, []byte(`"event_type":"session_end"`))
 }
+
+// traceTail is how much of a trace's end traceEnded reads.
+const traceTail = 256 << 10
