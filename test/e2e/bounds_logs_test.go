@@ -116,7 +116,17 @@ func TestBoundsLogsFlood(t *testing.T) {
 	tailLines := strings.Split(strings.TrimSuffix(tail, "\n"), "\n")[1:]
 	firstTail := atoi(t, tailLines[0])
 	consecutive(t, "tail", tailLines, firstTail)
-	kept := int64(len(head) + len(tail))
+	// The head is what roost-init kept first (stdout.log). The marker stands on a line of its
+	// own: when the head ends with a newline it is the marker's leading one in the text, so
+	// the head's length comes from the file, not from the text before the marker.
+	headFile, err := os.ReadFile(filepath.Join(s.RecordsDir, "stdout.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSuffix(string(headFile), "\n") != head {
+		t.Fatalf("logs' head (%d bytes) is not stdout.log (%d bytes)", len(head), len(headFile))
+	}
+	kept := int64(len(headFile) + len(tail))
 	if kept+dropped != total || kept > maxBytes {
 		t.Fatalf("kept %d + dropped %d != written %d", kept, dropped, total)
 	}
