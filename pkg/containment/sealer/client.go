@@ -38,9 +38,6 @@ func NewClient(path string) (*Client, error) {
 	return c, nil
 }
 
-// Path is the roost-sealer binary the client runs.
-func (c *Client) Path() string { return c.path }
-
 // spawn starts roost-sealer with its end of a new control socket. The caller holds c.mu.
 func (c *Client) spawn() error {
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
