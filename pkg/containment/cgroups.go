@@ -550,12 +550,12 @@ func (p cgroupPlace) check(id string) error {
 		if err := checkCgroupPath(p.Path); err != nil {
 			return fmt.Errorf("cgroup %q: %w", p.Path, err)
 		}
-		if path.Base(p.Path) != id || path.Dir(p.Path) == "/" {
+		if !placeNames(path.Base(p.Path), id) || path.Dir(p.Path) == "/" {
 			return fmt.Errorf("cgroup %q is not session %s's", p.Path, id)
 		}
 	case CgroupDriverSystemd:
 		parts := strings.Split(p.Path, ":")
-		if len(parts) != 3 || parts[1] != systemdScopePrefix || parts[2] != id {
+		if len(parts) != 3 || parts[1] != systemdScopePrefix || !placeNames(parts[2], id) {
 			return fmt.Errorf("systemd cgroup %q is not session %s's", p.Path, id)
 		}
 		if err := checkSlice(parts[0]); err != nil {
@@ -568,6 +568,12 @@ func (p cgroupPlace) check(id string) error {
 		return fmt.Errorf("unknown cgroup driver %q", p.Driver)
 	}
 	return nil
+}
+
+// placeNames says whether a cgroup named name can be session id's: its own, or that of the
+// sandbox made ahead that it claimed (see StartWarm).
+func placeNames(name, id string) bool {
+	return name == id || strings.HasPrefix(name, WarmPrefix)
 }
 
 // config is libcontainer's description of the place, with res (none: no limits, no device

@@ -119,11 +119,12 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 	if l.Home != "" {
 		mounts = append(mounts, specs.Mount{Destination: SealedHome, Type: "bind", Source: l.Home, Options: []string{"bind", "rw", "nosuid", "nodev", noexec}})
 	}
+	// /run is a tmpfs so the mount point of the task file can be made in the read-only root;
+	// every session has it, with a task or without, so that a sandbox made before its
+	// session knows whether it will have one is the same sandbox.
+	mounts = append(mounts, specs.Mount{Destination: "/run", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "noexec", "mode=755", "size=1m"}})
 	if l.Task != "" {
-		// /run is a tmpfs so the mount point of the task file can be made in the read-only root.
-		mounts = append(mounts,
-			specs.Mount{Destination: "/run", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "noexec", "mode=755", "size=1m"}},
-			specs.Mount{Destination: SealedTaskPath, Type: "bind", Source: l.Task, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+		mounts = append(mounts, specs.Mount{Destination: SealedTaskPath, Type: "bind", Source: l.Task, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
 	}
 	mounts = append(mounts, specs.Mount{
 		Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",

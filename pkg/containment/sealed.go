@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/opencontainers/runc/libcontainer"
-	"github.com/opencontainers/runc/libcontainer/specconv"
+	"github.com/opencontainers/runc/libcontainer/configs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"roost.dev/roost/pkg/artifact"
@@ -212,23 +212,8 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	if err != nil {
 		return nil, err
 	}
-	cg := r.Cgroups()
-	config, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{
-		CgroupName:       id,
-		UseSystemdCgroup: cg.driver == CgroupDriverSystemd,
-		NoNewKeyring:     true,
-		Spec:             ociSpec,
-	})
+	config, err := r.config(id, ociSpec)
 	if err != nil {
-		return nil, fmt.Errorf("converting the OCI spec: %w", err)
-	}
-	// Noted before libcontainer makes it: a crash before its state is written leaves a
-	// cgroup Release still finds.
-	place := cg.placeOf(id)
-	if err := place.check(id); err != nil {
-		return nil, err
-	}
-	if err := cg.note(id, place); err != nil {
 		return nil, err
 	}
 	// roost-init is the namespace's root, an unprivileged uid on the host: it writes the
@@ -248,37 +233,9 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	// put the init in the session's cgroup before it runs roost-init, so no gate is lost.
 	handed := make(chan error, 1)
 	go func() { handed <- io.handSpec(initSpec(spec, sealedExecSpec(spec))) }()
-	initArgs, initEnv := []string{sealedInitPath, id}, []string{"PATH=" + defaultPath}
-	var (
-		container *libcontainer.Container
-		// proc is the init when this process started it (and must reap it); nil when
-		// roost-sealer did, which reaps it itself.
-		proc    *libcontainer.Process
-		initPID int
-	)
-	if r.sealer != nil {
-		initPID, err = r.sealer.Run(ctx, sealer.Request{Root: r.containers, ID: id, Config: config,
-			Args: initArgs, Env: initEnv, Cwd: "/"}, io.childFiles())
-		io.started()
-		if err != nil {
-			return nil, err
-		}
-		if container, err = libcontainer.Load(r.containers, id); err != nil {
-			return nil, fmt.Errorf("loading the container roost-sealer started: %w", err)
-		}
-	} else {
-		if container, err = libcontainer.Create(r.containers, id, config); err != nil {
-			return nil, fmt.Errorf("creating the container: %w", err)
-		}
-		proc = &libcontainer.Process{Args: initArgs, Env: initEnv, Cwd: "/", ExtraFiles: io.childFiles(), Init: true}
-		err = container.Run(proc)
-		io.started()
-		if err != nil {
-			return nil, fmt.Errorf("starting the container: %w", err)
-		}
-		if initPID, err = proc.Pid(); err != nil {
-			return nil, err
-		}
+	container, proc, initPID, err := r.run(ctx, id, config, io)
+	if err != nil {
+		return nil, err
 	}
 	reap := func() {
 		if proc != nil {
@@ -318,6 +275,49 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 		return nil, err
 	}
 	return &sealedProcess{ref: ref, recordsDir: spec.RecordsDir, watch: w, runtime: r, container: container, proc: proc}, nil
+}
+
+// run creates the container and starts roost-init in it with io's descriptors: through
+// roost-sealer when the runtime has one, else from this process. proc is the init when this
+// process started it (and must reap it); nil when roost-sealer did, which reaps it itself.
+func (r *SealedRuntime) run(ctx context.Context, id string, config *configs.Config, io *initIO) (_ *libcontainer.Container, proc *libcontainer.Process, initPID int, err error) {
+	// Noted before libcontainer makes it: a crash before its state is written leaves a
+	// cgroup Release still finds.
+	cg := r.Cgroups()
+	place := cg.placeOf(id)
+	if err := place.check(id); err != nil {
+		return nil, nil, 0, err
+	}
+	if err := cg.note(id, place); err != nil {
+		return nil, nil, 0, err
+	}
+	initArgs, initEnv := []string{sealedInitPath, id}, []string{"PATH=" + defaultPath}
+	var container *libcontainer.Container
+	if r.sealer != nil {
+		initPID, err = r.sealer.Run(ctx, sealer.Request{Root: r.containers, ID: id, Config: config,
+			Args: initArgs, Env: initEnv, Cwd: "/"}, io.childFiles())
+		io.started()
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		if container, err = libcontainer.Load(r.containers, id); err != nil {
+			return nil, nil, 0, fmt.Errorf("loading the container roost-sealer started: %w", err)
+		}
+		return container, nil, initPID, nil
+	}
+	if container, err = libcontainer.Create(r.containers, id, config); err != nil {
+		return nil, nil, 0, fmt.Errorf("creating the container: %w", err)
+	}
+	proc = &libcontainer.Process{Args: initArgs, Env: initEnv, Cwd: "/", ExtraFiles: io.childFiles(), Init: true}
+	err = container.Run(proc)
+	io.started()
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("starting the container: %w", err)
+	}
+	if initPID, err = proc.Pid(); err != nil {
+		return nil, nil, 0, err
+	}
+	return container, proc, initPID, nil
 }
 
 // sealedExecSpec is what roost-exec applies inside a sealed root before the session's

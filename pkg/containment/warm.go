@@ -1,0 +1,505 @@
+package containment
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"reflect"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+
+	"github.com/opencontainers/runc/libcontainer"
+	"github.com/opencontainers/runc/libcontainer/configs"
+	"github.com/opencontainers/runc/libcontainer/specconv"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"roost.dev/roost/pkg/manifest"
+)
+
+// WarmPrefix begins the id of every sandbox made ahead of its session: a name no session
+// id takes, so a restarted daemon tells an unclaimed sandbox from a session's container.
+const WarmPrefix = "warm-"
+
+// Sandbox is a sealed container made before its session: user, pid, mount, network, IPC,
+// UTS and cgroup namespaces, cgroup, seccomp filter, the shared root with /proc, /dev,
+// /tmp and /run, and roost-init as PID 1 waiting for its spec. What only a session has
+// (its workdir, capsule, home and task) is mounted in when a session claims it, its
+// cgroup limits set, and its command handed over: from there it is that session's
+// container, and it ends with it. A sandbox serves one session, never two.
+type Sandbox struct {
+	ID  string
+	IDs IDs
+	// NetNS is the network namespace it joined, pinned by the caller.
+	NetNS string
+	// Records is the records directory roost-init holds open: the claiming session's
+	// records directory must be this one (the caller renames it into place).
+	Records string
+
+	spec      *specs.Spec
+	io        *initIO
+	container *libcontainer.Container
+	proc      *libcontainer.Process
+	initPID   int
+	initStart uint64
+}
+
+// WarmPolicy is what sandboxes are made for: a sealed capsule's defaults. A session whose
+// container differs from it in anything a sandbox fixes ahead (rlimits, /tmp's size, its
+// seccomp variant, host_read, workdir_exec) starts cold.
+func WarmPolicy() *manifest.Policy {
+	p := manifest.Lower(&manifest.Manifest{Name: "warm", Version: "0.0.0", Run: manifest.Run{Command: []string{"/usr/bin/true"}}})
+	p.Containment = manifest.Sealed
+	return &p
+}
+
+// sessionMount says whether a mount of a sealed spec is the session's own, mounted into a
+// sandbox when a session claims it rather than when the sandbox is made.
+func sessionMount(dest string) bool {
+	return dest == sealedWork || strings.HasPrefix(dest, sealedWork+"/") || dest == sealedCapsule ||
+		dest == SealedHome || dest == SealedTaskPath
+}
+
+// Prepare makes a sandbox for a session to come: id begins with WarmPrefix, ids is the uid
+// range it maps (held for it by the caller), netns the network namespace it joins, records
+// the directory roost-init will write the claiming session's output and end into.
+func (r *SealedRuntime) Prepare(ctx context.Context, id string, ids IDs, netns, records string) (_ *Sandbox, retErr error) {
+	if !strings.HasPrefix(id, WarmPrefix) {
+		return nil, fmt.Errorf("sandbox id %q does not begin with %q", id, WarmPrefix)
+	}
+	layout := r.Layout(id, "", "")
+	layout.IDs, layout.NetNS = ids, netns
+	full, err := SealedSpec(layout, WarmPolicy())
+	if err != nil {
+		return nil, err
+	}
+	spec, _ := splitMounts(full)
+	defer func() {
+		if retErr != nil {
+			_ = r.Release(id)
+		}
+	}()
+	config, err := r.config(id, spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Lchown(records, int(ids.First), int(ids.First)); err != nil {
+		return nil, fmt.Errorf("records directory: %w", err)
+	}
+	io, err := openInitIO(records)
+	if err != nil {
+		return nil, err
+	}
+	container, proc, initPID, err := r.run(ctx, id, config, io)
+	if err != nil {
+		io.Close()
+		return nil, err
+	}
+	st, err := container.State()
+	if err != nil {
+		_ = container.Signal(syscall.SIGKILL)
+		io.Close()
+		return nil, err
+	}
+	return &Sandbox{ID: id, IDs: ids, NetNS: netns, Records: records, spec: spec, io: io,
+		container: container, proc: proc, initPID: initPID, initStart: st.InitProcessStartTime}, nil
+}
+
+// Discard ends a sandbox no session claimed and frees what it holds but its network
+// namespace and records directory, which are the caller's.
+func (r *SealedRuntime) Discard(sb *Sandbox) error {
+	sb.io.Close()
+	_ = sb.container.Signal(syscall.SIGKILL)
+	if sb.proc != nil {
+		_, _ = sb.proc.Wait()
+	}
+	return r.Release(sb.ID)
+}
+
+// Fits says why a session with policy p (and a WASM runner when wasm) would not run in a
+// sandbox made by Prepare; nil when it would run exactly as in a container made for it.
+func (r *SealedRuntime) Fits(p *manifest.Policy, wasm bool) error {
+	layout := r.Layout(WarmPrefix+"x", "/w", "/c")
+	layout.IDs = IDs{First: 1, Size: 1}
+	want, err := SealedSpec(layout, WarmPolicy())
+	if err != nil {
+		return err
+	}
+	layout.Home, layout.Task = "/h", "/t"
+	if wasm {
+		layout.Runner, layout.WasmModule = "/r", "/m"
+	}
+	layout.HostRead = p.Filesystem.HostRead
+	got, err := SealedSpec(layout, p)
+	if err != nil {
+		return err
+	}
+	return sameSandbox(want, got)
+}
+
+// sameSandbox says where two specs differ in what a sandbox fixes before its session.
+func sameSandbox(sandbox, session *specs.Spec) error {
+	a, b := sandboxShape(sandbox), sandboxShape(session)
+	if where := firstDifference(a, b, ""); where != "" {
+		return &NotWarmError{Field: where}
+	}
+	return nil
+}
+
+// NotWarmError names the part of a session's container a sandbox made ahead would get
+// wrong.
+type NotWarmError struct{ Field string }
+
+func (e *NotWarmError) Error() string {
+	return "its container differs from a warm sandbox's at " + e.Field
+}
+
+// sandboxShape is a spec without what a claim sets: the session's mounts, uid map,
+// cgroup path and limits, network namespace path and init's arguments.
+func sandboxShape(s *specs.Spec) any {
+	c, _ := splitMounts(s)
+	c.Process.Args = nil
+	c.Linux.UIDMappings, c.Linux.GIDMappings = nil, nil
+	c.Linux.CgroupsPath, c.Linux.Resources = "", nil
+	for i := range c.Linux.Namespaces {
+		c.Linux.Namespaces[i].Path = ""
+	}
+	data, _ := json.Marshal(c)
+	var out any
+	_ = json.Unmarshal(data, &out)
+	return out
+}
+
+// firstDifference is the JSON path of the first place a and b differ; "" when equal.
+// Mounts are told apart by destination.
+func firstDifference(a, b any, at string) string {
+	switch av := a.(type) {
+	case map[string]any:
+		bv, ok := b.(map[string]any)
+		if !ok {
+			return at
+		}
+		keys := make([]string, 0, len(av)+len(bv))
+		for k := range av {
+			keys = append(keys, k)
+		}
+		for k := range bv {
+			if _, ok := av[k]; !ok {
+				keys = append(keys, k)
+			}
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if d := firstDifference(av[k], bv[k], strings.TrimPrefix(at+"."+k, ".")); d != "" {
+				return d
+			}
+		}
+		return ""
+	case []any:
+		bv, ok := b.([]any)
+		if !ok {
+			return at
+		}
+		for i := range max(len(av), len(bv)) {
+			var x, y any
+			if i < len(av) {
+				x = av[i]
+			}
+			if i < len(bv) {
+				y = bv[i]
+			}
+			name := fmt.Sprintf("%s[%d]", at, i)
+			if m, ok := x.(map[string]any); ok && m["destination"] != nil {
+				name = fmt.Sprintf("%s[%v]", at, m["destination"])
+			} else if m, ok := y.(map[string]any); ok && m["destination"] != nil {
+				name = fmt.Sprintf("%s[%v]", at, m["destination"])
+			}
+			if d := firstDifference(x, y, name); d != "" {
+				return d
+			}
+		}
+		return ""
+	default:
+		if !reflect.DeepEqual(a, b) {
+			return at
+		}
+		return ""
+	}
+}
+
+// splitMounts is a copy of s without the session's own mounts, and those mounts in order.
+func splitMounts(s *specs.Spec) (*specs.Spec, []specs.Mount) {
+	var c specs.Spec
+	data, _ := json.Marshal(s)
+	_ = json.Unmarshal(data, &c)
+	var own []specs.Mount
+	c.Mounts = slices.DeleteFunc(c.Mounts, func(m specs.Mount) bool {
+		if sessionMount(m.Destination) {
+			own = append(own, m)
+			return true
+		}
+		return false
+	})
+	return &c, own
+}
+
+// StartWarm starts spec's session in a sandbox Prepare made: the sandbox's container
+// becomes the session's (its libcontainer state and cgroup go by the session's id), the
+// session's mounts go into its mount namespace, its limits onto its cgroup, and
+// roost-init gets the session's command. The caller has renamed sb.Records to
+// spec.RecordsDir, moved the network namespace to spec.NetNS and given the session sb.IDs.
+// On an error the sandbox is gone, as Release(spec.SessionID) leaves it.
+func (r *SealedRuntime) StartWarm(ctx context.Context, sb *Sandbox, spec Spec) (_ Process, retErr error) {
+	defer sb.io.Close()
+	if spec.Policy == nil {
+		return nil, errors.New("sealed start without a policy")
+	}
+	id := spec.SessionID
+	if spec.IDs != sb.IDs {
+		_ = r.Discard(sb)
+		return nil, fmt.Errorf("session %s has ids %v, its sandbox %v", id, spec.IDs, sb.IDs)
+	}
+	layout := r.Layout(id, spec.Dir, spec.CapsuleDir)
+	layout.NetNS, layout.Task, layout.IDs, layout.Home = spec.NetNS, spec.Task, spec.IDs, spec.Home
+	layout.Runner, layout.WasmModule, layout.HostRead = spec.Runner, spec.WasmModule, spec.Policy.Filesystem.HostRead
+	ro := spec.Policy.Filesystem.ReadOnly
+	if len(spec.Policy.Spawn.Allow) > 0 {
+		ro = append(slices.Clone(ro), ChildrenRoot)
+	}
+	owner, err := spec.owner()
+	if err != nil {
+		_ = r.Discard(sb)
+		return nil, err
+	}
+	sources, err := prepareWorkSources(spec.Dir, spec.Policy.Filesystem.Scope, ro, owner)
+	if err != nil {
+		_ = r.Discard(sb)
+		return nil, &StartError{Msg: "workdir: " + err.Error()}
+	}
+	layout.Sources = sources
+	full, err := SealedSpec(layout, spec.Policy)
+	if err != nil {
+		_ = r.Discard(sb)
+		return nil, err
+	}
+	if err := sameSandbox(sb.spec, full); err != nil {
+		_ = r.Discard(sb)
+		return nil, err
+	}
+	_, own := splitMounts(full)
+	config, err := r.config(id, full)
+	if err != nil {
+		_ = r.Discard(sb)
+		return nil, err
+	}
+
+	// From here the container is the session's: whatever fails, Release of the session
+	// finds and ends it.
+	cg := r.Cgroups()
+	if err := cg.note(id, cg.placeOf(sb.ID)); err != nil {
+		_ = r.Discard(sb)
+		return nil, err
+	}
+	if err := os.Rename(filepath.Join(r.containers, sb.ID), filepath.Join(r.containers, id)); err != nil {
+		_ = r.Discard(sb)
+		return nil, fmt.Errorf("claiming sandbox %s: %w", sb.ID, err)
+	}
+	_ = cg.forget(sb.ID)
+	defer func() {
+		if retErr != nil {
+			if sb.proc != nil {
+				_ = sb.container.Signal(syscall.SIGKILL)
+				_, _ = sb.proc.Wait()
+			}
+			_ = r.Release(id)
+		}
+	}()
+	container, err := libcontainer.Load(r.containers, id)
+	if err != nil {
+		return nil, fmt.Errorf("loading the claimed sandbox: %w", err)
+	}
+	set := container.Config()
+	res := *config.Cgroups.Resources
+	cgc := *set.Cgroups
+	cgc.Resources = &res
+	set.Cgroups = &cgc
+	if err := container.Set(set); err != nil {
+		return nil, fmt.Errorf("setting the session's cgroup limits: %w", err)
+	}
+	if err := r.attachMounts(sb, own); err != nil {
+		return nil, fmt.Errorf("mounting the session's trees into its sandbox: %w", err)
+	}
+	if err := sb.io.handSpec(initSpec(spec, sealedExecSpec(spec))); err != nil {
+		return nil, fmt.Errorf("handing the spec to roost-init: %w", err)
+	}
+	rep, err := readReport(ctx, sb.io.reportR)
+	if err != nil {
+		return nil, err
+	}
+	if rep.Error != "" || rep.Ref == nil {
+		if rep.Error == "" {
+			rep.Error = "roost-init ended without starting the program"
+		}
+		if sb.proc != nil {
+			_, _ = sb.proc.Wait()
+		}
+		return nil, &StartError{Msg: rep.Error}
+	}
+	ref, err := startedRef(container, sb.proc != nil, sb.initPID, rep.Ref)
+	if err != nil {
+		return nil, err
+	}
+	w, err := watchExit(ref.InitPID, ref.InitStart)
+	if errors.Is(err, ErrGone) {
+		w, err = &exitWatch{done: make(chan struct{})}, nil
+		close(w.done)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &sealedProcess{ref: ref, recordsDir: spec.RecordsDir, watch: w, runtime: r, container: container, proc: sb.proc}, nil
+}
+
+// mountAttrs are the mount_setattr flags of an OCI bind mount's options.
+func mountAttrs(opts []string) (attrs uint64, recursive bool) {
+	for _, o := range opts {
+		switch o {
+		case "rbind":
+			recursive = true
+		case "ro":
+			attrs |= unix.MOUNT_ATTR_RDONLY
+		case "nosuid":
+			attrs |= unix.MOUNT_ATTR_NOSUID
+		case "nodev":
+			attrs |= unix.MOUNT_ATTR_NODEV
+		case "noexec":
+			attrs |= unix.MOUNT_ATTR_NOEXEC
+		}
+	}
+	return attrs, recursive
+}
+
+// attachMounts mounts the session's trees into its sandbox, in the spec's order, as
+// libcontainer would have mounted them: each a detached copy of its source (taken here, on
+// the host) moved onto its place in the sandbox's mount namespace. Nothing in the sandbox
+// runs but roost-init, blocked on its spec, so no process inside can race the paths.
+func (r *SealedRuntime) attachMounts(sb *Sandbox, mounts []specs.Mount) error {
+	trees := make([]*os.File, 0, len(mounts))
+	defer func() {
+		for _, t := range trees {
+			t.Close()
+		}
+	}()
+	for _, m := range mounts {
+		if m.Type != "bind" {
+			return fmt.Errorf("%s: a %s mount cannot be attached", m.Destination, m.Type)
+		}
+		attrs, recursive := mountAttrs(m.Options)
+		flags := uint(unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC | unix.AT_SYMLINK_NOFOLLOW)
+		if recursive {
+			flags |= unix.AT_RECURSIVE
+		}
+		fd, err := unix.OpenTree(unix.AT_FDCWD, m.Source, flags)
+		if err != nil {
+			return fmt.Errorf("%s: open_tree %s: %w", m.Destination, m.Source, err)
+		}
+		tree := os.NewFile(uintptr(fd), m.Source)
+		trees = append(trees, tree)
+		// Only the top mount gets the flags, as a bind of libcontainer's.
+		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &unix.MountAttr{Attr_set: attrs}); err != nil {
+			return fmt.Errorf("%s: mount_setattr: %w", m.Destination, err)
+		}
+	}
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/mnt", sb.initPID))
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	// The namespace opened is the sandbox's only if its init is still the one started.
+	if st, err := StartTime(sb.initPID); err != nil || st != sb.initStart {
+		return errors.New("the sandbox's init has ended")
+	}
+	done := make(chan error, 1)
+	go func() {
+		// The thread enters the sandbox's mount namespace and is never used again: the
+		// goroutine ends locked, and the runtime ends the thread with it.
+		runtime.LockOSThread()
+		done <- moveInto(ns, sb.IDs, mounts, trees)
+	}()
+	return <-done
+}
+
+// moveInto runs on a thread of its own: it joins the mount namespace ns and moves each tree
+// onto its mount's destination.
+func moveInto(ns *os.File, ids IDs, mounts []specs.Mount, trees []*os.File) error {
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("unshare CLONE_FS: %w", err)
+	}
+	if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("entering the sandbox's mount namespace: %w", err)
+	}
+	for i, m := range mounts {
+		if m.Destination == SealedTaskPath {
+			if err := makeFileMountPoint(m.Destination, ids); err != nil {
+				return fmt.Errorf("%s: %w", m.Destination, err)
+			}
+		}
+		dest, err := unix.Openat2(unix.AT_FDCWD, m.Destination, &unix.OpenHow{
+			Flags:   unix.O_PATH | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+		})
+		if err != nil {
+			return fmt.Errorf("%s: %w", m.Destination, err)
+		}
+		err = unix.MoveMount(int(trees[i].Fd()), "", dest, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH)
+		unix.Close(dest)
+		if err != nil {
+			return fmt.Errorf("%s: move_mount: %w", m.Destination, err)
+		}
+	}
+	return nil
+}
+
+// makeFileMountPoint makes an empty file (and its directories) to mount a file on, in a
+// tmpfs of the sandbox's: as the sandbox's root, the only owner its user namespace maps.
+func makeFileMountPoint(p string, ids IDs) error {
+	if err := unix.Setfsgid(int(ids.First)); err != nil {
+		return err
+	}
+	if err := unix.Setfsuid(int(ids.First)); err != nil {
+		return err
+	}
+	defer func() {
+		_ = unix.Setfsuid(0)
+		_ = unix.Setfsgid(0)
+	}()
+	if err := os.MkdirAll(path.Dir(p), 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW, 0o644)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// config converts a sealed session's OCI spec to libcontainer's configuration.
+func (r *SealedRuntime) config(id string, s *specs.Spec) (*configs.Config, error) {
+	config, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{
+		CgroupName:       id,
+		UseSystemdCgroup: r.Cgroups().driver == CgroupDriverSystemd,
+		NoNewKeyring:     true,
+		Spec:             s,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("converting the OCI spec: %w", err)
+	}
+	return config, nil
+}

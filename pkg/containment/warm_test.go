@@ -1,0 +1,213 @@
+package containment
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"roost.dev/roost/pkg/manifest"
+)
+
+// inspectScript prints what a program can tell of its container: its mounts (mount point,
+// per-mount options, type, superblock options; not the ids that differ between any two
+// containers), its ids, capabilities and seccomp mode, and the modes and owners of its trees.
+const inspectScript = `awk '{ for (i = 7; $i != "-"; i++) ; print $5, $6, $(i+1), $(i+3) }' /proc/self/mountinfo | sort
+grep -E '^(Uid|Gid|Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status
+cat /proc/self/uid_map | awk '{print $1, $3}'
+stat -c '%n %a %u %g' / /work /capsule /root /tmp /run /dev/shm
+ls -A /run /work /root /tmp
+[ -f /run/roost/task.md ] && cat /run/roost/task.md
+ulimit -a
+hostname
+true`
+
+// warmSpec is a sealed session's start with the ids and records directory of sandbox sb,
+// as roostd gives a session that claims it.
+func warmSpec(t *testing.T, id, caps, script string, ids IDs, records string) Spec {
+	t.Helper()
+	s := spec(t, "/bin/sh", "-c", script)
+	s.SessionID = id
+	s.Class = manifest.Sealed
+	s.Policy = sealedPolicy(t, caps)
+	s.CapsuleDir = t.TempDir()
+	s.Env = []string{"PATH=/usr/bin:/bin"}
+	s.IDs = ids
+	if err := os.Chown(s.Dir, int(ids.First), int(ids.First)); err != nil {
+		t.Fatal(err)
+	}
+	if records != "" {
+		if err := os.Remove(s.RecordsDir); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(records, s.RecordsDir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s
+}
+
+func prepare(t *testing.T, rt *SealedRuntime, name string) *Sandbox {
+	t.Helper()
+	records := filepath.Join(reachableDir(t), "records")
+	if err := os.Mkdir(records, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := rt.Prepare(context.Background(), WarmPrefix+name, testIDs(), "", records)
+	if err != nil {
+		t.Fatalf("Prepare: %v", err)
+	}
+	return sb
+}
+
+// run starts s, cold (sb nil) or in sb, and returns its exit and stdout.
+func runIn(t *testing.T, rt *SealedRuntime, sb *Sandbox, s Spec) (ExitInfo, string) {
+	t.Helper()
+	var p Process
+	var err error
+	if sb == nil {
+		p, err = rt.Start(context.Background(), s)
+	} else {
+		p, err = rt.StartWarm(context.Background(), sb, s)
+	}
+	if err != nil {
+		t.Fatalf("start (warm %v): %v", sb != nil, err)
+	}
+	info := waitDone(t, p)
+	t.Cleanup(func() { _ = rt.Release(s.SessionID) })
+	return info, readFile(t, filepath.Join(s.RecordsDir, "stdout.log"))
+}
+
+// idNumbers are what differs between two containers of the same shape: their host uid
+// ranges and sizes aside, everything a program sees must be equal.
+var idNumbers = regexp.MustCompile(`\b(uid|gid|nr_inodes)=[0-9]+`)
+
+// TestWarmStartMatchesCold runs the same program in a container made for it and in a
+// sandbox made ahead, for several shapes of session, and finds no difference a program
+// can see: mounts and their options, ids, capabilities, seccomp, limits, trees.
+func TestWarmStartMatchesCold(t *testing.T) {
+	needRoot(t)
+	rt, err := NewSealedRuntime(reachableDir(t), staticInit(t), testIDs(), testSealer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, caps string
+		task       bool
+	}{
+		{"default", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}}", false},
+		{"task", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}}", true},
+		{"scope", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {scope: src, read_only: [src/vendor]}}", false},
+		{"delegates", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, spawn: {allow: [x]}}", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := rt.Fits(sealedPolicy(t, tc.caps), false); err != nil {
+				t.Fatalf("Fits: %v", err)
+			}
+			var outs [2]string
+			for i, warm := range []bool{false, true} {
+				var sb *Sandbox
+				records := ""
+				ids := testIDs()
+				if warm {
+					sb = prepare(t, rt, tc.name)
+					records, ids = sb.Records, sb.IDs
+				}
+				id := "ses_warm_" + tc.name + map[bool]string{false: "_cold", true: "_warm"}[warm]
+				s := warmSpec(t, id, tc.caps, inspectScript, ids, records)
+				s.Home = filepath.Join(reachableDir(t), "home")
+				if err := os.Mkdir(s.Home, 0o700); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Chown(s.Home, int(ids.First), int(ids.First)); err != nil {
+					t.Fatal(err)
+				}
+				if tc.task {
+					s.Task = filepath.Join(s.RecordsDir, "task.md")
+					if err := os.WriteFile(s.Task, []byte("the task\n"), 0o444); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if len(s.Policy.Spawn.Allow) > 0 {
+					if err := os.Mkdir(filepath.Join(s.Dir, ChildrenRoot), 0o755); err != nil {
+						t.Fatal(err)
+					}
+				}
+				info, out := runIn(t, rt, sb, s)
+				if info.Code != 0 || info.StartError != "" {
+					t.Fatalf("warm %v: exit %+v\n%s", warm, info, out)
+				}
+				outs[i] = idNumbers.ReplaceAllString(out, "$1=N")
+			}
+			if outs[0] != outs[1] {
+				t.Errorf("a warm start differs from a cold one:\n--- cold\n%s\n--- warm\n%s", outs[0], outs[1])
+			}
+			if tc.task && !strings.Contains(outs[1], "the task") {
+				t.Errorf("the warm session does not read its task:\n%s", outs[1])
+			}
+		})
+	}
+}
+
+// TestWarmRefusesOtherShapes: a session whose container a sandbox cannot be, because its
+// rlimits, /tmp or seccomp variant are fixed at creation, is told so, naming the field.
+func TestWarmRefusesOtherShapes(t *testing.T) {
+	needRoot(t)
+	rt, err := NewSealedRuntime(reachableDir(t), staticInit(t), testIDs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for caps, field := range map[string]string{
+		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, network: {unix_sockets: true}}":         "linux.seccomp",
+		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, resources: {max_open_files: 77}}":       "process.rlimits",
+		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {workdir_exec: true}}":      "mounts",
+		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {host_read: [/usr/share]}}": "mounts",
+	} {
+		err := rt.Fits(sealedPolicy(t, caps), false)
+		var nw *NotWarmError
+		if !errors.As(err, &nw) || !strings.HasPrefix(nw.Field, field) {
+			t.Errorf("%s: Fits = %v, want a difference at %s", caps, err, field)
+		}
+	}
+	if err := rt.Fits(sealedPolicy(t, "capabilities: {containment: sealed, resources: {cgroup_cpu_percent: 50, cgroup_pids_max: 77}}"), false); err != nil {
+		t.Errorf("cgroup limits are set at the claim, yet Fits = %v", err)
+	}
+}
+
+// TestWarmNoCarryOver: a session writes into every place it can write; a session in the
+// next sandbox sees none of it. Sandboxes serve one session each.
+func TestWarmNoCarryOver(t *testing.T) {
+	needRoot(t)
+	rt, err := NewSealedRuntime(reachableDir(t), staticInit(t), testIDs(), testSealer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const caps = "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}}"
+	write := `for d in /work /tmp /dev/shm /root /run /dev /dev/mqueue /var/tmp /; do echo x > "$d/carried" 2>/dev/null && echo "wrote $d"; done
+echo marker > /proc/self/comm; ipcmk -M 4096 >/dev/null 2>&1 && echo "wrote shm segment"; true`
+	look := `find / -xdev -name carried 2>/dev/null; for d in /work /tmp /dev/shm /root /run /dev; do ls -A "$d" | grep -q carried && echo "found in $d"; done
+ipcs -m | grep -c '^0x' ; true`
+	var outs []string
+	for i, script := range []string{write, look} {
+		sb := prepare(t, rt, "carry"+string(rune('a'+i)))
+		s := warmSpec(t, "ses_carry"+string(rune('a'+i)), caps, script, sb.IDs, sb.Records)
+		s.Home = filepath.Join(reachableDir(t), "home")
+		if err := os.Mkdir(s.Home, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(s.Home, int(sb.IDs.First), int(sb.IDs.First)); err != nil {
+			t.Fatal(err)
+		}
+		_, out := runIn(t, rt, sb, s)
+		outs = append(outs, out)
+	}
+	if !strings.Contains(outs[0], "wrote /tmp") || !strings.Contains(outs[0], "wrote /work") {
+		t.Fatalf("the first session could not write where it should:\n%s", outs[0])
+	}
+	if strings.Contains(outs[1], "carried") || strings.Contains(outs[1], "found in") || strings.TrimSpace(outs[1]) != "0" {
+		t.Errorf("the second sandbox sees the first session's writes:\n%s", outs[1])
+	}
+}
