@@ -61,6 +61,9 @@ type options struct {
 	reservationTTL   time.Duration
 	containment      string
 	showVersion      bool
+	// warmPool and warmPoolCPU are --warm-pool and --warm-pool-cpu.
+	warmPool    int
+	warmPoolCPU float64
 	// retainEnded and retainFor bound the ended sessions kept (0: no bound).
 	retainEnded int
 	retainFor   time.Duration
@@ -95,6 +98,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.containment, "containment", "", "host-wide containment floor: unconfined, advisory, scoped or sealed")
 	fs.StringVar(&o.cgroupParent, "cgroup-parent", "", "where sessions' cgroups go: a cgroup path (cgroupfs) or a slice (systemd); default: beneath roostd's own cgroup when systemd delegates it in a leaf (DelegateSubgroup=supervisor), else /roost")
 	fs.StringVar(&o.cgroupDriver, "cgroup-driver", containment.CgroupDriverCgroupfs, "how sessions' cgroups are made: cgroupfs, or systemd (transient roost-<session>.scope units; needs systemd as PID 1)")
+	fs.IntVar(&o.warmPool, "warm-pool", 0, "sealed sandboxes to keep made ahead of their sessions, each used by one session and then ended; 0 = none")
+	fs.Float64Var(&o.warmPoolCPU, "warm-pool-cpu", session.DefaultWarmPoolCPU, "share of the wall clock (0-1] the warm pool's refill may spend making sandboxes")
 	fs.IntVar(&o.retainEnded, "retain-ended", 0, "keep at most this many ended sessions, removing those that ended first (as roostctl rm does) and their events; 0 = no bound")
 	fs.DurationVar(&o.retainFor, "retain-for", 0, "remove ended sessions that ended longer ago than this (e.g. 720h), and their events; 0 = no bound")
 	logLevel := fs.String("log-level", "info", "least severe log lines written: debug, info, warn or error")
@@ -126,6 +131,10 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--machine-tokens-per-day %d: must be 0 or more", o.machineTokens)
 	case o.reservationTTL < time.Second:
 		return nil, fmt.Errorf("--reservation-ttl %s: must be at least 1s", o.reservationTTL)
+	case o.warmPool < 0:
+		return nil, fmt.Errorf("--warm-pool %d: must be 0 or more", o.warmPool)
+	case o.warmPoolCPU <= 0 || o.warmPoolCPU > 1:
+		return nil, fmt.Errorf("--warm-pool-cpu %g: must be more than 0 and at most 1", o.warmPoolCPU)
 	case o.retainEnded < 0:
 		return nil, fmt.Errorf("--retain-ended %d: must be 0 or more", o.retainEnded)
 	case o.retainFor < 0:
@@ -326,6 +335,8 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 		Endpoints:      endpoints,
 		MaxDepth:       o.maxDepth,
 		MaxConcurrent:  o.maxConcurrent,
+		WarmPool:       o.warmPool,
+		WarmPoolCPU:    o.warmPoolCPU,
 		Ledger:         spend,
 		Gateway:        gateway.New(cfg.Inference.Upstreams, &loggedLedger{Ledger: spend, sessions: sink, log: log}, log),
 		Observer:       mtr,
@@ -344,6 +355,10 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 	}
 	sink.set(sessions)
 	defer sessions.Close()
+	if o.warmPool > 0 {
+		mtr.WatchWarmPool(sessions.WarmReady)
+		log.Info("keeping sealed sandboxes made ahead", "warm_pool", o.warmPool, "refill_cpu", o.warmPoolCPU)
+	}
 	// Before the registry closes: the watchdog's check reads it.
 	defer sm.stopWatchdog()
 	log.Info("sessions recovered", "took", time.Since(recoveryStarted).Round(time.Microsecond).String())

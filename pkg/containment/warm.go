@@ -112,6 +112,12 @@ func (r *SealedRuntime) Prepare(ctx context.Context, id string, ids IDs, netns, 
 		container: container, proc: proc, initPID: initPID, initStart: st.InitProcessStartTime}, nil
 }
 
+// Alive says whether the sandbox's init still waits for a session.
+func (sb *Sandbox) Alive() bool {
+	st, err := StartTime(sb.initPID)
+	return err == nil && st == sb.initStart
+}
+
 // Discard ends a sandbox no session claimed and frees what it holds but its network
 // namespace and records directory, which are the caller's.
 func (r *SealedRuntime) Discard(sb *Sandbox) error {
@@ -158,7 +164,21 @@ func sameSandbox(sandbox, session *specs.Spec) error {
 type NotWarmError struct{ Field string }
 
 func (e *NotWarmError) Error() string {
-	return "its container differs from a warm sandbox's at " + e.Field
+	what := "container"
+	for _, c := range []struct{ prefix, what string }{
+		{"linux.seccomp", "seccomp filter (network.unix_sockets)"},
+		{"process.rlimits", "rlimits (resources.max_open_files, max_file_size_bytes, cpu_seconds, max_processes, memory_bytes)"},
+		{"mounts[/tmp]", "/tmp size (resources.workdir_max_bytes, cgroup_memory_bytes)"},
+		{"mounts[/dev/shm]", "noexec trees (filesystem.workdir_exec)"},
+		{"mounts", "root (filesystem.host_read, a WASM runner)"},
+		{"root", "root (filesystem.host_read, a WASM runner)"},
+	} {
+		if strings.HasPrefix(e.Field, c.prefix) {
+			what = c.what
+			break
+		}
+	}
+	return "warm sandboxes are made with a default capsule's " + what + ", and this one's differs (at " + e.Field + ")"
 }
 
 // sandboxShape is a spec without what a claim sets: the session's mounts, uid map,

@@ -261,6 +261,51 @@ func (e *Endpoints) Release(sessionID string) error {
 	return nil
 }
 
+// Pin makes a network namespace (loopback up) for a sandbox made ahead of its session and
+// pins it at NetNSPath(id); Move gives it to the session that claims the sandbox.
+func (e *Endpoints) Pin(id string) (string, error) {
+	path := e.NetNSPath(id)
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		host, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- err
+			return
+		}
+		defer host.Close()
+		err = makeNetNS(path)
+		if serr := unix.Setns(int(host.Fd()), unix.CLONE_NEWNET); serr != nil {
+			// The thread stays in the new namespace: it ends with this goroutine.
+			done <- fmt.Errorf("returning to the host network namespace: %w", serr)
+			return
+		}
+		runtime.UnlockOSThread()
+		done <- err
+	}()
+	if err := <-done; err != nil {
+		_ = e.Release(id)
+		return "", err
+	}
+	return path, nil
+}
+
+// Move pins the network namespace pinned for from at to's path, and unpins it from from.
+func (e *Endpoints) Move(from, to string) error {
+	dst := e.NetNSPath(to)
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	if err := unix.Mount(e.NetNSPath(from), dst, "", unix.MS_BIND, ""); err != nil {
+		os.Remove(dst)
+		return fmt.Errorf("pinning the network namespace of %s for %s: %w", from, to, err)
+	}
+	return e.Release(from)
+}
+
 // Pinned lists the sessions whose network namespace is pinned.
 func (e *Endpoints) Pinned() ([]string, error) {
 	entries, err := os.ReadDir(e.netns)
@@ -312,20 +357,8 @@ func enterAndListen(path, addr string) (_ net.Listener, _ error, back bool) {
 			if err != nil {
 				return nil, fmt.Errorf("entering %s: %w", path, err)
 			}
-		} else {
-			if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-				return nil, fmt.Errorf("new network namespace: %w", err)
-			}
-			lo, err := netlink.LinkByName("lo")
-			if err != nil {
-				return nil, err
-			}
-			if err := netlink.LinkSetUp(lo); err != nil {
-				return nil, fmt.Errorf("bringing lo up: %w", err)
-			}
-			if err := pin(path); err != nil {
-				return nil, err
-			}
+		} else if err := makeNetNS(path); err != nil {
+			return nil, err
 		}
 		return net.Listen("tcp", addr)
 	}()
@@ -336,6 +369,22 @@ func enterAndListen(path, addr string) (_ net.Listener, _ error, back bool) {
 		return nil, fmt.Errorf("returning to the host network namespace: %w", serr), false
 	}
 	return ln, err, true
+}
+
+// makeNetNS moves this thread into a new network namespace, brings its loopback up and
+// pins it at path.
+func makeNetNS(path string) error {
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("new network namespace: %w", err)
+	}
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return err
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("bringing lo up: %w", err)
+	}
+	return pin(path)
 }
 
 // pin keeps this thread's network namespace alive after its last process leaves, by

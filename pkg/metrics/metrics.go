@@ -141,6 +141,15 @@ func (m *Metrics) WatchBudget(b Budget) {
 	})
 }
 
+// WatchWarmPool reports how many sealed sandboxes made ahead wait for a session (roostd
+// --warm-pool) at each scrape.
+func (m *Metrics) WatchWarmPool(ready func() int) {
+	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "roost_warm_sandboxes",
+		Help: "Sealed sandboxes made ahead of their sessions and waiting for one (roostd --warm-pool).",
+	}, func() float64 { return float64(ready()) }))
+}
+
 // Charged counts tokens charged to a session, and a settlement above its reservation. The
 // model label is the one the gateway admitted the call with, already bounded.
 func (m *Metrics) Charged(s ledger.Settlement) {

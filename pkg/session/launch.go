@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -55,6 +56,15 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 		m.release(rec.ID, l)
 		return nil, fmt.Errorf("session %s needs a %s runtime, which this daemon does not have: %w", rec.ID, class, errdefs.ErrFailedPrecondition)
 	}
+	// A sealed session that fits takes a sandbox made ahead, and with it the sandbox's uid
+	// range, in the same transaction that records it launching.
+	var sb *containment.Sandbox
+	var cold error
+	if m.pool != nil && class == manifest.Sealed {
+		if _, policy, err := m.recordedManifest(rec); err == nil {
+			sb, cold = m.pool.take(policy, rec.Wasm != nil)
+		}
+	}
 	began := time.Now()
 	if err := m.update(func(tx *Tx) error {
 		// Checked in the launch's own transaction: a parent that ends after it commits
@@ -65,6 +75,10 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 				return fmt.Errorf("session %s: its parent %s has ended: %w", rec.ID, rec.ParentID, errdefs.ErrFailedPrecondition)
 			}
 		}
+		if sb != nil {
+			rec.Warm = true
+			return errors.Join(tx.TakeIDs(rec, sb.ID, sb.IDs), tx.Transition(rec, Launching))
+		}
 		// Staged by a roostd from before id ranges: it gets one now.
 		if rec.IDs == nil && !rec.HostRoot {
 			if err := tx.AllocateIDs(rec, m.cfg.IDs); err != nil {
@@ -73,10 +87,13 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 		}
 		return tx.Transition(rec, Launching)
 	}); err != nil {
+		if sb != nil {
+			m.pool.discard(sb)
+		}
 		m.release(rec.ID, l)
 		return nil, err
 	}
-	proc, err := m.start(ctx, l, rec, class, runtime)
+	proc, err := m.start(ctx, l, rec, class, runtime, sb)
 	if err != nil {
 		if m.cfg.Observer != nil {
 			m.cfg.Observer.SessionStartFailed(class)
@@ -107,17 +124,37 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 		m.cfg.Observer.SessionStarted(class, time.Since(began))
 	}
 	m.cfg.Logger.Info("session launched", "session", rec.ID, "capsule", rec.Capsule.Name+"@"+rec.Capsule.Version, "class", rec.Achieved,
-		"pid", ref.PID, "took", time.Since(began).Round(time.Microsecond).String())
+		"pid", ref.PID, "took", time.Since(began).Round(time.Microsecond).String(), "start", warmStartNote(sb != nil, cold))
 	m.supervise(l, rec, proc)
 	return rec, nil
 }
 
 // start makes the session's directories, writes the start of its trace, opens its endpoint
-// and starts the program. The launch outlives the RPC that asked for it: a client going away
-// mid-launch must not leave a half-started session. The caller holds l.mu.
-func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class manifest.Class, runtime Runtime) (containment.Process, error) {
-	// Root's: the session may pass through to its task text, never list or read the rest.
-	if err := os.MkdirAll(rec.RecordsDir, 0o711); err != nil {
+// and starts the program: in sb, a sandbox made ahead, when it is not nil. The launch
+// outlives the RPC that asked for it: a client going away mid-launch must not leave a
+// half-started session. The caller holds l.mu.
+func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class manifest.Class, runtime Runtime, sb *containment.Sandbox) (_ containment.Process, retErr error) {
+	if sb != nil {
+		defer func() {
+			// Not handed to the runtime: nothing else will end it.
+			if sb != nil {
+				m.pool.discard(sb)
+			}
+		}()
+		// roost-init holds the sandbox's records directory open: it becomes the session's.
+		if err := os.Remove(rec.RecordsDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("records directory: %w", err)
+		}
+		if err := os.Rename(sb.Records, rec.RecordsDir); err != nil {
+			return nil, fmt.Errorf("records directory: %w", err)
+		}
+		if sb.NetNS != "" {
+			if err := m.cfg.Endpoints.Move(sb.ID, rec.ID); err != nil {
+				return nil, err
+			}
+		}
+	} else if err := os.MkdirAll(rec.RecordsDir, 0o711); err != nil {
+		// Root's: the session may pass through to its task text, never list or read the rest.
 		return nil, fmt.Errorf("records directory: %w", err)
 	}
 	if err := m.prepareWorkdir(rec); err != nil {
@@ -175,6 +212,11 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class 
 	})
 	if err := appendTrace(rec.RecordsDir, traceStart(rec, explanation)); err != nil {
 		return nil, fmt.Errorf("trace: %w", err)
+	}
+	if sb != nil {
+		claimed := sb
+		sb = nil
+		return m.pool.rt.StartWarm(context.WithoutCancel(ctx), claimed, spec)
 	}
 	return runtime.Start(context.WithoutCancel(ctx), spec)
 }

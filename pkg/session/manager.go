@@ -61,6 +61,10 @@ type Endpoints interface {
 	Release(sessionID string) error
 	// Pinned lists sessions whose network namespace is pinned.
 	Pinned() ([]string, error)
+	// Pin makes and pins a network namespace for a sandbox made ahead of its session;
+	// Move gives it to the session that claims the sandbox.
+	Pin(sandbox string) (string, error)
+	Move(sandbox, sessionID string) error
 }
 
 // Observer hears about session starts and recoveries, for metrics.
@@ -121,6 +125,11 @@ type Config struct {
 	// EnvPassthrough is the operator's list of host variables a capsule's env.allow may
 	// draw from (roostd's env.passthrough); nothing else of HostEnv reaches a session.
 	EnvPassthrough []string
+	// WarmPool is how many sealed sandboxes to keep made ahead of their sessions (roostd
+	// --warm-pool); 0 for none. WarmPoolCPU is the share of the wall clock their refill
+	// may take; DefaultWarmPoolCPU when 0.
+	WarmPool    int
+	WarmPoolCPU float64
 }
 
 // idsPerSession is how many host ids a session's range holds.
@@ -152,6 +161,9 @@ type Manager struct {
 	// blobMu keeps collecting the content store apart from a stage between importing a
 	// capsule and recording the session that names it.
 	blobMu sync.RWMutex
+
+	// pool holds sealed sandboxes made ahead; nil without Config.WarmPool.
+	pool *warmPool
 }
 
 // liveSession is the daemon's hold on a session that has (or may have) a process.
@@ -213,6 +225,31 @@ func Open(cfg Config) (*Manager, error) {
 		reg.Close()
 		return nil, fmt.Errorf("recovering sessions: %w", err)
 	}
+	if err := m.dropWarmLeftovers(); err != nil {
+		cancel()
+		reg.Close()
+		return nil, fmt.Errorf("freeing warm sandboxes a previous roostd left: %w", err)
+	}
+	if cfg.WarmPool > 0 {
+		rt, ok := cfg.Runtimes[manifest.Sealed].(WarmRuntime)
+		if !ok {
+			cancel()
+			reg.Close()
+			return nil, fmt.Errorf("a warm pool needs a sealed runtime, which this daemon does not have: %w", errdefs.ErrFailedPrecondition)
+		}
+		pool, err := newWarmPool(m, rt, cfg.WarmPool, cfg.WarmPoolCPU)
+		if err != nil {
+			cancel()
+			reg.Close()
+			return nil, fmt.Errorf("the warm pool: %w", err)
+		}
+		m.pool = pool
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			pool.run(ctx)
+		}()
+	}
 	return m, nil
 }
 
@@ -240,6 +277,9 @@ func (m *Manager) Close() error {
 		l.mu.Unlock()
 	}
 	m.wg.Wait()
+	if m.pool != nil {
+		m.pool.close()
+	}
 	return m.reg.Close()
 }
 

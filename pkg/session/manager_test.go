@@ -617,7 +617,7 @@ func TestRecoverMidLaunch(t *testing.T) {
 	if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Launching) }); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.start(context.Background(), &liveSession{ended: make(chan struct{})}, rec, manifest.Advisory, m.cfg.Runtimes[manifest.Advisory]); err != nil {
+	if _, err := m.start(context.Background(), &liveSession{ended: make(chan struct{})}, rec, manifest.Advisory, m.cfg.Runtimes[manifest.Advisory], nil); err != nil {
 		t.Fatal(err)
 	}
 	m.Close()

@@ -144,6 +144,8 @@ type Record struct {
 	Wasm *WasmRun `json:"wasm,omitempty"`
 	// Egress is what the session's egress proxy carried, kept at its end.
 	Egress *EgressTotals `json:"egress,omitempty"`
+	// Warm says the session started in a sandbox made ahead of it (roostd --warm-pool).
+	Warm bool `json:"warm,omitempty"`
 }
 
 // CapsuleRef names what a session runs.

@@ -33,6 +33,7 @@ func (r *Record) Proto() *roostv1.Session {
 		Spend:       &roostv1.Spend{Tokens: r.Tokens, InputTokens: r.InputTokens, OutputTokens: r.OutputTokens},
 		Detail:      r.Detail,
 		Command:     r.Command,
+		Warm:        r.Warm,
 	}
 	if r.ExitCode != nil {
 		code := int32(*r.ExitCode)
@@ -124,6 +125,7 @@ func (m *Manager) explanation(p *plan) *roostv1.Explanation {
 	for _, g := range containment.Grants(class, &p.policy, m.hostRoot(p), p.manifest.Run.Wasm != "") {
 		e.Grants = append(e.Grants, &roostv1.Grant{Key: g.Key, Value: g.Value, Enforcement: g.Enforcement, Mechanism: g.Mechanism})
 	}
+	e.Start = m.startPath(p, class)
 	e.Identity = &roostv1.Identity{Size: idsPerSession, HostRoot: m.hostRoot(p)}
 	if e.Identity.HostRoot {
 		e.Identity.Size = 0

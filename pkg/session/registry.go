@@ -437,6 +437,24 @@ func (p IDPool) RehearsalIDs() containment.IDs {
 // same transaction as whatever else it writes. Ranges are keyed by their first id, so a
 // pool moved by a configuration change never hands out a range that overlaps one held.
 func (t *Tx) AllocateIDs(rec *Record, pool IDPool) error {
+	ids, err := t.reserveIDs(rec.ID, pool)
+	if err != nil {
+		return fmt.Errorf("session %s: %w", rec.ID, err)
+	}
+	rec.IDs = &ids
+	return nil
+}
+
+// ReserveIDs holds a range for a sandbox made ahead of its session (see warmPool); the
+// session that claims it takes the range with TakeIDs.
+func (t *Tx) ReserveIDs(sandbox string, pool IDPool) (containment.IDs, error) {
+	if !strings.HasPrefix(sandbox, containment.WarmPrefix) {
+		return containment.IDs{}, fmt.Errorf("%q is not a sandbox's id: %w", sandbox, errdefs.ErrInvalidArgument)
+	}
+	return t.reserveIDs(sandbox, pool)
+}
+
+func (t *Tx) reserveIDs(owner string, pool IDPool) (containment.IDs, error) {
 	const size = config.IDsPerSession
 	end := uint64(pool.First) + uint64(pool.Slots)*size
 	next := uint64(pool.First) + size
@@ -453,13 +471,51 @@ func (t *Tx) AllocateIDs(rec *Record, pool IDPool) error {
 		next = held + size
 	}
 	if next+size > end {
-		return fmt.Errorf("session %s: every one of the %d uid ranges from %d is held by a session; remove ended sessions (roostctl rm) or widen sessions.ids in roostd's config: %w",
-			rec.ID, pool.Slots-1, pool.First, errdefs.ErrResourceExhausted)
+		return containment.IDs{}, fmt.Errorf("every one of the %d uid ranges from %d is held by a session; remove ended sessions (roostctl rm) or widen sessions.ids in roostd's config: %w",
+			pool.Slots-1, pool.First, errdefs.ErrResourceExhausted)
 	}
-	if err := b.Put(idKey(uint32(next)), []byte(rec.ID)); err != nil {
+	if err := b.Put(idKey(uint32(next)), []byte(owner)); err != nil {
+		return containment.IDs{}, err
+	}
+	return containment.IDs{First: uint32(next), Size: size}, nil
+}
+
+// TakeIDs gives rec the range a sandbox held, freeing the one rec held before.
+func (t *Tx) TakeIDs(rec *Record, sandbox string, ids containment.IDs) error {
+	b := idsBucket(t.tx)
+	if got := string(b.Get(idKey(ids.First))); got != sandbox {
+		return fmt.Errorf("uid range %d is held by %q, not sandbox %s: %w", ids.First, got, sandbox, errdefs.ErrFailedPrecondition)
+	}
+	if rec.IDs != nil && string(b.Get(idKey(rec.IDs.First))) == rec.ID {
+		if err := b.Delete(idKey(rec.IDs.First)); err != nil {
+			return err
+		}
+	}
+	if err := b.Put(idKey(ids.First), []byte(rec.ID)); err != nil {
 		return err
 	}
-	rec.IDs = &containment.IDs{First: uint32(next), Size: size}
+	rec.IDs = &ids
+	return nil
+}
+
+// ReleaseIDs frees the ranges held by sandboxes keep does not name: those of a previous
+// daemon, which are gone, or one made but not kept.
+func (t *Tx) ReleaseIDs(keep func(sandbox string) bool) error {
+	b := idsBucket(t.tx)
+	var drop [][]byte
+	if err := b.ForEach(func(k, v []byte) error {
+		if strings.HasPrefix(string(v), containment.WarmPrefix) && !keep(string(v)) {
+			drop = append(drop, slices.Clone(k))
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, k := range drop {
+		if err := b.Delete(k); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

@@ -23,10 +23,12 @@ type traceRecord struct {
 	// --json` prints for the capsule.
 	EffectiveGrants json.RawMessage `json:"effective_grants,omitempty"`
 	Command         []string        `json:"command,omitempty"`
-	ExitStatus      ExitStatus      `json:"exit_status,omitempty"`
-	ExitCode        *int            `json:"exit_code,omitempty"`
-	Detail          string          `json:"detail,omitempty"`
-	DurationMS      *int64          `json:"duration_ms,omitempty"`
+	// Start is how a session_start began: warm (in a sandbox made ahead) or cold.
+	Start      string     `json:"start,omitempty"`
+	ExitStatus ExitStatus `json:"exit_status,omitempty"`
+	ExitCode   *int       `json:"exit_code,omitempty"`
+	Detail     string     `json:"detail,omitempty"`
+	DurationMS *int64     `json:"duration_ms,omitempty"`
 	// Child and ChildID name a delegation's capsule and, once granted, its session;
 	// Refusal is why one was refused.
 	Child   string `json:"child,omitempty"`
@@ -50,6 +52,7 @@ func traceStart(rec *Record, explanation []byte) traceRecord {
 		Capsule:         rec.Capsule.Name + "@" + rec.Capsule.Version,
 		EffectiveGrants: explanation,
 		Command:         rec.Command,
+		Start:           map[bool]string{true: "warm", false: "cold"}[rec.Warm],
 	}
 }
 

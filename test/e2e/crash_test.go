@@ -23,11 +23,24 @@ import (
 // session that ran has exactly its program's exit code and every line it printed, a session
 // recorded lost never ran, no container, cgroup or mount of an ended session is left, and a
 // follower that reconnected across every restart saw every event once, in order.
+//
+// With a warm pool, kills also land while sandboxes made ahead wait or are being claimed;
+// a daemon started again without the pool must leave nothing of them.
 func TestCrashRecovery(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("sealed sessions need root")
 	}
-	d := newDaemon(t)
+	t.Run("cold", func(t *testing.T) { crashRecovery(t, false) })
+	t.Run("warm-pool", func(t *testing.T) { crashRecovery(t, true) })
+}
+
+func crashRecovery(t *testing.T, pool bool) {
+	var d *daemon
+	if pool {
+		d = newDaemon(t, "--warm-pool", "3")
+	} else {
+		d = newDaemon(t)
+	}
 	const kills = 5
 
 	// Capsules of different lifetimes and exit codes; the name says what to expect.
@@ -106,10 +119,13 @@ func TestCrashRecovery(t *testing.T) {
 		}
 	}
 
-	ran, lost := 0, 0
+	ran, lost, warm := 0, 0, 0
 	for _, s := range list {
 		if s.State == "staged" {
 			continue
+		}
+		if s.Warm {
+			warm++
 		}
 		w := wants[s.Capsule.Name]
 		logs := d.ok("logs", s.ID)
@@ -141,9 +157,36 @@ func TestCrashRecovery(t *testing.T) {
 			t.Errorf("%s %s: logs %q, want %d lines; %s %v %q; records %v\n%s", s.ID, s.Capsule.Name, logs, w.lines, s.ExitStatus, *s.ExitCode, s.Detail, names, trace)
 		}
 	}
-	t.Logf("%d kills; %d sessions ran and were checked, %d never ran, %d stayed staged", kills, ran, lost, len(list)-ran-lost)
+	t.Logf("%d kills; %d sessions ran and were checked (%d warm), %d never ran, %d stayed staged", kills, ran, warm, lost, len(list)-ran-lost)
 	if ran == 0 {
 		t.Fatal("no session ran")
+	}
+	if pool && warm == 0 {
+		t.Fatal("no session started warm")
+	}
+	if pool {
+		// The last daemon's sandboxes wait; one killed, and a daemon without a pool started
+		// in its place, must free every one.
+		waiting, _ := filepath.Glob(filepath.Join(d.stateDir, "containers", "warm-*"))
+		if len(waiting) == 0 {
+			t.Error("no warm sandbox waits at the end")
+		}
+		d.kill9()
+		d.args = nil
+		d.start()
+		if left, _ := filepath.Glob(filepath.Join(d.stateDir, "warm", "*")); len(left) != 0 {
+			t.Errorf("warm records directories left: %v", left)
+		}
+		for _, sb := range waiting {
+			for _, ctrl := range []string{"memory", "pids", "cpu", "freezer"} {
+				if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", ctrl, "roost", filepath.Base(sb))); err == nil {
+					t.Errorf("cgroup of warm sandbox %s left in %s", filepath.Base(sb), ctrl)
+				}
+			}
+			if _, err := os.Stat(filepath.Join(d.stateDir, "netns", filepath.Base(sb))); err == nil {
+				t.Errorf("network namespace of warm sandbox %s left pinned", filepath.Base(sb))
+			}
+		}
 	}
 
 	// Nothing of the ended sessions is left.

@@ -194,6 +194,7 @@ type session struct {
 		Declared string `json:"declared"`
 		Achieved string `json:"achieved"`
 	} `json:"containment"`
+	Warm bool `json:"warm"`
 }
 
 func (d *daemon) inspect(id string) session {

@@ -171,7 +171,9 @@ type Explanation struct {
 	Executable []string `protobuf:"bytes,8,rep,name=executable,proto3" json:"executable,omitempty"`
 	// What each shell.allow entry resolved to on this host when explained (a session records
 	// it at stage): the files it may exec, and the trees whose every file it may.
-	Shell         []*ShellEntry `protobuf:"bytes,9,rep,name=shell,proto3" json:"shell,omitempty"`
+	Shell []*ShellEntry `protobuf:"bytes,9,rep,name=shell,proto3" json:"shell,omitempty"`
+	// Whether a session of the capsule would start in a sandbox made ahead of it.
+	Start         *StartPath `protobuf:"bytes,10,opt,name=start,proto3" json:"start,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -269,6 +271,70 @@ func (x *Explanation) GetShell() []*ShellEntry {
 	return nil
 }
 
+func (x *Explanation) GetStart() *StartPath {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+// StartPath says how a session of the capsule would start on this daemon.
+type StartPath struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// warm: in a sandbox roostd keeps ready (roostd --warm-pool), when one is free at launch;
+	// cold: in a container made at launch.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// Why: the pool's size, or what of the capsule's container a sandbox made ahead fixes
+	// differently.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartPath) Reset() {
+	*x = StartPath{}
+	mi := &file_roost_v1_capsule_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartPath) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartPath) ProtoMessage() {}
+
+func (x *StartPath) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_capsule_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartPath.ProtoReflect.Descriptor instead.
+func (*StartPath) Descriptor() ([]byte, []int) {
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *StartPath) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *StartPath) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // ShellEntry is one shell.allow entry (a name, a path, a @preset) and what it resolved to.
 type ShellEntry struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -281,7 +347,7 @@ type ShellEntry struct {
 
 func (x *ShellEntry) Reset() {
 	*x = ShellEntry{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[3]
+	mi := &file_roost_v1_capsule_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -293,7 +359,7 @@ func (x *ShellEntry) String() string {
 func (*ShellEntry) ProtoMessage() {}
 
 func (x *ShellEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[3]
+	mi := &file_roost_v1_capsule_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -306,7 +372,7 @@ func (x *ShellEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellEntry.ProtoReflect.Descriptor instead.
 func (*ShellEntry) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{3}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ShellEntry) GetEntry() string {
@@ -344,7 +410,7 @@ type EnvVerdict struct {
 
 func (x *EnvVerdict) Reset() {
 	*x = EnvVerdict{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[4]
+	mi := &file_roost_v1_capsule_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -356,7 +422,7 @@ func (x *EnvVerdict) String() string {
 func (*EnvVerdict) ProtoMessage() {}
 
 func (x *EnvVerdict) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[4]
+	mi := &file_roost_v1_capsule_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -369,7 +435,7 @@ func (x *EnvVerdict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvVerdict.ProtoReflect.Descriptor instead.
 func (*EnvVerdict) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{4}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *EnvVerdict) GetName() string {
@@ -415,7 +481,7 @@ type ContainmentDecision struct {
 
 func (x *ContainmentDecision) Reset() {
 	*x = ContainmentDecision{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[5]
+	mi := &file_roost_v1_capsule_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -427,7 +493,7 @@ func (x *ContainmentDecision) String() string {
 func (*ContainmentDecision) ProtoMessage() {}
 
 func (x *ContainmentDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[5]
+	mi := &file_roost_v1_capsule_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -440,7 +506,7 @@ func (x *ContainmentDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainmentDecision.ProtoReflect.Descriptor instead.
 func (*ContainmentDecision) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{5}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ContainmentDecision) GetDeclared() string {
@@ -497,7 +563,7 @@ type FloorSource struct {
 
 func (x *FloorSource) Reset() {
 	*x = FloorSource{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[6]
+	mi := &file_roost_v1_capsule_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -509,7 +575,7 @@ func (x *FloorSource) String() string {
 func (*FloorSource) ProtoMessage() {}
 
 func (x *FloorSource) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[6]
+	mi := &file_roost_v1_capsule_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -522,7 +588,7 @@ func (x *FloorSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FloorSource.ProtoReflect.Descriptor instead.
 func (*FloorSource) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{6}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *FloorSource) GetSource() string {
@@ -556,7 +622,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[7]
+	mi := &file_roost_v1_capsule_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -568,7 +634,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[7]
+	mi := &file_roost_v1_capsule_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -581,7 +647,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{7}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Grant) GetKey() string {
@@ -631,7 +697,7 @@ type Policy struct {
 
 func (x *Policy) Reset() {
 	*x = Policy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[8]
+	mi := &file_roost_v1_capsule_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -643,7 +709,7 @@ func (x *Policy) String() string {
 func (*Policy) ProtoMessage() {}
 
 func (x *Policy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[8]
+	mi := &file_roost_v1_capsule_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -656,7 +722,7 @@ func (x *Policy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Policy.ProtoReflect.Descriptor instead.
 func (*Policy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{8}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Policy) GetContainment() string {
@@ -734,7 +800,7 @@ type Limit struct {
 
 func (x *Limit) Reset() {
 	*x = Limit{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[9]
+	mi := &file_roost_v1_capsule_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -746,7 +812,7 @@ func (x *Limit) String() string {
 func (*Limit) ProtoMessage() {}
 
 func (x *Limit) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[9]
+	mi := &file_roost_v1_capsule_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -759,7 +825,7 @@ func (x *Limit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Limit.ProtoReflect.Descriptor instead.
 func (*Limit) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{9}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Limit) GetValue() int64 {
@@ -786,7 +852,7 @@ type NetworkPolicy struct {
 
 func (x *NetworkPolicy) Reset() {
 	*x = NetworkPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[10]
+	mi := &file_roost_v1_capsule_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -798,7 +864,7 @@ func (x *NetworkPolicy) String() string {
 func (*NetworkPolicy) ProtoMessage() {}
 
 func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[10]
+	mi := &file_roost_v1_capsule_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -811,7 +877,7 @@ func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
 func (*NetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{10}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NetworkPolicy) GetAllow() []string {
@@ -842,7 +908,7 @@ type FilesystemPolicy struct {
 
 func (x *FilesystemPolicy) Reset() {
 	*x = FilesystemPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[11]
+	mi := &file_roost_v1_capsule_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -854,7 +920,7 @@ func (x *FilesystemPolicy) String() string {
 func (*FilesystemPolicy) ProtoMessage() {}
 
 func (x *FilesystemPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[11]
+	mi := &file_roost_v1_capsule_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -867,7 +933,7 @@ func (x *FilesystemPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FilesystemPolicy.ProtoReflect.Descriptor instead.
 func (*FilesystemPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{11}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *FilesystemPolicy) GetScope() string {
@@ -907,7 +973,7 @@ type ShellPolicy struct {
 
 func (x *ShellPolicy) Reset() {
 	*x = ShellPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[12]
+	mi := &file_roost_v1_capsule_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +985,7 @@ func (x *ShellPolicy) String() string {
 func (*ShellPolicy) ProtoMessage() {}
 
 func (x *ShellPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[12]
+	mi := &file_roost_v1_capsule_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +998,7 @@ func (x *ShellPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellPolicy.ProtoReflect.Descriptor instead.
 func (*ShellPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{12}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ShellPolicy) GetAllow() []string {
@@ -955,7 +1021,7 @@ type SpawnPolicy struct {
 
 func (x *SpawnPolicy) Reset() {
 	*x = SpawnPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[13]
+	mi := &file_roost_v1_capsule_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -967,7 +1033,7 @@ func (x *SpawnPolicy) String() string {
 func (*SpawnPolicy) ProtoMessage() {}
 
 func (x *SpawnPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[13]
+	mi := &file_roost_v1_capsule_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -980,7 +1046,7 @@ func (x *SpawnPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnPolicy.ProtoReflect.Descriptor instead.
 func (*SpawnPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{13}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SpawnPolicy) GetAllow() []string {
@@ -1027,7 +1093,7 @@ type EnvPolicy struct {
 
 func (x *EnvPolicy) Reset() {
 	*x = EnvPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[14]
+	mi := &file_roost_v1_capsule_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1039,7 +1105,7 @@ func (x *EnvPolicy) String() string {
 func (*EnvPolicy) ProtoMessage() {}
 
 func (x *EnvPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[14]
+	mi := &file_roost_v1_capsule_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1052,7 +1118,7 @@ func (x *EnvPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvPolicy.ProtoReflect.Descriptor instead.
 func (*EnvPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{14}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *EnvPolicy) GetAllow() []string {
@@ -1074,7 +1140,7 @@ type LimitsPolicy struct {
 
 func (x *LimitsPolicy) Reset() {
 	*x = LimitsPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[15]
+	mi := &file_roost_v1_capsule_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1086,7 +1152,7 @@ func (x *LimitsPolicy) String() string {
 func (*LimitsPolicy) ProtoMessage() {}
 
 func (x *LimitsPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[15]
+	mi := &file_roost_v1_capsule_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1099,7 +1165,7 @@ func (x *LimitsPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LimitsPolicy.ProtoReflect.Descriptor instead.
 func (*LimitsPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{15}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LimitsPolicy) GetDeadlineSeconds() *Limit {
@@ -1145,7 +1211,7 @@ type ResourcesPolicy struct {
 
 func (x *ResourcesPolicy) Reset() {
 	*x = ResourcesPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[16]
+	mi := &file_roost_v1_capsule_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1157,7 +1223,7 @@ func (x *ResourcesPolicy) String() string {
 func (*ResourcesPolicy) ProtoMessage() {}
 
 func (x *ResourcesPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[16]
+	mi := &file_roost_v1_capsule_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1170,7 +1236,7 @@ func (x *ResourcesPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourcesPolicy.ProtoReflect.Descriptor instead.
 func (*ResourcesPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{16}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ResourcesPolicy) GetCgroupMemoryBytes() *Limit {
@@ -1278,7 +1344,7 @@ type InferencePolicy struct {
 
 func (x *InferencePolicy) Reset() {
 	*x = InferencePolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[17]
+	mi := &file_roost_v1_capsule_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1290,7 +1356,7 @@ func (x *InferencePolicy) String() string {
 func (*InferencePolicy) ProtoMessage() {}
 
 func (x *InferencePolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[17]
+	mi := &file_roost_v1_capsule_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1303,7 +1369,7 @@ func (x *InferencePolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InferencePolicy.ProtoReflect.Descriptor instead.
 func (*InferencePolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{17}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *InferencePolicy) GetUpstream() string {
@@ -1347,7 +1413,7 @@ const file_roost_v1_capsule_proto_rawDesc = "" +
 	"\x0fExplainResponse\x127\n" +
 	"\vexplanation\x18\x01 \x01(\v2\x15.roost.v1.ExplanationR\vexplanation\x12\x1d\n" +
 	"\n" +
-	"oci_config\x18\x02 \x01(\tR\tociConfig\"\x91\x03\n" +
+	"oci_config\x18\x02 \x01(\tR\tociConfig\"\xbc\x03\n" +
 	"\vExplanation\x12.\n" +
 	"\acapsule\x18\x01 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x12?\n" +
 	"\vcontainment\x18\x02 \x01(\v2\x1d.roost.v1.ContainmentDecisionR\vcontainment\x12(\n" +
@@ -1359,7 +1425,12 @@ const file_roost_v1_capsule_proto_rawDesc = "" +
 	"\n" +
 	"executable\x18\b \x03(\tR\n" +
 	"executable\x12*\n" +
-	"\x05shell\x18\t \x03(\v2\x14.roost.v1.ShellEntryR\x05shell\"N\n" +
+	"\x05shell\x18\t \x03(\v2\x14.roost.v1.ShellEntryR\x05shell\x12)\n" +
+	"\x05start\x18\n" +
+	" \x01(\v2\x13.roost.v1.StartPathR\x05start\"7\n" +
+	"\tStartPath\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"N\n" +
 	"\n" +
 	"ShellEntry\x12\x14\n" +
 	"\x05entry\x18\x01 \x01(\tR\x05entry\x12\x14\n" +
@@ -1460,75 +1531,77 @@ func file_roost_v1_capsule_proto_rawDescGZIP() []byte {
 	return file_roost_v1_capsule_proto_rawDescData
 }
 
-var file_roost_v1_capsule_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_roost_v1_capsule_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_roost_v1_capsule_proto_goTypes = []any{
 	(*ExplainRequest)(nil),      // 0: roost.v1.ExplainRequest
 	(*ExplainResponse)(nil),     // 1: roost.v1.ExplainResponse
 	(*Explanation)(nil),         // 2: roost.v1.Explanation
-	(*ShellEntry)(nil),          // 3: roost.v1.ShellEntry
-	(*EnvVerdict)(nil),          // 4: roost.v1.EnvVerdict
-	(*ContainmentDecision)(nil), // 5: roost.v1.ContainmentDecision
-	(*FloorSource)(nil),         // 6: roost.v1.FloorSource
-	(*Grant)(nil),               // 7: roost.v1.Grant
-	(*Policy)(nil),              // 8: roost.v1.Policy
-	(*Limit)(nil),               // 9: roost.v1.Limit
-	(*NetworkPolicy)(nil),       // 10: roost.v1.NetworkPolicy
-	(*FilesystemPolicy)(nil),    // 11: roost.v1.FilesystemPolicy
-	(*ShellPolicy)(nil),         // 12: roost.v1.ShellPolicy
-	(*SpawnPolicy)(nil),         // 13: roost.v1.SpawnPolicy
-	(*EnvPolicy)(nil),           // 14: roost.v1.EnvPolicy
-	(*LimitsPolicy)(nil),        // 15: roost.v1.LimitsPolicy
-	(*ResourcesPolicy)(nil),     // 16: roost.v1.ResourcesPolicy
-	(*InferencePolicy)(nil),     // 17: roost.v1.InferencePolicy
-	(*durationpb.Duration)(nil), // 18: google.protobuf.Duration
-	(*CapsuleRef)(nil),          // 19: roost.v1.CapsuleRef
-	(*Identity)(nil),            // 20: roost.v1.Identity
+	(*StartPath)(nil),           // 3: roost.v1.StartPath
+	(*ShellEntry)(nil),          // 4: roost.v1.ShellEntry
+	(*EnvVerdict)(nil),          // 5: roost.v1.EnvVerdict
+	(*ContainmentDecision)(nil), // 6: roost.v1.ContainmentDecision
+	(*FloorSource)(nil),         // 7: roost.v1.FloorSource
+	(*Grant)(nil),               // 8: roost.v1.Grant
+	(*Policy)(nil),              // 9: roost.v1.Policy
+	(*Limit)(nil),               // 10: roost.v1.Limit
+	(*NetworkPolicy)(nil),       // 11: roost.v1.NetworkPolicy
+	(*FilesystemPolicy)(nil),    // 12: roost.v1.FilesystemPolicy
+	(*ShellPolicy)(nil),         // 13: roost.v1.ShellPolicy
+	(*SpawnPolicy)(nil),         // 14: roost.v1.SpawnPolicy
+	(*EnvPolicy)(nil),           // 15: roost.v1.EnvPolicy
+	(*LimitsPolicy)(nil),        // 16: roost.v1.LimitsPolicy
+	(*ResourcesPolicy)(nil),     // 17: roost.v1.ResourcesPolicy
+	(*InferencePolicy)(nil),     // 18: roost.v1.InferencePolicy
+	(*durationpb.Duration)(nil), // 19: google.protobuf.Duration
+	(*CapsuleRef)(nil),          // 20: roost.v1.CapsuleRef
+	(*Identity)(nil),            // 21: roost.v1.Identity
 }
 var file_roost_v1_capsule_proto_depIdxs = []int32{
-	18, // 0: roost.v1.ExplainRequest.deadline:type_name -> google.protobuf.Duration
+	19, // 0: roost.v1.ExplainRequest.deadline:type_name -> google.protobuf.Duration
 	2,  // 1: roost.v1.ExplainResponse.explanation:type_name -> roost.v1.Explanation
-	19, // 2: roost.v1.Explanation.capsule:type_name -> roost.v1.CapsuleRef
-	5,  // 3: roost.v1.Explanation.containment:type_name -> roost.v1.ContainmentDecision
-	8,  // 4: roost.v1.Explanation.policy:type_name -> roost.v1.Policy
-	7,  // 5: roost.v1.Explanation.grants:type_name -> roost.v1.Grant
-	20, // 6: roost.v1.Explanation.identity:type_name -> roost.v1.Identity
-	4,  // 7: roost.v1.Explanation.env:type_name -> roost.v1.EnvVerdict
-	3,  // 8: roost.v1.Explanation.shell:type_name -> roost.v1.ShellEntry
-	6,  // 9: roost.v1.ContainmentDecision.sources:type_name -> roost.v1.FloorSource
-	10, // 10: roost.v1.Policy.network:type_name -> roost.v1.NetworkPolicy
-	11, // 11: roost.v1.Policy.filesystem:type_name -> roost.v1.FilesystemPolicy
-	12, // 12: roost.v1.Policy.shell:type_name -> roost.v1.ShellPolicy
-	13, // 13: roost.v1.Policy.spawn:type_name -> roost.v1.SpawnPolicy
-	14, // 14: roost.v1.Policy.env:type_name -> roost.v1.EnvPolicy
-	15, // 15: roost.v1.Policy.limits:type_name -> roost.v1.LimitsPolicy
-	16, // 16: roost.v1.Policy.resources:type_name -> roost.v1.ResourcesPolicy
-	17, // 17: roost.v1.Policy.inference:type_name -> roost.v1.InferencePolicy
-	9,  // 18: roost.v1.SpawnPolicy.max_depth:type_name -> roost.v1.Limit
-	9,  // 19: roost.v1.SpawnPolicy.max_children:type_name -> roost.v1.Limit
-	9,  // 20: roost.v1.SpawnPolicy.max_total_children:type_name -> roost.v1.Limit
-	9,  // 21: roost.v1.LimitsPolicy.deadline_seconds:type_name -> roost.v1.Limit
-	9,  // 22: roost.v1.LimitsPolicy.memory_bytes:type_name -> roost.v1.Limit
-	9,  // 23: roost.v1.LimitsPolicy.wasm_fuel:type_name -> roost.v1.Limit
-	9,  // 24: roost.v1.ResourcesPolicy.cgroup_memory_bytes:type_name -> roost.v1.Limit
-	9,  // 25: roost.v1.ResourcesPolicy.cgroup_pids_max:type_name -> roost.v1.Limit
-	9,  // 26: roost.v1.ResourcesPolicy.cgroup_cpu_percent:type_name -> roost.v1.Limit
-	9,  // 27: roost.v1.ResourcesPolicy.max_open_files:type_name -> roost.v1.Limit
-	9,  // 28: roost.v1.ResourcesPolicy.max_file_size_bytes:type_name -> roost.v1.Limit
-	9,  // 29: roost.v1.ResourcesPolicy.cpu_seconds:type_name -> roost.v1.Limit
-	9,  // 30: roost.v1.ResourcesPolicy.max_processes:type_name -> roost.v1.Limit
-	9,  // 31: roost.v1.ResourcesPolicy.memory_bytes:type_name -> roost.v1.Limit
-	9,  // 32: roost.v1.ResourcesPolicy.workdir_max_bytes:type_name -> roost.v1.Limit
-	9,  // 33: roost.v1.ResourcesPolicy.workdir_max_inodes:type_name -> roost.v1.Limit
-	9,  // 34: roost.v1.ResourcesPolicy.log_max_bytes:type_name -> roost.v1.Limit
-	9,  // 35: roost.v1.ResourcesPolicy.endpoint_max_connections:type_name -> roost.v1.Limit
-	9,  // 36: roost.v1.ResourcesPolicy.egress_max_bytes:type_name -> roost.v1.Limit
-	0,  // 37: roost.v1.CapsuleService.Explain:input_type -> roost.v1.ExplainRequest
-	1,  // 38: roost.v1.CapsuleService.Explain:output_type -> roost.v1.ExplainResponse
-	38, // [38:39] is the sub-list for method output_type
-	37, // [37:38] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	20, // 2: roost.v1.Explanation.capsule:type_name -> roost.v1.CapsuleRef
+	6,  // 3: roost.v1.Explanation.containment:type_name -> roost.v1.ContainmentDecision
+	9,  // 4: roost.v1.Explanation.policy:type_name -> roost.v1.Policy
+	8,  // 5: roost.v1.Explanation.grants:type_name -> roost.v1.Grant
+	21, // 6: roost.v1.Explanation.identity:type_name -> roost.v1.Identity
+	5,  // 7: roost.v1.Explanation.env:type_name -> roost.v1.EnvVerdict
+	4,  // 8: roost.v1.Explanation.shell:type_name -> roost.v1.ShellEntry
+	3,  // 9: roost.v1.Explanation.start:type_name -> roost.v1.StartPath
+	7,  // 10: roost.v1.ContainmentDecision.sources:type_name -> roost.v1.FloorSource
+	11, // 11: roost.v1.Policy.network:type_name -> roost.v1.NetworkPolicy
+	12, // 12: roost.v1.Policy.filesystem:type_name -> roost.v1.FilesystemPolicy
+	13, // 13: roost.v1.Policy.shell:type_name -> roost.v1.ShellPolicy
+	14, // 14: roost.v1.Policy.spawn:type_name -> roost.v1.SpawnPolicy
+	15, // 15: roost.v1.Policy.env:type_name -> roost.v1.EnvPolicy
+	16, // 16: roost.v1.Policy.limits:type_name -> roost.v1.LimitsPolicy
+	17, // 17: roost.v1.Policy.resources:type_name -> roost.v1.ResourcesPolicy
+	18, // 18: roost.v1.Policy.inference:type_name -> roost.v1.InferencePolicy
+	10, // 19: roost.v1.SpawnPolicy.max_depth:type_name -> roost.v1.Limit
+	10, // 20: roost.v1.SpawnPolicy.max_children:type_name -> roost.v1.Limit
+	10, // 21: roost.v1.SpawnPolicy.max_total_children:type_name -> roost.v1.Limit
+	10, // 22: roost.v1.LimitsPolicy.deadline_seconds:type_name -> roost.v1.Limit
+	10, // 23: roost.v1.LimitsPolicy.memory_bytes:type_name -> roost.v1.Limit
+	10, // 24: roost.v1.LimitsPolicy.wasm_fuel:type_name -> roost.v1.Limit
+	10, // 25: roost.v1.ResourcesPolicy.cgroup_memory_bytes:type_name -> roost.v1.Limit
+	10, // 26: roost.v1.ResourcesPolicy.cgroup_pids_max:type_name -> roost.v1.Limit
+	10, // 27: roost.v1.ResourcesPolicy.cgroup_cpu_percent:type_name -> roost.v1.Limit
+	10, // 28: roost.v1.ResourcesPolicy.max_open_files:type_name -> roost.v1.Limit
+	10, // 29: roost.v1.ResourcesPolicy.max_file_size_bytes:type_name -> roost.v1.Limit
+	10, // 30: roost.v1.ResourcesPolicy.cpu_seconds:type_name -> roost.v1.Limit
+	10, // 31: roost.v1.ResourcesPolicy.max_processes:type_name -> roost.v1.Limit
+	10, // 32: roost.v1.ResourcesPolicy.memory_bytes:type_name -> roost.v1.Limit
+	10, // 33: roost.v1.ResourcesPolicy.workdir_max_bytes:type_name -> roost.v1.Limit
+	10, // 34: roost.v1.ResourcesPolicy.workdir_max_inodes:type_name -> roost.v1.Limit
+	10, // 35: roost.v1.ResourcesPolicy.log_max_bytes:type_name -> roost.v1.Limit
+	10, // 36: roost.v1.ResourcesPolicy.endpoint_max_connections:type_name -> roost.v1.Limit
+	10, // 37: roost.v1.ResourcesPolicy.egress_max_bytes:type_name -> roost.v1.Limit
+	0,  // 38: roost.v1.CapsuleService.Explain:input_type -> roost.v1.ExplainRequest
+	1,  // 39: roost.v1.CapsuleService.Explain:output_type -> roost.v1.ExplainResponse
+	39, // [39:40] is the sub-list for method output_type
+	38, // [38:39] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_capsule_proto_init() }
@@ -1537,15 +1610,15 @@ func file_roost_v1_capsule_proto_init() {
 		return
 	}
 	file_roost_v1_session_proto_init()
-	file_roost_v1_capsule_proto_msgTypes[9].OneofWrappers = []any{}
-	file_roost_v1_capsule_proto_msgTypes[17].OneofWrappers = []any{}
+	file_roost_v1_capsule_proto_msgTypes[10].OneofWrappers = []any{}
+	file_roost_v1_capsule_proto_msgTypes[18].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_capsule_proto_rawDesc), len(file_roost_v1_capsule_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -68,7 +68,11 @@ type Session struct {
 	Wasm *WasmRun `protobuf:"bytes,23,opt,name=wasm,proto3" json:"wasm,omitempty"`
 	// The name given at stage (run|stage --name); unique among the sessions not removed.
 	// Every request that takes a session id also takes its name.
-	Name          string `protobuf:"bytes,24,opt,name=name,proto3" json:"name,omitempty"`
+	Name string `protobuf:"bytes,24,opt,name=name,proto3" json:"name,omitempty"`
+	// Whether the session started in a sandbox roostd made ahead of it (roostd --warm-pool):
+	// the same container, namespaces, cgroup and seccomp filter a cold start makes, made
+	// before the session was launched and used by it alone.
+	Warm          bool `protobuf:"varint,25,opt,name=warm,proto3" json:"warm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -269,6 +273,13 @@ func (x *Session) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *Session) GetWarm() bool {
+	if x != nil {
+		return x.Warm
+	}
+	return false
 }
 
 // WasmRun is a WASM session's module, as roost's runner runs it.
@@ -2916,7 +2927,7 @@ var File_roost_v1_session_proto protoreflect.FileDescriptor
 
 const file_roost_v1_session_proto_rawDesc = "" +
 	"\n" +
-	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaf\a\n" +
+	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc3\a\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
 	"\acapsule\x18\x02 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x12\x14\n" +
@@ -2947,7 +2958,8 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x06stderr\x18\x15 \x01(\v2\x12.roost.v1.LogStatsR\x06stderr\x12(\n" +
 	"\x06egress\x18\x16 \x01(\v2\x10.roost.v1.EgressR\x06egress\x12%\n" +
 	"\x04wasm\x18\x17 \x01(\v2\x11.roost.v1.WasmRunR\x04wasm\x12\x12\n" +
-	"\x04name\x18\x18 \x01(\tR\x04nameB\f\n" +
+	"\x04name\x18\x18 \x01(\tR\x04name\x12\x12\n" +
+	"\x04warm\x18\x19 \x01(\bR\x04warmB\f\n" +
 	"\n" +
 	"_exit_code\"i\n" +
 	"\aWasmRun\x12\x16\n" +

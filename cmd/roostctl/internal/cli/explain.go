@@ -167,6 +167,9 @@ func printExplanation(out io.Writer, e *roostv1.Explanation, width int) {
 		field(out, "achieved", "none: staging would be refused", width)
 		field(out, "shortfall", d.GetShortfallReason(), width)
 	}
+	if st := e.GetStart(); st != nil {
+		field(out, "start", st.GetPath()+": "+st.GetReason(), width)
+	}
 	if id := e.GetIdentity(); id != nil {
 		switch {
 		case id.GetHostRoot():

@@ -159,6 +159,9 @@ func printSession(w io.Writer, s *roostv1.Session) {
 	row("detail", s.GetDetail())
 	row("containment", fmt.Sprintf("declared %s, achieved %s", s.GetContainment().GetDeclared(), orDash(s.GetContainment().GetAchieved())))
 	row("runs as", identity(s.GetIdentity(), s.GetContainment().GetAchieved()))
+	if s.GetWarm() {
+		row("start", "warm: in a sandbox roostd made ahead (roostd --warm-pool)")
+	}
 	row("parent", s.GetParentId())
 	row("command", shellJoin(s.GetCommand()))
 	if s.GetPid() != 0 {

@@ -1,0 +1,142 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// waitWarm waits until roostd has n sandboxes made ahead, as its metrics say.
+func waitWarm(t *testing.T, d *daemon, n int) {
+	t.Helper()
+	want := fmt.Sprintf("roost_warm_sandboxes %d\n", n)
+	var got string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if resp, err := http.Get("http://" + d.metricsAddr + "/metrics"); err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			got = string(body)
+			if strings.Contains(got, want) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q in roostd's metrics after 30s\nroostd:\n%s", want, d.log)
+		}
+	}
+}
+
+// TestWarmPool: with roostd --warm-pool, a sealed session that fits starts in a sandbox made
+// ahead, says so in inspect and its trace, and explain says it would; one that does not fit
+// starts cold and explain names why. Stopping roostd ends every sandbox no session claimed.
+func TestWarmPool(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("sealed sessions need root")
+	}
+	d := newDaemon(t, "--warm-pool", "2")
+	fits := capsule(t, "warm-fits", `echo "uid map $(cat /proc/self/uid_map)"; exit 3`,
+		"capabilities:\n  containment: sealed\n  shell:\n    allow: [cat]\n")
+	other := capsule(t, "warm-other", `echo cold`, "capabilities:\n  containment: sealed\n  network:\n    unix_sockets: true\n")
+
+	if out := d.ok("explain", fits); !strings.Contains(strings.Join(strings.Fields(out), " "), "start warm: roostd keeps 2 sealed sandboxes ready") {
+		t.Errorf("explain of a capsule that fits:\n%s", out)
+	}
+	if out := d.ok("explain", other); !strings.Contains(strings.Join(strings.Fields(out), " "), "start cold: warm sandboxes are made with a default capsule's seccomp filter (network.unix_sockets)") {
+		t.Errorf("explain of a capsule that does not fit:\n%s", out)
+	}
+	waitWarm(t, d, 2)
+	res := d.ctl("run", fits)
+	if res.code != 3 || !strings.Contains(res.stdout, "uid map") {
+		t.Fatalf("run in a warm sandbox: exit %d\n%s%s\nroostd:\n%s", res.code, res.stdout, res.stderr, d.log)
+	}
+	list := d.ps()
+	s := list[len(list)-1]
+	if !s.Warm {
+		t.Errorf("the session did not start warm:\n%s", d.log)
+	}
+	if out := d.ok("inspect", s.ID); !strings.Contains(out, "start:        warm") {
+		t.Errorf("inspect does not say warm:\n%s", out)
+	}
+	if trace, _ := os.ReadFile(filepath.Join(s.RecordsDir, "trace.jsonl")); !bytes.Contains(trace, []byte(`"start":"warm"`)) {
+		t.Errorf("the trace does not say warm:\n%s", trace)
+	}
+	// The session's uid range is the sandbox's, no other session's.
+	uidMap := strings.Fields(strings.TrimPrefix(strings.TrimSpace(res.stdout), "uid map"))
+	for _, o := range list[:len(list)-1] {
+		if strings.Contains(d.ok("inspect", o.ID), uidMap[1]) {
+			t.Errorf("session %s shares host uid %s", o.ID, uidMap[1])
+		}
+	}
+
+	if res := d.ctl("run", other); res.code != 0 || res.stdout != "cold\n" {
+		t.Fatalf("run of a capsule that does not fit: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	list = d.ps()
+	if list[len(list)-1].Warm {
+		t.Error("a session that does not fit started warm")
+	}
+
+	waitWarm(t, d, 2)
+	sandboxes, _ := filepath.Glob(filepath.Join(d.stateDir, "containers", "warm-*"))
+	if len(sandboxes) != 2 {
+		t.Fatalf("sandboxes waiting: %v", sandboxes)
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	d.cmd.Wait()
+	for _, sb := range sandboxes {
+		id := filepath.Base(sb)
+		for _, p := range []string{sb, filepath.Join(d.stateDir, "netns", id), filepath.Join(d.stateDir, "warm", id),
+			filepath.Join("/sys/fs/cgroup/pids/roost", id), filepath.Join("/sys/fs/cgroup/memory/roost", id)} {
+			if _, err := os.Stat(p); err == nil {
+				t.Errorf("%s left after roostd stopped", p)
+			}
+		}
+	}
+	if mounts, _ := os.ReadFile("/proc/self/mountinfo"); bytes.Contains(mounts, []byte(filepath.Join(d.stateDir, "netns", "warm-"))) {
+		t.Error("a warm sandbox's network namespace is still pinned")
+	}
+}
+
+// TestWarmPoolNoCarryOver: a session writes into every place it can write, leaves a
+// process behind and a SysV segment; the next session from the pool sees none of it.
+func TestWarmPoolNoCarryOver(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("sealed sessions need root")
+	}
+	d := newDaemon(t, "--warm-pool", "1")
+	const caps = "capabilities:\n  containment: sealed\n  shell:\n    allow: [find, ls, ps, ipcs, ipcmk, sleep, grep, cat, tr]\n"
+	writer := capsule(t, "warm-writer", `for d in /work /tmp /dev/shm /root /run /run/roost /dev /dev/mqueue /var/tmp /etc /usr /capsule /; do
+  echo secret > "$d/carried" 2>/dev/null && echo "wrote $d"
+done
+ipcmk -M 4096 >/dev/null 2>&1 && echo "made a shm segment"
+(sleep 300 &) ; echo started a straggler`, caps)
+	reader := capsule(t, "warm-reader", `find / -xdev -name carried 2>/dev/null
+for d in /tmp /dev/shm /root /run /dev /dev/mqueue; do ls -A "$d" 2>/dev/null | grep -q carried && echo "found in $d"; done
+echo "segments $(ipcs -m | grep -c '^0x')"
+echo "processes $(ps -e -o comm= | grep -v -e '^ps$' -e '^grep$' -e '^sh$' -e '^tr$' | tr '\n' ' ')"
+true`, caps)
+	waitWarm(t, d, 1)
+	out := d.ok("run", writer)
+	for _, want := range []string{"wrote /work", "wrote /tmp", "wrote /dev/shm", "wrote /root", "started a straggler"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("the writer could not do what the test needs (%s):\n%s", want, out)
+		}
+	}
+	waitWarm(t, d, 1)
+	got := d.ok("run", reader)
+	if strings.Contains(got, "carried") || strings.Contains(got, "found in") || !strings.Contains(got, "segments 0") || !strings.Contains(got, "processes roost-init \n") {
+		t.Errorf("the next warm session sees the last one's state:\n%s\n(the writer: %s)", got, out)
+	}
+	for _, s := range d.ps() {
+		if !s.Warm {
+			t.Errorf("%s %s did not start warm", s.ID, s.Capsule.Name)
+		}
+	}
+}
