@@ -50,6 +50,8 @@ test: lint unit e2e install-check
 
 unit: deps
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/e2e)
+	# The sealed and hostile suites again, each session in a sandbox made ahead (--warm-pool).
+	$(GO) test -race -count=1 -run 'Sealed|Hostile|Trust|Exec|Socketpair|Workdir' ./pkg/containment/ -args -warm
 
 e2e: deps sdk $(TOOLS)/grpcurl
 	$(GO) test -count=1 ./test/e2e/

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Compares a sealed roost session with `runc run` and `bwrap` running /usr/bin/true on the
-# same composed root, N times (default 30) interleaved, and prints median and p90 per tool.
+# Compares a sealed roost session, cold and warm (a second roostd with --warm-pool
+# $WARM_POOL, default 4), with `runc run` and `bwrap` running /usr/bin/true on the same
+# composed root, N times (default 30) interleaved, and prints median and p90 per tool, then
+# sessions/s at 1, 4 and 8 concurrent callers.
 # Run as root from anywhere: bench/sealed.sh, or N=100 bench/sealed.sh.
 set -euo pipefail
 export LC_ALL=C
 
 N=${N:-30}
+WARM_POOL=${WARM_POOL:-4}
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 
@@ -18,12 +21,13 @@ tmp=$(mktemp -d /tmp/roostbench.XXXXXX)
 # Sessions run as unprivileged uids that pass through here to their workdirs.
 chmod 711 "$tmp"
 roostd_pid=
+warmd_pid=
 cleanup() {
 	set +e
-	if [ -n "$roostd_pid" ]; then
-		kill -TERM "$roostd_pid" 2>/dev/null
-		wait "$roostd_pid" 2>/dev/null
-	fi
+	for pid in $roostd_pid $warmd_pid; do
+		kill -TERM "$pid" 2>/dev/null
+		wait "$pid" 2>/dev/null
+	done
 	if [ -d "$tmp/runc" ]; then
 		for id in $(runc --root "$tmp/runc" list -q 2>/dev/null); do
 			runc --root "$tmp/runc" delete -f "$id" >/dev/null 2>&1
@@ -56,15 +60,17 @@ capabilities:
   containment: sealed
 EOF
 
-echo "== starting roostd"
-state=$tmp/state
-mkdir -p "$state"
-./bin/roostd --state-dir "$state" --socket "$tmp/s" --metrics-addr "" >"$tmp/roostd.log" 2>&1 &
+echo "== starting roostd, and a second one with --warm-pool $WARM_POOL"
+mkdir -p "$tmp/state" "$tmp/warm"
+./bin/roostd --state-dir "$tmp/state" --socket "$tmp/s" --metrics-addr "" >"$tmp/roostd.log" 2>&1 &
 roostd_pid=$!
+./bin/roostd --state-dir "$tmp/warm" --socket "$tmp/sw" --metrics-addr "" --warm-pool "$WARM_POOL" >"$tmp/warmd.log" 2>&1 &
+warmd_pid=$!
 export ROOST_SOCKET=$tmp/s
 for _ in $(seq 100); do
-	[ -S "$tmp/s" ] && break
+	[ -S "$tmp/s" ] && [ -S "$tmp/sw" ] && break
 	kill -0 "$roostd_pid" 2>/dev/null || { cat "$tmp/roostd.log" >&2; exit 1; }
+	kill -0 "$warmd_pid" 2>/dev/null || { cat "$tmp/warmd.log" >&2; exit 1; }
 	sleep 0.1
 done
 # grep -q would stop reading early, and pipefail would count roostctl's SIGPIPE: keep the
@@ -105,6 +111,11 @@ run_roost() {
 	./bin/roostctl run "$capsule"
 	echo "$t0 ${EPOCHREALTIME/./}" >>"$tmp/roost.span"
 }
+run_warm() {
+	local t0=${EPOCHREALTIME/./}
+	ROOST_SOCKET=$tmp/sw ./bin/roostctl run "$capsule"
+	echo "$t0 ${EPOCHREALTIME/./}" >>"$tmp/warm.span"
+}
 run_runc() {
 	local b=$tmp/bundles/$1
 	mkdir -p "$b"
@@ -133,19 +144,20 @@ measure() {
 	esac
 }
 
-tools=(roost runc bwrap floor)
+tools=(roost warm runc bwrap floor)
 echo "== warm-up (untimed)"
-for t in "${tools[@]}"; do measure "$t" warm; done
+for t in "${tools[@]}"; do measure "$t" warmup; done
 rm -f "$tmp"/*.us
 
-rm -f "$tmp/roost.span"
+rm -f "$tmp"/*.span
 ./bin/roostctl prune -f >/dev/null
+ROOST_SOCKET=$tmp/sw ./bin/roostctl prune -f >/dev/null
 echo "== $N iterations, interleaved"
 start=${EPOCHREALTIME/./}
 for i in $(seq "$N"); do
 	# Rotate the order so no tool always runs right after another.
-	for k in 0 1 2 3; do
-		measure "${tools[$(((i + k) % 4))]}" "$i"
+	for k in 0 1 2 3 4; do
+		measure "${tools[$(((i + k) % 5))]}" "$i"
 	done
 done
 elapsed=$(((${EPOCHREALTIME/./} - start) / 1000))
@@ -159,7 +171,8 @@ stats() {
 }
 # Where a roost start goes, from the registry's own event times (staged, launching, running,
 # exited) and the caller's clock around each roostctl run.
-phases=$(./bin/roostctl events --json | python3 -c '
+phases() { # SOCKET SPANS
+ROOST_SOCKET=$1 ./bin/roostctl events --json | python3 -c '
 import json, sys, datetime, statistics
 def t(s):
     s = s.rstrip("Z"); base, _, frac = s.partition(".")
@@ -182,9 +195,14 @@ for (t0, t1), v in zip(spans, sessions):
     rows["exited -> roostctl exit (Wait, output, exit)"].append(t1 - v["session.exited"])
 for k, xs in rows.items():
     print("%-54s %8.2f" % (k, statistics.median(xs) * 1000))
-' "$tmp/roost.span")
+' "$2"
+}
+cold_phases=$(phases "$tmp/s" "$tmp/roost.span")
+warm_phases=$(phases "$tmp/sw" "$tmp/warm.span")
+warm_count=$(ROOST_SOCKET=$tmp/sw ./bin/roostctl ps -a --filter capsule=bench-true --format '{{.warm}}' | grep -c true || true)
 
 read -r roost_med roost_p90 < <(stats "$tmp/roost.us")
+read -r warm_med warm_p90 < <(stats "$tmp/warm.us")
 read -r runc_med runc_p90 < <(stats "$tmp/runc.us")
 read -r bwrap_med bwrap_p90 < <(stats "$tmp/bwrap.us")
 read -r floor_med floor_p90 < <(stats "$tmp/floor.us")
@@ -195,20 +213,26 @@ echo "sealed start of /usr/bin/true, N=$N, $(nproc) CPUs, $(uname -r), roost $(g
 echo "$(runc --version | head -1), $(bwrap --version)"
 echo
 printf '%-46s %10s %10s\n' "what" "median ms" "p90 ms"
-printf '%-46s %10s %10s\n' "roostctl run (stage+launch+wait, end to end)" "$roost_med" "$roost_p90"
+printf '%-46s %10s %10s\n' "roostctl run, cold (stage+launch+wait)" "$roost_med" "$roost_p90"
+printf '%-46s %10s %10s\n' "roostctl run, warm (--warm-pool $WARM_POOL)" "$warm_med" "$warm_p90"
 printf '%-46s %10s %10s\n' "runc run (same root, mounts, cgroup, seccomp)" "$runc_med" "$runc_p90"
 printf '%-46s %10s %10s\n' "bwrap (same mounts; no cgroup, no seccomp)" "$bwrap_med" "$bwrap_p90"
 printf '%-46s %10s %10s\n' "floor: /usr/bin/true exec'd from bash" "$floor_med" "$floor_p90"
 echo
-echo "roost/runc (medians):  $(ratio "$roost_med" "$runc_med")"
-echo "roost/bwrap (medians): $(ratio "$roost_med" "$bwrap_med")"
+echo "roost-cold/runc (medians):  $(ratio "$roost_med" "$runc_med")"
+echo "roost-warm/bwrap (medians): $(ratio "$warm_med" "$bwrap_med")"
+echo "roost-warm/runc (medians):  $(ratio "$warm_med" "$runc_med")"
+echo "warm starts: $warm_count of the $((N + 1)) warm runs found a sandbox ready"
 echo
-printf '%-54s %8s\n' "roostctl run, by phase (medians of the $N above)" "ms"
-echo "$phases"
+printf '%-54s %8s\n' "roostctl run cold, by phase (medians of the $N above)" "ms"
+echo "$cold_phases"
+printf '%-54s %8s\n' "roostctl run warm, by phase" "ms"
+echo "$warm_phases"
 # Throughput: sessions (containers) of /usr/bin/true started and ended per second by P
 # concurrent callers, each running its share of THROUGHPUT_N (default 4*N) starts.
 TN=${THROUGHPUT_N:-$((4 * N))}
 roost_one() { ./bin/roostctl run "$capsule" >/dev/null; }
+warm_one() { ROOST_SOCKET=$tmp/sw ./bin/roostctl run "$capsule" >/dev/null; }
 runc_one() {
 	local b=$tmp/bundles/tp-$1
 	mkdir -p "$b"
@@ -218,7 +242,7 @@ runc_one() {
 	runc --root "$tmp/runc" delete -f "roostbench-tp-$1" >/dev/null 2>&1 || true
 	rm -rf "$b"
 }
-export -f roost_one runc_one
+export -f roost_one warm_one runc_one
 export capsule tmp
 per_second() { # TOOL P: sessions/s
 	local t0 t1
@@ -229,13 +253,14 @@ per_second() { # TOOL P: sessions/s
 }
 declare -A rate
 for p in 1 4 8; do
-	for t in roost runc; do rate[$t$p]=$(per_second "$t" "$p"); done
+	for t in roost warm runc; do rate[$t$p]=$(per_second "$t" "$p"); done
 done
 
 
 echo
 printf '%-46s %10s %10s %10s\n' "sessions/s, $TN starts of /usr/bin/true" "P=1" "P=4" "P=8"
-printf '%-46s %10s %10s %10s\n' "roostctl run (sealed)" "${rate[roost1]}" "${rate[roost4]}" "${rate[roost8]}"
+printf '%-46s %10s %10s %10s\n' "roostctl run (sealed, cold)" "${rate[roost1]}" "${rate[roost4]}" "${rate[roost8]}"
+printf '%-46s %10s %10s %10s\n' "roostctl run (sealed, --warm-pool $WARM_POOL)" "${rate[warm1]}" "${rate[warm4]}" "${rate[warm8]}"
 printf '%-46s %10s %10s %10s\n' "runc run + delete" "${rate[runc1]}" "${rate[runc4]}" "${rate[runc8]}"
 
 echo

@@ -2,6 +2,7 @@ package containment
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -41,6 +42,10 @@ func staticInit(t *testing.T) string {
 	return initBin
 }
 
+// warmTests starts the sealed sessions sealedRun runs in sandboxes made ahead, where they
+// fit: make unit runs the sealed and hostile suites both ways.
+var warmTests = flag.Bool("warm", false, "start sealed test sessions in sandboxes made ahead (roostd --warm-pool) where they fit")
+
 func needRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -72,7 +77,24 @@ func sealedRun(t *testing.T, caps, script string) (ExitInfo, string, string, Spe
 	s.Policy = sealedPolicy(t, caps)
 	s.CapsuleDir = t.TempDir()
 	s.Env = []string{"PATH=/usr/bin:/bin", "HOME=/work"}
-	p, err := rt.Start(context.Background(), s)
+	var p Process
+	if *warmTests && rt.Fits(s.Policy, false) == nil {
+		// As roostd gives a sandbox to a session: its ids, its records directory.
+		sb := prepare(t, rt, strings.ReplaceAll(strings.ToLower(t.Name()), "/", "_"))
+		if err := os.Chown(s.Dir, int(sb.IDs.First), int(sb.IDs.First)); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(s.RecordsDir); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(sb.Records, s.RecordsDir); err != nil {
+			t.Fatal(err)
+		}
+		s.IDs = sb.IDs
+		p, err = rt.StartWarm(context.Background(), sb, s)
+	} else {
+		p, err = rt.Start(context.Background(), s)
+	}
 	if err != nil {
 		t.Fatalf("sealed start: %v", err)
 	}
