@@ -280,7 +280,8 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 // run creates the container and starts roost-init in it with io's descriptors: through
 // roost-sealer when the runtime has one, else from this process. proc is the init when this
 // process started it (and must reap it); nil when roost-sealer did, which reaps it itself.
-func (r *SealedRuntime) run(ctx context.Context, id string, config *configs.Config, io *initIO) (_ *libcontainer.Container, proc *libcontainer.Process, initPID int, err error) {
+// extra follows the session id in roost-init's arguments.
+func (r *SealedRuntime) run(ctx context.Context, id string, config *configs.Config, io *initIO, extra ...string) (_ *libcontainer.Container, proc *libcontainer.Process, initPID int, err error) {
 	// Noted before libcontainer makes it: a crash before its state is written leaves a
 	// cgroup Release still finds.
 	cg := r.Cgroups()
@@ -291,7 +292,7 @@ func (r *SealedRuntime) run(ctx context.Context, id string, config *configs.Conf
 	if err := cg.note(id, place); err != nil {
 		return nil, nil, 0, err
 	}
-	initArgs, initEnv := []string{sealedInitPath, id}, []string{"PATH=" + defaultPath}
+	initArgs, initEnv := append([]string{sealedInitPath, id}, extra...), []string{"PATH=" + defaultPath}
 	var container *libcontainer.Container
 	if r.sealer != nil {
 		initPID, err = r.sealer.Run(ctx, sealer.Request{Root: r.containers, ID: id, Config: config,

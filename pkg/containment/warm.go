@@ -21,6 +21,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -97,7 +98,7 @@ func (r *SealedRuntime) Prepare(ctx context.Context, id string, ids IDs, netns, 
 	if err != nil {
 		return nil, err
 	}
-	container, proc, initPID, err := r.run(ctx, id, config, io)
+	container, proc, initPID, err := r.run(ctx, id, config, io, roostinit.WarmArg)
 	if err != nil {
 		io.Close()
 		return nil, err

@@ -23,6 +23,7 @@ ls -A /run /work /root /tmp
 [ -f /run/roost/task.md ] && cat /run/roost/task.md
 ulimit -a
 hostname
+pwd
 true`
 
 // warmSpec is a sealed session's start with the ids and records directory of sandbox sb,

@@ -133,7 +133,12 @@ func (p *warmPool) make(ctx context.Context) (_ *containment.Sandbox, retErr err
 			p.free(id, records)
 		}
 	}()
+	// Chmod, not Mkdir's mode alone: roostd narrows its umask while it makes its socket,
+	// which the pool's first sandboxes may be made alongside.
 	if err := os.Mkdir(records, 0o711); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(records, 0o711); err != nil {
 		return nil, err
 	}
 	netns := ""

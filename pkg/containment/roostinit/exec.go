@@ -45,6 +45,12 @@ func execMain() {
 	if len(spec.Argv) == 0 {
 		fail("roost-exec: empty command")
 	}
+	// Started ahead of its session (see spawnExec): the working directory was not there yet.
+	if len(os.Args) > 1 && os.Args[1] == WarmArg && spec.Dir != "" {
+		if err := os.Chdir(spec.Dir); err != nil {
+			fail("roost-exec: working directory %s: %v", spec.Dir, err)
+		}
+	}
 	for _, procs := range spec.Cgroups {
 		if err := os.WriteFile(procs, []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
 			fail("roost-exec: joining the session's cgroup: %v", err)

@@ -96,8 +96,30 @@ func initMain() int {
 	}
 	const records = initRecordsFD
 	report := os.NewFile(initReportFD, "report")
+	// A sandbox made ahead (WarmArg) does all it can before its session exists: the setup
+	// below, and roost-exec started on the program's pipes, waiting for its spec. A cold
+	// start has its spec waiting already and goes straight through.
+	warm := len(os.Args) > 2 && os.Args[2] == WarmArg
+	var sigs chan os.Signal
+	var pipes *logPump
+	var early *pendingExec
+	if warm {
+		var err error
+		if sigs, err = setUp(records); err == nil {
+			if pipes, err = newPump(); err == nil {
+				early, err = spawnExec(pipes, "", false, nil)
+			}
+		}
+		if err != nil {
+			writeReport(report, Report{Error: "roost-init: starting roost-exec ahead: " + err.Error()})
+			return 1
+		}
+	}
 	var spec InitSpec
 	if err := readSpec(initSpecFD, &spec); err != nil {
+		if early != nil {
+			early.abandon()
+		}
 		writeReport(report, Report{Error: "roost-init: reading spec: " + err.Error()})
 		return 1
 	}
@@ -114,32 +136,49 @@ func initMain() int {
 		writeReport(report, Report{Error: msg})
 		return 1
 	}
-
-	// The program must not be able to read this process's memory or descriptors.
-	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
-	prewarmThreads(initThreads)
-	ownOutput(records)
-	// Become the reaper of every orphan below us, so a daemonised grandchild stays ours to
-	// kill when the session ends.
-	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-		return fail("roost-init: PR_SET_CHILD_SUBREAPER: " + err.Error())
+	if !warm {
+		var err error
+		if sigs, err = setUp(records); err != nil {
+			return fail("roost-init: " + err.Error())
+		}
 	}
-	sigs := make(chan os.Signal, 32)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
 
 	// The program writes to pipes roost-init drains into the records directory, each
 	// stream held to resources.log_max_bytes.
-	pump, err := startPump(records, spec.LogMaxBytes)
-	if err != nil {
-		return fail("roost-init: the session's output files: " + err.Error())
+	if warm {
+		if err := pipes.begin(records, spec.LogMaxBytes); err != nil {
+			early.abandon()
+			return fail("roost-init: the session's output files: " + err.Error())
+		}
+		pump = pipes
+	} else {
+		var err error
+		if pump, err = startPump(records, spec.LogMaxBytes); err != nil {
+			return fail("roost-init: the session's output files: " + err.Error())
+		}
 	}
 	var outcome *outcomeReader
 	if spec.Exec.Report {
+		if early != nil {
+			early.abandon()
+			return fail("roost-init: a program with a report pipe cannot start in a sandbox made ahead")
+		}
+		var err error
 		if outcome, err = newOutcomeReader(); err != nil {
 			return fail("roost-init: the program's report pipe: " + err.Error())
 		}
 	}
-	pid, startErr := startExec(spec.Exec, pump, outcome.childEnd())
+	var pid int
+	var startErr string
+	if early != nil {
+		if spec.Exec.Mounts != nil {
+			early.abandon()
+			return fail("roost-init: a program with mounts of its own cannot start in a sandbox made ahead")
+		}
+		pid, startErr = early.hand(spec.Exec)
+	} else {
+		pid, startErr = startExec(spec.Exec, pump, outcome.childEnd())
+	}
 	pump.closeChildEnds()
 	outcome.started()
 	if startErr != "" {
@@ -251,26 +290,62 @@ func writeReport(w io.Writer, r Report) {
 	_, _ = w.Write(append(data, '\n'))
 }
 
-// startExec starts roost-exec in a new process group, its stdout and stderr the pump's
-// pipes, and hands it the spec; report, when not nil, is the program's report pipe
-// (execReportFD). It returns the program's pid once exec succeeded, or why the program
-// could not start.
-func startExec(spec ExecSpec, pump *logPump, report *os.File) (int, string) {
+// WarmArg, third in roost-init's arguments, says it runs in a sandbox made ahead of its
+// session: it starts roost-exec before its spec comes (see initMain).
+const WarmArg = "warm"
+
+// setUp is what roost-init does before the program whatever the program: it makes itself
+// undumpable, starts its threads, sends its own output to init.log, becomes the subreaper
+// and catches the signals it forwards, which it returns.
+func setUp(records int) (chan os.Signal, error) {
+	// The program must not be able to read this process's memory or descriptors.
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	prewarmThreads(initThreads)
+	ownOutput(records)
+	// Become the reaper of every orphan below us, so a daemonised grandchild stays ours to
+	// kill when the session ends.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return nil, fmt.Errorf("PR_SET_CHILD_SUBREAPER: %w", err)
+	}
+	sigs := make(chan os.Signal, 32)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
+	return sigs, nil
+}
+
+// pendingExec is roost-exec started and waiting for its spec.
+type pendingExec struct {
+	pid   int
+	specW *os.File
+	errR  *os.File
+}
+
+// spawnExec starts roost-exec in a new process group in dir, its stdout and stderr the
+// pump's pipes; report, when not nil, is the program's report pipe (execReportFD). With
+// newNS it gets a mount namespace of its own. It waits for its spec (hand). Started with
+// no dir, before the session's trees are mounted, it enters the spec's working directory
+// itself once the spec comes.
+func spawnExec(pump *logPump, dir string, newNS bool, report *os.File) (*pendingExec, error) {
 	specR, specW, err := os.Pipe()
 	if err != nil {
-		return 0, "roost-init: " + err.Error()
+		return nil, err
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
-		return 0, "roost-init: " + err.Error()
+		specR.Close()
+		specW.Close()
+		return nil, err
 	}
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
-		return 0, "roost-init: " + err.Error()
+		specR.Close()
+		specW.Close()
+		errR.Close()
+		errW.Close()
+		return nil, err
 	}
 	stdout, stderr := pump.childFDs()
 	attr := &syscall.ProcAttr{
-		Dir:   spec.Dir,
+		Dir:   dir,
 		Env:   []string{},
 		Files: []uintptr{devnull.Fd(), uintptr(stdout), uintptr(stderr), specR.Fd(), errW.Fd()},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
@@ -278,18 +353,58 @@ func startExec(spec ExecSpec, pump *logPump, report *os.File) (int, string) {
 	if report != nil {
 		attr.Files = append(attr.Files, report.Fd())
 	}
-	if spec.Mounts != nil {
+	if newNS {
 		// Its own mount namespace, with every mount private: nothing roost-exec mounts
 		// there reaches the host, or roost-init.
 		attr.Sys.Unshareflags = syscall.CLONE_NEWNS
 	}
-	pid, err := syscall.ForkExec("/proc/self/exe", []string{ExecName}, attr)
+	argv := []string{ExecName}
+	if dir == "" {
+		argv = append(argv, WarmArg)
+	}
+	pid, err := syscall.ForkExec("/proc/self/exe", argv, attr)
 	devnull.Close()
 	specR.Close()
 	errW.Close()
 	if err != nil {
 		specW.Close()
 		errR.Close()
+		return nil, err
+	}
+	return &pendingExec{pid: pid, specW: specW, errR: errR}, nil
+}
+
+// hand gives roost-exec its spec and returns the program's pid once exec succeeded, or why
+// the program could not start.
+func (e *pendingExec) hand(spec ExecSpec) (int, string) {
+	data, _ := json.Marshal(spec)
+	_, werr := e.specW.Write(data)
+	e.specW.Close()
+	msg, _ := io.ReadAll(io.LimitReader(e.errR, 64<<10))
+	e.errR.Close()
+	if len(msg) > 0 || werr != nil {
+		waitFor(e.pid)
+		if len(msg) == 0 {
+			msg = []byte("roost-init: handing the spec to roost-exec: " + werr.Error())
+		}
+		return 0, strings.TrimSpace(string(msg))
+	}
+	return e.pid, ""
+}
+
+// abandon ends a roost-exec that will get no spec.
+func (e *pendingExec) abandon() {
+	_ = unix.Kill(e.pid, unix.SIGKILL)
+	e.specW.Close()
+	e.errR.Close()
+	waitFor(e.pid)
+}
+
+// startExec starts roost-exec (see spawnExec) in the spec's working directory and hands it
+// the spec.
+func startExec(spec ExecSpec, pump *logPump, report *os.File) (int, string) {
+	e, err := spawnExec(pump, spec.Dir, spec.Mounts != nil, report)
+	if err != nil {
 		if spec.Dir != "" {
 			if _, statErr := os.Stat(spec.Dir); statErr != nil {
 				return 0, fmt.Sprintf("working directory %s: %v", spec.Dir, statErr)
@@ -297,19 +412,7 @@ func startExec(spec ExecSpec, pump *logPump, report *os.File) (int, string) {
 		}
 		return 0, "roost-init: starting roost-exec: " + err.Error()
 	}
-	data, _ := json.Marshal(spec)
-	_, werr := specW.Write(data)
-	specW.Close()
-	msg, _ := io.ReadAll(io.LimitReader(errR, 64<<10))
-	errR.Close()
-	if len(msg) > 0 || werr != nil {
-		waitFor(pid)
-		if len(msg) == 0 {
-			msg = []byte("roost-init: handing the spec to roost-exec: " + werr.Error())
-		}
-		return 0, strings.TrimSpace(string(msg))
-	}
-	return pid, ""
+	return e.hand(spec)
 }
 
 // waitFor reaps children until pid has ended and returns its status. Other children reaped

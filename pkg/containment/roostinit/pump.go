@@ -45,14 +45,24 @@ type logPump struct {
 
 // startPump creates stdout.log and stderr.log in the records directory dirfd and the pipes
 // the program writes to, and starts copying. The program's ends are childFDs.
-func startPump(dirfd int, maxBytes int64) (_ *logPump, err error) {
-	if maxBytes <= 0 {
-		maxBytes = DefaultLogMaxBytes
+func startPump(dirfd int, maxBytes int64) (*logPump, error) {
+	p, err := newPump()
+	if err != nil {
+		return nil, err
 	}
+	if err := p.begin(dirfd, maxBytes); err != nil {
+		p.closeChildEnds()
+		p.closePipes()
+		return nil, err
+	}
+	return p, nil
+}
+
+// newPump makes the pipes alone: a program can be started on them before its output has
+// anywhere to go (see begin), which waits in the pipes meanwhile.
+func newPump() (_ *logPump, err error) {
 	p := &logPump{
-		dir:     dirfd,
 		child:   [2]int{-1, -1},
-		stats:   LogStats{MaxBytes: maxBytes, UpdatedAt: time.Now().UTC()},
 		cut:     make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 		flusher: make(chan struct{}),
@@ -60,25 +70,10 @@ func startPump(dirfd int, maxBytes int64) (_ *logPump, err error) {
 	defer func() {
 		if err != nil {
 			p.closeChildEnds()
-			for _, f := range p.pipes {
-				if f != nil {
-					f.Close()
-				}
-			}
-			for _, s := range p.sinks {
-				if s != nil {
-					s.closeFile()
-				}
-			}
+			p.closePipes()
 		}
 	}()
-	layout := layoutFor(maxBytes)
 	for i, name := range []string{StdoutStream, StderrStream} {
-		s := &logSink{dir: dirfd, stream: name, layout: layout, stats: p.stats.Stream(name), pump: p}
-		if err := s.openHead(); err != nil {
-			return nil, err
-		}
-		p.sinks[i] = s
 		var fds [2]int
 		if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
 			return nil, err
@@ -95,16 +90,53 @@ func startPump(dirfd int, maxBytes int64) (_ *logPump, err error) {
 		}
 		p.pipes[i] = os.NewFile(uintptr(fds[0]), name)
 	}
+	return p, nil
+}
+
+func (p *logPump) closePipes() {
+	for _, f := range p.pipes {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// begin creates the streams' files in the records directory dirfd, each held to maxBytes,
+// and starts copying the pipes into them.
+func (p *logPump) begin(dirfd int, maxBytes int64) error {
+	if maxBytes <= 0 {
+		maxBytes = DefaultLogMaxBytes
+	}
+	p.dir = dirfd
+	p.stats = LogStats{MaxBytes: maxBytes, UpdatedAt: time.Now().UTC()}
+	layout := layoutFor(maxBytes)
+	for i, name := range []string{StdoutStream, StderrStream} {
+		s := &logSink{dir: dirfd, stream: name, layout: layout, stats: p.stats.Stream(name), pump: p}
+		if err := s.openHead(); err != nil {
+			p.closeSinks()
+			return err
+		}
+		p.sinks[i] = s
+	}
 	// The files exist (empty) before the program runs, as roostd made them before.
 	if err := writeJSONAtomically(dirfd, LogsFile, p.stats); err != nil {
-		return nil, err
+		p.closeSinks()
+		return err
 	}
 	for i := range p.sinks {
 		p.wg.Add(1)
 		go p.run(p.pipes[i], p.sinks[i])
 	}
 	go p.flush()
-	return p, nil
+	return nil
+}
+
+func (p *logPump) closeSinks() {
+	for _, s := range p.sinks {
+		if s != nil {
+			s.closeFile()
+		}
+	}
 }
 
 // childFDs are the program's stdout and stderr.
