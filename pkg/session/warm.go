@@ -49,7 +49,13 @@ type warmPool struct {
 
 	mu    sync.Mutex
 	ready []*containment.Sandbox
+	// claimed is when a launch last took a sandbox.
+	claimed time.Time
 }
+
+// warmSettle is how long after a claim the refill waits: the launch that claimed, and the
+// short program it may run, have the CPU to themselves meanwhile.
+const warmSettle = 100 * time.Millisecond
 
 func newWarmPool(m *Manager, rt WarmRuntime, size int, cpu float64) (*warmPool, error) {
 	if cpu <= 0 || cpu > 1 {
@@ -82,6 +88,18 @@ func (p *warmPool) run(ctx context.Context) {
 		if full {
 			select {
 			case <-p.kick:
+				continue
+			case <-ctx.Done():
+				return
+			}
+		}
+		// A claim is a launch under way: the refill lets it finish first.
+		p.mu.Lock()
+		settle := time.Until(p.claimed.Add(warmSettle))
+		p.mu.Unlock()
+		if settle > 0 {
+			select {
+			case <-time.After(settle):
 				continue
 			case <-ctx.Done():
 				return
@@ -191,6 +209,7 @@ func (p *warmPool) take(policy *manifest.Policy, wasm bool) (*containment.Sandbo
 		}
 		sb := p.ready[0]
 		p.ready = p.ready[1:]
+		p.claimed = time.Now()
 		p.mu.Unlock()
 		if sb.Alive() {
 			return sb, nil
