@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -46,6 +47,9 @@ type SealedRuntime struct {
 	cg *Cgroups
 	// sealer starts the containers when set; nil: this process does.
 	sealer *sealer.Client
+	// fits keeps Fits's verdicts by policy.
+	fitsMu sync.Mutex
+	fits   map[string]error
 }
 
 // NewSealedRuntime keeps its state under stateDir and mounts init, a static roost-init

@@ -44,7 +44,6 @@ type Sandbox struct {
 	// records directory must be this one (the caller renames it into place).
 	Records string
 
-	spec      *specs.Spec
 	io        *initIO
 	container *libcontainer.Container
 	proc      *libcontainer.Process
@@ -109,7 +108,7 @@ func (r *SealedRuntime) Prepare(ctx context.Context, id string, ids IDs, netns, 
 		io.Close()
 		return nil, err
 	}
-	return &Sandbox{ID: id, IDs: ids, NetNS: netns, Records: records, spec: spec, io: io,
+	return &Sandbox{ID: id, IDs: ids, NetNS: netns, Records: records, io: io,
 		container: container, proc: proc, initPID: initPID, initStart: st.InitProcessStartTime}, nil
 }
 
@@ -132,7 +131,35 @@ func (r *SealedRuntime) Discard(sb *Sandbox) error {
 
 // Fits says why a session with policy p (and a WASM runner when wasm) would not run in a
 // sandbox made by Prepare; nil when it would run exactly as in a container made for it.
+// The answer depends on the policy alone, and a host sees few policies: it is kept.
 func (r *SealedRuntime) Fits(p *manifest.Policy, wasm bool) error {
+	key, err := json.Marshal(struct {
+		P    *manifest.Policy
+		Wasm bool
+	}{p, wasm})
+	if err != nil {
+		return err
+	}
+	r.fitsMu.Lock()
+	verdict, ok := r.fits[string(key)]
+	r.fitsMu.Unlock()
+	if ok {
+		return verdict
+	}
+	verdict = r.fitsAfresh(p, wasm)
+	r.fitsMu.Lock()
+	if r.fits == nil || len(r.fits) >= maxFitsKept {
+		r.fits = map[string]error{}
+	}
+	r.fits[string(key)] = verdict
+	r.fitsMu.Unlock()
+	return verdict
+}
+
+// maxFitsKept bounds the policies Fits remembers: past it, it starts over.
+const maxFitsKept = 256
+
+func (r *SealedRuntime) fitsAfresh(p *manifest.Policy, wasm bool) error {
 	layout := r.Layout(WarmPrefix+"x", "/w", "/c")
 	layout.IDs = IDs{First: 1, Size: 1}
 	want, err := SealedSpec(layout, WarmPolicy())
@@ -310,7 +337,9 @@ func (r *SealedRuntime) StartWarm(ctx context.Context, sb *Sandbox, spec Spec) (
 		_ = r.Discard(sb)
 		return nil, err
 	}
-	if err := sameSandbox(sb.spec, full); err != nil {
+	// The sandbox and the session differ in nothing but their mounts, limits and ids when
+	// the policy fits (the rest of a sealed spec is the runtime's own).
+	if err := r.Fits(spec.Policy, spec.Runner != ""); err != nil {
 		_ = r.Discard(sb)
 		return nil, err
 	}

@@ -1,0 +1,26 @@
+package containment
+
+import "testing"
+
+// BenchmarkFits is what a launch pays to learn whether its session fits a warm sandbox: a
+// verdict kept for its policy.
+func BenchmarkFits(b *testing.B) {
+	rt := &SealedRuntime{root: "/nonexistent", init: "/nonexistent"}
+	p := WarmPolicy()
+	for b.Loop() {
+		if err := rt.Fits(p, false); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkFitsAfresh is the first launch of a policy: both specs built and compared.
+func BenchmarkFitsAfresh(b *testing.B) {
+	rt := &SealedRuntime{root: "/nonexistent", init: "/nonexistent"}
+	p := WarmPolicy()
+	for b.Loop() {
+		if err := rt.fitsAfresh(p, false); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
