@@ -55,6 +55,10 @@ unit: deps
 
 e2e: deps sdk $(TOOLS)/grpcurl
 	$(GO) test -count=1 ./test/e2e/
+	# The suites of sealed sessions again, against daemons keeping warm sandboxes.
+	ROOST_E2E_WARM_POOL=2 $(GO) test -count=1 -run '$(WARM_SUITES)' ./test/e2e/
+
+WARM_SUITES := Sealed|Delegation|Spawn|KillParent|Identity|Trust|Exec|Egress|Bounds|Names|Stats|Logs|Five|Officials|SDK
 
 ## sdk: the official OpenAI and Anthropic SDKs that TestOfficialSDKs runs in sealed sessions,
 ## installed exactly as test/e2e/sdk/package-lock.json pins them (npm ci) when node_modules is

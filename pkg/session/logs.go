@@ -123,9 +123,13 @@ func (m *Manager) Logs(ctx context.Context, id string, opts LogOptions, send fun
 		if opts.Tail == nil {
 			continue
 		}
-		start, err := tailStart(s.dir, s.name, *opts.Tail)
+		start, end, err := tailStart(s.dir, s.name, *opts.Tail)
 		if err != nil {
 			return err
+		}
+		if !opts.Follow {
+			// The last lines of what the stream held when asked: not those written since.
+			s.until = end
 		}
 		if start > s.from {
 			s.from, s.pos = start, start
@@ -180,13 +184,13 @@ func (m *Manager) Logs(ctx context.Context, id string, opts LogOptions, send fun
 // begin: just past the n-th newline before its end (a newline that ends the stream ends
 // its last line, and a last line without one counts). A cut is not a line break: lines are
 // counted in the bytes kept.
-func tailStart(dir, stream string, n int64) (int64, error) {
+func tailStart(dir, stream string, n int64) (start, streamEnd int64, err error) {
 	files, err := roostinit.LogFiles(dir, stream)
 	if errors.Is(err, fs.ErrNotExist) || len(files) == 0 {
-		return 0, nil
+		return 0, 0, nil
 	}
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	buf := make([]byte, logChunk)
 	last := true
@@ -195,28 +199,31 @@ func tailStart(dir, stream string, n int64) (int64, error) {
 		if errors.Is(err, fs.ErrNotExist) {
 			// Rotated away while counting: the lines begin with the file after it.
 			if i+1 < len(files) {
-				return files[i+1].Offset, nil
+				return files[i+1].Offset, streamEnd, nil
 			}
 			continue
 		}
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		info, err := f.Stat()
 		if err != nil {
 			f.Close()
-			return 0, err
+			return 0, 0, err
 		}
 		end := info.Size()
+		if streamEnd == 0 {
+			streamEnd = files[i].Offset + end
+		}
 		if n == 0 {
 			f.Close()
-			return files[i].Offset + end, nil
+			return files[i].Offset + end, streamEnd, nil
 		}
 		for end > 0 {
 			k := min(end, int64(len(buf)))
 			if _, err := f.ReadAt(buf[:k], end-k); err != nil && !errors.Is(err, io.EOF) {
 				f.Close()
-				return 0, err
+				return 0, 0, err
 			}
 			for j := k - 1; j >= 0; j-- {
 				if buf[j] != '\n' {
@@ -229,14 +236,14 @@ func tailStart(dir, stream string, n int64) (int64, error) {
 				}
 				if n--; n == 0 {
 					f.Close()
-					return files[i].Offset + end - k + j + 1, nil
+					return files[i].Offset + end - k + j + 1, streamEnd, nil
 				}
 			}
 			end -= k
 		}
 		f.Close()
 	}
-	return files[0].Offset, nil
+	return files[0].Offset, streamEnd, nil
 }
 
 // logStream reads one output stream as roost-init lays it out in the records directory (see
@@ -249,6 +256,8 @@ type logStream struct {
 	name, dir string
 	// timestamps splits chunks at the index's entries.
 	timestamps bool
+	// until, when not 0, is the offset to stop at: the end of what a tail counted in.
+	until int64
 	// from is the first offset to send (a resume, a tail); since, when not 0, the first
 	// write time (unix nanoseconds), until a byte written at or after it has been sent:
 	// times never fall, so every later byte is sent too.
@@ -365,7 +374,14 @@ func (s *logStream) read(send func(LogChunk) error) (int, error) {
 			return total, nil
 		}
 		s.skipBeforeSince()
-		n, err := s.f.ReadAt(s.buf, s.pos-s.at.Offset)
+		buf := s.buf
+		if s.until > 0 {
+			if s.pos >= s.until {
+				return total, nil
+			}
+			buf = buf[:min(int64(len(buf)), s.until-s.pos)]
+		}
+		n, err := s.f.ReadAt(buf, s.pos-s.at.Offset)
 		if n > 0 {
 			// roost-init writes an entry before the bytes it times: every entry for what
 			// was just read is there to be loaded now.

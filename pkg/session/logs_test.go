@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -346,24 +347,24 @@ func TestLogsTailStart(t *testing.T) {
 		n    int64
 		want int64
 	}{{0, 120}, {1, 116}, {2, 110}, {3, 8}, {4, 4}, {5, 0}, {100, 0}} {
-		if got, err := tailStart(dir, Stdout, c.n); err != nil || got != c.want {
-			t.Errorf("tail %d: %d (%v), want %d", c.n, got, err, c.want)
+		if got, end, err := tailStart(dir, Stdout, c.n); err != nil || got != c.want || end != 120 {
+			t.Errorf("tail %d: %d, end %d (%v), want %d, end 120", c.n, got, end, err, c.want)
 		}
 	}
 	// A newline that ends the stream ends its last line.
 	dir = logDir(t, map[string]string{"stdout.log": "a\nb\nc\n"}, nil)
 	for n, want := range []int64{6, 4, 2, 0, 0} {
-		if got, _ := tailStart(dir, Stdout, int64(n)); got != want {
+		if got, _, _ := tailStart(dir, Stdout, int64(n)); got != want {
 			t.Errorf("tail %d of a\nb\nc\n: %d, want %d", n, got, want)
 		}
 	}
-	if got, _ := tailStart(t.TempDir(), Stdout, 3); got != 0 {
+	if got, _, _ := tailStart(t.TempDir(), Stdout, 3); got != 0 {
 		t.Errorf("no files: %d", got)
 	}
 	// More than one read's worth.
 	long := strings.Repeat("y", 3*logChunk) + "\n" + strings.Repeat("z", logChunk+5) + "\n"
 	dir = logDir(t, map[string]string{"stdout.log": long}, nil)
-	if got, _ := tailStart(dir, Stdout, 1); got != 3*logChunk+1 {
+	if got, _, _ := tailStart(dir, Stdout, 1); got != 3*logChunk+1 {
 		t.Errorf("tail 1 of long lines: %d", got)
 	}
 }
@@ -434,5 +435,36 @@ func TestLogsOptionsThroughTheManager(t *testing.T) {
 	neg := int64(-1)
 	if err := m.Logs(context.Background(), rec.ID, LogOptions{Tail: &neg}, func(LogChunk) error { return nil }); err == nil {
 		t.Fatal("a negative tail was taken")
+	}
+}
+
+// A tail without --follow is the last lines of what the stream held when asked: a line the
+// program writes while they are sent is not among them.
+func TestLogsTailStopsAtItsEnd(t *testing.T) {
+	m, _ := openManager(t, stateDir(t))
+	rec := run(t, m, StageOptions{Capsule: capsule(t, `echo a; echo b; sleep 30`, "")})
+	defer m.Kill(context.Background(), rec.ID, syscall.SIGKILL)
+	out := filepath.Join(rec.RecordsDir, "stdout.log")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if data, _ := os.ReadFile(out); string(data) == "a\nb\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the program did not write")
+		}
+	}
+	one := int64(1)
+	var got strings.Builder
+	if err := m.Logs(context.Background(), rec.ID, LogOptions{Tail: &one}, func(c LogChunk) error {
+		if got.Len() == 0 {
+			appendFile(t, out, "c\n")
+		}
+		got.Write(c.Data)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got.String() != "b\n" {
+		t.Fatalf("tail 1 sent %q, want %q", got.String(), "b\n")
 	}
 }
