@@ -439,14 +439,15 @@ func TestLogsOptionsThroughTheManager(t *testing.T) {
 }
 
 // A tail without --follow is the last lines of what the stream held when asked: a line the
-// program writes while they are sent is not among them.
+// program writes while they are sent is not among them. Both streams' tails are counted
+// first, then sent in turn: a line reaching stderr while stdout's are sent comes too late.
 func TestLogsTailStopsAtItsEnd(t *testing.T) {
 	m, _ := openManager(t, stateDir(t))
-	rec := run(t, m, StageOptions{Capsule: capsule(t, `echo a; echo b; sleep 30`, "")})
+	rec := run(t, m, StageOptions{Capsule: capsule(t, `echo a; echo b; echo x >&2; echo y >&2; sleep 30`, "")})
 	defer m.Kill(context.Background(), rec.ID, syscall.SIGKILL)
-	out := filepath.Join(rec.RecordsDir, "stdout.log")
+	stderr := filepath.Join(rec.RecordsDir, "stderr.log")
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if data, _ := os.ReadFile(out); string(data) == "a\nb\n" {
+		if data, _ := os.ReadFile(stderr); string(data) == "x\ny\n" {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -454,17 +455,17 @@ func TestLogsTailStopsAtItsEnd(t *testing.T) {
 		}
 	}
 	one := int64(1)
-	var got strings.Builder
+	got := map[string]string{}
 	if err := m.Logs(context.Background(), rec.ID, LogOptions{Tail: &one}, func(c LogChunk) error {
-		if got.Len() == 0 {
-			appendFile(t, out, "c\n")
+		if c.Stream == Stdout && got[Stdout] == "" {
+			appendFile(t, stderr, "z\n")
 		}
-		got.Write(c.Data)
+		got[c.Stream] += string(c.Data)
 		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if got.String() != "b\n" {
-		t.Fatalf("tail 1 sent %q, want %q", got.String(), "b\n")
+	if got[Stdout] != "b\n" || got[Stderr] != "y\n" {
+		t.Fatalf("tail 1 sent %q and %q, want %q and %q", got[Stdout], got[Stderr], "b\n", "y\n")
 	}
 }
