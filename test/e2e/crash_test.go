@@ -285,10 +285,10 @@ func TestFiveSealedAcrossRestart(t *testing.T) {
 			t.Errorf("session %d: logs %q, want %q", i, logs, want)
 		}
 	}
-	if entries, _ := os.ReadDir(filepath.Join(d.stateDir, "containers")); len(entries) != 0 {
+	if entries := d.sessionContainers(); len(entries) != 0 {
 		t.Fatalf("container state left: %v", entries)
 	}
-	if mounts, _ := os.ReadFile("/proc/self/mountinfo"); bytes.Contains(mounts, []byte(d.stateDir)) {
-		t.Error("mounts under the state dir remain on the host")
+	if left := d.sessionMounts(); len(left) != 0 {
+		t.Errorf("mounts under the state dir remain on the host: %v", left)
 	}
 }

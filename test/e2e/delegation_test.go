@@ -111,7 +111,7 @@ echo "$a" | sed -n 1p
 	if !strings.Contains(string(trace), `"event_type":"delegation","session_id":"`+p[0].ID) || !strings.Contains(string(trace), m[0].ID) {
 		t.Errorf("the parent's trace does not record the delegation:\n%s", trace)
 	}
-	if pins, _ := os.ReadDir(filepath.Join(d.stateDir, "netns")); len(pins) != 0 {
+	if pins := d.sessionPins(); len(pins) != 0 {
 		t.Errorf("%d network namespaces still pinned after every session ended", len(pins))
 	}
 	metrics := scrape(t, d)
