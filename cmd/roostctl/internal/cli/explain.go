@@ -175,7 +175,7 @@ func printExplanation(out io.Writer, e *roostv1.Explanation, width int) {
 		case id.GetHostRoot():
 			field(out, "runs as", "host root: roostd's sessions.allow_root names this capsule", width)
 		case d.GetAchieved() == "sealed" || !d.GetFloorMet() && d.GetDeclared() == "sealed":
-			field(out, "runs as", fmt.Sprintf("root in a user namespace mapping ids 0-%d onto a host uid range of its own (allocated at stage)", id.GetSize()-1), width)
+			field(out, "runs as", fmt.Sprintf("root in a user namespace mapping ids 0-%d onto a host uid range of its own (allocated at stage; a warm start takes its sandbox's)", id.GetSize()-1), width)
 		default:
 			field(out, "runs as", "an unprivileged host uid of its own (allocated at stage), no capabilities, no_new_privs", width)
 		}
