@@ -31,10 +31,11 @@ const WarmPrefix = "warm-"
 
 // Sandbox is a sealed container made before its session: user, pid, mount, network, IPC,
 // UTS and cgroup namespaces, cgroup, seccomp filter, the shared root with /proc, /dev,
-// /tmp and /run, and roost-init as PID 1 waiting for its spec. What only a session has
-// (its workdir, capsule, home and task) is mounted in when a session claims it, its
-// cgroup limits set, and its command handed over: from there it is that session's
-// container, and it ends with it. A sandbox serves one session, never two.
+// /tmp and /run, roost-init as PID 1 and roost-exec below it, both waiting for their specs
+// (see roostinit.WarmArg). What only a session has (its workdir, capsule, home and task) is
+// mounted in when a session claims it, its cgroup limits set, and its command handed over:
+// from there it is that session's container, and it ends with it. A sandbox serves one
+// session, never two.
 type Sandbox struct {
 	ID  string
 	IDs IDs
