@@ -19,7 +19,8 @@ cleanup() {
 trap cleanup EXIT
 
 start_daemon() {
-  ./bin/roostd --state-dir "$state" --socket "$socket" --metrics-addr 127.0.0.1:0 2>>"$state/roostd.log" &
+  # Two sealed sandboxes kept made ahead: the sealed examples below start warm.
+  ./bin/roostd --state-dir "$state" --socket "$socket" --metrics-addr 127.0.0.1:0 --warm-pool 2 2>>"$state/roostd.log" &
   daemon=$!
   for _ in $(seq 100); do
     ./bin/roostctl version >/dev/null 2>&1 && return 0
@@ -69,6 +70,7 @@ mkdir -p "$compile"
 printf 'name: compile\nversion: 0.1.0\nrun:\n  command: [/bin/sh, -c, "cp /usr/bin/echo /work/myecho && /work/myecho a program the session wrote runs, and the sealed root still holds it"]\ncapabilities:\n  containment: sealed\n  filesystem:\n    workdir_exec: true\n  shell:\n    allow: [cp]\n' >"$compile/capsule.yaml"
 expect 0 ./bin/roostctl run "$compile"
 expect 0 ./bin/roostctl run examples/sealed
+step ./bin/roostctl ps --all --filter capsule=sealed --format '{{short .id}} {{.capsule.name}} warm={{.warm}}'
 
 echo
 echo "Delegation: a sealed parent spawns a pushed child through its own endpoint:"
