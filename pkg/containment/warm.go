@@ -180,7 +180,18 @@ func (r *SealedRuntime) fitsAfresh(p *manifest.Policy, wasm bool) error {
 }
 
 // sameSandbox says where two specs differ in what a sandbox fixes before its session.
+// roost-exec sets the session's rlimits on itself before the program, as it does cold: it
+// can lower the sandbox's, never raise them.
 func sameSandbox(sandbox, session *specs.Spec) error {
+	hard := map[string]uint64{}
+	for _, rl := range sandbox.Process.Rlimits {
+		hard[rl.Type] = rl.Hard
+	}
+	for _, rl := range session.Process.Rlimits {
+		if h, ok := hard[rl.Type]; ok && rl.Hard > h {
+			return &NotWarmError{Field: "process.rlimits[" + rl.Type + "]"}
+		}
+	}
 	a, b := sandboxShape(sandbox), sandboxShape(session)
 	if where := firstDifference(a, b, ""); where != "" {
 		return &NotWarmError{Field: where}
@@ -196,8 +207,7 @@ func (e *NotWarmError) Error() string {
 	what := "container"
 	for _, c := range []struct{ prefix, what string }{
 		{"linux.seccomp", "seccomp filter (network.unix_sockets)"},
-		{"process.rlimits", "rlimits (resources.max_open_files, max_file_size_bytes, cpu_seconds, max_processes, memory_bytes)"},
-		{"mounts[/tmp]", "/tmp size (resources.workdir_max_bytes, cgroup_memory_bytes)"},
+		{"process.rlimits", "rlimits, which a session can only lower (resources.max_open_files, max_file_size_bytes, cpu_seconds, max_processes)"},
 		{"mounts[/dev/shm]", "noexec trees (filesystem.workdir_exec)"},
 		{"mounts", "root (filesystem.host_read, a WASM runner)"},
 		{"root", "root (filesystem.host_read, a WASM runner)"},
@@ -211,10 +221,16 @@ func (e *NotWarmError) Error() string {
 }
 
 // sandboxShape is a spec without what a claim sets: the session's mounts, uid map,
-// cgroup path and limits, network namespace path and init's arguments.
+// cgroup path and limits, /tmp's size, network namespace path, init's arguments and the
+// rlimits roost-exec sets (see sameSandbox).
 func sandboxShape(s *specs.Spec) any {
 	c, _ := splitMounts(s)
-	c.Process.Args = nil
+	c.Process.Args, c.Process.Rlimits = nil, nil
+	for i, m := range c.Mounts {
+		if m.Destination == "/tmp" {
+			c.Mounts[i].Options = slices.DeleteFunc(slices.Clone(m.Options), func(o string) bool { return strings.HasPrefix(o, "size=") })
+		}
+	}
 	c.Linux.UIDMappings, c.Linux.GIDMappings = nil, nil
 	c.Linux.CgroupsPath, c.Linux.Resources = "", nil
 	for i := range c.Linux.Namespaces {
@@ -384,7 +400,13 @@ func (r *SealedRuntime) StartWarm(ctx context.Context, sb *Sandbox, spec Spec) (
 	if err := container.Set(set); err != nil {
 		return nil, fmt.Errorf("setting the session's cgroup limits: %w", err)
 	}
-	if err := r.attachMounts(sb, own); err != nil {
+	var tmp specs.Mount
+	for _, m := range full.Mounts {
+		if m.Destination == "/tmp" {
+			tmp = m
+		}
+	}
+	if err := r.attachMounts(sb, own, tmp); err != nil {
 		return nil, fmt.Errorf("mounting the session's trees into its sandbox: %w", err)
 	}
 	if err := sb.io.handSpec(initSpec(spec, sealedExecSpec(spec))); err != nil {
@@ -441,7 +463,7 @@ func mountAttrs(opts []string) (attrs uint64, recursive bool) {
 // libcontainer would have mounted them: each a detached copy of its source (taken here, on
 // the host) moved onto its place in the sandbox's mount namespace. Nothing in the sandbox
 // runs but roost-init, blocked on its spec, so no process inside can race the paths.
-func (r *SealedRuntime) attachMounts(sb *Sandbox, mounts []specs.Mount) error {
+func (r *SealedRuntime) attachMounts(sb *Sandbox, mounts []specs.Mount, tmp specs.Mount) error {
 	trees := make([]*os.File, 0, len(mounts))
 	defer func() {
 		for _, t := range trees {
@@ -482,19 +504,39 @@ func (r *SealedRuntime) attachMounts(sb *Sandbox, mounts []specs.Mount) error {
 		// The thread enters the sandbox's mount namespace and is never used again: the
 		// goroutine ends locked, and the runtime ends the thread with it.
 		runtime.LockOSThread()
-		done <- moveInto(ns, sb.IDs, mounts, trees)
+		done <- moveInto(ns, sb.IDs, mounts, trees, tmp)
 	}()
 	return <-done
 }
 
-// moveInto runs on a thread of its own: it joins the mount namespace ns and moves each tree
-// onto its mount's destination.
-func moveInto(ns *os.File, ids IDs, mounts []specs.Mount, trees []*os.File) error {
+// moveInto runs on a thread of its own: it joins the mount namespace ns, gives /tmp the
+// session's size (tmp, its mount as the session's spec states it) and moves each tree onto
+// its mount's destination.
+func moveInto(ns *os.File, ids IDs, mounts []specs.Mount, trees []*os.File, tmp specs.Mount) error {
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return fmt.Errorf("unshare CLONE_FS: %w", err)
 	}
 	if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNS); err != nil {
 		return fmt.Errorf("entering the sandbox's mount namespace: %w", err)
+	}
+	if tmp.Destination != "" {
+		flags, data := uintptr(unix.MS_REMOUNT), []string{}
+		for _, o := range tmp.Options {
+			switch o {
+			case "nosuid":
+				flags |= unix.MS_NOSUID
+			case "nodev":
+				flags |= unix.MS_NODEV
+			case "noexec":
+				flags |= unix.MS_NOEXEC
+			case "exec":
+			default:
+				data = append(data, o)
+			}
+		}
+		if err := unix.Mount("", tmp.Destination, "", flags, strings.Join(data, ",")); err != nil {
+			return fmt.Errorf("%s: remounting with the session's size: %w", tmp.Destination, err)
+		}
 	}
 	for i, m := range mounts {
 		if m.Destination == SealedTaskPath {

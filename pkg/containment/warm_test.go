@@ -103,6 +103,7 @@ func TestWarmStartMatchesCold(t *testing.T) {
 		{"task", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}}", true},
 		{"scope", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {scope: src, read_only: [src/vendor]}}", false},
 		{"delegates", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, spawn: {allow: [x]}}", false},
+		{"limits", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, resources: {cgroup_memory_bytes: 268435456, workdir_max_bytes: 134217728, max_open_files: 77, max_processes: 50, cpu_seconds: 30, max_file_size_bytes: 1048576, memory_bytes: 4294967296}}", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := rt.Fits(sealedPolicy(t, tc.caps), false); err != nil {
@@ -163,7 +164,7 @@ func TestWarmRefusesOtherShapes(t *testing.T) {
 	}
 	for caps, field := range map[string]string{
 		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, network: {unix_sockets: true}}":         "linux.seccomp",
-		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, resources: {max_open_files: 77}}":       "process.rlimits",
+		"capabilities: {containment: sealed, resources: {max_open_files: 900000}}":                                                                                  "process.rlimits[RLIMIT_NOFILE]",
 		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {workdir_exec: true}}":      "mounts",
 		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {host_read: [/usr/share]}}": "mounts",
 	} {
@@ -173,8 +174,13 @@ func TestWarmRefusesOtherShapes(t *testing.T) {
 			t.Errorf("%s: Fits = %v, want a difference at %s", caps, err, field)
 		}
 	}
-	if err := rt.Fits(sealedPolicy(t, "capabilities: {containment: sealed, resources: {cgroup_cpu_percent: 50, cgroup_pids_max: 77}}"), false); err != nil {
-		t.Errorf("cgroup limits are set at the claim, yet Fits = %v", err)
+	for _, caps := range []string{
+		"capabilities: {containment: sealed, resources: {cgroup_cpu_percent: 50, cgroup_pids_max: 77, cgroup_memory_bytes: 268435456}}",
+		"capabilities: {containment: sealed, resources: {max_open_files: 77, max_processes: 10, cpu_seconds: 5}}",
+	} {
+		if err := rt.Fits(sealedPolicy(t, caps), false); err != nil {
+			t.Errorf("%s: limits a claim sets (cgroup) or roost-exec lowers (rlimits), yet Fits = %v", caps, err)
+		}
 	}
 }
 
