@@ -182,13 +182,10 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 		return nil, errors.New("sealed start without a policy")
 	}
 	id := spec.SessionID
-	layout := r.Layout(id, spec.Dir, spec.CapsuleDir)
-	layout.NetNS, layout.Task, layout.IDs, layout.Home = spec.NetNS, spec.Task, spec.IDs, spec.Home
-	layout.Runner, layout.WasmModule = spec.Runner, spec.WasmModule
-	if hr := spec.Policy.Filesystem.HostRead; len(hr) > 0 {
+	layout := r.sessionLayout(spec)
+	if len(layout.HostRead) > 0 {
 		// Host trees need mount points the shared root has not: the session gets a root
 		// composed for it (Release removes it).
-		layout.HostRead = hr
 		layout.Rootfs = filepath.Join(r.roots, id)
 		if err := composeRoot(layout.Rootfs, layout); err != nil {
 			return nil, fmt.Errorf("composing the session's root: %w", err)
@@ -199,20 +196,7 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 			_ = r.Release(id)
 		}
 	}()
-	ro := spec.Policy.Filesystem.ReadOnly
-	if len(spec.Policy.Spawn.Allow) > 0 {
-		ro = append(slices.Clone(ro), ChildrenRoot)
-	}
-	owner, err := spec.owner()
-	if err != nil {
-		return nil, err
-	}
-	sources, err := prepareWorkSources(spec.Dir, spec.Policy.Filesystem.Scope, ro, owner)
-	if err != nil {
-		return nil, &StartError{Msg: "workdir: " + err.Error()}
-	}
-	layout.Sources = sources
-	ociSpec, err := SealedSpec(layout, spec.Policy)
+	ociSpec, err := r.sessionSpec(spec, layout)
 	if err != nil {
 		return nil, err
 	}
@@ -264,10 +248,44 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 		}
 		return nil, &StartError{Msg: rep.Error}
 	}
-	ref, err := startedRef(container, proc != nil, initPID, rep.Ref)
+	p, err := r.started(container, proc, initPID, spec.RecordsDir, rep.Ref)
 	if err != nil {
 		_ = container.Signal(syscall.SIGKILL)
 		reap()
+	}
+	return p, err
+}
+
+// sessionLayout is where the session's parts are, in the shared root.
+func (r *SealedRuntime) sessionLayout(spec Spec) SealedLayout {
+	layout := r.Layout(spec.SessionID, spec.Dir, spec.CapsuleDir)
+	layout.NetNS, layout.Task, layout.IDs, layout.Home = spec.NetNS, spec.Task, spec.IDs, spec.Home
+	layout.Runner, layout.WasmModule, layout.HostRead = spec.Runner, spec.WasmModule, spec.Policy.Filesystem.HostRead
+	return layout
+}
+
+// sessionSpec is the session's OCI spec in layout, its workdir's subtrees checked to lie
+// beneath the workdir with no symlink on the way (see prepareWorkSources).
+func (r *SealedRuntime) sessionSpec(spec Spec, layout SealedLayout) (*specs.Spec, error) {
+	ro := spec.Policy.Filesystem.ReadOnly
+	if len(spec.Policy.Spawn.Allow) > 0 {
+		ro = append(slices.Clone(ro), ChildrenRoot)
+	}
+	owner, err := spec.owner()
+	if err != nil {
+		return nil, err
+	}
+	if layout.Sources, err = prepareWorkSources(spec.Dir, spec.Policy.Filesystem.Scope, ro, owner); err != nil {
+		return nil, &StartError{Msg: "workdir: " + err.Error()}
+	}
+	return SealedSpec(layout, spec.Policy)
+}
+
+// started is the session's process once roost-init has reported the program running
+// (inner, in the session's pid namespace): proc is the init when this process started it.
+func (r *SealedRuntime) started(c *libcontainer.Container, proc *libcontainer.Process, initPID int, records string, inner *ProcessRef) (Process, error) {
+	ref, err := startedRef(c, proc != nil, initPID, inner)
+	if err != nil {
 		return nil, err
 	}
 	w, err := watchExit(ref.InitPID, ref.InitStart)
@@ -278,7 +296,7 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	if err != nil {
 		return nil, err
 	}
-	return &sealedProcess{ref: ref, recordsDir: spec.RecordsDir, watch: w, runtime: r, container: container, proc: proc}, nil
+	return &sealedProcess{ref: ref, recordsDir: records, watch: w, runtime: r, container: c, proc: proc}, nil
 }
 
 // run creates the container and starts roost-init in it with io's descriptors: through

@@ -331,25 +331,7 @@ func (r *SealedRuntime) StartWarm(ctx context.Context, sb *Sandbox, spec Spec) (
 		_ = r.Discard(sb)
 		return nil, fmt.Errorf("session %s has ids %v, its sandbox %v", id, spec.IDs, sb.IDs)
 	}
-	layout := r.Layout(id, spec.Dir, spec.CapsuleDir)
-	layout.NetNS, layout.Task, layout.IDs, layout.Home = spec.NetNS, spec.Task, spec.IDs, spec.Home
-	layout.Runner, layout.WasmModule, layout.HostRead = spec.Runner, spec.WasmModule, spec.Policy.Filesystem.HostRead
-	ro := spec.Policy.Filesystem.ReadOnly
-	if len(spec.Policy.Spawn.Allow) > 0 {
-		ro = append(slices.Clone(ro), ChildrenRoot)
-	}
-	owner, err := spec.owner()
-	if err != nil {
-		_ = r.Discard(sb)
-		return nil, err
-	}
-	sources, err := prepareWorkSources(spec.Dir, spec.Policy.Filesystem.Scope, ro, owner)
-	if err != nil {
-		_ = r.Discard(sb)
-		return nil, &StartError{Msg: "workdir: " + err.Error()}
-	}
-	layout.Sources = sources
-	full, err := SealedSpec(layout, spec.Policy)
+	full, err := r.sessionSpec(spec, r.sessionLayout(spec))
 	if err != nil {
 		_ = r.Discard(sb)
 		return nil, err
@@ -425,19 +407,7 @@ func (r *SealedRuntime) StartWarm(ctx context.Context, sb *Sandbox, spec Spec) (
 		}
 		return nil, &StartError{Msg: rep.Error}
 	}
-	ref, err := startedRef(container, sb.proc != nil, sb.initPID, rep.Ref)
-	if err != nil {
-		return nil, err
-	}
-	w, err := watchExit(ref.InitPID, ref.InitStart)
-	if errors.Is(err, ErrGone) {
-		w, err = &exitWatch{done: make(chan struct{})}, nil
-		close(w.done)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return &sealedProcess{ref: ref, recordsDir: spec.RecordsDir, watch: w, runtime: r, container: container, proc: sb.proc}, nil
+	return r.started(container, sb.proc, sb.initPID, spec.RecordsDir, rep.Ref)
 }
 
 // mountAttrs are the mount_setattr flags of an OCI bind mount's options.
