@@ -76,8 +76,11 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 			}
 		}
 		if sb != nil {
+			if err := tx.TakeIDs(rec, sb.ID, sb.IDs); err != nil {
+				return err
+			}
 			rec.Warm = true
-			return errors.Join(tx.TakeIDs(rec, sb.ID, sb.IDs), tx.Transition(rec, Launching))
+			return tx.Transition(rec, Launching)
 		}
 		// Staged by a roostd from before id ranges: it gets one now.
 		if rec.IDs == nil && !rec.HostRoot {
@@ -133,7 +136,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 // and starts the program: in sb, a sandbox made ahead, when it is not nil. The launch
 // outlives the RPC that asked for it: a client going away mid-launch must not leave a
 // half-started session. The caller holds l.mu.
-func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class manifest.Class, runtime Runtime, sb *containment.Sandbox) (_ containment.Process, retErr error) {
+func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class manifest.Class, runtime Runtime, sb *containment.Sandbox) (containment.Process, error) {
 	if sb != nil {
 		defer func() {
 			// Not handed to the runtime: nothing else will end it.
