@@ -446,8 +446,10 @@ func TestLogsTailStopsAtItsEnd(t *testing.T) {
 	rec := run(t, m, StageOptions{Capsule: capsule(t, `echo a; echo b; echo x >&2; echo y >&2; sleep 30`, "")})
 	defer m.Kill(context.Background(), rec.ID, syscall.SIGKILL)
 	stderr := filepath.Join(rec.RecordsDir, "stderr.log")
+	// The two streams reach their files on their own: wait for both.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if data, _ := os.ReadFile(stderr); string(data) == "x\ny\n" {
+		out, _ := os.ReadFile(filepath.Join(rec.RecordsDir, "stdout.log"))
+		if errOut, _ := os.ReadFile(stderr); string(out) == "a\nb\n" && string(errOut) == "x\ny\n" {
 			break
 		}
 		if time.Now().After(deadline) {
