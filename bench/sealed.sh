@@ -43,9 +43,9 @@ trap 'exit 130' INT TERM
 echo "== building"
 make build >/dev/null
 go build -tags seccomp -o "$tmp/bundle-tool" ./bench/bundle
-if ! command -v runc >/dev/null || ! command -v bwrap >/dev/null; then
-	apt-get install -y -qq runc bubblewrap >/dev/null ||
-		{ apt-get update -qq && apt-get install -y -qq runc bubblewrap >/dev/null; }
+if ! command -v runc >/dev/null || ! command -v bwrap >/dev/null || ! command -v curl >/dev/null; then
+	apt-get install -y -qq runc bubblewrap curl >/dev/null ||
+		{ apt-get update -qq && apt-get install -y -qq runc bubblewrap curl >/dev/null; }
 fi
 
 # The capsule: /usr/bin/true, sealed, every other grant at its default.
@@ -64,7 +64,9 @@ echo "== starting roostd, and a second one with --warm-pool $WARM_POOL"
 mkdir -p "$tmp/state" "$tmp/warm"
 ./bin/roostd --state-dir "$tmp/state" --socket "$tmp/s" --metrics-addr "" >"$tmp/roostd.log" 2>&1 &
 roostd_pid=$!
-./bin/roostd --state-dir "$tmp/warm" --socket "$tmp/sw" --metrics-addr "" --warm-pool "$WARM_POOL" >"$tmp/warmd.log" 2>&1 &
+# The warm daemon's /metrics says how many sandboxes wait (see settle).
+warm_metrics=127.0.0.1:$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+./bin/roostd --state-dir "$tmp/warm" --socket "$tmp/sw" --metrics-addr "$warm_metrics" --warm-pool "$WARM_POOL" >"$tmp/warmd.log" 2>&1 &
 warmd_pid=$!
 export ROOST_SOCKET=$tmp/s
 for _ in $(seq 100); do
@@ -137,7 +139,20 @@ timed() {
 	t1=${EPOCHREALTIME/./}
 	echo $((t1 - t0)) >>"$tmp/$1.us"
 }
+# settle waits, untimed, until the warm daemon's pool is full again and the tail of the last
+# run (its teardown) is done, so that no tool is timed while another's background work
+# (above all a sandbox being made) takes the CPUs.
+settle() {
+	local i n
+	for i in $(seq 200); do
+		n=$(curl -s "http://$warm_metrics/metrics" | awk '/^roost_warm_sandboxes / { print $2 }')
+		[ "${n:-0}" -ge "$WARM_POOL" ] && break
+		sleep 0.02
+	done
+	sleep 0.03
+}
 measure() {
+	settle
 	case $1 in
 	runc) run_runc "$2" ;;
 	*) timed "$1" ;;
@@ -253,7 +268,10 @@ per_second() { # TOOL P: sessions/s
 }
 declare -A rate
 for p in 1 4 8; do
-	for t in roost warm runc; do rate[$t$p]=$(per_second "$t" "$p"); done
+	for t in roost warm runc; do
+		settle
+		rate[$t$p]=$(per_second "$t" "$p")
+	done
 done
 
 
