@@ -71,26 +71,13 @@ func sealedRun(t *testing.T, caps, script string) (ExitInfo, string, string, Spe
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := spec(t, "/bin/sh", "-c", script)
-	s.SessionID = "ses_" + strings.ReplaceAll(strings.ToLower(t.Name()), "/", "_")
-	s.Class = manifest.Sealed
-	s.Policy = sealedPolicy(t, caps)
-	s.CapsuleDir = t.TempDir()
-	s.Env = []string{"PATH=/usr/bin:/bin", "HOME=/work"}
+	name := strings.ReplaceAll(strings.ToLower(t.Name()), "/", "_")
+	s := sealedSpec(t, "ses_"+name, caps, script)
+	s.Env = append(s.Env, "HOME=/work")
 	var p Process
 	if *warmTests && rt.Fits(s.Policy, false) == nil {
-		// As roostd gives a sandbox to a session: its ids, its records directory.
-		sb := prepare(t, rt, strings.ReplaceAll(strings.ToLower(t.Name()), "/", "_"))
-		if err := os.Chown(s.Dir, int(sb.IDs.First), int(sb.IDs.First)); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Remove(s.RecordsDir); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(sb.Records, s.RecordsDir); err != nil {
-			t.Fatal(err)
-		}
-		s.IDs = sb.IDs
+		sb := prepare(t, rt, name)
+		claimSandbox(t, &s, sb.IDs, sb.Records)
 		p, err = rt.StartWarm(context.Background(), sb, s)
 	} else {
 		p, err = rt.Start(context.Background(), s)

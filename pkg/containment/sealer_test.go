@@ -50,8 +50,8 @@ func testSealer(t *testing.T) Option {
 	return WithSealer(sealerClient)
 }
 
-// startSealed starts script as sealed session id with the capabilities caps.
-func startSealed(t *testing.T, rt *SealedRuntime, id, script, caps string) (Process, Spec) {
+// sealedSpec is the start of script as sealed session id with the capabilities caps.
+func sealedSpec(t *testing.T, id, caps, script string) Spec {
 	t.Helper()
 	s := spec(t, "/bin/sh", "-c", script)
 	s.SessionID = id
@@ -59,6 +59,32 @@ func startSealed(t *testing.T, rt *SealedRuntime, id, script, caps string) (Proc
 	s.Policy = sealedPolicy(t, caps)
 	s.CapsuleDir = t.TempDir()
 	s.Env = []string{"PATH=/usr/bin:/bin"}
+	return s
+}
+
+// claimSandbox gives s a sandbox's ids and (unless "") records directory, as roostd gives
+// them to the session that claims it.
+func claimSandbox(t *testing.T, s *Spec, ids IDs, records string) {
+	t.Helper()
+	s.IDs = ids
+	if err := os.Chown(s.Dir, int(ids.First), int(ids.First)); err != nil {
+		t.Fatal(err)
+	}
+	if records == "" {
+		return
+	}
+	if err := os.Remove(s.RecordsDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(records, s.RecordsDir); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startSealed starts script as sealed session id with the capabilities caps.
+func startSealed(t *testing.T, rt *SealedRuntime, id, script, caps string) (Process, Spec) {
+	t.Helper()
+	s := sealedSpec(t, id, caps, script)
 	p, err := rt.Start(context.Background(), s)
 	if err != nil {
 		t.Fatalf("sealed start: %v", err)

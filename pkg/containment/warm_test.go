@@ -9,7 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"roost.dev/roost/pkg/manifest"
 )
 
 // inspectScript prints what a program can tell of its container: its mounts (mount point,
@@ -25,31 +24,6 @@ ulimit -a
 hostname
 pwd
 true`
-
-// warmSpec is a sealed session's start with the ids and records directory of sandbox sb,
-// as roostd gives a session that claims it.
-func warmSpec(t *testing.T, id, caps, script string, ids IDs, records string) Spec {
-	t.Helper()
-	s := spec(t, "/bin/sh", "-c", script)
-	s.SessionID = id
-	s.Class = manifest.Sealed
-	s.Policy = sealedPolicy(t, caps)
-	s.CapsuleDir = t.TempDir()
-	s.Env = []string{"PATH=/usr/bin:/bin"}
-	s.IDs = ids
-	if err := os.Chown(s.Dir, int(ids.First), int(ids.First)); err != nil {
-		t.Fatal(err)
-	}
-	if records != "" {
-		if err := os.Remove(s.RecordsDir); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(records, s.RecordsDir); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return s
-}
 
 func prepare(t *testing.T, rt *SealedRuntime, name string) *Sandbox {
 	t.Helper()
@@ -119,7 +93,8 @@ func TestWarmStartMatchesCold(t *testing.T) {
 					records, ids = sb.Records, sb.IDs
 				}
 				id := "ses_warm_" + tc.name + map[bool]string{false: "_cold", true: "_warm"}[warm]
-				s := warmSpec(t, id, tc.caps, inspectScript, ids, records)
+				s := sealedSpec(t, id, tc.caps, inspectScript)
+				claimSandbox(t, &s, ids, records)
 				s.Home = filepath.Join(reachableDir(t), "home")
 				if err := os.Mkdir(s.Home, 0o700); err != nil {
 					t.Fatal(err)
@@ -200,7 +175,8 @@ ipcs -m | grep -c '^0x' ; true`
 	var outs []string
 	for i, script := range []string{write, look} {
 		sb := prepare(t, rt, "carry"+string(rune('a'+i)))
-		s := warmSpec(t, "ses_carry"+string(rune('a'+i)), caps, script, sb.IDs, sb.Records)
+		s := sealedSpec(t, "ses_carry"+string(rune('a'+i)), caps, script)
+		claimSandbox(t, &s, sb.IDs, sb.Records)
 		s.Home = filepath.Join(reachableDir(t), "home")
 		if err := os.Mkdir(s.Home, 0o700); err != nil {
 			t.Fatal(err)

@@ -96,9 +96,10 @@ func initMain() int {
 	}
 	const records = initRecordsFD
 	report := os.NewFile(initReportFD, "report")
-	// A sandbox made ahead (WarmArg) does all it can before its session exists: the setup
-	// below, and roost-exec started on the program's pipes, waiting for its spec. A cold
-	// start has its spec waiting already and goes straight through.
+	// roost-exec starts before the rest of roost-init's setup, on the program's pipes, and
+	// waits for its spec (hand): its own start, a process start like any, overlaps that
+	// setup. A sandbox made ahead (WarmArg) does all of it before its session exists; a cold
+	// start reads its spec, already waiting, first.
 	warm := len(os.Args) > 2 && os.Args[2] == WarmArg
 	var sigs chan os.Signal
 	var pipes *logPump
@@ -125,6 +126,9 @@ func initMain() int {
 	}
 	var pump *logPump
 	fail := func(msg string) int {
+		if early != nil {
+			early.abandon()
+		}
 		info := ExitInfo{Code: 127, StartError: msg, EndedAt: time.Now().UTC()}
 		if pump != nil {
 			st := pump.finish(drainGrace)
@@ -136,31 +140,9 @@ func initMain() int {
 		writeReport(report, Report{Error: msg})
 		return 1
 	}
-	if !warm {
-		var err error
-		if sigs, err = setUp(records); err != nil {
-			return fail("roost-init: " + err.Error())
-		}
-	}
-
-	// The program writes to pipes roost-init drains into the records directory, each
-	// stream held to resources.log_max_bytes.
-	if warm {
-		if err := pipes.begin(records, spec.LogMaxBytes); err != nil {
-			early.abandon()
-			return fail("roost-init: the session's output files: " + err.Error())
-		}
-		pump = pipes
-	} else {
-		var err error
-		if pump, err = startPump(records, spec.LogMaxBytes); err != nil {
-			return fail("roost-init: the session's output files: " + err.Error())
-		}
-	}
 	var outcome *outcomeReader
 	if spec.Exec.Report {
-		if early != nil {
-			early.abandon()
+		if warm {
 			return fail("roost-init: a program with a report pipe cannot start in a sandbox made ahead")
 		}
 		var err error
@@ -168,17 +150,30 @@ func initMain() int {
 			return fail("roost-init: the program's report pipe: " + err.Error())
 		}
 	}
-	var pid int
-	var startErr string
-	if early != nil {
-		if spec.Exec.Mounts != nil {
-			early.abandon()
-			return fail("roost-init: a program with mounts of its own cannot start in a sandbox made ahead")
-		}
-		pid, startErr = early.hand(spec.Exec)
-	} else {
-		pid, startErr = startExec(spec.Exec, pump, outcome.childEnd())
+	if warm && spec.Exec.Mounts != nil {
+		return fail("roost-init: a program with mounts of its own cannot start in a sandbox made ahead")
 	}
+	if !warm {
+		var err error
+		if pipes, err = newPump(); err != nil {
+			return fail("roost-init: the program's output pipes: " + err.Error())
+		}
+		if early, err = spawnExec(pipes, spec.Exec.Dir, spec.Exec.Mounts != nil, outcome.childEnd()); err != nil {
+			return fail(spawnFailure(spec.Exec.Dir, err))
+		}
+		if sigs, err = setUp(records); err != nil {
+			return fail("roost-init: " + err.Error())
+		}
+	}
+	// The program writes to pipes roost-init drains into the records directory, each
+	// stream held to resources.log_max_bytes.
+	if err := pipes.begin(records, spec.LogMaxBytes); err != nil {
+		return fail("roost-init: the session's output files: " + err.Error())
+	}
+	pump = pipes
+	roostExec := early
+	early = nil // hand reaps it when it fails; fail must not abandon it again
+	pid, startErr := roostExec.hand(spec.Exec)
 	pump.closeChildEnds()
 	outcome.started()
 	if startErr != "" {
@@ -400,19 +395,14 @@ func (e *pendingExec) abandon() {
 	waitFor(e.pid)
 }
 
-// startExec starts roost-exec (see spawnExec) in the spec's working directory and hands it
-// the spec.
-func startExec(spec ExecSpec, pump *logPump, report *os.File) (int, string) {
-	e, err := spawnExec(pump, spec.Dir, spec.Mounts != nil, report)
-	if err != nil {
-		if spec.Dir != "" {
-			if _, statErr := os.Stat(spec.Dir); statErr != nil {
-				return 0, fmt.Sprintf("working directory %s: %v", spec.Dir, statErr)
-			}
+// spawnFailure says why roost-exec could not start in dir.
+func spawnFailure(dir string, err error) string {
+	if dir != "" {
+		if _, statErr := os.Stat(dir); statErr != nil {
+			return fmt.Sprintf("working directory %s: %v", dir, statErr)
 		}
-		return 0, "roost-init: starting roost-exec: " + err.Error()
 	}
-	return e.hand(spec)
+	return "roost-init: starting roost-exec: " + err.Error()
 }
 
 // waitFor reaps children until pid has ended and returns its status. Other children reaped
