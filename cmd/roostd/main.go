@@ -14,6 +14,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -61,9 +62,11 @@ type options struct {
 	reservationTTL   time.Duration
 	containment      string
 	showVersion      bool
-	// warmPool and warmPoolCPU are --warm-pool and --warm-pool-cpu.
-	warmPool    int
-	warmPoolCPU float64
+	// warmPool, warmCapsules and warmPoolCPU are --warm-pool, --warm-pool-capsule and
+	// --warm-pool-cpu.
+	warmPool     int
+	warmCapsules []session.WarmCapsule
+	warmPoolCPU  float64
 	// retainEnded and retainFor bound the ended sessions kept (0: no bound).
 	retainEnded int
 	retainFor   time.Duration
@@ -99,6 +102,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.cgroupParent, "cgroup-parent", "", "where sessions' cgroups go: a cgroup path (cgroupfs) or a slice (systemd); default: beneath roostd's own cgroup when systemd delegates it in a leaf (DelegateSubgroup=supervisor), else /roost")
 	fs.StringVar(&o.cgroupDriver, "cgroup-driver", containment.CgroupDriverCgroupfs, "how sessions' cgroups are made: cgroupfs, or systemd (transient roost-<session>.scope units; needs systemd as PID 1)")
 	fs.IntVar(&o.warmPool, "warm-pool", 0, "sealed sandboxes to keep made ahead of their sessions, each used by one session and then ended; 0 = none")
+	warmCapsules := fs.StringArray("warm-pool-capsule", nil, "DIR=N: also keep N sealed sandboxes made for the capsule in DIR, for capsules whose seccomp variant, host_read, workdir_exec or rlimits a default one's sandbox lacks (repeatable)")
 	fs.Float64Var(&o.warmPoolCPU, "warm-pool-cpu", session.DefaultWarmPoolCPU, "share of the wall clock (0-1] the warm pool's refill may spend making sandboxes")
 	fs.IntVar(&o.retainEnded, "retain-ended", 0, "keep at most this many ended sessions, removing those that ended first (as roostctl rm does) and their events; 0 = no bound")
 	fs.DurationVar(&o.retainFor, "retain-for", 0, "remove ended sessions that ended longer ago than this (e.g. 720h), and their events; 0 = no bound")
@@ -115,6 +119,13 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("unexpected argument %q (roostd takes only flags)", fs.Arg(0))
 	}
 	o.machineTokensSet = fs.Changed("machine-tokens-per-day")
+	for _, arg := range *warmCapsules {
+		c, err := parseWarmCapsule(arg)
+		if err != nil {
+			return nil, err
+		}
+		o.warmCapsules = append(o.warmCapsules, c)
+	}
 	var err error
 	if o.logLevel, err = parseLogLevel(*logLevel); err != nil {
 		return nil, err
@@ -141,6 +152,23 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--retain-for %s: must be 0 or more", o.retainFor)
 	}
 	return o, nil
+}
+
+// parseWarmCapsule reads one --warm-pool-capsule: DIR=N.
+func parseWarmCapsule(arg string) (session.WarmCapsule, error) {
+	i := strings.LastIndexByte(arg, '=')
+	if i <= 0 {
+		return session.WarmCapsule{}, fmt.Errorf("--warm-pool-capsule %q: want DIR=N, the capsule's directory and how many sandboxes of its shape to keep (e.g. ./capsules/agent=2)", arg)
+	}
+	n, err := strconv.Atoi(arg[i+1:])
+	if err != nil || n < 1 {
+		return session.WarmCapsule{}, fmt.Errorf("--warm-pool-capsule %q: %q is not a number of sandboxes: want 1 or more", arg, arg[i+1:])
+	}
+	dir, err := filepath.Abs(arg[:i])
+	if err != nil {
+		return session.WarmCapsule{}, fmt.Errorf("--warm-pool-capsule %q: %w", arg, err)
+	}
+	return session.WarmCapsule{Dir: dir, Size: n}, nil
 }
 
 func run(args []string) int {
@@ -336,6 +364,7 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 		MaxDepth:       o.maxDepth,
 		MaxConcurrent:  o.maxConcurrent,
 		WarmPool:       o.warmPool,
+		WarmCapsules:   o.warmCapsules,
 		WarmPoolCPU:    o.warmPoolCPU,
 		Ledger:         spend,
 		Gateway:        gateway.New(cfg.Inference.Upstreams, &loggedLedger{Ledger: spend, sessions: sink, log: log}, log),
@@ -355,9 +384,13 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 	}
 	sink.set(sessions)
 	defer sessions.Close()
-	if o.warmPool > 0 {
+	if o.warmPool > 0 || len(o.warmCapsules) > 0 {
 		mtr.WatchWarmPool(sessions.WarmReady)
-		log.Info("keeping sealed sandboxes made ahead", "warm_pool", o.warmPool, "refill_cpu", o.warmPoolCPU)
+		var shaped []string
+		for _, c := range o.warmCapsules {
+			shaped = append(shaped, fmt.Sprintf("%s=%d", c.Dir, c.Size))
+		}
+		log.Info("keeping sealed sandboxes made ahead", "warm_pool", o.warmPool, "warm_pool_capsules", strings.Join(shaped, ","), "refill_cpu", o.warmPoolCPU)
 	}
 	// Before the registry closes: the watchdog's check reads it.
 	defer sm.stopWatchdog()

@@ -10,12 +10,14 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/sirupsen/logrus"
 
 	"roost.dev/roost/pkg/config"
+	"roost.dev/roost/pkg/session"
 )
 
 func TestLogFlags(t *testing.T) {
@@ -158,6 +160,30 @@ func TestServingStatus(t *testing.T) {
 	} {
 		if got := servingStatus(c.running, c.paused); got != c.want {
 			t.Errorf("servingStatus(%d, %d) = %q", c.running, c.paused, got)
+		}
+	}
+}
+
+func TestWarmPoolCapsuleFlag(t *testing.T) {
+	o, err := parseFlags([]string{"--warm-pool-capsule", "caps/a=2", "--warm-pool-capsule", "/x=y/b=1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wd, _ := os.Getwd()
+	want := []session.WarmCapsule{{Dir: filepath.Join(wd, "caps/a"), Size: 2}, {Dir: "/x=y/b", Size: 1}}
+	if !slices.Equal(o.warmCapsules, want) {
+		t.Fatalf("parsed %+v, want %+v", o.warmCapsules, want)
+	}
+	for arg, says := range map[string]string{
+		"caps/a":   "want DIR=N",
+		"=2":       "want DIR=N",
+		"caps/a=0": "want 1 or more",
+		"caps/a=x": `"x" is not a number`,
+		"caps/a=":  `"" is not a number`,
+	} {
+		_, err := parseFlags([]string{"--warm-pool-capsule", arg})
+		if err == nil || !strings.Contains(err.Error(), "--warm-pool-capsule") || !strings.Contains(err.Error(), says) {
+			t.Errorf("--warm-pool-capsule %s: %v, want an error naming the flag and saying %q", arg, err, says)
 		}
 	}
 }

@@ -75,8 +75,14 @@ func sealedRun(t *testing.T, caps, script string) (ExitInfo, string, string, Spe
 	s := sealedSpec(t, "ses_"+name, caps, script)
 	s.Env = append(s.Env, "HOME=/work")
 	var p Process
-	if *warmTests && rt.Fits(s.Policy, false) == nil {
-		sb := prepare(t, rt, name)
+	if *warmTests {
+		// A default capsule's shape when the session fits it, else one made for its own
+		// policy, as roostd --warm-pool-capsule makes.
+		shape := DefaultWarmShape()
+		if rt.Fits(shape, s.Policy, false) != nil {
+			shape = WarmShape{Name: "its own", Policy: s.Policy}
+		}
+		sb := prepare(t, rt, shape, name)
 		claimSandbox(t, &s, sb.IDs, sb.Records)
 		p, err = rt.StartWarm(context.Background(), sb, s)
 	} else {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -37,8 +38,9 @@ const WarmPrefix = "warm-"
 // from there it is that session's container, and it ends with it. A sandbox serves one
 // session, never two.
 type Sandbox struct {
-	ID  string
-	IDs IDs
+	ID    string
+	Shape WarmShape
+	IDs   IDs
 	// NetNS is the network namespace it joined, pinned by the caller.
 	NetNS string
 	// Records is the records directory roost-init holds open: the claiming session's
@@ -52,13 +54,21 @@ type Sandbox struct {
 	initStart uint64
 }
 
-// WarmPolicy is what sandboxes are made for: a sealed capsule's defaults. A session whose
-// container differs from it in anything a sandbox fixes ahead (rlimits, /tmp's size, its
-// seccomp variant, host_read, workdir_exec) starts cold.
-func WarmPolicy() *manifest.Policy {
+// WarmShape is what a pool's sandboxes are made for: a sealed capsule's policy, and how
+// explain names it.
+type WarmShape struct {
+	// Name reads in "warm sandboxes are made with <Name>'s seccomp filter".
+	Name   string
+	Policy *manifest.Policy
+}
+
+// DefaultWarmShape is a sealed capsule's defaults. A session whose container differs from
+// a shape's in anything a sandbox fixes ahead (rlimits above it, its seccomp variant,
+// host_read, workdir_exec) does not fit it.
+func DefaultWarmShape() WarmShape {
 	p := manifest.Lower(&manifest.Manifest{Name: "warm", Version: "0.0.0", Run: manifest.Run{Command: []string{"/usr/bin/true"}}})
 	p.Containment = manifest.Sealed
-	return &p
+	return WarmShape{Name: "a default capsule", Policy: &p}
 }
 
 // sessionMount says whether a mount of a sealed spec is the session's own, mounted into a
@@ -68,25 +78,35 @@ func sessionMount(dest string) bool {
 		dest == SealedHome || dest == SealedTaskPath
 }
 
-// Prepare makes a sandbox for a session to come: id begins with WarmPrefix, ids is the uid
-// range it maps (held for it by the caller), netns the network namespace it joins, records
-// the directory roost-init will write the claiming session's output and end into.
-func (r *SealedRuntime) Prepare(ctx context.Context, id string, ids IDs, netns, records string) (_ *Sandbox, retErr error) {
+// Prepare makes a sandbox of the shape for a session to come: id begins with WarmPrefix,
+// ids is the uid range it maps (held for it by the caller), netns the network namespace it
+// joins, records the directory roost-init will write the claiming session's output and end
+// into.
+func (r *SealedRuntime) Prepare(ctx context.Context, shape WarmShape, id string, ids IDs, netns, records string) (_ *Sandbox, retErr error) {
 	if !strings.HasPrefix(id, WarmPrefix) {
 		return nil, fmt.Errorf("sandbox id %q does not begin with %q", id, WarmPrefix)
 	}
 	layout := r.Layout(id, "", "")
 	layout.IDs, layout.NetNS = ids, netns
-	full, err := SealedSpec(layout, WarmPolicy())
-	if err != nil {
-		return nil, err
-	}
-	spec, _ := splitMounts(full)
+	layout.HostRead = shape.Policy.Filesystem.HostRead
 	defer func() {
 		if retErr != nil {
 			_ = r.Release(id)
 		}
 	}()
+	if len(layout.HostRead) > 0 {
+		// As a cold start's: host trees need mount points the shared root has not. The
+		// claim renames the root to the session's (Release removes it).
+		layout.Rootfs = filepath.Join(r.roots, id)
+		if err := composeRoot(layout.Rootfs, layout); err != nil {
+			return nil, fmt.Errorf("composing the sandbox's root: %w", err)
+		}
+	}
+	full, err := SealedSpec(layout, shape.Policy)
+	if err != nil {
+		return nil, err
+	}
+	spec, _ := splitMounts(full)
 	config, err := r.config(id, spec)
 	if err != nil {
 		return nil, err
@@ -109,7 +129,7 @@ func (r *SealedRuntime) Prepare(ctx context.Context, id string, ids IDs, netns, 
 		io.Close()
 		return nil, err
 	}
-	return &Sandbox{ID: id, IDs: ids, NetNS: netns, Records: records, io: io,
+	return &Sandbox{ID: id, Shape: shape, IDs: ids, NetNS: netns, Records: records, io: io,
 		container: container, proc: proc, initPID: initPID, initStart: st.InitProcessStartTime}, nil
 }
 
@@ -131,13 +151,14 @@ func (r *SealedRuntime) Discard(sb *Sandbox) error {
 }
 
 // Fits says why a session with policy p (and a WASM runner when wasm) would not run in a
-// sandbox made by Prepare; nil when it would run exactly as in a container made for it.
-// The answer depends on the policy alone, and a host sees few policies: it is kept.
-func (r *SealedRuntime) Fits(p *manifest.Policy, wasm bool) error {
+// sandbox of the shape made by Prepare; nil when it would run exactly as in a container
+// made for it. The answer depends on the policies alone, and a host sees few: it is kept.
+func (r *SealedRuntime) Fits(shape WarmShape, p *manifest.Policy, wasm bool) error {
 	key, err := json.Marshal(struct {
-		P    *manifest.Policy
-		Wasm bool
-	}{p, wasm})
+		Shape WarmShape
+		P     *manifest.Policy
+		Wasm  bool
+	}{shape, p, wasm})
 	if err != nil {
 		return err
 	}
@@ -147,7 +168,7 @@ func (r *SealedRuntime) Fits(p *manifest.Policy, wasm bool) error {
 	if ok {
 		return verdict
 	}
-	verdict = r.fitsAfresh(p, wasm)
+	verdict = r.fitsAfresh(shape, p, wasm)
 	r.fitsMu.Lock()
 	if r.fits == nil || len(r.fits) >= maxFitsKept {
 		r.fits = map[string]error{}
@@ -160,10 +181,11 @@ func (r *SealedRuntime) Fits(p *manifest.Policy, wasm bool) error {
 // maxFitsKept bounds the policies Fits remembers: past it, it starts over.
 const maxFitsKept = 256
 
-func (r *SealedRuntime) fitsAfresh(p *manifest.Policy, wasm bool) error {
+func (r *SealedRuntime) fitsAfresh(shape WarmShape, p *manifest.Policy, wasm bool) error {
 	layout := r.Layout(WarmPrefix+"x", "/w", "/c")
 	layout.IDs = IDs{First: 1, Size: 1}
-	want, err := SealedSpec(layout, WarmPolicy())
+	layout.HostRead = shape.Policy.Filesystem.HostRead
+	want, err := SealedSpec(layout, shape.Policy)
 	if err != nil {
 		return err
 	}
@@ -176,13 +198,16 @@ func (r *SealedRuntime) fitsAfresh(p *manifest.Policy, wasm bool) error {
 	if err != nil {
 		return err
 	}
-	return sameSandbox(want, got)
+	if err := sameSandbox(want, got); err != nil {
+		return &NotWarmError{Field: err.Field, Shape: shape.Name}
+	}
+	return nil
 }
 
 // sameSandbox says where two specs differ in what a sandbox fixes before its session.
 // roost-exec sets the session's rlimits on itself before the program, as it does cold: it
 // can lower the sandbox's, never raise them.
-func sameSandbox(sandbox, session *specs.Spec) error {
+func sameSandbox(sandbox, session *specs.Spec) *NotWarmError {
 	hard := map[string]uint64{}
 	for _, rl := range sandbox.Process.Rlimits {
 		hard[rl.Type] = rl.Hard
@@ -199,9 +224,9 @@ func sameSandbox(sandbox, session *specs.Spec) error {
 	return nil
 }
 
-// NotWarmError names the part of a session's container a sandbox made ahead would get
-// wrong.
-type NotWarmError struct{ Field string }
+// NotWarmError names the part of a session's container a sandbox made ahead, of the named
+// shape, would get wrong.
+type NotWarmError struct{ Field, Shape string }
 
 func (e *NotWarmError) Error() string {
 	what := "container"
@@ -217,7 +242,7 @@ func (e *NotWarmError) Error() string {
 			break
 		}
 	}
-	return "warm sandboxes are made with a default capsule's " + what + ", and this one's differs (at " + e.Field + ")"
+	return "warm sandboxes are made with " + e.Shape + "'s " + what + ", and this one's differs (at " + e.Field + ")"
 }
 
 // sandboxShape is a spec without what a claim sets: the session's mounts, uid map,
@@ -338,7 +363,7 @@ func (r *SealedRuntime) StartWarm(ctx context.Context, sb *Sandbox, spec Spec) (
 	}
 	// The sandbox and the session differ in nothing but their mounts, limits and ids when
 	// the policy fits (the rest of a sealed spec is the runtime's own).
-	if err := r.Fits(spec.Policy, spec.Runner != ""); err != nil {
+	if err := r.Fits(sb.Shape, spec.Policy, spec.Runner != ""); err != nil {
 		_ = r.Discard(sb)
 		return nil, err
 	}
@@ -370,6 +395,10 @@ func (r *SealedRuntime) StartWarm(ctx context.Context, sb *Sandbox, spec Spec) (
 			_ = r.Release(id)
 		}
 	}()
+	// A root composed for the sandbox (host_read) is the session's now, to go with it.
+	if err := os.Rename(filepath.Join(r.roots, sb.ID), filepath.Join(r.roots, id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("claiming sandbox %s's root: %w", sb.ID, err)
+	}
 	container, err := libcontainer.Load(r.containers, id)
 	if err != nil {
 		return nil, fmt.Errorf("loading the claimed sandbox: %w", err)

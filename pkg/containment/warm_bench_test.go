@@ -6,9 +6,9 @@ import "testing"
 // verdict kept for its policy.
 func BenchmarkFits(b *testing.B) {
 	rt := &SealedRuntime{root: "/nonexistent", init: "/nonexistent"}
-	p := WarmPolicy()
+	shape := DefaultWarmShape()
 	for b.Loop() {
-		if err := rt.Fits(p, false); err != nil {
+		if err := rt.Fits(shape, shape.Policy, false); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -17,9 +17,9 @@ func BenchmarkFits(b *testing.B) {
 // BenchmarkFitsAfresh is the first launch of a policy: both specs built and compared.
 func BenchmarkFitsAfresh(b *testing.B) {
 	rt := &SealedRuntime{root: "/nonexistent", init: "/nonexistent"}
-	p := WarmPolicy()
+	shape := DefaultWarmShape()
 	for b.Loop() {
-		if err := rt.fitsAfresh(p, false); err != nil {
+		if err := rt.fitsAfresh(shape, shape.Policy, false); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-
 )
 
 // inspectScript prints what a program can tell of its container: its mounts (mount point,
@@ -25,13 +24,14 @@ hostname
 pwd
 true`
 
-func prepare(t *testing.T, rt *SealedRuntime, name string) *Sandbox {
+// prepare makes a sandbox of the shape, as roostd's pool does.
+func prepare(t *testing.T, rt *SealedRuntime, shape WarmShape, name string) *Sandbox {
 	t.Helper()
 	records := filepath.Join(reachableDir(t), "records")
 	if err := os.Mkdir(records, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	sb, err := rt.Prepare(context.Background(), WarmPrefix+name, testIDs(), "", records)
+	sb, err := rt.Prepare(context.Background(), shape, WarmPrefix+name, testIDs(), "", records)
 	if err != nil {
 		t.Fatalf("Prepare: %v", err)
 	}
@@ -65,22 +65,37 @@ var idNumbers = regexp.MustCompile(`\b(uid|gid|nr_inodes)=[0-9]+`)
 // can see: mounts and their options, ids, capabilities, seccomp, limits, trees.
 func TestWarmStartMatchesCold(t *testing.T) {
 	needRoot(t)
-	rt, err := NewSealedRuntime(reachableDir(t), staticInit(t), testIDs(), testSealer(t))
+	state := reachableDir(t)
+	rt, err := NewSealedRuntime(state, staticInit(t), testIDs(), testSealer(t))
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A shape of "" is the default capsule's; else it is the capsule's own (roostd
+	// --warm-pool-capsule): seccomp variant, noexec trees, host_read and rlimits included.
 	for _, tc := range []struct {
-		name, caps string
-		task       bool
+		name, caps, shape string
+		task              bool
 	}{
-		{"default", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}}", false},
-		{"task", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}}", true},
-		{"scope", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {scope: src, read_only: [src/vendor]}}", false},
-		{"delegates", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, spawn: {allow: [x]}}", false},
-		{"limits", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, resources: {cgroup_memory_bytes: 268435456, workdir_max_bytes: 134217728, max_open_files: 77, max_processes: 50, cpu_seconds: 30, max_file_size_bytes: 1048576, memory_bytes: 4294967296}}", false},
+		{"default", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}}", "", false},
+		{"task", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}}", "", true},
+		{"scope", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {scope: src, read_only: [src/vendor]}}", "", false},
+		{"delegates", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, spawn: {allow: [x]}}", "", false},
+		{"limits", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, resources: {cgroup_memory_bytes: 268435456, workdir_max_bytes: 134217728, max_open_files: 77, max_processes: 50, cpu_seconds: 30, max_file_size_bytes: 1048576, memory_bytes: 4294967296}}", "", false},
+		{"unix_sockets", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, network: {unix_sockets: true}}",
+			"capabilities: {containment: sealed, network: {unix_sockets: true}}", false},
+		{"own_shape", "capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {workdir_exec: true, host_read: [/usr/share/common-licenses]}, resources: {max_open_files: 900000}}",
+			"capabilities: {containment: sealed, filesystem: {workdir_exec: true, host_read: [/usr/share/common-licenses]}, resources: {max_open_files: 900000}}", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := rt.Fits(sealedPolicy(t, tc.caps), false); err != nil {
+			shape := DefaultWarmShape()
+			if tc.shape != "" {
+				shape = WarmShape{Name: "capsule " + tc.name, Policy: sealedPolicy(t, tc.shape)}
+				// The shape is the capsule's, not the default's.
+				if err := rt.Fits(DefaultWarmShape(), sealedPolicy(t, tc.caps), false); err == nil {
+					t.Fatalf("a session of %s fits the default shape: the case tests nothing", tc.caps)
+				}
+			}
+			if err := rt.Fits(shape, sealedPolicy(t, tc.caps), false); err != nil {
 				t.Fatalf("Fits: %v", err)
 			}
 			var outs [2]string
@@ -89,7 +104,7 @@ func TestWarmStartMatchesCold(t *testing.T) {
 				records := ""
 				ids := testIDs()
 				if warm {
-					sb = prepare(t, rt, tc.name)
+					sb = prepare(t, rt, shape, tc.name)
 					records, ids = sb.Records, sb.IDs
 				}
 				id := "ses_warm_" + tc.name + map[bool]string{false: "_cold", true: "_warm"}[warm]
@@ -118,6 +133,11 @@ func TestWarmStartMatchesCold(t *testing.T) {
 					t.Fatalf("warm %v: exit %+v\n%s", warm, info, out)
 				}
 				outs[i] = idNumbers.ReplaceAllString(out, "$1=N")
+				// A root composed for a sandbox (host_read) went to its session, which
+				// Release removes.
+				if left, _ := filepath.Glob(filepath.Join(state, "roots", WarmPrefix+"*")); len(left) > 0 {
+					t.Errorf("a sandbox's root is left after its claim: %v", left)
+				}
 			}
 			if outs[0] != outs[1] {
 				t.Errorf("a warm start differs from a cold one:\n--- cold\n%s\n--- warm\n%s", outs[0], outs[1])
@@ -143,9 +163,9 @@ func TestWarmRefusesOtherShapes(t *testing.T) {
 		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {workdir_exec: true}}":      "mounts",
 		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {host_read: [/usr/share]}}": "mounts",
 	} {
-		err := rt.Fits(sealedPolicy(t, caps), false)
+		err := rt.Fits(DefaultWarmShape(), sealedPolicy(t, caps), false)
 		var nw *NotWarmError
-		if !errors.As(err, &nw) || !strings.HasPrefix(nw.Field, field) {
+		if !errors.As(err, &nw) || !strings.HasPrefix(nw.Field, field) || !strings.Contains(err.Error(), "made with a default capsule's") {
 			t.Errorf("%s: Fits = %v, want a difference at %s", caps, err, field)
 		}
 	}
@@ -153,9 +173,16 @@ func TestWarmRefusesOtherShapes(t *testing.T) {
 		"capabilities: {containment: sealed, resources: {cgroup_cpu_percent: 50, cgroup_pids_max: 77, cgroup_memory_bytes: 268435456}}",
 		"capabilities: {containment: sealed, resources: {max_open_files: 77, max_processes: 10, cpu_seconds: 5}}",
 	} {
-		if err := rt.Fits(sealedPolicy(t, caps), false); err != nil {
+		if err := rt.Fits(DefaultWarmShape(), sealedPolicy(t, caps), false); err != nil {
 			t.Errorf("%s: limits a claim sets (cgroup) or roost-exec lowers (rlimits), yet Fits = %v", caps, err)
 		}
+	}
+	// A capsule's own shape refuses what differs from it, the default capsule included.
+	unix := WarmShape{Name: "capsule sockets@1.0.0", Policy: sealedPolicy(t, "capabilities: {containment: sealed, network: {unix_sockets: true}}")}
+	err = rt.Fits(unix, sealedPolicy(t, "capabilities: {containment: sealed}"), false)
+	var nw *NotWarmError
+	if !errors.As(err, &nw) || !strings.HasPrefix(nw.Field, "linux.seccomp") || !strings.Contains(err.Error(), "made with capsule sockets@1.0.0's seccomp filter") {
+		t.Errorf("a default capsule in a unix_sockets shape: Fits = %v, want the seccomp filter named", err)
 	}
 }
 
@@ -174,7 +201,7 @@ echo marker > /proc/self/comm; ipcmk -M 4096 >/dev/null 2>&1 && echo "wrote shm 
 ipcs -m | grep -c '^0x' ; true`
 	var outs []string
 	for i, script := range []string{write, look} {
-		sb := prepare(t, rt, "carry"+string(rune('a'+i)))
+		sb := prepare(t, rt, DefaultWarmShape(), "carry"+string(rune('a'+i)))
 		s := sealedSpec(t, "ses_carry"+string(rune('a'+i)), caps, script)
 		claimSandbox(t, &s, sb.IDs, sb.Records)
 		s.Home = filepath.Join(reachableDir(t), "home")

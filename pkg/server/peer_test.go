@@ -489,3 +489,15 @@ func shellQuote(args []string) string {
 	}
 	return strings.Join(q, " ")
 }
+
+// BenchmarkSessionProcsOf is the check every control connection pays at accept: this test
+// process and its ancestry, read up to pid 1 and confirmed.
+func BenchmarkSessionProcsOf(b *testing.B) {
+	// Some binary none of them runs, so that each is compared with it.
+	procs := SessionProcs{CgroupParents: []string{"/roost"}, Helpers: []string{"roost-init", "roost-exec"}, HelperBinary: "/bin/true"}
+	for b.Loop() {
+		if reason, err := procs.Of(os.Getpid()); err != nil || reason != "" {
+			b.Fatalf("Of: %q %v", reason, err)
+		}
+	}
+}

@@ -125,11 +125,13 @@ type Config struct {
 	// EnvPassthrough is the operator's list of host variables a capsule's env.allow may
 	// draw from (roostd's env.passthrough); nothing else of HostEnv reaches a session.
 	EnvPassthrough []string
-	// WarmPool is how many sealed sandboxes to keep made ahead of their sessions (roostd
-	// --warm-pool); 0 for none. WarmPoolCPU is the share of the wall clock their refill
-	// may take; DefaultWarmPoolCPU when 0.
-	WarmPool    int
-	WarmPoolCPU float64
+	// WarmPool is how many sealed sandboxes of a default capsule's shape to keep made ahead
+	// of their sessions (roostd --warm-pool); 0 for none. WarmCapsules ask for sandboxes of
+	// capsules' own shapes (--warm-pool-capsule). WarmPoolCPU is the share of the wall
+	// clock their refill may take; DefaultWarmPoolCPU when 0.
+	WarmPool     int
+	WarmCapsules []WarmCapsule
+	WarmPoolCPU  float64
 }
 
 // idsPerSession is how many host ids a session's range holds.
@@ -230,14 +232,20 @@ func Open(cfg Config) (*Manager, error) {
 		reg.Close()
 		return nil, fmt.Errorf("freeing warm sandboxes a previous roostd left: %w", err)
 	}
-	if cfg.WarmPool > 0 {
+	if cfg.WarmPool > 0 || len(cfg.WarmCapsules) > 0 {
 		rt, ok := cfg.Runtimes[manifest.Sealed].(WarmRuntime)
 		if !ok {
 			cancel()
 			reg.Close()
 			return nil, fmt.Errorf("a warm pool needs a sealed runtime, which this daemon does not have: %w", errdefs.ErrFailedPrecondition)
 		}
-		pool, err := newWarmPool(m, rt, cfg.WarmPool, cfg.WarmPoolCPU)
+		shapes, err := m.warmShapes()
+		if err != nil {
+			cancel()
+			reg.Close()
+			return nil, fmt.Errorf("the warm pool: %w", err)
+		}
+		pool, err := newWarmPool(m, rt, shapes, cfg.WarmPoolCPU)
 		if err != nil {
 			cancel()
 			reg.Close()

@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/containerd/errdefs"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/pkg/containment"
@@ -19,9 +22,10 @@ import (
 // WarmRuntime is a runtime that makes sandboxes ahead of their sessions (see
 // containment.Sandbox).
 type WarmRuntime interface {
-	Prepare(ctx context.Context, id string, ids containment.IDs, netns, records string) (*containment.Sandbox, error)
-	// Fits says why a session of the policy would not run in a sandbox; nil when it would.
-	Fits(p *manifest.Policy, wasm bool) error
+	Prepare(ctx context.Context, shape containment.WarmShape, id string, ids containment.IDs, netns, records string) (*containment.Sandbox, error)
+	// Fits says why a session of the policy would not run in a sandbox of the shape; nil
+	// when it would.
+	Fits(shape containment.WarmShape, p *manifest.Policy, wasm bool) error
 	StartWarm(ctx context.Context, sb *containment.Sandbox, spec containment.Spec) (containment.Process, error)
 	Discard(sb *containment.Sandbox) error
 }
@@ -35,36 +39,78 @@ const DefaultWarmPoolCPU = 0.5
 // warmDir holds the records directories of sandboxes no session has claimed.
 const warmDir = "warm"
 
-// warmPool keeps up to size sealed sandboxes made ahead, each for one session. A launch
-// takes one when the session fits; the pool refills in the background. Sandboxes do not
-// outlive the daemon: Close discards them, and a daemon that was killed leaves containers,
-// network namespaces and uid ranges the next one's start frees (sweepLeftovers, and
-// ReleaseIDs here), since no session names them.
+// WarmCapsule asks for sandboxes made for a capsule's own shape (roostd
+// --warm-pool-capsule DIR=N): its seccomp variant, host_read, workdir_exec and rlimits.
+type WarmCapsule struct {
+	// Dir is the capsule's directory.
+	Dir string
+	// Size is how many sandboxes of its shape to keep.
+	Size int
+}
+
+// warmPool keeps sealed sandboxes made ahead, each for one session: for each of its shapes
+// up to that shape's size. A launch takes one whose shape its session fits; the pool
+// refills in the background, one sandbox at a time whatever the shape, under one CPU
+// budget. Sandboxes do not outlive the daemon: Close discards them, and a daemon that was
+// killed leaves containers, network namespaces and uid ranges the next one's start frees
+// (sweepLeftovers, and ReleaseIDs here), since no session names them.
 type warmPool struct {
 	m    *Manager
 	rt   WarmRuntime
-	size int
 	cpu  float64
 	kick chan struct{}
 
-	mu    sync.Mutex
-	ready []*containment.Sandbox
+	mu     sync.Mutex
+	shapes []*warmShape
 	// claimed is when a launch last took a sandbox.
 	claimed time.Time
+}
+
+// warmShape is one shape of sandbox the pool keeps, and those of it ready.
+type warmShape struct {
+	containment.WarmShape
+	size  int
+	ready []*containment.Sandbox
 }
 
 // warmSettle is how long after a claim the refill waits: the launch that claimed, and the
 // short program it may run, have the CPU to themselves meanwhile.
 const warmSettle = 100 * time.Millisecond
 
-func newWarmPool(m *Manager, rt WarmRuntime, size int, cpu float64) (*warmPool, error) {
+func newWarmPool(m *Manager, rt WarmRuntime, shapes []*warmShape, cpu float64) (*warmPool, error) {
 	if cpu <= 0 || cpu > 1 {
 		cpu = DefaultWarmPoolCPU
 	}
 	if err := os.Mkdir(filepath.Join(m.cfg.StateDir, warmDir), 0o711); err != nil {
 		return nil, err
 	}
-	return &warmPool{m: m, rt: rt, size: size, cpu: cpu, kick: make(chan struct{}, 1)}, nil
+	return &warmPool{m: m, rt: rt, shapes: shapes, cpu: cpu, kick: make(chan struct{}, 1)}, nil
+}
+
+// warmShapes are the shapes Config asks for: the default capsule's (WarmPool), then each
+// WarmCapsule's, planned as a stage would plan it. A capsule that would not start sealed,
+// or runs WASM, has no sandbox shape.
+func (m *Manager) warmShapes() ([]*warmShape, error) {
+	var shapes []*warmShape
+	if m.cfg.WarmPool > 0 {
+		shapes = append(shapes, &warmShape{WarmShape: containment.DefaultWarmShape(), size: m.cfg.WarmPool})
+	}
+	for _, c := range m.cfg.WarmCapsules {
+		p, err := m.plan(StageOptions{Capsule: c.Dir}, false)
+		if err != nil {
+			return nil, fmt.Errorf("capsule %s: %w", c.Dir, err)
+		}
+		name := fmt.Sprintf("capsule %s@%s", p.manifest.Name, p.manifest.Version)
+		switch {
+		case p.decision.Achieved != manifest.Sealed:
+			return nil, fmt.Errorf("%s (%s) runs %s: only sealed sessions start in a sandbox made ahead: %w", name, c.Dir, p.decision.Achieved, errdefs.ErrInvalidArgument)
+		case p.manifest.Run.Wasm != "":
+			return nil, fmt.Errorf("%s (%s) runs a WASM module, which sandboxes made ahead do not hold: %w", name, c.Dir, errdefs.ErrInvalidArgument)
+		}
+		policy := p.policy
+		shapes = append(shapes, &warmShape{WarmShape: containment.WarmShape{Name: name, Policy: &policy}, size: c.Size})
+	}
+	return shapes, nil
 }
 
 // dropWarmLeftovers frees what sandboxes a previous daemon made and no session claimed
@@ -78,14 +124,12 @@ func (m *Manager) dropWarmLeftovers() error {
 	return m.update(func(tx *Tx) error { return tx.ReleaseIDs(func(string) bool { return false }) })
 }
 
-// run refills the pool until ctx ends.
+// run refills the pool until ctx ends: the shape that lacks the most sandboxes first.
 func (p *warmPool) run(ctx context.Context) {
 	backoff := time.Second
 	for {
-		p.mu.Lock()
-		full := len(p.ready) >= p.size
-		p.mu.Unlock()
-		if full {
+		shape := p.neediest()
+		if shape == nil {
 			select {
 			case <-p.kick:
 				continue
@@ -106,20 +150,20 @@ func (p *warmPool) run(ctx context.Context) {
 			}
 		}
 		began := time.Now()
-		sb, err := p.make(ctx)
+		sb, err := p.make(ctx, shape.WarmShape)
 		took := time.Since(began)
 		rest := time.Duration(float64(took) * (1/p.cpu - 1))
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			p.m.cfg.Logger.Warn("making a warm sandbox", "err", err, "retry_in", backoff.String())
+			p.m.cfg.Logger.Warn("making a warm sandbox", "shape", shape.Name, "err", err, "retry_in", backoff.String())
 			rest = max(rest, backoff)
 			backoff = min(2*backoff, time.Minute)
 		} else {
 			backoff = time.Second
 			p.mu.Lock()
-			p.ready = append(p.ready, sb)
+			shape.ready = append(shape.ready, sb)
 			p.mu.Unlock()
 		}
 		select {
@@ -130,9 +174,22 @@ func (p *warmPool) run(ctx context.Context) {
 	}
 }
 
+// neediest is the shape that lacks the most sandboxes, nil when none lacks any.
+func (p *warmPool) neediest() *warmShape {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var needy *warmShape
+	for _, s := range p.shapes {
+		if lack := s.size - len(s.ready); lack > 0 && (needy == nil || lack > needy.size-len(needy.ready)) {
+			needy = s
+		}
+	}
+	return needy
+}
+
 // make makes one sandbox: its uid range held in the registry, its network namespace
 // pinned, its records directory under warmDir.
-func (p *warmPool) make(ctx context.Context) (_ *containment.Sandbox, retErr error) {
+func (p *warmPool) make(ctx context.Context, shape containment.WarmShape) (_ *containment.Sandbox, retErr error) {
 	var raw [8]byte
 	if _, err := rand.Read(raw[:]); err != nil {
 		return nil, err
@@ -166,7 +223,7 @@ func (p *warmPool) make(ctx context.Context) (_ *containment.Sandbox, retErr err
 			return nil, err
 		}
 	}
-	return p.rt.Prepare(ctx, id, ids, netns, records)
+	return p.rt.Prepare(ctx, shape, id, ids, netns, records)
 }
 
 // free lets go of what make took for sandbox id but the container.
@@ -197,18 +254,24 @@ var errPoolEmpty = errors.New("no warm sandbox was free")
 
 // take hands a sandbox to a session of the policy, or says why it starts cold.
 func (p *warmPool) take(policy *manifest.Policy, wasm bool) (*containment.Sandbox, error) {
-	if err := p.rt.Fits(policy, wasm); err != nil {
+	shapes, err := p.fitting(policy, wasm)
+	if err != nil {
 		return nil, err
 	}
 	defer p.refill()
 	for {
 		p.mu.Lock()
-		if len(p.ready) == 0 {
+		var sb *containment.Sandbox
+		for _, s := range shapes {
+			if len(s.ready) > 0 {
+				sb, s.ready = s.ready[0], s.ready[1:]
+				break
+			}
+		}
+		if sb == nil {
 			p.mu.Unlock()
 			return nil, errPoolEmpty
 		}
-		sb := p.ready[0]
-		p.ready = p.ready[1:]
 		p.claimed = time.Now()
 		p.mu.Unlock()
 		if sb.Alive() {
@@ -218,6 +281,43 @@ func (p *warmPool) take(policy *manifest.Policy, wasm bool) (*containment.Sandbo
 		p.discard(sb)
 	}
 }
+
+// fitting are the shapes a session of the policy fits, in the pool's order; when none, the
+// error says how it differs from each.
+func (p *warmPool) fitting(policy *manifest.Policy, wasm bool) ([]*warmShape, error) {
+	var fit []*warmShape
+	var misfits fitsNone
+	for _, s := range p.shapes {
+		if err := p.rt.Fits(s.WarmShape, policy, wasm); err != nil {
+			misfits = append(misfits, err)
+			continue
+		}
+		fit = append(fit, s)
+	}
+	if len(fit) == 0 {
+		if len(misfits) == 1 {
+			return nil, misfits[0]
+		}
+		return nil, misfits
+	}
+	return fit, nil
+}
+
+// fitsNone is why a session fits none of the pool's shapes: one reason a shape.
+type fitsNone []error
+
+func (e fitsNone) Error() string {
+	var b strings.Builder
+	for i, err := range e {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(err.Error())
+	}
+	return b.String()
+}
+
+func (e fitsNone) Unwrap() []error { return e }
 
 func (p *warmPool) refill() {
 	select {
@@ -229,8 +329,11 @@ func (p *warmPool) refill() {
 // close discards every sandbox the pool holds: they do not outlive the daemon.
 func (p *warmPool) close() {
 	p.mu.Lock()
-	ready := p.ready
-	p.ready = nil
+	var ready []*containment.Sandbox
+	for _, s := range p.shapes {
+		ready = append(ready, s.ready...)
+		s.ready = nil
+	}
 	p.mu.Unlock()
 	for _, sb := range ready {
 		p.discard(sb)
@@ -245,26 +348,40 @@ func (m *Manager) WarmReady() int {
 	return m.pool.Ready()
 }
 
-// Ready is how many sandboxes wait for a session.
+// Ready is how many sandboxes wait for a session, whatever their shape.
 func (p *warmPool) Ready() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.ready)
+	n := 0
+	for _, s := range p.shapes {
+		n += len(s.ready)
+	}
+	return n
 }
 
 // startPath is what explain says of how a session of the plan would start.
 func (m *Manager) startPath(p *plan, class manifest.Class) *roostv1.StartPath {
 	switch {
 	case m.pool == nil:
-		return &roostv1.StartPath{Path: "cold", Reason: "roostd keeps no warm sandboxes (roostd --warm-pool N)"}
+		return &roostv1.StartPath{Path: "cold", Reason: "roostd keeps no warm sandboxes (roostd --warm-pool N, --warm-pool-capsule DIR=N)"}
 	case class != manifest.Sealed:
 		return &roostv1.StartPath{Path: "cold", Reason: "only sealed sessions start in a sandbox made ahead"}
 	}
-	if err := m.pool.rt.Fits(&p.policy, p.manifest.Run.Wasm != ""); err != nil {
+	shapes, err := m.pool.fitting(&p.policy, p.manifest.Run.Wasm != "")
+	if err != nil {
 		return &roostv1.StartPath{Path: "cold", Reason: err.Error()}
 	}
-	return &roostv1.StartPath{Path: "warm", Reason: fmt.Sprintf("roostd keeps %d sealed %s ready (%d now); a launch that finds none free starts cold",
-		m.pool.size, plural(m.pool.size, "sandbox", "sandboxes"), m.pool.Ready())}
+	m.pool.mu.Lock()
+	defer m.pool.mu.Unlock()
+	var kept []string
+	for _, s := range shapes {
+		made := ""
+		if s.Name != containment.DefaultWarmShape().Name {
+			made = " made for " + s.Name
+		}
+		kept = append(kept, fmt.Sprintf("%d sealed %s%s ready (%d now)", s.size, plural(s.size, "sandbox", "sandboxes"), made, len(s.ready)))
+	}
+	return &roostv1.StartPath{Path: "warm", Reason: "roostd keeps " + strings.Join(kept, ", and ") + "; a launch that finds none free starts cold"}
 }
 
 func plural(n int, one, many string) string {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -101,6 +102,67 @@ func TestWarmPool(t *testing.T) {
 	}
 	if mounts, _ := os.ReadFile("/proc/self/mountinfo"); bytes.Contains(mounts, []byte(filepath.Join(d.stateDir, "netns", "warm-"))) {
 		t.Error("a warm sandbox's network namespace is still pinned")
+	}
+}
+
+// TestWarmPoolCapsuleShapes: roostd --warm-pool-capsule keeps sandboxes made for a
+// capsule's own shape (here its seccomp variant, network.unix_sockets), which sessions of
+// it take, while others take the default capsule's; a session that fits neither starts
+// cold and explain names how it differs from each. A capsule that would not start sealed is
+// refused at roostd's start, naming it.
+func TestWarmPoolCapsuleShapes(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("sealed sessions need root")
+	}
+	sockets := capsule(t, "warm-sockets", `grep Seccomp: /proc/self/status; exit 5`,
+		"capabilities:\n  containment: sealed\n  network:\n    unix_sockets: true\n  shell:\n    allow: [grep]\n")
+	plain := capsule(t, "warm-plain", `echo plain`, "capabilities:\n  containment: sealed\n")
+	neither := capsule(t, "warm-neither", `echo neither`, "capabilities:\n  containment: sealed\n  filesystem:\n    workdir_exec: true\n")
+	d := newDaemon(t, "--warm-pool", "1", "--warm-pool-capsule", sockets+"=2")
+
+	flat := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	if out := flat(d.ok("explain", sockets)); !strings.Contains(out, "start warm: roostd keeps 2 sealed sandboxes made for capsule warm-sockets@0.1.0 ready") {
+		t.Errorf("explain of the capsule a shape is made for:\n%s", out)
+	}
+	if out := flat(d.ok("explain", plain)); !strings.Contains(out, "start warm: roostd keeps 1 sealed sandbox ready") {
+		t.Errorf("explain of a default capsule:\n%s", out)
+	}
+	out := flat(d.ok("explain", neither))
+	if !strings.Contains(out, "start cold: warm sandboxes are made with a default capsule's") || !strings.Contains(out, "; warm sandboxes are made with capsule warm-sockets@0.1.0's") {
+		t.Errorf("explain of a capsule that fits no shape does not say how it differs from each:\n%s", out)
+	}
+
+	waitWarm(t, d, 3)
+	if res := d.ctl("run", sockets); res.code != 5 || !strings.Contains(res.stdout, "Seccomp:\t2") {
+		t.Fatalf("run in a sandbox of the capsule's shape: exit %d\n%s%s\nroostd:\n%s", res.code, res.stdout, res.stderr, d.log)
+	}
+	waitWarm(t, d, 3)
+	if out := d.ok("run", plain); out != "plain\n" {
+		t.Fatalf("run of a default capsule: %q", out)
+	}
+	waitWarm(t, d, 3)
+	if out := d.ok("run", neither); out != "neither\n" {
+		t.Fatalf("run of a capsule that fits no shape: %q", out)
+	}
+	for _, s := range d.ps() {
+		if want := s.Capsule.Name != "warm-neither"; s.Warm != want {
+			t.Errorf("%s (%s) started warm: %v, want %v", s.ID, s.Capsule.Name, s.Warm, want)
+		}
+	}
+	// The refill makes what each shape lacks.
+	waitWarm(t, d, 3)
+
+	unconfined := capsule(t, "warm-unconfined", `true`, "capabilities:\n  containment: advisory\n")
+	missing := filepath.Join(t.TempDir(), "none")
+	for arg, says := range map[string]string{
+		unconfined + "=1": "capsule warm-unconfined@0.1.0 (" + unconfined + ") runs advisory: only sealed sessions start in a sandbox made ahead",
+		missing + "=1":    "the warm pool: capsule " + missing + ": ",
+	} {
+		out, err := exec.Command(filepath.Join(binDir, "roostd"), "--state-dir", stateDir(t), "--socket", filepath.Join(t.TempDir(), "s.sock"),
+			"--metrics-addr", "", "--warm-pool-capsule", arg).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), says) {
+			t.Errorf("roostd --warm-pool-capsule %s: %v\n%s\nwant it refused saying %q", arg, err, out, says)
+		}
 	}
 }
 
