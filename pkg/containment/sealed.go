@@ -540,8 +540,26 @@ func destroyLive(c *libcontainer.Container) error {
 	return c.Destroy()
 }
 
-// Held lists the sessions this runtime holds a container for: what Release frees.
-func (r *SealedRuntime) Held() ([]string, error) { return dirNames(r.containers) }
+// Held lists the sessions (and sandboxes) this runtime holds a container or a composed
+// root for: what Release frees.
+func (r *SealedRuntime) Held() ([]string, error) {
+	held, err := dirNames(r.containers)
+	if err != nil {
+		return nil, err
+	}
+	// A root composed for a session or sandbox (host_read) whose container was never
+	// made, the daemon killed in between.
+	roots, err := dirNames(r.roots)
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range roots {
+		if !strings.HasPrefix(name, "base-") && !strings.HasPrefix(name, ".") && !slices.Contains(held, name) {
+			held = append(held, name)
+		}
+	}
+	return held, nil
+}
 
 func (p *sealedProcess) Ref() ProcessRef       { return p.ref }
 func (p *sealedProcess) Done() <-chan struct{} { return p.watch.done }

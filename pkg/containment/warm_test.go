@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -219,5 +220,31 @@ ipcs -m | grep -c '^0x' ; true`
 	}
 	if strings.Contains(outs[1], "carried") || strings.Contains(outs[1], "found in") || strings.TrimSpace(outs[1]) != "0" {
 		t.Errorf("the second sandbox sees the first session's writes:\n%s", outs[1])
+	}
+}
+
+// TestHeldCountsComposedRoots: a root composed for a session or sandbox whose container was
+// never made (roostd killed in between) is held, so that the leftover sweep frees it; the
+// shared base root is not.
+func TestHeldCountsComposedRoots(t *testing.T) {
+	needRoot(t)
+	state := reachableDir(t)
+	rt, err := NewSealedRuntime(state, staticInit(t), testIDs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan := filepath.Join(state, "roots", WarmPrefix+"orphan")
+	if err := os.MkdirAll(filepath.Join(orphan, "usr"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	held, err := rt.Held()
+	if err != nil || !slices.Contains(held, WarmPrefix+"orphan") || slices.ContainsFunc(held, func(h string) bool { return strings.HasPrefix(h, "base-") }) {
+		t.Fatalf("Held = %v, %v; want the orphaned root and no base", held, err)
+	}
+	if err := rt.Release(WarmPrefix + "orphan"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(orphan); !os.IsNotExist(err) {
+		t.Fatalf("the orphaned root is still there after Release: %v", err)
 	}
 }
