@@ -64,6 +64,8 @@ type warmPool struct {
 	shapes []*warmShape
 	// claimed is when a launch last took a sandbox.
 	claimed time.Time
+	// made counts the refill's turns (see neediest).
+	made uint64
 }
 
 // warmShape is one shape of sandbox the pool keeps, and those of it ready.
@@ -71,6 +73,8 @@ type warmShape struct {
 	containment.WarmShape
 	size  int
 	ready []*containment.Sandbox
+	// made is the refill's turn that last chose this shape.
+	made uint64
 }
 
 // warmSettle is how long after a claim the refill waits: the launch that claimed, and the
@@ -124,7 +128,7 @@ func (m *Manager) dropWarmLeftovers() error {
 	return m.update(func(tx *Tx) error { return tx.ReleaseIDs(func(string) bool { return false }) })
 }
 
-// run refills the pool until ctx ends: the shape that lacks the most sandboxes first.
+// run refills the pool until ctx ends, one sandbox at a time (see neediest).
 func (p *warmPool) run(ctx context.Context) {
 	backoff := time.Second
 	for {
@@ -149,6 +153,7 @@ func (p *warmPool) run(ctx context.Context) {
 				return
 			}
 		}
+		p.chose(shape)
 		began := time.Now()
 		sb, err := p.make(ctx, shape.WarmShape)
 		took := time.Since(began)
@@ -174,17 +179,36 @@ func (p *warmPool) run(ctx context.Context) {
 	}
 }
 
-// neediest is the shape that lacks the most sandboxes, nil when none lacks any.
+// neediest is the shape to make a sandbox for next, nil when every shape is full: the one
+// least full for its size, and of those the one made for longest ago, so that a shape
+// whose sandboxes are taken as fast as they are made does not starve the others.
 func (p *warmPool) neediest() *warmShape {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var needy *warmShape
 	for _, s := range p.shapes {
-		if lack := s.size - len(s.ready); lack > 0 && (needy == nil || lack > needy.size-len(needy.ready)) {
+		if len(s.ready) >= s.size {
+			continue
+		}
+		if needy == nil {
+			needy = s
+			continue
+		}
+		// Fullness compared as fractions of each shape's size.
+		a, b := len(s.ready)*needy.size, len(needy.ready)*s.size
+		if a < b || (a == b && s.made < needy.made) {
 			needy = s
 		}
 	}
 	return needy
+}
+
+// chose notes that the refill makes a sandbox of the shape now.
+func (p *warmPool) chose(s *warmShape) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.made++
+	s.made = p.made
 }
 
 // make makes one sandbox: its uid range held in the registry, its network namespace

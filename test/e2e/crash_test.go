@@ -35,12 +35,6 @@ func TestCrashRecovery(t *testing.T) {
 }
 
 func crashRecovery(t *testing.T, pool bool) {
-	var d *daemon
-	if pool {
-		d = newDaemon(t, "--warm-pool", "3")
-	} else {
-		d = newDaemon(t)
-	}
 	const kills = 5
 
 	// Capsules of different lifetimes and exit codes; the name says what to expect.
@@ -51,11 +45,22 @@ func crashRecovery(t *testing.T, pool bool) {
 		w := want{lines: 2 + 3*k, code: k % 5}
 		name := fmt.Sprintf("crash-%d-%d", w.lines, w.code)
 		wants[name] = w
+		caps := "capabilities:\n  containment: sealed\n  shell:\n    allow: [seq, sleep, printf]\n"
+		if k == 7 {
+			// Of another shape, which the pool keeps sandboxes of too (--warm-pool-capsule).
+			caps += "  network:\n    unix_sockets: true\n"
+		}
 		capsules = append(capsules, capsule(t, name,
 			// Every line comes from a program in /usr, so a session whose root broke across a
 			// restart loses lines.
 			fmt.Sprintf(`for i in $(seq 1 %d); do /usr/bin/printf "line %%s\n" $i; sleep 0.05; done; exit %d`, w.lines, w.code),
-			"capabilities:\n  containment: sealed\n  shell:\n    allow: [seq, sleep, printf]\n"))
+			caps))
+	}
+	var d *daemon
+	if pool {
+		d = newDaemon(t, "--warm-pool", "3", "--warm-pool-capsule", capsules[7]+"=2")
+	} else {
+		d = newDaemon(t)
 	}
 
 	follower := exec.Command(filepath.Join(binDir, "roostctl"), "events", "--follow", "--json")
@@ -119,13 +124,16 @@ func crashRecovery(t *testing.T, pool bool) {
 		}
 	}
 
-	ran, lost, warm := 0, 0, 0
+	ran, lost, warm, warmShaped := 0, 0, 0, 0
 	for _, s := range list {
 		if s.State == "staged" {
 			continue
 		}
 		if s.Warm {
 			warm++
+			if s.Capsule.Name == "crash-23-2" {
+				warmShaped++
+			}
 		}
 		w := wants[s.Capsule.Name]
 		logs := d.ok("logs", s.ID)
@@ -157,7 +165,8 @@ func crashRecovery(t *testing.T, pool bool) {
 			t.Errorf("%s %s: logs %q, want %d lines; %s %v %q; records %v\n%s", s.ID, s.Capsule.Name, logs, w.lines, s.ExitStatus, *s.ExitCode, s.Detail, names, trace)
 		}
 	}
-	t.Logf("%d kills; %d sessions ran and were checked (%d warm), %d never ran, %d stayed staged", kills, ran, warm, lost, len(list)-ran-lost)
+	t.Logf("%d kills; %d sessions ran and were checked (%d warm, %d of them in the unix_sockets capsule's shape), %d never ran, %d stayed staged",
+		kills, ran, warm, warmShaped, lost, len(list)-ran-lost)
 	if ran == 0 {
 		t.Fatal("no session ran")
 	}
