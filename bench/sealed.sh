@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Compares a sealed roost session, cold and warm (a second roostd with --warm-pool
-# $WARM_POOL, default 4), with `runc run` and `bwrap` running /usr/bin/true on the same
-# composed root, N times (default 30) interleaved, and prints median and p90 per tool, then
-# sessions/s at 1, 4 and 8 concurrent callers.
+# $WARM_POOL, default 4), warm again from a client that stays connected (bench/apirun, as an
+# SDK or a parent capsule calls roostd: no client process start), with `runc run` and `bwrap`
+# running /usr/bin/true on the same composed root, N times (default 30) interleaved, and
+# prints median and p90 per tool, then sessions/s at 1, 4 and 8 concurrent callers.
 # Run as root from anywhere: bench/sealed.sh, or N=100 bench/sealed.sh.
 set -euo pipefail
 export LC_ALL=C
@@ -24,6 +25,7 @@ roostd_pid=
 warmd_pid=
 cleanup() {
 	set +e
+	[ -n "${API_PID:-}" ] && kill "$API_PID" 2>/dev/null
 	for pid in $roostd_pid $warmd_pid; do
 		kill -TERM "$pid" 2>/dev/null
 		wait "$pid" 2>/dev/null
@@ -43,6 +45,7 @@ trap 'exit 130' INT TERM
 echo "== building"
 make build >/dev/null
 go build -tags seccomp -o "$tmp/bundle-tool" ./bench/bundle
+go build -o "$tmp/apirun" ./bench/apirun
 if ! command -v runc >/dev/null || ! command -v bwrap >/dev/null || ! command -v curl >/dev/null; then
 	apt-get install -y -qq runc bubblewrap curl >/dev/null ||
 		{ apt-get update -qq && apt-get install -y -qq runc bubblewrap curl >/dev/null; }
@@ -83,6 +86,9 @@ if ! grep -q '^sealed  *yes' <<<"$doctor"; then
 	echo "bench/sealed.sh: roostd cannot run sealed sessions on this host" >&2
 	exit 1
 fi
+
+# The connected client: a line in starts a session, "<us> <id>" comes out.
+coproc API { "$tmp/apirun" --socket "$tmp/sw" --capsule "$capsule"; }
 
 # runc's root: what roost composes for a session, in a state dir of the bench's own.
 rootfs=$("$tmp/bundle-tool" --state-dir "$tmp/bundle-state" --init "$repo/bin/roost-init" \
@@ -130,6 +136,20 @@ run_runc() {
 	echo $((t1 - t0)) >>"$tmp/runc.us"
 	runc --root "$tmp/runc" delete -f "roostbench-$1" >/dev/null 2>&1 || true
 }
+run_api() {
+	local us id
+	echo go >&"${API[1]}"
+	read -r us id <&"${API[0]}"
+	case $us in
+	'' | error:*)
+		echo "bench/sealed.sh: apirun: $us $id" >&2
+		exit 1
+		;;
+	esac
+	# The client's own clock: bash's pipe round trip is not the session's.
+	echo "$us" >>"$tmp/api.us"
+	echo "$id" >>"$tmp/api.ids"
+}
 run_bwrap() { bwrap "${bwrap_args[@]}" /usr/bin/true; }
 run_floor() { /usr/bin/true; }
 timed() {
@@ -155,24 +175,25 @@ measure() {
 	settle
 	case $1 in
 	runc) run_runc "$2" ;;
+	api) run_api ;;
 	*) timed "$1" ;;
 	esac
 }
 
-tools=(roost warm runc bwrap floor)
+tools=(roost warm api runc bwrap floor)
 echo "== warm-up (untimed)"
 for t in "${tools[@]}"; do measure "$t" warmup; done
 rm -f "$tmp"/*.us
 
-rm -f "$tmp"/*.span
+rm -f "$tmp"/*.span "$tmp/api.ids"
 ./bin/roostctl prune -f >/dev/null
 ROOST_SOCKET=$tmp/sw ./bin/roostctl prune -f >/dev/null
 echo "== $N iterations, interleaved"
 start=${EPOCHREALTIME/./}
 for i in $(seq "$N"); do
 	# Rotate the order so no tool always runs right after another.
-	for k in 0 1 2 3 4; do
-		measure "${tools[$(((i + k) % 5))]}" "$i"
+	for k in "${!tools[@]}"; do
+		measure "${tools[$(((i + k) % ${#tools[@]}))]}" "$i"
 	done
 done
 elapsed=$(((${EPOCHREALTIME/./} - start) / 1000))
@@ -186,16 +207,18 @@ stats() {
 }
 # Where a roost start goes, from the registry's own event times (staged, launching, running,
 # exited) and the caller's clock around each roostctl run.
-phases() { # SOCKET SPANS
+phases() { # SOCKET SPANS [IDS: sessions to leave out]
 ROOST_SOCKET=$1 ./bin/roostctl events --json | python3 -c '
 import json, sys, datetime, statistics
 def t(s):
     s = s.rstrip("Z"); base, _, frac = s.partition(".")
     return datetime.datetime.fromisoformat(base).replace(tzinfo=datetime.timezone.utc).timestamp() + float("0." + (frac or "0"))
+skip = set(open(sys.argv[2]).read().split()) if len(sys.argv) > 2 else set()
 ev = {}
 for line in sys.stdin:
     e = json.loads(line)
-    ev.setdefault(e["session_id"], {})[e["type"]] = t(e["time"])
+    if e["session_id"] not in skip:
+        ev.setdefault(e["session_id"], {})[e["type"]] = t(e["time"])
 spans = [tuple(int(x) / 1e6 for x in l.split()) for l in open(sys.argv[1])]
 first = min(t0 for t0, _ in spans)
 sessions = sorted((v for v in ev.values() if v.get("session.staged", 0) >= first and "session.exited" in v), key=lambda v: v["session.staged"])
@@ -210,14 +233,19 @@ for (t0, t1), v in zip(spans, sessions):
     rows["exited -> roostctl exit (Wait, output, exit)"].append(t1 - v["session.exited"])
 for k, xs in rows.items():
     print("%-54s %8.2f" % (k, statistics.median(xs) * 1000))
-' "$2"
+' "$2" ${3:+"$3"}
 }
 cold_phases=$(phases "$tmp/s" "$tmp/roost.span")
-warm_phases=$(phases "$tmp/sw" "$tmp/warm.span")
-warm_count=$(ROOST_SOCKET=$tmp/sw ./bin/roostctl ps -a --filter capsule=bench-true --format '{{.warm}}' | grep -c true || true)
+warm_phases=$(phases "$tmp/sw" "$tmp/warm.span" "$tmp/api.ids")
+# Timed runs and the warm-up, the connected client's left out.
+warm_count=$(ROOST_SOCKET=$tmp/sw ./bin/roostctl ps -a --filter capsule=bench-true --format '{{.id}} {{.warm}}' |
+	grep -v -F -f "$tmp/api.ids" | grep -c ' true$' || true)
+api_count=$(ROOST_SOCKET=$tmp/sw ./bin/roostctl ps -a --filter capsule=bench-true --format '{{.id}} {{.warm}}' |
+	grep -F -f "$tmp/api.ids" | grep -c ' true$' || true)
 
 read -r roost_med roost_p90 < <(stats "$tmp/roost.us")
 read -r warm_med warm_p90 < <(stats "$tmp/warm.us")
+read -r api_med api_p90 < <(stats "$tmp/api.us")
 read -r runc_med runc_p90 < <(stats "$tmp/runc.us")
 read -r bwrap_med bwrap_p90 < <(stats "$tmp/bwrap.us")
 read -r floor_med floor_p90 < <(stats "$tmp/floor.us")
@@ -230,6 +258,7 @@ echo
 printf '%-46s %10s %10s\n' "what" "median ms" "p90 ms"
 printf '%-46s %10s %10s\n' "roostctl run, cold (stage+launch+wait)" "$roost_med" "$roost_p90"
 printf '%-46s %10s %10s\n' "roostctl run, warm (--warm-pool $WARM_POOL)" "$warm_med" "$warm_p90"
+printf '%-46s %10s %10s\n' "warm, from a connected API client" "$api_med" "$api_p90"
 printf '%-46s %10s %10s\n' "runc run (same root, mounts, cgroup, seccomp)" "$runc_med" "$runc_p90"
 printf '%-46s %10s %10s\n' "bwrap (same mounts; no cgroup, no seccomp)" "$bwrap_med" "$bwrap_p90"
 printf '%-46s %10s %10s\n' "floor: /usr/bin/true exec'd from bash" "$floor_med" "$floor_p90"
@@ -237,7 +266,8 @@ echo
 echo "roost-cold/runc (medians):  $(ratio "$roost_med" "$runc_med")"
 echo "roost-warm/bwrap (medians): $(ratio "$warm_med" "$bwrap_med")"
 echo "roost-warm/runc (medians):  $(ratio "$warm_med" "$runc_med")"
-echo "warm starts: $warm_count of the $((N + 1)) warm runs found a sandbox ready"
+echo "roost-warm API client/bwrap (medians): $(ratio "$api_med" "$bwrap_med")"
+echo "warm starts: $warm_count of the $((N + 1)) warm runs found a sandbox ready, $api_count of the API client's $N"
 echo
 printf '%-54s %8s\n' "roostctl run cold, by phase (medians of the $N above)" "ms"
 echo "$cold_phases"
