@@ -403,13 +403,16 @@ func (r *SealedRuntime) StartWarm(ctx context.Context, sb *Sandbox, spec Spec) (
 	if err != nil {
 		return nil, fmt.Errorf("loading the claimed sandbox: %w", err)
 	}
-	set := container.Config()
-	res := *config.Cgroups.Resources
-	cgc := *set.Cgroups
-	cgc.Resources = &res
-	set.Cgroups = &cgc
-	if err := container.Set(set); err != nil {
-		return nil, fmt.Errorf("setting the session's cgroup limits: %w", err)
+	// A session with its sandbox's limits (a default capsule's in a default sandbox) has
+	// them already: Set would write every cgroup file again to the same values.
+	if set := container.Config(); !reflect.DeepEqual(set.Cgroups.Resources, config.Cgroups.Resources) {
+		res := *config.Cgroups.Resources
+		cgc := *set.Cgroups
+		cgc.Resources = &res
+		set.Cgroups = &cgc
+		if err := container.Set(set); err != nil {
+			return nil, fmt.Errorf("setting the session's cgroup limits: %w", err)
+		}
 	}
 	var tmp specs.Mount
 	for _, m := range full.Mounts {

@@ -3,6 +3,7 @@ package containment
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -99,7 +100,7 @@ func TestWarmStartMatchesCold(t *testing.T) {
 			if err := rt.Fits(shape, sealedPolicy(t, tc.caps), false); err != nil {
 				t.Fatalf("Fits: %v", err)
 			}
-			var outs [2]string
+			var outs, limits [2]string
 			for i, warm := range []bool{false, true} {
 				var sb *Sandbox
 				records := ""
@@ -134,11 +135,21 @@ func TestWarmStartMatchesCold(t *testing.T) {
 					t.Fatalf("warm %v: exit %+v\n%s", warm, info, out)
 				}
 				outs[i] = idNumbers.ReplaceAllString(out, "$1=N")
+				// Its cgroup's limits, which a claim sets (or finds set, when they are the
+				// sandbox's), are what a container made for it has.
+				place := s.SessionID
+				if sb != nil {
+					place = sb.ID
+				}
+				limits[i] = cgroupFiles(rt.Cgroups().placeOf(place).Path)
 				// A root composed for a sandbox (host_read) went to its session, which
 				// Release removes.
 				if left, _ := filepath.Glob(filepath.Join(state, "roots", WarmPrefix+"*")); len(left) > 0 {
 					t.Errorf("a sandbox's root is left after its claim: %v", left)
 				}
+			}
+			if limits[0] == "" || limits[0] != limits[1] {
+				t.Errorf("the warm session's cgroup limits differ from the cold one's:\n--- cold\n%s--- warm\n%s", limits[0], limits[1])
 			}
 			if outs[0] != outs[1] {
 				t.Errorf("a warm start differs from a cold one:\n--- cold\n%s\n--- warm\n%s", outs[0], outs[1])
@@ -247,4 +258,17 @@ func TestHeldCountsComposedRoots(t *testing.T) {
 	if _, err := os.Stat(orphan); !os.IsNotExist(err) {
 		t.Fatalf("the orphaned root is still there after Release: %v", err)
 	}
+}
+
+// cgroupFiles reads the limits a session's cgroup at place has, in every hierarchy.
+func cgroupFiles(place string) string {
+	var b strings.Builder
+	for _, mnt := range hierarchies() {
+		for _, f := range []string{"pids.max", "memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "cpu.cfs_quota_us", "cpu.cfs_period_us", "memory.max", "memory.swap.max", "cpu.max"} {
+			if data, err := os.ReadFile(filepath.Join(mnt, place, f)); err == nil {
+				fmt.Fprintf(&b, "%s/%s %s", filepath.Base(mnt), f, data)
+			}
+		}
+	}
+	return b.String()
 }
