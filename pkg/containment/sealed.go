@@ -183,13 +183,8 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	}
 	id := spec.SessionID
 	layout := r.sessionLayout(spec)
-	if len(layout.HostRead) > 0 {
-		// Host trees need mount points the shared root has not: the session gets a root
-		// composed for it (Release removes it).
-		layout.Rootfs = filepath.Join(r.roots, id)
-		if err := composeRoot(layout.Rootfs, layout); err != nil {
-			return nil, fmt.Errorf("composing the session's root: %w", err)
-		}
+	if err := r.ownRoot(id, &layout); err != nil {
+		return nil, fmt.Errorf("composing the session's root: %w", err)
 	}
 	defer func() {
 		if retErr != nil {
@@ -257,6 +252,16 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 }
 
 // sessionLayout is where the session's parts are, in the shared root.
+// ownRoot gives the container id a root composed for it when its layout reads host trees,
+// which need mount points the shared root has not (Release removes it).
+func (r *SealedRuntime) ownRoot(id string, layout *SealedLayout) error {
+	if len(layout.HostRead) == 0 {
+		return nil
+	}
+	layout.Rootfs = filepath.Join(r.roots, id)
+	return composeRoot(layout.Rootfs, *layout)
+}
+
 func (r *SealedRuntime) sessionLayout(spec Spec) SealedLayout {
 	layout := r.Layout(spec.SessionID, spec.Dir, spec.CapsuleDir)
 	layout.NetNS, layout.Task, layout.IDs, layout.Home = spec.NetNS, spec.Task, spec.IDs, spec.Home

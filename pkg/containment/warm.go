@@ -68,8 +68,11 @@ type WarmShape struct {
 func DefaultWarmShape() WarmShape {
 	p := manifest.Lower(&manifest.Manifest{Name: "warm", Version: "0.0.0", Run: manifest.Run{Command: []string{"/usr/bin/true"}}})
 	p.Containment = manifest.Sealed
-	return WarmShape{Name: "a default capsule", Policy: &p}
+	return WarmShape{Name: DefaultWarmShapeName, Policy: &p}
 }
+
+// DefaultWarmShapeName is DefaultWarmShape's name.
+const DefaultWarmShapeName = "a default capsule"
 
 // sessionMount says whether a mount of a sealed spec is the session's own, mounted into a
 // sandbox when a session claims it rather than when the sandbox is made.
@@ -94,13 +97,9 @@ func (r *SealedRuntime) Prepare(ctx context.Context, shape WarmShape, id string,
 			_ = r.Release(id)
 		}
 	}()
-	if len(layout.HostRead) > 0 {
-		// As a cold start's: host trees need mount points the shared root has not. The
-		// claim renames the root to the session's (Release removes it).
-		layout.Rootfs = filepath.Join(r.roots, id)
-		if err := composeRoot(layout.Rootfs, layout); err != nil {
-			return nil, fmt.Errorf("composing the sandbox's root: %w", err)
-		}
+	// The claim renames a root composed for the sandbox to the session's.
+	if err := r.ownRoot(id, &layout); err != nil {
+		return nil, fmt.Errorf("composing the sandbox's root: %w", err)
 	}
 	full, err := SealedSpec(layout, shape.Policy)
 	if err != nil {

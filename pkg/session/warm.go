@@ -400,7 +400,7 @@ func (m *Manager) startPath(p *plan, class manifest.Class) *roostv1.StartPath {
 	var kept []string
 	for _, s := range shapes {
 		made := ""
-		if s.Name != containment.DefaultWarmShape().Name {
+		if s.Name != containment.DefaultWarmShapeName {
 			made = " made for " + s.Name
 		}
 		kept = append(kept, fmt.Sprintf("%d sealed %s%s ready (%d now)", s.size, plural(s.size, "sandbox", "sandboxes"), made, len(s.ready)))

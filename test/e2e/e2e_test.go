@@ -142,8 +142,11 @@ func (d *daemon) start() {
 
 // sessionContainers lists the containers roostd holds for sessions: not the sandboxes it
 // keeps made ahead (--warm-pool), which wait for sessions to come.
-func (d *daemon) sessionContainers() []string {
-	entries, _ := os.ReadDir(filepath.Join(d.stateDir, "containers"))
+func (d *daemon) sessionContainers() []string { return d.sessionEntries("containers") }
+
+// sessionEntries lists the state directory's dir but for sandboxes' entries (warm-*).
+func (d *daemon) sessionEntries(dir string) []string {
+	entries, _ := os.ReadDir(filepath.Join(d.stateDir, dir))
 	var out []string
 	for _, e := range entries {
 		if !strings.HasPrefix(e.Name(), "warm-") {
@@ -167,16 +170,7 @@ func (d *daemon) sessionMounts() []string {
 }
 
 // sessionPins lists the network namespaces pinned for sessions (not for sandboxes).
-func (d *daemon) sessionPins() []string {
-	pins, _ := os.ReadDir(filepath.Join(d.stateDir, "netns"))
-	var out []string
-	for _, p := range pins {
-		if !strings.HasPrefix(p.Name(), "warm-") {
-			out = append(out, p.Name())
-		}
-	}
-	return out
-}
+func (d *daemon) sessionPins() []string { return d.sessionEntries("netns") }
 
 func (d *daemon) kill9() {
 	d.t.Helper()
