@@ -137,9 +137,9 @@ run_runc() {
 	runc --root "$tmp/runc" delete -f "roostbench-$1" >/dev/null 2>&1 || true
 }
 run_api() {
-	local us id
+	local us id stage launch wait
 	echo go >&"${API[1]}"
-	read -r us id <&"${API[0]}"
+	read -r us id stage launch wait <&"${API[0]}"
 	case $us in
 	'' | error:*)
 		echo "bench/sealed.sh: apirun: $us $id" >&2
@@ -149,6 +149,9 @@ run_api() {
 	# The client's own clock: bash's pipe round trip is not the session's.
 	echo "$us" >>"$tmp/api.us"
 	echo "$id" >>"$tmp/api.ids"
+	echo "$stage" >>"$tmp/api-stage.us"
+	echo "$launch" >>"$tmp/api-launch.us"
+	echo "$wait" >>"$tmp/api-wait.us"
 }
 run_bwrap() { bwrap "${bwrap_args[@]}" /usr/bin/true; }
 run_floor() { /usr/bin/true; }
@@ -249,6 +252,9 @@ read -r api_med api_p90 < <(stats "$tmp/api.us")
 read -r runc_med runc_p90 < <(stats "$tmp/runc.us")
 read -r bwrap_med bwrap_p90 < <(stats "$tmp/bwrap.us")
 read -r floor_med floor_p90 < <(stats "$tmp/floor.us")
+read -r api_stage _ < <(stats "$tmp/api-stage.us")
+read -r api_launch _ < <(stats "$tmp/api-launch.us")
+read -r api_wait _ < <(stats "$tmp/api-wait.us")
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
 echo
@@ -273,6 +279,10 @@ printf '%-54s %8s\n' "roostctl run cold, by phase (medians of the $N above)" "ms
 echo "$cold_phases"
 printf '%-54s %8s\n' "roostctl run warm, by phase" "ms"
 echo "$warm_phases"
+printf '%-54s %8s\n' "warm from a connected API client, by call (medians)" "ms"
+printf '%-54s %8s\n' "Stage" "$api_stage"
+printf '%-54s %8s\n' "Launch (returns once the program runs)" "$api_launch"
+printf '%-54s %8s\n' "Wait (the program, its end recorded)" "$api_wait"
 # Throughput: sessions (containers) of /usr/bin/true started and ended per second by P
 # concurrent callers, each running its share of THROUGHPUT_N (default 4*N) starts.
 TN=${THROUGHPUT_N:-$((4 * N))}
@@ -287,22 +297,33 @@ runc_one() {
 	runc --root "$tmp/runc" delete -f "roostbench-tp-$1" >/dev/null 2>&1 || true
 	rm -rf "$b"
 }
-export -f roost_one warm_one runc_one
+floor_one() { /usr/bin/true; }
+export -f roost_one warm_one runc_one floor_one
 export capsule tmp
-per_second() { # TOOL P: sessions/s
-	local t0 t1
+# The CPU time the whole machine has spent (user, nice, system, irq, softirq), in clock
+# ticks: a throughput run's share of it says what one session costs, and so how many per
+# second this machine's CPUs could give at best.
+busy_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
+hz=$(getconf CLK_TCK)
+per_second() { # TOOL P: "sessions/s CPU-ms-per-session"
+	local t0 t1 b0 b1
+	b0=$(busy_ticks)
 	t0=${EPOCHREALTIME/./}
 	seq "$TN" | xargs -P "$2" -I{} bash -c "${1}_one {}"
 	t1=${EPOCHREALTIME/./}
-	awk -v n="$TN" -v us=$((t1 - t0)) 'BEGIN { printf "%.1f", n / (us / 1e6) }'
+	b1=$(busy_ticks)
+	awk -v n="$TN" -v us=$((t1 - t0)) -v ticks=$((b1 - b0)) -v hz="$hz" \
+		'BEGIN { printf "%.1f %.1f\n", n / (us / 1e6), ticks * 1000 / hz / n }'
 }
-declare -A rate
+declare -A rate cpu
 for p in 1 4 8; do
-	for t in roost warm runc; do
+	for t in roost warm runc floor; do
 		settle
-		rate[$t$p]=$(per_second "$t" "$p")
+		read -r "rate[$t$p]" "cpu[$t$p]" < <(per_second "$t" "$p")
 	done
 done
+# What the CPUs allow at best: each session's CPU time spread over all of them.
+ceiling() { awk -v c="$1" -v n="$(nproc)" 'BEGIN { printf "%.1f", n * 1000 / c }'; }
 
 
 echo
@@ -310,6 +331,19 @@ printf '%-46s %10s %10s %10s\n' "sessions/s, $TN starts of /usr/bin/true" "P=1" 
 printf '%-46s %10s %10s %10s\n' "roostctl run (sealed, cold)" "${rate[roost1]}" "${rate[roost4]}" "${rate[roost8]}"
 printf '%-46s %10s %10s %10s\n' "roostctl run (sealed, --warm-pool $WARM_POOL)" "${rate[warm1]}" "${rate[warm4]}" "${rate[warm8]}"
 printf '%-46s %10s %10s %10s\n' "runc run + delete" "${rate[runc1]}" "${rate[runc4]}" "${rate[runc8]}"
+printf '%-46s %10s %10s %10s\n' "caller alone (xargs, bash, /usr/bin/true)" "${rate[floor1]}" "${rate[floor4]}" "${rate[floor8]}"
+echo
+printf '%-46s %10s %10s\n' "CPU per session at P=8 (whole machine)" "ms" "ceiling/s"
+for t in roost warm runc floor; do
+	case $t in
+	roost) what="roostctl run (sealed, cold)" ;;
+	warm) what="roostctl run (sealed, warm; refill included)" ;;
+	runc) what="runc run + delete" ;;
+	floor) what="caller alone (xargs, bash, /usr/bin/true)" ;;
+	esac
+	printf '%-46s %10s %10s\n' "$what" "${cpu[${t}8]}" "$(ceiling "${cpu[${t}8]}")"
+done
+echo "(ceiling: $(nproc) CPUs' time divided by one session's; no concurrency can pass it)"
 
 echo
 echo "runc runs the program directly as the container's init; roost runs it under roost-init"
