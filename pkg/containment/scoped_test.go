@@ -39,12 +39,16 @@ func scopedRun(t *testing.T, caps, script string) (ExitInfo, string, string, Spe
 
 func TestScopedHoldsTheHostView(t *testing.T) {
 	outside := filepath.Join(t.TempDir(), "outside")
+	// A name no earlier run left behind: touch of a file the session's uid already owns
+	// needs no write access (it sets the times), so a leftover would read as a write.
+	hostTmp := "/tmp/roost-evil-" + strconv.Itoa(os.Getpid())
+	t.Cleanup(func() { _ = os.Remove(hostTmp) })
 	info, out, errOut, s := scopedRun(t, "capabilities: {containment: scoped, shell: {allow: [grep, touch, cat]}}",
 		`grep -E '^(Seccomp|NoNewPrivs|CapEff|CapBnd):' /proc/self/status
 cat /etc/hostname >/dev/null && echo "host readable"
 touch /etc/evil 2>/dev/null && echo "WROTE /etc" || echo "refused /etc"
 touch `+outside+` 2>/dev/null && echo "WROTE outside" || echo "refused outside"
-touch /tmp/evil 2>/dev/null && echo "WROTE /tmp" || echo "refused /tmp"
+touch `+hostTmp+` 2>/dev/null && echo "WROTE /tmp" || echo "refused /tmp"
 touch "$TMPDIR/mine" && echo "own tmp writable"
 echo hi > out.txt && echo "workdir writable"
 ls / >/dev/null 2>&1 && echo "RAN ls" || echo "ls refused"

@@ -63,17 +63,41 @@ const (
 	allFSRights     = writeRights | ll.AccessFSExecute | ll.AccessFSMakeChar | ll.AccessFSMakeBlock | ll.AccessFSIoctlDev
 )
 
-// applyLandlock restricts this process (and what it execs) to the rules. program is the
-// program about to be exec'd, as found on path, the program's PATH.
+// applyLandlock restricts the calling thread (and what it execs) to the rules. program is
+// the program about to be exec'd, as found on path, the program's PATH. The caller has
+// locked its OS thread and execs from it: the program inherits that thread's domain, and
+// roost-exec's other threads end at the exec. Restricting every thread instead (go-landlock's
+// Restrict, through libpsx on kernels before Landlock's TSYNC) signals each of them in turn
+// (`go test -bench LandlockRestrict ./pkg/containment/roostinit/`).
 func applyLandlock(l *Landlock, program, path string) error {
-	execs, err := execRules(l, program, path)
+	cfg, rules, err := landlockRules(l, program, path)
 	if err != nil {
 		return err
+	}
+	fd, flags, err := cfg.NewRulesetFD(rules...)
+	if err != nil || fd < 0 {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("no_new_privs: %w", err)
+	}
+	if err := ll.LandlockRestrictSelf(fd, flags); err != nil {
+		return fmt.Errorf("landlock_restrict_self: %w", err)
+	}
+	return nil
+}
+
+// landlockRules is the session's Landlock ruleset: what it handles, and the rules.
+func landlockRules(l *Landlock, program, path string) (landlock.Config, []landlock.Rule, error) {
+	execs, err := execRules(l, program, path)
+	if err != nil {
+		return landlock.Config{}, nil, err
 	}
 	rules := []landlock.Rule{landlock.PathAccess(ll.AccessFSExecute, execs...)}
 	trees, err := execTrees(l)
 	if err != nil {
-		return err
+		return landlock.Config{}, nil, err
 	}
 	if len(trees) > 0 {
 		rules = append(rules, landlock.PathAccess(ll.AccessFSExecute, trees...))
@@ -105,7 +129,7 @@ func applyLandlock(l *Landlock, program, path string) error {
 	// domain, so a program running as root on the host's view cannot signal roostd or any
 	// other root process (a same-uid kill needs no capability).
 	cfg := landlock.Config{HandledAccessFS: handled, Scoped: ll.ScopeSignal | ll.ScopeAbstractUnixSocket}
-	return cfg.BestEffort().Restrict(rules...)
+	return cfg.BestEffort(), rules, nil
 }
 
 // maxInterpreterDepth bounds the chain of interpreters followed (a script's interpreter a
