@@ -6,7 +6,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -27,10 +26,12 @@ func dropCapabilities() error {
 	return unix.Capset(&hdr, &data[0])
 }
 
-// becomeUser switches every thread to an unprivileged uid and gid with no supplementary
-// group. The bounding set goes first, while CAP_SETPCAP is still held: a uid change clears
-// the other capability sets, but not the bounding set, which would let a setuid or
-// file-capability binary hand capabilities back.
+// becomeUser switches this thread, the one roost-exec execs from, to an unprivileged uid and
+// gid with no supplementary group: the program takes that thread's credentials, and the
+// others end at the exec. Go's syscall.Setresuid would switch every thread, stopping each in
+// turn, three times (about 0.9 ms here against 0.02). The bounding set goes first, while
+// CAP_SETPCAP is still held: a uid change clears the other capability sets, but not the
+// bounding set, which would let a setuid or file-capability binary hand capabilities back.
 func becomeUser(u User) error {
 	if u.UID == 0 || u.GID == 0 {
 		return errors.New("refusing to \"drop\" to root")
@@ -38,17 +39,17 @@ func becomeUser(u User) error {
 	if err := dropBounding(); err != nil {
 		return fmt.Errorf("dropping the bounding set: %w", err)
 	}
-	if err := syscall.Setgroups(nil); err != nil {
-		return fmt.Errorf("setgroups: %w", err)
+	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 0, 0, 0); e != 0 {
+		return fmt.Errorf("setgroups: %w", e)
 	}
-	if err := syscall.Setresgid(int(u.GID), int(u.GID), int(u.GID)); err != nil {
-		return fmt.Errorf("setresgid: %w", err)
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(u.GID), uintptr(u.GID), uintptr(u.GID)); e != 0 {
+		return fmt.Errorf("setresgid: %w", e)
 	}
-	if err := syscall.Setresuid(int(u.UID), int(u.UID), int(u.UID)); err != nil {
-		return fmt.Errorf("setresuid: %w", err)
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(u.UID), uintptr(u.UID), uintptr(u.UID)); e != 0 {
+		return fmt.Errorf("setresuid: %w", e)
 	}
-	// Nothing may have survived: a process that could regain root is not unprivileged.
-	if err := syscall.Setresuid(0, 0, 0); err == nil {
+	// Nothing may have survived: a thread that could regain root is not unprivileged.
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, 0, 0, 0); e == 0 {
 		return errors.New("still able to become root after the switch")
 	}
 	return nil
