@@ -328,22 +328,20 @@ ceiling() { awk -v c="$1" -v n="$(nproc)" 'BEGIN { printf "%.1f", n * 1000 / c }
 
 echo
 printf '%-46s %10s %10s %10s\n' "sessions/s, $TN starts of /usr/bin/true" "P=1" "P=4" "P=8"
-printf '%-46s %10s %10s %10s\n' "roostctl run (sealed, cold)" "${rate[roost1]}" "${rate[roost4]}" "${rate[roost8]}"
-printf '%-46s %10s %10s %10s\n' "roostctl run (sealed, --warm-pool $WARM_POOL)" "${rate[warm1]}" "${rate[warm4]}" "${rate[warm8]}"
-printf '%-46s %10s %10s %10s\n' "runc run + delete" "${rate[runc1]}" "${rate[runc4]}" "${rate[runc8]}"
-printf '%-46s %10s %10s %10s\n' "caller alone (xargs, bash, /usr/bin/true)" "${rate[floor1]}" "${rate[floor4]}" "${rate[floor8]}"
+declare -A label=([roost]="roostctl run (sealed, cold)"
+	[warm]="roostctl run (sealed, --warm-pool $WARM_POOL)"
+	[runc]="runc run + delete"
+	[floor]="caller alone (xargs, bash, /usr/bin/true)")
+for t in roost warm runc floor; do
+	printf '%-46s %10s %10s %10s\n' "${label[$t]}" "${rate[${t}1]}" "${rate[${t}4]}" "${rate[${t}8]}"
+done
 echo
 printf '%-46s %10s %10s\n' "CPU per session at P=8 (whole machine)" "ms" "ceiling/s"
 for t in roost warm runc floor; do
-	case $t in
-	roost) what="roostctl run (sealed, cold)" ;;
-	warm) what="roostctl run (sealed, warm; refill included)" ;;
-	runc) what="runc run + delete" ;;
-	floor) what="caller alone (xargs, bash, /usr/bin/true)" ;;
-	esac
-	printf '%-46s %10s %10s\n' "$what" "${cpu[${t}8]}" "$(ceiling "${cpu[${t}8]}")"
+	printf '%-46s %10s %10s\n' "${label[$t]}" "${cpu[${t}8]}" "$(ceiling "${cpu[${t}8]}")"
 done
-echo "(ceiling: $(nproc) CPUs' time divided by one session's; no concurrency can pass it)"
+echo "(ceiling: $(nproc) CPUs' time divided by one session's, a warm daemon's refills included;"
+echo " no concurrency can pass it)"
 
 echo
 echo "runc runs the program directly as the container's init; roost runs it under roost-init"

@@ -30,9 +30,9 @@ func dropCapabilities() error {
 // gid with no supplementary group: the program takes that thread's credentials, and the
 // others end at the exec. Go's syscall.Setresuid would switch every thread, stopping each in
 // turn, three times (`go test -bench BecomeUser ./pkg/containment/roostinit/`: the whole step
-// 1.6 ms that way, 0.6 ms this). The bounding set goes first, while
-// CAP_SETPCAP is still held: a uid change clears the other capability sets, but not the
-// bounding set, which would let a setuid or file-capability binary hand capabilities back.
+// 1.6 ms that way, 0.6 ms this). The bounding set goes first, while CAP_SETPCAP is still
+// held: a uid change clears the other capability sets, but not the bounding set, which would
+// let a setuid or file-capability binary hand capabilities back.
 func becomeUser(u User) error {
 	if u.UID == 0 || u.GID == 0 {
 		return errors.New("refusing to \"drop\" to root")
