@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/spf13/pflag"
 
 	"roost.dev/roost/pkg/artifact"
@@ -242,7 +244,7 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 	if err := session.PrepareStateDir(stateDir); err != nil {
 		return fmt.Errorf("--state-dir: %w", err)
 	}
-	pool := session.IDPool{First: cfg.Sessions.IDs.First, Slots: cfg.Sessions.IDs.Slots}
+	pool := store.IDPool{First: cfg.Sessions.IDs.First, Slots: cfg.Sessions.IDs.Slots}
 	// Before any runtime or child process: on cgroup v2 roostd may move itself into a leaf.
 	cgs, err := containment.NewCgroups(containment.CgroupConfig{Parent: o.cgroupParent, Driver: o.cgroupDriver, StateDir: stateDir})
 	if err != nil {
@@ -260,10 +262,10 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 		if seal != nil {
 			defer seal.Close()
 		}
-		if sealed, err = containment.NewSealedRuntime(stateDir, init, pool.RehearsalIDs(), containment.WithCgroups(cgs), containment.WithSealer(seal)); err != nil {
+		if sealed, err = containment.NewSealedRuntime(stateDir, init, containment.IDs(pool.RehearsalIDs()), containment.WithCgroups(cgs), containment.WithSealer(seal)); err != nil {
 			return fmt.Errorf("sealed runtime: %w", err)
 		}
-		if scoped, err = containment.NewScopedRuntime(stateDir, init, pool.RehearsalIDs(), containment.WithCgroups(cgs)); err != nil {
+		if scoped, err = containment.NewScopedRuntime(stateDir, init, containment.IDs(pool.RehearsalIDs()), containment.WithCgroups(cgs)); err != nil {
 			return fmt.Errorf("scoped runtime: %w", err)
 		}
 		// Even when a rehearsal fails, sessions a previous daemon started are re-attached
@@ -291,8 +293,8 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 	}
 	var mtr *metrics.Metrics
 	var sessions *session.Manager
-	states := make([]string, len(session.States))
-	for i, s := range session.States {
+	states := make([]string, len(store.States))
+	for i, s := range store.States {
 		states[i] = string(s)
 	}
 	mtr = metrics.New(states, func() map[string]int {
@@ -335,7 +337,7 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 	}
 	wasm := session.NewWasmCache(wasmRunner(log), stateDir)
 	sink := &hookSink{}
-	hooksRun, err := operatorHooks(cfg.Hooks, wasm, pool.RehearsalIDs(), mtr, sink, log)
+	hooksRun, err := operatorHooks(cfg.Hooks, wasm, containment.IDs(pool.RehearsalIDs()), mtr, sink, log)
 	if err != nil {
 		return err
 	}
@@ -376,6 +378,7 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 		EnvPassthrough: cfg.Env.Passthrough,
 		Wasm:           wasm,
 		Hooks:          sessionHooks,
+		SessionView:    server.SessionProto,
 		Egress: &egress.Config{Hosts: cfg.Egress.HostAddrs(), PermitCIDRs: cfg.Egress.Prefixes(),
 			MaxConnectionsPerSession: cfg.Egress.MaxConnectionsPerSession},
 	})
@@ -486,14 +489,14 @@ const shutdownGrace = 2 * time.Second
 // liveInRegistry counts the sessions the registry lists as live: those recovery will
 // reconcile. It opens the registry and closes it again before session.Open takes it.
 func liveInRegistry(stateDir string) (int, error) {
-	reg, err := session.OpenRegistry(filepath.Join(stateDir, session.DBFile))
+	reg, err := store.OpenRegistry(filepath.Join(stateDir, store.DBFile))
 	if err != nil {
 		return 0, err
 	}
 	defer reg.Close()
 	var n int
-	err = reg.View(func(tx *session.Tx) error {
-		live, err := tx.List(session.State.Live)
+	err = reg.View(func(tx *store.Tx) error {
+		live, err := tx.List(store.State.Live)
 		n = len(live)
 		return err
 	})

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"roost.dev/roost/pkg/notify"
 	"roost.dev/roost/pkg/session"
 )
@@ -141,7 +143,7 @@ func (s *serviceManager) close() {
 // daemon's health: a registry that cannot answer a read is a daemon that cannot serve.
 func liveSessions(ctx context.Context, m *session.Manager) (running, paused int, err error) {
 	type answer struct {
-		recs []*session.Record
+		recs []*store.Record
 		err  error
 	}
 	c := make(chan answer, 1)
@@ -156,9 +158,9 @@ func liveSessions(ctx context.Context, m *session.Manager) (running, paused int,
 		}
 		for _, r := range a.recs {
 			switch r.State {
-			case session.Running:
+			case store.Running:
 				running++
-			case session.Paused:
+			case store.Paused:
 				paused++
 			}
 		}

@@ -7,12 +7,13 @@ import (
 	"strings"
 	"testing"
 
+	"roost.dev/roost/pkg/session/store"
+
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/pkg/containment"
-	"roost.dev/roost/pkg/session"
 )
 
-func doctor(t *testing.T, ids session.IDPool, sealed error) *roostv1.DoctorResponse {
+func doctor(t *testing.T, ids store.IDPool, sealed error) *roostv1.DoctorResponse {
 	t.Helper()
 	s := &systemService{cfg: Config{
 		StateDir: t.TempDir(),
@@ -47,7 +48,7 @@ func TestDoctorUserNamespaces(t *testing.T) {
 	if containment.Probe().UserNamespaces == 0 {
 		t.Skip("user namespaces are off (user.max_user_namespaces = 0)")
 	}
-	resp := doctor(t, session.IDPool{}, nil)
+	resp := doctor(t, store.IDPool{}, nil)
 	u := resp.GetUserNamespaces()
 	if !u.GetAvailable() || u.GetMax() <= 0 || !u.GetMappingWorks() || u.GetDetail() != "" {
 		t.Fatalf("user namespaces on a root host: %v", u)
@@ -67,7 +68,7 @@ func TestDoctorUserNamespaces(t *testing.T) {
 
 	// A block the kernel cannot map: the failure is in the report, and the sealed class's
 	// line names it as the thing to fix.
-	resp = doctor(t, session.IDPool{First: 1<<32 - 65536, Slots: 1}, errors.New("libcontainer said no"))
+	resp = doctor(t, store.IDPool{First: 1<<32 - 65536, Slots: 1}, errors.New("libcontainer said no"))
 	u = resp.GetUserNamespaces()
 	if u.GetMappingWorks() || !strings.Contains(u.GetDetail(), "sessions.ids.first") {
 		t.Fatalf("an unmappable block: %v", u)
@@ -80,7 +81,7 @@ func TestDoctorUserNamespaces(t *testing.T) {
 		t.Fatalf("sealed: %v", sealed)
 	}
 	// A sealed class that is available says nothing of it.
-	resp = doctor(t, session.IDPool{First: 1<<32 - 65536, Slots: 1}, nil)
+	resp = doctor(t, store.IDPool{First: 1<<32 - 65536, Slots: 1}, nil)
 	if d := sealedReport(t, resp).GetDetail(); strings.Contains(d, "user namespace's") {
 		t.Fatalf("sealed: %s", d)
 	}

@@ -15,6 +15,8 @@ import (
 	"time"
 	"unicode"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
@@ -52,7 +54,7 @@ type Config struct {
 	Peers *PeerPolicy
 	// IDs is the block of host ids sessions run as, which doctor checks can be mapped and
 	// is held by nobody else; the default block when zero.
-	IDs session.IDPool
+	IDs store.IDPool
 }
 
 // Server is roostd's gRPC server: roost's services, the standard health service
@@ -184,7 +186,7 @@ func (s *sessionService) Stage(ctx context.Context, req *roostv1.StageRequest) (
 	if err != nil {
 		return nil, err
 	}
-	return &roostv1.StageResponse{Session: rec.Proto()}, nil
+	return &roostv1.StageResponse{Session: SessionProto(rec)}, nil
 }
 
 func (s *sessionService) Launch(ctx context.Context, req *roostv1.LaunchRequest) (*roostv1.LaunchResponse, error) {
@@ -192,19 +194,19 @@ func (s *sessionService) Launch(ctx context.Context, req *roostv1.LaunchRequest)
 	if err != nil {
 		return nil, err
 	}
-	return &roostv1.LaunchResponse{Session: rec.Proto()}, nil
+	return &roostv1.LaunchResponse{Session: SessionProto(rec)}, nil
 }
 
 // session is a record as the API shows it, with what it uses now when it is live.
-func (s *sessionService) session(rec *session.Record) *roostv1.Session {
-	out := rec.Proto()
+func (s *sessionService) session(rec *store.Record) *roostv1.Session {
+	out := SessionProto(rec)
 	if rec.State.Live() {
 		if u := s.m.Usage(rec); u != nil {
 			out.Usage = &roostv1.Usage{MemoryBytes: u.MemoryBytes, MemoryPeakBytes: u.MemoryPeakBytes, CpuSeconds: u.CPUSeconds, Pids: u.Pids,
 				MemoryLimitBytes: u.MemoryLimitBytes, PidsLimit: u.PidsLimit, WorkdirBytes: u.WorkdirBytes}
 		}
-		if e := s.m.EgressNow(rec.ID); e != nil {
-			out.Egress = e
+		if t, active, ok := s.m.EgressNow(rec.ID); ok {
+			out.Egress = EgressProto(t, active)
 		}
 	}
 	return out
@@ -251,7 +253,7 @@ func (s *sessionService) Wait(ctx context.Context, req *roostv1.WaitRequest) (*r
 	if err != nil {
 		return nil, err
 	}
-	return &roostv1.WaitResponse{Session: rec.Proto()}, nil
+	return &roostv1.WaitResponse{Session: SessionProto(rec)}, nil
 }
 
 func (s *sessionService) Stop(ctx context.Context, req *roostv1.StopRequest) (*roostv1.StopResponse, error) {
@@ -270,7 +272,7 @@ func (s *sessionService) Stop(ctx context.Context, req *roostv1.StopRequest) (*r
 	if err != nil {
 		return nil, err
 	}
-	return &roostv1.StopResponse{Session: rec.Proto()}, nil
+	return &roostv1.StopResponse{Session: SessionProto(rec)}, nil
 }
 
 func (s *sessionService) Kill(ctx context.Context, req *roostv1.KillRequest) (*roostv1.KillResponse, error) {
@@ -282,7 +284,7 @@ func (s *sessionService) Kill(ctx context.Context, req *roostv1.KillRequest) (*r
 	if err != nil {
 		return nil, err
 	}
-	return &roostv1.KillResponse{Session: rec.Proto()}, nil
+	return &roostv1.KillResponse{Session: SessionProto(rec)}, nil
 }
 
 // ParseSignal reads a signal as operators write it: "KILL", "SIGKILL", "sigkill" or "9".
@@ -351,8 +353,8 @@ func (s *sessionService) Events(req *roostv1.EventsRequest, stream grpc.ServerSt
 	if since == 0 && req.GetFromOldestKept() {
 		since = s.m.OldestKeptEvent()
 	}
-	return s.m.Events(stream.Context(), since, req.GetFollow(), func(ev session.Event) error {
-		return stream.Send(&roostv1.EventsResponse{Event: ev.Proto()})
+	return s.m.Events(stream.Context(), since, req.GetFollow(), func(ev store.Event) error {
+		return stream.Send(&roostv1.EventsResponse{Event: EventProto(&ev)})
 	})
 }
 
@@ -369,7 +371,7 @@ func (s *sessionService) Prune(ctx context.Context, req *roostv1.PruneRequest) (
 		return nil, err
 	}
 	pruned := func(p session.Pruned) *roostv1.PrunedSession {
-		rec := p.Record.Proto()
+		rec := SessionProto(p.Record)
 		return &roostv1.PrunedSession{Id: rec.GetId(), Capsule: rec.GetCapsule(), EndedAt: rec.GetEndedAt(), ExitStatus: rec.GetExitStatus(), Bytes: p.Bytes, KeptBecause: p.Why}
 	}
 	resp := &roostv1.PruneResponse{Bytes: res.Bytes, EventsCompacted: int64(res.EventsCompacted), DryRun: req.GetDryRun()}
@@ -478,13 +480,13 @@ func (s *systemService) Doctor(ctx context.Context, _ *roostv1.DoctorRequest) (*
 // mapping of the daemon's rehearsal range; the error is that mapping's, nil when it worked.
 func (s *systemService) userNamespaces(ctx context.Context, host containment.Host) (*roostv1.UserNamespaces, error) {
 	pool := s.cfg.IDs
-	if pool == (session.IDPool{}) {
-		pool = session.IDPool{First: config.DefaultFirstID, Slots: config.DefaultIDSlots}
+	if pool == (store.IDPool{}) {
+		pool = store.IDPool{First: config.DefaultFirstID, Slots: config.DefaultIDSlots}
 	}
 	block := containment.IDs{First: pool.First, Size: pool.Slots * config.IDsPerSession}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	mapErr := containment.MapUserNS(ctx, pool.RehearsalIDs())
+	mapErr := containment.MapUserNS(ctx, containment.IDs(pool.RehearsalIDs()))
 	out := &roostv1.UserNamespaces{
 		Available:                host.UserNamespaces > 0,
 		Max:                      int64(host.UserNamespaces),

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"roost.dev/roost/pkg/artifact"
 )
 
@@ -15,7 +17,7 @@ import (
 func BenchmarkStage(b *testing.B) {
 	cfg := testConfig(stateDir(b), &recorder{})
 	// Every staged session holds an id range until it is removed: enough for the loop.
-	cfg.IDs = IDPool{First: 0x10000000, Slots: 0xE000}
+	cfg.IDs = store.IDPool{First: 0x10000000, Slots: 0xE000}
 	m, err := Open(cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -35,7 +37,7 @@ func BenchmarkStage(b *testing.B) {
 func BenchmarkStageFromStore(b *testing.B) {
 	state := stateDir(b)
 	cfg := testConfig(state, &recorder{})
-	cfg.IDs = IDPool{First: 0x10000000, Slots: 0xE000}
+	cfg.IDs = store.IDPool{First: 0x10000000, Slots: 0xE000}
 	store, err := artifact.Open(filepath.Join(state, "artifacts"))
 	if err != nil {
 		b.Fatal(err)
@@ -58,16 +60,16 @@ func BenchmarkStageFromStore(b *testing.B) {
 // BenchmarkEventsReplay replays 10,000 events from the registry, as `roostctl events
 // --since 0` does.
 func BenchmarkEventsReplay(b *testing.B) {
-	r, err := OpenRegistry(b.TempDir() + "/" + DBFile)
+	r, err := store.OpenRegistry(b.TempDir() + "/" + store.DBFile)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer r.Close()
 	const n = 10000
 	for i := 0; i < n; i += 500 {
-		if _, err := r.Update(func(tx *Tx) error {
+		if _, err := r.Update(func(tx *store.Tx) error {
 			for j := i; j < i+500; j++ {
-				if err := tx.Create(&Record{ID: fmt.Sprintf("ses_%08d", j)}, nil, nil); err != nil {
+				if err := tx.Create(&store.Record{ID: fmt.Sprintf("ses_%08d", j)}, nil, nil); err != nil {
 					return err
 				}
 			}
@@ -80,7 +82,7 @@ func BenchmarkEventsReplay(b *testing.B) {
 	b.ResetTimer()
 	for b.Loop() {
 		count := 0
-		if err := m.Events(context.Background(), 0, false, func(Event) error { count++; return nil }); err != nil || count != n {
+		if err := m.Events(context.Background(), 0, false, func(store.Event) error { count++; return nil }); err != nil || count != n {
 			b.Fatalf("%d events, %v", count, err)
 		}
 	}

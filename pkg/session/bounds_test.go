@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
 
 	"roost.dev/roost/pkg/artifact"
@@ -23,7 +25,7 @@ func boundsLimitEvent(t *testing.T, m *Manager, id, limit string) string {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		var found string
-		m.Events(context.Background(), 0, false, func(ev Event) error {
+		m.Events(context.Background(), 0, false, func(ev store.Event) error {
 			if ev.Type == EventLimit && ev.SessionID == id && strings.HasPrefix(ev.Detail, limit+": ") {
 				found = ev.Detail
 			}
@@ -45,7 +47,7 @@ func TestBoundsInodeFlood(t *testing.T) {
 		`i=0; while [ $i -lt 300000 ]; do : > f$i; i=$((i+1)); done; echo made them all; sleep 10`,
 		"capabilities:\n  resources:\n    workdir_max_inodes: 10000\n")})
 	rec = waitEnd(t, m, rec.ID)
-	if rec.ExitStatus != StatusTerminated || !strings.Contains(rec.Detail, "the workdir and home hold ") ||
+	if rec.ExitStatus != store.StatusTerminated || !strings.Contains(rec.Detail, "the workdir and home hold ") ||
 		!strings.Contains(rec.Detail, " files and directories, past resources.workdir_max_inodes (10000)") {
 		t.Fatalf("end: %s %q", rec.ExitStatus, rec.Detail)
 	}
@@ -70,7 +72,7 @@ func TestBoundsDeepPath(t *testing.T) {
 		"capabilities:\n  resources:\n    workdir_max_bytes: 4194304\n")})
 	rec = waitEnd(t, m, rec.ID)
 	t.Logf("ran %s: %s", rec.EndedAt.Sub(rec.StartedAt), rec.Detail)
-	if rec.ExitStatus != StatusTerminated || !strings.Contains(rec.Detail, "past resources.workdir_max_bytes (4194304)") {
+	if rec.ExitStatus != store.StatusTerminated || !strings.Contains(rec.Detail, "past resources.workdir_max_bytes (4194304)") {
 		t.Fatalf("end: %s %q", rec.ExitStatus, rec.Detail)
 	}
 	if ev := boundsLimitEvent(t, m, rec.ID, LimitWorkdirBytes); !strings.Contains(ev, "past resources.workdir_max_bytes (4194304)") {
@@ -98,12 +100,12 @@ func TestBoundsChildrenChargedToParent(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := waitEnd(t, d.m, parent.ID)
-	if p.ExitStatus != StatusTerminated || !strings.Contains(p.Detail, "the workdir, home and children's workdirs grew to") ||
+	if p.ExitStatus != store.StatusTerminated || !strings.Contains(p.Detail, "the workdir, home and children's workdirs grew to") ||
 		!strings.Contains(p.Detail, "past resources.workdir_max_bytes (4194304)") {
 		t.Fatalf("parent: %s %q", p.ExitStatus, p.Detail)
 	}
 	c := waitEnd(t, d.m, res.SessionID)
-	if c.ExitStatus != StatusTerminated || !strings.Contains(c.Detail, "its parent "+parent.ID+" ended") {
+	if c.ExitStatus != store.StatusTerminated || !strings.Contains(c.Detail, "its parent "+parent.ID+" ended") {
 		t.Fatalf("child: %s %q", c.ExitStatus, c.Detail)
 	}
 	boundsLimitEvent(t, d.m, parent.ID, LimitWorkdirBytes)
@@ -122,7 +124,7 @@ func TestBoundsRemoveTakesChildren(t *testing.T) {
 	d.push("parent", "sleep 60", "  spawn:\n    allow: [worker]\n")
 	d.push("worker", "echo work > out.txt", "")
 	parent := d.start("parent")
-	var kids []*Record
+	var kids []*store.Record
 	for i := 0; i < 3; i++ {
 		res, err := d.spawn(parent, "worker", "", true)
 		if err != nil {
@@ -141,9 +143,9 @@ func TestBoundsRemoveTakesChildren(t *testing.T) {
 }
 
 // boundsGone checks that nothing of a removed tree is left.
-func boundsGone(t *testing.T, d *delegation, parent *Record, kids ...*Record) {
+func boundsGone(t *testing.T, d *delegation, parent *store.Record, kids ...*store.Record) {
 	t.Helper()
-	for _, r := range append([]*Record{parent}, kids...) {
+	for _, r := range append([]*store.Record{parent}, kids...) {
 		if _, err := d.m.Get(r.ID); !errdefs.IsNotFound(err) {
 			t.Errorf("%s is still recorded: %v", r.ID, err)
 		}
@@ -170,7 +172,7 @@ func TestBoundsSnapshotChildrenHoldTheCeiling(t *testing.T) {
 	d.push("worker", "ls data >/dev/null", fmt.Sprintf("  resources:\n    workdir_max_bytes: %d\n", limit))
 	parent := d.start("parent")
 	waitFile(t, filepath.Join(parent.Workdir, "ready"))
-	var granted []*Record
+	var granted []*store.Record
 	refused := 0
 	for i := 0; i < 20; i++ {
 		res, err := d.spawn(parent, "worker", "", true)
@@ -196,7 +198,7 @@ func TestBoundsSnapshotChildrenHoldTheCeiling(t *testing.T) {
 	if used, err := workdir.Measure(roots, workdir.Limits{}); err != nil || used.Bytes > limit {
 		t.Fatalf("the parent's tree holds %d bytes (%v), past its %d", used.Bytes, err, limit)
 	}
-	if p, _ := d.m.Get(parent.ID); p.State != Running {
+	if p, _ := d.m.Get(parent.ID); p.State != store.Running {
 		t.Fatalf("the parent is %s (%q): within its ceiling, it should run on", p.State, p.Detail)
 	}
 	boundsLimitEvent(t, d.m, parent.ID, LimitWorkdirBytes)

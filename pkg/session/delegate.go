@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
 
 	"roost.dev/roost/pkg/containment"
@@ -33,7 +35,7 @@ type SpawnObserver interface {
 // Live says whether a session runs: only then is its credential honoured.
 func (m *Manager) Live(id string) bool {
 	var live bool
-	_ = m.reg.View(func(tx *Tx) error {
+	_ = m.reg.View(func(tx *store.Tx) error {
 		rec, err := tx.Get(id)
 		live = err == nil && rec.State.Live()
 		return nil
@@ -43,9 +45,9 @@ func (m *Manager) Live(id string) bool {
 
 // liveRecord returns a running session by its exact id (never a prefix: an endpoint names the
 // session it serves).
-func (m *Manager) liveRecord(id string) (*Record, error) {
-	var rec *Record
-	err := m.reg.View(func(tx *Tx) (err error) {
+func (m *Manager) liveRecord(id string) (*store.Record, error) {
+	var rec *store.Record
+	err := m.reg.View(func(tx *store.Tx) (err error) {
 		rec, err = tx.Get(id)
 		return err
 	})
@@ -59,9 +61,9 @@ func (m *Manager) liveRecord(id string) (*Record, error) {
 }
 
 // childrenOf lists a session's children.
-func (m *Manager) childrenOf(parentID string) ([]*Record, error) {
+func (m *Manager) childrenOf(parentID string) ([]*store.Record, error) {
 	all, err := m.allRecords()
-	var out []*Record
+	var out []*store.Record
 	for _, r := range all {
 		if r.ParentID == parentID {
 			out = append(out, r)
@@ -72,7 +74,7 @@ func (m *Manager) childrenOf(parentID string) ([]*Record, error) {
 
 // policyOf is a supervised session's lowered manifest, read from the registry once and kept
 // with the session (a restarted daemon reads it when first asked, not at recovery).
-func (m *Manager) policyOf(l *liveSession, rec *Record) (*manifest.Policy, error) {
+func (m *Manager) policyOf(l *liveSession, rec *store.Record) (*manifest.Policy, error) {
 	l.policyMu.Lock()
 	defer l.policyMu.Unlock()
 	if l.policy == nil {
@@ -86,9 +88,9 @@ func (m *Manager) policyOf(l *liveSession, rec *Record) (*manifest.Policy, error
 }
 
 // recordedManifest is the manifest the session was staged with, and its policy.
-func (m *Manager) recordedManifest(rec *Record) (*manifest.Manifest, *manifest.Policy, error) {
+func (m *Manager) recordedManifest(rec *store.Record) (*manifest.Manifest, *manifest.Policy, error) {
 	var raw []byte
-	if err := m.reg.View(func(tx *Tx) (err error) {
+	if err := m.reg.View(func(tx *store.Tx) (err error) {
 		raw, err = tx.Manifest(rec.ID)
 		return err
 	}); err != nil {
@@ -103,9 +105,9 @@ func (m *Manager) recordedManifest(rec *Record) (*manifest.Manifest, *manifest.P
 }
 
 // allRecords lists every session the registry holds.
-func (m *Manager) allRecords() ([]*Record, error) {
-	var recs []*Record
-	err := m.reg.View(func(tx *Tx) (err error) {
+func (m *Manager) allRecords() ([]*store.Record, error) {
+	var recs []*store.Record
+	err := m.reg.View(func(tx *store.Tx) (err error) {
 		recs, err = tx.List(nil)
 		return err
 	})
@@ -134,14 +136,14 @@ func (m *Manager) Self(id string) (spawn.Self, error) {
 }
 
 // descendants lists, from recs, the sessions below id: its children, theirs, and so on.
-func descendants(recs []*Record, id string) []*Record {
-	kids := map[string][]*Record{}
+func descendants(recs []*store.Record, id string) []*store.Record {
+	kids := map[string][]*store.Record{}
 	for _, r := range recs {
 		if r.ParentID != "" {
 			kids[r.ParentID] = append(kids[r.ParentID], r)
 		}
 	}
-	var out []*Record
+	var out []*store.Record
 	queue := []string{id}
 	for len(queue) > 0 {
 		next := queue[0]
@@ -154,10 +156,10 @@ func descendants(recs []*Record, id string) []*Record {
 	return out
 }
 
-func countLive(recs []*Record) int {
+func countLive(recs []*store.Record) int {
 	n := 0
 	for _, r := range recs {
-		if r.State == Staged || r.State.Live() {
+		if r.State == store.Staged || r.State.Live() {
 			n++
 		}
 	}
@@ -282,7 +284,7 @@ func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request)
 		return res, err
 	}
 	took = time.Since(began)
-	if launched.State == Exited && launched.ExitStatus == StatusStartFailed {
+	if launched.State == store.Exited && launched.ExitStatus == store.StatusStartFailed {
 		result = "failed"
 	}
 	res.ChildInfo = m.childInfo(parent, launched)
@@ -322,7 +324,7 @@ type childDir struct {
 // link to each at that place.
 // For a name in spawn.workdir_snapshot the child starts with a copy of the parent's
 // workdir, taken by descriptors, links copied as links.
-func (m *Manager) childWorkdir(parent *Record, name string, snapshot bool) (childDir, error) {
+func (m *Manager) childWorkdir(parent *store.Record, name string, snapshot bool) (childDir, error) {
 	suffix := make([]byte, 8)
 	if _, err := rand.Read(suffix); err != nil {
 		return childDir{}, err
@@ -365,7 +367,7 @@ func (m *Manager) childWorkdir(parent *Record, name string, snapshot bool) (chil
 // resources.workdir_max_bytes or workdir_max_inodes. A child's workdir is charged to its
 // parent, and the copy is roostd's own doing, made at once: the guard would only see it
 // once it had landed, so it is judged before it is made.
-func (m *Manager) snapshotFits(parent *Record, pp *manifest.Policy) error {
+func (m *Manager) snapshotFits(parent *store.Record, pp *manifest.Policy) error {
 	lim := workdir.Limits{Bytes: pp.Resources.WorkdirMaxBytes.Value, Inodes: pp.Resources.WorkdirMaxInodes.Value}
 	roots, what := m.guardRoots(parent, true)
 	// Every measure stops past lim: the parts are within the whole, and a whole past it is
@@ -405,7 +407,7 @@ func (m *Manager) snapshotFits(parent *Record, pp *manifest.Policy) error {
 }
 
 // childInfo is a child as its parent sees it.
-func (m *Manager) childInfo(parent, c *Record) spawn.ChildInfo {
+func (m *Manager) childInfo(parent, c *store.Record) spawn.ChildInfo {
 	rel, err := filepath.Rel(parent.Workdir, c.Workdir)
 	if err != nil || parent.Achieved != manifest.Sealed.String() {
 		rel = filepath.Join(containment.ChildrenRoot, "children", strings.TrimPrefix(filepath.Base(c.Workdir), "child-"))
@@ -423,13 +425,13 @@ func (m *Manager) childInfo(parent, c *Record) spawn.ChildInfo {
 
 // ownChild returns the child childID of parentID; any other id, existing or not, is the
 // same not-found, so a session learns nothing of sessions that are not its children.
-func (m *Manager) ownChild(parentID, childID string) (*Record, *Record, error) {
+func (m *Manager) ownChild(parentID, childID string) (*store.Record, *store.Record, error) {
 	parent, err := m.liveRecord(parentID)
 	if err != nil {
 		return nil, nil, err
 	}
-	var c *Record
-	_ = m.reg.View(func(tx *Tx) (err error) {
+	var c *store.Record
+	_ = m.reg.View(func(tx *store.Tx) (err error) {
 		c, err = tx.Get(childID)
 		return err
 	})
@@ -489,7 +491,7 @@ func (m *Manager) StopChild(ctx context.Context, parentID, childID string) (spaw
 	return completion(c), nil
 }
 
-func completion(rec *Record) spawn.Completion {
+func completion(rec *store.Record) spawn.Completion {
 	c := spawn.Completion{
 		SessionID: rec.ID,
 		Capsule:   rec.Capsule.Name + "@" + rec.Capsule.Version,

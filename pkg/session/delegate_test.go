@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
 
 	"roost.dev/roost/pkg/artifact"
@@ -98,12 +100,12 @@ func (d *delegation) push(name, command, caps string) {
 }
 
 // start runs a pushed capsule as a top-level session.
-func (d *delegation) start(name string) *Record {
+func (d *delegation) start(name string) *store.Record {
 	d.t.Helper()
 	return run(d.t, d.m, StageOptions{Capsule: name + "@0.1.0"})
 }
 
-func (d *delegation) spawn(parent *Record, name, task string, wait bool) (spawn.SpawnResult, error) {
+func (d *delegation) spawn(parent *store.Record, name, task string, wait bool) (spawn.SpawnResult, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return d.m.Spawn(ctx, parent.ID, spawn.Request{Capsule: name, Version: "0.1.0", Task: task, Wait: wait})
@@ -261,7 +263,7 @@ func TestChildSeesOnlyItsOwn(t *testing.T) {
 	if kids, err := d.m.Children(a.SessionID); err != nil || len(kids) != 0 {
 		t.Errorf("child A's children: %+v, %v", kids, err)
 	}
-	if rec, _ := d.m.Get(b.SessionID); rec.State != Running {
+	if rec, _ := d.m.Get(b.SessionID); rec.State != store.Running {
 		t.Errorf("sibling B is %s after A tried to stop it", rec.State)
 	}
 	if s, err := d.m.Self(a.SessionID); err != nil || s.SessionID != a.SessionID || s.ParentID != parent.ID {
@@ -293,7 +295,7 @@ func TestKillingParentEndsSubtree(t *testing.T) {
 	// Kill answers once the subtree is gone too.
 	for _, id := range []string{mid.SessionID, leaf.SessionID} {
 		rec, _ := d.m.Get(id)
-		if rec.State != Exited || rec.ExitStatus != StatusTerminated || !strings.Contains(rec.Detail, "its parent ses_") {
+		if rec.State != store.Exited || rec.ExitStatus != store.StatusTerminated || !strings.Contains(rec.Detail, "its parent ses_") {
 			t.Errorf("%s: %s %s %q", id, rec.State, rec.ExitStatus, rec.Detail)
 		}
 		if _, err := os.Stat(filepath.Join(rec.Workdir, CompletionFile)); err != nil {
@@ -343,7 +345,7 @@ func TestDelegationSurvivesRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if child.ExitStatus != StatusTerminated || !strings.Contains(child.Detail, parent.ID) {
+	if child.ExitStatus != store.StatusTerminated || !strings.Contains(child.Detail, parent.ID) {
 		t.Errorf("the orphaned child: %s %q", child.ExitStatus, child.Detail)
 	}
 	// The survivor's endpoint listens where its environment says, and its credential works.

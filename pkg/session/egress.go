@@ -9,7 +9,8 @@ import (
 	"sync"
 	"time"
 
-	roostv1 "roost.dev/roost/api/gen/roost/v1"
+	"roost.dev/roost/pkg/session/store"
+
 	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/spawn"
@@ -26,27 +27,12 @@ func hasNetNS(class manifest.Class) bool {
 	return class == manifest.Sealed || class == manifest.Scoped
 }
 
-// EgressTotals is what a session's proxy carried over its whole life.
-type EgressTotals struct {
-	// Connections counts allowed connections and requests, Denied refused ones.
-	Connections int64 `json:"connections,omitempty"`
-	Denied      int64 `json:"denied,omitempty"`
-	// BytesUp and BytesDown are payload bytes to and from the destinations.
-	BytesUp   int64 `json:"bytes_up,omitempty"`
-	BytesDown int64 `json:"bytes_down,omitempty"`
-}
-
-func (t EgressTotals) add(o EgressTotals) EgressTotals {
-	return EgressTotals{Connections: t.Connections + o.Connections, Denied: t.Denied + o.Denied,
-		BytesUp: t.BytesUp + o.BytesUp, BytesDown: t.BytesDown + o.BytesDown}
-}
-
 // liveEgress is a running session's proxy and what the trace holds of it.
 type liveEgress struct {
 	proxy *egress.Session
 	// before is what earlier daemons' proxies carried for the session (read from its trace
 	// at recovery).
-	before EgressTotals
+	before store.EgressTotals
 	// traced counts the bytes of egress records in the trace; past traceMax the trace
 	// stops taking them (the totals still count), so no session can fill the disk with
 	// connection attempts.
@@ -57,15 +43,15 @@ type liveEgress struct {
 }
 
 // totals is everything the session's proxy carried.
-func (e *liveEgress) totals() EgressTotals {
+func (e *liveEgress) totals() store.EgressTotals {
 	t := e.proxy.Totals()
-	return e.before.add(EgressTotals{Connections: t.Connections, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown})
+	return e.before.Add(store.EgressTotals{Connections: t.Connections, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown})
 }
 
 // openEgress gives a session in a network namespace of its own its proxy; before is what
 // it carried under earlier daemons, tracedBytes the size of the egress records its trace
 // already holds.
-func (m *Manager) openEgress(l *liveSession, sessionID string, p *manifest.Policy, before EgressTotals, tracedBytes int64) *egress.Session {
+func (m *Manager) openEgress(l *liveSession, sessionID string, p *manifest.Policy, before store.EgressTotals, tracedBytes int64) *egress.Session {
 	if m.egress == nil {
 		return nil
 	}
@@ -162,8 +148,8 @@ func (m *Manager) Egress(sessionID string, r egress.Record) {
 
 // tracedEgress reads back from a session's trace what its proxies carried, and how many
 // bytes of egress records the trace holds.
-func tracedEgress(recordsDir string) (EgressTotals, int64) {
-	var t EgressTotals
+func tracedEgress(recordsDir string) (store.EgressTotals, int64) {
+	var t store.EgressTotals
 	var traced int64
 	f, err := os.Open(filepath.Join(recordsDir, TraceFile))
 	if err != nil {
@@ -195,7 +181,7 @@ func tracedEgress(recordsDir string) (EgressTotals, int64) {
 
 // closeEgress ends the session's proxy (its open connections are cut and recorded) and
 // keeps its totals in the record.
-func (m *Manager) closeEgress(l *liveSession, rec *Record) {
+func (m *Manager) closeEgress(l *liveSession, rec *store.Record) {
 	l.egressMu.Lock()
 	e := l.egress
 	l.egressMu.Unlock()
@@ -203,26 +189,23 @@ func (m *Manager) closeEgress(l *liveSession, rec *Record) {
 		return
 	}
 	e.proxy.Close()
-	if t := e.totals(); t != (EgressTotals{}) {
+	if t := e.totals(); t != (store.EgressTotals{}) {
 		rec.Egress = &t
 	}
 }
 
-func (t EgressTotals) proto(active int) *roostv1.Egress {
-	return &roostv1.Egress{Connections: t.Connections, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown, Active: int32(active)}
-}
-
-// EgressNow is what a live session's proxy has carried so far; nil when it has none.
-func (m *Manager) EgressNow(id string) *roostv1.Egress {
+// EgressNow is what a live session's proxy has carried so far and how many of its
+// connections are open; ok is false when it has no proxy.
+func (m *Manager) EgressNow(id string) (t store.EgressTotals, active int, ok bool) {
 	l := m.lookup(id)
 	if l == nil {
-		return nil
+		return t, 0, false
 	}
 	l.egressMu.Lock()
 	e := l.egress
 	l.egressMu.Unlock()
 	if e == nil {
-		return nil
+		return t, 0, false
 	}
-	return e.totals().proto(e.proxy.Totals().Active)
+	return e.totals(), e.proxy.Totals().Active, true
 }

@@ -1,6 +1,10 @@
 package session
 
-import "context"
+import (
+	"context"
+
+	"roost.dev/roost/pkg/session/store"
+)
 
 // eventPage bounds how many events one registry read returns while replaying.
 const eventPage = 512
@@ -16,19 +20,19 @@ const eventPage = 512
 // Events takes to replay everything there is.
 func (m *Manager) OldestKeptEvent() uint64 {
 	var through uint64
-	_ = m.reg.View(func(tx *Tx) error {
+	_ = m.reg.View(func(tx *store.Tx) error {
 		through = tx.Compaction().Through
 		return nil
 	})
 	return through
 }
 
-func (m *Manager) Events(ctx context.Context, since uint64, follow bool, send func(Event) error) error {
+func (m *Manager) Events(ctx context.Context, since uint64, follow bool, send func(store.Event) error) error {
 	last := since
 	for {
 		changed := m.changed.wait()
-		var page []Event
-		if err := m.reg.View(func(tx *Tx) (err error) {
+		var page []store.Event
+		if err := m.reg.View(func(tx *store.Tx) (err error) {
 			page, err = tx.EventsSince(last, eventPage)
 			return err
 		}); err != nil {

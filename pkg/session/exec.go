@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
 
 	"roost.dev/roost/pkg/containment"
@@ -143,11 +145,11 @@ func (m *Manager) Exec(ctx context.Context, id string, opts containment.ExecOpti
 }
 
 // execState refuses a session that is not running, naming its state.
-func execState(rec *Record) error {
+func execState(rec *store.Record) error {
 	switch rec.State {
-	case Running:
+	case store.Running:
 		return nil
-	case Paused:
+	case store.Paused:
 		return fmt.Errorf("session %s is paused; resume it to run a command in it: %w", rec.ID, errdefs.ErrFailedPrecondition)
 	}
 	return fmt.Errorf("session %s is %s; a command runs only in a running session: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
@@ -181,8 +183,8 @@ func (x *Exec) Wait() (int, string) {
 
 // record notes the exec in the registry's events and the session's trace. Neither failing
 // changes what the command did, so it is logged, not returned.
-func (x *Exec) record(rec *Record, detail, traceType string) {
-	if err := x.m.update(func(tx *Tx) error { return tx.Note(rec, EventExec, detail) }); err != nil {
+func (x *Exec) record(rec *store.Record, detail, traceType string) {
+	if err := x.m.update(func(tx *store.Tx) error { return tx.Note(rec, EventExec, detail) }); err != nil {
 		x.m.cfg.Logger.Warn("recording an exec", "session", rec.ID, "exec", x.ID, "err", err)
 	}
 	t := traceRecord{EventType: traceType, SessionID: rec.ID, Timestamp: time.Now().UTC(), ExecID: x.ID, Command: x.argv}

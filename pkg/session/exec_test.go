@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
 
 	"roost.dev/roost/pkg/containment"
@@ -36,7 +38,7 @@ func TestExecRecordsAndPassesTheEnd(t *testing.T) {
 		t.Fatalf("exec: %q (want %q), %d %q", out, want, code, detail)
 	}
 	var details []string
-	if err := m.Events(context.Background(), 0, false, func(ev Event) error {
+	if err := m.Events(context.Background(), 0, false, func(ev store.Event) error {
 		if ev.Type == EventExec && ev.SessionID == rec.ID {
 			details = append(details, ev.Detail)
 		}

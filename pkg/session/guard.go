@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/workdir"
 )
@@ -27,7 +29,7 @@ const guardTries = 3
 // soon as either limit is passed. No path length, depth or link hides anything from it.
 // rec is the session as it was when supervision began (a copy: the guard reads no field
 // that changes).
-func (m *Manager) guardWorkdir(l *liveSession, rec *Record, done <-chan struct{}) {
+func (m *Manager) guardWorkdir(l *liveSession, rec *store.Record, done <-chan struct{}) {
 	defer m.wg.Done()
 	lim := workdir.Limits{Bytes: rec.WorkdirLimit, Inodes: manifest.DefaultWorkdirMaxInodes}
 	canSpawn := true
@@ -88,7 +90,7 @@ func (m *Manager) guardWorkdir(l *liveSession, rec *Record, done <-chan struct{}
 			continue
 		}
 		l.mu.Lock()
-		err = m.beginStopSaying(l, rec.ID, EndWorkdir, saw, m.cfg.StopGrace)
+		err = m.beginStopSaying(l, rec.ID, store.EndWorkdir, saw, m.cfg.StopGrace)
 		l.mu.Unlock()
 		if err != nil {
 			m.cfg.Logger.Error("workdir guard", "session", rec.ID, "err", err)
@@ -99,7 +101,7 @@ func (m *Manager) guardWorkdir(l *liveSession, rec *Record, done <-chan struct{}
 }
 
 // guardRoots lists the trees charged to the session and says, for its detail, what they are.
-func (m *Manager) guardRoots(rec *Record, canSpawn bool) ([]string, string) {
+func (m *Manager) guardRoots(rec *store.Record, canSpawn bool) ([]string, string) {
 	roots := []string{rec.Workdir, m.homeDir(rec.ID)}
 	parts := []string{"workdir", "home"}
 	if tmp := m.tmpDirOf(rec); tmp != "" {
@@ -132,7 +134,7 @@ func (m *Manager) guardRoots(rec *Record, canSpawn bool) ([]string, string) {
 // tmpDirOf is a scoped session's TMPDIR on the host; "" for other classes (a sealed
 // session's /tmp is a tmpfs of bounded size; advisory and unconfined sessions share the
 // host's).
-func (m *Manager) tmpDirOf(rec *Record) string {
+func (m *Manager) tmpDirOf(rec *store.Record) string {
 	if rec.Achieved != manifest.Scoped.String() {
 		return ""
 	}

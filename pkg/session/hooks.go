@@ -9,6 +9,8 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
 
 	"roost.dev/roost/pkg/hooks"
@@ -76,11 +78,11 @@ func (m *Manager) stageHooks(p *plan, parentID string) error {
 
 // endHooks tells the session_end hooks of a session's end: its final record, as
 // `roostctl inspect --json` prints it.
-func (m *Manager) endHooks(rec *Record) {
+func (m *Manager) endHooks(rec *store.Record) {
 	if m.cfg.Hooks == nil {
 		return
 	}
-	data, err := explanationJSON.Marshal(rec.Proto())
+	data, err := explanationJSON.Marshal(m.cfg.SessionView(rec))
 	var compact bytes.Buffer
 	if err == nil {
 		// protojson varies its spacing on purpose; hooks get one stable form.
@@ -115,7 +117,7 @@ func (m *Manager) HookEvent(hook string, r hooks.Result, subject string) {
 		}
 		detail += "; its output: " + out
 	}
-	err := m.update(func(tx *Tx) error {
+	err := m.update(func(tx *store.Tx) error {
 		if rec, err := tx.Get(subject); err == nil {
 			return tx.Note(rec, EventHookRan, detail)
 		}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
 
 	"roost.dev/roost/pkg/containment"
@@ -30,7 +32,7 @@ const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 // It takes two transactions on purpose: launching is written before the process exists, so
 // a daemon that dies in between leaves a record recovery can resolve, never a process
 // nobody knows of.
-func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
+func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) {
 	rec, err := m.Get(id)
 	if err != nil {
 		return nil, err
@@ -42,7 +44,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 		m.release(rec.ID, l)
 		return nil, err
 	}
-	if rec.State != Staged {
+	if rec.State != store.Staged {
 		m.release(rec.ID, l)
 		return nil, fmt.Errorf("session %s is %s; only a staged session can be launched: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}
@@ -66,7 +68,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 		}
 	}
 	began := time.Now()
-	if err := m.update(func(tx *Tx) error {
+	if err := m.update(func(tx *store.Tx) error {
 		// Checked in the launch's own transaction: a parent that ends after it commits
 		// sees this child launching and stops it; one that ended before refuses it here.
 		if rec.ParentID != "" {
@@ -76,11 +78,11 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 			}
 		}
 		if sb != nil {
-			if err := tx.TakeIDs(rec, sb.ID, sb.IDs); err != nil {
+			if err := tx.TakeIDs(rec, sb.ID, store.IDs(sb.IDs)); err != nil {
 				return err
 			}
 			rec.Warm = true
-			return tx.Transition(rec, Launching)
+			return tx.Transition(rec, store.Launching)
 		}
 		// Staged by a roostd from before id ranges: it gets one now.
 		if rec.IDs == nil && !rec.HostRoot {
@@ -88,7 +90,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 				return err
 			}
 		}
-		return tx.Transition(rec, Launching)
+		return tx.Transition(rec, store.Launching)
 	}); err != nil {
 		if sb != nil {
 			m.pool.discard(sb)
@@ -106,7 +108,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 		if !errors.As(err, &se) {
 			detail = "roost could not start the program: " + detail
 		}
-		m.endWithoutProcess(l, rec, StatusStartFailed, detail)
+		m.endWithoutProcess(l, rec, store.StatusStartFailed, detail)
 		return m.Get(rec.ID)
 	}
 
@@ -116,8 +118,8 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 		rec.EndpointPort = l.ep.Port()
 	}
 	rec.StartedAt = ref.StartedAt
-	rec.DeadlineAt = ref.StartedAt.Add(rec.deadline())
-	if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Running) }); err != nil {
+	rec.DeadlineAt = ref.StartedAt.Add(deadlineOf(rec))
+	if err := m.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Running) }); err != nil {
 		// The program runs but the registry refused the record: end it rather than leave
 		// a process nobody can see.
 		_ = proc.Signal(sigKill)
@@ -136,7 +138,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 // and starts the program: in sb, a sandbox made ahead, when it is not nil. The launch
 // outlives the RPC that asked for it: a client going away mid-launch must not leave a
 // half-started session. The caller holds l.mu.
-func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class manifest.Class, runtime Runtime, sb *containment.Sandbox) (containment.Process, error) {
+func (m *Manager) start(ctx context.Context, l *liveSession, rec *store.Record, class manifest.Class, runtime Runtime, sb *containment.Sandbox) (containment.Process, error) {
 	if sb != nil {
 		defer func() {
 			// Not handed to the runtime: nothing else will end it.
@@ -168,7 +170,7 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class 
 	}
 	if rec.HasTask {
 		var task []byte
-		if err := m.reg.View(func(tx *Tx) (err error) {
+		if err := m.reg.View(func(tx *store.Tx) (err error) {
 			task, err = tx.Task(rec.ID)
 			return err
 		}); err != nil {
@@ -196,7 +198,7 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class 
 	if m.cfg.Endpoints != nil {
 		var proxy *egress.Session
 		if hasNetNS(class) {
-			proxy = m.openEgress(l, rec.ID, policy, EgressTotals{}, 0)
+			proxy = m.openEgress(l, rec.ID, policy, store.EgressTotals{}, 0)
 		}
 		ep, err := m.cfg.Endpoints.Open(rec.ID, hasNetNS(class), 0, int(policy.Resources.EndpointMaxConnections.Value), m, proxy)
 		if err != nil {
@@ -209,7 +211,7 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class 
 	}
 	spec := m.launchSpec(rec, class, man, policy, l.ep)
 	var explanation []byte
-	_ = m.reg.View(func(tx *Tx) (err error) {
+	_ = m.reg.View(func(tx *store.Tx) (err error) {
 		explanation, err = tx.Explanation(rec.ID)
 		return err
 	})
@@ -228,7 +230,7 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class 
 const TaskFile = "task.md"
 
 // launchSpec builds the program's start from the manifest recorded at staging.
-func (m *Manager) launchSpec(rec *Record, class manifest.Class, man *manifest.Manifest, policy *manifest.Policy, ep spawn.Endpoint) containment.Spec {
+func (m *Manager) launchSpec(rec *store.Record, class manifest.Class, man *manifest.Manifest, policy *manifest.Policy, ep spawn.Endpoint) containment.Spec {
 	view := hostView(rec, m.homeDir(rec.ID))
 	if class == manifest.Sealed {
 		view = sealedView
@@ -251,7 +253,7 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, man *manifest.Ma
 	}
 	var ids containment.IDs
 	if rec.IDs != nil {
-		ids = *rec.IDs
+		ids = containment.IDs(*rec.IDs)
 	}
 	argv := view.command(rec)
 	var runner, module string
@@ -288,7 +290,7 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, man *manifest.Ma
 // execFiles is what the session may exec besides its program: the files its shell.allow
 // resolved to at stage (nil for a session staged before that: its runtime looks the names
 // up at launch).
-func execFiles(rec *Record) []string {
+func execFiles(rec *store.Record) []string {
 	if rec.Shell == nil {
 		return nil
 	}
@@ -300,7 +302,7 @@ func execFiles(rec *Record) []string {
 }
 
 // execTrees are the directories its shell.allow resolved to: every file beneath may run.
-func execTrees(rec *Record) []string {
+func execTrees(rec *store.Record) []string {
 	var out []string
 	for _, e := range rec.Shell {
 		out = append(out, e.Trees...)
@@ -316,7 +318,7 @@ type view struct {
 
 var sealedView = view{work: "/work", capsule: "/capsule", home: containment.SealedHome}
 
-func hostView(rec *Record, home string) view {
+func hostView(rec *store.Record, home string) view {
 	return view{work: rec.Workdir, capsule: rec.Capsule.Root(), home: home}
 }
 
@@ -338,7 +340,7 @@ func (v view) paths(list []string) []string {
 
 // command is the staged command line as the program's view names it: a program from the
 // capsule directory moves with it.
-func (v view) command(rec *Record) []string {
+func (v view) command(rec *store.Record) []string {
 	argv := slices.Clone(rec.Command)
 	if rest, ok := strings.CutPrefix(argv[0], rec.Capsule.Root()+"/"); ok {
 		argv[0] = v.capsule + "/" + rest
@@ -356,7 +358,7 @@ func (m *Manager) hostEnv(p *manifest.Policy) map[string]string {
 // variables that pass (see hostVariables), the manifest's literal env (which wins over
 // both), then roost's own ROOST_* variables, which nothing overrides. Sorted, so it is
 // reproducible.
-func environment(rec *Record, man *manifest.Manifest, host map[string]string, v view, roost map[string]string) []string {
+func environment(rec *store.Record, man *manifest.Manifest, host map[string]string, v view, roost map[string]string) []string {
 	env := map[string]string{"PATH": defaultPath, "HOME": v.home}
 	for k, v := range host {
 		env[k] = v

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"roost.dev/roost/pkg/workdir"
 )
 
@@ -38,7 +40,7 @@ func (m *Manager) endChildren(parentID string) {
 // stopOrphan stops a session whose parent has ended. A child still launching is stopped as
 // soon as it runs.
 func (m *Manager) stopOrphan(id, parentID string) {
-	rec, err := m.waitState(m.ctx, id, func(r *Record) bool { return r.State != Launching })
+	rec, err := m.waitState(m.ctx, id, func(r *store.Record) bool { return r.State != store.Launching })
 	if err != nil || !rec.State.Live() {
 		return
 	}
@@ -53,7 +55,7 @@ func (m *Manager) stopOrphan(id, parentID string) {
 		return
 	}
 	saw := fmt.Sprintf("its parent %s ended", parentID)
-	if err := m.beginStopSaying(l, id, EndParent, saw, m.cfg.StopGrace); err != nil {
+	if err := m.beginStopSaying(l, id, store.EndParent, saw, m.cfg.StopGrace); err != nil {
 		m.cfg.Logger.Error("lifeline", "session", id, "parent", parentID, "err", err)
 	}
 }
@@ -99,8 +101,8 @@ func (m *Manager) waitSubtree(ctx context.Context, id string) error {
 	}
 }
 
-func anyLiveBelow(recs []*Record, root string) bool {
-	kids := map[string][]*Record{}
+func anyLiveBelow(recs []*store.Record, root string) bool {
+	kids := map[string][]*store.Record{}
 	for _, r := range recs {
 		if r.ParentID != "" {
 			kids[r.ParentID] = append(kids[r.ParentID], r)
@@ -122,7 +124,7 @@ func anyLiveBelow(recs []*Record, root string) bool {
 
 // writeCompletion leaves the child's end in its workdir, written beneath it without
 // following any link the child planted.
-func (m *Manager) writeCompletion(rec *Record) {
+func (m *Manager) writeCompletion(rec *store.Record) {
 	data, err := json.MarshalIndent(completion(rec), "", "  ")
 	if err != nil {
 		return

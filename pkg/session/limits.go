@@ -1,5 +1,7 @@
 package session
 
+import "roost.dev/roost/pkg/session/store"
+
 // The bounds a session can meet, as events' details and the roost_limit_hits_total label.
 const (
 	LimitEndpointConnections = "endpoint_connections"
@@ -31,7 +33,7 @@ func (m *Manager) LimitHit(sessionID, limit, detail string) {
 	}
 	m.cfg.Logger.Info("session limit hit", "session", rec.ID, "capsule", rec.Capsule.Name+"@"+rec.Capsule.Version, "class", rec.Achieved,
 		"limit", limit, "detail", detail)
-	if err := m.update(func(tx *Tx) error { return tx.Note(rec, EventLimit, limit+": "+detail) }); err != nil {
+	if err := m.update(func(tx *store.Tx) error { return tx.Note(rec, EventLimit, limit+": "+detail) }); err != nil {
 		m.cfg.Logger.Warn("recording a limit", "session", sessionID, "limit", limit, "err", err)
 	}
 }

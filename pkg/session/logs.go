@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -165,7 +167,7 @@ func (m *Manager) Logs(ctx context.Context, id string, opts LogOptions, send fun
 		if err != nil {
 			return err
 		}
-		if !opts.Follow || cur.State == Exited {
+		if !opts.Follow || cur.State == store.Exited {
 			return nil
 		}
 		if sent {

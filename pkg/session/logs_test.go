@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"roost.dev/roost/pkg/containment/roostinit"
 )
 
@@ -161,16 +163,16 @@ func TestLogsCapThroughTheManager(t *testing.T) {
 	if n := strings.Count(out, "--- roost: "); n != 1 || !strings.Contains(out, " bytes of stdout dropped here (resources.log_max_bytes 65536) ---\n") {
 		t.Fatalf("%d markers", n)
 	}
-	p := rec.Proto()
-	if p.GetStdout().GetWrittenBytes() != total || p.GetStdout().GetMaxBytes() != 65536 || p.GetStdout().GetDroppedBytes() < total-65536 ||
-		p.GetStderr().GetWrittenBytes() != 5 || p.GetStderr().GetDroppedBytes() != 0 {
-		t.Fatalf("stats %v %v", p.GetStdout(), p.GetStderr())
+	st := LogStats(rec)
+	if st == nil || st.Stdout.WrittenBytes != total || st.MaxBytes != 65536 || st.Stdout.DroppedBytes < total-65536 ||
+		st.Stderr.WrittenBytes != 5 || st.Stderr.DroppedBytes != 0 {
+		t.Fatalf("stats %+v", st)
 	}
 	for range 3 {
 		m.CheckLogCuts(rec.ID, rec.RecordsDir)
 	}
 	var details []string
-	m.Events(context.Background(), 0, false, func(ev Event) error {
+	m.Events(context.Background(), 0, false, func(ev store.Event) error {
 		if ev.Type == EventLimit && ev.SessionID == rec.ID {
 			details = append(details, ev.Detail)
 		}

@@ -6,11 +6,14 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
+
+	"roost.dev/roost/pkg/session/store"
 
 	"github.com/containerd/errdefs"
 
@@ -107,7 +110,7 @@ type Config struct {
 	GuardInterval time.Duration
 	// IDs is the block of host ids sessions' ranges come from; roostd's default block
 	// when zero.
-	IDs IDPool
+	IDs store.IDPool
 	// AllowRoot names capsules whose sessions, when not sealed, run as host root (roostd's
 	// sessions.allow_root); every other session runs as an unprivileged uid of its own.
 	AllowRoot []string
@@ -116,6 +119,9 @@ type Config struct {
 	HostPaths []string
 	// Hooks are the operator's stage and session_end hooks; nil for none.
 	Hooks Hooks
+	// SessionView is a record as the API shows it (server.SessionProto): what the
+	// session_end hooks read. Open refuses Hooks without it.
+	SessionView func(*store.Record) *roostv1.Session
 	// Wasm runs run.wasm sessions and keeps their compiled modules; nil for none (then a
 	// WASM capsule is refused at stage).
 	Wasm *WasmCache
@@ -143,7 +149,7 @@ const DefaultGuardInterval = 2 * time.Second
 // Manager runs sessions: it is the only way the rest of roost changes one.
 type Manager struct {
 	cfg     Config
-	reg     *Registry
+	reg     *store.Registry
 	changed *notifier
 
 	ctx    context.Context
@@ -194,6 +200,9 @@ type liveSession struct {
 // Open opens the state directory's registry, reconciles every session it lists as live
 // with what actually runs, and returns a Manager ready to serve.
 func Open(cfg Config) (*Manager, error) {
+	if cfg.Hooks != nil && cfg.SessionView == nil {
+		return nil, fmt.Errorf("session.Config: Hooks without SessionView (the session_end hooks' input): %w", errdefs.ErrInvalidArgument)
+	}
 	if cfg.StopGrace == 0 {
 		cfg.StopGrace = DefaultStopGrace
 	}
@@ -206,13 +215,13 @@ func Open(cfg Config) (*Manager, error) {
 	if cfg.HostEnv == nil {
 		cfg.HostEnv = os.Environ()
 	}
-	if cfg.IDs == (IDPool{}) {
-		cfg.IDs = IDPool{First: config.DefaultFirstID, Slots: config.DefaultIDSlots}
+	if cfg.IDs == (store.IDPool{}) {
+		cfg.IDs = store.IDPool{First: config.DefaultFirstID, Slots: config.DefaultIDSlots}
 	}
 	if err := PrepareStateDir(cfg.StateDir); err != nil {
 		return nil, err
 	}
-	reg, err := OpenRegistry(filepath.Join(cfg.StateDir, DBFile))
+	reg, err := store.OpenRegistry(filepath.Join(cfg.StateDir, store.DBFile))
 	if err != nil {
 		return nil, err
 	}
@@ -344,7 +353,7 @@ func (m *Manager) recordsDirFor(id string) string {
 
 // update runs one registry transaction and wakes everyone waiting for a change once it has
 // committed.
-func (m *Manager) update(fn func(*Tx) error) error {
+func (m *Manager) update(fn func(*store.Tx) error) error {
 	events, err := m.reg.Update(fn)
 	if len(events) > 0 {
 		m.changed.broadcast()
@@ -354,10 +363,10 @@ func (m *Manager) update(fn func(*Tx) error) error {
 
 // Get returns one session; ref is its name, its id, a unique prefix of its id or its short
 // id (see resolve).
-func (m *Manager) Get(ref string) (*Record, error) {
-	var rec *Record
-	err := m.reg.View(func(tx *Tx) (err error) {
-		rec, err = resolve(tx, ref)
+func (m *Manager) Get(ref string) (*store.Record, error) {
+	var rec *store.Record
+	err := m.reg.View(func(tx *store.Tx) (err error) {
+		rec, err = tx.Resolve(ref)
 		return err
 	})
 	if err == nil {
@@ -366,109 +375,11 @@ func (m *Manager) Get(ref string) (*Record, error) {
 	return rec, err
 }
 
-// minPrefix is the shortest id prefix accepted in place of a whole id.
-const minPrefix = len(idPrefix) + 4
-
-// ShortIDLen is how many hex digits a short id has: the end of the id, which is random. The
-// start is not: an id is a UUIDv7, whose first 12 digits are its creation time in
-// milliseconds, so the ids of sessions staged the same minute share their first 8.
-const ShortIDLen = 12
-
-// minShortID is the fewest digits of a short id accepted in place of all of it: enough to
-// be unique among a few hundred sessions, few enough to type.
-const minShortID = 4
-
-// maxCandidates bounds the sessions an ambiguity error lists.
-const maxCandidates = 5
-
-// ShortID is a session id's short id: its last ShortIDLen hex digits (the whole id when it
-// has fewer after "ses_").
-func ShortID(id string) string {
-	if hex := strings.TrimPrefix(id, idPrefix); len(hex) > ShortIDLen {
-		return hex[len(hex)-ShortIDLen:]
-	}
-	return id
-}
-
-// resolve finds the session ref names. In order, the first kind that matches wins:
-//
-//  1. a session name, exactly;
-//  2. a session id, exactly;
-//  3. a prefix of one session's id: "ses_" and at least 4 more characters;
-//  4. a short id: at least 4 and at most 12 hex digits that begin one session's short id,
-//     or more than 12 that end one session's id (what ps shows when two short ids collide).
-//
-// Names never begin with "ses_" and ids always do, so 1 never shadows 2 or 3; a name made
-// of hex digits does shadow the short ids it begins. A ref that matches several sessions at
-// 3 or 4 is InvalidArgument, listing some of them.
-func resolve(tx *Tx, ref string) (*Record, error) {
-	if ref == "" {
-		return nil, fmt.Errorf("no session given (a name, an id or a short id): %w", errdefs.ErrInvalidArgument)
-	}
-	if holder := tx.NameHolder(ref); holder != "" {
-		return tx.Get(holder)
-	}
-	rec, err := tx.Get(ref)
-	if err == nil || !errdefs.IsNotFound(err) {
-		return rec, err
-	}
-	var match func(id string) bool
-	var kind string
-	switch {
-	case strings.HasPrefix(ref, idPrefix) && len(ref) >= minPrefix:
-		kind = "id prefix"
-		match = func(id string) bool { return strings.HasPrefix(id, ref) }
-	case isHex(ref) && len(ref) >= minShortID && len(ref) <= ShortIDLen:
-		kind = "short id"
-		match = func(id string) bool { return strings.HasPrefix(ShortID(id), ref) }
-	case isHex(ref) && len(ref) > ShortIDLen:
-		kind = "short id"
-		match = func(id string) bool { return len(id) >= len(idPrefix)+len(ref) && strings.HasSuffix(id, ref) }
-	default:
-		return nil, fmt.Errorf("no session %q (no name or id is that; an id prefix is \"ses_\" and 4 or more characters, a short id 4 or more hex digits): %w", ref, errdefs.ErrNotFound)
-	}
-	var found []string
-	_ = sessionsBucket(tx.tx).ForEachBucket(func(k []byte) error {
-		if match(string(k)) {
-			found = append(found, string(k))
-		}
-		return nil
-	})
-	switch len(found) {
-	case 0:
-		return nil, fmt.Errorf("no session %q (no name, id or %s matches): %w", ref, kind, errdefs.ErrNotFound)
-	case 1:
-		return tx.Get(found[0])
-	}
-	list := make([]string, 0, maxCandidates+1)
-	for _, id := range found[:min(len(found), maxCandidates)] {
-		c := id
-		if r, err := tx.Get(id); err == nil && r.Name != "" {
-			c += " (" + r.Name + ")"
-		}
-		list = append(list, c)
-	}
-	if more := len(found) - maxCandidates; more > 0 {
-		list = append(list, fmt.Sprintf("and %d more", more))
-	}
-	return nil, fmt.Errorf("%s %q is ambiguous: it matches %d sessions: %s; give more of it, or the full id: %w",
-		kind, ref, len(found), strings.Join(list, ", "), errdefs.ErrInvalidArgument)
-}
-
-func isHex(s string) bool {
-	for i := range len(s) {
-		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return false
-		}
-	}
-	return s != ""
-}
-
 // List returns staged and live sessions, or all of them.
-func (m *Manager) List(all bool) ([]*Record, error) {
-	var recs []*Record
-	err := m.reg.View(func(tx *Tx) (err error) {
-		keep := func(s State) bool { return s != Exited }
+func (m *Manager) List(all bool) ([]*store.Record, error) {
+	var recs []*store.Record
+	err := m.reg.View(func(tx *store.Tx) (err error) {
+		keep := func(s store.State) bool { return s != store.Exited }
 		if all {
 			keep = nil
 		}
@@ -482,9 +393,9 @@ func (m *Manager) List(all bool) ([]*Record, error) {
 }
 
 // CountByState counts sessions in each state.
-func (m *Manager) CountByState() map[State]int {
-	var counts map[State]int
-	_ = m.reg.View(func(tx *Tx) error {
+func (m *Manager) CountByState() map[store.State]int {
+	var counts map[store.State]int
+	_ = m.reg.View(func(tx *store.Tx) error {
 		counts = tx.CountByState()
 		return nil
 	})
@@ -492,16 +403,16 @@ func (m *Manager) CountByState() map[State]int {
 }
 
 // Wait blocks until the session has ended and returns its final record.
-func (m *Manager) Wait(ctx context.Context, id string) (*Record, error) {
+func (m *Manager) Wait(ctx context.Context, id string) (*store.Record, error) {
 	rec, err := m.Get(id)
 	if err != nil {
 		return nil, err
 	}
-	return m.waitState(ctx, rec.ID, func(r *Record) bool { return r.State == Exited })
+	return m.waitState(ctx, rec.ID, func(r *store.Record) bool { return r.State == store.Exited })
 }
 
 // waitState re-reads the session after every committed change until done accepts it.
-func (m *Manager) waitState(ctx context.Context, id string, done func(*Record) bool) (*Record, error) {
+func (m *Manager) waitState(ctx context.Context, id string, done func(*store.Record) bool) (*store.Record, error) {
 	for {
 		changed := m.changed.wait()
 		rec, err := m.Get(id)

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
 
 	"roost.dev/roost/pkg/containment"
@@ -53,7 +55,7 @@ func (r *recorder) Egress(string, int64, int64) {}
 
 // testPool is this package's tests' block of host ids, apart from roostd's and other
 // packages' tests'.
-var testPool = IDPool{First: 0x50000000, Slots: 256}
+var testPool = store.IDPool{First: 0x50000000, Slots: 256}
 
 // stateDir is a state directory whose parents let sessions' uids pass, as /var/lib does.
 func stateDir(t testing.TB) string {
@@ -109,7 +111,7 @@ func jsonString(s string) string {
 	return string(b)
 }
 
-func run(t *testing.T, m *Manager, opts StageOptions) *Record {
+func run(t *testing.T, m *Manager, opts StageOptions) *store.Record {
 	t.Helper()
 	rec, err := m.Stage(opts)
 	if err != nil {
@@ -121,7 +123,7 @@ func run(t *testing.T, m *Manager, opts StageOptions) *Record {
 	return rec
 }
 
-func waitEnd(t *testing.T, m *Manager, id string) *Record {
+func waitEnd(t *testing.T, m *Manager, id string) *store.Record {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -154,11 +156,11 @@ func TestRunToCompletion(t *testing.T) {
 	dir := capsule(t, `echo "hello $GREETING"; echo oops >&2; echo data > out.txt; env | sort > env.txt`,
 		"env:\n  GREETING: world\ncapabilities:\n  env:\n    allow: [LANG, PROXY_URL, TZ]\n")
 	rec := run(t, m, StageOptions{Capsule: dir})
-	if rec.State != Running && rec.State != Exited {
+	if rec.State != store.Running && rec.State != store.Exited {
 		t.Fatalf("state after launch: %s", rec.State)
 	}
 	rec = waitEnd(t, m, rec.ID)
-	if rec.ExitStatus != StatusOK || *rec.ExitCode != 0 || rec.Detail != "exited with code 0" {
+	if rec.ExitStatus != store.StatusOK || *rec.ExitCode != 0 || rec.Detail != "exited with code 0" {
 		t.Fatalf("end: %+v", rec)
 	}
 	if rec.StartedAt.IsZero() || rec.EndedAt.Before(rec.StartedAt) || rec.Declared != "advisory" || rec.Achieved != "advisory" {
@@ -234,13 +236,13 @@ func TestExitStatuses(t *testing.T) {
 	m, _ := openManager(t, stateDir(t))
 	cases := []struct {
 		command string
-		status  ExitStatus
+		status  store.ExitStatus
 		code    int
 		detail  string
 	}{
-		{"exit 3", StatusError, 3, "exited with code 3"},
-		{"kill -SEGV $$", StatusCrashed, 128 + 11, "killed by SIGSEGV"},
-		{"ulimit -St 1; while :; do :; done", StatusCrashed, 128 + int(syscall.SIGXCPU), "resources.cpu_seconds used up"},
+		{"exit 3", store.StatusError, 3, "exited with code 3"},
+		{"kill -SEGV $$", store.StatusCrashed, 128 + 11, "killed by SIGSEGV"},
+		{"ulimit -St 1; while :; do :; done", store.StatusCrashed, 128 + int(syscall.SIGXCPU), "resources.cpu_seconds used up"},
 	}
 	for _, c := range cases {
 		rec := waitEnd(t, m, run(t, m, StageOptions{Capsule: capsule(t, c.command, "")}).ID)
@@ -255,7 +257,7 @@ func TestStartFailure(t *testing.T) {
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, manifest.FileName), []byte("name: t\nversion: 0.1.0\nrun:\n  command: [no-such-program-roost]\n"), 0o644)
 	rec := run(t, m, StageOptions{Capsule: dir})
-	if rec.State != Exited || rec.ExitStatus != StatusStartFailed || rec.ExitCode != nil || !strings.Contains(rec.Detail, "no-such-program-roost") {
+	if rec.State != store.Exited || rec.ExitStatus != store.StatusStartFailed || rec.ExitCode != nil || !strings.Contains(rec.Detail, "no-such-program-roost") {
 		t.Fatalf("record: %+v", rec)
 	}
 	if obs.failed != 1 {
@@ -270,13 +272,13 @@ func TestDeadline(t *testing.T) {
 		t.Fatalf("deadline_at %v started %v", rec.DeadlineAt, rec.StartedAt)
 	}
 	rec = waitEnd(t, m, rec.ID)
-	if rec.ExitStatus != StatusDeadlineReached || *rec.ExitCode != 128+int(syscall.SIGTERM) {
+	if rec.ExitStatus != store.StatusDeadlineReached || *rec.ExitCode != 128+int(syscall.SIGTERM) {
 		t.Fatalf("end: %+v", rec)
 	}
 	// A program that ignores SIGTERM is killed once the grace has passed.
 	rec = run(t, m, StageOptions{Capsule: capsule(t, "trap '' TERM; sleep 30", ""), Deadline: time.Second})
 	rec = waitEnd(t, m, rec.ID)
-	if rec.ExitStatus != StatusDeadlineReached || *rec.ExitCode != 128+int(syscall.SIGKILL) {
+	if rec.ExitStatus != store.StatusDeadlineReached || *rec.ExitCode != 128+int(syscall.SIGKILL) {
 		t.Fatalf("end: %+v", rec)
 	}
 }
@@ -304,11 +306,11 @@ func TestStopAndKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if stopped.State != Exited || stopped.ExitStatus != StatusTerminated || *stopped.ExitCode != 143 {
+	if stopped.State != store.Exited || stopped.ExitStatus != store.StatusTerminated || *stopped.ExitCode != 143 {
 		t.Fatalf("stop: %+v", stopped)
 	}
 	// Stopping again is harmless; killing an ended session is refused.
-	if again, err := m.Stop(context.Background(), rec.ID, time.Second); err != nil || again.ExitStatus != StatusTerminated {
+	if again, err := m.Stop(context.Background(), rec.ID, time.Second); err != nil || again.ExitStatus != store.StatusTerminated {
 		t.Fatalf("second stop: %+v %v", again, err)
 	}
 	if _, err := m.Kill(context.Background(), rec.ID, syscall.SIGKILL); !errdefs.IsFailedPrecondition(err) {
@@ -317,7 +319,7 @@ func TestStopAndKill(t *testing.T) {
 
 	rec = run(t, m, StageOptions{Capsule: capsule(t, "trap '' TERM; sleep 30", "")})
 	killed, err := m.Kill(context.Background(), rec.ID, syscall.SIGKILL)
-	if err != nil || killed.ExitStatus != StatusTerminated || *killed.ExitCode != 137 {
+	if err != nil || killed.ExitStatus != store.StatusTerminated || *killed.ExitCode != 137 {
 		t.Fatalf("kill: %+v %v", killed, err)
 	}
 
@@ -329,10 +331,10 @@ func TestStopAndKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.State != Exited {
+	if got.State != store.Exited {
 		got = waitEnd(t, m, rec.ID)
 	}
-	if got.ExitStatus != StatusOK {
+	if got.ExitStatus != store.StatusOK {
 		t.Fatalf("handled signal: %+v", got)
 	}
 
@@ -377,7 +379,7 @@ func TestStageRefusals(t *testing.T) {
 	if len(recs) != 0 {
 		t.Fatalf("refused stages left %d sessions", len(recs))
 	}
-	m.reg.View(func(tx *Tx) error {
+	m.reg.View(func(tx *store.Tx) error {
 		if tx.LastSeq() != 0 {
 			t.Errorf("refused stages left events")
 		}
@@ -432,7 +434,7 @@ func TestIDPrefix(t *testing.T) {
 	if _, err := m.Get("ses_"); !errdefs.IsNotFound(err) {
 		t.Fatalf("too-short prefix: %v", err)
 	}
-	if _, err := m.Get(rec.ID[:minPrefix]); !errdefs.IsInvalidArgument(err) {
+	if _, err := m.Get(rec.ID[:len("ses_")+4]); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("ambiguous prefix: %v", err)
 	}
 }
@@ -441,8 +443,8 @@ func TestEventsReplayAndFollow(t *testing.T) {
 	m, _ := openManager(t, stateDir(t))
 	rec := run(t, m, StageOptions{Capsule: capsule(t, "true", "")})
 	waitEnd(t, m, rec.ID)
-	var got []Event
-	if err := m.Events(context.Background(), 0, false, func(ev Event) error { got = append(got, ev); return nil }); err != nil {
+	var got []store.Event
+	if err := m.Events(context.Background(), 0, false, func(ev store.Event) error { got = append(got, ev); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	types := []string{}
@@ -452,7 +454,7 @@ func TestEventsReplayAndFollow(t *testing.T) {
 		}
 		types = append(types, ev.Type)
 	}
-	want := []string{EventStaged, EventLaunching, EventRunning, EventExited}
+	want := []string{store.EventStaged, store.EventLaunching, store.EventRunning, store.EventExited}
 	if !slices.Equal(types, want) {
 		t.Fatalf("events %v, want %v", types, want)
 	}
@@ -460,12 +462,12 @@ func TestEventsReplayAndFollow(t *testing.T) {
 	// A follower from the last seen sequence gets exactly what commits next.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	followed := make(chan Event, 16)
-	go m.Events(ctx, got[len(got)-1].Seq, true, func(ev Event) error { followed <- ev; return nil })
+	followed := make(chan store.Event, 16)
+	go m.Events(ctx, got[len(got)-1].Seq, true, func(ev store.Event) error { followed <- ev; return nil })
 	m.Remove(rec.ID)
 	select {
 	case ev := <-followed:
-		if ev.Type != EventRemoved || ev.Seq != uint64(len(got)+1) {
+		if ev.Type != store.EventRemoved || ev.Seq != uint64(len(got)+1) {
 			t.Fatalf("followed %+v", ev)
 		}
 	case <-time.After(5 * time.Second):
@@ -491,7 +493,7 @@ func TestLogsFollow(t *testing.T) {
 		}
 	}
 	final, _ := m.Get(rec.ID)
-	if final.State != Exited {
+	if final.State != store.Exited {
 		t.Fatalf("logs -f returned before the end: %s", final.State)
 	}
 }
@@ -513,7 +515,7 @@ func TestRecovery(t *testing.T) {
 	timed := run(t, m, StageOptions{Capsule: capsule(t, "sleep 30", ""), Deadline: 3 * time.Second})
 
 	// While no daemon runs: quick ends by itself; lost loses its supervisor's records.
-	if got, _ := m.Get(quick.ID); got.State == Exited {
+	if got, _ := m.Get(quick.ID); got.State == store.Exited {
 		t.Fatal("quick ended before the daemon closed; the test needs it running then")
 	}
 	m.Close()
@@ -528,27 +530,27 @@ func TestRecovery(t *testing.T) {
 
 	m2, obs2 := openManager(t, state)
 	got, _ := m2.Get(quick.ID)
-	if got.State != Exited || got.ExitStatus != StatusError || *got.ExitCode != 4 {
+	if got.State != store.Exited || got.ExitStatus != store.StatusError || *got.ExitCode != 4 {
 		t.Fatalf("quick after restart: %+v", got)
 	}
 	if out, _ := logs(t, m2, quick.ID); out != "done\n" {
 		t.Fatalf("quick's output: %q", out)
 	}
 	got, _ = m2.Get(lost.ID)
-	if got.State != Exited || got.ExitStatus != StatusLost || got.Detail == "" {
+	if got.State != store.Exited || got.ExitStatus != store.StatusLost || got.Detail == "" {
 		t.Fatalf("lost after restart: %+v", got)
 	}
 	got, _ = m2.Get(slow.ID)
-	if got.State != Running {
+	if got.State != store.Running {
 		t.Fatalf("slow after restart: %+v", got)
 	}
 	stopped, err := m2.Stop(context.Background(), slow.ID, 5*time.Second)
-	if err != nil || stopped.ExitStatus != StatusTerminated || *stopped.ExitCode != 9 {
+	if err != nil || stopped.ExitStatus != store.StatusTerminated || *stopped.ExitCode != 9 {
 		t.Fatalf("stop after restart: %+v %v", stopped, err)
 	}
 	// The deadline is re-armed from its absolute time.
 	got = waitEnd(t, m2, timed.ID)
-	if got.ExitStatus != StatusDeadlineReached {
+	if got.ExitStatus != store.StatusDeadlineReached {
 		t.Fatalf("deadline after restart: %+v", got)
 	}
 	slices.Sort(obs2.recovered)
@@ -557,7 +559,7 @@ func TestRecovery(t *testing.T) {
 	}
 	// Every transition is in the event log once, in order.
 	var seqs []uint64
-	m2.Events(context.Background(), 0, false, func(ev Event) error { seqs = append(seqs, ev.Seq); return nil })
+	m2.Events(context.Background(), 0, false, func(ev store.Event) error { seqs = append(seqs, ev.Seq); return nil })
 	for i, s := range seqs {
 		if s != uint64(i+1) {
 			t.Fatalf("event sequence %v", seqs)
@@ -579,7 +581,7 @@ func TestSecondManagerRefused(t *testing.T) {
 	state := stateDir(t)
 	openManager(t, state)
 	_, err := Open(testConfig(state, &recorder{}))
-	if !errors.Is(err, ErrLocked) {
+	if !errors.Is(err, store.ErrLocked) {
 		t.Fatalf("second manager: %v", err)
 	}
 }
@@ -614,7 +616,7 @@ func TestRecoverMidLaunch(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Do what Launch does, up to the moment it would record the session running.
-	if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Launching) }); err != nil {
+	if err := m.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Launching) }); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := m.start(context.Background(), &liveSession{ended: make(chan struct{})}, rec, manifest.Advisory, m.cfg.Runtimes[manifest.Advisory], nil); err != nil {
@@ -624,15 +626,15 @@ func TestRecoverMidLaunch(t *testing.T) {
 
 	m2, obs := openManager(t, state)
 	got := waitEnd(t, m2, rec.ID)
-	if got.ExitStatus != StatusError || *got.ExitCode != 6 || got.StartedAt.IsZero() {
+	if got.ExitStatus != store.StatusError || *got.ExitCode != 6 || got.StartedAt.IsZero() {
 		t.Fatalf("after recovery: %+v", got)
 	}
 	if len(obs.recovered) != 1 || (obs.recovered[0] != RecoveredAttached && obs.recovered[0] != RecoveredExited) {
 		t.Fatalf("recovery outcome %v", obs.recovered)
 	}
 	var types []string
-	m2.Events(context.Background(), 0, false, func(ev Event) error { types = append(types, ev.Type); return nil })
-	if !slices.Equal(types, []string{EventStaged, EventLaunching, EventRunning, EventRecovered, EventExited}) && !slices.Equal(types, []string{EventStaged, EventLaunching, EventExited, EventRecovered}) {
+	m2.Events(context.Background(), 0, false, func(ev store.Event) error { types = append(types, ev.Type); return nil })
+	if !slices.Equal(types, []string{store.EventStaged, store.EventLaunching, store.EventRunning, store.EventRecovered, store.EventExited}) && !slices.Equal(types, []string{store.EventStaged, store.EventLaunching, store.EventExited, store.EventRecovered}) {
 		t.Fatalf("events %v", types)
 	}
 }
@@ -642,13 +644,13 @@ func TestWorkdirGuard(t *testing.T) {
 	rec := run(t, m, StageOptions{Capsule: capsule(t, "head -c 3000000 /dev/urandom > big; sleep 30",
 		"capabilities:\n  resources:\n    workdir_max_bytes: 1048576\n")})
 	rec = waitEnd(t, m, rec.ID)
-	if rec.ExitStatus != StatusTerminated || !strings.Contains(rec.Detail, "past resources.workdir_max_bytes (1048576)") {
+	if rec.ExitStatus != store.StatusTerminated || !strings.Contains(rec.Detail, "past resources.workdir_max_bytes (1048576)") {
 		t.Fatalf("end: %s %q", rec.ExitStatus, rec.Detail)
 	}
 	// A symlink to a large tree is not the workdir's size.
 	rec = run(t, m, StageOptions{Capsule: capsule(t, "ln -s /usr big; sleep 0.5",
 		"capabilities:\n  resources:\n    workdir_max_bytes: 1048576\n")})
-	if rec = waitEnd(t, m, rec.ID); rec.ExitStatus != StatusOK {
+	if rec = waitEnd(t, m, rec.ID); rec.ExitStatus != store.StatusOK {
 		t.Fatalf("a symlink counted as its target: %s %q", rec.ExitStatus, rec.Detail)
 	}
 }
@@ -687,7 +689,7 @@ func TestIDRanges(t *testing.T) {
 	state := stateDir(t)
 	obs := &recorder{}
 	cfg := testConfig(state, obs)
-	cfg.IDs = IDPool{First: testPool.First, Slots: 3}
+	cfg.IDs = store.IDPool{First: testPool.First, Slots: 3}
 	cfg.AllowRoot = []string{"rooted"}
 	m, err := Open(cfg)
 	if err != nil {
@@ -768,7 +770,7 @@ func TestOperatorWorkdirLentAndReturned(t *testing.T) {
 	dir := capsule(t, "echo new > made.txt && echo more >> mine.txt", "")
 	rec := run(t, m, StageOptions{Capsule: dir, Workdir: work})
 	rec = waitEnd(t, m, rec.ID)
-	if rec.ExitStatus != StatusOK {
+	if rec.ExitStatus != store.StatusOK {
 		t.Fatalf("end: %+v", rec)
 	}
 	owner := func(p string) uint32 {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
 
 	"roost.dev/roost/pkg/containment"
@@ -11,8 +13,8 @@ import (
 
 // Pause freezes every process of a running session. Time paused does not count against its
 // deadline.
-func (m *Manager) Pause(id string) (*Record, error) {
-	return m.freeze(id, Running, Paused, func(l *liveSession, f containment.Freezer, rec *Record) error {
+func (m *Manager) Pause(id string) (*store.Record, error) {
+	return m.freeze(id, store.Running, store.Paused, func(l *liveSession, f containment.Freezer, rec *store.Record) error {
 		if err := f.Pause(); err != nil {
 			return err
 		}
@@ -25,8 +27,8 @@ func (m *Manager) Pause(id string) (*Record, error) {
 }
 
 // Resume thaws a paused session; its deadline moves on by the time it was paused.
-func (m *Manager) Resume(id string) (*Record, error) {
-	return m.freeze(id, Paused, Running, func(l *liveSession, f containment.Freezer, rec *Record) error {
+func (m *Manager) Resume(id string) (*store.Record, error) {
+	return m.freeze(id, store.Paused, store.Running, func(l *liveSession, f containment.Freezer, rec *store.Record) error {
 		if err := f.Resume(); err != nil {
 			return err
 		}
@@ -39,7 +41,7 @@ func (m *Manager) Resume(id string) (*Record, error) {
 	})
 }
 
-func (m *Manager) freeze(id string, from, to State, act func(*liveSession, containment.Freezer, *Record) error) (*Record, error) {
+func (m *Manager) freeze(id string, from, to store.State, act func(*liveSession, containment.Freezer, *store.Record) error) (*store.Record, error) {
 	rec, err := m.Get(id)
 	if err != nil {
 		return nil, err
@@ -63,7 +65,7 @@ func (m *Manager) freeze(id string, from, to State, act func(*liveSession, conta
 	if err := act(l, f, rec); err != nil {
 		return nil, fmt.Errorf("session %s: %w", rec.ID, err)
 	}
-	if err := m.update(func(tx *Tx) error { return tx.Transition(rec, to) }); err != nil {
+	if err := m.update(func(tx *store.Tx) error { return tx.Transition(rec, to) }); err != nil {
 		return nil, err
 	}
 	return rec, nil
@@ -89,7 +91,7 @@ type Usage struct {
 
 // Usage is what a live session uses now; nil when nothing can be read (no process yet, or
 // neither a cgroup nor a workdir to measure).
-func (m *Manager) Usage(rec *Record) *Usage {
+func (m *Manager) Usage(rec *store.Record) *Usage {
 	l := m.lookup(rec.ID)
 	if l == nil {
 		return nil

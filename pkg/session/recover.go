@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"slices"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/manifest"
@@ -24,9 +26,9 @@ const (
 // ended while no daemon watched → its end recorded from exit.json; vanished without a
 // record → lost. Then it removes directories of sessions the registry no longer has.
 func (m *Manager) recover() error {
-	var recs []*Record
-	if err := m.reg.View(func(tx *Tx) (err error) {
-		recs, err = tx.List(State.Live)
+	var recs []*store.Record
+	if err := m.reg.View(func(tx *store.Tx) (err error) {
+		recs, err = tx.List(store.State.Live)
 		return err
 	}); err != nil {
 		return err
@@ -37,7 +39,7 @@ func (m *Manager) recover() error {
 		m.cfg.Logger.Info("recovered session", "session", rec.ID, "capsule", rec.Capsule.Name+"@"+rec.Capsule.Version, "class", rec.Achieved,
 			"was", was, "outcome", outcome, "now", rec.State)
 		detail := fmt.Sprintf("%s: roostd restarted while the session was %s", outcome, was)
-		if err := m.update(func(tx *Tx) error { return tx.Note(rec, EventRecovered, detail) }); err != nil {
+		if err := m.update(func(tx *store.Tx) error { return tx.Note(rec, store.EventRecovered, detail) }); err != nil {
 			m.cfg.Logger.Warn("recording recovery", "session", rec.ID, "err", err)
 		}
 		if m.cfg.Observer != nil {
@@ -54,7 +56,7 @@ func (m *Manager) recover() error {
 	return nil
 }
 
-func (m *Manager) recoverOne(rec *Record) string {
+func (m *Manager) recoverOne(rec *store.Record) string {
 	l := m.hold(rec.ID)
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -72,7 +74,7 @@ func (m *Manager) recoverOne(rec *Record) string {
 	class, _ := manifest.ParseClass(rec.Achieved)
 	runtime := m.cfg.Runtimes[class]
 	if runtime == nil {
-		m.endWithoutProcess(l, rec, StatusLost, fmt.Sprintf("this daemon has no %s runtime to re-attach the session with", rec.Achieved))
+		m.endWithoutProcess(l, rec, store.StatusLost, fmt.Sprintf("this daemon has no %s runtime to re-attach the session with", rec.Achieved))
 		return RecoveredLost
 	}
 	// Without a recorded process the daemon died mid-launch; the runtime knows where its
@@ -92,15 +94,15 @@ func (m *Manager) recoverOne(rec *Record) string {
 		if rec.Process == nil {
 			detail = fmt.Sprintf("roostd stopped while the session was %s; %s", rec.State, detail)
 		}
-		m.endWithoutProcess(l, rec, StatusLost, detail)
+		m.endWithoutProcess(l, rec, store.StatusLost, detail)
 		return RecoveredLost
 	}
-	if rec.State == Launching {
+	if rec.State == store.Launching {
 		ref := proc.Ref()
 		rec.Process = &ref
 		rec.StartedAt = ref.StartedAt
-		rec.DeadlineAt = ref.StartedAt.Add(rec.deadline())
-		if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Running) }); err != nil {
+		rec.DeadlineAt = ref.StartedAt.Add(deadlineOf(rec))
+		if err := m.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Running) }); err != nil {
 			m.cfg.Logger.Error("recovering", "session", rec.ID, "err", err)
 		}
 	}
@@ -113,7 +115,7 @@ func (m *Manager) recoverOne(rec *Record) string {
 // reopenEndpoint listens again where the re-attached session's ROOST_ENDPOINT points: in
 // its pinned network namespace, or on its host loopback port. The credential it holds
 // still verifies: the key is in the state directory.
-func (m *Manager) reopenEndpoint(l *liveSession, rec *Record, class manifest.Class) {
+func (m *Manager) reopenEndpoint(l *liveSession, rec *store.Record, class manifest.Class) {
 	if m.cfg.Endpoints == nil {
 		return
 	}
@@ -160,12 +162,12 @@ type Holder interface {
 func (m *Manager) sweepLeftovers() error {
 	known := map[string]bool{}
 	live := map[string]bool{}
-	if err := m.reg.View(func(tx *Tx) error {
-		return sessionsBucket(tx.tx).ForEachBucket(func(k []byte) error {
-			known[string(k)] = true
-			live[string(k)] = State(sessionsBucket(tx.tx).Bucket(k).Get(keyState)).Live()
-			return nil
-		})
+	if err := m.reg.View(func(tx *store.Tx) error {
+		for id, state := range tx.States() {
+			known[id] = true
+			live[id] = state.Live()
+		}
+		return nil
 	}); err != nil {
 		return err
 	}

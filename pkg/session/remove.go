@@ -6,6 +6,8 @@ import (
 	"os"
 	"slices"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
 
 	"roost.dev/roost/pkg/workdir"
@@ -78,28 +80,28 @@ func (m *Manager) RemoveTree(ctx context.Context, id string, force bool) error {
 
 // tree is rec, as the registry has it now, and every session below it, each parent before
 // its children.
-func (m *Manager) tree(rec *Record) ([]*Record, error) {
+func (m *Manager) tree(rec *store.Record) ([]*store.Record, error) {
 	recs, err := m.allRecords()
 	if err != nil {
 		return nil, err
 	}
 	for _, r := range recs {
 		if r.ID == rec.ID {
-			return append([]*Record{r}, descendants(recs, rec.ID)...), nil
+			return append([]*store.Record{r}, descendants(recs, rec.ID)...), nil
 		}
 	}
 	return nil, fmt.Errorf("no session %q: %w", rec.ID, errdefs.ErrNotFound)
 }
 
 // removeOne forgets one session that is not live.
-func (m *Manager) removeOne(rec *Record) error {
+func (m *Manager) removeOne(rec *store.Record) error {
 	if rec.State.Live() {
 		return fmt.Errorf("session %s is %s; stop it before removing it, or use roostctl rm -f to kill it first: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}
 	if err := m.returnWorkdir(rec); err != nil {
 		return fmt.Errorf("session %s: handing its workdir %s back to uid %d: %w", rec.ID, rec.Workdir, rec.WorkdirOwner.UID, err)
 	}
-	if err := m.update(func(tx *Tx) error { return tx.Delete(rec) }); err != nil {
+	if err := m.update(func(tx *store.Tx) error { return tx.Delete(rec) }); err != nil {
 		return err
 	}
 	// The registry no longer knows the session; files left by a crash here are swept at the
@@ -131,8 +133,8 @@ func (m *Manager) removeOne(rec *Record) error {
 // and collecting capsule copies once after: retention and prune remove many at a time, and
 // Remove's own listing per session would make that quadratic. It returns, per doomed
 // session, nil once it is gone (also when an earlier tree took it) or why it is not.
-func (m *Manager) removeEnded(doomed, all []*Record) map[string]error {
-	kids := map[string][]*Record{}
+func (m *Manager) removeEnded(doomed, all []*store.Record) map[string]error {
+	kids := map[string][]*store.Record{}
 	for _, r := range all {
 		if r.ParentID != "" {
 			kids[r.ParentID] = append(kids[r.ParentID], r)
@@ -150,7 +152,7 @@ func (m *Manager) removeEnded(doomed, all []*Record) map[string]error {
 			continue
 		}
 		// The tree, parents before children, as the listing has it.
-		tree := []*Record{rec}
+		tree := []*store.Record{rec}
 		for i := 0; i < len(tree); i++ {
 			tree = append(tree, kids[tree[i].ID]...)
 		}

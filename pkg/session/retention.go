@@ -10,8 +10,9 @@ import (
 	"syscall"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
-	"golang.org/x/sys/unix"
 )
 
 // Retention is what roostd keeps of ended sessions (roostd --retain-ended, --retain-for).
@@ -111,7 +112,7 @@ func (m *Manager) Retain(r Retention) {
 // woken by a change (not full) first counts ended sessions, reading a few bytes of each, and
 // stops there when the count is within bounds.
 func (m *Manager) retainPass(r Retention, full bool) {
-	if !full && (r.MaxEnded == 0 || m.CountByState()[Exited] <= r.MaxEnded) {
+	if !full && (r.MaxEnded == 0 || m.CountByState()[store.Exited] <= r.MaxEnded) {
 		return
 	}
 	recs, err := m.allRecords()
@@ -120,7 +121,7 @@ func (m *Manager) retainPass(r Retention, full bool) {
 		return
 	}
 	cutoff := time.Now().Add(-r.MaxAge)
-	doomed, kept := selectEnded(recs, r.MaxEnded, func(rec *Record) bool {
+	doomed, kept := selectEnded(recs, r.MaxEnded, func(rec *store.Record) bool {
 		return r.MaxAge > 0 && endedAt(rec).Before(cutoff)
 	})
 	removed := 0
@@ -163,7 +164,7 @@ func (m *Manager) compactEvents(r Retention, by string) (int, error) {
 	total := 0
 	for {
 		var n int
-		_, err := m.reg.Update(func(tx *Tx) (err error) {
+		_, err := m.reg.Update(func(tx *store.Tx) (err error) {
 			if n, err = tx.CompactEvents(keep, by, compactBatch); err == nil && n == 0 {
 				// Nothing to delete: roll back rather than commit (and fsync) nothing.
 				return errNothingToCompact
@@ -193,7 +194,7 @@ func (m *Manager) sessionsPruned(n int) {
 
 // endedAt is when a session ended; an ended record without the time (none should be) counts
 // as ended when it was created.
-func endedAt(rec *Record) time.Time {
+func endedAt(rec *store.Record) time.Time {
 	if rec.EndedAt.IsZero() {
 		return rec.CreatedAt
 	}
@@ -204,25 +205,25 @@ func endedAt(rec *Record) time.Time {
 // maxEnded (0: none is), and those old says are too old. A picked session some live session
 // descends from is kept instead (it is its parent's, or an ancestor's, and removing it would
 // take the child's record with it), and so is a live session's ended child.
-func selectEnded(recs []*Record, maxEnded int, old func(*Record) bool) (doomed, kept []*Record) {
+func selectEnded(recs []*store.Record, maxEnded int, old func(*store.Record) bool) (doomed, kept []*store.Record) {
 	parent := make(map[string]string, len(recs))
 	for _, r := range recs {
 		parent[r.ID] = r.ParentID
 	}
 	pinned := map[string]bool{}
-	var ended []*Record
+	var ended []*store.Record
 	for _, r := range recs {
 		switch {
 		case r.State.Live():
 			for p := r.ParentID; p != "" && !pinned[p]; p = parent[p] {
 				pinned[p] = true
 			}
-		case r.State == Exited:
+		case r.State == store.Exited:
 			ended = append(ended, r)
 		}
 	}
 	// Newest end first; ids (UUIDv7, creation order) break ties.
-	slices.SortFunc(ended, func(a, b *Record) int {
+	slices.SortFunc(ended, func(a, b *store.Record) int {
 		if c := endedAt(b).Compare(endedAt(a)); c != 0 {
 			return c
 		}
@@ -253,7 +254,7 @@ func selectEnded(recs []*Record, maxEnded int, old func(*Record) bool) (doomed, 
 
 // Pruned is one ended session Prune removed (or, dry, would), or kept.
 type Pruned struct {
-	Record *Record
+	Record *store.Record
 	// Bytes is what its records, its home and the workdir roost made for it hold on disk.
 	Bytes int64
 	// Why it was kept; empty for one removed.
@@ -283,11 +284,11 @@ func (m *Manager) Prune(olderThan time.Duration, dryRun bool) (*PruneResult, err
 		return nil, err
 	}
 	cutoff := time.Now().Add(-olderThan)
-	doomed, kept := selectEnded(recs, 0, func(rec *Record) bool { return olderThan == 0 || endedAt(rec).Before(cutoff) })
+	doomed, kept := selectEnded(recs, 0, func(rec *store.Record) bool { return olderThan == 0 || endedAt(rec).Before(cutoff) })
 	res := &PruneResult{}
 	for _, rec := range kept {
 		why := "a live session descends from it"
-		if slices.ContainsFunc(recs, func(r *Record) bool { return r.ID == rec.ParentID && r.State.Live() }) {
+		if slices.ContainsFunc(recs, func(r *store.Record) bool { return r.ID == rec.ParentID && r.State.Live() }) {
 			why = "its parent is live (its children count against spawn.max_total_children)"
 		}
 		res.Kept = append(res.Kept, Pruned{Record: rec, Why: why})
@@ -323,7 +324,7 @@ func (m *Manager) Prune(olderThan time.Duration, dryRun bool) (*PruneResult, err
 
 // sessionBytes is the disk a session's own files take: its records, its home, and its
 // workdir when roost made it.
-func (m *Manager) sessionBytes(rec *Record) int64 {
+func (m *Manager) sessionBytes(rec *store.Record) int64 {
 	n := treeBytes(rec.RecordsDir) + treeBytes(m.homeDir(rec.ID))
 	if rec.OwnsWorkdir {
 		n += treeBytes(rec.Workdir)
@@ -362,77 +363,26 @@ const (
 
 func diskReserve(size uint64) uint64 { return min(max(size/100, minDiskReserve), maxDiskReserve) }
 
-type diskSpace struct {
-	free, size         uint64
-	freeInodes, inodes uint64
-	reserve            uint64
-}
-
-func statDisk(dir string) (diskSpace, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return diskSpace{}, err
-	}
-	unit := uint64(st.Frsize)
-	if unit == 0 {
-		unit = uint64(st.Bsize)
-	}
-	// Bavail, not Bfree: what sessions (unprivileged uids) may still write.
-	d := diskSpace{free: st.Bavail * unit, size: st.Blocks * unit, freeInodes: st.Ffree, inodes: st.Files}
-	d.reserve = diskReserve(d.size)
-	return d, nil
-}
-
 // checkDiskSpace refuses a new session when the state directory's filesystem is nearly full,
 // so that what runs keeps the room it needs to record how it ends. It counts a disk_full
 // limit: there is no session to note it on.
 func (m *Manager) checkDiskSpace() error {
-	d, err := statDisk(m.cfg.StateDir)
+	d, err := store.StatDisk(m.cfg.StateDir)
 	if err != nil {
 		// Nothing known; the registry's own write reports a full disk.
 		return nil
 	}
 	var what string
 	switch {
-	case d.free < d.reserve:
-		what = fmt.Sprintf("refusing to stage a session: roostd keeps %s free on the state directory's filesystem so that running sessions can still record how they end", sizeOf(d.reserve))
-	case d.inodes > 0 && d.freeInodes < minFreeInodes:
-		what = fmt.Sprintf("refusing to stage a session: the state directory's filesystem has %d inodes free of %d (roostd keeps %d)", d.freeInodes, d.inodes, minFreeInodes)
+	case d.Free < diskReserve(d.Size):
+		what = fmt.Sprintf("refusing to stage a session: roostd keeps %s free on the state directory's filesystem so that running sessions can still record how they end", store.SizeOf(diskReserve(d.Size)))
+	case d.Inodes > 0 && d.FreeInodes < minFreeInodes:
+		what = fmt.Sprintf("refusing to stage a session: the state directory's filesystem has %d inodes free of %d (roostd keeps %d)", d.FreeInodes, d.Inodes, minFreeInodes)
 	default:
 		return nil
 	}
 	if obs, ok := m.cfg.Observer.(LimitObserver); ok {
 		obs.LimitHit(LimitDiskFull)
 	}
-	return noSpaceError(m.cfg.StateDir, what)
-}
-
-// noSpaceError says the state directory is full: what failed, how much is free, what to do.
-func noSpaceError(dir, what string) error {
-	free := "no space"
-	if d, err := statDisk(dir); err == nil {
-		free = fmt.Sprintf("%s free of %s", sizeOf(d.free), sizeOf(d.size))
-	}
-	return fmt.Errorf("%s: the state directory %s has %s; free space there (roostctl prune removes ended sessions and their files) and try again: %w",
-		what, dir, free, errdefs.ErrResourceExhausted)
-}
-
-// isNoSpace says a write failed for want of room (bbolt's resize error keeps only the
-// words).
-func isNoSpace(err error) bool {
-	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) ||
-		strings.Contains(err.Error(), syscall.ENOSPC.Error()) || strings.Contains(err.Error(), syscall.EDQUOT.Error())
-}
-
-func sizeOf(n uint64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := uint64(unit), 0
-	for x := n / unit; x >= unit; x /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+	return store.NoSpaceError(m.cfg.StateDir, what)
 }

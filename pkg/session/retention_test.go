@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
 	bolt "go.etcd.io/bbolt"
 )
@@ -59,29 +61,29 @@ var (
 // endedSessions records n ended sessions straight through the registry, as a daemon would
 // have after running them: staged, launched, run, exited (ended one second apart, after
 // from), each with a records directory and a workdir of its own.
-func endedSessions(t testing.TB, m *Manager, n int, from time.Time) []*Record {
+func endedSessions(t testing.TB, m *Manager, n int, from time.Time) []*store.Record {
 	t.Helper()
-	var recs []*Record
+	var recs []*store.Record
 	for i := 0; i < n; i += 100 {
-		if _, err := m.reg.Update(func(tx *Tx) error {
+		if _, err := m.reg.Update(func(tx *store.Tx) error {
 			for j := i; j < min(i+100, n); j++ {
 				id, err := newID()
 				if err != nil {
 					return err
 				}
 				code := 0
-				rec := &Record{ID: id, Capsule: CapsuleRef{Name: "churn", Version: "0.1.0"}, RecordsDir: m.recordsDirFor(id),
+				rec := &store.Record{ID: id, Capsule: store.CapsuleRef{Name: "churn", Version: "0.1.0"}, RecordsDir: m.recordsDirFor(id),
 					Workdir: filepath.Join(m.cfg.StateDir, workDir, id), OwnsWorkdir: true, CreatedAt: from.Add(time.Duration(j) * time.Second)}
 				if err := tx.Create(rec, benchManifest, benchExplanation); err != nil {
 					return err
 				}
-				for _, s := range []State{Launching, Running} {
+				for _, s := range []store.State{store.Launching, store.Running} {
 					if err := tx.Transition(rec, s); err != nil {
 						return err
 					}
 				}
-				rec.ExitStatus, rec.ExitCode, rec.Detail, rec.EndedAt = StatusOK, &code, "exited with code 0", rec.CreatedAt
-				if err := tx.Transition(rec, Exited); err != nil {
+				rec.ExitStatus, rec.ExitCode, rec.Detail, rec.EndedAt = store.StatusOK, &code, "exited with code 0", rec.CreatedAt
+				if err := tx.Transition(rec, store.Exited); err != nil {
 					return err
 				}
 				recs = append(recs, rec)
@@ -104,19 +106,17 @@ func endedSessions(t testing.TB, m *Manager, n int, from time.Time) []*Record {
 	return recs
 }
 
-// highWater is how far into its file the registry has ever written (bbolt's high-water
-// page): finer than the file's size, which bbolt grows in steps.
+// highWater is how far into its file the registry has ever written.
 func highWater(m *Manager) int64 {
-	var n int64
-	m.reg.db.View(func(tx *bolt.Tx) error { n = tx.Size(); return nil })
+	n, _ := m.reg.Size()
 	return n
 }
 
-// inUse is what the registry's pages hold: its high water less its free pages. A file that
-// stops growing has this flat; it leads the file's size, which bbolt grows in steps.
+// inUse is what the registry's pages hold. A file that stops growing has this flat; it
+// leads the file's size, which bbolt grows in steps.
 func inUse(m *Manager) int64 {
-	st := m.reg.db.Stats()
-	return highWater(m) - int64(st.FreePageN+st.PendingPageN)*int64(m.reg.db.Info().PageSize)
+	_, n := m.reg.Size()
+	return n
 }
 
 func fileSize(t testing.TB, path string) int64 {
@@ -128,9 +128,9 @@ func fileSize(t testing.TB, path string) int64 {
 	return info.Size()
 }
 
-func replay(m *Manager, since uint64) ([]Event, error) {
-	var got []Event
-	err := m.Events(context.Background(), since, false, func(ev Event) error { got = append(got, ev); return nil })
+func replay(m *Manager, since uint64) ([]store.Event, error) {
+	var got []store.Event
+	err := m.Events(context.Background(), since, false, func(ev store.Event) error { got = append(got, ev); return nil })
 	return got, err
 }
 
@@ -173,14 +173,14 @@ func TestRetentionKeepsNewestEnded(t *testing.T) {
 	}
 
 	// The log starts at the oldest remaining session's first event.
-	var c Compaction
+	var c store.Compaction
 	var last uint64
-	m.reg.View(func(tx *Tx) error { c, last = tx.Compaction(), tx.LastSeq(); return nil })
+	m.reg.View(func(tx *store.Tx) error { c, last = tx.Compaction(), tx.LastSeq(); return nil })
 	if want := uint64(900 * 4); c.Through != want || c.By != "roostd --retain-ended 100" {
 		t.Fatalf("compaction %+v, want through %d", c, want)
 	}
 	_, err = replay(m, 0)
-	var ce *CompactedError
+	var ce *store.CompactedError
 	if !errors.As(err, &ce) || !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("replay from 0: %v", err)
 	}
@@ -203,7 +203,7 @@ func TestRetentionKeepsNewestEnded(t *testing.T) {
 
 	// Steady churn: 1,000 more sessions end, 100 at a time, each batch followed by a pass.
 	// The file does not grow, and the log holds about the retained sessions' events.
-	db := filepath.Join(state, DBFile)
+	db := filepath.Join(state, store.DBFile)
 	before, hwBefore, usedBefore := fileSize(t, db), highWater(m), inUse(m)
 	for i := range 10 {
 		endedSessions(t, m, 100, base.Add(time.Duration(1000+100*i)*time.Second))
@@ -214,7 +214,7 @@ func TestRetentionKeepsNewestEnded(t *testing.T) {
 		t.Fatalf("under churn with retention the registry grew from %d to %d bytes, its high water from %d to %d, what its pages hold from %d to %d",
 			before, after, hwBefore, hwAfter, usedBefore, usedAfter)
 	}
-	m.reg.View(func(tx *Tx) error { c, last = tx.Compaction(), tx.LastSeq(); return nil })
+	m.reg.View(func(tx *store.Tx) error { c, last = tx.Compaction(), tx.LastSeq(); return nil })
 	if kept := last - c.Through; kept > 100*5+100 {
 		t.Fatalf("%d events kept for 100 sessions", kept)
 	}
@@ -231,7 +231,7 @@ func TestChurnWithoutRetentionGrows(t *testing.T) {
 	state := stateDir(t)
 	m, _ := openRetentionManager(t, state)
 	endedSessions(t, m, 1000, time.Now())
-	db := filepath.Join(state, DBFile)
+	db := filepath.Join(state, store.DBFile)
 	before := fileSize(t, db)
 	endedSessions(t, m, 1000, time.Now())
 	if after := fileSize(t, db); after <= before {
@@ -246,21 +246,21 @@ func TestEventsFollowAcrossCompaction(t *testing.T) {
 	r := Retention{MaxEnded: 5}
 	endedSessions(t, m, 20, time.Now().Add(-time.Hour))
 	var head uint64
-	m.reg.View(func(tx *Tx) error { head = tx.LastSeq(); return nil })
+	m.reg.View(func(tx *store.Tx) error { head = tx.LastSeq(); return nil })
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	followed := make(chan Event, 1000)
+	followed := make(chan store.Event, 1000)
 	done := make(chan error, 1)
 	go func() {
-		done <- m.Events(ctx, head, true, func(ev Event) error { followed <- ev; return nil })
+		done <- m.Events(ctx, head, true, func(ev store.Event) error { followed <- ev; return nil })
 	}()
 	// A slow reader from the start: it holds its first page while the window moves on.
 	release := make(chan struct{})
 	slow := make(chan error, 1)
 	go func() {
 		first := true
-		slow <- m.Events(ctx, 0, true, func(Event) error {
+		slow <- m.Events(ctx, 0, true, func(store.Event) error {
 			if first {
 				first = false
 				<-release
@@ -276,7 +276,7 @@ func TestEventsFollowAcrossCompaction(t *testing.T) {
 		m.retainPass(r, true)
 	}
 	var last uint64
-	m.reg.View(func(tx *Tx) error { last = tx.LastSeq(); return nil })
+	m.reg.View(func(tx *store.Tx) error { last = tx.LastSeq(); return nil })
 	next := head + 1
 	for next <= last {
 		select {
@@ -294,7 +294,7 @@ func TestEventsFollowAcrossCompaction(t *testing.T) {
 	close(release)
 	select {
 	case err := <-slow:
-		var ce *CompactedError
+		var ce *store.CompactedError
 		if !errors.As(err, &ce) {
 			t.Fatalf("slow reader: %v", err)
 		}
@@ -310,18 +310,18 @@ func TestRetentionKeepsAncestorsOfLive(t *testing.T) {
 	grandparent, parent := old[0], old[1]
 	// parent is grandparent's child; a live child of parent runs.
 	parent.ParentID = grandparent.ID
-	child := &Record{ID: "ses_" + strings.Repeat("f", 32), ParentID: parent.ID, CreatedAt: time.Now()}
-	if _, err := m.reg.Update(func(tx *Tx) error {
+	child := &store.Record{ID: "ses_" + strings.Repeat("f", 32), ParentID: parent.ID, CreatedAt: time.Now()}
+	if _, err := m.reg.Update(func(tx *store.Tx) error {
 		if err := tx.Save(parent); err != nil {
 			return err
 		}
 		if err := tx.Create(child, nil, nil); err != nil {
 			return err
 		}
-		if err := tx.Transition(child, Launching); err != nil {
+		if err := tx.Transition(child, store.Launching); err != nil {
 			return err
 		}
-		return tx.Transition(child, Running)
+		return tx.Transition(child, store.Running)
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -477,14 +477,14 @@ func TestStageRefusedWhenDiskFull(t *testing.T) {
 
 	// Past the check (as a session's end would be): bbolt's commit fails and rolls back.
 	var seqBefore uint64
-	m.reg.View(func(tx *Tx) error { seqBefore = tx.LastSeq(); return nil })
-	big := &Record{ID: "ses_" + strings.Repeat("e", 32)}
-	_, err = m.reg.Update(func(tx *Tx) error { return tx.Create(big, make([]byte, 4<<20), nil) })
+	m.reg.View(func(tx *store.Tx) error { seqBefore = tx.LastSeq(); return nil })
+	big := &store.Record{ID: "ses_" + strings.Repeat("e", 32)}
+	_, err = m.reg.Update(func(tx *store.Tx) error { return tx.Create(big, make([]byte, 4<<20), nil) })
 	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "writing the registry") || !strings.Contains(err.Error(), state) {
 		t.Fatalf("a registry commit on a full disk: %v", err)
 	}
 	t.Log(err)
-	m.reg.View(func(tx *Tx) error {
+	m.reg.View(func(tx *store.Tx) error {
 		if _, err := tx.Get(big.ID); !errdefs.IsNotFound(err) {
 			t.Errorf("the failed commit left its session: %v", err)
 		}
@@ -500,14 +500,14 @@ func TestStageRefusedWhenDiskFull(t *testing.T) {
 	if _, err := m.Stage(StageOptions{Capsule: dir}); err != nil {
 		t.Fatalf("stage once there is room: %v", err)
 	}
-	big = &Record{ID: big.ID}
-	if _, err := m.reg.Update(func(tx *Tx) error { return tx.Create(big, make([]byte, 4<<20), nil) }); err != nil {
+	big = &store.Record{ID: big.ID}
+	if _, err := m.reg.Update(func(tx *store.Tx) error { return tx.Create(big, make([]byte, 4<<20), nil) }); err != nil {
 		t.Fatalf("the big commit once there is room: %v", err)
 	}
 	m.Close()
 
 	// The file is whole: bbolt's own consistency check, and every record reads.
-	db, err := bolt.Open(filepath.Join(state, DBFile), 0o600, nil)
+	db, err := bolt.Open(filepath.Join(state, store.DBFile), 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -535,8 +535,8 @@ func TestDiskReserve(t *testing.T) {
 			t.Errorf("reserve of %d: %d, want %d", c.size, got, c.want)
 		}
 	}
-	if sizeOf(0) != "0 B" || sizeOf(32<<20) != "32.0 MiB" || sizeOf(1536) != "1.5 KiB" {
-		t.Errorf("sizeOf: %s %s %s", sizeOf(0), sizeOf(32<<20), sizeOf(1536))
+	if store.SizeOf(0) != "0 B" || store.SizeOf(32<<20) != "32.0 MiB" || store.SizeOf(1536) != "1.5 KiB" {
+		t.Errorf("sizeOf: %s %s %s", store.SizeOf(0), store.SizeOf(32<<20), store.SizeOf(1536))
 	}
 }
 
@@ -561,20 +561,20 @@ func BenchmarkPSAfter10k(b *testing.B) {
 			}
 			var n int
 			for b.Loop() {
-				// What the List RPC does for ps --all: the records, then each as the API
-				// shows it.
+				// What the List RPC does for ps --all: the records, then each one's log
+				// counts (the file reads of server.SessionProto).
 				list, err := m.List(true)
 				if err != nil {
 					b.Fatal(err)
 				}
 				for _, rec := range list {
-					_ = rec.Proto()
+					_ = LogStats(rec)
 				}
 				n = len(list)
 			}
 			var events uint64
-			m.reg.View(func(tx *Tx) error { events = tx.LastSeq() - tx.Compaction().Through; return nil })
-			b.ReportMetric(float64(fileSize(b, filepath.Join(state, DBFile))), "db-bytes")
+			m.reg.View(func(tx *store.Tx) error { events = tx.LastSeq() - tx.Compaction().Through; return nil })
+			b.ReportMetric(float64(fileSize(b, filepath.Join(state, store.DBFile))), "db-bytes")
 			b.ReportMetric(float64(n), "sessions")
 			b.ReportMetric(float64(events), "events")
 		})

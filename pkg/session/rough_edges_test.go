@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
 
 	"roost.dev/roost/pkg/manifest"
@@ -52,7 +54,7 @@ func TestStopReason(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "stopped: interrupted (SIGINT to roostctl run); "; !strings.HasPrefix(stopped.Detail, want) || stopped.ExitStatus != StatusTerminated {
+	if want := "stopped: interrupted (SIGINT to roostctl run); "; !strings.HasPrefix(stopped.Detail, want) || stopped.ExitStatus != store.StatusTerminated {
 		t.Fatalf("detail %q (%s), want it to start %q", stopped.Detail, stopped.ExitStatus, want)
 	}
 	rec = run(t, m, StageOptions{Capsule: capsule(t, "sleep 30", "")})
@@ -151,16 +153,16 @@ func TestLandlockHint(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "stderr.log"), []byte("cat: /etc/shadow: Permission denied\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	rec := &Record{Achieved: "sealed", RecordsDir: dir}
+	rec := &store.Record{Achieved: "sealed", RecordsDir: dir}
 	rec.Capsule.Source = "/srv/capsules/x"
-	got := landlockHint(rec, StatusError, "exited with code 1")
+	got := landlockHint(rec, store.StatusError, "exited with code 1")
 	if want := "exited with code 1; hint: roost limits what this session may read, write and execute (Landlock, shell.allow); see roostctl explain /srv/capsules/x"; got != want {
 		t.Errorf("sealed, denied:\n got %q\nwant %q", got, want)
 	}
 	for _, c := range []struct {
 		class  string
-		status ExitStatus
-	}{{"advisory", StatusError}, {"sealed", StatusOK}, {"scoped", StatusDeadlineReached}} {
+		status store.ExitStatus
+	}{{"advisory", store.StatusError}, {"sealed", store.StatusOK}, {"scoped", store.StatusDeadlineReached}} {
 		rec.Achieved = c.class
 		if got := landlockHint(rec, c.status, "d"); got != "d" {
 			t.Errorf("%s %s: %q", c.class, c.status, got)
@@ -170,7 +172,7 @@ func TestLandlockHint(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "stderr.log"), []byte("something else\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if got := landlockHint(rec, StatusError, "d"); got != "d" {
+	if got := landlockHint(rec, store.StatusError, "d"); got != "d" {
 		t.Errorf("no denial: %q", got)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
 
 	"roost.dev/roost/pkg/gateway"
@@ -80,7 +82,7 @@ func (m *Manager) inferenceEnv(p *manifest.Policy, ep spawn.Endpoint, credential
 
 // openAccount gives a launching session its ledger account: its own ceiling, its parent's
 // account above it.
-func (m *Manager) openAccount(rec *Record, p *manifest.Policy) error {
+func (m *Manager) openAccount(rec *store.Record, p *manifest.Policy) error {
 	if m.cfg.Ledger == nil {
 		return nil
 	}
@@ -93,7 +95,7 @@ func (m *Manager) openAccount(rec *Record, p *manifest.Policy) error {
 
 // reopenAccount gives a re-attached session its ledger account back should the ledger have
 // lost it (its file removed); normally the account is there and nothing is read.
-func (m *Manager) reopenAccount(l *liveSession, rec *Record) {
+func (m *Manager) reopenAccount(l *liveSession, rec *store.Record) {
 	if m.cfg.Ledger == nil {
 		return
 	}
@@ -111,7 +113,7 @@ func (m *Manager) reopenAccount(l *liveSession, rec *Record) {
 
 // closeAccount ends a session's account (charging what it left reserved) and records its
 // totals in the record.
-func (m *Manager) closeAccount(rec *Record) {
+func (m *Manager) closeAccount(rec *store.Record) {
 	if m.cfg.Ledger == nil {
 		return
 	}
@@ -123,7 +125,7 @@ func (m *Manager) closeAccount(rec *Record) {
 }
 
 // withSpend fills a live session's record with what it has spent so far.
-func (m *Manager) withSpend(rec *Record) {
+func (m *Manager) withSpend(rec *store.Record) {
 	if m.cfg.Ledger == nil || !rec.State.Live() {
 		return
 	}
@@ -185,7 +187,7 @@ func (m *Manager) spendOverrun(id string, s ledger.Settlement) {
 	if s.Model != "" {
 		detail += ", model " + s.Model
 	}
-	if err := m.update(func(tx *Tx) error { return tx.Note(rec, EventSpendOverrun, detail) }); err != nil {
+	if err := m.update(func(tx *store.Tx) error { return tx.Note(rec, EventSpendOverrun, detail) }); err != nil {
 		m.cfg.Logger.Warn("recording a spend overrun", "session", id, "err", err)
 	}
 }

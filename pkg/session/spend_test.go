@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"roost.dev/roost/pkg/ledger"
 	"roost.dev/roost/pkg/spawn"
 )
@@ -40,7 +42,7 @@ func TestSpendOverrunEvent(t *testing.T) {
 		}
 	}
 	var overruns []string
-	m.Events(context.Background(), 0, false, func(ev Event) error {
+	m.Events(context.Background(), 0, false, func(ev store.Event) error {
 		if ev.Type == EventSpendOverrun && ev.SessionID == rec.ID {
 			overruns = append(overruns, ev.Detail)
 		}

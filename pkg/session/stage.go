@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
 	"github.com/google/uuid"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -55,7 +57,7 @@ type plan struct {
 	manifest *manifest.Manifest
 	policy   manifest.Policy
 	decision containment.Decision
-	ref      CapsuleRef
+	ref      store.CapsuleRef
 	// shell is what each shell.allow entry resolved to on this host.
 	shell []toolchain.Entry
 }
@@ -102,14 +104,14 @@ func (m *Manager) Explain(opts StageOptions, oci bool) (*roostv1.Explanation, []
 // Stage reads and validates the capsule, decides its containment, and records a session in
 // state staged. A capsule that is invalid, or whose floor this host cannot meet, is refused
 // and leaves no trace in the registry.
-func (m *Manager) Stage(opts StageOptions) (*Record, error) {
+func (m *Manager) Stage(opts StageOptions) (*store.Record, error) {
 	// A bad or taken name is refused before the capsule is read and copied: the record's
 	// transaction claims the name for good (CreateWithTask), this only spares the work.
 	if opts.Name != "" {
-		if err := ValidName(opts.Name); err != nil {
+		if err := store.ValidName(opts.Name); err != nil {
 			return nil, err
 		}
-		if err := m.reg.View(func(tx *Tx) error { return tx.nameFree(opts.Name, "") }); err != nil {
+		if err := m.reg.View(func(tx *store.Tx) error { return tx.NameFree(opts.Name, "") }); err != nil {
 			return nil, err
 		}
 	}
@@ -129,7 +131,7 @@ func (m *Manager) Stage(opts StageOptions) (*Record, error) {
 }
 
 // stage records a session from its plan (a spawn has made the plan already, to referee it).
-func (m *Manager) stage(p *plan, opts StageOptions) (*Record, error) {
+func (m *Manager) stage(p *plan, opts StageOptions) (*store.Record, error) {
 	// A nearly full state directory takes no new session (a spawn's included); what runs
 	// keeps the room.
 	if err := m.checkDiskSpace(); err != nil {
@@ -144,7 +146,7 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*Record, error) {
 	if err := m.stageHooks(p, opts.ParentID); err != nil {
 		return nil, err
 	}
-	var wasm *WasmRun
+	var wasm *store.WasmRun
 	if p.manifest.Run.Wasm != "" {
 		var err error
 		if wasm, err = m.cfg.Wasm.prepare(p.ref.Root(), p.manifest.Run.Wasm, filepath.Join(p.dir, manifest.FileName)); err != nil {
@@ -161,7 +163,7 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*Record, error) {
 	} else if err := checkWorkdir(workdir); err != nil {
 		return nil, err
 	}
-	rec := &Record{
+	rec := &store.Record{
 		ID:           id,
 		Name:         opts.Name,
 		Capsule:      p.ref,
@@ -188,13 +190,13 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*Record, error) {
 	rec.HostRoot = m.hostRoot(p)
 	// The session's trace opens with this: the grants, and the ids it is given below.
 	e := m.explanation(p)
-	if err := m.update(func(tx *Tx) error {
+	if err := m.update(func(tx *store.Tx) error {
 		if !rec.HostRoot {
 			if err := tx.AllocateIDs(rec, m.cfg.IDs); err != nil {
 				return err
 			}
 		}
-		if id := identityProto(rec); id != nil {
+		if id := IdentityProto(rec); id != nil {
 			e.Identity = id
 		}
 		explanation, err := explanationJSON.Marshal(e)
@@ -265,10 +267,10 @@ func checkWorkdir(dir string) error {
 	return nil
 }
 
-// plan reads the capsule and decides everything about a session of it. With store, a capsule
+// plan reads the capsule and decides everything about a session of it. With toStore, a capsule
 // given by its path is copied into the content store first (see importCapsule), and the
 // session will run that copy.
-func (m *Manager) plan(opts StageOptions, store bool) (*plan, error) {
+func (m *Manager) plan(opts StageOptions, toStore bool) (*plan, error) {
 	var dir, digest string
 	var raw []byte
 	var err error
@@ -277,7 +279,7 @@ func (m *Manager) plan(opts StageOptions, store bool) (*plan, error) {
 		dir, digest, raw, err = m.readArtifact(opts.Capsule)
 	} else {
 		dir, raw, err = readCapsule(opts.Capsule)
-		if err == nil && store && m.cfg.Artifacts != nil {
+		if err == nil && toStore && m.cfg.Artifacts != nil {
 			source = dir
 			dir, digest, raw, err = m.importCapsule(dir)
 		}
@@ -328,7 +330,7 @@ func (m *Manager) plan(opts StageOptions, store bool) (*plan, error) {
 		manifest: man,
 		policy:   policy,
 		decision: decision,
-		ref:      CapsuleRef{Name: man.Name, Version: man.Version, SHA256: digest, Source: source, Dir: dir},
+		ref:      store.CapsuleRef{Name: man.Name, Version: man.Version, SHA256: digest, Source: source, Dir: dir},
 		shell:    shell,
 	}, nil
 }

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
@@ -29,12 +31,12 @@ const killWait = time.Second
 
 // supervise takes charge of a running session: its deadline, the SIGKILL of a stop under
 // way, and the recording of its end. The caller holds l.mu.
-func (m *Manager) supervise(l *liveSession, rec *Record, proc containment.Process) {
+func (m *Manager) supervise(l *liveSession, rec *store.Record, proc containment.Process) {
 	l.proc = proc
-	if rec.State != Paused {
+	if rec.State != store.Paused {
 		m.armDeadline(l, rec)
 	}
-	if rec.State == Stopping {
+	if rec.State == store.Stopping {
 		m.armKill(l, rec)
 	}
 	// The workdir guard reads a copy: the record is the caller's to change.
@@ -59,7 +61,7 @@ func (m *Manager) supervise(l *liveSession, rec *Record, proc containment.Proces
 }
 
 // armDeadline starts the timer that ends the session at its deadline. The caller holds l.mu.
-func (m *Manager) armDeadline(l *liveSession, rec *Record) {
+func (m *Manager) armDeadline(l *liveSession, rec *store.Record) {
 	if rec.DeadlineAt.IsZero() {
 		return
 	}
@@ -76,7 +78,7 @@ func (m *Manager) expire(id string, l *liveSession) {
 	if m.ctx.Err() != nil {
 		return
 	}
-	if err := m.beginStop(l, id, EndDeadline, m.cfg.StopGrace); err != nil {
+	if err := m.beginStop(l, id, store.EndDeadline, m.cfg.StopGrace); err != nil {
 		m.cfg.Logger.Error("deadline", "session", id, "err", err)
 	}
 }
@@ -84,35 +86,35 @@ func (m *Manager) expire(id string, l *liveSession) {
 // beginStop records why roost is ending the session, moves it to stopping and sends
 // SIGTERM; SIGKILL follows after grace. A session already stopping keeps its reason, and a
 // shorter grace only brings the SIGKILL forward. The caller holds l.mu.
-func (m *Manager) beginStop(l *liveSession, id string, why EndRequest, grace time.Duration) error {
+func (m *Manager) beginStop(l *liveSession, id string, why store.EndRequest, grace time.Duration) error {
 	return m.beginStopSaying(l, id, why, "", grace)
 }
 
 // beginStopSaying is beginStop with what roost saw, kept for the detail of the end.
-func (m *Manager) beginStopSaying(l *liveSession, id string, why EndRequest, saw string, grace time.Duration) error {
+func (m *Manager) beginStopSaying(l *liveSession, id string, why store.EndRequest, saw string, grace time.Duration) error {
 	rec, err := m.Get(id)
 	if err != nil {
 		return err
 	}
 	killAt := time.Now().Add(grace).UTC()
 	switch rec.State {
-	case Running, Paused:
-		if rec.State == Paused {
+	case store.Running, store.Paused:
+		if rec.State == store.Paused {
 			// A frozen process cannot act on SIGTERM.
 			thaw(l)
 		}
 		rec.EndRequest, rec.KillAt, rec.EndDetail = why, killAt, saw
-		if err := m.update(func(tx *Tx) error { return tx.Transition(rec, Stopping) }); err != nil {
+		if err := m.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Stopping) }); err != nil {
 			return err
 		}
 		if err := l.proc.Signal(sigTerm); err != nil && !errors.Is(err, containment.ErrGone) {
 			return err
 		}
 		m.armKill(l, rec)
-	case Stopping:
+	case store.Stopping:
 		if killAt.Before(rec.KillAt) {
 			rec.KillAt = killAt
-			if err := m.update(func(tx *Tx) error { return tx.Save(rec) }); err != nil {
+			if err := m.update(func(tx *store.Tx) error { return tx.Save(rec) }); err != nil {
 				return err
 			}
 			m.armKill(l, rec)
@@ -121,7 +123,7 @@ func (m *Manager) beginStopSaying(l *liveSession, id string, why EndRequest, saw
 	return nil
 }
 
-func (m *Manager) armKill(l *liveSession, rec *Record) {
+func (m *Manager) armKill(l *liveSession, rec *store.Record) {
 	if l.killTimer != nil {
 		l.killTimer.Stop()
 	}
@@ -131,22 +133,22 @@ func (m *Manager) armKill(l *liveSession, rec *Record) {
 
 // Stop ends a session: SIGTERM, then SIGKILL after grace. It returns once the end is
 // recorded. Stopping a session that has already ended returns it as it is.
-func (m *Manager) Stop(ctx context.Context, id string, grace time.Duration) (*Record, error) {
+func (m *Manager) Stop(ctx context.Context, id string, grace time.Duration) (*store.Record, error) {
 	return m.StopBecause(ctx, id, grace, "")
 }
 
 // StopBecause is Stop with why the caller stops it (StopRequest.reason): the session's
 // detail says "stopped: <reason>" rather than "stopped by roostctl stop", so a session
 // ended by, say, an interrupted roostctl run says so. An empty reason is Stop's.
-func (m *Manager) StopBecause(ctx context.Context, id string, grace time.Duration, reason string) (*Record, error) {
+func (m *Manager) StopBecause(ctx context.Context, id string, grace time.Duration, reason string) (*store.Record, error) {
 	rec, err := m.Get(id)
 	if err != nil {
 		return nil, err
 	}
 	switch rec.State {
-	case Staged:
+	case store.Staged:
 		return nil, fmt.Errorf("session %s is staged and has never run; remove it with rm: %w", rec.ID, errdefs.ErrFailedPrecondition)
-	case Exited:
+	case store.Exited:
 		return rec, nil
 	}
 	l := m.lookup(rec.ID)
@@ -154,7 +156,7 @@ func (m *Manager) StopBecause(ctx context.Context, id string, grace time.Duratio
 		return nil, fmt.Errorf("session %s is %s but not supervised by this daemon: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}
 	l.mu.Lock()
-	err = m.beginStopSaying(l, rec.ID, EndStop, reason, grace)
+	err = m.beginStopSaying(l, rec.ID, store.EndStop, reason, grace)
 	l.mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -173,7 +175,7 @@ func (m *Manager) StopBecause(ctx context.Context, id string, grace time.Duratio
 
 // Kill sends sig to every process of the session. For SIGKILL it returns once the end is
 // recorded; for another signal, once the session has ended or a moment has passed.
-func (m *Manager) Kill(ctx context.Context, id string, sig syscall.Signal) (*Record, error) {
+func (m *Manager) Kill(ctx context.Context, id string, sig syscall.Signal) (*store.Record, error) {
 	rec, err := m.Get(id)
 	if err != nil {
 		return nil, err
@@ -186,19 +188,19 @@ func (m *Manager) Kill(ctx context.Context, id string, sig syscall.Signal) (*Rec
 		return nil, fmt.Errorf("session %s is %s but not supervised by this daemon: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}
 	l.mu.Lock()
-	if rec, err = m.Get(rec.ID); err != nil || rec.State == Exited {
+	if rec, err = m.Get(rec.ID); err != nil || rec.State == store.Exited {
 		l.mu.Unlock()
 		return rec, err
 	}
 	// A stop or deadline under way keeps its reason: the kill only hurries it.
-	if rec.EndRequest == EndNone || rec.EndRequest == EndKill {
-		rec.EndRequest, rec.EndSignal = EndKill, int(sig)
-		if err := m.update(func(tx *Tx) error { return tx.Save(rec) }); err != nil {
+	if rec.EndRequest == store.EndNone || rec.EndRequest == store.EndKill {
+		rec.EndRequest, rec.EndSignal = store.EndKill, int(sig)
+		if err := m.update(func(tx *store.Tx) error { return tx.Save(rec) }); err != nil {
 			l.mu.Unlock()
 			return nil, err
 		}
 	}
-	if rec.State == Paused {
+	if rec.State == store.Paused {
 		thaw(l)
 	}
 	err = l.proc.Signal(sig)
@@ -261,7 +263,7 @@ func (m *Manager) watchLogs(id, recordsDir string, done <-chan struct{}) {
 
 // endWithoutProcess ends a session that has no process to wait for: it failed to start or
 // was found gone. The caller holds l.mu.
-func (m *Manager) endWithoutProcess(l *liveSession, rec *Record, status ExitStatus, detail string) {
+func (m *Manager) endWithoutProcess(l *liveSession, rec *store.Record, status store.ExitStatus, detail string) {
 	m.finish(l, rec, status, nil, detail, time.Now().UTC())
 }
 
@@ -270,10 +272,10 @@ func (m *Manager) endWithoutProcess(l *liveSession, rec *Record, status ExitStat
 // trace. Then it frees what the runtime held (a crash before that leaves leftovers the next
 // start sweeps), closes the session's endpoint and stops its children. The caller holds
 // l.mu.
-func (m *Manager) finish(l *liveSession, rec *Record, status ExitStatus, code *int, detail string, ended time.Time) {
+func (m *Manager) finish(l *liveSession, rec *store.Record, status store.ExitStatus, code *int, detail string, ended time.Time) {
 	l.stopTimers()
 	defer m.releaseRuntime(rec)
-	if rec.State != Exited {
+	if rec.State != store.Exited {
 		rec.ExitStatus, rec.ExitCode, rec.Detail, rec.EndedAt = status, code, detail, ended
 		// Before the trace's end: the proxy's last records precede it.
 		m.closeEgress(l, rec)
@@ -320,12 +322,12 @@ func (m *Manager) finish(l *liveSession, rec *Record, status ExitStatus, code *i
 // recordExited commits the session's end. An end is what roostd must not lose: when the
 // state directory's disk is full it retries, with a growing pause, until space returns (or
 // the daemon stops: the next one records the end from exit.json).
-func (m *Manager) recordExited(rec *Record) error {
+func (m *Manager) recordExited(rec *store.Record) error {
 	was := rec.State
 	pause := 100 * time.Millisecond
 	for {
-		err := m.update(func(tx *Tx) error { return tx.Transition(rec, Exited) })
-		if err == nil || !isNoSpace(err) {
+		err := m.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Exited) })
+		if err == nil || !store.IsNoSpace(err) {
 			return err
 		}
 		// The transaction rolled back; the record in hand must say so again.
@@ -342,7 +344,7 @@ func (m *Manager) recordExited(rec *Record) error {
 
 // releaseRuntime frees what the session's runtime holds for it, and unpins its network
 // namespace.
-func (m *Manager) releaseRuntime(rec *Record) {
+func (m *Manager) releaseRuntime(rec *store.Record) {
 	// The pin goes first: the namespace lives on while the container is in it, and whoever
 	// sees the container gone sees the pin gone too.
 	if m.cfg.Endpoints != nil {
@@ -360,15 +362,15 @@ func (m *Manager) releaseRuntime(rec *Record) {
 }
 
 // classify turns how a program ended, and why roost was ending it, into an exit status.
-func classify(rec *Record, info containment.ExitInfo, exitErr error) (ExitStatus, *int, string) {
+func classify(rec *store.Record, info containment.ExitInfo, exitErr error) (store.ExitStatus, *int, string) {
 	if exitErr != nil {
 		if errors.Is(exitErr, containment.ErrNoExitRecord) {
-			return StatusLost, nil, "the session's supervisor ended without recording how the program ended"
+			return store.StatusLost, nil, "the session's supervisor ended without recording how the program ended"
 		}
-		return StatusLost, nil, "the session's exit record is unreadable: " + exitErr.Error()
+		return store.StatusLost, nil, "the session's exit record is unreadable: " + exitErr.Error()
 	}
 	if info.StartError != "" {
-		return StatusStartFailed, nil, info.StartError
+		return store.StatusStartFailed, nil, info.StartError
 	}
 	code := info.Code
 	how := fmt.Sprintf("exited with code %d", code)
@@ -376,18 +378,18 @@ func classify(rec *Record, info containment.ExitInfo, exitErr error) (ExitStatus
 		how = "killed by " + signalName(syscall.Signal(info.Signal))
 	}
 	switch {
-	case rec.EndRequest == EndDeadline:
-		return StatusDeadlineReached, &code, fmt.Sprintf("deadline of %s reached; %s", rec.Deadline, how)
-	case rec.EndRequest == EndWorkdir, rec.EndRequest == EndParent:
-		return StatusTerminated, &code, rec.EndDetail + "; " + how
-	case rec.EndRequest == EndStop && rec.EndDetail != "":
-		return StatusTerminated, &code, "stopped: " + rec.EndDetail + "; " + how
-	case rec.EndRequest == EndStop:
-		return StatusTerminated, &code, "stopped by roostctl stop; " + how
-	case rec.EndRequest == EndKill && info.Signal != 0 && info.Signal == rec.EndSignal:
-		return StatusTerminated, &code, "killed by roostctl kill with " + signalName(syscall.Signal(info.Signal))
+	case rec.EndRequest == store.EndDeadline:
+		return store.StatusDeadlineReached, &code, fmt.Sprintf("deadline of %s reached; %s", rec.Deadline, how)
+	case rec.EndRequest == store.EndWorkdir, rec.EndRequest == store.EndParent:
+		return store.StatusTerminated, &code, rec.EndDetail + "; " + how
+	case rec.EndRequest == store.EndStop && rec.EndDetail != "":
+		return store.StatusTerminated, &code, "stopped: " + rec.EndDetail + "; " + how
+	case rec.EndRequest == store.EndStop:
+		return store.StatusTerminated, &code, "stopped by roostctl stop; " + how
+	case rec.EndRequest == store.EndKill && info.Signal != 0 && info.Signal == rec.EndSignal:
+		return store.StatusTerminated, &code, "killed by roostctl kill with " + signalName(syscall.Signal(info.Signal))
 	case info.OOMKilled:
-		return StatusCrashed, &code, "oom"
+		return store.StatusCrashed, &code, "oom"
 	case rec.Wasm != nil && hasOutcome(info):
 		// The runner says how its guest ended when the code cannot: a trap, fuel, its own
 		// deadline. Only the runner writes there: the guest has no descriptor but its stdio.
@@ -400,11 +402,11 @@ func classify(rec *Record, info containment.ExitInfo, exitErr error) (ExitStatus
 		case syscall.SIGXFSZ:
 			how += ": a file reached resources.max_file_size_bytes"
 		}
-		return StatusCrashed, &code, how
+		return store.StatusCrashed, &code, how
 	case code == 0:
-		return StatusOK, &code, how
+		return store.StatusOK, &code, how
 	default:
-		return StatusError, &code, how
+		return store.StatusError, &code, how
 	}
 }
 
@@ -418,8 +420,8 @@ const hintHead = 64 << 10
 // Landlock's refusals are bare EACCES, and the program's own message never says roost made
 // them. (Landlock's audit records, on kernels that have them, go to the audit log, which
 // roostd does not read.) The detail stays one line.
-func landlockHint(rec *Record, status ExitStatus, detail string) string {
-	if status != StatusError || (rec.Achieved != manifest.Scoped.String() && rec.Achieved != manifest.Sealed.String()) || rec.RecordsDir == "" {
+func landlockHint(rec *store.Record, status store.ExitStatus, detail string) string {
+	if status != store.StatusError || (rec.Achieved != manifest.Scoped.String() && rec.Achieved != manifest.Sealed.String()) || rec.RecordsDir == "" {
 		return detail
 	}
 	f, err := os.Open(filepath.Join(rec.RecordsDir, containment.StderrFile))
@@ -444,17 +446,17 @@ func hasOutcome(info containment.ExitInfo) bool {
 }
 
 // wasmOutcome is a WASM session's end as its runner reported it.
-func wasmOutcome(o containment.Outcome, code int) (ExitStatus, *int, string) {
+func wasmOutcome(o containment.Outcome, code int) (store.ExitStatus, *int, string) {
 	detail := o.Detail
 	if o.Backtrace != "" {
 		detail += "\n" + o.Backtrace
 	}
 	switch o.Status {
 	case containment.OutcomeDeadlineReached:
-		return StatusDeadlineReached, &code, "limits.deadline_seconds reached; the runner interrupted the guest: " + detail
+		return store.StatusDeadlineReached, &code, "limits.deadline_seconds reached; the runner interrupted the guest: " + detail
 	case containment.OutcomeFuelExhausted:
-		return StatusCrashed, &code, "limits.wasm_fuel spent: " + detail
+		return store.StatusCrashed, &code, "limits.wasm_fuel spent: " + detail
 	default:
-		return StatusCrashed, &code, detail
+		return store.StatusCrashed, &code, detail
 	}
 }

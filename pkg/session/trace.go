@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"roost.dev/roost/pkg/session/store"
 )
 
 // TraceFile is the session's record of its life, one JSON object per line.
@@ -24,11 +26,11 @@ type traceRecord struct {
 	EffectiveGrants json.RawMessage `json:"effective_grants,omitempty"`
 	Command         []string        `json:"command,omitempty"`
 	// Start is how a session_start began: warm (in a sandbox made ahead) or cold.
-	Start      string     `json:"start,omitempty"`
-	ExitStatus ExitStatus `json:"exit_status,omitempty"`
-	ExitCode   *int       `json:"exit_code,omitempty"`
-	Detail     string     `json:"detail,omitempty"`
-	DurationMS *int64     `json:"duration_ms,omitempty"`
+	Start      string           `json:"start,omitempty"`
+	ExitStatus store.ExitStatus `json:"exit_status,omitempty"`
+	ExitCode   *int             `json:"exit_code,omitempty"`
+	Detail     string           `json:"detail,omitempty"`
+	DurationMS *int64           `json:"duration_ms,omitempty"`
 	// Child and ChildID name a delegation's capsule and, once granted, its session;
 	// Refusal is why one was refused.
 	Child   string `json:"child,omitempty"`
@@ -39,12 +41,12 @@ type traceRecord struct {
 	InputTokens  *int64 `json:"input_tokens,omitempty"`
 	OutputTokens *int64 `json:"output_tokens,omitempty"`
 	// Egress is what the session's proxy carried, at its end.
-	Egress *EgressTotals `json:"egress,omitempty"`
+	Egress *store.EgressTotals `json:"egress,omitempty"`
 	// ExecID names a command roostctl exec ran in the session (exec_start, exec_end).
 	ExecID string `json:"exec_id,omitempty"`
 }
 
-func traceStart(rec *Record, explanation []byte) traceRecord {
+func traceStart(rec *store.Record, explanation []byte) traceRecord {
 	return traceRecord{
 		EventType:       "session_start",
 		SessionID:       rec.ID,
@@ -56,7 +58,7 @@ func traceStart(rec *Record, explanation []byte) traceRecord {
 	}
 }
 
-func traceEnd(rec *Record) traceRecord {
+func traceEnd(rec *store.Record) traceRecord {
 	t := traceRecord{
 		EventType:  "session_end",
 		SessionID:  rec.ID,
@@ -75,7 +77,7 @@ func traceEnd(rec *Record) traceRecord {
 }
 
 // traceDelegation records in the parent's trace a child it was granted (err nil) or refused.
-func (m *Manager) traceDelegation(parent *Record, ref, childID string, err error) {
+func (m *Manager) traceDelegation(parent *store.Record, ref, childID string, err error) {
 	t := traceRecord{EventType: "delegation", SessionID: parent.ID, Timestamp: time.Now().UTC(), Child: ref, ChildID: childID}
 	if err != nil {
 		t.EventType = "delegation_refused"

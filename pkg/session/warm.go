@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
@@ -125,7 +127,7 @@ func (m *Manager) dropWarmLeftovers() error {
 	if err := os.RemoveAll(filepath.Join(m.cfg.StateDir, warmDir)); err != nil {
 		return err
 	}
-	return m.update(func(tx *Tx) error { return tx.ReleaseIDs(func(string) bool { return false }) })
+	return m.update(func(tx *store.Tx) error { return tx.ReleaseIDs(func(string) bool { return false }) })
 }
 
 // run refills the pool until ctx ends, one sandbox at a time (see neediest).
@@ -220,8 +222,9 @@ func (p *warmPool) make(ctx context.Context, shape containment.WarmShape) (_ *co
 	}
 	id := containment.WarmPrefix + hex.EncodeToString(raw[:])
 	var ids containment.IDs
-	if err := p.m.update(func(tx *Tx) (err error) {
-		ids, err = tx.ReserveIDs(id, p.m.cfg.IDs)
+	if err := p.m.update(func(tx *store.Tx) error {
+		held, err := tx.ReserveIDs(id, p.m.cfg.IDs)
+		ids = containment.IDs(held)
 		return err
 	}); err != nil {
 		return nil, err
@@ -258,7 +261,7 @@ func (p *warmPool) free(id, records string) {
 		}
 	}
 	_ = os.RemoveAll(records)
-	if err := p.m.update(func(tx *Tx) error {
+	if err := p.m.update(func(tx *store.Tx) error {
 		return tx.ReleaseIDs(func(s string) bool { return s != id })
 	}); err != nil {
 		p.m.cfg.Logger.Warn("freeing a warm sandbox's uid range", "sandbox", id, "err", err)

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"github.com/containerd/errdefs"
 
 	"roost.dev/roost/pkg/containment"
@@ -32,20 +34,6 @@ import (
 
 // wasmDir is where compiled modules are kept, under the state directory.
 const wasmDir = "wasm"
-
-// WasmRun is what a WASM session runs: its module and the compiled entry made at stage.
-type WasmRun struct {
-	// Module is run.wasm, relative to the capsule directory.
-	Module string `json:"module"`
-	// SHA256 is the module's digest (hex).
-	SHA256 string `json:"sha256"`
-	// Cache is the compiled entry's name in the state's wasm/ directory, CacheSHA256 the
-	// digest of its bytes: the runner uses it only when both hold.
-	Cache       string `json:"cache"`
-	CacheSHA256 string `json:"cache_sha256"`
-	// Runtime is what compiled it: the runner's `version` line.
-	Runtime string `json:"runtime"`
-}
 
 // WasmCache compiles modules with the runner and keeps the results: WASM capsules' at stage,
 // the operator's hooks' at start.
@@ -122,7 +110,7 @@ func (c *WasmCache) runtime() (string, error) {
 
 // prepare checks the module run.wasm names in the capsule at root and compiles it unless an
 // entry for it exists. Errors name the manifest's key.
-func (c *WasmCache) prepare(root, module, where string) (*WasmRun, error) {
+func (c *WasmCache) prepare(root, module, where string) (*store.WasmRun, error) {
 	if c == nil {
 		return nil, errdefs.ErrFailedPrecondition.WithMessage(fmt.Sprintf("%s: run.wasm: roostd has no WASM runner (roost-wasm must sit next to roostd; make build puts it in ./bin)", where))
 	}
@@ -153,7 +141,7 @@ func (c *WasmCache) prepare(root, module, where string) (*WasmRun, error) {
 			return nil, err
 		}
 	}
-	return &WasmRun{Module: module, SHA256: sum, Cache: name, CacheSHA256: strings.TrimSpace(string(digest)), Runtime: runtime}, nil
+	return &store.WasmRun{Module: module, SHA256: sum, Cache: name, CacheSHA256: strings.TrimSpace(string(digest)), Runtime: runtime}, nil
 }
 
 // moduleDigest is the sha256 of a WASM module, checked to be one (a regular file starting
@@ -212,7 +200,7 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 // wasmArgv is the runner's command line for a WASM session, in the program's view: the
 // module and its compiled entry, the guest's limits and preopens, its environment (the
 // session's own), then run.args.
-func wasmArgv(rec *Record, p *manifest.Policy, v view, runner, cache string) []string {
+func wasmArgv(rec *store.Record, p *manifest.Policy, v view, runner, cache string) []string {
 	w := rec.Wasm
 	argv := []string{runner, "run",
 		"--module", v.capsule + "/" + w.Module,
@@ -239,7 +227,7 @@ func wasmArgv(rec *Record, p *manifest.Policy, v view, runner, cache string) []s
 const wasmDeadlineGrace = time.Second
 
 // deadline is how long after its start roostd ends the session.
-func (r *Record) deadline() time.Duration {
+func deadlineOf(r *store.Record) time.Duration {
 	if r.Wasm != nil {
 		return r.Deadline + wasmDeadlineGrace
 	}
@@ -247,7 +235,7 @@ func (r *Record) deadline() time.Duration {
 }
 
 // wasmFiles are the runner and the session's compiled module on the host.
-func (m *Manager) wasmFiles(rec *Record) (runner, cache string) {
+func (m *Manager) wasmFiles(rec *store.Record) (runner, cache string) {
 	if m.cfg.Wasm == nil {
 		return "", ""
 	}
@@ -257,7 +245,7 @@ func (m *Manager) wasmFiles(rec *Record) (runner, cache string) {
 // wasmView is where the runner and the session's compiled module are in its view: bound
 // into a sealed root under /.roost (that one entry, not the others), the host's paths
 // otherwise.
-func (m *Manager) wasmView(class manifest.Class, rec *Record) (runner, cache string) {
+func (m *Manager) wasmView(class manifest.Class, rec *store.Record) (runner, cache string) {
 	if class == manifest.Sealed {
 		return containment.SealedRunnerPath, containment.SealedWasmModule
 	}

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"roost.dev/roost/pkg/session/store"
+
 	"golang.org/x/sys/unix"
 
 	"roost.dev/roost/pkg/manifest"
@@ -30,7 +32,7 @@ const childrenDir = "children"
 const childDirMode = 0o750 | fs.ModeSetgid
 
 // prepareWorkdir makes the session's workdir and gives it to the session's ids.
-func (m *Manager) prepareWorkdir(rec *Record) error {
+func (m *Manager) prepareWorkdir(rec *store.Record) error {
 	if rec.HostRoot || rec.IDs == nil {
 		return os.MkdirAll(rec.Workdir, 0o700)
 	}
@@ -61,7 +63,7 @@ func (m *Manager) prepareWorkdir(rec *Record) error {
 // lendWorkdir gives an operator's workdir to the session, recording who owned it first so
 // Remove can hand it back. Only what that owner (or an earlier session) owns is re-owned,
 // and never a file with several links: such a file may be somebody else's too.
-func (m *Manager) lendWorkdir(rec *Record, owner workdir.Owner) error {
+func (m *Manager) lendWorkdir(rec *store.Record, owner workdir.Owner) error {
 	if err := os.MkdirAll(rec.Workdir, 0o700); err != nil {
 		return err
 	}
@@ -73,13 +75,13 @@ func (m *Manager) lendWorkdir(rec *Record, owner workdir.Owner) error {
 		return fmt.Errorf("workdir %s is not a directory", rec.Workdir)
 	}
 	if rec.WorkdirOwner == nil {
-		prev := &Owner{UID: int(st.Uid), GID: int(st.Gid)}
+		prev := &store.Owner{UID: int(st.Uid), GID: int(st.Gid)}
 		if m.heldBySession(prev.UID) {
 			// Left by a session that was never removed: the operator's tree is root's.
-			prev = &Owner{}
+			prev = &store.Owner{}
 		}
 		rec.WorkdirOwner = prev
-		if err := m.update(func(tx *Tx) error { return tx.Save(rec) }); err != nil {
+		if err := m.update(func(tx *store.Tx) error { return tx.Save(rec) }); err != nil {
 			return err
 		}
 	}
@@ -94,7 +96,7 @@ func (m *Manager) lendWorkdir(rec *Record, owner workdir.Owner) error {
 
 // returnWorkdir hands an operator's workdir back to its owner: whatever the session's ids
 // own there becomes the owner's again.
-func (m *Manager) returnWorkdir(rec *Record) error {
+func (m *Manager) returnWorkdir(rec *store.Record) error {
 	if rec.OwnsWorkdir || rec.WorkdirOwner == nil || rec.IDs == nil {
 		return nil
 	}
@@ -116,8 +118,8 @@ func (m *Manager) heldBySession(uid int) bool {
 
 // parentGroup is the gid a child's workdir is given, so its parent can read it.
 func (m *Manager) parentGroup(parentID string) (int, error) {
-	var parent *Record
-	if err := m.reg.View(func(tx *Tx) (err error) {
+	var parent *store.Record
+	if err := m.reg.View(func(tx *store.Tx) (err error) {
 		parent, err = tx.Get(parentID)
 		return err
 	}); err != nil {
@@ -136,7 +138,7 @@ func (m *Manager) parentGroup(parentID string) (int, error) {
 func (m *Manager) homeDir(id string) string { return filepath.Join(m.cfg.StateDir, homesDir, id) }
 
 // prepareHome makes the session's home, its uid's.
-func (m *Manager) prepareHome(rec *Record) error {
+func (m *Manager) prepareHome(rec *store.Record) error {
 	owner := &workdir.Owner{}
 	if rec.IDs != nil && !rec.HostRoot {
 		owner = &workdir.Owner{UID: int(rec.IDs.First), GID: int(rec.IDs.First)}
@@ -147,7 +149,7 @@ func (m *Manager) prepareHome(rec *Record) error {
 // childrenDirs lists where a session's children work outside its workdir: for a parent
 // without a sealed root that may spawn, its directory under children/; none otherwise (a
 // sealed parent's children work beneath its workdir).
-func (m *Manager) childrenDirs(rec *Record, class manifest.Class, p *manifest.Policy) []string {
+func (m *Manager) childrenDirs(rec *store.Record, class manifest.Class, p *manifest.Policy) []string {
 	if len(p.Spawn.Allow) == 0 || class == manifest.Sealed {
 		return nil
 	}
@@ -162,7 +164,7 @@ func (m *Manager) childrenOfDir(parentID string) string {
 
 // prepareChildrenDir makes the directory a parent's children work in when it has no sealed
 // root: root's, readable by the parent's group only.
-func (m *Manager) prepareChildrenDir(rec *Record) error {
+func (m *Manager) prepareChildrenDir(rec *store.Record) error {
 	group := 0
 	if rec.IDs != nil {
 		group = int(rec.IDs.First)

@@ -20,7 +20,7 @@ import (
 
 // shortIDLen is how many hex digits of a session id ps shows: the id's random end (its
 // start is its creation time, shared by sessions staged close together). roostd resolves
-// the same short id (session.ShortIDLen).
+// the same short id (store.ShortIDLen).
 const shortIDLen = 12
 
 // sessionStates are the states a state filter may name.

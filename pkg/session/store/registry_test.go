@@ -1,4 +1,4 @@
-package session
+package store
 
 import (
 	"encoding/binary"
@@ -260,3 +260,6 @@ func TestRecordRoundTripAndStaleWrites(t *testing.T) {
 		t.Fatalf("duplicate create: %v", err)
 	}
 }
+
+// testPool is this package's tests' block of host ids.
+var testPool = IDPool{First: 0x50000000, Slots: 256}

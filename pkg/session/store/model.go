@@ -1,19 +1,15 @@
-// Package session owns sessions: their records in the bbolt registry, the one function
-// that moves them between states, and the supervisor that stages, launches, watches, stops
-// and recovers them. Where things happen:
-//
-//	stage.go    a session is created (capsule read, policy lowered, containment decided)
-//	launch.go   it is launched under its containment runtime
-//	supervise.go  its deadline, stop and kill, and the recording of its end
-//	recover.go  a restarted daemon reconciles what the registry says with what runs
-//	remove.go   it is forgotten
-//	registry.go, buckets.go, migrations.go  the registry; nothing else touches its buckets
-package session
+// Package store is the session record: the bbolt registry's buckets and their migrations,
+// the Record and its states, the one transition table that moves a record between them,
+// session names and ids, the event log and its compaction, and the host id ranges sessions
+// hold. Nothing else touches the registry's buckets. It knows no process: it imports no
+// containment, endpoint or gateway package, and it never starts, signals or waits for
+// anything (pkg/session does, and writes here what it saw).
+package store
 
 import (
 	"time"
 
-	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/toolchain"
 )
 
@@ -101,8 +97,8 @@ type Record struct {
 	StartedAt    time.Time `json:"started_at,omitzero"`
 	EndedAt      time.Time `json:"ended_at,omitzero"`
 	// Process names the running processes, for signals and for re-attaching after a restart.
-	Process    *containment.ProcessRef `json:"process,omitempty"`
-	EndRequest EndRequest              `json:"end_request,omitempty"`
+	Process    *roostinit.ProcessRef `json:"process,omitempty"`
+	EndRequest EndRequest            `json:"end_request,omitempty"`
 	// EndSignal is the signal roost sent for an EndKill request.
 	EndSignal int `json:"end_signal,omitempty"`
 	// KillAt is when a stop under way escalates to SIGKILL; kept so a restarted daemon
@@ -125,7 +121,7 @@ type Record struct {
 	// IDs is the host uid/gid range the session's processes run as, held from stage until
 	// the session is removed; nil for a session that runs as host root (HostRoot) and for
 	// one staged by a roostd from before ranges.
-	IDs *containment.IDs `json:"ids,omitempty"`
+	IDs *IDs `json:"ids,omitempty"`
 	// HostRoot: the operator's sessions.allow_root names the capsule, and the session is
 	// not sealed, so its program runs as host root.
 	HostRoot bool `json:"host_root,omitempty"`
@@ -168,8 +164,46 @@ func (c CapsuleRef) Root() string {
 	return c.Source
 }
 
+// IDs is a host uid/gid range: a sealed session's user namespace maps 0..Size-1 onto
+// First..First+Size-1; the program of a session of another class runs as First. It is
+// containment.IDs as the record keeps it.
+type IDs struct {
+	First uint32 `json:"first"`
+	Size  uint32 `json:"size"`
+}
+
 // Owner is a file's owner on the host.
 type Owner struct {
 	UID int `json:"uid"`
 	GID int `json:"gid"`
+}
+
+// EgressTotals is what a session's proxy carried over its whole life.
+type EgressTotals struct {
+	// Connections counts allowed connections and requests, Denied refused ones.
+	Connections int64 `json:"connections,omitempty"`
+	Denied      int64 `json:"denied,omitempty"`
+	// BytesUp and BytesDown are payload bytes to and from the destinations.
+	BytesUp   int64 `json:"bytes_up,omitempty"`
+	BytesDown int64 `json:"bytes_down,omitempty"`
+}
+
+// Add is t and o together.
+func (t EgressTotals) Add(o EgressTotals) EgressTotals {
+	return EgressTotals{Connections: t.Connections + o.Connections, Denied: t.Denied + o.Denied,
+		BytesUp: t.BytesUp + o.BytesUp, BytesDown: t.BytesDown + o.BytesDown}
+}
+
+// WasmRun is what a WASM session runs: its module and the compiled entry made at stage.
+type WasmRun struct {
+	// Module is run.wasm, relative to the capsule directory.
+	Module string `json:"module"`
+	// SHA256 is the module's digest (hex).
+	SHA256 string `json:"sha256"`
+	// Cache is the compiled entry's name in the state's wasm/ directory, CacheSHA256 the
+	// digest of its bytes: the runner uses it only when both hold.
+	Cache       string `json:"cache"`
+	CacheSHA256 string `json:"cache_sha256"`
+	// Runtime is what compiled it: the runner's `version` line.
+	Runtime string `json:"runtime"`
 }

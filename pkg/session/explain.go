@@ -1,106 +1,12 @@
 package session
 
 import (
-	"time"
-
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/session/store"
 )
-
-// Proto is the session as the API (and `roostctl inspect --json`) shows it.
-func (r *Record) Proto() *roostv1.Session {
-	s := &roostv1.Session{
-		Id:   r.ID,
-		Name: r.Name,
-		Capsule: &roostv1.CapsuleRef{
-			Name: r.Capsule.Name, Version: r.Capsule.Version, Sha256: r.Capsule.SHA256, Source: r.Capsule.Source, Dir: r.Capsule.Dir,
-		},
-		Identity:    identityProto(r),
-		State:       string(r.State),
-		ExitStatus:  string(r.ExitStatus),
-		Containment: &roostv1.ContainmentState{Declared: r.Declared, Achieved: r.Achieved},
-		ParentId:    r.ParentID,
-		Workdir:     r.Workdir,
-		RecordsDir:  r.RecordsDir,
-		CreatedAt:   timestamp(r.CreatedAt),
-		StartedAt:   timestamp(r.StartedAt),
-		EndedAt:     timestamp(r.EndedAt),
-		DeadlineAt:  timestamp(r.DeadlineAt),
-		Spend:       &roostv1.Spend{Tokens: r.Tokens, InputTokens: r.InputTokens, OutputTokens: r.OutputTokens},
-		Detail:      r.Detail,
-		Command:     r.Command,
-		Warm:        r.Warm,
-	}
-	if r.ExitCode != nil {
-		code := int32(*r.ExitCode)
-		s.ExitCode = &code
-	}
-	if r.Process != nil && r.State.Live() {
-		s.Pid = int32(r.Process.PID)
-	}
-	if r.Egress != nil {
-		s.Egress = r.Egress.proto(0)
-	}
-	if w := r.Wasm; w != nil {
-		s.Wasm = &roostv1.WasmRun{Module: w.Module, Sha256: w.SHA256, Runtime: w.Runtime, Cache: w.Cache}
-	}
-	if st := r.logStats(); st != nil {
-		s.Stdout, s.Stderr = logStatsProto(st.MaxBytes, st.Stdout), logStatsProto(st.MaxBytes, st.Stderr)
-	}
-	return s
-}
-
-// logStats is what roost-init counted of the session's output: logs.json, or the totals in
-// exit.json when that is final and logs.json is not (a full disk at the end). Nil for a
-// session that has not run, or records from before the count.
-func (r *Record) logStats() *roostinit.LogStats {
-	if r.RecordsDir == "" {
-		return nil
-	}
-	st, err := roostinit.ReadLogStats(r.RecordsDir)
-	if (err != nil || !st.Final) && r.State == Exited {
-		if info, xerr := containment.ReadExit(r.RecordsDir); xerr == nil && info.Logs != nil {
-			return info.Logs
-		}
-	}
-	if err != nil {
-		return nil
-	}
-	return &st
-}
-
-func logStatsProto(maxBytes int64, s roostinit.StreamStats) *roostv1.LogStats {
-	return &roostv1.LogStats{WrittenBytes: s.WrittenBytes, DroppedBytes: s.DroppedBytes, MaxBytes: maxBytes, FailedBytes: s.FailedBytes}
-}
-
-// Proto is the event as the API shows it.
-func (e *Event) Proto() *roostv1.Event {
-	ev := &roostv1.Event{
-		Seq:        e.Seq,
-		Time:       timestamp(e.Time),
-		Type:       e.Type,
-		SessionId:  e.SessionID,
-		State:      string(e.State),
-		ExitStatus: string(e.ExitStatus),
-		Detail:     e.Detail,
-	}
-	if e.ExitCode != nil {
-		code := int32(*e.ExitCode)
-		ev.ExitCode = &code
-	}
-	return ev
-}
-
-func timestamp(t time.Time) *timestamppb.Timestamp {
-	if t.IsZero() {
-		return nil
-	}
-	return timestamppb.New(t)
-}
 
 func (m *Manager) explanation(p *plan) *roostv1.Explanation {
 	d := p.decision
@@ -140,17 +46,6 @@ func (m *Manager) explanation(p *plan) *roostv1.Explanation {
 		e.Env = append(e.Env, &roostv1.EnvVerdict{Name: v.name, Verdict: v.verdict, Reason: v.reason})
 	}
 	return e
-}
-
-// identityProto is who a session's processes are on the host.
-func identityProto(r *Record) *roostv1.Identity {
-	switch {
-	case r.HostRoot:
-		return &roostv1.Identity{HostRoot: true}
-	case r.IDs != nil:
-		return &roostv1.Identity{Uid: r.IDs.First, Gid: r.IDs.First, Size: r.IDs.Size}
-	}
-	return nil
 }
 
 func limitProto(l manifest.Limit) *roostv1.Limit {
@@ -200,4 +95,34 @@ func policyProto(p *manifest.Policy) *roostv1.Policy {
 			MaxSessionTokens: p.Inference.MaxSessionTokens, OnExhausted: p.Inference.OnExhausted,
 		},
 	}
+}
+
+// IdentityProto is who a session's processes are on the host.
+func IdentityProto(r *store.Record) *roostv1.Identity {
+	switch {
+	case r.HostRoot:
+		return &roostv1.Identity{HostRoot: true}
+	case r.IDs != nil:
+		return &roostv1.Identity{Uid: r.IDs.First, Gid: r.IDs.First, Size: r.IDs.Size}
+	}
+	return nil
+}
+
+// LogStats is what roost-init counted of the session's output: logs.json, or the totals in
+// exit.json when that is final and logs.json is not (a full disk at the end). Nil for a
+// session that has not run, or records from before the count.
+func LogStats(r *store.Record) *roostinit.LogStats {
+	if r.RecordsDir == "" {
+		return nil
+	}
+	st, err := roostinit.ReadLogStats(r.RecordsDir)
+	if (err != nil || !st.Final) && r.State == store.Exited {
+		if info, xerr := containment.ReadExit(r.RecordsDir); xerr == nil && info.Logs != nil {
+			return info.Logs
+		}
+	}
+	if err != nil {
+		return nil
+	}
+	return &st
 }

@@ -1,4 +1,4 @@
-package session
+package store
 
 import (
 	"encoding/binary"
@@ -15,7 +15,6 @@ import (
 	bolterrors "go.etcd.io/bbolt/errors"
 
 	"roost.dev/roost/pkg/config"
-	"roost.dev/roost/pkg/containment"
 )
 
 // DBFile is the registry's file name inside the state directory.
@@ -56,6 +55,15 @@ func (r *Registry) Close() error { return r.db.Close() }
 // SchemaVersion names the registry's layout and migration level, e.g. "v1.1".
 func (r *Registry) SchemaVersion() string { return fmt.Sprintf("%s.%d", schemaVersion, dbVersion) }
 
+// Size is how far into its file the registry has ever written (bbolt's high-water page,
+// finer than the file's size, which bbolt grows in steps), and how much of that its pages
+// hold now (the high water less its free pages).
+func (r *Registry) Size() (written, inUse int64) {
+	_ = r.db.View(func(tx *bolt.Tx) error { written = tx.Size(); return nil })
+	st := r.db.Stats()
+	return written, written - int64(st.FreePageN+st.PendingPageN)*int64(r.db.Info().PageSize)
+}
+
 // View runs fn in a read-only transaction.
 func (r *Registry) View(fn func(*Tx) error) error {
 	return r.db.View(func(btx *bolt.Tx) error { return fn(&Tx{tx: btx}) })
@@ -76,8 +84,8 @@ func (r *Registry) Update(fn func(*Tx) error) ([]Event, error) {
 		return nil
 	})
 	if err != nil {
-		if isNoSpace(err) {
-			return nil, noSpaceError(filepath.Dir(r.db.Path()), fmt.Sprintf("writing the registry %s failed (%v); nothing of the change was recorded", r.db.Path(), err))
+		if IsNoSpace(err) {
+			return nil, NoSpaceError(filepath.Dir(r.db.Path()), fmt.Sprintf("writing the registry %s failed (%v); nothing of the change was recorded", r.db.Path(), err))
 		}
 		return nil, err
 	}
@@ -141,6 +149,17 @@ func (t *Tx) CountByState() map[State]int {
 		return nil
 	})
 	return counts
+}
+
+// States maps every session the registry holds to its state, reading a few bytes each.
+func (t *Tx) States() map[string]State {
+	out := map[string]State{}
+	sessions := sessionsBucket(t.tx)
+	_ = sessions.ForEachBucket(func(k []byte) error {
+		out[string(k)] = State(sessions.Bucket(k).Get(keyState))
+		return nil
+	})
+	return out
 }
 
 // Manifest returns the capsule.yaml a session was staged with.
@@ -421,6 +440,10 @@ func (e *CompactedError) Error() string {
 // Unwrap classes it: the reader must restart from the window, not retry.
 func (e *CompactedError) Unwrap() error { return errdefs.ErrFailedPrecondition }
 
+// SandboxPrefix begins the id of every sandbox made ahead of its session
+// (containment.WarmPrefix): only those may hold a range without a session.
+const SandboxPrefix = "warm-"
+
 // IDPool is the block of host ids sessions' ranges come from. Its first range is the
 // daemon's own (rehearsals run as it); sessions get the others.
 type IDPool struct {
@@ -429,8 +452,8 @@ type IDPool struct {
 }
 
 // RehearsalIDs is the range rehearsals run as.
-func (p IDPool) RehearsalIDs() containment.IDs {
-	return containment.IDs{First: p.First, Size: config.IDsPerSession}
+func (p IDPool) RehearsalIDs() IDs {
+	return IDs{First: p.First, Size: config.IDsPerSession}
 }
 
 // AllocateIDs gives rec the lowest range of pool no other session holds, recorded in the
@@ -447,14 +470,14 @@ func (t *Tx) AllocateIDs(rec *Record, pool IDPool) error {
 
 // ReserveIDs holds a range for a sandbox made ahead of its session (see warmPool); the
 // session that claims it takes the range with TakeIDs.
-func (t *Tx) ReserveIDs(sandbox string, pool IDPool) (containment.IDs, error) {
-	if !strings.HasPrefix(sandbox, containment.WarmPrefix) {
-		return containment.IDs{}, fmt.Errorf("%q is not a sandbox's id: %w", sandbox, errdefs.ErrInvalidArgument)
+func (t *Tx) ReserveIDs(sandbox string, pool IDPool) (IDs, error) {
+	if !strings.HasPrefix(sandbox, SandboxPrefix) {
+		return IDs{}, fmt.Errorf("%q is not a sandbox's id: %w", sandbox, errdefs.ErrInvalidArgument)
 	}
 	return t.reserveIDs(sandbox, pool)
 }
 
-func (t *Tx) reserveIDs(owner string, pool IDPool) (containment.IDs, error) {
+func (t *Tx) reserveIDs(owner string, pool IDPool) (IDs, error) {
 	const size = config.IDsPerSession
 	end := uint64(pool.First) + uint64(pool.Slots)*size
 	next := uint64(pool.First) + size
@@ -471,17 +494,17 @@ func (t *Tx) reserveIDs(owner string, pool IDPool) (containment.IDs, error) {
 		next = held + size
 	}
 	if next+size > end {
-		return containment.IDs{}, fmt.Errorf("every one of the %d uid ranges from %d is held by a session; remove ended sessions (roostctl rm) or widen sessions.ids in roostd's config: %w",
+		return IDs{}, fmt.Errorf("every one of the %d uid ranges from %d is held by a session; remove ended sessions (roostctl rm) or widen sessions.ids in roostd's config: %w",
 			pool.Slots-1, pool.First, errdefs.ErrResourceExhausted)
 	}
 	if err := b.Put(idKey(uint32(next)), []byte(owner)); err != nil {
-		return containment.IDs{}, err
+		return IDs{}, err
 	}
-	return containment.IDs{First: uint32(next), Size: size}, nil
+	return IDs{First: uint32(next), Size: size}, nil
 }
 
 // TakeIDs gives rec the range a sandbox held, freeing the one rec held before.
-func (t *Tx) TakeIDs(rec *Record, sandbox string, ids containment.IDs) error {
+func (t *Tx) TakeIDs(rec *Record, sandbox string, ids IDs) error {
 	b := idsBucket(t.tx)
 	if got := string(b.Get(idKey(ids.First))); got != sandbox {
 		return fmt.Errorf("uid range %d is held by %q, not sandbox %s: %w", ids.First, got, sandbox, errdefs.ErrFailedPrecondition)
@@ -504,7 +527,7 @@ func (t *Tx) ReleaseIDs(keep func(sandbox string) bool) error {
 	b := idsBucket(t.tx)
 	var drop [][]byte
 	if err := b.ForEach(func(k, v []byte) error {
-		if strings.HasPrefix(string(v), containment.WarmPrefix) && !keep(string(v)) {
+		if strings.HasPrefix(string(v), SandboxPrefix) && !keep(string(v)) {
 			drop = append(drop, slices.Clone(k))
 		}
 		return nil

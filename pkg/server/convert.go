@@ -1,0 +1,92 @@
+package server
+
+// The conversion of the session record to the API's messages: what `roostctl inspect
+// --json`, ps and events show.
+
+import (
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
+	"roost.dev/roost/pkg/containment/roostinit"
+	"roost.dev/roost/pkg/session"
+	"roost.dev/roost/pkg/session/store"
+)
+
+// SessionProto is the session as the API (and `roostctl inspect --json`) shows it.
+func SessionProto(r *store.Record) *roostv1.Session {
+	s := &roostv1.Session{
+		Id:   r.ID,
+		Name: r.Name,
+		Capsule: &roostv1.CapsuleRef{
+			Name: r.Capsule.Name, Version: r.Capsule.Version, Sha256: r.Capsule.SHA256, Source: r.Capsule.Source, Dir: r.Capsule.Dir,
+		},
+		Identity:    session.IdentityProto(r),
+		State:       string(r.State),
+		ExitStatus:  string(r.ExitStatus),
+		Containment: &roostv1.ContainmentState{Declared: r.Declared, Achieved: r.Achieved},
+		ParentId:    r.ParentID,
+		Workdir:     r.Workdir,
+		RecordsDir:  r.RecordsDir,
+		CreatedAt:   timestamp(r.CreatedAt),
+		StartedAt:   timestamp(r.StartedAt),
+		EndedAt:     timestamp(r.EndedAt),
+		DeadlineAt:  timestamp(r.DeadlineAt),
+		Spend:       &roostv1.Spend{Tokens: r.Tokens, InputTokens: r.InputTokens, OutputTokens: r.OutputTokens},
+		Detail:      r.Detail,
+		Command:     r.Command,
+		Warm:        r.Warm,
+	}
+	if r.ExitCode != nil {
+		code := int32(*r.ExitCode)
+		s.ExitCode = &code
+	}
+	if r.Process != nil && r.State.Live() {
+		s.Pid = int32(r.Process.PID)
+	}
+	if r.Egress != nil {
+		s.Egress = EgressProto(*r.Egress, 0)
+	}
+	if w := r.Wasm; w != nil {
+		s.Wasm = &roostv1.WasmRun{Module: w.Module, Sha256: w.SHA256, Runtime: w.Runtime, Cache: w.Cache}
+	}
+	if st := session.LogStats(r); st != nil {
+		s.Stdout, s.Stderr = logStatsProto(st.MaxBytes, st.Stdout), logStatsProto(st.MaxBytes, st.Stderr)
+	}
+	return s
+}
+
+func logStatsProto(maxBytes int64, s roostinit.StreamStats) *roostv1.LogStats {
+	return &roostv1.LogStats{WrittenBytes: s.WrittenBytes, DroppedBytes: s.DroppedBytes, MaxBytes: maxBytes, FailedBytes: s.FailedBytes}
+}
+
+// EventProto is the event as the API shows it.
+func EventProto(e *store.Event) *roostv1.Event {
+	ev := &roostv1.Event{
+		Seq:        e.Seq,
+		Time:       timestamp(e.Time),
+		Type:       e.Type,
+		SessionId:  e.SessionID,
+		State:      string(e.State),
+		ExitStatus: string(e.ExitStatus),
+		Detail:     e.Detail,
+	}
+	if e.ExitCode != nil {
+		code := int32(*e.ExitCode)
+		ev.ExitCode = &code
+	}
+	return ev
+}
+
+func timestamp(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
+}
+
+// EgressProto is what a session's egress proxy carried, with active connections open now.
+func EgressProto(t store.EgressTotals, active int) *roostv1.Egress {
+	return &roostv1.Egress{Connections: t.Connections, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown, Active: int32(active)}
+}
