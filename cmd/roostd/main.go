@@ -19,7 +19,9 @@ import (
 	"syscall"
 	"time"
 
+	"roost.dev/roost/pkg/session/delegate"
 	"roost.dev/roost/pkg/session/store"
+	"roost.dev/roost/pkg/wasmcache"
 
 	"github.com/spf13/pflag"
 
@@ -82,7 +84,7 @@ type options struct {
 // The metrics hear session starts, recoveries, spawn decisions and the ledger's charges.
 var (
 	_ session.Observer          = (*metrics.Metrics)(nil)
-	_ session.SpawnObserver     = (*metrics.Metrics)(nil)
+	_ delegate.SpawnObserver    = (*metrics.Metrics)(nil)
 	_ session.LimitObserver     = (*metrics.Metrics)(nil)
 	_ session.RetentionObserver = (*metrics.Metrics)(nil)
 	_ ledger.Observer           = (*metrics.Metrics)(nil)
@@ -335,7 +337,7 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 	if err != nil {
 		return fmt.Errorf("session endpoints: %w", err)
 	}
-	wasm := session.NewWasmCache(wasmRunner(log), stateDir)
+	wasm := wasmcache.New(wasmRunner(log), stateDir)
 	sink := &hookSink{}
 	hooksRun, err := operatorHooks(cfg.Hooks, wasm, containment.IDs(pool.RehearsalIDs()), mtr, sink, log)
 	if err != nil {
@@ -585,7 +587,7 @@ func besideRoostd(name string, log *slog.Logger) (string, bool) {
 // operatorHooks readies roostd's configured hooks: each module compiled once now, every run
 // as the uid of roostd's own id range (slot 0: never a session's), with no files and no
 // environment. Nil when there are none.
-func operatorHooks(list []config.Hook, wasm *session.WasmCache, ids containment.IDs, mtr *metrics.Metrics, sink hooks.EventSink, log *slog.Logger) (*hooks.Hooks, error) {
+func operatorHooks(list []config.Hook, wasm *wasmcache.Cache, ids containment.IDs, mtr *metrics.Metrics, sink hooks.EventSink, log *slog.Logger) (*hooks.Hooks, error) {
 	if len(list) == 0 {
 		return nil, nil
 	}

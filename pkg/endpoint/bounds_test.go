@@ -17,14 +17,14 @@ import (
 
 	"roost.dev/roost/pkg/endpoint"
 	"roost.dev/roost/pkg/manifest"
-	"roost.dev/roost/pkg/session"
+	"roost.dev/roost/pkg/session/store"
 	"roost.dev/roost/pkg/spawn"
 )
 
 // The endpoint's names for its bound are the session manager's and the manifest's.
 func TestLimitNames(t *testing.T) {
-	if endpoint.LimitConnections != session.LimitEndpointConnections {
-		t.Errorf("endpoint.LimitConnections %q, session.LimitEndpointConnections %q", endpoint.LimitConnections, session.LimitEndpointConnections)
+	if endpoint.LimitConnections != store.LimitEndpointConnections {
+		t.Errorf("endpoint.LimitConnections %q, store.LimitEndpointConnections %q", endpoint.LimitConnections, store.LimitEndpointConnections)
 	}
 	if endpoint.DefaultMaxConnections != manifest.DefaultEndpointMaxConns {
 		t.Errorf("endpoint.DefaultMaxConnections %d, manifest.DefaultEndpointMaxConns %d", endpoint.DefaultMaxConnections, manifest.DefaultEndpointMaxConns)

@@ -10,7 +10,7 @@ import (
 )
 
 // LimitConnections is the bound an endpoint reports when it refuses a connection, as
-// session.LimitEndpointConnections names it.
+// store.LimitEndpointConnections names it.
 const LimitConnections = "endpoint_connections"
 
 // gate counts connections held against a cap.

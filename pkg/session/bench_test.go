@@ -78,7 +78,7 @@ func BenchmarkEventsReplay(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	m := &Manager{reg: r, changed: newNotifier()}
+	m := &Manager{reg: registry{Registry: r, changed: newNotifier()}}
 	b.ResetTimer()
 	for b.Loop() {
 		count := 0

@@ -26,7 +26,7 @@ func boundsLimitEvent(t *testing.T, m *Manager, id, limit string) string {
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		var found string
 		m.Events(context.Background(), 0, false, func(ev store.Event) error {
-			if ev.Type == EventLimit && ev.SessionID == id && strings.HasPrefix(ev.Detail, limit+": ") {
+			if ev.Type == store.EventLimit && ev.SessionID == id && strings.HasPrefix(ev.Detail, limit+": ") {
 				found = ev.Detail
 			}
 			return nil
@@ -35,7 +35,7 @@ func boundsLimitEvent(t *testing.T, m *Manager, id, limit string) string {
 			return found
 		}
 	}
-	t.Fatalf("no %s event for %s: %s", EventLimit, id, limit)
+	t.Fatalf("no %s event for %s: %s", store.EventLimit, id, limit)
 	return ""
 }
 
@@ -54,7 +54,7 @@ func TestBoundsInodeFlood(t *testing.T) {
 	if out, _ := logs(t, m, rec.ID); strings.Contains(out, "made them all") {
 		t.Fatal("the program made all its files before the guard stopped it")
 	}
-	if ev := boundsLimitEvent(t, m, rec.ID, LimitWorkdirInodes); !strings.Contains(ev, "past resources.workdir_max_inodes (10000)") {
+	if ev := boundsLimitEvent(t, m, rec.ID, store.LimitWorkdirInodes); !strings.Contains(ev, "past resources.workdir_max_inodes (10000)") {
 		t.Fatalf("event: %q", ev)
 	}
 }
@@ -75,7 +75,7 @@ func TestBoundsDeepPath(t *testing.T) {
 	if rec.ExitStatus != store.StatusTerminated || !strings.Contains(rec.Detail, "past resources.workdir_max_bytes (4194304)") {
 		t.Fatalf("end: %s %q", rec.ExitStatus, rec.Detail)
 	}
-	if ev := boundsLimitEvent(t, m, rec.ID, LimitWorkdirBytes); !strings.Contains(ev, "past resources.workdir_max_bytes (4194304)") {
+	if ev := boundsLimitEvent(t, m, rec.ID, store.LimitWorkdirBytes); !strings.Contains(ev, "past resources.workdir_max_bytes (4194304)") {
 		t.Fatalf("event: %q", ev)
 	}
 	// And rm takes it all away, deep as it is.
@@ -108,7 +108,7 @@ func TestBoundsChildrenChargedToParent(t *testing.T) {
 	if c.ExitStatus != store.StatusTerminated || !strings.Contains(c.Detail, "its parent "+parent.ID+" ended") {
 		t.Fatalf("child: %s %q", c.ExitStatus, c.Detail)
 	}
-	boundsLimitEvent(t, d.m, parent.ID, LimitWorkdirBytes)
+	boundsLimitEvent(t, d.m, parent.ID, store.LimitWorkdirBytes)
 	// rm of the parent takes the child: its record, its workdir, its home, and the
 	// directory the parent's children worked in.
 	if err := d.m.Remove(parent.ID); err != nil {
@@ -149,7 +149,7 @@ func boundsGone(t *testing.T, d *delegation, parent *store.Record, kids ...*stor
 		if _, err := d.m.Get(r.ID); !errdefs.IsNotFound(err) {
 			t.Errorf("%s is still recorded: %v", r.ID, err)
 		}
-		for _, dir := range []string{r.Workdir, r.RecordsDir, d.m.homeDir(r.ID), d.m.childrenOfDir(r.ID)} {
+		for _, dir := range []string{r.Workdir, r.RecordsDir, d.m.trees.home(r.ID), d.m.trees.children(r.ID)} {
 			if _, err := os.Lstat(dir); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("%s of %s survived rm: %v", dir, r.ID, err)
 			}
@@ -201,7 +201,7 @@ func TestBoundsSnapshotChildrenHoldTheCeiling(t *testing.T) {
 	if p, _ := d.m.Get(parent.ID); p.State != store.Running {
 		t.Fatalf("the parent is %s (%q): within its ceiling, it should run on", p.State, p.Detail)
 	}
-	boundsLimitEvent(t, d.m, parent.ID, LimitWorkdirBytes)
+	boundsLimitEvent(t, d.m, parent.ID, store.LimitWorkdirBytes)
 
 	// rm refuses a tree with a live session in it; -f kills it first, then the whole tree
 	// goes.
@@ -280,10 +280,10 @@ func TestBoundsMaxTotalChildren(t *testing.T) {
 		!errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), "3 children started already") {
 		t.Fatalf("the fourth spawn: %v", err)
 	}
-	if kids, _ := d.m.childrenOf(parent.ID); len(kids) != 3 {
+	if kids, _ := d.m.reg.childrenOf(parent.ID); len(kids) != 3 {
 		t.Fatalf("%d children recorded", len(kids))
 	}
-	if ev := boundsLimitEvent(t, d.m, parent.ID, LimitChildrenTotal); !strings.Contains(ev, "spawn.max_total_children 3") {
+	if ev := boundsLimitEvent(t, d.m, parent.ID, store.LimitChildrenTotal); !strings.Contains(ev, "spawn.max_total_children 3") {
 		t.Fatalf("event: %q", ev)
 	}
 }

@@ -108,7 +108,7 @@ func (d *delegation) start(name string) *store.Record {
 func (d *delegation) spawn(parent *store.Record, name, task string, wait bool) (spawn.SpawnResult, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	return d.m.Spawn(ctx, parent.ID, spawn.Request{Capsule: name, Version: "0.1.0", Task: task, Wait: wait})
+	return d.m.backend.Spawn(ctx, parent.ID, spawn.Request{Capsule: name, Version: "0.1.0", Task: task, Wait: wait})
 }
 
 const parentCaps = `  spawn:
@@ -162,7 +162,7 @@ func TestSpawnRunsChildWithTask(t *testing.T) {
 	if delegations != 1 {
 		t.Errorf("the parent's trace records %d delegations of the child, want 1", delegations)
 	}
-	list, err := d.m.Children(parent.ID)
+	list, err := d.m.backend.Children(parent.ID)
 	if err != nil || len(list) != 1 || list[0].SessionID != child.ID || list[0].State != "exited" {
 		t.Fatalf("children: %+v, %v", list, err)
 	}
@@ -229,7 +229,7 @@ func TestSpawnDepthAndConcurrency(t *testing.T) {
 		t.Fatalf("a spawn with no depth left: %v", err)
 	}
 	// Once the child has ended there is room again.
-	if _, err := d.m.StopChild(context.Background(), parent.ID, child.ID); err != nil {
+	if _, err := d.m.backend.StopChild(context.Background(), parent.ID, child.ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.spawn(parent, "sleeper", "", false); err != nil {
@@ -253,20 +253,20 @@ func TestChildSeesOnlyItsOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, other := range []string{b.SessionID, parent.ID, "ses_00000000000000000000000000000000"} {
-		if _, err := d.m.Child(a.SessionID, other); !errdefs.IsNotFound(err) {
+		if _, err := d.m.backend.Child(a.SessionID, other); !errdefs.IsNotFound(err) {
 			t.Errorf("child A looking at %s: %v, want not found", other, err)
 		}
-		if _, err := d.m.StopChild(context.Background(), a.SessionID, other); !errdefs.IsNotFound(err) {
+		if _, err := d.m.backend.StopChild(context.Background(), a.SessionID, other); !errdefs.IsNotFound(err) {
 			t.Errorf("child A stopping %s: %v, want not found", other, err)
 		}
 	}
-	if kids, err := d.m.Children(a.SessionID); err != nil || len(kids) != 0 {
+	if kids, err := d.m.backend.Children(a.SessionID); err != nil || len(kids) != 0 {
 		t.Errorf("child A's children: %+v, %v", kids, err)
 	}
 	if rec, _ := d.m.Get(b.SessionID); rec.State != store.Running {
 		t.Errorf("sibling B is %s after A tried to stop it", rec.State)
 	}
-	if s, err := d.m.Self(a.SessionID); err != nil || s.SessionID != a.SessionID || s.ParentID != parent.ID {
+	if s, err := d.m.backend.Self(a.SessionID); err != nil || s.SessionID != a.SessionID || s.ParentID != parent.ID {
 		t.Errorf("self: %+v, %v", s, err)
 	}
 }
@@ -432,22 +432,22 @@ func TestAncestorCeilingThroughDelegation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := d.m.Admit(leaf.SessionID, spawn.AdmitRequest{Tokens: 80})
+	r, err := d.m.backend.Admit(leaf.SessionID, spawn.AdmitRequest{Tokens: 80})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.m.Settle(leaf.SessionID, spawn.SettleRequest{Reservation: r.ID, InputTokens: 50, OutputTokens: 20}); err != nil {
+	if _, err := d.m.backend.Settle(leaf.SessionID, spawn.SettleRequest{Reservation: r.ID, InputTokens: 50, OutputTokens: 20}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = d.m.Admit(mid.SessionID, spawn.AdmitRequest{Tokens: 40})
+	_, err = d.m.backend.Admit(mid.SessionID, spawn.AdmitRequest{Tokens: 40})
 	var refusal *ledger.Refusal
 	if !errors.As(err, &refusal) || refusal.Limit != "ancestor "+parent.ID || refusal.Used != 70 || refusal.Ceiling != 100 {
 		t.Fatalf("the middle session's admission: %v", err)
 	}
-	if _, err := d.m.Admit(leaf.SessionID, spawn.AdmitRequest{Tokens: 30}); err != nil {
+	if _, err := d.m.backend.Admit(leaf.SessionID, spawn.AdmitRequest{Tokens: 30}); err != nil {
 		t.Fatalf("the leaf's admission that fits exactly: %v", err)
 	}
-	if _, err := d.m.Admit(leaf.SessionID, spawn.AdmitRequest{Tokens: 1}); !errors.As(err, &refusal) || refusal.Limit != "ancestor "+parent.ID {
+	if _, err := d.m.backend.Admit(leaf.SessionID, spawn.AdmitRequest{Tokens: 1}); !errors.As(err, &refusal) || refusal.Limit != "ancestor "+parent.ID {
 		t.Fatalf("the leaf past the ceiling: %v", err)
 	}
 	// The lifeline ends the subtree; the leaf's open 30 is charged in full; the parent's
@@ -458,7 +458,7 @@ func TestAncestorCeilingThroughDelegation(t *testing.T) {
 	if rec, _ := d.m.Get(leaf.SessionID); rec.Tokens != 100 || rec.InputTokens != 50 || rec.OutputTokens != 20 {
 		t.Errorf("the leaf's record: %d tokens (%d in, %d out)", rec.Tokens, rec.InputTokens, rec.OutputTokens)
 	}
-	s, _ := d.m.Spend(parent.ID)
+	s, _ := d.m.backend.Spend(parent.ID)
 	if s.Charged != 0 || s.SubtreeCharged != 100 || !s.Ended {
 		t.Errorf("the parent's account: %+v", s)
 	}

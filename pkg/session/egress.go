@@ -111,9 +111,7 @@ func (m *Manager) Egress(sessionID string, r egress.Record) {
 	if m.cfg.Observer != nil {
 		m.cfg.Observer.Egress(r.Decision, r.BytesUp, r.BytesDown)
 	}
-	m.mu.Lock()
-	l := m.live[sessionID]
-	m.mu.Unlock()
+	l := m.live.lookup(sessionID)
 	if l == nil {
 		return
 	}
@@ -141,7 +139,7 @@ func (m *Manager) Egress(sessionID string, r egress.Record) {
 		data = note
 	}
 	e.traced += int64(len(data)) + 1
-	if err := appendLine(filepath.Join(m.recordsDirFor(sessionID), TraceFile), data, false); err != nil {
+	if err := appendLine(filepath.Join(m.trees.records(sessionID), TraceFile), data, false); err != nil {
 		m.cfg.Logger.Warn("writing the trace", "session", sessionID, "err", err)
 	}
 }
@@ -197,7 +195,7 @@ func (m *Manager) closeEgress(l *liveSession, rec *store.Record) {
 // EgressNow is what a live session's proxy has carried so far and how many of its
 // connections are open; ok is false when it has no proxy.
 func (m *Manager) EgressNow(id string) (t store.EgressTotals, active int, ok bool) {
-	l := m.lookup(id)
+	l := m.live.lookup(id)
 	if l == nil {
 		return t, 0, false
 	}

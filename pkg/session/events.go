@@ -30,7 +30,7 @@ func (m *Manager) OldestKeptEvent() uint64 {
 func (m *Manager) Events(ctx context.Context, since uint64, follow bool, send func(store.Event) error) error {
 	last := since
 	for {
-		changed := m.changed.wait()
+		changed := m.reg.changed.wait()
 		var page []store.Event
 		if err := m.reg.View(func(tx *store.Tx) (err error) {
 			page, err = tx.EventsSince(last, eventPage)

@@ -82,7 +82,7 @@ func (m *Manager) Exec(ctx context.Context, id string, opts containment.ExecOpti
 	if err := execState(rec); err != nil {
 		return nil, err
 	}
-	l := m.lookup(rec.ID)
+	l := m.live.lookup(rec.ID)
 	if l == nil {
 		return nil, fmt.Errorf("session %s is %s but this daemon holds no process of it: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}
@@ -107,7 +107,7 @@ func (m *Manager) Exec(ctx context.Context, id string, opts containment.ExecOpti
 	if !ok {
 		return nil, fmt.Errorf("session %s is %s, and this daemon cannot run commands in such a session: %w", rec.ID, class, errdefs.ErrNotImplemented)
 	}
-	man, policy, err := m.recordedManifest(rec)
+	man, policy, err := m.reg.manifest(rec)
 	if err != nil {
 		return nil, err
 	}
@@ -184,7 +184,7 @@ func (x *Exec) Wait() (int, string) {
 // record notes the exec in the registry's events and the session's trace. Neither failing
 // changes what the command did, so it is logged, not returned.
 func (x *Exec) record(rec *store.Record, detail, traceType string) {
-	if err := x.m.update(func(tx *store.Tx) error { return tx.Note(rec, EventExec, detail) }); err != nil {
+	if err := x.m.reg.update(func(tx *store.Tx) error { return tx.Note(rec, EventExec, detail) }); err != nil {
 		x.m.cfg.Logger.Warn("recording an exec", "session", rec.ID, "exec", x.ID, "err", err)
 	}
 	t := traceRecord{EventType: traceType, SessionID: rec.ID, Timestamp: time.Now().UTC(), ExecID: x.ID, Command: x.argv}

@@ -28,11 +28,11 @@ func (m *Manager) explanation(p *plan) *roostv1.Explanation {
 	if !d.Met {
 		class = d.Floor
 	}
-	for _, g := range containment.Grants(class, &p.policy, m.hostRoot(p), p.manifest.Run.Wasm != "") {
+	for _, g := range containment.Grants(class, &p.policy, m.planner.hostRoot(p), p.manifest.Run.Wasm != "") {
 		e.Grants = append(e.Grants, &roostv1.Grant{Key: g.Key, Value: g.Value, Enforcement: g.Enforcement, Mechanism: g.Mechanism})
 	}
 	e.Start = m.startPath(p, class)
-	e.Identity = &roostv1.Identity{Size: idsPerSession, HostRoot: m.hostRoot(p)}
+	e.Identity = &roostv1.Identity{Size: idsPerSession, HostRoot: m.planner.hostRoot(p)}
 	if e.Identity.HostRoot {
 		e.Identity.Size = 0
 	}

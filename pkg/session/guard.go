@@ -68,15 +68,15 @@ func (m *Manager) guardWorkdir(l *liveSession, rec *store.Record, done <-chan st
 		limit, saw := "", ""
 		switch {
 		case lim.Bytes > 0 && used.Bytes > lim.Bytes:
-			limit = LimitWorkdirBytes
+			limit = store.LimitWorkdirBytes
 			saw = fmt.Sprintf("%s grew to %d bytes, past resources.workdir_max_bytes (%d)", what, used.Bytes, lim.Bytes)
 		case lim.Inodes > 0 && used.Inodes > lim.Inodes:
-			limit = LimitWorkdirInodes
+			limit = store.LimitWorkdirInodes
 			saw = fmt.Sprintf("%s hold %d files and directories, past resources.workdir_max_inodes (%d)", what, used.Inodes, lim.Inodes)
 		case errors.Is(err, workdir.ErrMoved):
 			// Only directories more than workdir.OpenLevels deep, moved again and again while
 			// they are counted, do this: a tree that cannot be measured is not let grow.
-			limit = LimitWorkdirInodes
+			limit = store.LimitWorkdirInodes
 			saw = fmt.Sprintf("%s could not be measured: directories more than %d levels deep kept moving while roost counted them (%d tries), so resources.workdir_max_inodes (%d) cannot be held",
 				what, workdir.OpenLevels, guardTries, lim.Inodes)
 		}
@@ -102,7 +102,7 @@ func (m *Manager) guardWorkdir(l *liveSession, rec *store.Record, done <-chan st
 
 // guardRoots lists the trees charged to the session and says, for its detail, what they are.
 func (m *Manager) guardRoots(rec *store.Record, canSpawn bool) ([]string, string) {
-	roots := []string{rec.Workdir, m.homeDir(rec.ID)}
+	roots := []string{rec.Workdir, m.trees.home(rec.ID)}
 	parts := []string{"workdir", "home"}
 	if tmp := m.tmpDirOf(rec); tmp != "" {
 		roots = append(roots, tmp)
@@ -112,14 +112,14 @@ func (m *Manager) guardRoots(rec *store.Record, canSpawn bool) ([]string, string
 		// Where the children of a parent without a sealed root work (a sealed parent's work
 		// beneath its workdir, and are counted there once: a root inside another is counted
 		// as itself only).
-		roots = append(roots, m.childrenOfDir(rec.ID))
-		recs, err := m.allRecords()
+		roots = append(roots, m.trees.children(rec.ID))
+		recs, err := m.reg.all()
 		if err != nil {
 			m.cfg.Logger.Warn("workdir guard: listing the session's children", "session", rec.ID, "err", err)
 		}
-		below := descendants(recs, rec.ID)
+		below := store.Descendants(recs, rec.ID)
 		for _, d := range below {
-			roots = append(roots, d.Workdir, m.homeDir(d.ID), m.childrenOfDir(d.ID))
+			roots = append(roots, d.Workdir, m.trees.home(d.ID), m.trees.children(d.ID))
 			if tmp := m.tmpDirOf(d); tmp != "" {
 				roots = append(roots, tmp)
 			}

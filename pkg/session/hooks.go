@@ -117,7 +117,7 @@ func (m *Manager) HookEvent(hook string, r hooks.Result, subject string) {
 		}
 		detail += "; its output: " + out
 	}
-	err := m.update(func(tx *store.Tx) error {
+	err := m.reg.update(func(tx *store.Tx) error {
 		if rec, err := tx.Get(subject); err == nil {
 			return tx.Note(rec, EventHookRan, detail)
 		}

@@ -37,25 +37,25 @@ func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) 
 	if err != nil {
 		return nil, err
 	}
-	l := m.hold(rec.ID)
+	l := m.live.hold(rec.ID)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if rec, err = m.Get(rec.ID); err != nil {
-		m.release(rec.ID, l)
+		m.live.release(rec.ID, l)
 		return nil, err
 	}
 	if rec.State != store.Staged {
-		m.release(rec.ID, l)
+		m.live.release(rec.ID, l)
 		return nil, fmt.Errorf("session %s is %s; only a staged session can be launched: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}
 	class, err := manifest.ParseClass(rec.Achieved)
 	if err != nil {
-		m.release(rec.ID, l)
+		m.live.release(rec.ID, l)
 		return nil, fmt.Errorf("session %s: %v: %w", rec.ID, err, errdefs.ErrDataLoss)
 	}
 	runtime := m.cfg.Runtimes[class]
 	if runtime == nil {
-		m.release(rec.ID, l)
+		m.live.release(rec.ID, l)
 		return nil, fmt.Errorf("session %s needs a %s runtime, which this daemon does not have: %w", rec.ID, class, errdefs.ErrFailedPrecondition)
 	}
 	// A sealed session that fits takes a sandbox made ahead, and with it the sandbox's uid
@@ -63,12 +63,12 @@ func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) 
 	var sb *containment.Sandbox
 	var cold error
 	if m.pool != nil && class == manifest.Sealed {
-		if _, policy, err := m.recordedManifest(rec); err == nil {
+		if _, policy, err := m.reg.manifest(rec); err == nil {
 			sb, cold = m.pool.take(policy, rec.Wasm != nil)
 		}
 	}
 	began := time.Now()
-	if err := m.update(func(tx *store.Tx) error {
+	if err := m.reg.update(func(tx *store.Tx) error {
 		// Checked in the launch's own transaction: a parent that ends after it commits
 		// sees this child launching and stops it; one that ended before refuses it here.
 		if rec.ParentID != "" {
@@ -95,7 +95,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) 
 		if sb != nil {
 			m.pool.discard(sb)
 		}
-		m.release(rec.ID, l)
+		m.live.release(rec.ID, l)
 		return nil, err
 	}
 	proc, err := m.start(ctx, l, rec, class, runtime, sb)
@@ -119,7 +119,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) 
 	}
 	rec.StartedAt = ref.StartedAt
 	rec.DeadlineAt = ref.StartedAt.Add(deadlineOf(rec))
-	if err := m.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Running) }); err != nil {
+	if err := m.reg.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Running) }); err != nil {
 		// The program runs but the registry refused the record: end it rather than leave
 		// a process nobody can see.
 		_ = proc.Signal(sigKill)
@@ -162,10 +162,10 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *store.Record, 
 		// Root's: the session may pass through to its task text, never list or read the rest.
 		return nil, fmt.Errorf("records directory: %w", err)
 	}
-	if err := m.prepareWorkdir(rec); err != nil {
+	if err := m.trees.prepareWorkdir(rec); err != nil {
 		return nil, fmt.Errorf("workdir: %w", err)
 	}
-	if err := m.prepareHome(rec); err != nil {
+	if err := m.trees.prepareHome(rec); err != nil {
 		return nil, fmt.Errorf("home: %w", err)
 	}
 	if rec.HasTask {
@@ -180,19 +180,19 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *store.Record, 
 			return nil, fmt.Errorf("task: %w", err)
 		}
 	}
-	man, policy, err := m.recordedManifest(rec)
+	man, policy, err := m.reg.manifest(rec)
 	if err != nil {
 		return nil, err
 	}
 	l.policyMu.Lock()
 	l.policy = policy
 	l.policyMu.Unlock()
-	if len(m.childrenDirs(rec, class, policy)) > 0 {
-		if err := m.prepareChildrenDir(rec); err != nil {
+	if len(m.trees.childrenDirs(rec, class, policy)) > 0 {
+		if err := m.trees.prepareChildrenDir(rec); err != nil {
 			return nil, err
 		}
 	}
-	if err := m.openAccount(rec, policy); err != nil {
+	if err := m.accounts.open(rec, policy); err != nil {
 		return nil, fmt.Errorf("the session's ledger account: %w", err)
 	}
 	if m.cfg.Endpoints != nil {
@@ -200,7 +200,7 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *store.Record, 
 		if hasNetNS(class) {
 			proxy = m.openEgress(l, rec.ID, policy, store.EgressTotals{}, 0)
 		}
-		ep, err := m.cfg.Endpoints.Open(rec.ID, hasNetNS(class), 0, int(policy.Resources.EndpointMaxConnections.Value), m, proxy)
+		ep, err := m.cfg.Endpoints.Open(rec.ID, hasNetNS(class), 0, int(policy.Resources.EndpointMaxConnections.Value), m.backend, proxy)
 		if err != nil {
 			if proxy != nil {
 				proxy.Close()
@@ -231,7 +231,7 @@ const TaskFile = "task.md"
 
 // launchSpec builds the program's start from the manifest recorded at staging.
 func (m *Manager) launchSpec(rec *store.Record, class manifest.Class, man *manifest.Manifest, policy *manifest.Policy, ep spawn.Endpoint) containment.Spec {
-	view := hostView(rec, m.homeDir(rec.ID))
+	view := hostView(rec, m.trees.home(rec.ID))
 	if class == manifest.Sealed {
 		view = sealedView
 	}
@@ -242,7 +242,7 @@ func (m *Manager) launchSpec(rec *store.Record, class manifest.Class, man *manif
 		extra["ROOST_ENDPOINT"] = ep.URL()
 		extra["ROOST_CREDENTIAL"] = m.cfg.Endpoints.Credential(rec.ID)
 	}
-	m.inferenceEnv(policy, ep, extra["ROOST_CREDENTIAL"], extra)
+	m.accounts.inferenceEnv(policy, ep, extra["ROOST_CREDENTIAL"], extra)
 	egressEnv(policy, ep, extra)
 	if rec.HasTask {
 		task = filepath.Join(rec.RecordsDir, TaskFile)
@@ -267,8 +267,8 @@ func (m *Manager) launchSpec(rec *store.Record, class manifest.Class, man *manif
 		Class:      class,
 		IDs:        ids,
 		Root:       rec.HostRoot,
-		Children:   m.childrenDirs(rec, class, policy),
-		Home:       m.homeDir(rec.ID),
+		Children:   m.trees.childrenDirs(rec, class, policy),
+		Home:       m.trees.home(rec.ID),
 		Exec:       view.paths(execFiles(rec)),
 		ExecTrees:  view.paths(execTrees(rec)),
 		Argv:       argv,
@@ -378,32 +378,4 @@ func environment(rec *store.Record, man *manifest.Manifest, host map[string]stri
 	}
 	slices.Sort(out)
 	return out
-}
-
-// hold returns the session's live entry, creating it.
-func (m *Manager) hold(id string) *liveSession {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	l := m.live[id]
-	if l == nil {
-		l = &liveSession{ended: make(chan struct{})}
-		m.live[id] = l
-	}
-	return l
-}
-
-// release drops a live entry that never got a process.
-func (m *Manager) release(id string, l *liveSession) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.live[id] == l && l.proc == nil {
-		delete(m.live, id)
-	}
-}
-
-// lookup returns the live entry of a session, if the daemon holds one.
-func (m *Manager) lookup(id string) *liveSession {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.live[id]
 }

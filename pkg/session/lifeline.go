@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"roost.dev/roost/pkg/session/delegate"
 	"roost.dev/roost/pkg/session/store"
 
 	"roost.dev/roost/pkg/workdir"
@@ -19,7 +20,7 @@ const CompletionFile = "completion.json"
 
 // endChildren stops every live child of a session that has ended.
 func (m *Manager) endChildren(parentID string) {
-	kids, err := m.childrenOf(parentID)
+	kids, err := m.reg.childrenOf(parentID)
 	if err != nil {
 		m.cfg.Logger.Error("lifeline", "session", parentID, "err", err)
 		return
@@ -44,7 +45,7 @@ func (m *Manager) stopOrphan(id, parentID string) {
 	if err != nil || !rec.State.Live() {
 		return
 	}
-	l := m.lookup(id)
+	l := m.live.lookup(id)
 	if l == nil {
 		return
 	}
@@ -62,7 +63,7 @@ func (m *Manager) stopOrphan(id, parentID string) {
 
 // stopOrphans stops, after a restart, live sessions whose parent ended while no daemon watched.
 func (m *Manager) stopOrphans() error {
-	recs, err := m.allRecords()
+	recs, err := m.reg.all()
 	if err != nil {
 		return err
 	}
@@ -85,8 +86,8 @@ func (m *Manager) stopOrphans() error {
 // waitSubtree blocks until no descendant of the session is live.
 func (m *Manager) waitSubtree(ctx context.Context, id string) error {
 	for {
-		changed := m.changed.wait()
-		recs, err := m.allRecords()
+		changed := m.reg.changed.wait()
+		recs, err := m.reg.all()
 		if err != nil {
 			return err
 		}
@@ -125,7 +126,7 @@ func anyLiveBelow(recs []*store.Record, root string) bool {
 // writeCompletion leaves the child's end in its workdir, written beneath it without
 // following any link the child planted.
 func (m *Manager) writeCompletion(rec *store.Record) {
-	data, err := json.MarshalIndent(completion(rec), "", "  ")
+	data, err := json.MarshalIndent(delegate.Completion(rec), "", "  ")
 	if err != nil {
 		return
 	}

@@ -156,7 +156,7 @@ func (m *Manager) Logs(ctx context.Context, id string, opts LogOptions, send fun
 	ticker := time.NewTicker(logPoll)
 	defer ticker.Stop()
 	for {
-		changed := m.changed.wait()
+		changed := m.reg.changed.wait()
 		// Read the state before draining: once a session is exited its files are complete,
 		// so the drain after that read is the last one needed.
 		cur, err := m.Get(rec.ID)
@@ -601,14 +601,14 @@ func (m *Manager) CheckLogCuts(id, recordsDir string) {
 	changed := false
 	for _, name := range []string{Stdout, Stderr} {
 		ss := st.Stream(name)
-		if cut := ss.DroppedBytes - ss.FailedBytes; cut > 0 && !reported[name+" "+LimitLogBytes] {
-			m.LimitHit(id, LimitLogBytes, fmt.Sprintf("%s past resources.log_max_bytes (%d): its first bytes and its newest are kept, %d of %d bytes dropped so far",
+		if cut := ss.DroppedBytes - ss.FailedBytes; cut > 0 && !reported[name+" "+store.LimitLogBytes] {
+			m.LimitHit(id, store.LimitLogBytes, fmt.Sprintf("%s past resources.log_max_bytes (%d): its first bytes and its newest are kept, %d of %d bytes dropped so far",
 				name, st.MaxBytes, ss.DroppedBytes, ss.WrittenBytes))
-			reported[name+" "+LimitLogBytes], changed = true, true
+			reported[name+" "+store.LimitLogBytes], changed = true, true
 		}
-		if ss.FailedBytes > 0 && !reported[name+" "+LimitDiskFull] {
-			m.LimitHit(id, LimitDiskFull, fmt.Sprintf("%s: %d bytes of output lost to failed writes in the records directory: %s", name, ss.FailedBytes, ss.WriteError))
-			reported[name+" "+LimitDiskFull], changed = true, true
+		if ss.FailedBytes > 0 && !reported[name+" "+store.LimitDiskFull] {
+			m.LimitHit(id, store.LimitDiskFull, fmt.Sprintf("%s: %d bytes of output lost to failed writes in the records directory: %s", name, ss.FailedBytes, ss.WriteError))
+			reported[name+" "+store.LimitDiskFull], changed = true, true
 		}
 	}
 	if !changed {

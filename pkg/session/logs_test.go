@@ -173,7 +173,7 @@ func TestLogsCapThroughTheManager(t *testing.T) {
 	}
 	var details []string
 	m.Events(context.Background(), 0, false, func(ev store.Event) error {
-		if ev.Type == EventLimit && ev.SessionID == rec.ID {
+		if ev.Type == store.EventLimit && ev.SessionID == rec.ID {
 			details = append(details, ev.Detail)
 		}
 		return nil

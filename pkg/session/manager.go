@@ -13,7 +13,9 @@ import (
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 
+	"roost.dev/roost/pkg/session/delegate"
 	"roost.dev/roost/pkg/session/store"
+	"roost.dev/roost/pkg/wasmcache"
 
 	"github.com/containerd/errdefs"
 
@@ -124,7 +126,7 @@ type Config struct {
 	SessionView func(*store.Record) *roostv1.Session
 	// Wasm runs run.wasm sessions and keeps their compiled modules; nil for none (then a
 	// WASM capsule is refused at stage).
-	Wasm *WasmCache
+	Wasm *wasmcache.Cache
 	// Egress is how sessions in a network namespace of their own reach the outside
 	// (roostd's egress block); nil for not at all.
 	Egress *egress.Config
@@ -148,21 +150,18 @@ const DefaultGuardInterval = 2 * time.Second
 
 // Manager runs sessions: it is the only way the rest of roost changes one.
 type Manager struct {
-	cfg     Config
-	reg     *store.Registry
-	changed *notifier
+	cfg Config
+	reg registry
 
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu   sync.Mutex
-	live map[string]*liveSession
+	live liveSet
 	// egress is the proxy every session's endpoint carries; nil without Config.Egress.
 	egress *egress.Proxy
 
-	// tools resolves shell.allow entries, toolchain presets among them, on this host.
-	tools *toolchain.Resolver
+	planner planner
 	// logCutsMu orders the notes of which log cuts were reported (CheckLogCuts).
 	logCutsMu sync.Mutex
 
@@ -172,6 +171,67 @@ type Manager struct {
 
 	// pool holds sealed sandboxes made ahead; nil without Config.WarmPool.
 	pool *warmPool
+
+	accounts accounts
+	trees    trees
+
+	// backend is what every session's endpoint serves (pkg/session/delegate).
+	backend *delegate.Backend
+}
+
+// liveSet is the sessions the daemon holds a live entry for, by id.
+type liveSet struct {
+	mu sync.Mutex
+	m  map[string]*liveSession
+}
+
+// hold returns the session's live entry, creating it.
+func (s *liveSet) hold(id string) *liveSession {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.m[id]
+	if l == nil {
+		l = &liveSession{ended: make(chan struct{})}
+		s.m[id] = l
+	}
+	return l
+}
+
+// release drops a live entry that never got a process.
+func (s *liveSet) release(id string, l *liveSession) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m[id] == l && l.proc == nil {
+		delete(s.m, id)
+	}
+}
+
+// lookup returns the live entry of a session, if the daemon holds one.
+func (s *liveSet) lookup(id string) *liveSession {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[id]
+}
+
+// forget drops the session's entry once its end is recorded, unless another has taken its
+// place.
+func (s *liveSet) forget(id string, l *liveSession) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m[id] == l {
+		delete(s.m, id)
+	}
+}
+
+// all is every entry held now.
+func (s *liveSet) all() []*liveSession {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*liveSession, 0, len(s.m))
+	for _, l := range s.m {
+		out = append(out, l)
+	}
+	return out
 }
 
 // liveSession is the daemon's hold on a session that has (or may have) a process.
@@ -226,38 +286,44 @@ func Open(cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &Manager{cfg: cfg, reg: reg, changed: newNotifier(), ctx: ctx, cancel: cancel, live: map[string]*liveSession{}, tools: toolchain.NewResolver()}
+	m := &Manager{cfg: cfg, reg: registry{Registry: reg, changed: newNotifier()}, ctx: ctx, cancel: cancel, live: liveSet{m: map[string]*liveSession{}}}
+	// Whatever fails below leaves nothing open: one release for every way out.
+	opened := false
+	defer func() {
+		if !opened {
+			cancel()
+			reg.Close()
+		}
+	}()
+	m.planner = planner{artifacts: cfg.Artifacts, catalog: cfg.Catalog, daemonFloor: cfg.DaemonFloor, allowRoot: cfg.AllowRoot,
+		hostPaths: cfg.HostPaths, tools: toolchain.NewResolver()}
+	m.accounts = accounts{ledger: cfg.Ledger, gateway: cfg.Gateway, log: cfg.Logger}
+	m.trees = trees{state: cfg.StateDir, ids: cfg.IDs, group: m.reg.parentGroup,
+		save: func(rec *store.Record) error { return m.reg.update(func(tx *store.Tx) error { return tx.Save(rec) }) }}
 	if cfg.Egress != nil {
 		m.egress = egress.New(*cfg.Egress, m, cfg.Logger)
 	}
+	spawns, _ := cfg.Observer.(delegate.SpawnObserver)
+	m.backend = delegate.New(endpointSessions{m}, delegate.Config{Ledger: cfg.Ledger, Gateway: cfg.Gateway, Observer: spawns,
+		MaxConcurrent: cfg.MaxConcurrent, StopGrace: cfg.StopGrace, Logger: cfg.Logger})
 
 	if err := m.recover(); err != nil {
-		cancel()
-		reg.Close()
 		return nil, fmt.Errorf("recovering sessions: %w", err)
 	}
 	if err := m.dropWarmLeftovers(); err != nil {
-		cancel()
-		reg.Close()
 		return nil, fmt.Errorf("freeing warm sandboxes a previous roostd left: %w", err)
 	}
 	if cfg.WarmPool > 0 || len(cfg.WarmCapsules) > 0 {
 		rt, ok := cfg.Runtimes[manifest.Sealed].(WarmRuntime)
 		if !ok {
-			cancel()
-			reg.Close()
 			return nil, fmt.Errorf("a warm pool needs a sealed runtime, which this daemon does not have: %w", errdefs.ErrFailedPrecondition)
 		}
 		shapes, err := m.warmShapes()
 		if err != nil {
-			cancel()
-			reg.Close()
 			return nil, fmt.Errorf("the warm pool: %w", err)
 		}
 		pool, err := newWarmPool(m, rt, shapes, cfg.WarmPoolCPU)
 		if err != nil {
-			cancel()
-			reg.Close()
 			return nil, fmt.Errorf("the warm pool: %w", err)
 		}
 		m.pool = pool
@@ -267,6 +333,7 @@ func Open(cfg Config) (*Manager, error) {
 			pool.run(ctx)
 		}()
 	}
+	opened = true
 	return m, nil
 }
 
@@ -274,13 +341,7 @@ func Open(cfg Config) (*Manager, error) {
 // next daemon listens on their endpoints again) and closes the registry.
 func (m *Manager) Close() error {
 	m.cancel()
-	m.mu.Lock()
-	held := make([]*liveSession, 0, len(m.live))
-	for _, l := range m.live {
-		held = append(held, l)
-	}
-	m.mu.Unlock()
-	for _, l := range held {
+	for _, l := range m.live.all() {
 		l.mu.Lock()
 		l.stopTimers()
 		if l.ep != nil {
@@ -302,13 +363,6 @@ func (m *Manager) Close() error {
 
 // SchemaVersion names the registry's layout.
 func (m *Manager) SchemaVersion() string { return m.reg.SchemaVersion() }
-
-// Sub-directories of the state directory.
-const (
-	workDir    = "work"
-	recordsDir = "records"
-	homesDir   = "home"
-)
 
 // PrepareStateDir makes the state directory and the parts sessions reach into; Open does
 // it, and a daemon that builds runtimes under the directory first does it before them. Sessions run
@@ -347,20 +401,6 @@ func PrepareStateDir(dir string) error {
 	}
 }
 
-func (m *Manager) recordsDirFor(id string) string {
-	return filepath.Join(m.cfg.StateDir, recordsDir, id)
-}
-
-// update runs one registry transaction and wakes everyone waiting for a change once it has
-// committed.
-func (m *Manager) update(fn func(*store.Tx) error) error {
-	events, err := m.reg.Update(fn)
-	if len(events) > 0 {
-		m.changed.broadcast()
-	}
-	return err
-}
-
 // Get returns one session; ref is its name, its id, a unique prefix of its id or its short
 // id (see resolve).
 func (m *Manager) Get(ref string) (*store.Record, error) {
@@ -370,7 +410,7 @@ func (m *Manager) Get(ref string) (*store.Record, error) {
 		return err
 	})
 	if err == nil {
-		m.withSpend(rec)
+		m.accounts.fill(rec)
 	}
 	return rec, err
 }
@@ -387,7 +427,7 @@ func (m *Manager) List(all bool) ([]*store.Record, error) {
 		return err
 	})
 	for _, r := range recs {
-		m.withSpend(r)
+		m.accounts.fill(r)
 	}
 	return recs, err
 }
@@ -414,7 +454,7 @@ func (m *Manager) Wait(ctx context.Context, id string) (*store.Record, error) {
 // waitState re-reads the session after every committed change until done accepts it.
 func (m *Manager) waitState(ctx context.Context, id string, done func(*store.Record) bool) (*store.Record, error) {
 	for {
-		changed := m.changed.wait()
+		changed := m.reg.changed.wait()
 		rec, err := m.Get(id)
 		if err != nil {
 			return nil, err
@@ -428,30 +468,6 @@ func (m *Manager) waitState(ctx context.Context, id string, done func(*store.Rec
 			return nil, ctx.Err()
 		}
 	}
-}
-
-// notifier wakes every waiter when the registry has changed. Waiters re-read what they need
-// from the registry, so a wake-up carries no data and none can be lost or reordered.
-type notifier struct {
-	mu sync.Mutex
-	ch chan struct{}
-}
-
-func newNotifier() *notifier { return &notifier{ch: make(chan struct{})} }
-
-// wait returns a channel closed by the next broadcast. Take it before reading the state it
-// guards, so a change between the read and the wait is not missed.
-func (n *notifier) wait() <-chan struct{} {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.ch
-}
-
-func (n *notifier) broadcast() {
-	n.mu.Lock()
-	close(n.ch)
-	n.ch = make(chan struct{})
-	n.mu.Unlock()
 }
 
 func (l *liveSession) stopTimers() {

@@ -182,7 +182,7 @@ func TestRunToCompletion(t *testing.T) {
 
 	envData, _ := os.ReadFile(filepath.Join(rec.Workdir, "env.txt"))
 	env := strings.Split(strings.TrimSpace(string(envData)), "\n")
-	for _, want := range []string{"LANG=C.UTF-8", "GREETING=world", "ROOST_SESSION_ID=" + rec.ID, "ROOST_CAPSULE=test@0.1.0", "ROOST_CAPSULE_DIR=" + dir, "HOME=" + m.homeDir(rec.ID)} {
+	for _, want := range []string{"LANG=C.UTF-8", "GREETING=world", "ROOST_SESSION_ID=" + rec.ID, "ROOST_CAPSULE=test@0.1.0", "ROOST_CAPSULE_DIR=" + dir, "HOME=" + m.trees.home(rec.ID)} {
 		if !slices.Contains(env, want) {
 			t.Errorf("environment lacks %s:\n%s", want, envData)
 		}
@@ -616,7 +616,7 @@ func TestRecoverMidLaunch(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Do what Launch does, up to the moment it would record the session running.
-	if err := m.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Launching) }); err != nil {
+	if err := m.reg.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Launching) }); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := m.start(context.Background(), &liveSession{ended: make(chan struct{})}, rec, manifest.Advisory, m.cfg.Runtimes[manifest.Advisory], nil); err != nil {

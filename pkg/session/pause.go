@@ -46,7 +46,7 @@ func (m *Manager) freeze(id string, from, to store.State, act func(*liveSession,
 	if err != nil {
 		return nil, err
 	}
-	l := m.lookup(rec.ID)
+	l := m.live.lookup(rec.ID)
 	if l == nil || rec.State != from {
 		return nil, fmt.Errorf("session %s is %s; it must be %s: %w", rec.ID, rec.State, from, errdefs.ErrFailedPrecondition)
 	}
@@ -65,7 +65,7 @@ func (m *Manager) freeze(id string, from, to store.State, act func(*liveSession,
 	if err := act(l, f, rec); err != nil {
 		return nil, fmt.Errorf("session %s: %w", rec.ID, err)
 	}
-	if err := m.update(func(tx *store.Tx) error { return tx.Transition(rec, to) }); err != nil {
+	if err := m.reg.update(func(tx *store.Tx) error { return tx.Transition(rec, to) }); err != nil {
 		return nil, err
 	}
 	return rec, nil
@@ -92,7 +92,7 @@ type Usage struct {
 // Usage is what a live session uses now; nil when nothing can be read (no process yet, or
 // neither a cgroup nor a workdir to measure).
 func (m *Manager) Usage(rec *store.Record) *Usage {
-	l := m.lookup(rec.ID)
+	l := m.live.lookup(rec.ID)
 	if l == nil {
 		return nil
 	}

@@ -39,7 +39,7 @@ func (m *Manager) recover() error {
 		m.cfg.Logger.Info("recovered session", "session", rec.ID, "capsule", rec.Capsule.Name+"@"+rec.Capsule.Version, "class", rec.Achieved,
 			"was", was, "outcome", outcome, "now", rec.State)
 		detail := fmt.Sprintf("%s: roostd restarted while the session was %s", outcome, was)
-		if err := m.update(func(tx *store.Tx) error { return tx.Note(rec, store.EventRecovered, detail) }); err != nil {
+		if err := m.reg.update(func(tx *store.Tx) error { return tx.Note(rec, store.EventRecovered, detail) }); err != nil {
 			m.cfg.Logger.Warn("recording recovery", "session", rec.ID, "err", err)
 		}
 		if m.cfg.Observer != nil {
@@ -57,7 +57,7 @@ func (m *Manager) recover() error {
 }
 
 func (m *Manager) recoverOne(rec *store.Record) string {
-	l := m.hold(rec.ID)
+	l := m.live.hold(rec.ID)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 
@@ -102,11 +102,11 @@ func (m *Manager) recoverOne(rec *store.Record) string {
 		rec.Process = &ref
 		rec.StartedAt = ref.StartedAt
 		rec.DeadlineAt = ref.StartedAt.Add(deadlineOf(rec))
-		if err := m.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Running) }); err != nil {
+		if err := m.reg.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Running) }); err != nil {
 			m.cfg.Logger.Error("recovering", "session", rec.ID, "err", err)
 		}
 	}
-	m.reopenAccount(l, rec)
+	m.accounts.reopen(rec, func() (*manifest.Policy, error) { return m.policyOf(l, rec) })
 	m.reopenEndpoint(l, rec, class)
 	m.supervise(l, rec, proc)
 	return RecoveredAttached
@@ -139,7 +139,7 @@ func (m *Manager) reopenEndpoint(l *liveSession, rec *store.Record, class manife
 		before, traced := tracedEgress(rec.RecordsDir)
 		proxy = m.openEgress(l, rec.ID, policy, before, traced)
 	}
-	ep, err := m.cfg.Endpoints.Open(rec.ID, netns, rec.EndpointPort, maxConns, m, proxy)
+	ep, err := m.cfg.Endpoints.Open(rec.ID, netns, rec.EndpointPort, maxConns, m.backend, proxy)
 	if err != nil {
 		if proxy != nil {
 			proxy.Close()

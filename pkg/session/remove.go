@@ -81,13 +81,13 @@ func (m *Manager) RemoveTree(ctx context.Context, id string, force bool) error {
 // tree is rec, as the registry has it now, and every session below it, each parent before
 // its children.
 func (m *Manager) tree(rec *store.Record) ([]*store.Record, error) {
-	recs, err := m.allRecords()
+	recs, err := m.reg.all()
 	if err != nil {
 		return nil, err
 	}
 	for _, r := range recs {
 		if r.ID == rec.ID {
-			return append([]*store.Record{r}, descendants(recs, rec.ID)...), nil
+			return append([]*store.Record{r}, store.Descendants(recs, rec.ID)...), nil
 		}
 	}
 	return nil, fmt.Errorf("no session %q: %w", rec.ID, errdefs.ErrNotFound)
@@ -98,10 +98,10 @@ func (m *Manager) removeOne(rec *store.Record) error {
 	if rec.State.Live() {
 		return fmt.Errorf("session %s is %s; stop it before removing it, or use roostctl rm -f to kill it first: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}
-	if err := m.returnWorkdir(rec); err != nil {
+	if err := m.trees.returnWorkdir(rec); err != nil {
 		return fmt.Errorf("session %s: handing its workdir %s back to uid %d: %w", rec.ID, rec.Workdir, rec.WorkdirOwner.UID, err)
 	}
-	if err := m.update(func(tx *store.Tx) error { return tx.Delete(rec) }); err != nil {
+	if err := m.reg.update(func(tx *store.Tx) error { return tx.Delete(rec) }); err != nil {
 		return err
 	}
 	// The registry no longer knows the session; files left by a crash here are swept at the
@@ -116,13 +116,13 @@ func (m *Manager) removeOne(rec *store.Record) error {
 			return fmt.Errorf("session %s forgotten, but its workdir remains: %w", rec.ID, err)
 		}
 	}
-	if err := workdir.RemoveAll(m.homeDir(rec.ID)); err != nil {
+	if err := workdir.RemoveAll(m.trees.home(rec.ID)); err != nil {
 		return fmt.Errorf("session %s forgotten, but its home remains: %w", rec.ID, err)
 	}
 	// The directory its children worked in (for a parent without a sealed root): their own
 	// removal took their workdirs; what is left is a workdir made for a child that was never
 	// staged.
-	if err := workdir.RemoveAll(m.childrenOfDir(rec.ID)); err != nil {
+	if err := workdir.RemoveAll(m.trees.children(rec.ID)); err != nil {
 		return fmt.Errorf("session %s forgotten, but the directory of its children's workdirs remains: %w", rec.ID, err)
 	}
 	return nil
@@ -180,7 +180,7 @@ func (m *Manager) collectCapsules() {
 	}
 	m.blobMu.Lock()
 	defer m.blobMu.Unlock()
-	recs, err := m.allRecords()
+	recs, err := m.reg.all()
 	if err != nil {
 		m.cfg.Logger.Warn("collecting capsule copies", "err", err)
 		return

@@ -89,7 +89,7 @@ func (m *Manager) Retain(r Retention) {
 		for {
 			// Taken before the pass: an end committed during it wakes the next one. The
 			// pass's own removals wake it too; that pass finds nothing over the bound.
-			changed := m.changed.wait()
+			changed := m.reg.changed.wait()
 			m.retainPass(r, full)
 			select {
 			case <-m.ctx.Done():
@@ -115,7 +115,7 @@ func (m *Manager) retainPass(r Retention, full bool) {
 	if !full && (r.MaxEnded == 0 || m.CountByState()[store.Exited] <= r.MaxEnded) {
 		return
 	}
-	recs, err := m.allRecords()
+	recs, err := m.reg.all()
 	if err != nil {
 		m.cfg.Logger.Warn("retention: listing sessions", "err", err)
 		return
@@ -279,7 +279,7 @@ func (m *Manager) Prune(olderThan time.Duration, dryRun bool) (*PruneResult, err
 	if olderThan < 0 {
 		return nil, fmt.Errorf("prune --until %s: must not be negative: %w", olderThan, errdefs.ErrInvalidArgument)
 	}
-	recs, err := m.allRecords()
+	recs, err := m.reg.all()
 	if err != nil {
 		return nil, err
 	}
@@ -325,7 +325,7 @@ func (m *Manager) Prune(olderThan time.Duration, dryRun bool) (*PruneResult, err
 // sessionBytes is the disk a session's own files take: its records, its home, and its
 // workdir when roost made it.
 func (m *Manager) sessionBytes(rec *store.Record) int64 {
-	n := treeBytes(rec.RecordsDir) + treeBytes(m.homeDir(rec.ID))
+	n := treeBytes(rec.RecordsDir) + treeBytes(m.trees.home(rec.ID))
 	if rec.OwnsWorkdir {
 		n += treeBytes(rec.Workdir)
 	}
@@ -382,7 +382,7 @@ func (m *Manager) checkDiskSpace() error {
 		return nil
 	}
 	if obs, ok := m.cfg.Observer.(LimitObserver); ok {
-		obs.LimitHit(LimitDiskFull)
+		obs.LimitHit(store.LimitDiskFull)
 	}
 	return store.NoSpaceError(m.cfg.StateDir, what)
 }

@@ -72,7 +72,7 @@ func endedSessions(t testing.TB, m *Manager, n int, from time.Time) []*store.Rec
 					return err
 				}
 				code := 0
-				rec := &store.Record{ID: id, Capsule: store.CapsuleRef{Name: "churn", Version: "0.1.0"}, RecordsDir: m.recordsDirFor(id),
+				rec := &store.Record{ID: id, Capsule: store.CapsuleRef{Name: "churn", Version: "0.1.0"}, RecordsDir: m.trees.records(id),
 					Workdir: filepath.Join(m.cfg.StateDir, workDir, id), OwnsWorkdir: true, CreatedAt: from.Add(time.Duration(j) * time.Second)}
 				if err := tx.Create(rec, benchManifest, benchExplanation); err != nil {
 					return err
@@ -272,7 +272,7 @@ func TestEventsFollowAcrossCompaction(t *testing.T) {
 	for range 3 {
 		// update broadcasts like the daemon's writes, so followers wake.
 		endedSessions(t, m, 10, time.Now())
-		m.changed.broadcast()
+		m.reg.changed.broadcast()
 		m.retainPass(r, true)
 	}
 	var last uint64
@@ -471,7 +471,7 @@ func TestStageRefusedWhenDiskFull(t *testing.T) {
 		t.Fatalf("stage on a full state dir: %v", err)
 	}
 	t.Log(err)
-	if !slices.Equal(obs.limits, []string{LimitDiskFull}) {
+	if !slices.Equal(obs.limits, []string{store.LimitDiskFull}) {
 		t.Fatalf("limits counted: %v", obs.limits)
 	}
 

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"roost.dev/roost/pkg/session/delegate"
 	"roost.dev/roost/pkg/session/store"
 
 	"roost.dev/roost/pkg/ledger"
@@ -32,18 +33,18 @@ func TestSpendOverrunEvent(t *testing.T) {
 	t.Cleanup(func() { m.Stop(context.Background(), rec.ID, time.Second) })
 
 	for _, tc := range []struct{ reserve, in, out int64 }{{10, 3, 4}, {10, 30, 5}} {
-		res, err := m.Admit(rec.ID, spawn.AdmitRequest{Tokens: tc.reserve})
+		res, err := m.backend.Admit(rec.ID, spawn.AdmitRequest{Tokens: tc.reserve})
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := m.Settle(rec.ID, spawn.SettleRequest{Reservation: res.ID, InputTokens: tc.in, OutputTokens: tc.out})
+		s, err := m.backend.Settle(rec.ID, spawn.SettleRequest{Reservation: res.ID, InputTokens: tc.in, OutputTokens: tc.out})
 		if err != nil || s.Charged != tc.in+tc.out {
 			t.Fatalf("settled %+v %v", s, err)
 		}
 	}
 	var overruns []string
 	m.Events(context.Background(), 0, false, func(ev store.Event) error {
-		if ev.Type == EventSpendOverrun && ev.SessionID == rec.ID {
+		if ev.Type == delegate.EventSpendOverrun && ev.SessionID == rec.ID {
 			overruns = append(overruns, ev.Detail)
 		}
 		return nil

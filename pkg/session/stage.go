@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -20,10 +19,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
-	"roost.dev/roost/pkg/artifact"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
-	"roost.dev/roost/pkg/toolchain"
 )
 
 // StageOptions is what an operator asks for beyond the capsule itself.
@@ -49,19 +46,6 @@ type StageOptions struct {
 	ownsWorkdir bool
 }
 
-// plan is everything decided about a capsule before anything is recorded: the same
-// decisions serve Stage and Explain.
-type plan struct {
-	dir      string
-	raw      []byte
-	manifest *manifest.Manifest
-	policy   manifest.Policy
-	decision containment.Decision
-	ref      store.CapsuleRef
-	// shell is what each shell.allow entry resolved to on this host.
-	shell []toolchain.Entry
-}
-
 // OCIDescriber is a runtime that can show the OCI runtime spec a session would run with.
 type OCIDescriber interface {
 	Describe(sessionID, workdir, capsuleDir string, ids containment.IDs, p *manifest.Policy) (*specs.Spec, error)
@@ -73,7 +57,7 @@ const describedSession = "SESSION"
 // Explain decides what Stage would, without recording anything. With oci it also returns
 // the OCI runtime spec a sealed session of the capsule would run with, as JSON.
 func (m *Manager) Explain(opts StageOptions, oci bool) (*roostv1.Explanation, []byte, error) {
-	p, err := m.plan(opts, false)
+	p, err := m.planner.plan(opts, false)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -123,7 +107,7 @@ func (m *Manager) Stage(opts StageOptions) (*store.Record, error) {
 	// no collection may run in between.
 	m.blobMu.RLock()
 	defer m.blobMu.RUnlock()
-	p, err := m.plan(opts, true)
+	p, err := m.planner.plan(opts, true)
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +124,7 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*store.Record, error) {
 	if !p.decision.Met {
 		return nil, errdefs.ErrFailedPrecondition.WithMessage(p.decision.Shortfall)
 	}
-	if err := m.checkUpstream(&p.policy, filepath.Join(p.dir, manifest.FileName)); err != nil {
+	if err := m.accounts.checkUpstream(&p.policy, filepath.Join(p.dir, manifest.FileName)); err != nil {
 		return nil, err
 	}
 	if err := m.stageHooks(p, opts.ParentID); err != nil {
@@ -148,10 +132,12 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*store.Record, error) {
 	}
 	var wasm *store.WasmRun
 	if p.manifest.Run.Wasm != "" {
-		var err error
-		if wasm, err = m.cfg.Wasm.prepare(p.ref.Root(), p.manifest.Run.Wasm, filepath.Join(p.dir, manifest.FileName)); err != nil {
+		mod, err := m.cfg.Wasm.Prepare(p.ref.Root(), p.manifest.Run.Wasm, filepath.Join(p.dir, manifest.FileName))
+		if err != nil {
 			return nil, err
 		}
+		run := store.WasmRun(*mod)
+		wasm = &run
 	}
 	id, err := newID()
 	if err != nil {
@@ -173,7 +159,7 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*store.Record, error) {
 		HasTask:      opts.Task != nil,
 		Workdir:      workdir,
 		OwnsWorkdir:  owns,
-		RecordsDir:   m.recordsDirFor(id),
+		RecordsDir:   m.trees.records(id),
 		Command:      command(p.ref.Root(), p.manifest.Run),
 		Deadline:     time.Duration(p.policy.Limits.DeadlineSeconds.Value) * time.Second,
 		WorkdirLimit: p.policy.Resources.WorkdirMaxBytes.Value,
@@ -187,10 +173,10 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*store.Record, error) {
 	if opts.ParentID != "" {
 		rec.DepthRemaining = min(opts.DepthRemaining, int(p.policy.Spawn.MaxDepth.Value))
 	}
-	rec.HostRoot = m.hostRoot(p)
+	rec.HostRoot = m.planner.hostRoot(p)
 	// The session's trace opens with this: the grants, and the ids it is given below.
 	e := m.explanation(p)
-	if err := m.update(func(tx *store.Tx) error {
+	if err := m.reg.update(func(tx *store.Tx) error {
 		if !rec.HostRoot {
 			if err := tx.AllocateIDs(rec, m.cfg.IDs); err != nil {
 				return err
@@ -210,31 +196,6 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*store.Record, error) {
 	m.cfg.Logger.Info("session staged", "session", rec.ID, "name", rec.Name, "capsule", rec.Capsule.Name+"@"+rec.Capsule.Version, "class", rec.Achieved,
 		"declared", rec.Declared, "parent", rec.ParentID, "workdir", rec.Workdir)
 	return rec, nil
-}
-
-// checkHostRead refuses a filesystem.host_read entry the operator does not offer (roostd's
-// sessions.host_paths) or this host lacks.
-func (m *Manager) checkHostRead(p *manifest.Policy, file string) error {
-	for i, h := range p.Filesystem.HostRead {
-		if !slices.ContainsFunc(m.cfg.HostPaths, func(allowed string) bool { return toolchain.Beneath(h, allowed) }) {
-			offered := "none"
-			if len(m.cfg.HostPaths) > 0 {
-				offered = strings.Join(m.cfg.HostPaths, ", ")
-			}
-			return fmt.Errorf("%s: capabilities.filesystem.host_read[%d]: %s is not among the host trees roostd offers sessions (sessions.host_paths: %s): %w", file, i, h, offered, errdefs.ErrPermissionDenied)
-		}
-		if _, err := os.Stat(h); err != nil {
-			return fmt.Errorf("%s: capabilities.filesystem.host_read[%d]: %s: %v: %w", file, i, h, err, errdefs.ErrFailedPrecondition)
-		}
-	}
-	return nil
-}
-
-// hostRoot says whether the operator lets a session of the plan run as host root: only a
-// capsule roostd's sessions.allow_root names, and never in a sealed root (whose root is its
-// user namespace's).
-func (m *Manager) hostRoot(p *plan) bool {
-	return p.decision.Achieved != manifest.Sealed && slices.Contains(m.cfg.AllowRoot, p.manifest.Name)
 }
 
 // command is the program's command line: run.command (or run.wasm's module) then run.args.
@@ -265,112 +226,6 @@ func checkWorkdir(dir string) error {
 		return fmt.Errorf("workdir %s is not a directory: %w", dir, errdefs.ErrInvalidArgument)
 	}
 	return nil
-}
-
-// plan reads the capsule and decides everything about a session of it. With toStore, a capsule
-// given by its path is copied into the content store first (see importCapsule), and the
-// session will run that copy.
-func (m *Manager) plan(opts StageOptions, toStore bool) (*plan, error) {
-	var dir, digest string
-	var raw []byte
-	var err error
-	source := ""
-	if _, _, isRef := artifact.ParseRef(opts.Capsule); isRef && !filepath.IsAbs(opts.Capsule) {
-		dir, digest, raw, err = m.readArtifact(opts.Capsule)
-	} else {
-		dir, raw, err = readCapsule(opts.Capsule)
-		if err == nil && toStore && m.cfg.Artifacts != nil {
-			source = dir
-			dir, digest, raw, err = m.importCapsule(dir)
-		}
-	}
-	if err != nil {
-		return nil, err
-	}
-	if source == "" {
-		source = dir
-	}
-	// Errors name the file the operator wrote, not the stored copy.
-	man, err := manifest.Parse(raw, filepath.Join(source, manifest.FileName))
-	if err != nil {
-		return nil, err
-	}
-	policy := manifest.Lower(man)
-	if opts.Deadline != 0 {
-		if opts.Deadline < time.Second || opts.Deadline%time.Second != 0 {
-			return nil, fmt.Errorf("deadline %s: give a whole number of seconds, at least 1s: %w", opts.Deadline, errdefs.ErrInvalidArgument)
-		}
-		// Only lowering is allowed; one above is refused, not silently dropped, so the
-		// operator is not left believing the session has the time asked for.
-		if err := deadlineAbove(policy, opts.Deadline); err != nil {
-			return nil, err
-		}
-		policy.LowerDeadline(int64(opts.Deadline / time.Second))
-	}
-	if digest == "" {
-		// The tree's errors name it and say what is wrong (a link on the way, a device,
-		// a tree changing under the walk), classified.
-		if digest, err = artifact.DigestDir(dir); err != nil {
-			return nil, err
-		}
-	}
-	if err := m.checkHostRead(&policy, filepath.Join(dir, manifest.FileName)); err != nil {
-		return nil, err
-	}
-	// What the session may exec is decided here, on this host, and recorded: an entry that
-	// names nothing here is refused now, not found missing at launch.
-	shell, err := m.tools.Resolve(policy.Shell.Allow, "", dir)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(source, manifest.FileName), shellAllowRefused(err, max(policy.Containment, m.cfg.DaemonFloor, opts.Containment)))
-	}
-	decision := containment.Decide(&policy, containment.Sources(&policy, m.cfg.DaemonFloor, opts.Containment), m.cfg.Catalog)
-	return &plan{
-		dir:      dir,
-		raw:      raw,
-		manifest: man,
-		policy:   policy,
-		decision: decision,
-		ref:      store.CapsuleRef{Name: man.Name, Version: man.Version, SHA256: digest, Source: source, Dir: dir},
-		shell:    shell,
-	}, nil
-}
-
-// importCapsule copies a capsule directory into the content store, by descriptors, and
-// returns the copy: the session runs exactly the bytes its digest names, readable by its
-// unprivileged uid wherever the operator's directory lives, and immune to changes made to
-// the directory after staging.
-func (m *Manager) importCapsule(dir string) (blob, digest string, raw []byte, err error) {
-	imp, err := m.cfg.Artifacts.Import(dir)
-	if err != nil {
-		return "", "", nil, err
-	}
-	f, err := os.Open(filepath.Join(imp.Dir, manifest.FileName))
-	if err != nil {
-		return "", "", nil, fmt.Errorf("capsule %s: no %s in it: %w", dir, manifest.FileName, errdefs.ErrInvalidArgument)
-	}
-	defer f.Close()
-	if raw, err = io.ReadAll(io.LimitReader(f, manifest.MaxSize+1)); err != nil {
-		return "", "", nil, err
-	}
-	return imp.Dir, imp.SHA256, raw, nil
-}
-
-// readArtifact finds a pushed capsule; its tree is immutable and its digest was checked when
-// it was pushed.
-func (m *Manager) readArtifact(ref string) (dir, digest string, raw []byte, err error) {
-	if m.cfg.Artifacts == nil {
-		return "", "", nil, fmt.Errorf("capsule %s: this daemon keeps no artifact store: %w", ref, errdefs.ErrFailedPrecondition)
-	}
-	a, err := m.cfg.Artifacts.Resolve(ref)
-	if err != nil {
-		return "", "", nil, err
-	}
-	dir = m.cfg.Artifacts.Dir(a)
-	raw, err = os.ReadFile(filepath.Join(dir, manifest.FileName))
-	if err != nil {
-		return "", "", nil, fmt.Errorf("capsule %s: its stored tree is damaged: %v: %w", ref, err, errdefs.ErrDataLoss)
-	}
-	return dir, a.SHA256, raw, nil
 }
 
 // readCapsule finds the capsule directory and reads its manifest.

@@ -104,7 +104,7 @@ func (m *Manager) beginStopSaying(l *liveSession, id string, why store.EndReques
 			thaw(l)
 		}
 		rec.EndRequest, rec.KillAt, rec.EndDetail = why, killAt, saw
-		if err := m.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Stopping) }); err != nil {
+		if err := m.reg.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Stopping) }); err != nil {
 			return err
 		}
 		if err := l.proc.Signal(sigTerm); err != nil && !errors.Is(err, containment.ErrGone) {
@@ -114,7 +114,7 @@ func (m *Manager) beginStopSaying(l *liveSession, id string, why store.EndReques
 	case store.Stopping:
 		if killAt.Before(rec.KillAt) {
 			rec.KillAt = killAt
-			if err := m.update(func(tx *store.Tx) error { return tx.Save(rec) }); err != nil {
+			if err := m.reg.update(func(tx *store.Tx) error { return tx.Save(rec) }); err != nil {
 				return err
 			}
 			m.armKill(l, rec)
@@ -151,7 +151,7 @@ func (m *Manager) StopBecause(ctx context.Context, id string, grace time.Duratio
 	case store.Exited:
 		return rec, nil
 	}
-	l := m.lookup(rec.ID)
+	l := m.live.lookup(rec.ID)
 	if l == nil {
 		return nil, fmt.Errorf("session %s is %s but not supervised by this daemon: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}
@@ -183,7 +183,7 @@ func (m *Manager) Kill(ctx context.Context, id string, sig syscall.Signal) (*sto
 	if !rec.State.Live() {
 		return nil, fmt.Errorf("session %s is %s; only a running session can be signalled: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}
-	l := m.lookup(rec.ID)
+	l := m.live.lookup(rec.ID)
 	if l == nil {
 		return nil, fmt.Errorf("session %s is %s but not supervised by this daemon: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}
@@ -195,7 +195,7 @@ func (m *Manager) Kill(ctx context.Context, id string, sig syscall.Signal) (*sto
 	// A stop or deadline under way keeps its reason: the kill only hurries it.
 	if rec.EndRequest == store.EndNone || rec.EndRequest == store.EndKill {
 		rec.EndRequest, rec.EndSignal = store.EndKill, int(sig)
-		if err := m.update(func(tx *store.Tx) error { return tx.Save(rec) }); err != nil {
+		if err := m.reg.update(func(tx *store.Tx) error { return tx.Save(rec) }); err != nil {
 			l.mu.Unlock()
 			return nil, err
 		}
@@ -279,7 +279,7 @@ func (m *Manager) finish(l *liveSession, rec *store.Record, status store.ExitSta
 		rec.ExitStatus, rec.ExitCode, rec.Detail, rec.EndedAt = status, code, detail, ended
 		// Before the trace's end: the proxy's last records precede it.
 		m.closeEgress(l, rec)
-		m.closeAccount(rec)
+		m.accounts.close(rec)
 		if err := appendTrace(rec.RecordsDir, traceEnd(rec)); err != nil {
 			m.cfg.Logger.Warn("trace", "session", rec.ID, "err", err)
 		}
@@ -307,11 +307,7 @@ func (m *Manager) finish(l *liveSession, rec *store.Record, status store.ExitSta
 		l.ep.Close()
 	}
 	m.endChildren(rec.ID)
-	m.mu.Lock()
-	if m.live[rec.ID] == l {
-		delete(m.live, rec.ID)
-	}
-	m.mu.Unlock()
+	m.live.forget(rec.ID, l)
 	select {
 	case <-l.ended:
 	default:
@@ -326,7 +322,7 @@ func (m *Manager) recordExited(rec *store.Record) error {
 	was := rec.State
 	pause := 100 * time.Millisecond
 	for {
-		err := m.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Exited) })
+		err := m.reg.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Exited) })
 		if err == nil || !store.IsNoSpace(err) {
 			return err
 		}

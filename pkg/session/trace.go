@@ -85,7 +85,7 @@ func (m *Manager) traceDelegation(parent *store.Record, ref, childID string, err
 		m.cfg.Logger.Info("spawn refused", "session", parent.ID, "capsule", parent.Capsule.Name+"@"+parent.Capsule.Version, "class", parent.Achieved,
 			"child", ref, "reason", err.Error())
 	}
-	if werr := appendTrace(m.recordsDirFor(parent.ID), t); werr != nil {
+	if werr := appendTrace(m.trees.records(parent.ID), t); werr != nil {
 		m.cfg.Logger.Warn("writing the trace", "session", parent.ID, "err", werr)
 	}
 }

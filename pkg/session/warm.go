@@ -102,7 +102,7 @@ func (m *Manager) warmShapes() ([]*warmShape, error) {
 		shapes = append(shapes, &warmShape{WarmShape: containment.DefaultWarmShape(), size: m.cfg.WarmPool})
 	}
 	for _, c := range m.cfg.WarmCapsules {
-		p, err := m.plan(StageOptions{Capsule: c.Dir}, false)
+		p, err := m.planner.plan(StageOptions{Capsule: c.Dir}, false)
 		if err != nil {
 			return nil, fmt.Errorf("capsule %s: %w", c.Dir, err)
 		}
@@ -127,7 +127,7 @@ func (m *Manager) dropWarmLeftovers() error {
 	if err := os.RemoveAll(filepath.Join(m.cfg.StateDir, warmDir)); err != nil {
 		return err
 	}
-	return m.update(func(tx *store.Tx) error { return tx.ReleaseIDs(func(string) bool { return false }) })
+	return m.reg.update(func(tx *store.Tx) error { return tx.ReleaseIDs(func(string) bool { return false }) })
 }
 
 // run refills the pool until ctx ends, one sandbox at a time (see neediest).
@@ -222,7 +222,7 @@ func (p *warmPool) make(ctx context.Context, shape containment.WarmShape) (_ *co
 	}
 	id := containment.WarmPrefix + hex.EncodeToString(raw[:])
 	var ids containment.IDs
-	if err := p.m.update(func(tx *store.Tx) error {
+	if err := p.m.reg.update(func(tx *store.Tx) error {
 		held, err := tx.ReserveIDs(id, p.m.cfg.IDs)
 		ids = containment.IDs(held)
 		return err
@@ -261,7 +261,7 @@ func (p *warmPool) free(id, records string) {
 		}
 	}
 	_ = os.RemoveAll(records)
-	if err := p.m.update(func(tx *store.Tx) error {
+	if err := p.m.reg.update(func(tx *store.Tx) error {
 		return tx.ReleaseIDs(func(s string) bool { return s != id })
 	}); err != nil {
 		p.m.cfg.Logger.Warn("freeing a warm sandbox's uid range", "sandbox", id, "err", err)

@@ -1,4 +1,4 @@
-package session
+package delegate
 
 import (
 	"context"
@@ -11,116 +11,30 @@ import (
 	"strings"
 	"time"
 
-	"roost.dev/roost/pkg/session/store"
-
 	"github.com/containerd/errdefs"
-
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/session/store"
 	"roost.dev/roost/pkg/spawn"
 	"roost.dev/roost/pkg/workdir"
 )
 
-// The session manager serves what sessions ask through their endpoints.
-var _ spawn.Delegator = (*Manager)(nil)
-
 // maxTask bounds the task text a parent hands a child.
 const maxTask = 256 << 10
 
-// SpawnObserver hears about spawn decisions, for metrics.
-type SpawnObserver interface {
-	SpawnDecided(result string, took time.Duration)
-}
-
 // Live says whether a session runs: only then is its credential honoured.
-func (m *Manager) Live(id string) bool {
-	var live bool
-	_ = m.reg.View(func(tx *store.Tx) error {
-		rec, err := tx.Get(id)
-		live = err == nil && rec.State.Live()
-		return nil
-	})
-	return live
-}
-
-// liveRecord returns a running session by its exact id (never a prefix: an endpoint names the
-// session it serves).
-func (m *Manager) liveRecord(id string) (*store.Record, error) {
-	var rec *store.Record
-	err := m.reg.View(func(tx *store.Tx) (err error) {
-		rec, err = tx.Get(id)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	if !rec.State.Live() {
-		return nil, fmt.Errorf("session %s is %s: %w", id, rec.State, errdefs.ErrFailedPrecondition)
-	}
-	return rec, nil
-}
-
-// childrenOf lists a session's children.
-func (m *Manager) childrenOf(parentID string) ([]*store.Record, error) {
-	all, err := m.allRecords()
-	var out []*store.Record
-	for _, r := range all {
-		if r.ParentID == parentID {
-			out = append(out, r)
-		}
-	}
-	return out, err
-}
-
-// policyOf is a supervised session's lowered manifest, read from the registry once and kept
-// with the session (a restarted daemon reads it when first asked, not at recovery).
-func (m *Manager) policyOf(l *liveSession, rec *store.Record) (*manifest.Policy, error) {
-	l.policyMu.Lock()
-	defer l.policyMu.Unlock()
-	if l.policy == nil {
-		_, p, err := m.recordedManifest(rec)
-		if err != nil {
-			return nil, err
-		}
-		l.policy = p
-	}
-	return l.policy, nil
-}
-
-// recordedManifest is the manifest the session was staged with, and its policy.
-func (m *Manager) recordedManifest(rec *store.Record) (*manifest.Manifest, *manifest.Policy, error) {
-	var raw []byte
-	if err := m.reg.View(func(tx *store.Tx) (err error) {
-		raw, err = tx.Manifest(rec.ID)
-		return err
-	}); err != nil {
-		return nil, nil, err
-	}
-	man, err := manifest.Parse(raw, rec.Capsule.Source+"/"+manifest.FileName)
-	if err != nil {
-		return nil, nil, fmt.Errorf("session %s: its recorded manifest no longer parses: %w", rec.ID, err)
-	}
-	p := manifest.Lower(man)
-	return man, &p, nil
-}
-
-// allRecords lists every session the registry holds.
-func (m *Manager) allRecords() ([]*store.Record, error) {
-	var recs []*store.Record
-	err := m.reg.View(func(tx *store.Tx) (err error) {
-		recs, err = tx.List(nil)
-		return err
-	})
-	return recs, err
+func (b *Backend) Live(id string) bool {
+	rec, err := b.s.Record(id)
+	return err == nil && rec.State.Live()
 }
 
 // Self is what a session sees of itself.
-func (m *Manager) Self(id string) (spawn.Self, error) {
-	rec, err := m.liveRecord(id)
+func (b *Backend) Self(id string) (spawn.Self, error) {
+	rec, err := b.liveRecord(id)
 	if err != nil {
 		return spawn.Self{}, err
 	}
-	kids, err := m.childrenOf(id)
+	kids, err := b.s.Children(id)
 	if err != nil {
 		return spawn.Self{}, err
 	}
@@ -133,27 +47,6 @@ func (m *Manager) Self(id string) (spawn.Self, error) {
 		LiveChildren:   countLive(kids),
 		DeadlineAt:     rec.DeadlineAt,
 	}, nil
-}
-
-// descendants lists, from recs, the sessions below id: its children, theirs, and so on.
-func descendants(recs []*store.Record, id string) []*store.Record {
-	kids := map[string][]*store.Record{}
-	for _, r := range recs {
-		if r.ParentID != "" {
-			kids[r.ParentID] = append(kids[r.ParentID], r)
-		}
-	}
-	var out []*store.Record
-	queue := []string{id}
-	for len(queue) > 0 {
-		next := queue[0]
-		queue = queue[1:]
-		for _, c := range kids[next] {
-			out = append(out, c)
-			queue = append(queue, c.ID)
-		}
-	}
-	return out
 }
 
 func countLive(recs []*store.Record) int {
@@ -169,7 +62,7 @@ func countLive(recs []*store.Record) int {
 // Spawn referees a session's request for a child and, granted, stages and launches it:
 // with the parent as its parent, in a workdir of its own beneath the parent's (or a copy of
 // the parent's, for names in spawn.workdir_snapshot), with the task text given.
-func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request) (res spawn.SpawnResult, err error) {
+func (b *Backend) Spawn(ctx context.Context, parentID string, req spawn.Request) (res spawn.SpawnResult, err error) {
 	began := time.Now()
 	result := "granted"
 	var took time.Duration
@@ -177,12 +70,11 @@ func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request)
 		if took == 0 {
 			took = time.Since(began)
 		}
-		if obs, ok := m.cfg.Observer.(SpawnObserver); ok {
-			obs.SpawnDecided(result, took)
+		if b.cfg.Observer != nil {
+			b.cfg.Observer.SpawnDecided(result, took)
 		}
 	}()
-	parent, err := m.liveRecord(parentID)
-	if err != nil {
+	if _, err := b.liveRecord(parentID); err != nil {
 		result = "failed"
 		return res, err
 	}
@@ -190,16 +82,15 @@ func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request)
 		result = "invalid"
 		return res, err
 	}
-	l := m.lookup(parentID)
-	if l == nil {
-		result = "failed"
-		return res, fmt.Errorf("session %s is not supervised by this daemon: %w", parentID, errdefs.ErrFailedPrecondition)
-	}
 	// One spawn at a time per parent: two must not both pass the live-children count.
-	l.spawnMu.Lock()
-	defer l.spawnMu.Unlock()
+	unlock, err := b.s.LockSpawns(parentID)
+	if err != nil {
+		result = "failed"
+		return res, err
+	}
+	defer unlock()
 
-	pp, err := m.policyOf(l, parent)
+	parent, pp, err := b.s.Policy(parentID)
 	if err != nil {
 		result = "failed"
 		return res, err
@@ -209,15 +100,15 @@ func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request)
 	// learnt through names the session may not spawn.
 	if err := spawn.Allowed(pp, req.Capsule); err != nil {
 		result = "refused_" + spawn.ReasonSpawnAllow
-		m.traceDelegation(parent, ref, "", err)
+		b.s.TraceDelegation(parent, ref, "", err)
 		return res, err
 	}
-	child, err := m.plan(StageOptions{Capsule: ref}, false)
+	child, err := b.s.PlanChild(ref)
 	if err != nil {
 		result = "failed"
 		return res, err
 	}
-	kids, err := m.childrenOf(parentID)
+	kids, err := b.s.Children(parentID)
 	if err != nil {
 		result = "failed"
 		return res, err
@@ -225,41 +116,41 @@ func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request)
 	achieved, _ := manifest.ParseClass(parent.Achieved)
 	verdict := spawn.Referee(
 		spawn.Parent{ID: parentID, Policy: pp, Achieved: achieved, DepthRemaining: parent.DepthRemaining, LiveChildren: countLive(kids), TotalChildren: len(kids), HostRoot: parent.HostRoot, Shell: parent.Shell},
-		spawn.Child{Name: req.Capsule, Ref: ref, Policy: &child.policy, Floor: child.decision.Floor, HostRoot: m.hostRoot(child), Shell: child.shell},
-		m.cfg.MaxConcurrent)
+		spawn.Child{Name: req.Capsule, Ref: ref, Policy: child.Policy, Floor: child.Floor, HostRoot: child.HostRoot, Shell: child.Shell},
+		b.cfg.MaxConcurrent)
 	if verdict != nil {
 		if r, ok := verdict.(*spawn.Refusal); ok {
 			result = "refused_" + r.Reason
 			if r.Key == spawn.KeyMaxTotalChildren {
-				m.LimitHit(parentID, LimitChildrenTotal, r.Msg)
+				b.s.LimitHit(parentID, store.LimitChildrenTotal, r.Msg)
 			}
 		}
-		m.traceDelegation(parent, ref, "", verdict)
+		b.s.TraceDelegation(parent, ref, "", verdict)
 		return res, verdict
 	}
-	if !child.decision.Met {
+	if !child.Met {
 		result = "refused_containment"
-		err := errdefs.ErrFailedPrecondition.WithMessage(child.decision.Shortfall)
-		m.traceDelegation(parent, ref, "", err)
+		err := errdefs.ErrFailedPrecondition.WithMessage(child.Shortfall)
+		b.s.TraceDelegation(parent, ref, "", err)
 		return res, err
 	}
 
 	snapshot := slices.Contains(pp.Spawn.WorkdirSnapshot, req.Capsule)
 	if snapshot {
-		if err := m.snapshotFits(parent, pp); err != nil {
+		if err := b.snapshotFits(parent, pp); err != nil {
 			result = "refused_" + spawn.ReasonEnvelope
 			if r, ok := err.(*spawn.Refusal); ok {
-				limit := LimitWorkdirBytes
+				limit := store.LimitWorkdirBytes
 				if r.Key == "capabilities.resources.workdir_max_inodes" {
-					limit = LimitWorkdirInodes
+					limit = store.LimitWorkdirInodes
 				}
-				m.LimitHit(parentID, limit, r.Msg)
+				b.s.LimitHit(parentID, limit, r.Msg)
 			}
-			m.traceDelegation(parent, ref, "", err)
+			b.s.TraceDelegation(parent, ref, "", err)
 			return res, err
 		}
 	}
-	dir, err := m.childWorkdir(parent, req.Capsule, snapshot)
+	dir, err := b.childWorkdir(parent, req.Capsule, snapshot)
 	if err != nil {
 		result = "failed"
 		return res, err
@@ -268,18 +159,18 @@ func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request)
 	if req.Task != "" {
 		task = []byte(req.Task)
 	}
-	staged, err := m.stage(child, StageOptions{Capsule: ref, Workdir: dir.host, ownsWorkdir: true, ParentID: parentID, Task: task, DepthRemaining: parent.DepthRemaining - 1})
+	staged, err := b.s.StageChild(child, ChildStage{Workdir: dir.host, ParentID: parentID, Task: task, DepthRemaining: parent.DepthRemaining - 1})
 	if err != nil {
 		result = "failed"
 		return res, err
 	}
-	m.traceDelegation(parent, ref, staged.ID, nil)
-	launched, err := m.Launch(context.WithoutCancel(ctx), staged.ID)
+	b.s.TraceDelegation(parent, ref, staged.ID, nil)
+	launched, err := b.s.Launch(context.WithoutCancel(ctx), staged.ID)
 	if err != nil {
 		// The parent ended before the child could launch: nothing of the child remains.
 		result = "failed"
-		if rerr := m.Remove(staged.ID); rerr != nil {
-			m.cfg.Logger.Warn("removing a child that never launched", "session", staged.ID, "err", rerr)
+		if rerr := b.s.Remove(staged.ID); rerr != nil {
+			b.cfg.Logger.Warn("removing a child that never launched", "session", staged.ID, "err", rerr)
 		}
 		return res, err
 	}
@@ -287,15 +178,15 @@ func (m *Manager) Spawn(ctx context.Context, parentID string, req spawn.Request)
 	if launched.State == store.Exited && launched.ExitStatus == store.StatusStartFailed {
 		result = "failed"
 	}
-	res.ChildInfo = m.childInfo(parent, launched)
+	res.ChildInfo = childInfo(parent, launched)
 	if req.Wait {
-		c, err := m.WaitChild(ctx, parentID, launched.ID)
+		c, err := b.WaitChild(ctx, parentID, launched.ID)
 		if err != nil {
 			return res, err
 		}
 		res.Completion = &c
-		if final, err := m.Get(launched.ID); err == nil {
-			res.ChildInfo = m.childInfo(parent, final)
+		if final, err := b.s.Record(launched.ID); err == nil {
+			res.ChildInfo = childInfo(parent, final)
 		}
 	}
 	return res, nil
@@ -324,7 +215,7 @@ type childDir struct {
 // link to each at that place.
 // For a name in spawn.workdir_snapshot the child starts with a copy of the parent's
 // workdir, taken by descriptors, links copied as links.
-func (m *Manager) childWorkdir(parent *store.Record, name string, snapshot bool) (childDir, error) {
+func (b *Backend) childWorkdir(parent *store.Record, name string, snapshot bool) (childDir, error) {
 	suffix := make([]byte, 8)
 	if _, err := rand.Read(suffix); err != nil {
 		return childDir{}, err
@@ -343,11 +234,12 @@ func (m *Manager) childWorkdir(parent *store.Record, name string, snapshot bool)
 		if err := workdir.MkdirAll(parent.Workdir, filepath.Dir(rel), 0o755, nil); err != nil {
 			return d, fmt.Errorf("the child's workdir: %w", err)
 		}
-		if err := m.prepareChildrenDir(parent); err != nil {
+		root, under, err := b.s.ChildrenDir(parent)
+		if err != nil {
 			return d, err
 		}
-		d.host = filepath.Join(m.childrenOfDir(parent.ID), leaf)
-		if err := workdir.MkdirAll(m.cfg.StateDir, filepath.Join(childrenDir, parent.ID, leaf), 0o700, nil); err != nil {
+		d.host = filepath.Join(root, under, leaf)
+		if err := workdir.MkdirAll(root, filepath.Join(under, leaf), 0o700, nil); err != nil {
 			return d, err
 		}
 		if err := workdir.Symlink(parent.Workdir, rel, d.host); err != nil {
@@ -367,9 +259,9 @@ func (m *Manager) childWorkdir(parent *store.Record, name string, snapshot bool)
 // resources.workdir_max_bytes or workdir_max_inodes. A child's workdir is charged to its
 // parent, and the copy is roostd's own doing, made at once: the guard would only see it
 // once it had landed, so it is judged before it is made.
-func (m *Manager) snapshotFits(parent *store.Record, pp *manifest.Policy) error {
+func (b *Backend) snapshotFits(parent *store.Record, pp *manifest.Policy) error {
 	lim := workdir.Limits{Bytes: pp.Resources.WorkdirMaxBytes.Value, Inodes: pp.Resources.WorkdirMaxInodes.Value}
-	roots, what := m.guardRoots(parent, true)
+	roots, what := b.s.WorkdirRoots(parent)
 	// Every measure stops past lim: the parts are within the whole, and a whole past it is
 	// refused as it is.
 	held, err := workdir.Measure(roots, lim)
@@ -407,7 +299,7 @@ func (m *Manager) snapshotFits(parent *store.Record, pp *manifest.Policy) error 
 }
 
 // childInfo is a child as its parent sees it.
-func (m *Manager) childInfo(parent, c *store.Record) spawn.ChildInfo {
+func childInfo(parent, c *store.Record) spawn.ChildInfo {
 	rel, err := filepath.Rel(parent.Workdir, c.Workdir)
 	if err != nil || parent.Achieved != manifest.Sealed.String() {
 		rel = filepath.Join(containment.ChildrenRoot, "children", strings.TrimPrefix(filepath.Base(c.Workdir), "child-"))
@@ -425,16 +317,12 @@ func (m *Manager) childInfo(parent, c *store.Record) spawn.ChildInfo {
 
 // ownChild returns the child childID of parentID; any other id, existing or not, is the
 // same not-found, so a session learns nothing of sessions that are not its children.
-func (m *Manager) ownChild(parentID, childID string) (*store.Record, *store.Record, error) {
-	parent, err := m.liveRecord(parentID)
+func (b *Backend) ownChild(parentID, childID string) (*store.Record, *store.Record, error) {
+	parent, err := b.liveRecord(parentID)
 	if err != nil {
 		return nil, nil, err
 	}
-	var c *store.Record
-	_ = m.reg.View(func(tx *store.Tx) (err error) {
-		c, err = tx.Get(childID)
-		return err
-	})
+	c, _ := b.s.Record(childID)
 	if c == nil || c.ParentID != parentID {
 		return nil, nil, fmt.Errorf("no child %q: %w", childID, errdefs.ErrNotFound)
 	}
@@ -442,56 +330,57 @@ func (m *Manager) ownChild(parentID, childID string) (*store.Record, *store.Reco
 }
 
 // Children lists the session's own children.
-func (m *Manager) Children(parentID string) ([]spawn.ChildInfo, error) {
-	parent, err := m.liveRecord(parentID)
+func (b *Backend) Children(parentID string) ([]spawn.ChildInfo, error) {
+	parent, err := b.liveRecord(parentID)
 	if err != nil {
 		return nil, err
 	}
-	kids, err := m.childrenOf(parentID)
+	kids, err := b.s.Children(parentID)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]spawn.ChildInfo, 0, len(kids))
 	for _, c := range kids {
-		out = append(out, m.childInfo(parent, c))
+		out = append(out, childInfo(parent, c))
 	}
 	return out, nil
 }
 
 // Child returns one of the session's own children.
-func (m *Manager) Child(parentID, childID string) (spawn.ChildInfo, error) {
-	parent, c, err := m.ownChild(parentID, childID)
+func (b *Backend) Child(parentID, childID string) (spawn.ChildInfo, error) {
+	parent, c, err := b.ownChild(parentID, childID)
 	if err != nil {
 		return spawn.ChildInfo{}, err
 	}
-	return m.childInfo(parent, c), nil
+	return childInfo(parent, c), nil
 }
 
 // WaitChild blocks until the child has ended and returns its completion.
-func (m *Manager) WaitChild(ctx context.Context, parentID, childID string) (spawn.Completion, error) {
-	if _, _, err := m.ownChild(parentID, childID); err != nil {
+func (b *Backend) WaitChild(ctx context.Context, parentID, childID string) (spawn.Completion, error) {
+	if _, _, err := b.ownChild(parentID, childID); err != nil {
 		return spawn.Completion{}, err
 	}
-	c, err := m.Wait(ctx, childID)
+	c, err := b.s.Wait(ctx, childID)
 	if err != nil {
 		return spawn.Completion{}, err
 	}
-	return completion(c), nil
+	return Completion(c), nil
 }
 
 // StopChild stops one of the session's children and returns its completion.
-func (m *Manager) StopChild(ctx context.Context, parentID, childID string) (spawn.Completion, error) {
-	if _, _, err := m.ownChild(parentID, childID); err != nil {
+func (b *Backend) StopChild(ctx context.Context, parentID, childID string) (spawn.Completion, error) {
+	if _, _, err := b.ownChild(parentID, childID); err != nil {
 		return spawn.Completion{}, err
 	}
-	c, err := m.Stop(ctx, childID, m.cfg.StopGrace)
+	c, err := b.s.Stop(ctx, childID, b.cfg.StopGrace)
 	if err != nil {
 		return spawn.Completion{}, err
 	}
-	return completion(c), nil
+	return Completion(c), nil
 }
 
-func completion(rec *store.Record) spawn.Completion {
+// Completion is how a child ended, as its parent reads it.
+func Completion(rec *store.Record) spawn.Completion {
 	c := spawn.Completion{
 		SessionID: rec.ID,
 		Capsule:   rec.Capsule.Name + "@" + rec.Capsule.Version,

@@ -23,6 +23,29 @@ import (
 // to its owner when the session is removed; a child's workdir is the child's, in its
 // parent's group, so the parent can read what the child leaves (and nobody else).
 
+// trees is where a session's files live on the host, beneath the state directory, and who
+// owns them: its records, its workdir (roost's own or an operator's, lent), its home and
+// its children's workdirs.
+type trees struct {
+	state string
+	// ids is the block sessions' ranges come from: what a session owns and an operator's
+	// files do not.
+	ids store.IDPool
+	// save records what lending a workdir learnt of its owner; group is the gid a child's
+	// workdir is given (its parent's).
+	save  func(*store.Record) error
+	group func(parentID string) (int, error)
+}
+
+// Sub-directories of the state directory.
+const (
+	workDir    = "work"
+	recordsDir = "records"
+	homesDir   = "home"
+)
+
+func (t trees) records(id string) string { return filepath.Join(t.state, recordsDir, id) }
+
 // childrenDir holds, per parent without a sealed root, the workdirs of its children: one
 // directory per parent, which that parent's Landlock rules name at its launch.
 const childrenDir = "children"
@@ -32,7 +55,7 @@ const childrenDir = "children"
 const childDirMode = 0o750 | fs.ModeSetgid
 
 // prepareWorkdir makes the session's workdir and gives it to the session's ids.
-func (m *Manager) prepareWorkdir(rec *store.Record) error {
+func (t trees) prepareWorkdir(rec *store.Record) error {
 	if rec.HostRoot || rec.IDs == nil {
 		return os.MkdirAll(rec.Workdir, 0o700)
 	}
@@ -41,7 +64,7 @@ func (m *Manager) prepareWorkdir(rec *store.Record) error {
 	case rec.OwnsWorkdir && rec.ParentID != "":
 		// Made by roost at the spawn (a snapshot may have filled it); the child's, in its
 		// parent's group.
-		group, err := m.parentGroup(rec.ParentID)
+		group, err := t.group(rec.ParentID)
 		if err != nil {
 			return err
 		}
@@ -56,14 +79,14 @@ func (m *Manager) prepareWorkdir(rec *store.Record) error {
 		}
 		return workdir.Chown(rec.Workdir, owner, nil)
 	default:
-		return m.lendWorkdir(rec, owner)
+		return t.lendWorkdir(rec, owner)
 	}
 }
 
 // lendWorkdir gives an operator's workdir to the session, recording who owned it first so
 // Remove can hand it back. Only what that owner (or an earlier session) owns is re-owned,
 // and never a file with several links: such a file may be somebody else's too.
-func (m *Manager) lendWorkdir(rec *store.Record, owner workdir.Owner) error {
+func (t trees) lendWorkdir(rec *store.Record, owner workdir.Owner) error {
 	if err := os.MkdirAll(rec.Workdir, 0o700); err != nil {
 		return err
 	}
@@ -76,12 +99,12 @@ func (m *Manager) lendWorkdir(rec *store.Record, owner workdir.Owner) error {
 	}
 	if rec.WorkdirOwner == nil {
 		prev := &store.Owner{UID: int(st.Uid), GID: int(st.Gid)}
-		if m.heldBySession(prev.UID) {
+		if t.heldBySession(prev.UID) {
 			// Left by a session that was never removed: the operator's tree is root's.
 			prev = &store.Owner{}
 		}
 		rec.WorkdirOwner = prev
-		if err := m.update(func(tx *store.Tx) error { return tx.Save(rec) }); err != nil {
+		if err := t.save(rec); err != nil {
 			return err
 		}
 	}
@@ -90,13 +113,13 @@ func (m *Manager) lendWorkdir(rec *store.Record, owner workdir.Owner) error {
 		if st.Mode&unix.S_IFMT != unix.S_IFDIR && st.Nlink > 1 {
 			return false
 		}
-		return int(st.Uid) == prev.UID || m.heldBySession(int(st.Uid))
+		return int(st.Uid) == prev.UID || t.heldBySession(int(st.Uid))
 	})
 }
 
 // returnWorkdir hands an operator's workdir back to its owner: whatever the session's ids
 // own there becomes the owner's again.
-func (m *Manager) returnWorkdir(rec *store.Record) error {
+func (t trees) returnWorkdir(rec *store.Record) error {
 	if rec.OwnsWorkdir || rec.WorkdirOwner == nil || rec.IDs == nil {
 		return nil
 	}
@@ -111,65 +134,50 @@ func (m *Manager) returnWorkdir(rec *store.Record) error {
 }
 
 // heldBySession says whether uid falls in the block roostd hands sessions.
-func (m *Manager) heldBySession(uid int) bool {
-	pool := m.cfg.IDs
+func (t trees) heldBySession(uid int) bool {
+	pool := t.ids
 	return uint64(uid) >= uint64(pool.First) && uint64(uid) < uint64(pool.First)+uint64(pool.Slots)*uint64(idsPerSession)
 }
 
-// parentGroup is the gid a child's workdir is given, so its parent can read it.
-func (m *Manager) parentGroup(parentID string) (int, error) {
-	var parent *store.Record
-	if err := m.reg.View(func(tx *store.Tx) (err error) {
-		parent, err = tx.Get(parentID)
-		return err
-	}); err != nil {
-		return 0, err
-	}
-	if parent.IDs == nil {
-		return 0, nil
-	}
-	return int(parent.IDs.First), nil
-}
-
-// homeDir is the session's home: its own, apart from the workdir so that what tools cache
+// home is the session's home: its own, apart from the workdir so that what tools cache
 // there (a module cache, a build cache, shell history) stays out of the work. It counts
 // with the workdir against resources.workdir_max_bytes and workdir_max_inodes (guard.go),
 // and goes when the session is removed.
-func (m *Manager) homeDir(id string) string { return filepath.Join(m.cfg.StateDir, homesDir, id) }
+func (t trees) home(id string) string { return filepath.Join(t.state, homesDir, id) }
 
 // prepareHome makes the session's home, its uid's.
-func (m *Manager) prepareHome(rec *store.Record) error {
+func (t trees) prepareHome(rec *store.Record) error {
 	owner := &workdir.Owner{}
 	if rec.IDs != nil && !rec.HostRoot {
 		owner = &workdir.Owner{UID: int(rec.IDs.First), GID: int(rec.IDs.First)}
 	}
-	return workdir.MkdirAll(m.cfg.StateDir, filepath.Join(homesDir, rec.ID), 0o700, owner)
+	return workdir.MkdirAll(t.state, filepath.Join(homesDir, rec.ID), 0o700, owner)
 }
 
 // childrenDirs lists where a session's children work outside its workdir: for a parent
 // without a sealed root that may spawn, its directory under children/; none otherwise (a
 // sealed parent's children work beneath its workdir).
-func (m *Manager) childrenDirs(rec *store.Record, class manifest.Class, p *manifest.Policy) []string {
+func (t trees) childrenDirs(rec *store.Record, class manifest.Class, p *manifest.Policy) []string {
 	if len(p.Spawn.Allow) == 0 || class == manifest.Sealed {
 		return nil
 	}
-	return []string{m.childrenOfDir(rec.ID)}
+	return []string{t.children(rec.ID)}
 }
 
-// childrenOfDir is where the children of a parent without a sealed root work. Its parent's
+// children is where the children of a parent without a sealed root work. Its parent's
 // workdir guard counts it, and removing the parent removes it.
-func (m *Manager) childrenOfDir(parentID string) string {
-	return filepath.Join(m.cfg.StateDir, childrenDir, parentID)
+func (t trees) children(parentID string) string {
+	return filepath.Join(t.state, childrenDir, parentID)
 }
 
 // prepareChildrenDir makes the directory a parent's children work in when it has no sealed
 // root: root's, readable by the parent's group only.
-func (m *Manager) prepareChildrenDir(rec *store.Record) error {
+func (t trees) prepareChildrenDir(rec *store.Record) error {
 	group := 0
 	if rec.IDs != nil {
 		group = int(rec.IDs.First)
 	}
-	if err := workdir.MkdirAll(m.cfg.StateDir, filepath.Join(childrenDir, rec.ID), 0o750, &workdir.Owner{UID: 0, GID: group}); err != nil {
+	if err := workdir.MkdirAll(t.state, filepath.Join(childrenDir, rec.ID), 0o750, &workdir.Owner{UID: 0, GID: group}); err != nil {
 		return fmt.Errorf("the directory of its children's workdirs: %w", err)
 	}
 	return nil

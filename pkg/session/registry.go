@@ -1,0 +1,104 @@
+package session
+
+import (
+	"fmt"
+	"sync"
+
+	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/session/store"
+)
+
+// registry is the manager's hold on the record (pkg/session/store): the reads the lifecycle
+// shares, and writes that wake whoever waits for a change.
+type registry struct {
+	*store.Registry
+	changed *notifier
+}
+
+// update runs one registry transaction and wakes everyone waiting for a change once it has
+// committed.
+func (r registry) update(fn func(*store.Tx) error) error {
+	events, err := r.Update(fn)
+	if len(events) > 0 {
+		r.changed.broadcast()
+	}
+	return err
+}
+
+// childrenOf lists a session's children.
+func (r registry) childrenOf(parentID string) ([]*store.Record, error) {
+	all, err := r.all()
+	var out []*store.Record
+	for _, rec := range all {
+		if rec.ParentID == parentID {
+			out = append(out, rec)
+		}
+	}
+	return out, err
+}
+
+// manifest is the manifest the session was staged with, and its policy.
+func (r registry) manifest(rec *store.Record) (*manifest.Manifest, *manifest.Policy, error) {
+	var raw []byte
+	if err := r.View(func(tx *store.Tx) (err error) {
+		raw, err = tx.Manifest(rec.ID)
+		return err
+	}); err != nil {
+		return nil, nil, err
+	}
+	man, err := manifest.Parse(raw, rec.Capsule.Source+"/"+manifest.FileName)
+	if err != nil {
+		return nil, nil, fmt.Errorf("session %s: its recorded manifest no longer parses: %w", rec.ID, err)
+	}
+	p := manifest.Lower(man)
+	return man, &p, nil
+}
+
+// all lists every session the registry holds.
+func (r registry) all() ([]*store.Record, error) {
+	var recs []*store.Record
+	err := r.View(func(tx *store.Tx) (err error) {
+		recs, err = tx.List(nil)
+		return err
+	})
+	return recs, err
+}
+
+// parentGroup is the gid a child's workdir is given, so its parent can read it.
+func (r registry) parentGroup(parentID string) (int, error) {
+	var parent *store.Record
+	if err := r.View(func(tx *store.Tx) (err error) {
+		parent, err = tx.Get(parentID)
+		return err
+	}); err != nil {
+		return 0, err
+	}
+	if parent.IDs == nil {
+		return 0, nil
+	}
+	return int(parent.IDs.First), nil
+}
+
+// notifier wakes every waiter when the registry has changed. Waiters re-read what they need
+// from the registry, so a wake-up carries no data and none can be lost or reordered.
+type notifier struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func newNotifier() *notifier { return &notifier{ch: make(chan struct{})} }
+
+// wait returns a channel closed by the next broadcast. Take it before reading the state it
+// guards, so a change between the read and the wait is not missed.
+func (n *notifier) wait() <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.ch
+}
+
+func (n *notifier) broadcast() {
+	n.mu.Lock()
+	close(n.ch)
+	n.ch = make(chan struct{})
+	n.mu.Unlock()
+}

@@ -1,0 +1,14 @@
+package store
+
+// The bounds a session can meet, as events' details and the roost_limit_hits_total label.
+const (
+	LimitEndpointConnections = "endpoint_connections"
+	LimitLogBytes            = "log_bytes"
+	LimitWorkdirBytes        = "workdir_bytes"
+	LimitWorkdirInodes       = "workdir_inodes"
+	LimitChildrenTotal       = "children_total"
+	LimitDiskFull            = "disk_full"
+)
+
+// EventLimit is a session meeting one of its bounds: a refusal or a cut, with what it was.
+const EventLimit = "session.limit"
