@@ -20,7 +20,9 @@ import (
 	"time"
 
 	"roost.dev/roost/pkg/session/delegate"
+	"roost.dev/roost/pkg/session/retention"
 	"roost.dev/roost/pkg/session/store"
+	"roost.dev/roost/pkg/session/warmpool"
 	"roost.dev/roost/pkg/wasmcache"
 
 	"github.com/spf13/pflag"
@@ -83,11 +85,11 @@ type options struct {
 
 // The metrics hear session starts, recoveries, spawn decisions and the ledger's charges.
 var (
-	_ session.Observer          = (*metrics.Metrics)(nil)
-	_ delegate.SpawnObserver    = (*metrics.Metrics)(nil)
-	_ session.LimitObserver     = (*metrics.Metrics)(nil)
-	_ session.RetentionObserver = (*metrics.Metrics)(nil)
-	_ ledger.Observer           = (*metrics.Metrics)(nil)
+	_ session.Observer       = (*metrics.Metrics)(nil)
+	_ delegate.SpawnObserver = (*metrics.Metrics)(nil)
+	_ session.LimitObserver  = (*metrics.Metrics)(nil)
+	_ retention.Observer     = (*metrics.Metrics)(nil)
+	_ ledger.Observer        = (*metrics.Metrics)(nil)
 )
 
 func parseFlags(args []string) (*options, error) {
@@ -107,7 +109,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.cgroupDriver, "cgroup-driver", containment.CgroupDriverCgroupfs, "how sessions' cgroups are made: cgroupfs, or systemd (transient roost-<session>.scope units; needs systemd as PID 1)")
 	fs.IntVar(&o.warmPool, "warm-pool", 0, "sealed sandboxes to keep made ahead of their sessions, each used by one session and then ended; 0 = none")
 	warmCapsules := fs.StringArray("warm-pool-capsule", nil, "DIR=N: also keep N sealed sandboxes made for the capsule in DIR, for capsules whose seccomp variant, host_read, workdir_exec or rlimits a default one's sandbox lacks (repeatable)")
-	fs.Float64Var(&o.warmPoolCPU, "warm-pool-cpu", session.DefaultWarmPoolCPU, "share of the wall clock (0-1] the warm pool's refill may spend making sandboxes")
+	fs.Float64Var(&o.warmPoolCPU, "warm-pool-cpu", warmpool.DefaultCPU, "share of the wall clock (0-1] the warm pool's refill may spend making sandboxes")
 	fs.IntVar(&o.retainEnded, "retain-ended", 0, "keep at most this many ended sessions, removing those that ended first (as roostctl rm does) and their events; 0 = no bound")
 	fs.DurationVar(&o.retainFor, "retain-for", 0, "remove ended sessions that ended longer ago than this (e.g. 720h), and their events; 0 = no bound")
 	logLevel := fs.String("log-level", "info", "least severe log lines written: debug, info, warn or error")
@@ -401,10 +403,10 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 	defer sm.stopWatchdog()
 	log.Info("sessions recovered", "took", time.Since(recoveryStarted).Round(time.Microsecond).String())
 	// Every session is recovered: retention may look at which have ended.
-	retention := session.Retention{MaxEnded: o.retainEnded, MaxAge: o.retainFor}
-	sessions.Retain(retention)
-	if retention.Enabled() {
-		log.Info("retaining ended sessions", "bounds", retention.String())
+	keep := retention.Policy{MaxEnded: o.retainEnded, MaxAge: o.retainFor}
+	sessions.Retain(keep)
+	if keep.Enabled() {
+		log.Info("retaining ended sessions", "bounds", keep.String())
 	}
 
 	lis, err := listen(o.socket, group)

@@ -15,6 +15,7 @@ import (
 	"time"
 	"unicode"
 
+	"roost.dev/roost/pkg/session/retention"
 	"roost.dev/roost/pkg/session/store"
 
 	"github.com/containerd/errdefs"
@@ -370,7 +371,7 @@ func (s *sessionService) Prune(ctx context.Context, req *roostv1.PruneRequest) (
 	if err != nil {
 		return nil, err
 	}
-	pruned := func(p session.Pruned) *roostv1.PrunedSession {
+	pruned := func(p retention.Pruned) *roostv1.PrunedSession {
 		rec := SessionProto(p.Record)
 		return &roostv1.PrunedSession{Id: rec.GetId(), Capsule: rec.GetCapsule(), EndedAt: rec.GetEndedAt(), ExitStatus: rec.GetExitStatus(), Bytes: p.Bytes, KeptBecause: p.Why}
 	}

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 
 	"roost.dev/roost/pkg/session/delegate"
+	"roost.dev/roost/pkg/session/plan"
 	"roost.dev/roost/pkg/session/store"
 
 	"github.com/containerd/errdefs"
@@ -72,16 +73,16 @@ func (d endpointSessions) LockSpawns(id string) (func(), error) {
 }
 
 func (d endpointSessions) PlanChild(ref string) (*delegate.Child, error) {
-	p, err := d.planner.plan(StageOptions{Capsule: ref}, false)
+	p, err := d.planner.Plan(plan.Options{Capsule: ref}, false)
 	if err != nil {
 		return nil, err
 	}
-	return &delegate.Child{Ref: ref, Policy: &p.policy, Floor: p.decision.Floor, Met: p.decision.Met, Shortfall: p.decision.Shortfall,
-		HostRoot: d.planner.hostRoot(p), Shell: p.shell, Plan: p}, nil
+	return &delegate.Child{Ref: ref, Policy: &p.Policy, Floor: p.Decision.Floor, Met: p.Decision.Met, Shortfall: p.Decision.Shortfall,
+		HostRoot: d.planner.HostRoot(p), Shell: p.Shell, Plan: p}, nil
 }
 
 func (d endpointSessions) StageChild(c *delegate.Child, s delegate.ChildStage) (*store.Record, error) {
-	p, ok := c.Plan.(*plan)
+	p, ok := c.Plan.(*plan.Plan)
 	if !ok {
 		return nil, fmt.Errorf("child %s was not planned by this manager: %w", c.Ref, errdefs.ErrInternal)
 	}
@@ -100,7 +101,7 @@ func (d endpointSessions) ChildrenDir(parent *store.Record) (string, string, err
 }
 
 func (d endpointSessions) TraceDelegation(parent *store.Record, ref, childID string, refusal error) {
-	d.traceDelegation(parent, ref, childID, refusal)
+	traceDelegation(d.cfg.Logger, d.trees.records(parent.ID), parent, ref, childID, refusal)
 }
 
 func (d endpointSessions) Note(rec *store.Record, event, detail string) error {

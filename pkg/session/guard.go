@@ -104,7 +104,7 @@ func (m *Manager) guardWorkdir(l *liveSession, rec *store.Record, done <-chan st
 func (m *Manager) guardRoots(rec *store.Record, canSpawn bool) ([]string, string) {
 	roots := []string{rec.Workdir, m.trees.home(rec.ID)}
 	parts := []string{"workdir", "home"}
-	if tmp := m.tmpDirOf(rec); tmp != "" {
+	if tmp := m.trees.tmp(rec); tmp != "" {
 		roots = append(roots, tmp)
 		parts = append(parts, "TMPDIR")
 	}
@@ -120,7 +120,7 @@ func (m *Manager) guardRoots(rec *store.Record, canSpawn bool) ([]string, string
 		below := store.Descendants(recs, rec.ID)
 		for _, d := range below {
 			roots = append(roots, d.Workdir, m.trees.home(d.ID), m.trees.children(d.ID))
-			if tmp := m.tmpDirOf(d); tmp != "" {
+			if tmp := m.trees.tmp(d); tmp != "" {
 				roots = append(roots, tmp)
 			}
 		}
@@ -129,20 +129,6 @@ func (m *Manager) guardRoots(rec *store.Record, canSpawn bool) ([]string, string
 		}
 	}
 	return roots, "the " + joinAnd(parts)
-}
-
-// tmpDirOf is a scoped session's TMPDIR on the host; "" for other classes (a sealed
-// session's /tmp is a tmpfs of bounded size; advisory and unconfined sessions share the
-// host's).
-func (m *Manager) tmpDirOf(rec *store.Record) string {
-	if rec.Achieved != manifest.Scoped.String() {
-		return ""
-	}
-	rt, ok := m.cfg.Runtimes[manifest.Scoped].(interface{ TmpDir(string) string })
-	if !ok {
-		return ""
-	}
-	return rt.TmpDir(rec.ID)
 }
 
 // joinAnd is "a", "a and b", "a, b and c".

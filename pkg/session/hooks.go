@@ -9,6 +9,9 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
+	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/session/plan"
 	"roost.dev/roost/pkg/session/store"
 
 	"github.com/containerd/errdefs"
@@ -50,21 +53,23 @@ type stageHookInput struct {
 
 // stageHooks asks the stage hooks about the plan; a refusal is PermissionDenied (roostctl
 // exit 125, a spawn's 403) saying which hook refused and why.
-func (m *Manager) stageHooks(p *plan, parentID string) error {
+func (m *Manager) stageHooks(p *plan.Plan, parentID string) error {
 	if m.cfg.Hooks == nil {
 		return nil
 	}
-	explanation, err := explanationJSON.Marshal(m.explanation(p))
+	explanation, err := explanationJSON.Marshal(m.planner.Explain(p, func(c manifest.Class) *roostv1.StartPath {
+		return m.pool.StartPath(&p.Policy, p.Manifest.Run.Wasm != "", c)
+	}))
 	if err != nil {
 		return err
 	}
 	in := stageHookInput{Event: "stage", ParentID: parentID, Explanation: explanation}
-	in.Capsule.Name, in.Capsule.Version, in.Capsule.SHA256, in.Capsule.Source = p.ref.Name, p.ref.Version, p.ref.SHA256, p.ref.Source
+	in.Capsule.Name, in.Capsule.Version, in.Capsule.SHA256, in.Capsule.Source = p.Ref.Name, p.Ref.Version, p.Ref.SHA256, p.Ref.Source
 	data, err := json.Marshal(in)
 	if err != nil {
 		return err
 	}
-	err = m.cfg.Hooks.Stage(m.ctx, p.ref.Name+"@"+p.ref.Version, data)
+	err = m.cfg.Hooks.Stage(m.ctx, p.Ref.Name+"@"+p.Ref.Version, data)
 	var refused *hooks.RefusedError
 	switch {
 	case err == nil:
@@ -72,7 +77,7 @@ func (m *Manager) stageHooks(p *plan, parentID string) error {
 	case errors.As(err, &refused):
 		return errdefs.ErrPermissionDenied.WithMessage(refused.Error())
 	default:
-		return errdefs.ErrUnavailable.WithMessage(fmt.Sprintf("the stage hooks could not judge %s@%s: %v", p.ref.Name, p.ref.Version, err))
+		return errdefs.ErrUnavailable.WithMessage(fmt.Sprintf("the stage hooks could not judge %s@%s: %v", p.Ref.Name, p.Ref.Version, err))
 	}
 }
 

@@ -11,7 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"roost.dev/roost/pkg/session/plan"
 	"roost.dev/roost/pkg/session/store"
+	"roost.dev/roost/pkg/session/warmpool"
 
 	"github.com/containerd/errdefs"
 
@@ -64,7 +66,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) 
 	var cold error
 	if m.pool != nil && class == manifest.Sealed {
 		if _, policy, err := m.reg.manifest(rec); err == nil {
-			sb, cold = m.pool.take(policy, rec.Wasm != nil)
+			sb, cold = m.pool.Take(policy, rec.Wasm != nil)
 		}
 	}
 	began := time.Now()
@@ -93,7 +95,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) 
 		return tx.Transition(rec, store.Launching)
 	}); err != nil {
 		if sb != nil {
-			m.pool.discard(sb)
+			m.pool.Discard(sb)
 		}
 		m.live.release(rec.ID, l)
 		return nil, err
@@ -129,7 +131,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) 
 		m.cfg.Observer.SessionStarted(class, time.Since(began))
 	}
 	m.cfg.Logger.Info("session launched", "session", rec.ID, "capsule", rec.Capsule.Name+"@"+rec.Capsule.Version, "class", rec.Achieved,
-		"pid", ref.PID, "took", time.Since(began).Round(time.Microsecond).String(), "start", warmStartNote(sb != nil, cold))
+		"pid", ref.PID, "took", time.Since(began).Round(time.Microsecond).String(), "start", warmpool.StartNote(sb != nil, cold))
 	m.supervise(l, rec, proc)
 	return rec, nil
 }
@@ -143,7 +145,7 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *store.Record, 
 		defer func() {
 			// Not handed to the runtime: nothing else will end it.
 			if sb != nil {
-				m.pool.discard(sb)
+				m.pool.Discard(sb)
 			}
 		}()
 		// roost-init holds the sandbox's records directory open: it becomes the session's.
@@ -221,7 +223,7 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *store.Record, 
 	if sb != nil {
 		claimed := sb
 		sb = nil
-		return m.pool.rt.StartWarm(context.WithoutCancel(ctx), claimed, spec)
+		return m.pool.Start(context.WithoutCancel(ctx), claimed, spec)
 	}
 	return runtime.Start(context.WithoutCancel(ctx), spec)
 }
@@ -258,8 +260,8 @@ func (m *Manager) launchSpec(rec *store.Record, class manifest.Class, man *manif
 	argv := view.command(rec)
 	var runner, module string
 	if rec.Wasm != nil {
-		runner, module = m.wasmFiles(rec)
-		inRunner, inModule := m.wasmView(class, rec)
+		runner, module = wasmFiles(m.cfg.Wasm, rec)
+		inRunner, inModule := wasmView(m.cfg.Wasm, class, rec)
 		argv = wasmArgv(rec, policy, view, inRunner, inModule)
 	}
 	return containment.Spec{
@@ -350,7 +352,7 @@ func (v view) command(rec *store.Record) []string {
 
 // hostEnv is what of roostd's environment reaches a session of the policy.
 func (m *Manager) hostEnv(p *manifest.Policy) map[string]string {
-	pass, _ := hostVariables(p.Env.Allow, m.cfg.EnvPassthrough, m.cfg.HostEnv)
+	pass, _ := plan.HostVariables(p.Env.Allow, m.cfg.EnvPassthrough, m.cfg.HostEnv)
 	return pass
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"slices"
 
 	"roost.dev/roost/pkg/session/delegate"
 	"roost.dev/roost/pkg/session/store"
@@ -103,34 +105,17 @@ func (m *Manager) waitSubtree(ctx context.Context, id string) error {
 }
 
 func anyLiveBelow(recs []*store.Record, root string) bool {
-	kids := map[string][]*store.Record{}
-	for _, r := range recs {
-		if r.ParentID != "" {
-			kids[r.ParentID] = append(kids[r.ParentID], r)
-		}
-	}
-	queue := []string{root}
-	for len(queue) > 0 {
-		id := queue[0]
-		queue = queue[1:]
-		for _, c := range kids[id] {
-			if c.State.Live() {
-				return true
-			}
-			queue = append(queue, c.ID)
-		}
-	}
-	return false
+	return slices.ContainsFunc(store.Descendants(recs, root), func(r *store.Record) bool { return r.State.Live() })
 }
 
 // writeCompletion leaves the child's end in its workdir, written beneath it without
 // following any link the child planted.
-func (m *Manager) writeCompletion(rec *store.Record) {
+func writeCompletion(log *slog.Logger, rec *store.Record) {
 	data, err := json.MarshalIndent(delegate.Completion(rec), "", "  ")
 	if err != nil {
 		return
 	}
 	if err := workdir.WriteFile(rec.Workdir, CompletionFile, append(data, '\n'), 0o644); err != nil {
-		m.cfg.Logger.Warn("writing the completion", "session", rec.ID, "err", err)
+		log.Warn("writing the completion", "session", rec.ID, "err", err)
 	}
 }

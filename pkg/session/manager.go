@@ -14,7 +14,10 @@ import (
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 
 	"roost.dev/roost/pkg/session/delegate"
+	"roost.dev/roost/pkg/session/plan"
+	"roost.dev/roost/pkg/session/retention"
 	"roost.dev/roost/pkg/session/store"
+	"roost.dev/roost/pkg/session/warmpool"
 	"roost.dev/roost/pkg/wasmcache"
 
 	"github.com/containerd/errdefs"
@@ -25,7 +28,6 @@ import (
 	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/spawn"
-	"roost.dev/roost/pkg/toolchain"
 )
 
 // DefaultStopGrace is how long a stop or a deadline waits after SIGTERM before SIGKILL.
@@ -136,7 +138,7 @@ type Config struct {
 	// WarmPool is how many sealed sandboxes of a default capsule's shape to keep made ahead
 	// of their sessions (roostd --warm-pool); 0 for none. WarmCapsules ask for sandboxes of
 	// capsules' own shapes (--warm-pool-capsule). WarmPoolCPU is the share of the wall
-	// clock their refill may take; DefaultWarmPoolCPU when 0.
+	// clock their refill may take; warmpool.DefaultCPU when 0.
 	WarmPool     int
 	WarmCapsules []WarmCapsule
 	WarmPoolCPU  float64
@@ -161,7 +163,7 @@ type Manager struct {
 	// egress is the proxy every session's endpoint carries; nil without Config.Egress.
 	egress *egress.Proxy
 
-	planner planner
+	planner *plan.Planner
 	// logCutsMu orders the notes of which log cuts were reported (CheckLogCuts).
 	logCutsMu sync.Mutex
 
@@ -170,10 +172,12 @@ type Manager struct {
 	blobMu sync.RWMutex
 
 	// pool holds sealed sandboxes made ahead; nil without Config.WarmPool.
-	pool *warmPool
+	pool *warmpool.Pool
 
 	accounts accounts
 	trees    trees
+
+	retainer *retention.Retainer
 
 	// backend is what every session's endpoint serves (pkg/session/delegate).
 	backend *delegate.Backend
@@ -295,14 +299,17 @@ func Open(cfg Config) (*Manager, error) {
 			reg.Close()
 		}
 	}()
-	m.planner = planner{artifacts: cfg.Artifacts, catalog: cfg.Catalog, daemonFloor: cfg.DaemonFloor, allowRoot: cfg.AllowRoot,
-		hostPaths: cfg.HostPaths, tools: toolchain.NewResolver()}
+	m.planner = plan.New(plan.Config{Artifacts: cfg.Artifacts, Catalog: cfg.Catalog, DaemonFloor: cfg.DaemonFloor, AllowRoot: cfg.AllowRoot,
+		HostPaths: cfg.HostPaths, EnvPassthrough: cfg.EnvPassthrough, HostEnv: cfg.HostEnv})
 	m.accounts = accounts{ledger: cfg.Ledger, gateway: cfg.Gateway, log: cfg.Logger}
-	m.trees = trees{state: cfg.StateDir, ids: cfg.IDs, group: m.reg.parentGroup,
+	scoped, _ := cfg.Runtimes[manifest.Scoped].(interface{ TmpDir(string) string })
+	m.trees = trees{state: cfg.StateDir, ids: cfg.IDs, group: m.reg.parentGroup, scoped: scoped,
 		save: func(rec *store.Record) error { return m.reg.update(func(tx *store.Tx) error { return tx.Save(rec) }) }}
 	if cfg.Egress != nil {
 		m.egress = egress.New(*cfg.Egress, m, cfg.Logger)
 	}
+	retains, _ := cfg.Observer.(retention.Observer)
+	m.retainer = retention.New(retained{m}, retains, cfg.Logger)
 	spawns, _ := cfg.Observer.(delegate.SpawnObserver)
 	m.backend = delegate.New(endpointSessions{m}, delegate.Config{Ledger: cfg.Ledger, Gateway: cfg.Gateway, Observer: spawns,
 		MaxConcurrent: cfg.MaxConcurrent, StopGrace: cfg.StopGrace, Logger: cfg.Logger})
@@ -310,11 +317,11 @@ func Open(cfg Config) (*Manager, error) {
 	if err := m.recover(); err != nil {
 		return nil, fmt.Errorf("recovering sessions: %w", err)
 	}
-	if err := m.dropWarmLeftovers(); err != nil {
+	if err := warmpool.Leftovers(cfg.StateDir, sandboxIDs{m.reg, cfg.IDs}); err != nil {
 		return nil, fmt.Errorf("freeing warm sandboxes a previous roostd left: %w", err)
 	}
 	if cfg.WarmPool > 0 || len(cfg.WarmCapsules) > 0 {
-		rt, ok := cfg.Runtimes[manifest.Sealed].(WarmRuntime)
+		rt, ok := cfg.Runtimes[manifest.Sealed].(warmpool.Runtime)
 		if !ok {
 			return nil, fmt.Errorf("a warm pool needs a sealed runtime, which this daemon does not have: %w", errdefs.ErrFailedPrecondition)
 		}
@@ -322,7 +329,12 @@ func Open(cfg Config) (*Manager, error) {
 		if err != nil {
 			return nil, fmt.Errorf("the warm pool: %w", err)
 		}
-		pool, err := newWarmPool(m, rt, shapes, cfg.WarmPoolCPU)
+		var netns warmpool.NetNS
+		if cfg.Endpoints != nil {
+			netns = cfg.Endpoints
+		}
+		pool, err := warmpool.New(warmpool.Config{Runtime: rt, IDs: sandboxIDs{m.reg, cfg.IDs}, NetNS: netns, StateDir: cfg.StateDir,
+			CPU: cfg.WarmPoolCPU, Logger: cfg.Logger}, shapes)
 		if err != nil {
 			return nil, fmt.Errorf("the warm pool: %w", err)
 		}
@@ -330,7 +342,7 @@ func Open(cfg Config) (*Manager, error) {
 		m.wg.Add(1)
 		go func() {
 			defer m.wg.Done()
-			pool.run(ctx)
+			pool.Run(ctx)
 		}()
 	}
 	opened = true
@@ -356,7 +368,7 @@ func (m *Manager) Close() error {
 	}
 	m.wg.Wait()
 	if m.pool != nil {
-		m.pool.close()
+		m.pool.Close()
 	}
 	return m.reg.Close()
 }

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"roost.dev/roost/pkg/session/plan"
 	"roost.dev/roost/pkg/session/store"
 
 	"github.com/containerd/errdefs"
@@ -671,7 +672,7 @@ func TestExplainEnvAndIdentity(t *testing.T) {
 			t.Errorf("%s: no reason", v.GetName())
 		}
 	}
-	want := map[string]string{"LANG": EnvPasses, "PROXY_URL": EnvCredentialValue, "TZ": EnvNotInPassthrough, "HOSTNAME": EnvNotInPassthrough}
+	want := map[string]string{"LANG": plan.EnvPasses, "PROXY_URL": plan.EnvCredentialValue, "TZ": plan.EnvNotInPassthrough, "HOSTNAME": plan.EnvNotInPassthrough}
 	if !maps.Equal(got, want) {
 		t.Fatalf("env verdicts %v, want %v", got, want)
 	}

@@ -133,7 +133,7 @@ func (m *Manager) removeOne(rec *store.Record) error {
 // and collecting capsule copies once after: retention and prune remove many at a time, and
 // Remove's own listing per session would make that quadratic. It returns, per doomed
 // session, nil once it is gone (also when an earlier tree took it) or why it is not.
-func (m *Manager) removeEnded(doomed, all []*store.Record) map[string]error {
+func (m *Manager) removeEnded(ctx context.Context, doomed, all []*store.Record) map[string]error {
 	kids := map[string][]*store.Record{}
 	for _, r := range all {
 		if r.ParentID != "" {
@@ -143,8 +143,8 @@ func (m *Manager) removeEnded(doomed, all []*store.Record) map[string]error {
 	gone := map[string]bool{}
 	out := make(map[string]error, len(doomed))
 	for _, rec := range doomed {
-		if m.ctx.Err() != nil {
-			out[rec.ID] = m.ctx.Err()
+		if ctx.Err() != nil {
+			out[rec.ID] = ctx.Err()
 			continue
 		}
 		if gone[rec.ID] {

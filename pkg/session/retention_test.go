@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"roost.dev/roost/pkg/session/retention"
 	"roost.dev/roost/pkg/session/store"
 
 	"github.com/containerd/errdefs"
@@ -141,10 +142,10 @@ func replay(m *Manager, since uint64) ([]store.Event, error) {
 func TestRetentionKeepsNewestEnded(t *testing.T) {
 	state := stateDir(t)
 	m, obs := openRetentionManager(t, state)
-	r := Retention{MaxEnded: 100}
+	r := retention.Policy{MaxEnded: 100}
 	base := time.Now().Add(-24 * time.Hour)
 	recs := endedSessions(t, m, 1000, base)
-	m.retainPass(r, true)
+	m.retainer.Pass(m.ctx, r, true)
 
 	list, err := m.List(true)
 	if err != nil {
@@ -207,7 +208,7 @@ func TestRetentionKeepsNewestEnded(t *testing.T) {
 	before, hwBefore, usedBefore := fileSize(t, db), highWater(m), inUse(m)
 	for i := range 10 {
 		endedSessions(t, m, 100, base.Add(time.Duration(1000+100*i)*time.Second))
-		m.retainPass(r, false)
+		m.retainer.Pass(m.ctx, r, false)
 	}
 	after, hwAfter, usedAfter := fileSize(t, db), highWater(m), inUse(m)
 	if after > before || hwAfter > hwBefore || usedAfter > usedBefore*5/4 {
@@ -243,7 +244,7 @@ func TestChurnWithoutRetentionGrows(t *testing.T) {
 // the window moves past fails rather than skipping events.
 func TestEventsFollowAcrossCompaction(t *testing.T) {
 	m, _ := openRetentionManager(t, stateDir(t))
-	r := Retention{MaxEnded: 5}
+	r := retention.Policy{MaxEnded: 5}
 	endedSessions(t, m, 20, time.Now().Add(-time.Hour))
 	var head uint64
 	m.reg.View(func(tx *store.Tx) error { head = tx.LastSeq(); return nil })
@@ -273,7 +274,7 @@ func TestEventsFollowAcrossCompaction(t *testing.T) {
 		// update broadcasts like the daemon's writes, so followers wake.
 		endedSessions(t, m, 10, time.Now())
 		m.reg.changed.broadcast()
-		m.retainPass(r, true)
+		m.retainer.Pass(m.ctx, r, true)
 	}
 	var last uint64
 	m.reg.View(func(tx *store.Tx) error { last = tx.LastSeq(); return nil })
@@ -332,7 +333,7 @@ func TestRetentionKeepsAncestorsOfLive(t *testing.T) {
 	if len(res.Removed) != 1 || res.Removed[0].Record.ID != old[2].ID || len(res.Kept) != 2 || res.Kept[0].Record.ID != grandparent.ID || res.Kept[1].Record.ID != parent.ID {
 		t.Fatalf("prune --dry-run: %+v", res)
 	}
-	m.retainPass(Retention{MaxAge: time.Hour}, true)
+	m.retainer.Pass(m.ctx, retention.Policy{MaxAge: time.Hour}, true)
 	list, _ := m.List(true)
 	var ids []string
 	for _, r := range list {
@@ -385,7 +386,7 @@ func TestPrune(t *testing.T) {
 // The daemon's loop: sessions that end are removed shortly after, past the bound.
 func TestRetainAfterEnds(t *testing.T) {
 	m, _ := openRetentionManager(t, stateDir(t))
-	m.Retain(Retention{MaxEnded: 2, Interval: time.Hour})
+	m.Retain(retention.Policy{MaxEnded: 2, Interval: time.Hour})
 	dir := capsule(t, "true", "")
 	var ids []string
 	for range 5 {
@@ -547,8 +548,8 @@ func TestDiskReserve(t *testing.T) {
 func BenchmarkPSAfter10k(b *testing.B) {
 	for _, c := range []struct {
 		name string
-		r    Retention
-	}{{"keep-all", Retention{}}, {"retain-ended-100", Retention{MaxEnded: 100}}} {
+		r    retention.Policy
+	}{{"keep-all", retention.Policy{}}, {"retain-ended-100", retention.Policy{MaxEnded: 100}}} {
 		b.Run(c.name, func(b *testing.B) {
 			state := stateDir(b)
 			m, _ := openRetentionManager(b, state)
@@ -556,7 +557,7 @@ func BenchmarkPSAfter10k(b *testing.B) {
 			for i := range 100 {
 				endedSessions(b, m, 100, base.Add(time.Duration(100*i)*time.Second))
 				if c.r.Enabled() {
-					m.retainPass(c.r, false)
+					m.retainer.Pass(m.ctx, c.r, false)
 				}
 			}
 			var n int

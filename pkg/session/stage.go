@@ -4,13 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"roost.dev/roost/pkg/session/plan"
 	"roost.dev/roost/pkg/session/store"
 
 	"github.com/containerd/errdefs"
@@ -22,6 +22,11 @@ import (
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
 )
+
+// plan is what of the options planning reads.
+func (o StageOptions) plan() plan.Options {
+	return plan.Options{Capsule: o.Capsule, Deadline: o.Deadline, Containment: o.Containment}
+}
 
 // StageOptions is what an operator asks for beyond the capsule itself.
 type StageOptions struct {
@@ -57,7 +62,7 @@ const describedSession = "SESSION"
 // Explain decides what Stage would, without recording anything. With oci it also returns
 // the OCI runtime spec a sealed session of the capsule would run with, as JSON.
 func (m *Manager) Explain(opts StageOptions, oci bool) (*roostv1.Explanation, []byte, error) {
-	p, err := m.planner.plan(opts, false)
+	p, err := m.planner.Plan(opts.plan(), false)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -74,7 +79,7 @@ func (m *Manager) Explain(opts StageOptions, oci bool) (*roostv1.Explanation, []
 		// The ids a session would be given are decided at stage: the description shows
 		// the pool's first range for a session's.
 		ids := containment.IDs{First: m.cfg.IDs.First + idsPerSession, Size: idsPerSession}
-		spec, err := d.Describe(describedSession, workdir, p.dir, ids, &p.policy)
+		spec, err := d.Describe(describedSession, workdir, p.Dir, ids, &p.Policy)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -82,7 +87,9 @@ func (m *Manager) Explain(opts StageOptions, oci bool) (*roostv1.Explanation, []
 			return nil, nil, err
 		}
 	}
-	return m.explanation(p), config, nil
+	return m.planner.Explain(p, func(c manifest.Class) *roostv1.StartPath {
+		return m.pool.StartPath(&p.Policy, p.Manifest.Run.Wasm != "", c)
+	}), config, nil
 }
 
 // Stage reads and validates the capsule, decides its containment, and records a session in
@@ -107,7 +114,7 @@ func (m *Manager) Stage(opts StageOptions) (*store.Record, error) {
 	// no collection may run in between.
 	m.blobMu.RLock()
 	defer m.blobMu.RUnlock()
-	p, err := m.planner.plan(opts, true)
+	p, err := m.planner.Plan(opts.plan(), true)
 	if err != nil {
 		return nil, err
 	}
@@ -115,24 +122,24 @@ func (m *Manager) Stage(opts StageOptions) (*store.Record, error) {
 }
 
 // stage records a session from its plan (a spawn has made the plan already, to referee it).
-func (m *Manager) stage(p *plan, opts StageOptions) (*store.Record, error) {
+func (m *Manager) stage(p *plan.Plan, opts StageOptions) (*store.Record, error) {
 	// A nearly full state directory takes no new session (a spawn's included); what runs
 	// keeps the room.
 	if err := m.checkDiskSpace(); err != nil {
 		return nil, err
 	}
-	if !p.decision.Met {
-		return nil, errdefs.ErrFailedPrecondition.WithMessage(p.decision.Shortfall)
+	if !p.Decision.Met {
+		return nil, errdefs.ErrFailedPrecondition.WithMessage(p.Decision.Shortfall)
 	}
-	if err := m.accounts.checkUpstream(&p.policy, filepath.Join(p.dir, manifest.FileName)); err != nil {
+	if err := m.accounts.checkUpstream(&p.Policy, filepath.Join(p.Dir, manifest.FileName)); err != nil {
 		return nil, err
 	}
 	if err := m.stageHooks(p, opts.ParentID); err != nil {
 		return nil, err
 	}
 	var wasm *store.WasmRun
-	if p.manifest.Run.Wasm != "" {
-		mod, err := m.cfg.Wasm.Prepare(p.ref.Root(), p.manifest.Run.Wasm, filepath.Join(p.dir, manifest.FileName))
+	if p.Manifest.Run.Wasm != "" {
+		mod, err := m.cfg.Wasm.Prepare(p.Ref.Root(), p.Manifest.Run.Wasm, filepath.Join(p.Dir, manifest.FileName))
 		if err != nil {
 			return nil, err
 		}
@@ -152,30 +159,32 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*store.Record, error) {
 	rec := &store.Record{
 		ID:           id,
 		Name:         opts.Name,
-		Capsule:      p.ref,
-		Declared:     p.decision.Floor.String(),
-		Achieved:     p.decision.Achieved.String(),
+		Capsule:      p.Ref,
+		Declared:     p.Decision.Floor.String(),
+		Achieved:     p.Decision.Achieved.String(),
 		ParentID:     opts.ParentID,
 		HasTask:      opts.Task != nil,
 		Workdir:      workdir,
 		OwnsWorkdir:  owns,
 		RecordsDir:   m.trees.records(id),
-		Command:      command(p.ref.Root(), p.manifest.Run),
-		Deadline:     time.Duration(p.policy.Limits.DeadlineSeconds.Value) * time.Second,
-		WorkdirLimit: p.policy.Resources.WorkdirMaxBytes.Value,
-		Shell:        p.shell,
+		Command:      command(p.Ref.Root(), p.Manifest.Run),
+		Deadline:     time.Duration(p.Policy.Limits.DeadlineSeconds.Value) * time.Second,
+		WorkdirLimit: p.Policy.Resources.WorkdirMaxBytes.Value,
+		Shell:        p.Shell,
 		Wasm:         wasm,
 		CreatedAt:    time.Now().UTC(),
 	}
 	// A top-level session may start roostd --max-depth levels below it; each level one
 	// less, and never more than any ancestor's spawn.max_depth.
-	rec.DepthRemaining = min(m.cfg.MaxDepth, int(p.policy.Spawn.MaxDepth.Value))
+	rec.DepthRemaining = min(m.cfg.MaxDepth, int(p.Policy.Spawn.MaxDepth.Value))
 	if opts.ParentID != "" {
-		rec.DepthRemaining = min(opts.DepthRemaining, int(p.policy.Spawn.MaxDepth.Value))
+		rec.DepthRemaining = min(opts.DepthRemaining, int(p.Policy.Spawn.MaxDepth.Value))
 	}
-	rec.HostRoot = m.planner.hostRoot(p)
+	rec.HostRoot = m.planner.HostRoot(p)
 	// The session's trace opens with this: the grants, and the ids it is given below.
-	e := m.explanation(p)
+	e := m.planner.Explain(p, func(c manifest.Class) *roostv1.StartPath {
+		return m.pool.StartPath(&p.Policy, p.Manifest.Run.Wasm != "", c)
+	})
 	if err := m.reg.update(func(tx *store.Tx) error {
 		if !rec.HostRoot {
 			if err := tx.AllocateIDs(rec, m.cfg.IDs); err != nil {
@@ -189,7 +198,7 @@ func (m *Manager) stage(p *plan, opts StageOptions) (*store.Record, error) {
 		if err != nil {
 			return err
 		}
-		return tx.CreateWithTask(rec, p.raw, explanation, opts.Task)
+		return tx.CreateWithTask(rec, p.Raw, explanation, opts.Task)
 	}); err != nil {
 		return nil, err
 	}
@@ -226,43 +235,6 @@ func checkWorkdir(dir string) error {
 		return fmt.Errorf("workdir %s is not a directory: %w", dir, errdefs.ErrInvalidArgument)
 	}
 	return nil
-}
-
-// readCapsule finds the capsule directory and reads its manifest.
-func readCapsule(path string) (dir string, raw []byte, err error) {
-	if path == "" {
-		return "", nil, fmt.Errorf("no capsule given: %w", errdefs.ErrInvalidArgument)
-	}
-	if !filepath.IsAbs(path) {
-		return "", nil, fmt.Errorf("capsule path %q is not absolute: %w", path, errdefs.ErrInvalidArgument)
-	}
-	dir = filepath.Clean(path)
-	info, err := os.Stat(dir)
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return "", nil, fmt.Errorf("capsule %s: no such directory: %w", dir, errdefs.ErrNotFound)
-		}
-		return "", nil, fmt.Errorf("capsule %s: %v: %w", dir, err, errdefs.ErrInvalidArgument)
-	}
-	if !info.IsDir() {
-		if filepath.Base(dir) != manifest.FileName {
-			return "", nil, fmt.Errorf("capsule %s: not a directory (give the directory that holds %s): %w", dir, manifest.FileName, errdefs.ErrInvalidArgument)
-		}
-		dir = filepath.Dir(dir)
-	}
-	f, err := os.Open(filepath.Join(dir, manifest.FileName))
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return "", nil, fmt.Errorf("capsule %s: no %s in it: %w", dir, manifest.FileName, errdefs.ErrInvalidArgument)
-		}
-		return "", nil, fmt.Errorf("capsule %s: %v: %w", dir, err, errdefs.ErrInvalidArgument)
-	}
-	defer f.Close()
-	raw, err = io.ReadAll(io.LimitReader(f, manifest.MaxSize+1))
-	if err != nil {
-		return "", nil, fmt.Errorf("capsule %s: %v: %w", dir, err, errdefs.ErrInvalidArgument)
-	}
-	return dir, raw, nil
 }
 
 // newID returns a session id: "ses_" and a UUIDv7 in hex, so ids sort by creation time.

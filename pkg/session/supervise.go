@@ -285,7 +285,7 @@ func (m *Manager) finish(l *liveSession, rec *store.Record, status store.ExitSta
 		}
 		// Before the end commits, so a parent woken by it finds the file.
 		if rec.ParentID != "" {
-			m.writeCompletion(rec)
+			writeCompletion(m.cfg.Logger, rec)
 		}
 		if err := m.recordExited(rec); err != nil {
 			m.cfg.Logger.Error("recording end", "session", rec.ID, "err", err)

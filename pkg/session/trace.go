@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -77,16 +78,16 @@ func traceEnd(rec *store.Record) traceRecord {
 }
 
 // traceDelegation records in the parent's trace a child it was granted (err nil) or refused.
-func (m *Manager) traceDelegation(parent *store.Record, ref, childID string, err error) {
+func traceDelegation(log *slog.Logger, recordsDir string, parent *store.Record, ref, childID string, err error) {
 	t := traceRecord{EventType: "delegation", SessionID: parent.ID, Timestamp: time.Now().UTC(), Child: ref, ChildID: childID}
 	if err != nil {
 		t.EventType = "delegation_refused"
 		t.Refusal = err.Error()
-		m.cfg.Logger.Info("spawn refused", "session", parent.ID, "capsule", parent.Capsule.Name+"@"+parent.Capsule.Version, "class", parent.Achieved,
+		log.Info("spawn refused", "session", parent.ID, "capsule", parent.Capsule.Name+"@"+parent.Capsule.Version, "class", parent.Achieved,
 			"child", ref, "reason", err.Error())
 	}
-	if werr := appendTrace(m.trees.records(parent.ID), t); werr != nil {
-		m.cfg.Logger.Warn("writing the trace", "session", parent.ID, "err", werr)
+	if werr := appendTrace(recordsDir, t); werr != nil {
+		log.Warn("writing the trace", "session", parent.ID, "err", werr)
 	}
 }
 

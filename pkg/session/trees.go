@@ -35,6 +35,8 @@ type trees struct {
 	// workdir is given (its parent's).
 	save  func(*store.Record) error
 	group func(parentID string) (int, error)
+	// scoped is the scoped runtime, which keeps each scoped session's TMPDIR; nil without.
+	scoped interface{ TmpDir(string) string }
 }
 
 // Sub-directories of the state directory.
@@ -181,4 +183,17 @@ func (t trees) prepareChildrenDir(rec *store.Record) error {
 		return fmt.Errorf("the directory of its children's workdirs: %w", err)
 	}
 	return nil
+}
+
+// tmp is a scoped session's TMPDIR on the host; "" for other classes (a sealed
+// session's /tmp is a tmpfs of bounded size; advisory and unconfined sessions share the
+// host's).
+func (t trees) tmp(rec *store.Record) string {
+	if rec.Achieved != manifest.Scoped.String() {
+		return ""
+	}
+	if t.scoped == nil {
+		return ""
+	}
+	return t.scoped.TmpDir(rec.ID)
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"roost.dev/roost/pkg/session/store"
+	"roost.dev/roost/pkg/wasmcache"
 
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
@@ -48,19 +49,19 @@ func deadlineOf(r *store.Record) time.Duration {
 }
 
 // wasmFiles are the runner and the session's compiled module on the host.
-func (m *Manager) wasmFiles(rec *store.Record) (runner, cache string) {
-	if m.cfg.Wasm == nil {
+func wasmFiles(c *wasmcache.Cache, rec *store.Record) (runner, cache string) {
+	if c == nil {
 		return "", ""
 	}
-	return m.cfg.Wasm.Runner(), m.cfg.Wasm.Entry(rec.Wasm.Cache)
+	return c.Runner(), c.Entry(rec.Wasm.Cache)
 }
 
 // wasmView is where the runner and the session's compiled module are in its view: bound
 // into a sealed root under /.roost (that one entry, not the others), the host's paths
 // otherwise.
-func (m *Manager) wasmView(class manifest.Class, rec *store.Record) (runner, cache string) {
+func wasmView(c *wasmcache.Cache, class manifest.Class, rec *store.Record) (runner, cache string) {
 	if class == manifest.Sealed {
 		return containment.SealedRunnerPath, containment.SealedWasmModule
 	}
-	return m.wasmFiles(rec)
+	return wasmFiles(c, rec)
 }

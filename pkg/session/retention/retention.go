@@ -1,40 +1,73 @@
-package session
+// Package retention decides which ended sessions roostd forgets, and when: the newest
+// --retain-ended and those younger than --retain-for stay, nothing a live session descends
+// from goes, and the event log is compacted to what remains. It removes nothing itself: the
+// session manager removes each session as roostctl rm would, through Sessions.
+package retention
 
 import (
-	"errors"
+	"context"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
 
-	"roost.dev/roost/pkg/session/store"
-
 	"github.com/containerd/errdefs"
+	"roost.dev/roost/pkg/session/store"
 )
 
-// Retention is what roostd keeps of ended sessions (roostd --retain-ended, --retain-for).
-// Removing one is what `roostctl rm` does (Remove); the event log is then compacted to the
-// sessions that remain (Tx.CompactEvents). The zero Retention keeps everything: ended
-// sessions stay until an operator removes them.
-type Retention struct {
+// Sessions is what retention asks of the session manager.
+type Sessions interface {
+	All() ([]*store.Record, error)
+	CountByState() map[store.State]int
+	// RemoveEnded removes each of doomed with its subtree, as rm does; all is every record,
+	// for the subtrees. It returns each one's error (nil for removed).
+	RemoveEnded(ctx context.Context, doomed, all []*store.Record) map[string]error
+	// SessionBytes is the disk a session's own files take.
+	SessionBytes(rec *store.Record) int64
+	// CompactEvents deletes, in one transaction, at most batch events the registry need not
+	// keep beyond the newest keep; by names who compacts.
+	CompactEvents(keep uint64, by string, batch int) (int, error)
+}
+
+// Retainer applies a Policy to the sessions it is given.
+type Retainer struct {
+	s   Sessions
+	obs Observer
+	log *slog.Logger
+}
+
+// New retains among s's sessions; obs may be nil.
+func New(s Sessions, obs Observer, log *slog.Logger) *Retainer {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Retainer{s: s, obs: obs, log: log}
+}
+
+// Policy is what roostd keeps of ended sessions (roostd --retain-ended, --retain-for).
+// Removing one is what `roostctl rm` does; the event log is then compacted to the sessions
+// that remain (Tx.CompactEvents). The zero Policy keeps everything: ended sessions stay
+// until an operator removes them.
+type Policy struct {
 	// MaxEnded keeps at most this many ended sessions, those that ended last; 0 keeps any
 	// number.
 	MaxEnded int
 	// MaxAge removes ended sessions that ended longer ago; 0 keeps them however old.
 	MaxAge time.Duration
 	// Interval is how often a pass runs besides those that follow sessions' ends;
-	// DefaultRetentionInterval when 0.
+	// DefaultInterval when 0.
 	Interval time.Duration
 	// MaxEvents bounds the event log even while an old session still held pins it; 0 is
 	// max(MinEventsKept, EventsPerSession × the sessions held).
 	MaxEvents int
 }
 
-// DefaultRetentionInterval is how often retention looks at ended sessions' ages.
-const DefaultRetentionInterval = time.Minute
+// DefaultInterval is how often retention looks at ended sessions' ages.
+const DefaultInterval = time.Minute
 
 // The event log's bound while a session the registry holds pins its start (a session staged
 // long ago and never launched, one that runs for weeks): at least MinEventsKept events, and
@@ -44,17 +77,17 @@ const (
 	EventsPerSession = 100
 )
 
-// retentionSettle gathers a burst of ends into one pass.
-const retentionSettle = 200 * time.Millisecond
+// settle gathers a burst of ends into one pass.
+const settle = 200 * time.Millisecond
 
 // compactBatch bounds the events one compaction transaction deletes.
 const compactBatch = 10000
 
 // Enabled says whether r removes anything.
-func (r Retention) Enabled() bool { return r.MaxEnded > 0 || r.MaxAge > 0 }
+func (r Policy) Enabled() bool { return r.MaxEnded > 0 || r.MaxAge > 0 }
 
 // String names the bounds as roostd's flags.
-func (r Retention) String() string {
+func (r Policy) String() string {
 	var flags []string
 	if r.MaxEnded > 0 {
 		flags = append(flags, fmt.Sprintf("--retain-ended %d", r.MaxEnded))
@@ -65,59 +98,53 @@ func (r Retention) String() string {
 	return strings.Join(append([]string{"roostd"}, flags...), " ")
 }
 
-// RetentionObserver hears what retention and prune removed, for metrics.
-type RetentionObserver interface {
+// Observer hears what retention and prune removed, for metrics.
+type Observer interface {
 	SessionsPruned(n int)
 	EventsCompacted(n int)
 }
 
-// Retain applies r for the Manager's life: a pass now (Open has recovered every session), one
-// shortly after sessions end, and one every r.Interval for the ages. Call it once.
-func (m *Manager) Retain(r Retention) {
-	if !r.Enabled() {
-		return
+// Run applies p until ctx ends: a pass now (the session manager has recovered every session),
+// one shortly after sessions end (changed returns a channel closed by the next change), and
+// one every p.Interval for the ages.
+func (rt *Retainer) Run(ctx context.Context, p Policy, changed func() <-chan struct{}) {
+	if p.Interval <= 0 {
+		p.Interval = DefaultInterval
 	}
-	if r.Interval <= 0 {
-		r.Interval = DefaultRetentionInterval
-	}
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
-		tick := time.NewTicker(r.Interval)
-		defer tick.Stop()
-		full := true
-		for {
-			// Taken before the pass: an end committed during it wakes the next one. The
-			// pass's own removals wake it too; that pass finds nothing over the bound.
-			changed := m.reg.changed.wait()
-			m.retainPass(r, full)
+	tick := time.NewTicker(p.Interval)
+	defer tick.Stop()
+	full := true
+	for {
+		// Taken before the pass: an end committed during it wakes the next one. The pass's
+		// own removals wake it too; that pass finds nothing over the bound.
+		ch := changed()
+		rt.Pass(ctx, p, full)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			full = true
+		case <-ch:
+			full = false
 			select {
-			case <-m.ctx.Done():
+			case <-ctx.Done():
 				return
-			case <-tick.C:
-				full = true
-			case <-changed:
-				full = false
-				select {
-				case <-m.ctx.Done():
-					return
-				case <-time.After(retentionSettle):
-				}
+			case <-time.After(settle):
 			}
 		}
-	}()
+	}
 }
 
-// retainPass removes the ended sessions r does not keep, then compacts the event log. A pass
-// woken by a change (not full) first counts ended sessions, reading a few bytes of each, and
-// stops there when the count is within bounds.
-func (m *Manager) retainPass(r Retention, full bool) {
-	if !full && (r.MaxEnded == 0 || m.CountByState()[store.Exited] <= r.MaxEnded) {
+// Pass removes the ended sessions r does not keep, then compacts the event log. A pass woken
+// by a change (not full) first counts ended sessions, reading a few bytes of each, and stops
+// there when the count is within bounds.
+func (rt *Retainer) Pass(ctx context.Context, r Policy, full bool) {
+	if !full && (r.MaxEnded == 0 || rt.s.CountByState()[store.Exited] <= r.MaxEnded) {
 		return
 	}
-	recs, err := m.reg.all()
+	recs, err := rt.s.All()
 	if err != nil {
-		m.cfg.Logger.Warn("retention: listing sessions", "err", err)
+		rt.log.Warn("retention: listing sessions", "err", err)
 		return
 	}
 	cutoff := time.Now().Add(-r.MaxAge)
@@ -125,60 +152,48 @@ func (m *Manager) retainPass(r Retention, full bool) {
 		return r.MaxAge > 0 && endedAt(rec).Before(cutoff)
 	})
 	removed := 0
-	results := m.removeEnded(doomed, recs)
+	results := rt.s.RemoveEnded(ctx, doomed, recs)
 	for _, rec := range doomed {
 		// NotFound: removed meanwhile (rm, prune, or with its parent).
 		if err := results[rec.ID]; err != nil && !errdefs.IsNotFound(err) {
-			m.cfg.Logger.Warn("retention: removing an ended session", "session", rec.ID, "err", err)
+			rt.log.Warn("retention: removing an ended session", "session", rec.ID, "err", err)
 			continue
 		}
 		removed++
 	}
-	if m.ctx.Err() != nil {
+	if ctx.Err() != nil {
 		return
 	}
 	if removed > 0 || len(kept) > 0 {
-		m.cfg.Logger.Info("retention pass", "removed", removed, "kept_for_live_descendants", len(kept), "by", r.String())
+		rt.log.Info("retention pass", "removed", removed, "kept_for_live_descendants", len(kept), "by", r.String())
 	}
 	if removed == 0 && !full {
 		return
 	}
-	m.sessionsPruned(removed)
-	if _, err := m.compactEvents(r, r.String()); err != nil {
-		m.cfg.Logger.Warn("retention: compacting the event log", "err", err)
+	rt.pruned(removed)
+	if _, err := rt.compactEvents(r, r.String()); err != nil {
+		rt.log.Warn("retention: compacting the event log", "err", err)
 	}
 }
 
-var errNothingToCompact = errors.New("no event to compact")
-
 // compactEvents compacts the event log, a bounded batch per transaction.
-func (m *Manager) compactEvents(r Retention, by string) (int, error) {
+func (rt *Retainer) compactEvents(r Policy, by string) (int, error) {
 	keep := uint64(r.MaxEvents)
 	if keep == 0 {
 		held := 0
-		for _, n := range m.CountByState() {
+		for _, n := range rt.s.CountByState() {
 			held += n
 		}
 		keep = uint64(max(MinEventsKept, EventsPerSession*held))
 	}
 	total := 0
 	for {
-		var n int
-		_, err := m.reg.Update(func(tx *store.Tx) (err error) {
-			if n, err = tx.CompactEvents(keep, by, compactBatch); err == nil && n == 0 {
-				// Nothing to delete: roll back rather than commit (and fsync) nothing.
-				return errNothingToCompact
-			}
-			return err
-		})
-		if errors.Is(err, errNothingToCompact) {
-			err = nil
-		}
+		n, err := rt.s.CompactEvents(keep, by, compactBatch)
 		total += n
 		if err != nil || n < compactBatch {
 			if total > 0 {
-				if obs, ok := m.cfg.Observer.(RetentionObserver); ok {
-					obs.EventsCompacted(total)
+				if rt.obs != nil {
+					rt.obs.EventsCompacted(total)
 				}
 			}
 			return total, err
@@ -186,9 +201,9 @@ func (m *Manager) compactEvents(r Retention, by string) (int, error) {
 	}
 }
 
-func (m *Manager) sessionsPruned(n int) {
-	if obs, ok := m.cfg.Observer.(RetentionObserver); ok && n > 0 {
-		obs.SessionsPruned(n)
+func (rt *Retainer) pruned(n int) {
+	if rt.obs != nil && n > 0 {
+		rt.obs.SessionsPruned(n)
 	}
 }
 
@@ -275,11 +290,11 @@ type PruneResult struct {
 // or those that ended longer ago than olderThan. With dryRun it removes nothing and reports
 // what would go. A session a live session descends from is kept, and reported. Then the
 // event log is compacted to the sessions that remain.
-func (m *Manager) Prune(olderThan time.Duration, dryRun bool) (*PruneResult, error) {
+func (rt *Retainer) Prune(ctx context.Context, olderThan time.Duration, dryRun bool) (*PruneResult, error) {
 	if olderThan < 0 {
 		return nil, fmt.Errorf("prune --until %s: must not be negative: %w", olderThan, errdefs.ErrInvalidArgument)
 	}
-	recs, err := m.reg.all()
+	recs, err := rt.s.All()
 	if err != nil {
 		return nil, err
 	}
@@ -296,11 +311,11 @@ func (m *Manager) Prune(olderThan time.Duration, dryRun bool) (*PruneResult, err
 	// Measured before anything goes: removing a parent may take its children with it.
 	sizes := make([]int64, len(doomed))
 	for i, rec := range doomed {
-		sizes[i] = m.sessionBytes(rec)
+		sizes[i] = rt.s.SessionBytes(rec)
 	}
 	var results map[string]error
 	if !dryRun {
-		results = m.removeEnded(doomed, recs)
+		results = rt.s.RemoveEnded(ctx, doomed, recs)
 	}
 	for i, rec := range doomed {
 		if err := results[rec.ID]; err != nil && !errdefs.IsNotFound(err) {
@@ -313,27 +328,17 @@ func (m *Manager) Prune(olderThan time.Duration, dryRun bool) (*PruneResult, err
 	if dryRun {
 		return res, nil
 	}
-	m.sessionsPruned(len(res.Removed))
+	rt.pruned(len(res.Removed))
 	// The sessions are gone whatever happens here; a log left long is compacted by the next
 	// prune or retention pass.
-	if res.EventsCompacted, err = m.compactEvents(Retention{}, "roostctl prune"); err != nil {
-		m.cfg.Logger.Warn("prune: compacting the event log", "err", err)
+	if res.EventsCompacted, err = rt.compactEvents(Policy{}, "roostctl prune"); err != nil {
+		rt.log.Warn("prune: compacting the event log", "err", err)
 	}
 	return res, nil
 }
 
-// sessionBytes is the disk a session's own files take: its records, its home, and its
-// workdir when roost made it.
-func (m *Manager) sessionBytes(rec *store.Record) int64 {
-	n := treeBytes(rec.RecordsDir) + treeBytes(m.trees.home(rec.ID))
-	if rec.OwnsWorkdir {
-		n += treeBytes(rec.Workdir)
-	}
-	return n
-}
-
-// treeBytes adds up the blocks allocated under root, every one of them.
-func treeBytes(root string) int64 {
+// TreeBytes adds up the blocks allocated under root, every one of them.
+func TreeBytes(root string) int64 {
 	if root == "" {
 		return 0
 	}
@@ -350,39 +355,4 @@ func treeBytes(root string) int64 {
 		return nil
 	})
 	return n
-}
-
-// What the state directory's filesystem must keep free for roostd to stage a session: 1 %
-// of it, at least 4 MiB and at most 64 MiB, and 1024 inodes. The rest of that room is for
-// what runs: sessions' ends, logs and exit records, the registry's and the ledger's commits.
-const (
-	minDiskReserve = 4 << 20
-	maxDiskReserve = 64 << 20
-	minFreeInodes  = 1024
-)
-
-func diskReserve(size uint64) uint64 { return min(max(size/100, minDiskReserve), maxDiskReserve) }
-
-// checkDiskSpace refuses a new session when the state directory's filesystem is nearly full,
-// so that what runs keeps the room it needs to record how it ends. It counts a disk_full
-// limit: there is no session to note it on.
-func (m *Manager) checkDiskSpace() error {
-	d, err := store.StatDisk(m.cfg.StateDir)
-	if err != nil {
-		// Nothing known; the registry's own write reports a full disk.
-		return nil
-	}
-	var what string
-	switch {
-	case d.Free < diskReserve(d.Size):
-		what = fmt.Sprintf("refusing to stage a session: roostd keeps %s free on the state directory's filesystem so that running sessions can still record how they end", store.SizeOf(diskReserve(d.Size)))
-	case d.Inodes > 0 && d.FreeInodes < minFreeInodes:
-		what = fmt.Sprintf("refusing to stage a session: the state directory's filesystem has %d inodes free of %d (roostd keeps %d)", d.FreeInodes, d.Inodes, minFreeInodes)
-	default:
-		return nil
-	}
-	if obs, ok := m.cfg.Observer.(LimitObserver); ok {
-		obs.LimitHit(store.LimitDiskFull)
-	}
-	return store.NoSpaceError(m.cfg.StateDir, what)
 }

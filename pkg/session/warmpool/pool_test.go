@@ -1,4 +1,4 @@
-package session
+package warmpool
 
 import (
 	"testing"
@@ -10,9 +10,9 @@ import (
 // made (most sessions fit it), the refill still comes round to the other shapes whenever
 // they are empty too; a shape fuller for its size waits for emptier ones.
 func TestWarmRefillServesEveryShape(t *testing.T) {
-	busy := &warmShape{WarmShape: containment.WarmShape{Name: "busy"}, size: 3}
-	other := &warmShape{WarmShape: containment.WarmShape{Name: "other"}, size: 2}
-	p := &warmPool{shapes: []*warmShape{busy, other}}
+	busy := &shape{WarmShape: containment.WarmShape{Name: "busy"}, size: 3}
+	other := &shape{WarmShape: containment.WarmShape{Name: "other"}, size: 2}
+	p := &Pool{shapes: []*shape{busy, other}}
 	made := map[string]int{}
 	for range 6 {
 		s := p.neediest()

@@ -1,4 +1,4 @@
-package session
+package plan
 
 import (
 	"slices"
@@ -16,16 +16,16 @@ const (
 	EnvUnset            = "unset"
 )
 
-// envVerdict is one env.allow entry's fate.
-type envVerdict struct {
-	name, verdict, reason string
+// EnvVerdict is one env.allow entry's fate.
+type EnvVerdict struct {
+	Name, Verdict, Reason string
 }
 
-// hostVariables decides which host variables reach the program: a name must be in the
+// HostVariables decides which host variables reach the program: a name must be in the
 // capsule's env.allow and in the operator's passthrough list, must not look like a
 // credential, and its value must not carry one (a URL with a user in it). It returns what
 // passes and, for every env.allow entry, why it does or does not.
-func hostVariables(allow, passthrough, host []string) (map[string]string, []envVerdict) {
+func HostVariables(allow, passthrough, host []string) (map[string]string, []EnvVerdict) {
 	values := map[string]string{}
 	for _, kv := range host {
 		if k, v, ok := strings.Cut(kv, "="); ok {
@@ -33,21 +33,21 @@ func hostVariables(allow, passthrough, host []string) (map[string]string, []envV
 		}
 	}
 	pass := map[string]string{}
-	verdicts := make([]envVerdict, 0, len(allow))
+	verdicts := make([]EnvVerdict, 0, len(allow))
 	for _, name := range allow {
 		value, set := values[name]
-		var v envVerdict
+		var v EnvVerdict
 		switch {
 		case manifest.CredentialShaped(name):
-			v = envVerdict{name, EnvCredentialShaped, "its name looks like a credential's; roost never passes one through"}
+			v = EnvVerdict{name, EnvCredentialShaped, "its name looks like a credential's; roost never passes one through"}
 		case !slices.Contains(passthrough, name):
-			v = envVerdict{name, EnvNotInPassthrough, "roostd's env.passthrough does not list it: the operator decides what of roostd's environment sessions may see"}
+			v = EnvVerdict{name, EnvNotInPassthrough, "roostd's env.passthrough does not list it: the operator decides what of roostd's environment sessions may see"}
 		case !set:
-			v = envVerdict{name, EnvUnset, "listed by env.passthrough, but roostd's environment does not set it"}
+			v = EnvVerdict{name, EnvUnset, "listed by env.passthrough, but roostd's environment does not set it"}
 		case manifest.CredentialValue(value):
-			v = envVerdict{name, EnvCredentialValue, "its value is a URL with a user or password in it; roost never passes a credential through"}
+			v = EnvVerdict{name, EnvCredentialValue, "its value is a URL with a user or password in it; roost never passes a credential through"}
 		default:
-			v = envVerdict{name, EnvPasses, "in env.allow and roostd's env.passthrough, and nothing in it looks like a credential"}
+			v = EnvVerdict{name, EnvPasses, "in env.allow and roostd's env.passthrough, and nothing in it looks like a credential"}
 			pass[name] = value
 		}
 		verdicts = append(verdicts, v)
