@@ -20,7 +20,7 @@ CONFDIR := /etc/roost
 DOCDIR  := $(PREFIX)/share/doc/roost
 INSTALL_BINS := roostd roostctl roost-init roost-sealer roost-wasm
 
-.PHONY: all deps sdk build man test unit e2e lint vet staticcheck fmt-check proto proto-check buf-lint demo bench fuzz tools clean install install-check buf-breaking api-baseline tidy-check deploy-check
+.PHONY: all deps sdk build man test unit e2e lint vet staticcheck fmt-check proto proto-check buf-lint demo bench fuzz tools clean install install-check buf-breaking api-baseline tidy-check deploy-check tracked-check
 
 all: build
 
@@ -80,7 +80,7 @@ $(SDK_DIR)/node_modules/.package-lock.json: $(SDK_DIR)/package.json $(SDK_DIR)/p
 	cd $(SDK_DIR) && npm ci --no-audit --no-fund
 	@touch $@
 
-lint: deps fmt-check vet staticcheck buf-lint buf-breaking proto-check tidy-check deploy-check
+lint: deps fmt-check vet staticcheck buf-lint buf-breaking proto-check tidy-check deploy-check tracked-check
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.tools/*')); \
@@ -109,6 +109,11 @@ api-baseline: $(TOOLS)/buf
 ## tidy-check: go.mod and go.sum say exactly what the code imports.
 tidy-check:
 	$(GO) mod tidy -diff
+
+## tracked-check: no tracked file outside a testdata/ directory is an ELF binary or larger
+## than 1 MiB: build outputs stay out of git.
+tracked-check:
+	./scripts/tracked-check.sh
 
 ## deploy-check: the Grafana dashboard and Prometheus rules in deploy/ (promtool from apt when missing).
 deploy-check:

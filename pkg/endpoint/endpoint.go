@@ -78,22 +78,6 @@ type Endpoints struct {
 // Option tunes Endpoints.
 type Option func(*Endpoints)
 
-// WithTimeouts replaces the servers' header, request and idle timeouts; a zero one keeps
-// its default.
-func WithTimeouts(readHeader, read, idle time.Duration) Option {
-	return func(e *Endpoints) {
-		if readHeader > 0 {
-			e.readHeaderTimeout = readHeader
-		}
-		if read > 0 {
-			e.readTimeout = read
-		}
-		if idle > 0 {
-			e.idleTimeout = idle
-		}
-	}
-}
-
 // WithMaxConnections bounds all endpoints' connections together (the daemon-wide cap);
 // 0 or less lifts the bound. Without it the bound is ConnectionBudget of the process's
 // open-file limit when New runs.
@@ -102,16 +86,6 @@ func WithMaxConnections(n int) Option {
 		e.global = nil
 		if n > 0 {
 			e.global = &gate{max: int64(n)}
-		}
-	}
-}
-
-// WithReportInterval sets the least time between two reports of one session's refused
-// connections.
-func WithReportInterval(d time.Duration) Option {
-	return func(e *Endpoints) {
-		if d > 0 {
-			e.reportEvery = d
 		}
 	}
 }

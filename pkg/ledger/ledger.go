@@ -86,7 +86,10 @@ type Ledger struct {
 	log   *slog.Logger
 	// commit writes one admission's or settlement's change and fsyncs it.
 	commit func(func(*bolt.Tx) error) error
-	obs    Observer
+	// view reads the file once it is open: db.View, in a field so that, as with commit, a
+	// test can make it fail.
+	view func(func(*bolt.Tx) error) error
+	obs  Observer
 
 	mu       sync.Mutex
 	accounts map[string]*account
@@ -99,7 +102,10 @@ type Ledger struct {
 	day       window
 	// broken is set when a commit failed: memory is then ahead of the file, and the ledger
 	// refuses every admission rather than count what it cannot keep.
-	broken  error
+	broken error
+	// unread is why the new day's window could not be read, until a read succeeds: roll
+	// refuses each call meanwhile, and this keeps the failure to one line in the log.
+	unread  error
 	changed chan struct{}
 
 	stop      chan struct{}
@@ -141,7 +147,7 @@ func Open(cfg Config) (*Ledger, error) {
 		return nil, err
 	}
 	l := &Ledger{
-		db: db, clock: cfg.Clock, ttl: cfg.TTL, log: cfg.Logger, obs: cfg.Observer,
+		db: db, view: db.View, clock: cfg.Clock, ttl: cfg.TTL, log: cfg.Logger, obs: cfg.Observer,
 		accounts: map[string]*account{}, open: map[string]*reservation{}, byRequest: map[string]string{},
 		changed: make(chan struct{}), stop: make(chan struct{}),
 	}
@@ -225,19 +231,36 @@ func resetsAt(date string) time.Time {
 }
 
 // roll moves the day window to the clock's UTC date. The caller holds l.mu.
-func (l *Ledger) roll() {
+//
+// When the new day's window cannot be read, the window stays where it was and roll fails
+// until a read succeeds: starting the day at zero would admit again what the file says
+// was already charged against the machine's ceiling, and a charge made into a window not
+// read would be counted into the wrong day.
+func (l *Ledger) roll() error {
 	date := dayOf(l.clock())
 	if date == l.day.date {
-		return
+		return nil
 	}
 	var d storedDay
-	_ = l.db.View(func(tx *bolt.Tx) error {
+	err := l.view(func(tx *bolt.Tx) error {
 		d = getDay(tx, date)
 		return nil
 	})
+	if err != nil {
+		if l.unread == nil {
+			l.log.Error("the ledger could not read the day's charges; refusing all spending until it can", "day", date, "err", err)
+		}
+		l.unread = err
+		return fmt.Errorf("the spend ledger could not read what %s was charged (%v); nothing is admitted or charged until it can: %w", date, err, errdefs.ErrUnavailable)
+	}
+	if l.unread != nil {
+		l.log.Info("the ledger read the day's charges; spending resumes", "day", date)
+		l.unread = nil
+	}
 	l.day = window{date: date, charged: d.charged, sessions: d.sessions, capsules: d.capsules}
 	// A new day frees the machine's budget: wake whoever waits for it.
 	l.notify()
+	return nil
 }
 
 // notify wakes every waiter; the caller holds l.mu.
@@ -350,7 +373,10 @@ func (l *Ledger) Admit(req Admission) (Reservation, error) {
 		l.mu.Unlock()
 		return Reservation{}, l.brokenErr()
 	}
-	l.roll()
+	if err := l.roll(); err != nil {
+		l.mu.Unlock()
+		return Reservation{}, err
+	}
 	a, err := l.account(req.SessionID)
 	if err != nil {
 		l.mu.Unlock()
@@ -414,7 +440,7 @@ func (l *Ledger) account(id string) (*account, error) {
 
 func (l *Ledger) settledRequest(session, request string) *Settlement {
 	var s *Settlement
-	_ = l.db.View(func(tx *bolt.Tx) error {
+	_ = l.view(func(tx *bolt.Tx) error {
 		if id := requestReservation(tx, session, request); id != "" {
 			s, _ = getSettlement(tx, id)
 		}
@@ -520,12 +546,17 @@ func (l *Ledger) charge(sessionID, reservationID, reason string, u *Usage) (Sett
 		l.mu.Unlock()
 		return Settlement{}, l.brokenErr()
 	}
-	l.roll()
+	// The reservation stays open, and held against every ceiling, until the day's window is
+	// read: then a settlement again, its expiry or its session's end charges it.
+	if err := l.roll(); err != nil {
+		l.mu.Unlock()
+		return Settlement{}, err
+	}
 	r, ok := l.open[reservationID]
 	if !ok || r.Session != sessionID {
 		l.mu.Unlock()
 		var s *Settlement
-		_ = l.db.View(func(tx *bolt.Tx) (err error) {
+		_ = l.view(func(tx *bolt.Tx) (err error) {
 			s, err = getSettlement(tx, reservationID)
 			return err
 		})
@@ -804,7 +835,9 @@ type DayCapsule struct {
 func (l *Ledger) Report(date string) (Day, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.roll()
+	if err := l.roll(); err != nil {
+		return Day{}, err
+	}
 	if date == "" {
 		date = l.day.date
 	}
@@ -818,7 +851,7 @@ func (l *Ledger) Report(date string) (Day, error) {
 		sessions, capsules = l.day.sessions, l.day.capsules
 		d.Reserved, d.OpenReservations = l.reserved, len(l.open)
 	} else {
-		_ = l.db.View(func(tx *bolt.Tx) error {
+		_ = l.view(func(tx *bolt.Tx) error {
 			sd := getDay(tx, date)
 			d.Charged, sessions, capsules = sd.charged, sd.sessions, sd.capsules
 			return nil
@@ -856,9 +889,13 @@ func (l *Ledger) Report(date string) (Day, error) {
 func (l *Ledger) Remaining() (tokens int64, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.roll()
+	err := l.roll()
 	if l.ceiling == 0 {
 		return 0, false
+	}
+	if err != nil {
+		// Nothing is admitted while the day's window is unread.
+		return 0, true
 	}
 	return max(l.ceiling-l.day.charged-l.reserved, 0), true
 }

@@ -467,3 +467,58 @@ func TestFailedCommitFailsClosed(t *testing.T) {
 		t.Fatalf("settling after a reopen: %v", err)
 	}
 }
+
+// A day's window that cannot be read is not taken for an empty one: the ledger refuses to
+// admit or charge (unavailable) until a read succeeds, and then counts what the file holds.
+func TestUnreadDayFailsClosed(t *testing.T) {
+	c := &clock{now: time.Date(2026, 3, 2, 12, 0, 0, 0, time.UTC)}
+	l := open(t, filepath.Join(t.TempDir(), File), c, ptr(100))
+	register(t, l, "s", "", 0)
+	r, err := l.Admit(Admission{SessionID: "s", Tokens: 90})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Settle("s", r.ID, Usage{Input: 90}); err != nil {
+		t.Fatal(err)
+	}
+	// The clock steps back a day and forward again: the day it returns to already has
+	// charges on file, which the window must read back.
+	c.Add(-24 * time.Hour)
+	held, err := l.Admit(Admission{SessionID: "s", Tokens: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	view := l.view
+	l.view = func(func(*bolt.Tx) error) error { return errors.New("input/output error") }
+	c.Add(24 * time.Hour)
+
+	_, err = l.Admit(Admission{SessionID: "s", Tokens: 20})
+	var refused *Refusal
+	if !errdefs.IsUnavailable(err) || errors.As(err, &refused) || !strings.Contains(err.Error(), "input/output error") {
+		t.Fatalf("an admission while the day is unread: %v", err)
+	}
+	if _, err := l.Settle("s", held.ID, Usage{Input: 1}); !errdefs.IsUnavailable(err) {
+		t.Fatalf("a settlement while the day is unread: %v", err)
+	}
+	if s, _ := l.Session("s"); s.Reserved != 5 || s.Charged != 90 {
+		t.Fatalf("the open reservation while the day is unread: %+v", s)
+	}
+	if n, ok := l.Remaining(); n != 0 || !ok {
+		t.Errorf("remaining while the day is unread: %d %v", n, ok)
+	}
+	if _, err := l.Report(""); !errdefs.IsUnavailable(err) {
+		t.Errorf("a report while the day is unread: %v", err)
+	}
+
+	l.view = view
+	refusal(t, errOf(l.Admit(Admission{SessionID: "s", Tokens: 20})), LimitMachine)
+	if _, err := l.Admit(Admission{SessionID: "s", Tokens: 5}); err != nil {
+		t.Fatalf("an admission within what is left: %v", err)
+	}
+	if _, err := l.Settle("s", held.ID, Usage{Input: 1}); err != nil {
+		t.Fatalf("settling once the day is read: %v", err)
+	}
+	if d, err := l.Report(""); err != nil || d.Date != "2026-03-02" || d.Charged != 91 || d.Reserved != 5 {
+		t.Errorf("the day once read: %+v %v", d, err)
+	}
+}

@@ -63,12 +63,3 @@ func classList() string {
 	}
 	return strings.Join(names, ", ")
 }
-
-// Strongest returns the strongest of the classes given; ClassNone when given none.
-func Strongest(cs ...Class) Class {
-	best := ClassNone
-	for _, c := range cs {
-		best = max(best, c)
-	}
-	return best
-}

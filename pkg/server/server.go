@@ -146,9 +146,6 @@ func (s *Server) SetNotServing() {
 	s.health.Shutdown()
 }
 
-// Services names the services whose health follows the daemon's readiness.
-func (s *Server) Services() []string { return slices.Clone(s.services) }
-
 type sessionService struct {
 	roostv1.UnimplementedSessionServiceServer
 	m *session.Manager

@@ -43,21 +43,6 @@ type logPump struct {
 	flusher chan struct{}
 }
 
-// startPump creates stdout.log and stderr.log in the records directory dirfd and the pipes
-// the program writes to, and starts copying. The program's ends are childFDs.
-func startPump(dirfd int, maxBytes int64) (*logPump, error) {
-	p, err := newPump()
-	if err != nil {
-		return nil, err
-	}
-	if err := p.begin(dirfd, maxBytes); err != nil {
-		p.closeChildEnds()
-		p.closePipes()
-		return nil, err
-	}
-	return p, nil
-}
-
 // newPump makes the pipes alone: a program can be started on them before its output has
 // anywhere to go (see begin), which waits in the pipes meanwhile.
 func newPump() (_ *logPump, err error) {

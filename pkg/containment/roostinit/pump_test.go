@@ -11,6 +11,21 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// startPump creates stdout.log and stderr.log in the records directory dirfd and the pipes
+// the program writes to, and starts copying. The program's ends are childFDs.
+func startPump(dirfd int, maxBytes int64) (*logPump, error) {
+	p, err := newPump()
+	if err != nil {
+		return nil, err
+	}
+	if err := p.begin(dirfd, maxBytes); err != nil {
+		p.closeChildEnds()
+		p.closePipes()
+		return nil, err
+	}
+	return p, nil
+}
+
 // pumpThrough runs a pump on a fresh directory, writes each of chunks to the program's
 // stdout end (and errText to stderr), and returns the directory and the final counts.
 func pumpThrough(t *testing.T, maxBytes int64, chunks [][]byte, errText string) (string, LogStats) {
