@@ -4,12 +4,15 @@ package server
 // --json`, ps and events show.
 
 import (
+	"fmt"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/pkg/containment/roostinit"
+	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/session"
 	"roost.dev/roost/pkg/session/store"
 )
@@ -89,4 +92,35 @@ func timestamp(t time.Time) *timestamppb.Timestamp {
 // EgressProto is what a session's egress proxy carried, with active connections open now.
 func EgressProto(t store.EgressTotals, active int) *roostv1.Egress {
 	return &roostv1.Egress{Connections: t.Connections, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown, Active: int32(active)}
+}
+
+// logOptions reads a LogsRequest.
+func logOptions(req *roostv1.LogsRequest) (records.LogOptions, error) {
+	o := records.LogOptions{Follow: req.GetFollow(), Timestamps: req.GetTimestamps(), StdoutOffset: req.GetStdoutOffset(), StderrOffset: req.GetStderrOffset()}
+	if req.Tail != nil {
+		n := req.GetTail()
+		if n < 0 {
+			return o, fmt.Errorf("tail %d: give a number of lines, 0 or more: %w", n, errdefs.ErrInvalidArgument)
+		}
+		o.Tail = &n
+	}
+	if req.Since != nil {
+		if err := req.GetSince().CheckValid(); err != nil {
+			return o, fmt.Errorf("since: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		o.Since = req.GetSince().AsTime()
+	}
+	if o.StdoutOffset < 0 || o.StderrOffset < 0 {
+		return o, fmt.Errorf("stream offsets must be 0 or more (stdout %d, stderr %d): %w", o.StdoutOffset, o.StderrOffset, errdefs.ErrInvalidArgument)
+	}
+	return o, nil
+}
+
+// logChunkProto is the chunk as the API sends it.
+func logChunkProto(c records.LogChunk) *roostv1.LogsResponse {
+	r := &roostv1.LogsResponse{Stream: c.Stream, Data: c.Data, Offset: c.Offset}
+	if !c.Time.IsZero() {
+		r.Time = timestamppb.New(c.Time)
+	}
+	return r
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 	"unicode"
 
+	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/session/retention"
 	"roost.dev/roost/pkg/session/store"
 
@@ -337,12 +338,12 @@ func (s *sessionService) Remove(ctx context.Context, req *roostv1.RemoveRequest)
 }
 
 func (s *sessionService) Logs(req *roostv1.LogsRequest, stream grpc.ServerStreamingServer[roostv1.LogsResponse]) error {
-	opts, err := session.LogOptionsFrom(req)
+	opts, err := logOptions(req)
 	if err != nil {
 		return err
 	}
-	return s.m.Logs(stream.Context(), req.GetId(), opts, func(c session.LogChunk) error {
-		return stream.Send(c.Proto())
+	return s.m.Logs(stream.Context(), req.GetId(), opts, func(c records.LogChunk) error {
+		return stream.Send(logChunkProto(c))
 	})
 }
 

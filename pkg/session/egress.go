@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/session/store"
 
 	"roost.dev/roost/pkg/egress"
@@ -79,30 +80,6 @@ func egressEnv(p *manifest.Policy, ep spawn.Endpoint, env map[string]string) {
 	env["NO_PROXY"], env["no_proxy"] = "127.0.0.1,localhost", "127.0.0.1,localhost"
 }
 
-// egressTrace is one egress record in the session's trace.
-type egressTrace struct {
-	EventType  string    `json:"event_type"`
-	SessionID  string    `json:"session_id"`
-	Timestamp  time.Time `json:"timestamp"`
-	Proto      string    `json:"proto"`
-	Host       string    `json:"host"`
-	Port       int       `json:"port"`
-	Addr       string    `json:"addr,omitempty"`
-	Decision   string    `json:"decision"`
-	Rule       string    `json:"rule,omitempty"`
-	Reason     string    `json:"reason,omitempty"`
-	Detail     string    `json:"detail,omitempty"`
-	BytesUp    int64     `json:"bytes_up"`
-	BytesDown  int64     `json:"bytes_down"`
-	DurationMS int64     `json:"duration_ms"`
-}
-
-// Egress-related trace event types.
-const (
-	traceEgress       = "egress"
-	traceEgressCapped = "egress_trace_capped"
-)
-
 var _ egress.Auditor = (*Manager)(nil)
 
 // Egress records one connection or request of a session's proxy: in the session's trace
@@ -121,7 +98,7 @@ func (m *Manager) Egress(sessionID string, r egress.Record) {
 	if e == nil {
 		return
 	}
-	data, err := json.Marshal(egressTrace{EventType: traceEgress, SessionID: sessionID, Timestamp: r.Time.UTC(),
+	data, err := json.Marshal(records.EgressTrace{EventType: records.TraceEgress, SessionID: sessionID, Timestamp: r.Time.UTC(),
 		Proto: r.Proto, Host: r.Host, Port: r.Port, Addr: r.Addr, Decision: r.Decision, Rule: r.Rule, Reason: r.Reason,
 		Detail: r.Detail, BytesUp: r.BytesUp, BytesDown: r.BytesDown, DurationMS: r.Duration.Milliseconds()})
 	if err != nil {
@@ -134,12 +111,12 @@ func (m *Manager) Egress(sessionID string, r egress.Record) {
 	}
 	if e.traced+int64(len(data))+1 > e.traceMax {
 		e.capped = true
-		note, _ := json.Marshal(traceRecord{EventType: traceEgressCapped, SessionID: sessionID, Timestamp: time.Now().UTC(),
+		note, _ := json.Marshal(records.Trace{EventType: records.TraceEgressCapped, SessionID: sessionID, Timestamp: time.Now().UTC(),
 			Detail: "the trace holds no more egress records: they reached resources.log_max_bytes; inspect and the metrics still count every connection"})
 		data = note
 	}
 	e.traced += int64(len(data)) + 1
-	if err := appendLine(filepath.Join(m.trees.records(sessionID), TraceFile), data, false); err != nil {
+	if err := records.AppendLine(filepath.Join(m.trees.records(sessionID), records.TraceFile), data, false); err != nil {
 		m.cfg.Logger.Warn("writing the trace", "session", sessionID, "err", err)
 	}
 }
@@ -149,7 +126,7 @@ func (m *Manager) Egress(sessionID string, r egress.Record) {
 func tracedEgress(recordsDir string) (store.EgressTotals, int64) {
 	var t store.EgressTotals
 	var traced int64
-	f, err := os.Open(filepath.Join(recordsDir, TraceFile))
+	f, err := os.Open(filepath.Join(recordsDir, records.TraceFile))
 	if err != nil {
 		return t, 0
 	}
@@ -158,12 +135,12 @@ func tracedEgress(recordsDir string) (store.EgressTotals, int64) {
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	for sc.Scan() {
 		line := sc.Bytes()
-		var r egressTrace
-		if json.Unmarshal(line, &r) != nil || (r.EventType != traceEgress && r.EventType != traceEgressCapped) {
+		var r records.EgressTrace
+		if json.Unmarshal(line, &r) != nil || (r.EventType != records.TraceEgress && r.EventType != records.TraceEgressCapped) {
 			continue
 		}
 		traced += int64(len(line)) + 1
-		if r.EventType != traceEgress {
+		if r.EventType != records.TraceEgress {
 			continue
 		}
 		if r.Decision == egress.Allowed {

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/session/store"
 
 	"github.com/containerd/errdefs"
@@ -187,13 +188,13 @@ func (x *Exec) record(rec *store.Record, detail, traceType string) {
 	if err := x.m.reg.update(func(tx *store.Tx) error { return tx.Note(rec, EventExec, detail) }); err != nil {
 		x.m.cfg.Logger.Warn("recording an exec", "session", rec.ID, "exec", x.ID, "err", err)
 	}
-	t := traceRecord{EventType: traceType, SessionID: rec.ID, Timestamp: time.Now().UTC(), ExecID: x.ID, Command: x.argv}
+	t := records.Trace{EventType: traceType, SessionID: rec.ID, Timestamp: time.Now().UTC(), ExecID: x.ID, Command: x.argv}
 	if traceType == "exec_end" {
 		code := x.code
 		ms := time.Since(x.began).Milliseconds()
 		t.ExitCode, t.Detail, t.DurationMS = &code, x.detail, &ms
 	}
-	if err := appendTrace(x.records, t); err != nil {
+	if err := records.AppendTrace(x.records, t); err != nil {
 		x.m.cfg.Logger.Warn("writing the trace", "session", rec.ID, "exec", x.ID, "err", err)
 	}
 }

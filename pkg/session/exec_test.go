@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/session/store"
 
 	"github.com/containerd/errdefs"
@@ -50,7 +51,7 @@ func TestExecRecordsAndPassesTheEnd(t *testing.T) {
 		!strings.HasPrefix(details[1], x.ID+" of /bin/sh -c ") || !strings.HasSuffix(details[1], "ended: exited with code 7") {
 		t.Fatalf("events: %q", details)
 	}
-	trace, err := os.ReadFile(filepath.Join(rec.RecordsDir, TraceFile))
+	trace, err := os.ReadFile(filepath.Join(rec.RecordsDir, records.TraceFile))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/session/plan"
 	"roost.dev/roost/pkg/session/store"
 	"roost.dev/roost/pkg/session/warmpool"
@@ -217,7 +218,7 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *store.Record, 
 		explanation, err = tx.Explanation(rec.ID)
 		return err
 	})
-	if err := appendTrace(rec.RecordsDir, traceStart(rec, explanation)); err != nil {
+	if err := records.AppendTrace(rec.RecordsDir, traceStart(rec, explanation)); err != nil {
 		return nil, fmt.Errorf("trace: %w", err)
 	}
 	if sb != nil {

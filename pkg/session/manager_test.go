@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/session/plan"
 	"roost.dev/roost/pkg/session/store"
 
@@ -138,8 +139,8 @@ func waitEnd(t *testing.T, m *Manager, id string) *store.Record {
 func logs(t *testing.T, m *Manager, id string) (string, string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	err := m.Logs(context.Background(), id, LogOptions{}, func(c LogChunk) error {
-		if c.Stream == Stdout {
+	err := m.Logs(context.Background(), id, records.LogOptions{}, func(c records.LogChunk) error {
+		if c.Stream == records.Stdout {
 			out.Write(c.Data)
 		} else {
 			errOut.Write(c.Data)
@@ -216,7 +217,7 @@ func TestRunToCompletion(t *testing.T) {
 
 func readTrace(t *testing.T, dir string) []map[string]any {
 	t.Helper()
-	f, err := os.Open(filepath.Join(dir, TraceFile))
+	f, err := os.Open(filepath.Join(dir, records.TraceFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -480,7 +481,7 @@ func TestLogsFollow(t *testing.T) {
 	m, _ := openManager(t, stateDir(t))
 	rec := run(t, m, StageOptions{Capsule: capsule(t, "for i in 1 2 3 4 5; do echo line $i; sleep 0.1; done; echo end >&2", "")})
 	var out bytes.Buffer
-	err := m.Logs(context.Background(), rec.ID, LogOptions{Follow: true}, func(c LogChunk) error {
+	err := m.Logs(context.Background(), rec.ID, records.LogOptions{Follow: true}, func(c records.LogChunk) error {
 		out.WriteString(c.Stream + ":" + string(c.Data))
 		return nil
 	})

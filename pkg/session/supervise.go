@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/session/store"
 
 	"github.com/containerd/errdefs"
@@ -280,7 +281,7 @@ func (m *Manager) finish(l *liveSession, rec *store.Record, status store.ExitSta
 		// Before the trace's end: the proxy's last records precede it.
 		m.closeEgress(l, rec)
 		m.accounts.close(rec)
-		if err := appendTrace(rec.RecordsDir, traceEnd(rec)); err != nil {
+		if err := records.AppendTrace(rec.RecordsDir, traceEnd(rec)); err != nil {
 			m.cfg.Logger.Warn("trace", "session", rec.ID, "err", err)
 		}
 		// Before the end commits, so a parent woken by it finds the file.

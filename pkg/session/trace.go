@@ -1,54 +1,15 @@
 package session
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
-	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"syscall"
 	"time"
 
+	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/session/store"
 )
 
-// TraceFile is the session's record of its life, one JSON object per line.
-const TraceFile = "trace.jsonl"
-
-type traceRecord struct {
-	EventType string    `json:"event_type"`
-	SessionID string    `json:"session_id"`
-	Timestamp time.Time `json:"timestamp"`
-	Capsule   string    `json:"capsule,omitempty"`
-	// EffectiveGrants is the explanation recorded at staging: what `roostctl explain
-	// --json` prints for the capsule.
-	EffectiveGrants json.RawMessage `json:"effective_grants,omitempty"`
-	Command         []string        `json:"command,omitempty"`
-	// Start is how a session_start began: warm (in a sandbox made ahead) or cold.
-	Start      string           `json:"start,omitempty"`
-	ExitStatus store.ExitStatus `json:"exit_status,omitempty"`
-	ExitCode   *int             `json:"exit_code,omitempty"`
-	Detail     string           `json:"detail,omitempty"`
-	DurationMS *int64           `json:"duration_ms,omitempty"`
-	// Child and ChildID name a delegation's capsule and, once granted, its session;
-	// Refusal is why one was refused.
-	Child   string `json:"child,omitempty"`
-	ChildID string `json:"child_id,omitempty"`
-	Refusal string `json:"refusal,omitempty"`
-	// The session's token totals, at its end.
-	Tokens       *int64 `json:"tokens,omitempty"`
-	InputTokens  *int64 `json:"input_tokens,omitempty"`
-	OutputTokens *int64 `json:"output_tokens,omitempty"`
-	// Egress is what the session's proxy carried, at its end.
-	Egress *store.EgressTotals `json:"egress,omitempty"`
-	// ExecID names a command roostctl exec ran in the session (exec_start, exec_end).
-	ExecID string `json:"exec_id,omitempty"`
-}
-
-func traceStart(rec *store.Record, explanation []byte) traceRecord {
-	return traceRecord{
+func traceStart(rec *store.Record, explanation []byte) records.Trace {
+	return records.Trace{
 		EventType:       "session_start",
 		SessionID:       rec.ID,
 		Timestamp:       time.Now().UTC(),
@@ -59,16 +20,16 @@ func traceStart(rec *store.Record, explanation []byte) traceRecord {
 	}
 }
 
-func traceEnd(rec *store.Record) traceRecord {
-	t := traceRecord{
+func traceEnd(rec *store.Record) records.Trace {
+	t := records.Trace{
 		EventType:  "session_end",
 		SessionID:  rec.ID,
 		Timestamp:  rec.EndedAt,
-		ExitStatus: rec.ExitStatus,
+		ExitStatus: string(rec.ExitStatus),
 		ExitCode:   rec.ExitCode,
 		Detail:     rec.Detail,
 		Tokens:     &rec.Tokens, InputTokens: &rec.InputTokens, OutputTokens: &rec.OutputTokens,
-		Egress: rec.Egress,
+		Egress: (*records.Egress)(rec.Egress),
 	}
 	if !rec.StartedAt.IsZero() {
 		ms := rec.EndedAt.Sub(rec.StartedAt).Milliseconds()
@@ -79,74 +40,14 @@ func traceEnd(rec *store.Record) traceRecord {
 
 // traceDelegation records in the parent's trace a child it was granted (err nil) or refused.
 func traceDelegation(log *slog.Logger, recordsDir string, parent *store.Record, ref, childID string, err error) {
-	t := traceRecord{EventType: "delegation", SessionID: parent.ID, Timestamp: time.Now().UTC(), Child: ref, ChildID: childID}
+	t := records.Trace{EventType: "delegation", SessionID: parent.ID, Timestamp: time.Now().UTC(), Child: ref, ChildID: childID}
 	if err != nil {
 		t.EventType = "delegation_refused"
 		t.Refusal = err.Error()
 		log.Info("spawn refused", "session", parent.ID, "capsule", parent.Capsule.Name+"@"+parent.Capsule.Version, "class", parent.Achieved,
 			"child", ref, "reason", err.Error())
 	}
-	if werr := appendTrace(recordsDir, t); werr != nil {
+	if werr := records.AppendTrace(recordsDir, t); werr != nil {
 		log.Warn("writing the trace", "session", parent.ID, "err", werr)
 	}
 }
-
-// appendTrace appends one record. A session_end already present (written by a
-// daemon that died before committing the end) is not written twice.
-func appendTrace(dir string, t traceRecord) error {
-	path := filepath.Join(dir, TraceFile)
-	if t.EventType == "session_end" && traceEnded(path) {
-		return nil
-	}
-	data, err := json.Marshal(t)
-	if err != nil {
-		return err
-	}
-	// session_end syncs the file, session_start with it: the registry, not the trace,
-	// is what survives a host crash mid-session.
-	return appendLine(path, data, t.EventType == "session_end")
-}
-
-// appendLine appends data and a newline to the file at path in one write, so lines written
-// at once by several goroutines never interleave.
-func appendLine(path string, data []byte, sync bool) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(append(data, '\n')); err != nil {
-		f.Close()
-		return err
-	}
-	if sync {
-		if err := f.Sync(); err != nil {
-			f.Close()
-			return err
-		}
-	}
-	return f.Close()
-}
-
-// traceEnded says whether the trace already holds a session_end. It is the last record but
-// for the few an exec ending with the session may add, so only the file's tail is read: an
-// end must not cost a read of a long session's whole trace.
-func traceEnded(path string) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return false
-	}
-	from := max(st.Size()-traceTail, 0)
-	buf := make([]byte, st.Size()-from)
-	if _, err := f.ReadAt(buf, from); err != nil && !errors.Is(err, io.EOF) {
-		return false
-	}
-	return bytes.Contains(buf, []byte(`"event_type":"session_end"`))
-}
-
-// traceTail is how much of a trace's end traceEnded reads.
-const traceTail = 256 << 10

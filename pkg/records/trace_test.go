@@ -1,4 +1,4 @@
-package session
+package records
 
 import (
 	"bytes"
@@ -40,14 +40,14 @@ func countEnds(t *testing.T, dir string) int {
 // without one, however long, gets it.
 func TestTraceEndWrittenOnce(t *testing.T) {
 	ended := longTrace(t, 4*traceTail, `{"event_type":"session_end"}`, `{"event_type":"exec_end","exec_id":"x"}`)
-	if err := appendTrace(ended, traceRecord{EventType: "session_end"}); err != nil {
+	if err := AppendTrace(ended, Trace{EventType: "session_end"}); err != nil {
 		t.Fatal(err)
 	}
 	if n := countEnds(t, ended); n != 1 {
 		t.Errorf("a trace that had its end holds %d ends", n)
 	}
 	open := longTrace(t, 4*traceTail)
-	if err := appendTrace(open, traceRecord{EventType: "session_end"}); err != nil {
+	if err := AppendTrace(open, Trace{EventType: "session_end"}); err != nil {
 		t.Fatal(err)
 	}
 	if n := countEnds(t, open); n != 1 {
