@@ -12,8 +12,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"roost.dev/roost/pkg/containment/roostinit"
+	"roost.dev/roost/pkg/records"
 )
 
 // Output is held to resources.log_max_bytes by roost-init, which drains the program's pipes
@@ -61,9 +60,9 @@ func dirSize(t *testing.T, dir string) int64 {
 }
 
 // streamFiles reads a stream's files from the records directory.
-func streamFiles(t *testing.T, dir, stream string) ([]roostinit.LogFile, [][]byte) {
+func streamFiles(t *testing.T, dir, stream string) ([]records.LogFile, [][]byte) {
 	t.Helper()
-	files, err := roostinit.LogFiles(dir, stream)
+	files, err := records.LogFiles(dir, stream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +88,7 @@ func checkFlood(t *testing.T, s Spec, info ExitInfo, maxBytes int64, took time.D
 	if size := dirSize(t, s.RecordsDir); size > maxBytes+1<<20 {
 		t.Fatalf("the records directory holds %d bytes, past the cap %d + 1 MiB", size, maxBytes)
 	}
-	files, data := streamFiles(t, s.RecordsDir, roostinit.StdoutStream)
+	files, data := streamFiles(t, s.RecordsDir, records.StdoutStream)
 	if len(files) < 2 || files[0].Name != StdoutFile {
 		t.Fatalf("stdout files %+v", files)
 	}
@@ -128,12 +127,12 @@ func checkFlood(t *testing.T, s Spec, info ExitInfo, maxBytes int64, took time.D
 		t.Fatalf("%d bytes kept of a cap of %d", keptBytes, maxBytes)
 	}
 	// The counts: everything written, everything not kept dropped.
-	st, err := roostinit.ReadLogStats(s.RecordsDir)
+	st, err := records.ReadLogStats(s.RecordsDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := roostinit.StreamStats{WrittenBytes: total, DroppedBytes: total - keptBytes, CutAt: st.Stdout.CutAt}
-	if !st.Final || st.MaxBytes != maxBytes || st.Stdout != want || st.Stdout.CutAt.IsZero() || st.Stderr != (roostinit.StreamStats{}) {
+	want := records.StreamStats{WrittenBytes: total, DroppedBytes: total - keptBytes, CutAt: st.Stdout.CutAt}
+	if !st.Final || st.MaxBytes != maxBytes || st.Stdout != want || st.Stdout.CutAt.IsZero() || st.Stderr != (records.StreamStats{}) {
 		t.Fatalf("logs.json %+v, want stdout %+v", st, want)
 	}
 	if onDisk, err := ReadExit(s.RecordsDir); err != nil || onDisk.Logs == nil || onDisk.Logs.Stdout != st.Stdout {
@@ -180,14 +179,14 @@ func TestLogSmallOutputVerbatim(t *testing.T) {
 		if out != wantOut || errOut != wantErr {
 			t.Fatalf("stdout %q, stderr %q", out, errOut)
 		}
-		st, err := roostinit.ReadLogStats(s.RecordsDir)
+		st, err := records.ReadLogStats(s.RecordsDir)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !st.Final || st.Stdout != (roostinit.StreamStats{WrittenBytes: int64(len(wantOut))}) || st.Stderr != (roostinit.StreamStats{WrittenBytes: int64(len(wantErr))}) {
+		if !st.Final || st.Stdout != (records.StreamStats{WrittenBytes: int64(len(wantOut))}) || st.Stderr != (records.StreamStats{WrittenBytes: int64(len(wantErr))}) {
 			t.Fatalf("logs.json %+v", st)
 		}
-		for _, stream := range []string{roostinit.StdoutStream, roostinit.StderrStream} {
+		for _, stream := range []string{records.StdoutStream, records.StderrStream} {
 			if files, _ := streamFiles(t, s.RecordsDir, stream); len(files) != 1 {
 				t.Fatalf("%s files %+v", stream, files)
 			}
@@ -227,11 +226,11 @@ func TestLogOrphanHoldsThePipe(t *testing.T) {
 		t.Fatalf("exit %+v after %s", info, took)
 	}
 	out := readFile(t, filepath.Join(s.RecordsDir, StdoutFile))
-	st, err := roostinit.ReadLogStats(s.RecordsDir)
+	st, err := records.ReadLogStats(s.RecordsDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out, "orphan\n") || !strings.Contains(out, "parent\n") || !st.Final || st.Stdout != (roostinit.StreamStats{WrittenBytes: int64(len(out))}) {
+	if !strings.Contains(out, "orphan\n") || !strings.Contains(out, "parent\n") || !st.Final || st.Stdout != (records.StreamStats{WrittenBytes: int64(len(out))}) {
 		t.Fatalf("stdout %q, logs.json %+v", out, st)
 	}
 }
@@ -268,11 +267,11 @@ func TestLogDiskFull(t *testing.T) {
 	if info.Code != 7 {
 		t.Fatalf("exit %+v", info)
 	}
-	st, err := roostinit.ReadLogStats(s.RecordsDir)
+	st, err := records.ReadLogStats(s.RecordsDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	files, data := streamFiles(t, s.RecordsDir, roostinit.StdoutStream)
+	files, data := streamFiles(t, s.RecordsDir, records.StdoutStream)
 	var keptBytes int64
 	for _, d := range data {
 		keptBytes += int64(len(d))

@@ -18,13 +18,12 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
-	"roost.dev/roost/pkg/containment/roostinit"
 )
 
 // Output streams, as a LogReader names them.
 const (
-	Stdout = roostinit.StdoutStream
-	Stderr = roostinit.StderrStream
+	Stdout = StdoutStream
+	Stderr = StderrStream
 )
 
 // logChunk is the most a read takes of a file at once.
@@ -137,7 +136,7 @@ func (r *LogReader) Close() {
 // its last line, and a last line without one counts). A cut is not a line break: lines are
 // counted in the bytes kept.
 func tailStart(dir, stream string, n int64) (start, streamEnd int64, err error) {
-	files, err := roostinit.LogFiles(dir, stream)
+	files, err := LogFiles(dir, stream)
 	if errors.Is(err, fs.ErrNotExist) || len(files) == 0 {
 		return 0, 0, nil
 	}
@@ -199,8 +198,8 @@ func tailStart(dir, stream string, n int64) (start, streamEnd int64, err error) 
 }
 
 // logStream reads one output stream as roost-init lays it out in the records directory (see
-// roostinit.LogsFile): the head, then the tail segments, each named by the stream offset it
-// begins at, each with its time index beside it (see roostinit.TimesFile). It follows
+// LogsFile): the head, then the tail segments, each named by the stream offset it
+// begins at, each with its time index beside it (see TimesFile). It follows
 // rotation: once the writer has begun a later file, the current one is complete. A segment
 // rotated away while it is read (a follower that fell behind) is left for the newest, the
 // skipped bytes marked as dropped.
@@ -215,7 +214,7 @@ type logStream struct {
 	// times never fall, so every later byte is sent too.
 	from, since int64
 	// at is the file read last (f, while open); none before the first.
-	at    roostinit.LogFile
+	at    LogFile
 	begun bool
 	f     *os.File
 	tail  bool
@@ -246,7 +245,7 @@ func (s *logStream) copy(send func(LogChunk) error) (int, error) {
 				return total, err
 			}
 		}
-		files, err := roostinit.LogFiles(s.dir, s.name)
+		files, err := LogFiles(s.dir, s.name)
 		if errors.Is(err, fs.ErrNotExist) {
 			return total, nil
 		}
@@ -283,10 +282,10 @@ func (s *logStream) copy(send func(LogChunk) error) (int, error) {
 			s.cutAt, s.cutBy = next.Offset, next.Offset-s.pos
 			s.pos = next.Offset
 		}
-		s.f, s.tail = f, next.Name != roostinit.HeadFile(s.name)
+		s.f, s.tail = f, next.Name != HeadFile(s.name)
 		// roost-init makes a segment's index before the segment: one not there now never
 		// will be.
-		s.idx.open(filepath.Join(s.dir, roostinit.TimesFile(next.Name)))
+		s.idx.open(filepath.Join(s.dir, TimesFile(next.Name)))
 		if s.buf == nil {
 			s.buf = make([]byte, logChunk)
 		}
@@ -294,10 +293,10 @@ func (s *logStream) copy(send func(LogChunk) error) (int, error) {
 }
 
 // after is the first of files past the one read last.
-func (s *logStream) after(files []roostinit.LogFile) (roostinit.LogFile, bool) {
+func (s *logStream) after(files []LogFile) (LogFile, bool) {
 	if !s.begun {
 		if len(files) == 0 {
-			return roostinit.LogFile{}, false
+			return LogFile{}, false
 		}
 		return files[0], true
 	}
@@ -306,7 +305,7 @@ func (s *logStream) after(files []roostinit.LogFile) (roostinit.LogFile, bool) {
 			if i+1 < len(files) {
 				return files[i+1], true
 			}
-			return roostinit.LogFile{}, false
+			return LogFile{}, false
 		}
 	}
 	// The file read last is gone (rotated away): the first one beyond its offset.
@@ -315,7 +314,7 @@ func (s *logStream) after(files []roostinit.LogFile) (roostinit.LogFile, bool) {
 			return f, true
 		}
 	}
-	return roostinit.LogFile{}, false
+	return LogFile{}, false
 }
 
 // read sends f's bytes from pos up to its end, or until the segment is rotated away.
@@ -451,7 +450,7 @@ func (s *logStream) close() { s.closeFile() }
 // timeIndex is the time index of the file a logStream reads, as far as it has been loaded.
 type timeIndex struct {
 	f     *os.File
-	times []roostinit.LogTime
+	times []LogTime
 	// size is how much of the index file times holds.
 	size int64
 	buf  []byte
@@ -475,12 +474,12 @@ func (x *timeIndex) load(end int64) {
 		return
 	}
 	if x.buf == nil {
-		x.buf = make([]byte, 1024*roostinit.TimeEntrySize)
+		x.buf = make([]byte, 1024*TimeEntrySize)
 	}
 	for {
 		n, _ := x.f.ReadAt(x.buf, x.size)
-		n -= n % roostinit.TimeEntrySize
-		x.times = roostinit.DecodeTimes(x.times, x.buf[:n])
+		n -= n % TimeEntrySize
+		x.times = DecodeTimes(x.times, x.buf[:n])
 		x.size += int64(n)
 		if n < len(x.buf) {
 			return
@@ -513,7 +512,7 @@ func (x *timeIndex) close() {
 // "--- roost: 123456 bytes of stdout dropped here (resources.log_max_bytes 67108864) ---".
 func cutMarker(dir, stream string, n int64) string {
 	why := ""
-	if st, err := roostinit.ReadLogStats(dir); err == nil {
+	if st, err := ReadLogStats(dir); err == nil {
 		why = fmt.Sprintf(" (resources.log_max_bytes %d)", st.MaxBytes)
 		if ss := st.Stream(stream); ss != nil && ss.FailedBytes > 0 {
 			why = fmt.Sprintf(" (resources.log_max_bytes %d; %d bytes lost to failed writes: %s)", st.MaxBytes, ss.FailedBytes, ss.WriteError)

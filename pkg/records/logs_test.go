@@ -11,12 +11,10 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"roost.dev/roost/pkg/containment/roostinit"
 )
 
 // logDir lays out a records directory: files by name, and logs.json from stats when set.
-func logDir(t *testing.T, files map[string]string, stats *roostinit.LogStats) string {
+func logDir(t *testing.T, files map[string]string, stats *LogStats) string {
 	t.Helper()
 	dir := t.TempDir()
 	for name, data := range files {
@@ -26,7 +24,7 @@ func logDir(t *testing.T, files map[string]string, stats *roostinit.LogStats) st
 	}
 	if stats != nil {
 		data, _ := json.Marshal(stats)
-		if err := os.WriteFile(filepath.Join(dir, roostinit.LogsFile), data, 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, LogsFile), data, 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -95,7 +93,7 @@ func TestLogsOldRecords(t *testing.T) {
 }
 
 func TestLogsHeadCutNewest(t *testing.T) {
-	stats := &roostinit.LogStats{MaxBytes: 1000, Stdout: roostinit.StreamStats{WrittenBytes: 108, DroppedBytes: 95}}
+	stats := &LogStats{MaxBytes: 1000, Stdout: StreamStats{WrittenBytes: 108, DroppedBytes: 95}}
 	dir := logDir(t, map[string]string{"stdout.log": "head\n", "stdout.tail.100": "xx\nlast\n", "stderr.log": "hea", "stderr.tail.50": "tail\n"}, stats)
 	want := "head\n--- roost: 95 bytes of stdout dropped here (resources.log_max_bytes 1000) ---\nxx\nlast\n"
 	if got := drainStream(t, newLogStream(dir, Stdout)); got != want {
@@ -115,7 +113,7 @@ func TestLogsHeadCutNewest(t *testing.T) {
 // A follower keeps up with rotation: it finishes a file once a later one exists, and leaves
 // a segment rotated away under it for the newest, marking what it skipped.
 func TestLogsFollowRotation(t *testing.T) {
-	dir := logDir(t, map[string]string{"stdout.log": "h\n"}, &roostinit.LogStats{MaxBytes: 64})
+	dir := logDir(t, map[string]string{"stdout.log": "h\n"}, &LogStats{MaxBytes: 64})
 	s := newLogStream(dir, Stdout)
 	defer s.close()
 	if got := drainStream(t, s); got != "h\n" {
@@ -200,7 +198,7 @@ func pieces(cs []LogChunk) []piece {
 // A head and a segment after a cut, both timed: the head's lines at 1000 and 1005 ms, the
 // segment's at 2000 and 2100 (a read of two lines, then one).
 func timedDir(t *testing.T) string {
-	stats := &roostinit.LogStats{MaxBytes: 1000, Stdout: roostinit.StreamStats{WrittenBytes: 120, DroppedBytes: 100}}
+	stats := &LogStats{MaxBytes: 1000, Stdout: StreamStats{WrittenBytes: 120, DroppedBytes: 100}}
 	return logDir(t, map[string]string{
 		"stdout.log":            "one\ntwo\n",
 		"stdout.log.times":      index(0, 1000, 4, 1005),

@@ -11,7 +11,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
-	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/session"
 	"roost.dev/roost/pkg/session/store"
@@ -60,7 +59,7 @@ func SessionProto(r *store.Record) *roostv1.Session {
 	return s
 }
 
-func logStatsProto(maxBytes int64, s roostinit.StreamStats) *roostv1.LogStats {
+func logStatsProto(maxBytes int64, s records.StreamStats) *roostv1.LogStats {
 	return &roostv1.LogStats{WrittenBytes: s.WrittenBytes, DroppedBytes: s.DroppedBytes, MaxBytes: maxBytes, FailedBytes: s.FailedBytes}
 }
 

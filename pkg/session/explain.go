@@ -3,7 +3,7 @@ package session
 import (
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/pkg/containment"
-	"roost.dev/roost/pkg/containment/roostinit"
+	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/session/store"
 )
 
@@ -21,11 +21,11 @@ func IdentityProto(r *store.Record) *roostv1.Identity {
 // LogStats is what roost-init counted of the session's output: logs.json, or the totals in
 // exit.json when that is final and logs.json is not (a full disk at the end). Nil for a
 // session that has not run, or records from before the count.
-func LogStats(r *store.Record) *roostinit.LogStats {
+func LogStats(r *store.Record) *records.LogStats {
 	if r.RecordsDir == "" {
 		return nil
 	}
-	st, err := roostinit.ReadLogStats(r.RecordsDir)
+	st, err := records.ReadLogStats(r.RecordsDir)
 	if (err != nil || !st.Final) && r.State == store.Exited {
 		if info, xerr := containment.ReadExit(r.RecordsDir); xerr == nil && info.Logs != nil {
 			return info.Logs

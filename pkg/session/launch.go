@@ -116,7 +116,8 @@ func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) 
 	}
 
 	ref := proc.Ref()
-	rec.Process = &ref
+	stored := store.ProcessRef(ref)
+	rec.Process = &stored
 	if l.ep != nil {
 		rec.EndpointPort = l.ep.Port()
 	}

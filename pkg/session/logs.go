@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/session/store"
 )
@@ -72,7 +71,7 @@ const logCutsFile = "logs.reported"
 // as roost-init's logs.json counts them. Call it on the session's periodic guard tick
 // while it runs, and once more when its end is recorded; it reads two small files.
 func (m *Manager) CheckLogCuts(id, recordsDir string) {
-	st, err := roostinit.ReadLogStats(recordsDir)
+	st, err := records.ReadLogStats(recordsDir)
 	if err != nil {
 		return
 	}

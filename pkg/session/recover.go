@@ -79,7 +79,7 @@ func (m *Manager) recoverOne(rec *store.Record) string {
 	}
 	// Without a recorded process the daemon died mid-launch; the runtime knows where its
 	// supervisor leaves word.
-	proc, err := runtime.Attach(rec.ID, rec.RecordsDir, rec.Process)
+	proc, err := runtime.Attach(rec.ID, rec.RecordsDir, (*containment.ProcessRef)(rec.Process))
 	if err != nil {
 		// It may have ended between the look at exit.json and the attach.
 		if info, rerr := containment.ReadExit(rec.RecordsDir); rerr == nil {
@@ -99,7 +99,8 @@ func (m *Manager) recoverOne(rec *store.Record) string {
 	}
 	if rec.State == store.Launching {
 		ref := proc.Ref()
-		rec.Process = &ref
+		stored := store.ProcessRef(ref)
+		rec.Process = &stored
 		rec.StartedAt = ref.StartedAt
 		rec.DeadlineAt = ref.StartedAt.Add(deadlineOf(rec))
 		if err := m.reg.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Running) }); err != nil {

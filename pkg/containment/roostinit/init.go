@@ -31,7 +31,7 @@ const (
 // never writes to them). The records directory comes as a descriptor, not a path: in a
 // sealed session it is outside roost-init's root, and a descriptor of it held by a
 // non-dumpable PID 1 is out of the program's reach. roost-init writes the program's output
-// there itself (see LogsFile), as it writes init.json and exit.json.
+// there itself (see records.LogsFile), as it writes init.json and exit.json.
 const (
 	initSpecFD    = 3 // read: the InitSpec, JSON, until EOF
 	initReportFD  = 4 // write: one Report line once the program runs or has failed to start

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"roost.dev/roost/pkg/records"
 )
 
 // benchPump pushes b.N writes of size bytes through a real pipe and pump under a cap of
@@ -64,8 +65,8 @@ func BenchmarkSinkWrite(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer unix.Close(dirfd)
-			p := &logPump{dir: dirfd, stats: LogStats{MaxBytes: 64 << 20}, cut: make(chan struct{}, 1)}
-			s := &logSink{dir: dirfd, stream: StdoutStream, layout: layoutFor(64 << 20), stats: &p.stats.Stdout, pump: p}
+			p := &logPump{dir: dirfd, stats: records.LogStats{MaxBytes: 64 << 20}, cut: make(chan struct{}, 1)}
+			s := &logSink{dir: dirfd, stream: records.StdoutStream, layout: records.LayoutFor(64 << 20), stats: &p.stats.Stdout, pump: p}
 			if err := s.openHead(); err != nil {
 				b.Fatal(err)
 			}

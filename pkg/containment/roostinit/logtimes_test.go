@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"roost.dev/roost/pkg/records"
 )
 
 // testSink is one stream's sink on a fresh directory, without pipes: the test hands it
@@ -20,8 +21,8 @@ func testSink(t *testing.T, maxBytes int64) (string, *logSink) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Close(dirfd) })
-	p := &logPump{dir: dirfd, stats: LogStats{MaxBytes: maxBytes}, cut: make(chan struct{}, 1)}
-	s := &logSink{dir: dirfd, stream: StdoutStream, layout: layoutFor(maxBytes), stats: &p.stats.Stdout, pump: p}
+	p := &logPump{dir: dirfd, stats: records.LogStats{MaxBytes: maxBytes}, cut: make(chan struct{}, 1)}
+	s := &logSink{dir: dirfd, stream: records.StdoutStream, layout: records.LayoutFor(maxBytes), stats: &p.stats.Stdout, pump: p}
 	if err := s.openHead(); err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +45,7 @@ func streamDisk(t *testing.T, dir, stream string) (data, index int64) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if strings.HasSuffix(e.Name(), TimesSuffix) {
+		if strings.HasSuffix(e.Name(), records.TimesSuffix) {
 			index += info.Size()
 		} else {
 			data += info.Size()
@@ -54,22 +55,22 @@ func streamDisk(t *testing.T, dir, stream string) (data, index int64) {
 }
 
 // readTimes reads the index beside a stream's file.
-func readTimes(t *testing.T, dir, name string) []LogTime {
+func readTimes(t *testing.T, dir, name string) []records.LogTime {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, TimesFile(name)))
+	b, err := os.ReadFile(filepath.Join(dir, records.TimesFile(name)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(b)%TimeEntrySize != 0 {
-		t.Fatalf("%s: %d bytes, not whole entries", TimesFile(name), len(b))
+	if len(b)%records.TimeEntrySize != 0 {
+		t.Fatalf("%s: %d bytes, not whole entries", records.TimesFile(name), len(b))
 	}
-	return DecodeTimes(nil, b)
+	return records.DecodeTimes(nil, b)
 }
 
 // checkIndexes checks every kept file's index: it begins at the file's first byte, its
 // offsets rise within the file, its times never fall, and the stream's files only are
 // indexed.
-func checkIndexes(t *testing.T, dir string, files []LogFile, data [][]byte) {
+func checkIndexes(t *testing.T, dir string, files []records.LogFile, data [][]byte) {
 	t.Helper()
 	var last int64
 	for i, f := range files {
@@ -97,17 +98,17 @@ func TestLogTimesHostileTinyWritesStayInTheCap(t *testing.T) {
 	for _, maxBytes := range []int64{1, 300, 4096, 64 << 10, 1 << 20} {
 		dir, s := testSink(t, maxBytes)
 		start := time.Unix(1_700_000_000, 0)
-		writes := int(3*maxBytes/TimeEntrySize) + 1000
+		writes := int(3*maxBytes/records.TimeEntrySize) + 1000
 		peak := int64(0)
 		for i := range writes {
 			s.write([]byte{byte('a' + i%26)}, start.Add(time.Duration(i)*time.Millisecond))
 			if i%97 == 0 {
-				d, x := streamDisk(t, dir, StdoutStream)
+				d, x := streamDisk(t, dir, records.StdoutStream)
 				peak = max(peak, d+x)
 			}
 		}
 		s.closeFile()
-		d, x := streamDisk(t, dir, StdoutStream)
+		d, x := streamDisk(t, dir, records.StdoutStream)
 		peak = max(peak, d+x)
 		if peak > maxBytes {
 			t.Fatalf("cap %d: the stream's files held %d bytes (%d now: %d data, %d index)", maxBytes, peak, d+x, d, x)
@@ -116,11 +117,11 @@ func TestLogTimesHostileTinyWritesStayInTheCap(t *testing.T) {
 		if st.WrittenBytes != int64(writes) || st.KeptBytes() != d || st.DroppedBytes == 0 {
 			t.Fatalf("cap %d: counts %+v, %d bytes of data on disk", maxBytes, st, d)
 		}
-		if layout := layoutFor(maxBytes); layout.segment >= minTimedShare && x == 0 {
+		if layout := records.LayoutFor(maxBytes); layout.Segment >= records.MinTimedShare && x == 0 {
 			t.Fatalf("cap %d: no index written", maxBytes)
 		}
-		files, data := kept(t, dir, StdoutStream)
-		if layoutFor(maxBytes).segment >= minTimedShare {
+		files, data := kept(t, dir, records.StdoutStream)
+		if records.LayoutFor(maxBytes).Segment >= records.MinTimedShare {
 			checkIndexes(t, dir, files, data)
 		}
 	}
@@ -150,13 +151,13 @@ func TestLogTimesHostilePumpStaysInTheCap(t *testing.T) {
 		}
 		time.Sleep(1100 * time.Microsecond)
 		if n%50 == 0 {
-			d, x := streamDisk(t, dir, StdoutStream)
+			d, x := streamDisk(t, dir, records.StdoutStream)
 			peak = max(peak, d+x)
 		}
 	}
 	unix.Close(outFD)
 	st := p.finish(drainGrace)
-	d, x := streamDisk(t, dir, StdoutStream)
+	d, x := streamDisk(t, dir, records.StdoutStream)
 	peak = max(peak, d+x)
 	t.Logf("%d one-byte writes: %d bytes of data and %d of index kept", n, d, x)
 	if peak > maxBytes || x == 0 {
@@ -165,7 +166,7 @@ func TestLogTimesHostilePumpStaysInTheCap(t *testing.T) {
 	if st.Stdout.WrittenBytes != int64(n) || st.Stdout.KeptBytes() != d {
 		t.Fatalf("counts %+v, %d bytes of data on disk", st.Stdout, d)
 	}
-	onDisk, err := ReadLogStats(dir)
+	onDisk, err := records.ReadLogStats(dir)
 	if err != nil || onDisk.Stdout != st.Stdout {
 		t.Fatalf("logs.json %+v (%v)", onDisk.Stdout, err)
 	}
@@ -194,13 +195,13 @@ func TestLogTimesEntriesAndCoalescing(t *testing.T) {
 		s.write([]byte(w.data), w.at)
 	}
 	s.closeFile()
-	got := readTimes(t, dir, HeadFile(StdoutStream))
-	want := []LogTime{
-		{0, ms(0).UnixNano()},
-		{4, ms(1.0).UnixNano()},
-		{7, ms(2.5).UnixNano()},
-		{8, ms(500).UnixNano()},
-		{10, ms(502).UnixNano()},
+	got := readTimes(t, dir, records.HeadFile(records.StdoutStream))
+	want := []records.LogTime{
+		{Offset: 0, Time: ms(0).UnixNano()},
+		{Offset: 4, Time: ms(1.0).UnixNano()},
+		{Offset: 7, Time: ms(2.5).UnixNano()},
+		{Offset: 8, Time: ms(500).UnixNano()},
+		{Offset: 10, Time: ms(502).UnixNano()},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("entries %+v, want %+v", got, want)
@@ -219,7 +220,7 @@ func TestLogTimesEntriesAndCoalescing(t *testing.T) {
 	s.lastTime = ms(20).UnixNano()
 	s.write([]byte("y"), ms(12))
 	s.closeFile()
-	if got := readTimes(t, dir, HeadFile(StdoutStream)); len(got) != 2 || got[1] != (LogTime{1, ms(20).UnixNano()}) {
+	if got := readTimes(t, dir, records.HeadFile(records.StdoutStream)); len(got) != 2 || got[1] != (records.LogTime{Offset: 1, Time: ms(20).UnixNano()}) {
 		t.Fatalf("after a step back: %+v", got)
 	}
 }
@@ -239,14 +240,14 @@ func TestLogTimesFollowSegments(t *testing.T) {
 		s.write(chunk, at)
 	}
 	s.closeFile()
-	files, data := kept(t, dir, StdoutStream)
+	files, data := kept(t, dir, records.StdoutStream)
 	checkIndexes(t, dir, files, data)
 	entries, _ := os.ReadDir(dir)
 	indexes := 0
 	for _, e := range entries {
-		if strings.HasSuffix(e.Name(), TimesSuffix) {
+		if strings.HasSuffix(e.Name(), records.TimesSuffix) {
 			indexes++
-			if _, err := os.Stat(filepath.Join(dir, strings.TrimSuffix(e.Name(), TimesSuffix))); err != nil {
+			if _, err := os.Stat(filepath.Join(dir, strings.TrimSuffix(e.Name(), records.TimesSuffix))); err != nil {
 				t.Fatalf("%s outlived its file", e.Name())
 			}
 		}
@@ -268,20 +269,20 @@ func TestLogTimesFollowSegments(t *testing.T) {
 	if total != 1 {
 		t.Fatalf("head index has %d entries", total)
 	}
-	d, x := streamDisk(t, dir, StdoutStream)
+	d, x := streamDisk(t, dir, records.StdoutStream)
 	if d+x > maxBytes {
 		t.Fatalf("%d + %d bytes past the cap", d, x)
 	}
 }
 
-// Records from before write times: nothing but the data files, which LogFiles lists as
+// Records from before write times: nothing but the data files, which records.LogFiles lists as
 // before; an index is never taken for a stream file.
 func TestLogTimesIndexIsNotAStreamFile(t *testing.T) {
 	dir := t.TempDir()
 	for _, name := range []string{"stdout.log", "stdout.log.times", "stdout.tail.10", "stdout.tail.10.times"} {
 		os.WriteFile(filepath.Join(dir, name), nil, 0o600)
 	}
-	files, err := LogFiles(dir, StdoutStream)
+	files, err := records.LogFiles(dir, records.StdoutStream)
 	if err != nil || len(files) != 2 || files[0].Name != "stdout.log" || files[1].Name != "stdout.tail.10" {
 		t.Fatalf("files %+v (%v)", files, err)
 	}

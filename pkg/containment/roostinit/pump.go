@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"roost.dev/roost/pkg/records"
 )
 
 const (
@@ -23,7 +24,7 @@ const (
 )
 
 // logPump carries the program's stdout and stderr from pipes into the records directory,
-// each held to the cap (see LogsFile). It always reads: a write that fails counts as
+// each held to the cap (see records.LogsFile). It always reads: a write that fails counts as
 // dropped, so the program never waits on the disk's state, only on the pump's pace.
 type logPump struct {
 	dir   int
@@ -34,7 +35,7 @@ type logPump struct {
 	wg    sync.WaitGroup
 
 	mu    sync.Mutex
-	stats LogStats
+	stats records.LogStats
 	dirty bool
 
 	// cut wakes the flusher when a stream is first cut; stop ends it.
@@ -58,7 +59,7 @@ func newPump() (_ *logPump, err error) {
 			p.closePipes()
 		}
 	}()
-	for i, name := range []string{StdoutStream, StderrStream} {
+	for i, name := range []string{records.StdoutStream, records.StderrStream} {
 		var fds [2]int
 		if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
 			return nil, err
@@ -90,12 +91,12 @@ func (p *logPump) closePipes() {
 // and starts copying the pipes into them.
 func (p *logPump) begin(dirfd int, maxBytes int64) error {
 	if maxBytes <= 0 {
-		maxBytes = DefaultLogMaxBytes
+		maxBytes = records.DefaultLogMaxBytes
 	}
 	p.dir = dirfd
-	p.stats = LogStats{MaxBytes: maxBytes, UpdatedAt: time.Now().UTC()}
-	layout := layoutFor(maxBytes)
-	for i, name := range []string{StdoutStream, StderrStream} {
+	p.stats = records.LogStats{MaxBytes: maxBytes, UpdatedAt: time.Now().UTC()}
+	layout := records.LayoutFor(maxBytes)
+	for i, name := range []string{records.StdoutStream, records.StderrStream} {
 		s := &logSink{dir: dirfd, stream: name, layout: layout, stats: p.stats.Stream(name), pump: p}
 		if err := s.openHead(); err != nil {
 			p.closeSinks()
@@ -104,7 +105,7 @@ func (p *logPump) begin(dirfd int, maxBytes int64) error {
 		p.sinks[i] = s
 	}
 	// The files exist (empty) before the program runs, as roostd made them before.
-	if err := writeJSONAtomically(dirfd, LogsFile, p.stats); err != nil {
+	if err := writeJSONAtomically(dirfd, records.LogsFile, p.stats); err != nil {
 		p.closeSinks()
 		return err
 	}
@@ -159,7 +160,7 @@ func (p *logPump) run(pipe *os.File, s *logSink) {
 
 // account adds one chunk's counts to the stream's: written by the program, cut by the cap,
 // lost to a failed write.
-func (p *logPump) account(st *StreamStats, written, cut, failed int64, writeErr error) {
+func (p *logPump) account(st *records.StreamStats, written, cut, failed int64, writeErr error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	first := (cut > 0 && st.CutAt.IsZero()) || (failed > 0 && st.FailedBytes == 0)
@@ -200,7 +201,7 @@ func (p *logPump) flush() {
 }
 
 // writeStats writes logs.json if the counts changed since it was last written.
-func (p *logPump) writeStats(final bool) LogStats {
+func (p *logPump) writeStats(final bool) records.LogStats {
 	p.mu.Lock()
 	if final {
 		p.stats.Final, p.dirty = true, true
@@ -214,7 +215,7 @@ func (p *logPump) writeStats(final bool) LogStats {
 	st := p.stats
 	p.dirty = false
 	p.mu.Unlock()
-	if err := writeJSONAtomically(p.dir, LogsFile, st); err != nil {
+	if err := writeJSONAtomically(p.dir, records.LogsFile, st); err != nil {
 		// A full disk, say: the next tick tries again, and exit.json carries the totals.
 		p.mu.Lock()
 		p.dirty = true
@@ -226,7 +227,7 @@ func (p *logPump) writeStats(final bool) LogStats {
 // finish drains the pipes, which every process of the session has let go (roost-init has
 // killed and reaped them), for at most grace, and writes the final counts. A pipe still
 // held past that, by a process the session handed it to, is abandoned.
-func (p *logPump) finish(grace time.Duration) LogStats {
+func (p *logPump) finish(grace time.Duration) records.LogStats {
 	p.closeChildEnds()
 	deadline := time.Now().Add(grace)
 	for _, f := range p.pipes {
@@ -256,9 +257,9 @@ func (p *logPump) finish(grace time.Duration) LogStats {
 type logSink struct {
 	dir    int
 	stream string
-	layout logLayout
+	layout records.Layout
 	pump   *logPump
-	stats  *StreamStats
+	stats  *records.StreamStats
 
 	// f is the file being written, nil between files; it holds size bytes. inHead says it
 	// is the head.
@@ -270,7 +271,7 @@ type logSink struct {
 	// tail is the kept segments, oldest first; the last is f when f is one.
 	tail []segment
 
-	// idx is f's time index (see TimesFile), nil when f has none; it holds idxSize bytes,
+	// idx is f's time index (see records.TimesFile), nil when f has none; it holds idxSize bytes,
 	// which count against f's part of the cap with its data.
 	idx     *os.File
 	idxSize int64
@@ -279,7 +280,7 @@ type logSink struct {
 	// before.
 	lastRead time.Time
 	lastTime int64
-	entry    [TimeEntrySize]byte
+	entry    [records.TimeEntrySize]byte
 }
 
 type segment struct {
@@ -288,14 +289,14 @@ type segment struct {
 }
 
 func (s *logSink) openHead() error {
-	fd, err := unix.Openat(s.dir, HeadFile(s.stream), unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	fd, err := unix.Openat(s.dir, records.HeadFile(s.stream), unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return &os.PathError{Op: "open", Path: HeadFile(s.stream), Err: err}
+		return &os.PathError{Op: "open", Path: records.HeadFile(s.stream), Err: err}
 	}
-	s.f, s.inHead = os.NewFile(uintptr(fd), HeadFile(s.stream)), true
+	s.f, s.inHead = os.NewFile(uintptr(fd), records.HeadFile(s.stream)), true
 	// After the head, unlike a segment's: the program has not run yet, so no reader can
 	// find a byte of the head before its index is there.
-	s.openIndex(HeadFile(s.stream), s.layout.head)
+	s.openIndex(records.HeadFile(s.stream), s.layout.Head)
 	return nil
 }
 
@@ -304,31 +305,31 @@ func (s *logSink) openHead() error {
 // same.
 func (s *logSink) openIndex(name string, share int64) {
 	s.idx, s.idxSize = nil, 0
-	if share < minTimedShare {
+	if share < records.MinTimedShare {
 		return
 	}
-	fd, err := unix.Openat(s.dir, TimesFile(name), unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	fd, err := unix.Openat(s.dir, records.TimesFile(name), unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return
 	}
-	s.idx = os.NewFile(uintptr(fd), TimesFile(name))
+	s.idx = os.NewFile(uintptr(fd), records.TimesFile(name))
 }
 
 // stamp adds an entry to the index: the stream's next byte was written at now. It reports
 // whether the entry was kept.
 func (s *logSink) stamp(now time.Time) bool {
 	t := max(now.UnixNano(), s.lastTime)
-	encodeTime(&s.entry, LogTime{Offset: s.offset, Time: t})
+	records.EncodeTime(&s.entry, records.LogTime{Offset: s.offset, Time: t})
 	// At its own offset rather than appended: a short write (a full disk) is then
 	// overwritten by the next entry instead of shifting every later one.
 	n, err := s.idx.WriteAt(s.entry[:], s.idxSize)
-	if err != nil || n != TimeEntrySize {
+	if err != nil || n != records.TimeEntrySize {
 		if n > 0 {
 			_ = s.idx.Truncate(s.idxSize)
 		}
 		return false
 	}
-	s.idxSize += TimeEntrySize
+	s.idxSize += records.TimeEntrySize
 	s.lastRead, s.lastTime = now, t
 	return true
 }
@@ -336,9 +337,9 @@ func (s *logSink) stamp(now time.Time) bool {
 // limit is how much the current file may hold.
 func (s *logSink) limit() int64 {
 	if s.inHead {
-		return s.layout.head
+		return s.layout.Head
 	}
-	return s.layout.segment
+	return s.layout.Segment
 }
 
 // write keeps p, the stream's next bytes, read from the pipe at now, as far as the cap and
@@ -350,20 +351,20 @@ func (s *logSink) write(p []byte, now time.Time) {
 	// A read a millisecond or more after the stream's last entry gets one of its own (in
 	// the file it begins in); the bytes of one that comes sooner keep the last entry's time.
 	// Each file's index begins with an entry whatever the spacing.
-	due := s.lastRead.IsZero() || now.Sub(s.lastRead) >= timeGranularity
+	due := s.lastRead.IsZero() || now.Sub(s.lastRead) >= records.TimeGranularity
 	for len(p) > 0 {
 		if s.f != nil {
 			used := s.size + s.idxSize
 			if s.idx != nil && (due || s.idxSize == 0) {
 				// The entry, and at least a byte after it, must fit: the index and the data
 				// share the file's part of the cap.
-				used += TimeEntrySize
+				used += records.TimeEntrySize
 			}
 			if used >= s.limit() {
 				s.closeFile()
 			}
 		}
-		if budget := s.layout.segment * int64(s.layout.segments); !s.inHead && int64(len(p)) > budget {
+		if budget := s.layout.Segment * int64(s.layout.Segments); !s.inHead && int64(len(p)) > budget {
 			// Past the head, only the chunk's last budget bytes would be kept: what comes
 			// before would only pass through segments rotated away before it ends. Skip
 			// it, and the segments it would have pushed out, without writing it (a tiny
@@ -408,23 +409,23 @@ func (s *logSink) write(p []byte, now time.Time) {
 // next opens the tail segment that begins at the current offset, and removes the oldest
 // past the cap; it returns the bytes that removal dropped.
 func (s *logSink) next() (int64, error) {
-	name := tailFile(s.stream, s.offset)
+	name := records.TailFile(s.stream, s.offset)
 	// The index before the segment: a reader that finds the segment and no index knows
 	// there is none to wait for.
-	s.openIndex(name, s.layout.segment)
+	s.openIndex(name, s.layout.Segment)
 	fd, err := unix.Openat(s.dir, name, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		if s.idx != nil {
 			s.idx.Close()
 			s.idx = nil
-			_ = unix.Unlinkat(s.dir, TimesFile(name), 0)
+			_ = unix.Unlinkat(s.dir, records.TimesFile(name), 0)
 		}
 		return 0, &os.PathError{Op: "open", Path: name, Err: err}
 	}
 	s.f, s.size, s.inHead = os.NewFile(uintptr(fd), name), 0, false
 	s.tail = append(s.tail, segment{name: name})
 	var dropped int64
-	for len(s.tail) > s.layout.segments {
+	for len(s.tail) > s.layout.Segments {
 		old := s.tail[0]
 		s.remove(old.name)
 		dropped += old.size
@@ -474,5 +475,5 @@ func (s *logSink) closeFile() {
 // remove deletes a tail segment and its time index.
 func (s *logSink) remove(name string) {
 	_ = unix.Unlinkat(s.dir, name, 0)
-	_ = unix.Unlinkat(s.dir, TimesFile(name), 0)
+	_ = unix.Unlinkat(s.dir, records.TimesFile(name), 0)
 }

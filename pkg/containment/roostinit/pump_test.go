@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"roost.dev/roost/pkg/records"
 )
 
 // startPump creates stdout.log and stderr.log in the records directory dirfd and the pipes
@@ -28,7 +29,7 @@ func startPump(dirfd int, maxBytes int64) (*logPump, error) {
 
 // pumpThrough runs a pump on a fresh directory, writes each of chunks to the program's
 // stdout end (and errText to stderr), and returns the directory and the final counts.
-func pumpThrough(t *testing.T, maxBytes int64, chunks [][]byte, errText string) (string, LogStats) {
+func pumpThrough(t *testing.T, maxBytes int64, chunks [][]byte, errText string) (string, records.LogStats) {
 	t.Helper()
 	dir := t.TempDir()
 	dirfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -55,7 +56,7 @@ func pumpThrough(t *testing.T, maxBytes int64, chunks [][]byte, errText string) 
 	if !st.Final {
 		t.Fatal("counts not final")
 	}
-	onDisk, err := ReadLogStats(dir)
+	onDisk, err := records.ReadLogStats(dir)
 	if err != nil || onDisk.Stdout != st.Stdout || onDisk.Stderr != st.Stderr || !onDisk.Final {
 		t.Fatalf("logs.json %+v (%v), want %+v", onDisk, err, st)
 	}
@@ -65,7 +66,7 @@ func pumpThrough(t *testing.T, maxBytes int64, chunks [][]byte, errText string) 
 // indexSize is the size of a file's time index; 0 when it has none.
 func indexSize(t *testing.T, dir, name string) int64 {
 	t.Helper()
-	info, err := os.Stat(filepath.Join(dir, TimesFile(name)))
+	info, err := os.Stat(filepath.Join(dir, records.TimesFile(name)))
 	if err != nil {
 		return 0
 	}
@@ -73,9 +74,9 @@ func indexSize(t *testing.T, dir, name string) int64 {
 }
 
 // kept reads a stream's files back as (offset, bytes) pieces.
-func kept(t *testing.T, dir, stream string) ([]LogFile, [][]byte) {
+func kept(t *testing.T, dir, stream string) ([]records.LogFile, [][]byte) {
 	t.Helper()
-	files, err := LogFiles(dir, stream)
+	files, err := records.LogFiles(dir, stream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,10 +100,10 @@ func TestPumpSmallOutputIsVerbatim(t *testing.T) {
 	if got, _ := os.ReadFile(filepath.Join(dir, StderrFile)); string(got) != "oops\n" {
 		t.Fatalf("stderr.log %q", got)
 	}
-	if st.Stdout != (StreamStats{WrittenBytes: int64(len(in))}) || st.Stderr != (StreamStats{WrittenBytes: 5}) || st.MaxBytes != 1<<20 {
+	if st.Stdout != (records.StreamStats{WrittenBytes: int64(len(in))}) || st.Stderr != (records.StreamStats{WrittenBytes: 5}) || st.MaxBytes != 1<<20 {
 		t.Fatalf("counts %+v", st)
 	}
-	if files, _ := LogFiles(dir, StdoutStream); len(files) != 1 {
+	if files, _ := records.LogFiles(dir, records.StdoutStream); len(files) != 1 {
 		t.Fatalf("files %+v", files)
 	}
 }
@@ -123,8 +124,8 @@ func TestPumpKeepsHeadAndNewest(t *testing.T) {
 			chunks = append(chunks, c)
 		}
 		dir, st := pumpThrough(t, maxBytes, chunks, "")
-		files, data := kept(t, dir, StdoutStream)
-		layout := layoutFor(maxBytes)
+		files, data := kept(t, dir, records.StdoutStream)
+		layout := records.LayoutFor(maxBytes)
 		var total int64
 		for i, f := range files {
 			total += int64(len(data[i]))
@@ -142,15 +143,15 @@ func TestPumpKeepsHeadAndNewest(t *testing.T) {
 		// A file is full when its data and its index fill its part of the cap, or when the
 		// next entry would not fit with a byte after it.
 		headIndex := indexSize(t, dir, files[0].Name)
-		if files[0].Name != StdoutFile || int64(len(data[0]))+headIndex > layout.head || int64(len(data[0]))+headIndex+TimeEntrySize < layout.head {
+		if files[0].Name != StdoutFile || int64(len(data[0]))+headIndex > layout.Head || int64(len(data[0]))+headIndex+records.TimeEntrySize < layout.Head {
 			t.Fatalf("cap %d: head %s of %d bytes, %d of index", maxBytes, files[0].Name, len(data[0]), headIndex)
 		}
-		onDisk, index := streamDisk(t, dir, StdoutStream)
-		slack := int64(len(files)) * TimeEntrySize
-		if onDisk != total || total+index > maxBytes || total+index+slack < layout.head+layout.segment*int64(layout.segments-1) {
+		onDisk, index := streamDisk(t, dir, records.StdoutStream)
+		slack := int64(len(files)) * records.TimeEntrySize
+		if onDisk != total || total+index > maxBytes || total+index+slack < layout.Head+layout.Segment*int64(layout.Segments-1) {
 			t.Fatalf("cap %d: %d bytes kept, %d of index", maxBytes, total, index)
 		}
-		if layout.segment >= minTimedShare {
+		if layout.Segment >= records.MinTimedShare {
 			checkIndexes(t, dir, files, data)
 		}
 		if st.Stdout.WrittenBytes != int64(len(in)) || st.Stdout.KeptBytes() != total || st.Stdout.FailedBytes != 0 || st.Stdout.CutAt.IsZero() {
@@ -184,7 +185,7 @@ func TestPumpFinishIsBounded(t *testing.T) {
 	if took := time.Since(start); took > 2*time.Second {
 		t.Fatalf("finish took %s", took)
 	}
-	if st.Stdout.WrittenBytes != 11 || st.MaxBytes != DefaultLogMaxBytes {
+	if st.Stdout.WrittenBytes != 11 || st.MaxBytes != records.DefaultLogMaxBytes {
 		t.Fatalf("counts %+v", st)
 	}
 }

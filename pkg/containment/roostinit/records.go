@@ -6,7 +6,7 @@
 // roost-init outlives roostd. It records the program's identity in init.json once it runs
 // and how it ended in exit.json, so a restarted daemon learns what happened while it was
 // away. It also carries the program's output from pipes into the records directory, each
-// stream held to resources.log_max_bytes (see LogsFile).
+// stream held to resources.log_max_bytes (see records.LogsFile).
 package roostinit
 
 import (
@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"roost.dev/roost/pkg/records"
 )
 
 // Files roost-init and roostd keep in a session's records directory.
@@ -41,7 +42,7 @@ const (
 type InitSpec struct {
 	Exec ExecSpec `json:"exec"`
 	// LogMaxBytes is resources.log_max_bytes: what is kept of each output stream at most
-	// (DefaultLogMaxBytes when 0).
+	// (records.DefaultLogMaxBytes when 0).
 	LogMaxBytes int64 `json:"log_max_bytes,omitempty"`
 }
 
@@ -142,7 +143,7 @@ type ExitInfo struct {
 	// session's cgroup.
 	OOMKilled bool `json:"oom_killed,omitempty"`
 	// Logs is the final count of the program's output, as logs.json has it.
-	Logs *LogStats `json:"logs,omitempty"`
+	Logs *records.LogStats `json:"logs,omitempty"`
 	// Report is what the program said of its own end on its report pipe (ExecSpec.Report):
 	// one JSON object, an Outcome from roost-wasm, kept as it came (compacted). Absent when
 	// it wrote nothing, or anything else (dropped, with a note in init.log).
@@ -214,7 +215,7 @@ var ErrGone = errors.New("process is gone")
 // ReadExit reads a session's exit.json.
 func ReadExit(recordsDir string) (ExitInfo, error) {
 	var info ExitInfo
-	err := readJSON(filepath.Join(recordsDir, ExitFile), &info)
+	err := records.ReadJSON(filepath.Join(recordsDir, ExitFile), &info)
 	if errors.Is(err, fs.ErrNotExist) {
 		return info, ErrNoExitRecord
 	}
@@ -224,19 +225,7 @@ func ReadExit(recordsDir string) (ExitInfo, error) {
 // ReadInit reads a session's init.json.
 func ReadInit(recordsDir string) (ProcessRef, error) {
 	var ref ProcessRef
-	return ref, readJSON(filepath.Join(recordsDir, InitFile), &ref)
-}
-
-func readJSON(path string, v any) error {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := json.NewDecoder(f).Decode(v); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	return nil
+	return ref, records.ReadJSON(filepath.Join(recordsDir, InitFile), &ref)
 }
 
 // writeJSONDurably writes v as name in the directory dirfd so that a crash leaves either

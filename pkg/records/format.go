@@ -1,11 +1,14 @@
-package roostinit
+package records
 
 import (
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -85,7 +88,7 @@ func (s *LogStats) Stream(name string) *StreamStats {
 // ReadLogStats reads a session's logs.json; fs.ErrNotExist for records from before it.
 func ReadLogStats(recordsDir string) (LogStats, error) {
 	var st LogStats
-	return st, readJSON(filepath.Join(recordsDir, LogsFile), &st)
+	return st, ReadJSON(filepath.Join(recordsDir, LogsFile), &st)
 }
 
 // LogFile is one file of an output stream in the records directory.
@@ -98,7 +101,8 @@ type LogFile struct {
 // HeadFile is the name of a stream's first file: stdout.log, stderr.log.
 func HeadFile(stream string) string { return stream + ".log" }
 
-func tailFile(stream string, offset int64) string {
+// TailFile names a stream's tail segment that begins at offset.
+func TailFile(stream string, offset int64) string {
 	return stream + tailInfix + strconv.FormatInt(offset, 10)
 }
 
@@ -153,22 +157,36 @@ func compare(a, b int64) int {
 	return 0
 }
 
-// logLayout is how a stream's cap divides: the head, and the tail's segments.
-type logLayout struct {
-	head     int64
-	segment  int64
-	segments int
+// Layout is how a stream's cap divides: the head, and the tail's segments.
+type Layout struct {
+	Head     int64
+	Segment  int64
+	Segments int
 }
 
-func layoutFor(maxBytes int64) logLayout {
+// LayoutFor divides a cap of maxBytes (DefaultLogMaxBytes when 0 or less).
+func LayoutFor(maxBytes int64) Layout {
 	if maxBytes <= 0 {
 		maxBytes = DefaultLogMaxBytes
 	}
-	l := logLayout{head: min(maxBytes/8, maxHeadBytes), segments: tailSegments}
-	tail := maxBytes - l.head
-	l.segment = tail / tailSegments
-	if l.segment == 0 {
-		l.segments, l.segment = 1, tail
+	l := Layout{Head: min(maxBytes/8, maxHeadBytes), Segments: tailSegments}
+	tail := maxBytes - l.Head
+	l.Segment = tail / tailSegments
+	if l.Segment == 0 {
+		l.Segments, l.Segment = 1, tail
 	}
 	return l
+}
+
+// ReadJSON decodes the JSON file at path into v, never through a link.
+func ReadJSON(path string, v any) error {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := json.NewDecoder(f).Decode(v); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
 }

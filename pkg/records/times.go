@@ -1,4 +1,4 @@
-package roostinit
+package records
 
 import (
 	"encoding/binary"
@@ -9,7 +9,7 @@ import (
 // stdout.tail.<N>, ...) it keeps a time index, <file>.times: entries of 16 bytes, the
 // stream offset of a byte and when roost-init read it from the pipe (unix nanoseconds),
 // both int64 little endian. An entry's time holds for every byte from its offset up to the
-// next entry's, so a read that returns within timeGranularity of the stream's last entry
+// next entry's, so a read that returns within TimeGranularity of the stream's last entry
 // adds none: a program that writes often costs at most one entry per millisecond, and a
 // line written alone gets a time of its own.
 //
@@ -29,12 +29,12 @@ const (
 	TimesSuffix = ".times"
 	// TimeEntrySize is the size of one entry.
 	TimeEntrySize = 16
-	// timeGranularity is the least time between two entries of a stream.
-	timeGranularity = time.Millisecond
-	// minTimedShare is the least part of the cap a file must have to be given an index:
+	// TimeGranularity is the least time between two entries of a stream.
+	TimeGranularity = time.Millisecond
+	// MinTimedShare is the least part of the cap a file must have to be given an index:
 	// below it an entry would take too much of the room its bytes have (a cap of a few
 	// bytes is an experiment, not a log).
-	minTimedShare = 256
+	MinTimedShare = 256
 )
 
 // LogTime is one entry of a time index: the stream's bytes from Offset on were written at
@@ -59,7 +59,8 @@ func DecodeTimes(dst []LogTime, b []byte) []LogTime {
 	return dst
 }
 
-func encodeTime(b *[TimeEntrySize]byte, e LogTime) {
+// EncodeTime writes e as one entry.
+func EncodeTime(b *[TimeEntrySize]byte, e LogTime) {
 	binary.LittleEndian.PutUint64(b[:8], uint64(e.Offset))
 	binary.LittleEndian.PutUint64(b[8:], uint64(e.Time))
 }
