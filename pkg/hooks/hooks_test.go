@@ -20,6 +20,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"roost.dev/roost/internal/testenv"
 	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/metrics"
 )
@@ -396,9 +397,7 @@ func TestBackstop(t *testing.T) {
 
 // The runner runs as Config.Credential.
 func TestCredential(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root to change uid")
-	}
+	testenv.NeedRoot(t, "changing uid needs root")
 	e := newEnv(t, "fake-roost-wasm")
 	mod := e.module(t, "allow", allowGuest)
 	for d := e.dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {

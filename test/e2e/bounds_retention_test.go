@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"roost.dev/roost/internal/testenv"
 )
 
 // roostd --retain-ended 5 and 20 quick sessions: the 5 that ended last remain, their events
@@ -194,12 +196,10 @@ func fillDisk(t *testing.T, path string) {
 // already running keep running and, once there is room, end with their exact codes (one that
 // ended while the disk was full too); the registry and the ledger open whole afterwards.
 func TestBoundsDiskFull(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a tmpfs needs root")
-	}
+	testenv.NeedRoot(t, "mounting a tmpfs needs root")
 	state := stateDir(t)
 	if err := syscall.Mount("tmpfs", state, "tmpfs", 0, "size=32m,mode=0711"); err != nil {
-		t.Skipf("mounting a tmpfs: %v", err)
+		testenv.Need(t, "a tmpfs mount for the state directory", err)
 	}
 	// Registered first, so it runs after the daemon's cleanup has stopped everything.
 	t.Cleanup(func() {

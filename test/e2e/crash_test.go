@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"roost.dev/roost/internal/testenv"
 )
 
 // TestCrashRecovery SIGKILLs roostd at random moments while sealed sessions are staged,
@@ -27,9 +29,7 @@ import (
 // With a warm pool, kills also land while sandboxes made ahead wait or are being claimed;
 // a daemon started again without the pool must leave nothing of them.
 func TestCrashRecovery(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sealed sessions need root")
-	}
+	testenv.NeedRoot(t, "sealed sessions need root")
 	t.Run("cold", func(t *testing.T) { crashRecovery(t, false) })
 	t.Run("warm-pool", func(t *testing.T) { crashRecovery(t, true) })
 }
@@ -270,9 +270,7 @@ func firstDiff(a, b []event) int {
 // roostd SIGKILLed after a second and started again ten seconds later, when every one has
 // ended while no daemon watched.
 func TestFiveSealedAcrossRestart(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sealed sessions need root")
-	}
+	testenv.NeedRoot(t, "sealed sessions need root")
 	d := newDaemon(t)
 	sleeps := []int{1, 2, 4, 6, 8}
 	ids := make([]string, len(sleeps))

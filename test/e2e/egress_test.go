@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"roost.dev/roost/internal/testenv"
 )
 
 // The egress tests' network: nothing here ever leaves the machine. The test makes two
@@ -55,9 +56,7 @@ func run(t *testing.T, argv ...string) {
 
 func newTestNet(t *testing.T) *testNet {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
-	}
+	testenv.NeedRoot(t, "network namespaces need root")
 	id := strconv.Itoa(os.Getpid() % 100000)
 	d, i := "roost-e2e-d"+id, "roost-e2e-i"+id
 	run(t, "ip", "netns", "add", d)

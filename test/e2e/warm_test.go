@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"roost.dev/roost/internal/testenv"
 )
 
 // waitWarm waits until roostd has n sandboxes made ahead, as its metrics say.
@@ -38,9 +40,7 @@ func waitWarm(t *testing.T, d *daemon, n int) {
 // ahead, says so in inspect and its trace, and explain says it would; one that does not fit
 // starts cold and explain names why. Stopping roostd ends every sandbox no session claimed.
 func TestWarmPool(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sealed sessions need root")
-	}
+	testenv.NeedRoot(t, "sealed sessions need root")
 	d := newDaemon(t, "--warm-pool", "2")
 	fits := capsule(t, "warm-fits", `echo "uid map $(cat /proc/self/uid_map)"; exit 3`,
 		"capabilities:\n  containment: sealed\n  shell:\n    allow: [cat]\n")
@@ -111,9 +111,7 @@ func TestWarmPool(t *testing.T) {
 // cold and explain names how it differs from each. A capsule that would not start sealed is
 // refused at roostd's start, naming it.
 func TestWarmPoolCapsuleShapes(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sealed sessions need root")
-	}
+	testenv.NeedRoot(t, "sealed sessions need root")
 	sockets := capsule(t, "warm-sockets", `grep Seccomp: /proc/self/status; exit 5`,
 		"capabilities:\n  containment: sealed\n  network:\n    unix_sockets: true\n  shell:\n    allow: [grep]\n")
 	plain := capsule(t, "warm-plain", `echo plain`, "capabilities:\n  containment: sealed\n")
@@ -169,9 +167,7 @@ func TestWarmPoolCapsuleShapes(t *testing.T) {
 // TestWarmPoolNoCarryOver: a session writes into every place it can write, leaves a
 // process behind and a SysV segment; the next session from the pool sees none of it.
 func TestWarmPoolNoCarryOver(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sealed sessions need root")
-	}
+	testenv.NeedRoot(t, "sealed sessions need root")
 	d := newDaemon(t, "--warm-pool", "1")
 	const caps = "capabilities:\n  containment: sealed\n  shell:\n    allow: [find, ls, ps, ipcs, ipcmk, sleep, grep, cat, tr]\n"
 	writer := capsule(t, "warm-writer", `for d in /work /tmp /dev/shm /root /run /run/roost /dev /dev/mqueue /var/tmp /etc /usr /capsule /; do
