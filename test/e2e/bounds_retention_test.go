@@ -236,10 +236,18 @@ func TestBoundsDiskFull(t *testing.T) {
 	if s := d.inspect(later); s.State != "running" {
 		t.Fatalf("a session on the full disk: %+v", s)
 	}
+	duringPID := d.identity(during).Pid
+	if duringPID == 0 {
+		t.Fatalf("%s has no program pid: %s", during, d.ok("inspect", during))
+	}
 	if err := os.WriteFile(filepath.Join(d.inspect(during).Workdir, "go"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second)
+	// Its end cannot reach the full disk (exit.json waits for room), but its program goes:
+	// gone from the host's process table once roost-init has reaped it.
+	waitFor(t, "the program of "+during+" to end on the full disk", func() bool {
+		return syscall.Kill(duringPID, 0) == syscall.ESRCH
+	})
 
 	if err := os.Remove(ballast); err != nil {
 		t.Fatal(err)

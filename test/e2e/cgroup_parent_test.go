@@ -159,8 +159,9 @@ func TestCgroupParent(t *testing.T) {
 		}
 	}
 
+	briefRec := d.inspect(brief)
 	d.kill9()
-	time.Sleep(3 * time.Second)
+	waitFor(t, "the brief session to end while no daemon watches", func() bool { return programEnded(briefRec) })
 	d.start()
 	if s := d.inspect(brief); s.State != "exited" {
 		t.Errorf("the brief session after the restart: %+v", s)

@@ -279,9 +279,20 @@ func TestFiveSealedAcrossRestart(t *testing.T) {
 			fmt.Sprintf(`echo "start %d"; sleep %d; echo "end %d"; exit %d`, i, s, i, i),
 			"capabilities:\n  containment: sealed\n  shell:\n    allow: [sleep]\n")))
 	}
-	time.Sleep(time.Second)
+	// Killed once every one has started (the shortest runs a second, so it may end first,
+	// as it could have after the second this once slept)...
+	for i, id := range ids {
+		waitFor(t, fmt.Sprintf("session %d to start", i), func() bool { return strings.Contains(d.ok("logs", id), fmt.Sprintf("start %d\n", i)) })
+	}
+	recs := make([]session, len(ids))
+	for i, id := range ids {
+		recs[i] = d.inspect(id)
+	}
 	d.kill9()
-	time.Sleep(10 * time.Second)
+	// ...and started again once every one has ended while no daemon watched.
+	for i := range recs {
+		waitFor(t, fmt.Sprintf("session %d to end with no daemon", i), func() bool { return programEnded(recs[i]) })
+	}
 	d.start()
 	for i, id := range ids {
 		s := d.inspect(id)

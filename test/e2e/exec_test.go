@@ -168,8 +168,8 @@ func TestExecSealed(t *testing.T) {
 	d.ok("resume", id)
 	// A command still running when the session ends ends with it.
 	done := make(chan result, 1)
-	go func() { done <- d.ctl("exec", id, "--", "sleep", "300") }()
-	time.Sleep(500 * time.Millisecond)
+	go func() { done <- d.ctl("exec", id, "--", "sh", "-c", "echo > /work/exec-running; exec sleep 300") }()
+	awaitFile(t, filepath.Join(work, "exec-running"))
 	d.ok("stop", id)
 	select {
 	case res := <-done:
