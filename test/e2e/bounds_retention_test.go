@@ -44,6 +44,14 @@ func TestBoundsRetention(t *testing.T) {
 	if !slices.Equal(left, ids[15:]) {
 		t.Fatalf("ps --all after 20 sessions under --retain-ended 5: %v, want the last five %v", left, ids[15:])
 	}
+	// The kept five's records and workdirs are where the removed ones' are looked for.
+	for _, id := range ids[15:] {
+		for _, p := range []string{filepath.Join(d.stateDir, "records", id), filepath.Join(d.stateDir, "work", id)} {
+			if _, err := os.Stat(p); err != nil {
+				t.Fatalf("a kept session: %v", err)
+			}
+		}
+	}
 	for _, id := range ids[:15] {
 		if _, err := os.Stat(filepath.Join(d.stateDir, "records", id)); !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("records of removed session %s: %v", id, err)

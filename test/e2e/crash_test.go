@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -180,6 +181,14 @@ func crashRecovery(t *testing.T, pool bool) {
 		if len(waiting) == 0 {
 			t.Error("no warm sandbox waits at the end")
 		}
+		// What must go is there first: their cgroups and pinned network namespaces.
+		for _, sb := range waiting {
+			for _, p := range append(cgroupDirs(t, filepath.Base(sb)), filepath.Join(d.stateDir, "netns", filepath.Base(sb))) {
+				if _, err := os.Stat(p); err != nil {
+					t.Errorf("warm sandbox %s before the kill: %v", filepath.Base(sb), err)
+				}
+			}
+		}
 		d.kill9()
 		d.args = nil
 		d.start()
@@ -187,13 +196,13 @@ func crashRecovery(t *testing.T, pool bool) {
 			t.Errorf("warm records directories left: %v", left)
 		}
 		for _, sb := range waiting {
-			for _, ctrl := range []string{"memory", "pids", "cpu", "freezer"} {
-				if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", ctrl, "roost", filepath.Base(sb))); err == nil {
-					t.Errorf("cgroup of warm sandbox %s left in %s", filepath.Base(sb), ctrl)
+			for _, dir := range cgroupDirs(t, filepath.Base(sb)) {
+				if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("cgroup of warm sandbox %s left: %s (%v)", filepath.Base(sb), dir, err)
 				}
 			}
-			if _, err := os.Stat(filepath.Join(d.stateDir, "netns", filepath.Base(sb))); err == nil {
-				t.Errorf("network namespace of warm sandbox %s left pinned", filepath.Base(sb))
+			if _, err := os.Stat(filepath.Join(d.stateDir, "netns", filepath.Base(sb))); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("network namespace of warm sandbox %s left pinned: %v", filepath.Base(sb), err)
 			}
 		}
 	}
@@ -212,11 +221,10 @@ func crashRecovery(t *testing.T, pool bool) {
 	for _, s := range list {
 		ids[s.ID] = true
 	}
-	for _, ctrl := range []string{"memory", "pids", "cpu", "freezer"} {
-		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", ctrl, "roost", "ses_*"))
-		for _, dir := range dirs {
-			if ids[filepath.Base(dir)] {
-				t.Errorf("cgroup of an ended session left: %s", dir)
+	for id := range ids {
+		for _, dir := range cgroupDirs(t, id) {
+			if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("cgroup of an ended session left: %s (%v)", dir, err)
 			}
 		}
 	}
