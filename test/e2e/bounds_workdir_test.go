@@ -162,7 +162,7 @@ head -c 2500000 /dev/urandom > mine && echo wrote; sleep 30`,
 			}
 			bwMustExist(t, doomed)
 			d.ok("rm", p.ID)
-			if res := d.ctl("inspect", c.ID); res.code == 0 {
+			if res := d.ctl("inspect", c.ID); res.code != 1 || !strings.Contains(res.stderr, `no session "`+c.ID+`"`) {
 				t.Errorf("the child is still recorded after rm of its parent")
 			}
 			bwMustBeGone(t, "rm", doomed)

@@ -433,8 +433,8 @@ func TestStopKillLogsRemove(t *testing.T) {
 	if _, err := os.Stat(s.RecordsDir); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("records survived rm: %v", err)
 	}
-	if res := d.ctl("inspect", id); res.code == 0 {
-		t.Fatal("removed session still inspectable")
+	if res := d.ctl("inspect", id); res.code != 1 || !strings.Contains(res.stderr, `no session "`+id+`"`) {
+		t.Fatalf("removed session still inspectable, or inspect failed otherwise: %+v", res)
 	}
 }
 
