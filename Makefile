@@ -20,7 +20,7 @@ CONFDIR := /etc/roost
 DOCDIR  := $(PREFIX)/share/doc/roost
 INSTALL_BINS := roostd roostctl roost-init roost-sealer roost-wasm
 
-.PHONY: all deps sdk build man test unit e2e lint vet staticcheck fmt-check proto proto-check buf-lint demo bench fuzz tools clean install install-check buf-breaking api-baseline tidy-check deploy-check tracked-check
+.PHONY: all deps rust-wasi sdk build man test unit e2e lint vet staticcheck fmt-check proto proto-check buf-lint demo bench fuzz tools clean install install-check buf-breaking api-baseline tidy-check deploy-check tracked-check
 
 all: build
 
@@ -47,11 +47,20 @@ deps:
 	@command -v curl >/dev/null && command -v python3 >/dev/null || { echo "installing curl and python3"; \
 		apt-get install -y -qq curl python3 || { apt-get update -qq && apt-get install -y -qq curl python3; }; }
 
+## rust-wasi: what TestMemoryCapRustGuest builds its Rust guest with: Debian's rustc, its
+## WASI standard library (libstd-rust-dev-wasm32) and lld (rustc's /usr/bin/rust-lld is a
+## link to it, dangling without it).
+RUST_WASI_PKGS := rustc libstd-rust-dev-wasm32 lld
+rust-wasi:
+	@[ -x /usr/bin/rustc ] && [ -x /usr/bin/rust-lld ] && { [ -d /usr/lib/rustlib/wasm32-wasip1 ] || [ -d /usr/lib/rustlib/wasm32-wasi ]; } || \
+		{ echo "installing $(RUST_WASI_PKGS)"; export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq $(RUST_WASI_PKGS) || { apt-get update -qq && apt-get install -y -qq $(RUST_WASI_PKGS); }; }
+
 ## test: everything CI checks: formatting, vet, staticcheck, the API lint and freshness of the
 ## generated code, unit tests (with the race detector) and the end-to-end tests.
 test: lint unit e2e install-check
 
-unit: deps
+unit: deps rust-wasi
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/e2e)
 	# The sealed and hostile suites again, each session in a sandbox made ahead (--warm-pool).
 	$(GO) test -race -count=1 -run 'Sealed|Hostile|Trust|Exec|Socketpair|Workdir' ./pkg/containment/ -args -warm

@@ -20,6 +20,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"roost.dev/roost/internal/testenv"
 	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/metrics"
 )
@@ -374,7 +375,22 @@ func TestBackstop(t *testing.T) {
 	rec := newRecorder()
 	h := New([]config.Hook{stageHook("stuck", mod, 1)}, NewExecRunner(Config{Runner: e.runner, Slack: 500 * time.Millisecond}), rec, rec, nil)
 	start := time.Now()
-	err := h.Stage(context.Background(), "x@1", nil)
+	done := make(chan error, 1)
+	go func() { done <- h.Stage(context.Background(), "x@1", nil) }()
+	// The positive control of the check below: while the hook runs, its group (the runner,
+	// the module's shell, the background sleep) is alive where groupAlive looks.
+	var members []int
+	for deadline := time.Now().Add(time.Second); len(members) < 2 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if b, err := os.ReadFile(filepath.Join(e.dir, "runner.log")); err == nil {
+			if pids := runnerPids(t, string(b)); len(pids) == 1 {
+				members = groupAlive(t, pids[0])
+			}
+		}
+	}
+	if len(members) < 2 {
+		t.Errorf("the running hook's process group, before its deadline: %v", members)
+	}
+	err := <-done
 	took := time.Since(start)
 	if err == nil || err.Error() != `hook "stuck" refused: it ran past its deadline of 1s` {
 		t.Fatal(err)
@@ -396,9 +412,7 @@ func TestBackstop(t *testing.T) {
 
 // The runner runs as Config.Credential.
 func TestCredential(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root to change uid")
-	}
+	testenv.NeedRoot(t, "changing uid needs root")
 	e := newEnv(t, "fake-roost-wasm")
 	mod := e.module(t, "allow", allowGuest)
 	for d := e.dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {

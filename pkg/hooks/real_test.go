@@ -6,9 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"roost.dev/roost/internal/testenv"
 	"roost.dev/roost/pkg/config"
 )
 
@@ -65,23 +67,39 @@ func main() {
 }
 `
 
-// The real runner, bin/roost-wasm (make build) or $ROOST_WASM, with a Go guest built now
-// for wasip1.
-func TestRealRunner(t *testing.T) {
-	runner := os.Getenv("ROOST_WASM")
-	if runner == "" {
-		var err error
-		if runner, err = filepath.Abs(filepath.Join("..", "..", "bin", "roost-wasm")); err != nil {
-			t.Fatal(err)
+// realRunner is $ROOST_WASM when set, else roost-wasm built now from this tree: a
+// bin/roost-wasm from an earlier make build may be older than the code under test, and a
+// fresh clone has none, so depending on it would skip this test exactly where it matters.
+func realRunner(t *testing.T, goTool string) string {
+	t.Helper()
+	if runner := os.Getenv("ROOST_WASM"); runner != "" {
+		if _, err := os.Stat(runner); err != nil {
+			t.Fatalf("ROOST_WASM names no runner: %v", err)
 		}
+		return runner
 	}
-	if _, err := os.Stat(runner); err != nil {
-		t.Skipf("no real runner: %v", err)
-	}
-	goTool, err := exec.LookPath("go")
+	// roost-wasm links wasmtime through cgo: without a C compiler go build would fail for
+	// want of a tool, not for a fault in the code.
+	cc, err := exec.Command(goTool, "env", "CC").Output()
 	if err != nil {
-		t.Skipf("no go tool to build the guest: %v", err)
+		t.Fatalf("go env CC: %v", err)
 	}
+	_, err = exec.LookPath(strings.TrimSpace(string(cc)))
+	testenv.Need(t, "a C compiler, for roost-wasm's cgo", err)
+	runner := filepath.Join(t.TempDir(), "roost-wasm")
+	build := exec.Command(goTool, "build", "-o", runner, "roost.dev/roost/cmd/roost-wasm")
+	build.Env = append(os.Environ(), "CGO_ENABLED=1")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building roost-wasm: %v\n%s", err, out)
+	}
+	return runner
+}
+
+// The real runner (realRunner), with a Go guest built now for wasip1.
+func TestRealRunner(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	testenv.Need(t, "the go tool, to build the runner and the guest", err)
+	runner := realRunner(t, goTool)
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "guest.go"), []byte(guestSource), 0o644); err != nil {
 		t.Fatal(err)

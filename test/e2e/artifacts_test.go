@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"roost.dev/roost/internal/testenv"
 )
 
 // capsuleDir is where a session runs its capsule from (inspect's capsule.dir).
@@ -110,9 +112,7 @@ func TestArtifactsRemoveThenPrune(t *testing.T) {
 // -f does not ask. (Every other test runs roostctl on pipes, where prune never asks.)
 func TestPruneAsksOnATerminal(t *testing.T) {
 	script, err := exec.LookPath("script")
-	if err != nil {
-		t.Skip("no script(1) to give roostctl a terminal")
-	}
+	testenv.Need(t, "script(1), to give roostctl a terminal", err)
 	d := newDaemon(t)
 	id := strings.TrimSpace(d.ok("run", "-d", capsule(t, "quick", "true", "")))
 	d.ctl("wait", id)

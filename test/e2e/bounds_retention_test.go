@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"roost.dev/roost/internal/testenv"
 )
 
 // roostd --retain-ended 5 and 20 quick sessions: the 5 that ended last remain, their events
@@ -41,6 +43,14 @@ func TestBoundsRetention(t *testing.T) {
 	})
 	if !slices.Equal(left, ids[15:]) {
 		t.Fatalf("ps --all after 20 sessions under --retain-ended 5: %v, want the last five %v", left, ids[15:])
+	}
+	// The kept five's records and workdirs are where the removed ones' are looked for.
+	for _, id := range ids[15:] {
+		for _, p := range []string{filepath.Join(d.stateDir, "records", id), filepath.Join(d.stateDir, "work", id)} {
+			if _, err := os.Stat(p); err != nil {
+				t.Fatalf("a kept session: %v", err)
+			}
+		}
 	}
 	for _, id := range ids[:15] {
 		if _, err := os.Stat(filepath.Join(d.stateDir, "records", id)); !errors.Is(err, os.ErrNotExist) {
@@ -194,12 +204,10 @@ func fillDisk(t *testing.T, path string) {
 // already running keep running and, once there is room, end with their exact codes (one that
 // ended while the disk was full too); the registry and the ledger open whole afterwards.
 func TestBoundsDiskFull(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a tmpfs needs root")
-	}
+	testenv.NeedRoot(t, "mounting a tmpfs needs root")
 	state := stateDir(t)
 	if err := syscall.Mount("tmpfs", state, "tmpfs", 0, "size=32m,mode=0711"); err != nil {
-		t.Skipf("mounting a tmpfs: %v", err)
+		testenv.Need(t, "a tmpfs mount for the state directory", err)
 	}
 	// Registered first, so it runs after the daemon's cleanup has stopped everything.
 	t.Cleanup(func() {
@@ -236,10 +244,18 @@ func TestBoundsDiskFull(t *testing.T) {
 	if s := d.inspect(later); s.State != "running" {
 		t.Fatalf("a session on the full disk: %+v", s)
 	}
+	duringPID := d.identity(during).Pid
+	if duringPID == 0 {
+		t.Fatalf("%s has no program pid: %s", during, d.ok("inspect", during))
+	}
 	if err := os.WriteFile(filepath.Join(d.inspect(during).Workdir, "go"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second)
+	// Its end cannot reach the full disk (exit.json waits for room), but its program goes:
+	// gone from the host's process table once roost-init has reaped it.
+	waitFor(t, "the program of "+during+" to end on the full disk", func() bool {
+		return syscall.Kill(duringPID, 0) == syscall.ESRCH
+	})
 
 	if err := os.Remove(ballast); err != nil {
 		t.Fatal(err)

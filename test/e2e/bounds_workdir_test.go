@@ -112,10 +112,10 @@ func TestBoundsWorkdirDeepPath(t *testing.T) {
 			dir := capsule(t, "deep", bwDeepScript, bwCaps(class, "mkdir, head, sleep", "  resources:\n    workdir_max_bytes: 4194304\n"))
 			s := bwEnded(t, d, dir, "workdir_bytes", bwWhat(class, false)+" grew to ", "past resources.workdir_max_bytes (4194304)")
 			// And rm takes it all, deep as it is.
+			doomed := []string{s.Workdir, filepath.Join(d.stateDir, "home", s.ID)}
+			bwMustExist(t, doomed)
 			d.ok("rm", s.ID)
-			if _, err := os.Lstat(s.Workdir); !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("the workdir survived rm: %v", err)
-			}
+			bwMustBeGone(t, "rm", doomed)
 		})
 	}
 }
@@ -148,20 +148,24 @@ head -c 2500000 /dev/urandom > mine && echo wrote; sleep 30`,
 			if len(kids) != 1 {
 				t.Fatalf("%d children: %+v\nparent's logs: %s", len(kids), kids, d.ctl("logs", p.ID).stdout)
 			}
+			// The parent's end is recorded before the end it brings its child: wait for that.
+			d.ctlWithin(time.Minute, "wait", kids[0].ID)
 			c := d.inspect(kids[0].ID)
 			if c.ExitStatus != "terminated" || !strings.Contains(c.Detail, "its parent "+p.ID+" ended") {
 				t.Errorf("child: %s %q", c.ExitStatus, c.Detail)
 			}
+			doomed := []string{p.Workdir, c.Workdir, c.RecordsDir, filepath.Join(d.stateDir, "home", p.ID), filepath.Join(d.stateDir, "home", c.ID)}
+			// Only a parent without a sealed root has a directory for its children's
+			// workdirs; a sealed one's children work beneath its own workdir.
+			if class != "sealed" {
+				doomed = append(doomed, filepath.Join(d.stateDir, "children", p.ID))
+			}
+			bwMustExist(t, doomed)
 			d.ok("rm", p.ID)
-			if res := d.ctl("inspect", c.ID); res.code == 0 {
+			if res := d.ctl("inspect", c.ID); res.code != 1 || !strings.Contains(res.stderr, `no session "`+c.ID+`"`) {
 				t.Errorf("the child is still recorded after rm of its parent")
 			}
-			for _, gone := range []string{p.Workdir, c.Workdir, c.RecordsDir,
-				filepath.Join(d.stateDir, "homes", c.ID), filepath.Join(d.stateDir, "children", p.ID)} {
-				if _, err := os.Lstat(gone); !errors.Is(err, os.ErrNotExist) {
-					t.Errorf("%s survived rm: %v", gone, err)
-				}
-			}
+			bwMustBeGone(t, "rm", doomed)
 		})
 	}
 }
@@ -191,15 +195,34 @@ sleep 60
 	if len(d.ps()) != 2 {
 		t.Fatalf("a refused rm removed something: %+v", d.ps())
 	}
+	doomed := []string{child.Workdir, child.RecordsDir, filepath.Join(d.stateDir, "home", child.ID), filepath.Join(d.stateDir, "home", id)}
+	bwMustExist(t, doomed)
 	if out := d.ok("rm", "-f", id); strings.TrimSpace(out) != id {
 		t.Fatalf("rm -f: %q", out)
 	}
 	if left := d.ps(); len(left) != 0 {
 		t.Fatalf("after rm -f: %+v", left)
 	}
-	for _, gone := range []string{child.Workdir, child.RecordsDir, filepath.Join(d.stateDir, "homes", child.ID)} {
-		if _, err := os.Lstat(gone); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("%s survived rm -f: %v", gone, err)
+	bwMustBeGone(t, "rm -f", doomed)
+}
+
+// bwMustExist checks, before an rm, that each path it is to take is there: a check that
+// it is gone afterwards proves nothing of a path nothing made (or of an empty one).
+func bwMustExist(t *testing.T, paths []string) {
+	t.Helper()
+	for _, p := range paths {
+		if _, err := os.Lstat(p); p == "" || err != nil {
+			t.Fatalf("before rm, %q is not there to be removed: %v", p, err)
+		}
+	}
+}
+
+// bwMustBeGone checks that rm took each of paths.
+func bwMustBeGone(t *testing.T, rm string, paths []string) {
+	t.Helper()
+	for _, p := range paths {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s survived %s: %v", p, rm, err)
 		}
 	}
 }

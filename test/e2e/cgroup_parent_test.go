@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"roost.dev/roost/internal/testenv"
 )
 
 // cgroupHierarchies lists the mount point of every mounted cgroup hierarchy: each v1
@@ -111,9 +113,7 @@ func sessionPIDs(t *testing.T, s session) (initPID, pid int) {
 //
 // It needs roostd's --cgroup-parent flag (containment.NewCgroups, WithCgroups).
 func TestCgroupParent(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sessions' cgroups need root")
-	}
+	testenv.NeedRoot(t, "sessions' cgroups need root")
 	parent := fmt.Sprintf("/roost-e2e-%d", os.Getpid())
 	t.Cleanup(func() { removeCgroupParent(t, parent) })
 	d := newDaemon(t, "--cgroup-parent", parent)
@@ -159,8 +159,9 @@ func TestCgroupParent(t *testing.T) {
 		}
 	}
 
+	briefRec := d.inspect(brief)
 	d.kill9()
-	time.Sleep(3 * time.Second)
+	waitFor(t, "the brief session to end while no daemon watches", func() bool { return programEnded(briefRec) })
 	d.start()
 	if s := d.inspect(brief); s.State != "exited" {
 		t.Errorf("the brief session after the restart: %+v", s)

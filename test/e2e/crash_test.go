@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -16,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"roost.dev/roost/internal/testenv"
 )
 
 // TestCrashRecovery SIGKILLs roostd at random moments while sealed sessions are staged,
@@ -27,9 +30,7 @@ import (
 // With a warm pool, kills also land while sandboxes made ahead wait or are being claimed;
 // a daemon started again without the pool must leave nothing of them.
 func TestCrashRecovery(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sealed sessions need root")
-	}
+	testenv.NeedRoot(t, "sealed sessions need root")
 	t.Run("cold", func(t *testing.T) { crashRecovery(t, false) })
 	t.Run("warm-pool", func(t *testing.T) { crashRecovery(t, true) })
 }
@@ -180,6 +181,14 @@ func crashRecovery(t *testing.T, pool bool) {
 		if len(waiting) == 0 {
 			t.Error("no warm sandbox waits at the end")
 		}
+		// What must go is there first: their cgroups and pinned network namespaces.
+		for _, sb := range waiting {
+			for _, p := range append(cgroupDirs(t, filepath.Base(sb)), filepath.Join(d.stateDir, "netns", filepath.Base(sb))) {
+				if _, err := os.Stat(p); err != nil {
+					t.Errorf("warm sandbox %s before the kill: %v", filepath.Base(sb), err)
+				}
+			}
+		}
 		d.kill9()
 		d.args = nil
 		d.start()
@@ -187,13 +196,13 @@ func crashRecovery(t *testing.T, pool bool) {
 			t.Errorf("warm records directories left: %v", left)
 		}
 		for _, sb := range waiting {
-			for _, ctrl := range []string{"memory", "pids", "cpu", "freezer"} {
-				if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", ctrl, "roost", filepath.Base(sb))); err == nil {
-					t.Errorf("cgroup of warm sandbox %s left in %s", filepath.Base(sb), ctrl)
+			for _, dir := range cgroupDirs(t, filepath.Base(sb)) {
+				if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("cgroup of warm sandbox %s left: %s (%v)", filepath.Base(sb), dir, err)
 				}
 			}
-			if _, err := os.Stat(filepath.Join(d.stateDir, "netns", filepath.Base(sb))); err == nil {
-				t.Errorf("network namespace of warm sandbox %s left pinned", filepath.Base(sb))
+			if _, err := os.Stat(filepath.Join(d.stateDir, "netns", filepath.Base(sb))); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("network namespace of warm sandbox %s left pinned: %v", filepath.Base(sb), err)
 			}
 		}
 	}
@@ -212,11 +221,10 @@ func crashRecovery(t *testing.T, pool bool) {
 	for _, s := range list {
 		ids[s.ID] = true
 	}
-	for _, ctrl := range []string{"memory", "pids", "cpu", "freezer"} {
-		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", ctrl, "roost", "ses_*"))
-		for _, dir := range dirs {
-			if ids[filepath.Base(dir)] {
-				t.Errorf("cgroup of an ended session left: %s", dir)
+	for id := range ids {
+		for _, dir := range cgroupDirs(t, id) {
+			if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("cgroup of an ended session left: %s (%v)", dir, err)
 			}
 		}
 	}
@@ -270,9 +278,7 @@ func firstDiff(a, b []event) int {
 // roostd SIGKILLed after a second and started again ten seconds later, when every one has
 // ended while no daemon watched.
 func TestFiveSealedAcrossRestart(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sealed sessions need root")
-	}
+	testenv.NeedRoot(t, "sealed sessions need root")
 	d := newDaemon(t)
 	sleeps := []int{1, 2, 4, 6, 8}
 	ids := make([]string, len(sleeps))
@@ -281,9 +287,20 @@ func TestFiveSealedAcrossRestart(t *testing.T) {
 			fmt.Sprintf(`echo "start %d"; sleep %d; echo "end %d"; exit %d`, i, s, i, i),
 			"capabilities:\n  containment: sealed\n  shell:\n    allow: [sleep]\n")))
 	}
-	time.Sleep(time.Second)
+	// Killed once every one has started (the shortest runs a second, so it may end first,
+	// as it could have after the second this once slept)...
+	for i, id := range ids {
+		waitFor(t, fmt.Sprintf("session %d to start", i), func() bool { return strings.Contains(d.ok("logs", id), fmt.Sprintf("start %d\n", i)) })
+	}
+	recs := make([]session, len(ids))
+	for i, id := range ids {
+		recs[i] = d.inspect(id)
+	}
 	d.kill9()
-	time.Sleep(10 * time.Second)
+	// ...and started again once every one has ended while no daemon watched.
+	for i := range recs {
+		waitFor(t, fmt.Sprintf("session %d to end with no daemon", i), func() bool { return programEnded(recs[i]) })
+	}
 	d.start()
 	for i, id := range ids {
 		s := d.inspect(id)

@@ -178,6 +178,27 @@ func (d *daemon) kill9() {
 	d.cmd.Wait()
 }
 
+// programEnded reports whether a session's program has ended, without asking roostd (which
+// may be down): roost-init writes exit.json into the records directory once the program and
+// all it left are gone and its output is drained.
+func programEnded(s session) bool {
+	_, err := os.Stat(filepath.Join(s.RecordsDir, "exit.json"))
+	return s.RecordsDir != "" && err == nil
+}
+
+// cgroupDirs is where the cgroup of a session or a warm sandbox called name is, in every
+// mounted hierarchy (v1 controllers, named, unified): under /roost, the parent of a roostd
+// that no systemd delegation holds, as these tests' are. A check that one is gone is only
+// worth something beside one that it was there: see TestSealedThroughRoostctl.
+func cgroupDirs(t *testing.T, name string) []string {
+	t.Helper()
+	var out []string
+	for _, mnt := range cgroupHierarchies(t) {
+		out = append(out, filepath.Join(mnt, "roost", name))
+	}
+	return out
+}
+
 type result struct {
 	stdout, stderr string
 	code           int
@@ -383,7 +404,7 @@ func TestBadManifestRecordsNothing(t *testing.T) {
 func TestStopKillLogsRemove(t *testing.T) {
 	d := newDaemon(t)
 	id := strings.TrimSpace(d.ok("run", "--detach", capsule(t, "ticker", "i=0; while :; do i=$((i+1)); echo tick $i; sleep 0.1; done", "")))
-	time.Sleep(300 * time.Millisecond)
+	waitFor(t, "the ticker's second tick", func() bool { return strings.Count(d.ok("logs", id), "\n") >= 2 })
 	if res := d.ctl("rm", id); res.code != 1 || !strings.Contains(res.stderr, "stop it before removing it") {
 		t.Fatalf("rm of a running session: %+v", res)
 	}
@@ -412,8 +433,8 @@ func TestStopKillLogsRemove(t *testing.T) {
 	if _, err := os.Stat(s.RecordsDir); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("records survived rm: %v", err)
 	}
-	if res := d.ctl("inspect", id); res.code == 0 {
-		t.Fatal("removed session still inspectable")
+	if res := d.ctl("inspect", id); res.code != 1 || !strings.Contains(res.stderr, `no session "`+id+`"`) {
+		t.Fatalf("removed session still inspectable, or inspect failed otherwise: %+v", res)
 	}
 }
 
@@ -459,8 +480,9 @@ func TestDaemonKilledLosesNothing(t *testing.T) {
 	running := strings.TrimSpace(d.ok("run", "-d", capsule(t, "through", "echo before; sleep 1; echo after; exit 5", "")))
 	d.ok("run", "examples/hello")
 	eventsBefore := d.events(0)
+	through := d.inspect(running)
 	d.kill9()
-	time.Sleep(1500 * time.Millisecond)
+	waitFor(t, "the session to end while no daemon watches", func() bool { return programEnded(through) })
 	d.start()
 
 	list := d.ps()
@@ -514,12 +536,10 @@ func TestSigtermLeavesSessionsRunning(t *testing.T) {
 	d := newDaemon(t)
 	id := strings.TrimSpace(d.ok("run", "-d", capsule(t, "survivor", "trap 'exit 7' TERM; touch ready; while :; do sleep 0.05; done", "")))
 	s := d.inspect(id)
-	for i := 0; i < 200; i++ {
-		if _, err := os.Stat(filepath.Join(s.Workdir, "ready")); err == nil {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitFor(t, "the survivor to set its trap", func() bool {
+		_, err := os.Stat(filepath.Join(s.Workdir, "ready"))
+		return err == nil
+	})
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	if err := d.cmd.Wait(); err != nil {
 		t.Fatalf("roostd after SIGTERM: %v\n%s", err, d.log)
@@ -691,7 +711,7 @@ func TestSealedThroughRoostctl(t *testing.T) {
 
 	// Pause freezes it; the usage of a running sealed session is visible.
 	id = strings.TrimSpace(d.ok("run", "-d", capsule(t, "ticker", "while :; do echo tick; sleep 0.1; done", "capabilities:\n  containment: sealed\n  shell:\n    allow: [sleep]\n")))
-	time.Sleep(300 * time.Millisecond)
+	waitFor(t, "the sealed ticker's first tick", func() bool { return strings.Contains(d.ok("logs", id), "tick\n") })
 	var withUsage struct {
 		Usage *struct {
 			Pids string `json:"pids"`
@@ -701,13 +721,24 @@ func TestSealedThroughRoostctl(t *testing.T) {
 	if withUsage.Usage == nil || withUsage.Usage.Pids == "0" {
 		t.Fatalf("no usage for a running sealed session")
 	}
+	// Where the check below looks for what is left, a running session's cgroup is.
+	for _, dir := range cgroupDirs(t, id) {
+		if _, err := os.Stat(dir); err != nil {
+			t.Errorf("the running sealed session's cgroup: %v", err)
+		}
+	}
 	d.ok("pause", id)
 	before := d.ok("logs", id)
+	// The scenario's time: a session that writes ten times a second is watched for half a
+	// second, and must not write.
 	time.Sleep(500 * time.Millisecond)
-	if after := d.ok("logs", id); after != before {
+	after := d.ok("logs", id)
+	if after != before {
 		t.Fatalf("a paused session kept writing")
 	}
 	d.ok("resume", id)
+	// The positive control of that check: resumed, the same session writes again.
+	waitFor(t, "the resumed ticker to write", func() bool { return d.ok("logs", id) != after })
 	if out := d.ok("stop", id); !strings.Contains(out, "terminated") {
 		t.Fatalf("stop: %s", out)
 	}
@@ -726,13 +757,10 @@ func TestSealedThroughRoostctl(t *testing.T) {
 	if left := d.sessionMounts(); len(left) != 0 {
 		t.Fatalf("mounts of the state dir remain on the host: %v", left)
 	}
-	for _, ctrl := range []string{"memory", "pids", "cpu"} {
-		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", ctrl, "roost", "ses_*"))
-		for _, dir := range dirs {
-			for _, s := range d.ps() {
-				if strings.HasSuffix(dir, s.ID) {
-					t.Errorf("cgroup of ended session left: %s", dir)
-				}
+	for _, s := range d.ps() {
+		for _, dir := range cgroupDirs(t, s.ID) {
+			if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("cgroup of ended session left: %s (%v)", dir, err)
 			}
 		}
 	}
@@ -744,8 +772,9 @@ func TestSealedSurvivesDaemonKill(t *testing.T) {
 	d := newDaemon(t)
 	id := strings.TrimSpace(d.ok("run", "-d", capsule(t, "through", "echo before; sleep 1; echo after; exit 5",
 		"capabilities:\n  containment: sealed\n  shell:\n    allow: [sleep]\n")))
+	through := d.inspect(id)
 	d.kill9()
-	time.Sleep(2 * time.Second)
+	waitFor(t, "the sealed session to end while no daemon watches", func() bool { return programEnded(through) })
 	d.start()
 	s := d.inspect(id)
 	if s.State != "exited" || s.ExitStatus != "error" || *s.ExitCode != 5 {
@@ -761,12 +790,15 @@ func TestSealedSurvivesDaemonKill(t *testing.T) {
 	// Still running at the restart: re-attached, then stopped.
 	// Still running at the restart: re-attached, still whole (it runs programs from /usr
 	// and reads /etc throughout), then stopped.
-	id = strings.TrimSpace(d.ok("run", "-d", capsule(t, "long", "trap 'exit 3' TERM; while :; do /usr/bin/true && cat /etc/hostname >/dev/null || echo BROKEN; sleep 0.1; done",
+	id = strings.TrimSpace(d.ok("run", "-d", capsule(t, "long", "trap 'exit 3' TERM; while :; do /usr/bin/true && cat /etc/hostname >/dev/null || echo BROKEN; echo round; sleep 0.1; done",
 		"capabilities:\n  containment: sealed\n  shell:\n    allow: [sleep, \"true\", cat]\n")))
-	time.Sleep(300 * time.Millisecond)
+	rounds := func() int { return strings.Count(d.ok("logs", id), "round\n") }
+	waitFor(t, "the long session's first round", func() bool { return rounds() >= 1 })
 	d.kill9()
 	d.start()
-	time.Sleep(500 * time.Millisecond)
+	// Whole across the restart means rounds of /usr and /etc after it, not just a live pid.
+	n := rounds()
+	waitFor(t, "five rounds after the restart", func() bool { return rounds() >= n+5 })
 	if s := d.inspect(id); s.State != "running" {
 		t.Fatalf("after restart: %+v", s)
 	}

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"roost.dev/roost/internal/testenv"
 )
 
 // The egress tests' network: nothing here ever leaves the machine. The test makes two
@@ -55,9 +56,7 @@ func run(t *testing.T, argv ...string) {
 
 func newTestNet(t *testing.T) *testNet {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
-	}
+	testenv.NeedRoot(t, "network namespaces need root")
 	id := strconv.Itoa(os.Getpid() % 100000)
 	d, i := "roost-e2e-d"+id, "roost-e2e-i"+id
 	run(t, "ip", "netns", "add", d)
@@ -218,7 +217,10 @@ probe metadata '%{http_code}' http://metadata.test/latest/meta-data/
 probe ip-literal '%{http_code}' http://` + inetAddr + `/hello
 probe socks '%{http_code}' --proxy "$ALL_PROXY" http://web.test/hello
 probe socks-denied '%{http_code}' --proxy "$ALL_PROXY" http://other.test/hello
-curl -s --noproxy '*' --max-time 5 http://` + inetAddr + `/hello; echo "direct: exit=$?"
+curl -sv --noproxy '*' --max-time 5 -o /dev/null http://` + inetAddr + `/hello >"$t/direct" 2>&1; e=$?
+why=; while IFS= read -r l; do case $l in "* Immediate connect fail"*|"* connect to "*) why=${l#"* "}; break;; esac; done <"$t/direct"
+rm -f "$t/direct"
+echo "direct: exit=$e why=$why"
 (
   unset http_proxy HTTP_PROXY https_proxy HTTPS_PROXY
   git clone -q http://git.test:8080/repo.git clone-ok 2>&1; echo "git: exit=$? readme=$(cat clone-ok/README)"
@@ -290,6 +292,11 @@ func TestEgress(t *testing.T) {
 	readme := "roost egress e2e " + strconv.Itoa(os.Getpid()) + "\n"
 	caPEM := inetServers(t, n, readme)
 	d := egressDaemon(t, n)
+	// The direct probe's positive control: from where roostd runs, the same curl reaches
+	// inet; a session's failure to is then its namespace's, not a server that is not there.
+	if out, err := exec.Command("nsenter", "--net="+n.daemon, "curl", "-sS", "--noproxy", "*", "--max-time", "5", "http://"+inetAddr+"/hello").CombinedOutput(); err != nil || string(out) != webBody {
+		t.Fatalf("a direct connection from roostd's namespace to inet: %v\n%s", err, out)
+	}
 
 	before := scrape(t, d)
 	var all []egressRecord
@@ -337,10 +344,19 @@ func TestEgress(t *testing.T) {
 					}
 				}
 			}
-			for _, name := range []string{"socks-denied", "direct", "git-denied"} {
-				if l := probeLine(t, out, name); strings.Contains(l, "exit=0") && !strings.Contains(l, " 403 ") {
-					t.Errorf("%s reached its destination: %s", name, l)
-				}
+			// A session's network namespace has loopback and nothing that routes to inet:
+			// connect(2) fails at once with ENETUNREACH, not a refusal or a timeout.
+			if l, want := probeLine(t, out, "direct"), "direct: exit=7 why=Immediate connect fail for "+inetAddr+": Network is unreachable"; l != want {
+				t.Errorf("direct: got %q, want %q", l, want)
+			}
+			// The SOCKS refusals are the proxy's, by its reply 2 (not allowed by ruleset):
+			// curl's CURLE_PROXY (97), and git saying so; "socks" and "git" above are
+			// their positive controls, through the same proxy.
+			if l := probeLine(t, out, "socks-denied"); l != "socks-denied: 000 [] exit=97 body=" {
+				t.Errorf("socks-denied: got %q, want curl's proxy refusal (exit 97)", l)
+			}
+			if l := probeLine(t, out, "git-denied"); l != "git-denied: exit=128" || !strings.Contains(out, "Can't complete SOCKS5 connection to other.test. (2)") {
+				t.Errorf("git-denied: got %q, want exit 128 after the proxy's reply 2", l)
 			}
 			if !strings.Contains(out, "env: http://127.0.0.1:7700 http://127.0.0.1:7700 socks5h://127.0.0.1:7700 127.0.0.1,localhost") {
 				t.Errorf("the proxy variables are not set as they should be")

@@ -205,7 +205,7 @@ func TestLogsCLIFollowResumesAcrossRestarts(t *testing.T) {
 	}
 	resumed()
 	d.kill9()
-	time.Sleep(700 * time.Millisecond)
+	time.Sleep(700 * time.Millisecond) // as above: the capsules write on while no daemon runs
 	d.start()
 	resumed()
 

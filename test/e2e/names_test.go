@@ -73,7 +73,7 @@ func TestNamedSessions(t *testing.T) {
 	if s.ID != id || s.Name != "web" {
 		t.Fatalf("inspect web: %+v", s)
 	}
-	time.Sleep(300 * time.Millisecond)
+	waitFor(t, "web's first line", func() bool { return strings.Contains(d.ok("logs", "web"), "\n") })
 	if logs := d.ok("logs", "web"); !strings.HasPrefix(logs, "tick 1\n") {
 		t.Fatalf("logs web: %q", logs)
 	}
@@ -247,6 +247,7 @@ func TestEventsFilterAndUntil(t *testing.T) {
 	quick := capsule(t, "quick", "true", "")
 	a := strings.TrimSpace(d.ok("run", "--name", "a", "-d", quick))
 	d.ctl("wait", "a")
+	// The scenario's gap: b's events come after a's end on the clock too, for --until.
 	time.Sleep(50 * time.Millisecond)
 	b := strings.TrimSpace(d.ok("run", "--name", "b", "-d", quick))
 	d.ctl("wait", "b")
@@ -306,7 +307,7 @@ func TestEventsFilterAndUntil(t *testing.T) {
 	// the clock reaches the time.
 	cmd := exec.Command(filepath.Join(binDir, "roostctl"), "events", "--follow", "--until=-3s", "--filter", "type=session.exited")
 	cmd.Env = append(os.Environ(), "ROOST_SOCKET="+d.socket)
-	var out, stderr strings.Builder
+	var out, stderr lockedBuffer
 	cmd.Stdout, cmd.Stderr = &out, &stderr
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
@@ -314,7 +315,9 @@ func TestEventsFilterAndUntil(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	time.Sleep(500 * time.Millisecond)
+	// c is to come while it follows: once it has printed the past (a header, a's and b's
+	// ends).
+	waitFor(t, "the follower to print the past", func() bool { return strings.Count(out.String(), "\n") >= 3 })
 	c := strings.TrimSpace(d.ok("run", "-d", "--name", "c", quick))
 	d.ctl("wait", c)
 	select {

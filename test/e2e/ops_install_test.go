@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"roost.dev/roost/internal/testenv"
 )
 
 // make install-check, on the binaries these tests built: make install into a temporary
@@ -12,9 +14,8 @@ import (
 // configuration and the docs, a second install keeps an edited configuration, and
 // systemd-analyze verify accepts the unit as installed.
 func TestOpsInstallCheck(t *testing.T) {
-	if _, err := exec.LookPath("systemd-analyze"); err != nil {
-		t.Skip("systemd-analyze is not installed (apt-get install systemd; .ci/run installs it)")
-	}
+	_, err := exec.LookPath("systemd-analyze")
+	testenv.Need(t, "systemd-analyze (apt-get install systemd; .ci/run installs it)", err)
 	root, err := filepath.Abs(repoRoot())
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"roost.dev/roost/internal/testenv"
 )
 
 // TestRoostdShutdownWithFollower: SIGTERM ends roostd promptly even with a follower of
@@ -134,7 +136,15 @@ func TestOperatorMessages(t *testing.T) {
 	if res.code != 125 || !strings.Contains(res.stderr, `capabilities.shell.allow[0]: "pythn3": not found on PATH`) || !strings.Contains(res.stderr, filepath.Join(dir, "capsule.yaml")) {
 		t.Errorf("run with shell.allow [pythn3]: %+v", res)
 	}
-	if _, err := exec.LookPath("python3"); err == nil && !strings.Contains(res.stderr, `did you mean "python3"?`) {
+	// The suggestion needs a python3 to suggest; without one this check is not made, which
+	// on CI (where .ci/run installs python3) is a failure. The rest of the test goes on.
+	if _, err := exec.LookPath("python3"); err != nil {
+		if testenv.OnCI() {
+			t.Errorf("python3 is missing on CI: the did-you-mean goes unchecked: %v", err)
+		} else {
+			t.Logf("no python3 here: the did-you-mean goes unchecked: %v", err)
+		}
+	} else if !strings.Contains(res.stderr, `did you mean "python3"?`) {
 		t.Errorf("no did-you-mean: %s", res.stderr)
 	}
 

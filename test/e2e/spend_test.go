@@ -256,6 +256,7 @@ done
 	for _, at := range []int{15, 45, 80} {
 		waitFor(t, fmt.Sprint(at, " settlements"), func() bool { return acked() >= at })
 		d.kill9()
+		// The scenario: the capsule's calls meet no daemon for a while, and retry.
 		time.Sleep(100 * time.Millisecond)
 		d.start()
 	}

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -60,41 +62,103 @@ func secrets(t *testing.T, d *daemon, key string) []string {
 	}
 }
 
+// probe is a script that tries to read each of paths (ls of a directory, cat of anything
+// else) and prints "READ <path>" or "refused <path>: <what ls or cat said>".
 func probe(paths []string) string {
 	var b strings.Builder
 	for _, p := range paths {
-		fmt.Fprintf(&b, "if { [ -d %[1]q ] && ls %[1]q; } >/dev/null 2>&1 || cat %[1]q >/dev/null 2>&1; then echo \"READ %[1]s\"; else echo \"refused %[1]s\"; fi\n", p)
+		fmt.Fprintf(&b, "if [ -d %[1]q ]; then e=$(ls %[1]q 2>&1 >/dev/null); else e=$(cat %[1]q 2>&1 >/dev/null); fi && echo \"READ %[1]s\" || echo \"refused %[1]s: $e\"\n", p)
 	}
 	return b.String()
 }
 
+// probeVerdicts reads probe's output: for each path, "" when it was read, else what the
+// refusal said.
+func probeVerdicts(t *testing.T, out string, paths []string) map[string]string {
+	t.Helper()
+	got := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if p, ok := strings.CutPrefix(line, "READ "); ok {
+			got[p] = ""
+		}
+		for _, p := range paths {
+			if why, ok := strings.CutPrefix(line, "refused "+p+": "); ok {
+				got[p] = why
+			}
+		}
+	}
+	for _, p := range paths {
+		if _, ok := got[p]; !ok {
+			t.Errorf("no verdict for %s:\n%s", p, out)
+		}
+	}
+	return got
+}
+
+// readable are what every session may read, a directory and a file: the probe read them,
+// so cat and ls ran and a refusal of the rest is the boundary's, not a missing tool's.
+var readable = []string{"/usr/bin", "/usr/bin/cat"}
+
+// refusedBy reports whether why is cat or ls failing to open path with errno: not the
+// shell failing to run them (which says "cat: Permission denied" of an exec refused).
+func refusedBy(why, path, errno string) bool {
+	return why == "cat: "+path+": "+errno || why == "ls: cannot open directory '"+path+"': "+errno
+}
+
+const (
+	eacces = "Permission denied"
+	enoent = "No such file or directory"
+)
+
 func TestTrustSecretsUnreadable(t *testing.T) {
 	d, key := trustDaemon(t)
 	paths := secrets(t, d, key)
+	// The positive control: the same probe, as root on the host, reads every one of them;
+	// were it not to, a refusal in a session would say nothing of the session.
+	host, err := exec.Command("/bin/sh", "-c", probe(append(slices.Clone(readable), paths...))).CombinedOutput()
+	if err != nil {
+		t.Fatalf("the probe on the host: %v\n%s", err, host)
+	}
+	for p, why := range probeVerdicts(t, string(host), append(slices.Clone(readable), paths...)) {
+		if why != "" {
+			t.Fatalf("the probe on the host, as root, could not read %s: %s", p, why)
+		}
+	}
 	// An advisory session has no Landlock: what DAC lets any uid read (the /srv file) it
-	// reads; the daemon's own files it does not.
-	daemonOnly := paths[:len(paths)-1]
+	// reads; the daemon's own files it does not, for their modes.
+	daemonOnly, srv := paths[:len(paths)-1], paths[len(paths)-1]
 	for _, c := range []struct {
 		name, caps string
-		paths      []string
+		read       []string
+		refused    []string
+		// errno is what the kernel says of each path refused: Landlock and DAC say
+		// EACCES; a sealed root holds none of them (ENOENT).
+		errno string
 	}{
-		{"scoped", "capabilities:\n  containment: scoped\n  shell:\n    allow: [cat, ls]\n", paths},
-		{"scoped-unix", "capabilities:\n  containment: scoped\n  network:\n    unix_sockets: true\n  shell:\n    allow: [cat, ls]\n", paths},
-		{"sealed", "capabilities:\n  containment: sealed\n  shell:\n    allow: [cat, ls]\n", paths},
-		{"advisory", "capabilities:\n  containment: advisory\n", daemonOnly},
+		{"scoped", "capabilities:\n  containment: scoped\n  shell:\n    allow: [cat, ls]\n", readable, paths, eacces},
+		{"scoped-unix", "capabilities:\n  containment: scoped\n  network:\n    unix_sockets: true\n  shell:\n    allow: [cat, ls]\n", readable, paths, eacces},
+		{"sealed", "capabilities:\n  containment: sealed\n  shell:\n    allow: [cat, ls]\n", readable, paths, enoent},
+		{"advisory", "capabilities:\n  containment: advisory\n", append(slices.Clone(readable), srv), daemonOnly, eacces},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			paths := c.paths
-			res := d.ctl("run", capsule(t, "prober", probe(paths), c.caps))
+			all := append(slices.Clone(c.read), c.refused...)
+			res := d.ctl("run", capsule(t, "prober", probe(all), c.caps))
 			if res.code != 0 {
 				t.Fatalf("run: %+v", res)
 			}
-			if strings.Contains(res.stdout, "READ ") {
-				t.Fatalf("a %s session read the daemon's secrets:\n%s", c.name, res.stdout)
+			got := probeVerdicts(t, res.stdout, all)
+			for _, p := range c.read {
+				if why := got[p]; why != "" {
+					t.Errorf("a %s session could not read %s, which it may: %s", c.name, p, why)
+				}
 			}
-			for _, p := range paths {
-				if !strings.Contains(res.stdout, "refused "+p) {
-					t.Errorf("no verdict for %s:\n%s", p, res.stdout)
+			for _, p := range c.refused {
+				switch why, ok := got[p]; {
+				case !ok:
+				case why == "":
+					t.Errorf("a %s session read %s", c.name, p)
+				case !refusedBy(why, p, c.errno):
+					t.Errorf("a %s session was refused %s, but not by cat or ls opening it with %q: %s", c.name, p, c.errno, why)
 				}
 			}
 		})

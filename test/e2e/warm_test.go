@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"roost.dev/roost/internal/testenv"
 )
 
 // waitWarm waits until roostd has n sandboxes made ahead, as its metrics say.
@@ -38,9 +41,7 @@ func waitWarm(t *testing.T, d *daemon, n int) {
 // ahead, says so in inspect and its trace, and explain says it would; one that does not fit
 // starts cold and explain names why. Stopping roostd ends every sandbox no session claimed.
 func TestWarmPool(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sealed sessions need root")
-	}
+	testenv.NeedRoot(t, "sealed sessions need root")
 	d := newDaemon(t, "--warm-pool", "2")
 	fits := capsule(t, "warm-fits", `echo "uid map $(cat /proc/self/uid_map)"; exit 3`,
 		"capabilities:\n  containment: sealed\n  shell:\n    allow: [cat]\n")
@@ -68,12 +69,11 @@ func TestWarmPool(t *testing.T) {
 	if trace, _ := os.ReadFile(filepath.Join(s.RecordsDir, "trace.jsonl")); !bytes.Contains(trace, []byte(`"start":"warm"`)) {
 		t.Errorf("the trace does not say warm:\n%s", trace)
 	}
-	// The session's uid range is the sandbox's, no other session's.
+	// The session's uid range is the sandbox's: the one its uid_map maps onto is the one
+	// inspect names.
 	uidMap := strings.Fields(strings.TrimPrefix(strings.TrimSpace(res.stdout), "uid map"))
-	for _, o := range list[:len(list)-1] {
-		if strings.Contains(d.ok("inspect", o.ID), uidMap[1]) {
-			t.Errorf("session %s shares host uid %s", o.ID, uidMap[1])
-		}
+	if len(uidMap) != 3 || uidMap[0] != "0" || uidMap[1] != fmt.Sprint(d.identity(s.ID).Identity.UID) {
+		t.Errorf("the warm session's uid_map %q; inspect says it runs as host uid %d", uidMap, d.identity(s.ID).Identity.UID)
 	}
 
 	if res := d.ctl("run", other); res.code != 0 || res.stdout != "cold\n" {
@@ -83,20 +83,48 @@ func TestWarmPool(t *testing.T) {
 	if list[len(list)-1].Warm {
 		t.Error("a session that does not fit started warm")
 	}
+	// A second warm session, from the other sandbox: no two sessions share a range, warm
+	// or cold (each holds its own until rm).
+	waitWarm(t, d, 2)
+	if res := d.ctl("run", fits); res.code != 3 {
+		t.Fatalf("a second run in a warm sandbox: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	owner := map[uint32]string{}
+	list = d.ps()
+	for _, o := range list {
+		uid := d.identity(o.ID).Identity.UID
+		if prev, ok := owner[uid]; ok {
+			t.Errorf("sessions %s and %s share host uid %d", prev, o.ID, uid)
+		}
+		owner[uid] = o.ID
+	}
+	if len(list) != 3 || !list[2].Warm {
+		t.Errorf("sessions: %+v; want three, the last warm", list)
+	}
 
 	waitWarm(t, d, 2)
 	sandboxes, _ := filepath.Glob(filepath.Join(d.stateDir, "containers", "warm-*"))
 	if len(sandboxes) != 2 {
 		t.Fatalf("sandboxes waiting: %v", sandboxes)
 	}
+	sandboxPaths := func(sb string) []string {
+		id := filepath.Base(sb)
+		return append([]string{sb, filepath.Join(d.stateDir, "netns", id), filepath.Join(d.stateDir, "warm", id)}, cgroupDirs(t, id)...)
+	}
+	// Each is there while the sandboxes wait, so that their absence after means something.
+	for _, sb := range sandboxes {
+		for _, p := range sandboxPaths(sb) {
+			if _, err := os.Stat(p); err != nil {
+				t.Errorf("a waiting sandbox: %v", err)
+			}
+		}
+	}
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	d.cmd.Wait()
 	for _, sb := range sandboxes {
-		id := filepath.Base(sb)
-		for _, p := range []string{sb, filepath.Join(d.stateDir, "netns", id), filepath.Join(d.stateDir, "warm", id),
-			filepath.Join("/sys/fs/cgroup/pids/roost", id), filepath.Join("/sys/fs/cgroup/memory/roost", id)} {
-			if _, err := os.Stat(p); err == nil {
-				t.Errorf("%s left after roostd stopped", p)
+		for _, p := range sandboxPaths(sb) {
+			if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("%s left after roostd stopped: %v", p, err)
 			}
 		}
 	}
@@ -111,9 +139,7 @@ func TestWarmPool(t *testing.T) {
 // cold and explain names how it differs from each. A capsule that would not start sealed is
 // refused at roostd's start, naming it.
 func TestWarmPoolCapsuleShapes(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sealed sessions need root")
-	}
+	testenv.NeedRoot(t, "sealed sessions need root")
 	sockets := capsule(t, "warm-sockets", `grep Seccomp: /proc/self/status; exit 5`,
 		"capabilities:\n  containment: sealed\n  network:\n    unix_sockets: true\n  shell:\n    allow: [grep]\n")
 	plain := capsule(t, "warm-plain", `echo plain`, "capabilities:\n  containment: sealed\n")
@@ -169,9 +195,7 @@ func TestWarmPoolCapsuleShapes(t *testing.T) {
 // TestWarmPoolNoCarryOver: a session writes into every place it can write, leaves a
 // process behind and a SysV segment; the next session from the pool sees none of it.
 func TestWarmPoolNoCarryOver(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sealed sessions need root")
-	}
+	testenv.NeedRoot(t, "sealed sessions need root")
 	d := newDaemon(t, "--warm-pool", "1")
 	const caps = "capabilities:\n  containment: sealed\n  shell:\n    allow: [find, ls, ps, ipcs, ipcmk, sleep, grep, cat, tr]\n"
 	writer := capsule(t, "warm-writer", `for d in /work /tmp /dev/shm /root /run /run/roost /dev /dev/mqueue /var/tmp /etc /usr /capsule /; do
