@@ -9,6 +9,7 @@ import (
 
 	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/workdir"
 )
 
@@ -28,7 +29,7 @@ type (
 	// Rlimit is one resource limit applied to the program before it starts.
 	Rlimit = roostinit.Rlimit
 	// ProcessRef identifies a running session's processes across daemon restarts.
-	ProcessRef = roostinit.ProcessRef
+	ProcessRef = records.ProcessRef
 	// ExitInfo is how a program ended, as roost-init recorded it.
 	ExitInfo = roostinit.ExitInfo
 	// Outcome is what a program (roost's WASM runner) reported of its own end.

@@ -190,3 +190,13 @@ func ReadJSON(path string, v any) error {
 	}
 	return nil
 }
+
+// ProcessRef identifies a running session's processes across daemon restarts. Start times
+// (clock ticks since boot, from /proc/<pid>/stat) guard against a recycled pid.
+type ProcessRef struct {
+	InitPID   int       `json:"init_pid"`
+	InitStart uint64    `json:"init_start"`
+	PID       int       `json:"pid"`
+	PIDStart  uint64    `json:"pid_start"`
+	StartedAt time.Time `json:"started_at"`
+}

@@ -13,21 +13,6 @@ import (
 	"roost.dev/roost/pkg/manifest"
 )
 
-// policyOf is a supervised session's lowered manifest, read from the registry once and kept
-// with the session (a restarted daemon reads it when first asked, not at recovery).
-func (m *Manager) policyOf(l *liveSession, rec *store.Record) (*manifest.Policy, error) {
-	l.policyMu.Lock()
-	defer l.policyMu.Unlock()
-	if l.policy == nil {
-		_, p, err := m.reg.manifest(rec)
-		if err != nil {
-			return nil, err
-		}
-		l.policy = p
-	}
-	return l.policy, nil
-}
-
 // endpointSessions is the manager as delegation sees it (delegate.Sessions): the few things a
 // session's endpoint may ask of the sessions it reaches.
 type endpointSessions struct{ *Manager }
@@ -59,7 +44,7 @@ func (d endpointSessions) Policy(id string) (*store.Record, *manifest.Policy, er
 	if l == nil {
 		return nil, nil, fmt.Errorf("session %s is not supervised by this daemon: %w", id, errdefs.ErrFailedPrecondition)
 	}
-	p, err := d.policyOf(l, rec)
+	p, err := l.policyOf(d.reg, rec)
 	return rec, p, err
 }
 

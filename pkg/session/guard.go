@@ -33,7 +33,7 @@ func (m *Manager) guardWorkdir(l *liveSession, rec *store.Record, done <-chan st
 	defer m.wg.Done()
 	lim := workdir.Limits{Bytes: rec.WorkdirLimit, Inodes: manifest.DefaultWorkdirMaxInodes}
 	canSpawn := true
-	if p, err := m.policyOf(l, rec); err == nil {
+	if p, err := l.policyOf(m.reg, rec); err == nil {
 		lim.Inodes = p.Resources.WorkdirMaxInodes.Value
 		if lim.Bytes <= 0 {
 			lim.Bytes = p.Resources.WorkdirMaxBytes.Value

@@ -40,25 +40,25 @@ func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) 
 	if err != nil {
 		return nil, err
 	}
-	l := m.live.hold(rec.ID)
+	sid := rec.ID
+	l := m.live.hold(sid)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if rec, err = m.Get(rec.ID); err != nil {
-		m.live.release(rec.ID, l)
+	// Every way out before the program is supervised lets go of the live entry (release
+	// keeps an entry that has a process).
+	defer m.live.release(sid, l)
+	if rec, err = m.Get(sid); err != nil {
 		return nil, err
 	}
 	if rec.State != store.Staged {
-		m.live.release(rec.ID, l)
 		return nil, fmt.Errorf("session %s is %s; only a staged session can be launched: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}
 	class, err := manifest.ParseClass(rec.Achieved)
 	if err != nil {
-		m.live.release(rec.ID, l)
 		return nil, fmt.Errorf("session %s: %v: %w", rec.ID, err, errdefs.ErrDataLoss)
 	}
 	runtime := m.cfg.Runtimes[class]
 	if runtime == nil {
-		m.live.release(rec.ID, l)
 		return nil, fmt.Errorf("session %s needs a %s runtime, which this daemon does not have: %w", rec.ID, class, errdefs.ErrFailedPrecondition)
 	}
 	// A sealed session that fits takes a sandbox made ahead, and with it the sandbox's uid
@@ -98,7 +98,6 @@ func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) 
 		if sb != nil {
 			m.pool.Discard(sb)
 		}
-		m.live.release(rec.ID, l)
 		return nil, err
 	}
 	proc, err := m.start(ctx, l, rec, class, runtime, sb)
@@ -116,8 +115,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) 
 	}
 
 	ref := proc.Ref()
-	stored := store.ProcessRef(ref)
-	rec.Process = &stored
+	rec.Process = &ref
 	if l.ep != nil {
 		rec.EndpointPort = l.ep.Port()
 	}
@@ -125,8 +123,20 @@ func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) 
 	rec.DeadlineAt = ref.StartedAt.Add(deadlineOf(rec))
 	if err := m.reg.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Running) }); err != nil {
 		// The program runs but the registry refused the record: end it rather than leave
-		// a process nobody can see.
+		// a process nobody can see, and let go of what the launch took (the live entry
+		// goes with the deferred release). The record stays launching: the next start
+		// finds the process gone and records the session lost.
 		_ = proc.Signal(sigKill)
+		select {
+		case <-proc.Done():
+		case <-time.After(m.cfg.StopGrace):
+		}
+		l.stopTimers()
+		m.closeEgress(l, rec)
+		if l.ep != nil {
+			l.ep.Close()
+		}
+		m.releaseRuntime(rec)
 		return nil, err
 	}
 	if m.cfg.Observer != nil {
@@ -235,6 +245,8 @@ const TaskFile = "task.md"
 
 // launchSpec builds the program's start from the manifest recorded at staging.
 func (m *Manager) launchSpec(rec *store.Record, class manifest.Class, man *manifest.Manifest, policy *manifest.Policy, ep spawn.Endpoint) containment.Spec {
+	// What of roostd's environment reaches the session (see plan.HostVariables).
+	hostEnv, _ := plan.HostVariables(policy.Env.Allow, m.cfg.EnvPassthrough, m.cfg.HostEnv)
 	view := hostView(rec, m.trees.home(rec.ID))
 	if class == manifest.Sealed {
 		view = sealedView
@@ -276,7 +288,7 @@ func (m *Manager) launchSpec(rec *store.Record, class manifest.Class, man *manif
 		Exec:       view.paths(execFiles(rec)),
 		ExecTrees:  view.paths(execTrees(rec)),
 		Argv:       argv,
-		Env:        environment(rec, man, m.hostEnv(policy), view, extra),
+		Env:        environment(rec, man, hostEnv, view, extra),
 		NetNS:      netns,
 		Task:       task,
 		Dir:        rec.Workdir,
@@ -350,12 +362,6 @@ func (v view) command(rec *store.Record) []string {
 		argv[0] = v.capsule + "/" + rest
 	}
 	return argv
-}
-
-// hostEnv is what of roostd's environment reaches a session of the policy.
-func (m *Manager) hostEnv(p *manifest.Policy) map[string]string {
-	pass, _ := plan.HostVariables(p.Env.Allow, m.cfg.EnvPassthrough, m.cfg.HostEnv)
-	return pass
 }
 
 // environment is the program's whole environment: PATH and HOME defaults, the host

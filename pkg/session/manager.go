@@ -261,6 +261,21 @@ type liveSession struct {
 	workdirMeasured atomic.Bool
 }
 
+// policyOf is a supervised session's lowered manifest, read from the registry once and kept
+// with the session (a restarted daemon reads it when first asked, not at recovery).
+func (l *liveSession) policyOf(reg registry, rec *store.Record) (*manifest.Policy, error) {
+	l.policyMu.Lock()
+	defer l.policyMu.Unlock()
+	if l.policy == nil {
+		_, p, err := reg.manifest(rec)
+		if err != nil {
+			return nil, err
+		}
+		l.policy = p
+	}
+	return l.policy, nil
+}
+
 // Open opens the state directory's registry, reconciles every session it lists as live
 // with what actually runs, and returns a Manager ready to serve.
 func Open(cfg Config) (*Manager, error) {
@@ -325,7 +340,7 @@ func Open(cfg Config) (*Manager, error) {
 		if !ok {
 			return nil, fmt.Errorf("a warm pool needs a sealed runtime, which this daemon does not have: %w", errdefs.ErrFailedPrecondition)
 		}
-		shapes, err := m.warmShapes()
+		shapes, err := warmShapes(cfg, m.planner)
 		if err != nil {
 			return nil, fmt.Errorf("the warm pool: %w", err)
 		}

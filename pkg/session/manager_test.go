@@ -521,7 +521,8 @@ func TestRecovery(t *testing.T) {
 		t.Fatal("quick ended before the daemon closed; the test needs it running then")
 	}
 	m.Close()
-	time.Sleep(1500 * time.Millisecond)
+	// quick ends while no daemon watches: roost-init records its end in exit.json.
+	waitFile(t, filepath.Join(quick.RecordsDir, containment.ExitFile))
 	os.Remove(filepath.Join(lost.RecordsDir, containment.InitFile))
 	syscall.Kill(lost.Process.InitPID, syscall.SIGKILL)
 	syscall.Kill(-lost.Process.PID, syscall.SIGKILL)

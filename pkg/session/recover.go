@@ -79,7 +79,7 @@ func (m *Manager) recoverOne(rec *store.Record) string {
 	}
 	// Without a recorded process the daemon died mid-launch; the runtime knows where its
 	// supervisor leaves word.
-	proc, err := runtime.Attach(rec.ID, rec.RecordsDir, (*containment.ProcessRef)(rec.Process))
+	proc, err := runtime.Attach(rec.ID, rec.RecordsDir, rec.Process)
 	if err != nil {
 		// It may have ended between the look at exit.json and the attach.
 		if info, rerr := containment.ReadExit(rec.RecordsDir); rerr == nil {
@@ -99,15 +99,14 @@ func (m *Manager) recoverOne(rec *store.Record) string {
 	}
 	if rec.State == store.Launching {
 		ref := proc.Ref()
-		stored := store.ProcessRef(ref)
-		rec.Process = &stored
+		rec.Process = &ref
 		rec.StartedAt = ref.StartedAt
 		rec.DeadlineAt = ref.StartedAt.Add(deadlineOf(rec))
 		if err := m.reg.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Running) }); err != nil {
 			m.cfg.Logger.Error("recovering", "session", rec.ID, "err", err)
 		}
 	}
-	m.accounts.reopen(rec, func() (*manifest.Policy, error) { return m.policyOf(l, rec) })
+	m.accounts.reopen(rec, func() (*manifest.Policy, error) { return l.policyOf(m.reg, rec) })
 	m.reopenEndpoint(l, rec, class)
 	m.supervise(l, rec, proc)
 	return RecoveredAttached
@@ -132,11 +131,11 @@ func (m *Manager) reopenEndpoint(l *liveSession, rec *store.Record, class manife
 		return
 	}
 	maxConns := manifest.DefaultEndpointMaxConns
-	if policy, err := m.policyOf(l, rec); err == nil {
+	if policy, err := l.policyOf(m.reg, rec); err == nil {
 		maxConns = int(policy.Resources.EndpointMaxConnections.Value)
 	}
 	var proxy *egress.Session
-	if policy, err := m.policyOf(l, rec); err == nil && netns {
+	if policy, err := l.policyOf(m.reg, rec); err == nil && netns {
 		before, traced := tracedEgress(rec.RecordsDir)
 		proxy = m.openEgress(l, rec.ID, policy, before, traced)
 	}

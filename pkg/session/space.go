@@ -20,8 +20,8 @@ func diskReserve(size uint64) uint64 { return min(max(size/100, minDiskReserve),
 // checkDiskSpace refuses a new session when the state directory's filesystem is nearly full,
 // so that what runs keeps the room it needs to record how it ends. It counts a disk_full
 // limit: there is no session to note it on.
-func (m *Manager) checkDiskSpace() error {
-	d, err := store.StatDisk(m.cfg.StateDir)
+func checkDiskSpace(stateDir string, obs Observer) error {
+	d, err := store.StatDisk(stateDir)
 	if err != nil {
 		// Nothing known; the registry's own write reports a full disk.
 		return nil
@@ -35,8 +35,8 @@ func (m *Manager) checkDiskSpace() error {
 	default:
 		return nil
 	}
-	if obs, ok := m.cfg.Observer.(LimitObserver); ok {
+	if obs, ok := obs.(LimitObserver); ok {
 		obs.LimitHit(store.LimitDiskFull)
 	}
-	return store.NoSpaceError(m.cfg.StateDir, what)
+	return store.NoSpaceError(stateDir, what)
 }

@@ -107,7 +107,7 @@ func (m *Manager) Stage(opts StageOptions) (*store.Record, error) {
 		}
 	}
 	// Before the capsule is copied into the store, which is on the same filesystem.
-	if err := m.checkDiskSpace(); err != nil {
+	if err := checkDiskSpace(m.cfg.StateDir, m.cfg.Observer); err != nil {
 		return nil, err
 	}
 	// The capsule's copy in the store is named by nothing until the session is recorded:
@@ -125,7 +125,7 @@ func (m *Manager) Stage(opts StageOptions) (*store.Record, error) {
 func (m *Manager) stage(p *plan.Plan, opts StageOptions) (*store.Record, error) {
 	// A nearly full state directory takes no new session (a spawn's included); what runs
 	// keeps the room.
-	if err := m.checkDiskSpace(); err != nil {
+	if err := checkDiskSpace(m.cfg.StateDir, m.cfg.Observer); err != nil {
 		return nil, err
 	}
 	if !p.Decision.Met {

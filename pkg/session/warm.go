@@ -23,13 +23,13 @@ type WarmCapsule struct {
 // warmShapes are the shapes Config asks for: the default capsule's (WarmPool), then each
 // WarmCapsule's, planned as a stage would plan it. A capsule that would not start sealed,
 // or runs WASM, has no sandbox shape.
-func (m *Manager) warmShapes() ([]warmpool.Shape, error) {
+func warmShapes(cfg Config, planner *plan.Planner) ([]warmpool.Shape, error) {
 	var shapes []warmpool.Shape
-	if m.cfg.WarmPool > 0 {
-		shapes = append(shapes, warmpool.Shape{WarmShape: containment.DefaultWarmShape(), Size: m.cfg.WarmPool})
+	if cfg.WarmPool > 0 {
+		shapes = append(shapes, warmpool.Shape{WarmShape: containment.DefaultWarmShape(), Size: cfg.WarmPool})
 	}
-	for _, c := range m.cfg.WarmCapsules {
-		p, err := m.planner.Plan(plan.Options{Capsule: c.Dir}, false)
+	for _, c := range cfg.WarmCapsules {
+		p, err := planner.Plan(plan.Options{Capsule: c.Dir}, false)
 		if err != nil {
 			return nil, fmt.Errorf("capsule %s: %w", c.Dir, err)
 		}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"roost.dev/roost/pkg/records"
 )
 
 // The binary plays two roles, told apart by argv[0]: roost-init (the per-session supervisor
@@ -94,7 +95,7 @@ func initMain() int {
 	for fd := initSpecFD; fd <= initRecordsFD; fd++ {
 		syscall.CloseOnExec(fd)
 	}
-	const records = initRecordsFD
+	const recordsFD = initRecordsFD
 	report := os.NewFile(initReportFD, "report")
 	// roost-exec starts before the rest of roost-init's setup, on the program's pipes, and
 	// waits for its spec (hand): its own start, a process start like any, overlaps that
@@ -106,7 +107,7 @@ func initMain() int {
 	var early *pendingExec
 	if warm {
 		var err error
-		if sigs, err = setUp(records); err == nil {
+		if sigs, err = setUp(recordsFD); err == nil {
 			if pipes, err = newPump(); err == nil {
 				early, err = spawnExec(pipes, "", false, nil)
 			}
@@ -134,7 +135,7 @@ func initMain() int {
 			st := pump.finish(drainGrace)
 			info.Logs = &st
 		}
-		if err := writeExit(records, info); err != nil {
+		if err := writeExit(recordsFD, info); err != nil {
 			msg += "; and writing exit.json: " + err.Error()
 		}
 		writeReport(report, Report{Error: msg})
@@ -161,13 +162,13 @@ func initMain() int {
 		if early, err = spawnExec(pipes, spec.Exec.Dir, spec.Exec.Mounts != nil, outcome.childEnd()); err != nil {
 			return fail(spawnFailure(spec.Exec.Dir, err))
 		}
-		if sigs, err = setUp(records); err != nil {
+		if sigs, err = setUp(recordsFD); err != nil {
 			return fail("roost-init: " + err.Error())
 		}
 	}
 	// The program writes to pipes roost-init drains into the records directory, each
 	// stream held to resources.log_max_bytes.
-	if err := pipes.begin(records, spec.LogMaxBytes); err != nil {
+	if err := pipes.begin(recordsFD, spec.LogMaxBytes); err != nil {
 		return fail("roost-init: the session's output files: " + err.Error())
 	}
 	pump = pipes
@@ -181,12 +182,12 @@ func initMain() int {
 		return fail(startErr)
 	}
 	startedAt := time.Now().UTC()
-	ref := ProcessRef{InitPID: os.Getpid(), PID: pid, StartedAt: startedAt}
+	ref := records.ProcessRef{InitPID: os.Getpid(), PID: pid, StartedAt: startedAt}
 	ref.InitStart, _ = StartTime(ref.InitPID)
 	ref.PIDStart, _ = StartTime(pid)
 	// init.json only has to outlive roostd, not the host (the processes it names would not
 	// survive a host crash either): an atomic rename is enough, no fsync.
-	if err := writeJSONAtomically(records, InitFile, ref); err != nil {
+	if err := writeJSONAtomically(recordsFD, InitFile, ref); err != nil {
 		// Without init.json a restarted daemon cannot find the session; end it now rather
 		// than run something nobody can supervise.
 		_ = SignalGroup(pid, syscall.SIGKILL)
@@ -219,7 +220,7 @@ func initMain() int {
 	st := pump.finish(drainGrace)
 	info.Logs = &st
 	info.Report = outcome.finish(drainGrace)
-	if err := writeExit(records, info); err != nil {
+	if err := writeExit(recordsFD, info); err != nil {
 		return 1
 	}
 	return 0

@@ -106,8 +106,8 @@ type User struct {
 // Report is roost-init's one line to roostd: the program runs (Ref), or why it could not
 // start (Error).
 type Report struct {
-	Ref   *ProcessRef `json:"ref,omitempty"`
-	Error string      `json:"error,omitempty"`
+	Ref   *records.ProcessRef `json:"ref,omitempty"`
+	Error string              `json:"error,omitempty"`
 }
 
 // Rlimit is one resource limit applied to the program before it starts.
@@ -116,16 +116,6 @@ type Rlimit struct {
 	Name     string `json:"name"`
 	Resource int    `json:"resource"`
 	Value    uint64 `json:"value"`
-}
-
-// ProcessRef identifies a running session's processes across daemon restarts. Start times
-// (clock ticks since boot, from /proc/<pid>/stat) guard against a recycled pid.
-type ProcessRef struct {
-	InitPID   int       `json:"init_pid"`
-	InitStart uint64    `json:"init_start"`
-	PID       int       `json:"pid"`
-	PIDStart  uint64    `json:"pid_start"`
-	StartedAt time.Time `json:"started_at"`
 }
 
 // ExitInfo is how a program ended.
@@ -223,8 +213,8 @@ func ReadExit(recordsDir string) (ExitInfo, error) {
 }
 
 // ReadInit reads a session's init.json.
-func ReadInit(recordsDir string) (ProcessRef, error) {
-	var ref ProcessRef
+func ReadInit(recordsDir string) (records.ProcessRef, error) {
+	var ref records.ProcessRef
 	return ref, records.ReadJSON(filepath.Join(recordsDir, InitFile), &ref)
 }
 

@@ -9,6 +9,7 @@ package store
 import (
 	"time"
 
+	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/toolchain"
 )
 
@@ -96,8 +97,8 @@ type Record struct {
 	StartedAt    time.Time `json:"started_at,omitzero"`
 	EndedAt      time.Time `json:"ended_at,omitzero"`
 	// Process names the running processes, for signals and for re-attaching after a restart.
-	Process    *ProcessRef `json:"process,omitempty"`
-	EndRequest EndRequest  `json:"end_request,omitempty"`
+	Process    *records.ProcessRef `json:"process,omitempty"`
+	EndRequest EndRequest          `json:"end_request,omitempty"`
 	// EndSignal is the signal roost sent for an EndKill request.
 	EndSignal int `json:"end_signal,omitempty"`
 	// KillAt is when a stop under way escalates to SIGKILL; kept so a restarted daemon
@@ -161,17 +162,6 @@ func (c CapsuleRef) Root() string {
 		return c.Dir
 	}
 	return c.Source
-}
-
-// ProcessRef names a session's processes: roost-init's and the program's, each with its
-// start time so that a pid the kernel has since reused is never taken for them. It is
-// containment.ProcessRef as the record keeps it.
-type ProcessRef struct {
-	InitPID   int       `json:"init_pid"`
-	InitStart uint64    `json:"init_start"`
-	PID       int       `json:"pid"`
-	PIDStart  uint64    `json:"pid_start"`
-	StartedAt time.Time `json:"started_at"`
 }
 
 // IDs is a host uid/gid range: a sealed session's user namespace maps 0..Size-1 onto
