@@ -221,6 +221,8 @@ func crashRecovery(t *testing.T, pool bool) {
 	for _, s := range list {
 		ids[s.ID] = true
 	}
+	// By id: what a session that started cold had. One that started warm was in its
+	// sandbox's cgroup, whose name no record keeps; the waiting sandboxes' are checked above.
 	for id := range ids {
 		for _, dir := range cgroupDirs(t, id) {
 			if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {

@@ -188,8 +188,9 @@ func programEnded(s session) bool {
 
 // cgroupDirs is where the cgroup of a session or a warm sandbox called name is, in every
 // mounted hierarchy (v1 controllers, named, unified): under /roost, the parent of a roostd
-// that no systemd delegation holds, as these tests' are. A check that one is gone is only
-// worth something beside one that it was there: see TestSealedThroughRoostctl.
+// that no systemd delegation holds, as these tests' are. A session that started warm is in
+// its sandbox's cgroup, not one named after it (cgroupNameOf). A check that one is gone is
+// only worth something beside one that it was there: see TestSealedThroughRoostctl.
 func cgroupDirs(t *testing.T, name string) []string {
 	t.Helper()
 	var out []string
@@ -197,6 +198,28 @@ func cgroupDirs(t *testing.T, name string) []string {
 		out = append(out, filepath.Join(mnt, "roost", name))
 	}
 	return out
+}
+
+// cgroupNameOf is the name, under /roost, of the cgroup live process pid is in: the same in
+// every hierarchy.
+func cgroupNameOf(t *testing.T, pid int) string {
+	t.Helper()
+	name := ""
+	for h, cg := range cgroupsOf(t, pid) {
+		rest, ok := strings.CutPrefix(cg, "/roost/")
+		if !ok {
+			t.Fatalf("pid %d is in %s in hierarchy %q, not under /roost", pid, cg, h)
+		}
+		first, _, _ := strings.Cut(rest, "/")
+		if name != "" && first != name {
+			t.Fatalf("pid %d is in %s and in %s", pid, name, first)
+		}
+		name = first
+	}
+	if name == "" {
+		t.Fatalf("pid %d is in no cgroup", pid)
+	}
+	return name
 }
 
 type result struct {
@@ -722,7 +745,8 @@ func TestSealedThroughRoostctl(t *testing.T) {
 		t.Fatalf("no usage for a running sealed session")
 	}
 	// Where the check below looks for what is left, a running session's cgroup is.
-	for _, dir := range cgroupDirs(t, id) {
+	tickerCgroup := cgroupNameOf(t, d.identity(id).Pid)
+	for _, dir := range cgroupDirs(t, tickerCgroup) {
 		if _, err := os.Stat(dir); err != nil {
 			t.Errorf("the running sealed session's cgroup: %v", err)
 		}
@@ -757,8 +781,13 @@ func TestSealedThroughRoostctl(t *testing.T) {
 	if left := d.sessionMounts(); len(left) != 0 {
 		t.Fatalf("mounts of the state dir remain on the host: %v", left)
 	}
+	// By id for those that started cold; the ticker's by the name it had, warm or cold.
+	names := []string{tickerCgroup}
 	for _, s := range d.ps() {
-		for _, dir := range cgroupDirs(t, s.ID) {
+		names = append(names, s.ID)
+	}
+	for _, name := range names {
+		for _, dir := range cgroupDirs(t, name) {
 			if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("cgroup of ended session left: %s (%v)", dir, err)
 			}
