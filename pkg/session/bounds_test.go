@@ -111,6 +111,7 @@ func TestBoundsChildrenChargedToParent(t *testing.T) {
 	boundsLimitEvent(t, d.m, parent.ID, store.LimitWorkdirBytes)
 	// rm of the parent takes the child: its record, its workdir, its home, and the
 	// directory the parent's children worked in.
+	boundsHeld(t, d, parent, c)
 	if err := d.m.Remove(parent.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -136,10 +137,27 @@ func TestBoundsRemoveTakesChildren(t *testing.T) {
 	if _, err := d.m.Stop(context.Background(), parent.ID, time.Second); err != nil {
 		t.Fatal(err)
 	}
+	boundsHeld(t, d, parent, kids...)
 	if err := d.m.Remove(parent.ID); err != nil {
 		t.Fatal(err)
 	}
 	boundsGone(t, d, parent, kids...)
+}
+
+// boundsHeld checks, before an rm, that the trees boundsGone looks for are there to go: every
+// session's workdir, records and home, and the directory the parent's children work in (the
+// parent has no sealed root).
+func boundsHeld(t *testing.T, d *delegation, parent *store.Record, kids ...*store.Record) {
+	t.Helper()
+	dirs := []string{d.m.trees.children(parent.ID)}
+	for _, r := range append([]*store.Record{parent}, kids...) {
+		dirs = append(dirs, r.Workdir, r.RecordsDir, d.m.trees.home(r.ID))
+	}
+	for _, dir := range dirs {
+		if _, err := os.Lstat(dir); err != nil {
+			t.Errorf("before rm, %s is not there: %v", dir, err)
+		}
+	}
 }
 
 // boundsGone checks that nothing of a removed tree is left.
@@ -208,6 +226,7 @@ func TestBoundsSnapshotChildrenHoldTheCeiling(t *testing.T) {
 	if err := d.m.Remove(parent.ID); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "stop it before removing it") {
 		t.Fatalf("rm of a live parent: %v", err)
 	}
+	boundsHeld(t, d, parent, granted...)
 	if err := d.m.RemoveTree(context.Background(), parent.ID, true); err != nil {
 		t.Fatal(err)
 	}
@@ -252,6 +271,7 @@ func TestBoundsRemoveRefusesLiveDescendant(t *testing.T) {
 	if _, err := d.m.Get(parent.ID); err != nil {
 		t.Fatalf("a refused rm removed the parent: %v", err)
 	}
+	boundsHeld(t, d, parent, child)
 	start := time.Now()
 	if err := d.m.RemoveTree(context.Background(), parent.ID, true); err != nil {
 		t.Fatal(err)
