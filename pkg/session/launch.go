@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"roost.dev/roost/pkg/records"
+	"roost.dev/roost/pkg/session/delegate"
 	"roost.dev/roost/pkg/session/plan"
 	"roost.dev/roost/pkg/session/store"
 	"roost.dev/roost/pkg/session/warmpool"
@@ -132,7 +133,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) 
 		case <-time.After(m.cfg.StopGrace):
 		}
 		l.stopTimers()
-		m.closeEgress(l, rec)
+		m.egress.Close(rec)
 		if l.ep != nil {
 			l.ep.Close()
 		}
@@ -212,7 +213,7 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *store.Record, 
 	if m.cfg.Endpoints != nil {
 		var proxy *egress.Session
 		if hasNetNS(class) {
-			proxy = m.openEgress(l, rec.ID, policy, store.EgressTotals{}, 0)
+			proxy = m.egress.Open(rec.ID, policy, store.EgressTotals{}, 0)
 		}
 		ep, err := m.cfg.Endpoints.Open(rec.ID, hasNetNS(class), 0, int(policy.Resources.EndpointMaxConnections.Value), m.backend, proxy)
 		if err != nil {
@@ -259,7 +260,7 @@ func (m *Manager) launchSpec(rec *store.Record, class manifest.Class, man *manif
 		extra["ROOST_CREDENTIAL"] = m.cfg.Endpoints.Credential(rec.ID)
 	}
 	m.accounts.inferenceEnv(policy, ep, extra["ROOST_CREDENTIAL"], extra)
-	egressEnv(policy, ep, extra)
+	delegate.Env(policy, ep, extra)
 	if rec.HasTask {
 		task = filepath.Join(rec.RecordsDir, TaskFile)
 		extra["ROOST_TASK_FILE"] = task

@@ -160,8 +160,8 @@ type Manager struct {
 	wg     sync.WaitGroup
 
 	live liveSet
-	// egress is the proxy every session's endpoint carries; nil without Config.Egress.
-	egress *egress.Proxy
+	// egress holds the proxies sessions' endpoints carry (none without Config.Egress).
+	egress *delegate.Egress
 
 	planner *plan.Planner
 	// logCutsMu orders the notes of which log cuts were reported (CheckLogCuts).
@@ -246,9 +246,6 @@ type liveSession struct {
 	spawnMu sync.Mutex
 	proc    containment.Process
 	ep      spawn.Endpoint
-	// egress is the session's proxy, when it has a network namespace of its own.
-	egressMu sync.Mutex
-	egress   *liveEgress
 	// policy is the session's lowered manifest, for what its endpoint serves (policyOf).
 	policyMu  sync.Mutex
 	policy    *manifest.Policy
@@ -320,9 +317,11 @@ func Open(cfg Config) (*Manager, error) {
 	scoped, _ := cfg.Runtimes[manifest.Scoped].(interface{ TmpDir(string) string })
 	m.trees = trees{state: cfg.StateDir, ids: cfg.IDs, group: m.reg.parentGroup, scoped: scoped,
 		save: func(rec *store.Record) error { return m.reg.update(func(tx *store.Tx) error { return tx.Save(rec) }) }}
-	if cfg.Egress != nil {
-		m.egress = egress.New(*cfg.Egress, m, cfg.Logger)
+	var egressObs delegate.EgressObserver
+	if cfg.Observer != nil {
+		egressObs = cfg.Observer
 	}
+	m.egress = delegate.NewEgress(cfg.Egress, egressObs, m.trees.records, cfg.Logger)
 	retains, _ := cfg.Observer.(retention.Observer)
 	m.retainer = retention.New(retained{m}, retains, cfg.Logger)
 	spawns, _ := cfg.Observer.(delegate.SpawnObserver)
@@ -374,13 +373,9 @@ func (m *Manager) Close() error {
 		if l.ep != nil {
 			l.ep.Close()
 		}
-		l.egressMu.Lock()
-		if l.egress != nil {
-			l.egress.proxy.Close()
-		}
-		l.egressMu.Unlock()
 		l.mu.Unlock()
 	}
+	m.egress.Release()
 	m.wg.Wait()
 	if m.pool != nil {
 		m.pool.Close()

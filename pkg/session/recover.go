@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"roost.dev/roost/pkg/session/delegate"
 	"roost.dev/roost/pkg/session/store"
 
 	"roost.dev/roost/pkg/containment"
@@ -136,8 +137,8 @@ func (m *Manager) reopenEndpoint(l *liveSession, rec *store.Record, class manife
 	}
 	var proxy *egress.Session
 	if policy, err := l.policyOf(m.reg, rec); err == nil && netns {
-		before, traced := tracedEgress(rec.RecordsDir)
-		proxy = m.openEgress(l, rec.ID, policy, before, traced)
+		before, traced := delegate.Traced(rec.RecordsDir)
+		proxy = m.egress.Open(rec.ID, policy, before, traced)
 	}
 	ep, err := m.cfg.Endpoints.Open(rec.ID, netns, rec.EndpointPort, maxConns, m.backend, proxy)
 	if err != nil {

@@ -279,7 +279,7 @@ func (m *Manager) finish(l *liveSession, rec *store.Record, status store.ExitSta
 	if rec.State != store.Exited {
 		rec.ExitStatus, rec.ExitCode, rec.Detail, rec.EndedAt = status, code, detail, ended
 		// Before the trace's end: the proxy's last records precede it.
-		m.closeEgress(l, rec)
+		m.egress.Close(rec)
 		m.accounts.close(rec)
 		if err := records.AppendTrace(rec.RecordsDir, traceEnd(rec)); err != nil {
 			m.cfg.Logger.Warn("trace", "session", rec.ID, "err", err)
