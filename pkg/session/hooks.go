@@ -6,11 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"unicode/utf8"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
-	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/session/plan"
 	"roost.dev/roost/pkg/session/store"
 
@@ -51,15 +51,13 @@ type stageHookInput struct {
 	Explanation json.RawMessage `json:"explanation"`
 }
 
-// stageHooks asks the stage hooks about the plan; a refusal is PermissionDenied (roostctl
-// exit 125, a spawn's 403) saying which hook refused and why.
-func (m *Manager) stageHooks(p *plan.Plan, parentID string) error {
-	if m.cfg.Hooks == nil {
+// stageHooks asks the stage hooks about the plan, explained as e; a refusal is
+// PermissionDenied (roostctl exit 125, a spawn's 403) saying which hook refused and why.
+func stageHooks(ctx context.Context, h Hooks, p *plan.Plan, e *roostv1.Explanation, parentID string) error {
+	if h == nil {
 		return nil
 	}
-	explanation, err := explanationJSON.Marshal(m.planner.Explain(p, func(c manifest.Class) *roostv1.StartPath {
-		return m.pool.StartPath(&p.Policy, p.Manifest.Run.Wasm != "", c)
-	}))
+	explanation, err := explanationJSON.Marshal(e)
 	if err != nil {
 		return err
 	}
@@ -69,7 +67,7 @@ func (m *Manager) stageHooks(p *plan.Plan, parentID string) error {
 	if err != nil {
 		return err
 	}
-	err = m.cfg.Hooks.Stage(m.ctx, p.Ref.Name+"@"+p.Ref.Version, data)
+	err = h.Stage(ctx, p.Ref.Name+"@"+p.Ref.Version, data)
 	var refused *hooks.RefusedError
 	switch {
 	case err == nil:
@@ -82,22 +80,22 @@ func (m *Manager) stageHooks(p *plan.Plan, parentID string) error {
 }
 
 // endHooks tells the session_end hooks of a session's end: its final record, as
-// `roostctl inspect --json` prints it.
-func (m *Manager) endHooks(rec *store.Record) {
-	if m.cfg.Hooks == nil {
+// `roostctl inspect --json` prints it (view).
+func endHooks(h Hooks, view func(*store.Record) *roostv1.Session, log *slog.Logger, rec *store.Record) {
+	if h == nil {
 		return
 	}
-	data, err := explanationJSON.Marshal(m.cfg.SessionView(rec))
+	data, err := explanationJSON.Marshal(view(rec))
 	var compact bytes.Buffer
 	if err == nil {
 		// protojson varies its spacing on purpose; hooks get one stable form.
 		err = json.Compact(&compact, data)
 	}
 	if err != nil {
-		m.cfg.Logger.Warn("the session_end hooks' input", "session", rec.ID, "err", err)
+		log.Warn("the session_end hooks' input", "session", rec.ID, "err", err)
 		return
 	}
-	m.cfg.Hooks.SessionEnd(rec.ID, compact.Bytes())
+	h.SessionEnd(rec.ID, compact.Bytes())
 }
 
 var _ hooks.EventSink = (*Manager)(nil)

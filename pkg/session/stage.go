@@ -87,9 +87,7 @@ func (m *Manager) Explain(opts StageOptions, oci bool) (*roostv1.Explanation, []
 			return nil, nil, err
 		}
 	}
-	return m.planner.Explain(p, func(c manifest.Class) *roostv1.StartPath {
-		return m.pool.StartPath(&p.Policy, p.Manifest.Run.Wasm != "", c)
-	}), config, nil
+	return m.explain(p), config, nil
 }
 
 // Stage reads and validates the capsule, decides its containment, and records a session in
@@ -134,8 +132,10 @@ func (m *Manager) stage(p *plan.Plan, opts StageOptions) (*store.Record, error) 
 	if err := m.accounts.checkUpstream(&p.Policy, filepath.Join(p.Dir, manifest.FileName)); err != nil {
 		return nil, err
 	}
-	if err := m.stageHooks(p, opts.ParentID); err != nil {
-		return nil, err
+	if m.cfg.Hooks != nil {
+		if err := stageHooks(m.ctx, m.cfg.Hooks, p, m.explain(p), opts.ParentID); err != nil {
+			return nil, err
+		}
 	}
 	var wasm *store.WasmRun
 	if p.Manifest.Run.Wasm != "" {
@@ -182,9 +182,7 @@ func (m *Manager) stage(p *plan.Plan, opts StageOptions) (*store.Record, error) 
 	}
 	rec.HostRoot = m.planner.HostRoot(p)
 	// The session's trace opens with this: the grants, and the ids it is given below.
-	e := m.planner.Explain(p, func(c manifest.Class) *roostv1.StartPath {
-		return m.pool.StartPath(&p.Policy, p.Manifest.Run.Wasm != "", c)
-	})
+	e := m.explain(p)
 	if err := m.reg.update(func(tx *store.Tx) error {
 		if !rec.HostRoot {
 			if err := tx.AllocateIDs(rec, m.cfg.IDs); err != nil {
@@ -249,3 +247,10 @@ func newID() (string, error) {
 var explanationJSON = protojson.MarshalOptions{UseProtoNames: true, EmitDefaultValues: true}
 
 var _ OCIDescriber = (*containment.SealedRuntime)(nil)
+
+// explain is the plan grant by grant, with how a session of it would start here.
+func (m *Manager) explain(p *plan.Plan) *roostv1.Explanation {
+	return m.planner.Explain(p, func(c manifest.Class) *roostv1.StartPath {
+		return m.pool.StartPath(&p.Policy, p.Manifest.Run.Wasm != "", c)
+	})
+}

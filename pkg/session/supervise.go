@@ -302,7 +302,7 @@ func (m *Manager) finish(l *liveSession, rec *store.Record, status store.ExitSta
 			ended = append(ended, "ran", rec.EndedAt.Sub(rec.StartedAt).Round(time.Millisecond).String())
 		}
 		m.cfg.Logger.Info("session ended", ended...)
-		m.endHooks(rec)
+		endHooks(m.cfg.Hooks, m.cfg.SessionView, m.cfg.Logger, rec)
 	}
 	if l.ep != nil {
 		l.ep.Close()
