@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"roost.dev/roost/pkg/manifest"
@@ -15,9 +16,9 @@ import (
 // Hostile capsules against the exec allowlist: each tries to widen what Landlock lets its
 // program execute through a file it controls (a #! line, a shell.allow entry, PATH).
 
-// execAllowProbe runs a program nothing in the allowlist names: it prints RAN only if the
-// allowlist was widened beyond the shell.
-const execAllowProbe = `/usr/bin/id >/dev/null 2>&1 && echo RAN || echo "id refused"`
+// execAllowProbe runs a program nothing in the allowlist names: "ok id" only if the allowlist
+// was widened beyond the shell, else "denied id:" and why.
+const execAllowProbe = tryScript + `try id /usr/bin/id`
 
 // execAllowCapsule is a capsule directory the session's uid can read, holding files
 // (name to content), each executable.
@@ -129,7 +130,7 @@ func TestHostileExecAllowShebangInShellAllow(t *testing.T) {
 				capsule := execAllowCapsule(t, map[string]string{"helper.sh": "#!" + interp + "\necho helper\n"})
 				helper := capsulePath(class, capsule, "helper.sh")
 				_, out, se := execAllowRun(t, class, "shell: {allow: ["+helper+"]}", capsule, []string{"/bin/sh", "-c", execAllowProbe}, nil)
-				if strings.Contains(out, "RAN") {
+				if strings.Contains(out, "ok id") {
 					t.Fatalf("#!%s in shell.allow let /usr/bin/id run:\n%s", interp, out)
 				}
 				wants := []string{helper}
@@ -174,7 +175,7 @@ func TestHostileExecAllowNestedShebang(t *testing.T) {
 			}
 			helper := capsulePath(class, capsule, "helper.sh")
 			_, out, se := execAllowRun(t, class, "shell: {allow: ["+helper+"]}", capsule, []string{"/bin/sh", "-c", execAllowProbe}, nil)
-			if strings.Contains(out, "RAN") {
+			if strings.Contains(out, "ok id") {
 				t.Fatalf("a nested #!/ let /usr/bin/id run:\n%s", out)
 			}
 			expectRefusal(t, se, out, interp, `"/"`)
@@ -190,7 +191,7 @@ func TestHostileExecAllowAbsoluteEntries(t *testing.T) {
 		for name, entry := range map[string]string{"dir": "/usr/bin", "device": "/dev/null", "unexecutable": "/etc/passwd"} {
 			t.Run(class.String()+"_"+name, func(t *testing.T) {
 				_, out, se := execAllowRun(t, class, "shell: {allow: ["+entry+"]}", execAllowCapsule(t, nil), []string{"/bin/sh", "-c", execAllowProbe}, nil)
-				if strings.Contains(out, "RAN") {
+				if strings.Contains(out, "ok id") {
 					t.Fatalf("shell.allow [%s] let /usr/bin/id run:\n%s", entry, out)
 				}
 				expectRefusal(t, se, out, "shell.allow", strconv.Quote(entry))
@@ -201,9 +202,17 @@ func TestHostileExecAllowAbsoluteEntries(t *testing.T) {
 			if se != nil {
 				t.Fatalf("a missing absolute entry refused the launch: %v", se)
 			}
-			if info.Code != 0 || !strings.Contains(out, "id refused") {
+			if info.Code != 0 {
 				t.Fatalf("exit %+v:\n%s", info, out)
 			}
+			// Landlock refuses the exec.
+			expectDenied(t, out, syscall.EACCES, "id")
+			// The control: allowed beside the missing entry, id runs.
+			_, out, se = execAllowRun(t, class, "shell: {allow: [/nonexistent/tool, /usr/bin/id]}", execAllowCapsule(t, nil), []string{"/bin/sh", "-c", execAllowProbe}, nil)
+			if se != nil {
+				t.Fatalf("refused: %v", se)
+			}
+			expectAllowed(t, out, "id")
 		})
 	}
 }

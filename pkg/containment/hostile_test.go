@@ -1,8 +1,11 @@
 package containment
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,28 +25,133 @@ func expectOutput(t *testing.T, out string, wants ...string) {
 	}
 }
 
+// tryScript defines try, through which escape probes make their attempts: try LABEL CMD
+// ARGS... runs CMD ARGS with its output discarded and says "ok LABEL", or "denied LABEL: "
+// and what the command said on stderr (on one line), which names the errno. An attempt
+// judged only by failing would pass for a command that was never found, or was refused for
+// a reason other than the one the test is about.
+const tryScript = `try() { l=$1; shift; if e=$("$@" 2>&1 >/dev/null); then echo "ok $l"; else printf 'denied %s:' "$l"; (set -f; printf ' %s' $e); echo; fi; }
+`
+
+// attempt is what try said of one label.
+type attempt struct {
+	ok  bool
+	msg string
+}
+
+func attempts(out string) map[string]attempt {
+	m := map[string]attempt{}
+	for _, line := range strings.Split(out, "\n") {
+		if label, ok := strings.CutPrefix(line, "ok "); ok {
+			m[label] = attempt{ok: true}
+		} else if rest, ok := strings.CutPrefix(line, "denied "); ok {
+			label, msg, _ := strings.Cut(rest, ": ")
+			m[label] = attempt{msg: msg}
+		}
+	}
+	return m
+}
+
+// expectAllowed fails unless every labelled attempt succeeded: a probe's positive control,
+// which shows the attempt works where nothing holds it.
+func expectAllowed(t *testing.T, out string, labels ...string) {
+	t.Helper()
+	got := attempts(out)
+	for _, l := range labels {
+		if a, ok := got[l]; !ok {
+			t.Errorf("no attempt %q:\n%s", l, out)
+		} else if !a.ok {
+			t.Errorf("%s: denied (%s) where it must succeed:\n%s", l, a.msg, out)
+		}
+	}
+}
+
+// expectDenied fails unless every labelled attempt failed with errno, as the C library words
+// it in the command's message.
+func expectDenied(t *testing.T, out string, errno syscall.Errno, labels ...string) {
+	t.Helper()
+	expectDeniedSaying(t, out, errno.Error(), labels...)
+}
+
+// expectDeniedSaying fails unless every labelled attempt failed saying why in words that
+// hold want (case aside): for a command that names the failure without its errno.
+func expectDeniedSaying(t *testing.T, out, want string, labels ...string) {
+	t.Helper()
+	got := attempts(out)
+	for _, l := range labels {
+		switch a, ok := got[l]; {
+		case !ok:
+			t.Errorf("no attempt %q:\n%s", l, out)
+		case a.ok:
+			t.Errorf("%s: ESCAPED: the attempt succeeded:\n%s", l, out)
+		case !strings.Contains(strings.ToLower(a.msg), strings.ToLower(want)):
+			t.Errorf("%s: denied with %q, want %q:\n%s", l, a.msg, want, out)
+		}
+	}
+}
+
+// onHost runs a probe script with /bin/sh on the host, as the test (root), with env added:
+// the positive control of attempts that must all succeed there.
+func onHost(t *testing.T, script string, env ...string) string {
+	t.Helper()
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Dir = t.TempDir()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the probe on the host: %v\n%s", err, out)
+	}
+	return string(out)
+}
+
 func TestHostileHostPathsAbsent(t *testing.T) {
 	state, _ := os.Getwd()
+	paths := []string{"/home", "/var/lib/roost", "/run/roost/roostd.sock", state, "/etc/shadow", "/proc/1/root/etc/shadow", "/root/.bashrc", "/root/.ssh"}
+	var script strings.Builder
+	script.WriteString(tryScript)
+	for _, p := range paths {
+		fmt.Fprintf(&script, "try %[1]q ls -d %[1]q\n", p)
+	}
 	// /root is the session's own home, empty at its start, never the host's.
-	script := `for p in /home /var/lib/roost /run/roost/roostd.sock ` + state + ` /etc/shadow /proc/1/root/etc/shadow /root/.bashrc /root/.ssh; do
-  if [ -e "$p" ]; then echo "PRESENT $p"; else echo "absent $p"; fi
-done
-[ -z "$(ls -A /root)" ] && echo "own empty home" || echo "PRESENT host home"`
-	_, out, _, _ := sealedRun(t, "capabilities: {containment: sealed, shell: {allow: [ls]}}", script)
+	script.WriteString(`[ -z "$(ls -A /root)" ] && echo "own empty home" || echo "PRESENT host home"`)
+	_, out, _, _ := sealedRun(t, "capabilities: {containment: sealed, shell: {allow: [ls]}}", script.String())
 	if strings.Contains(out, "PRESENT") {
 		t.Fatalf("host paths visible in the sealed root:\n%s", out)
 	}
-	expectOutput(t, out, "absent /home", "absent "+state, "absent /root/.ssh")
+	// roost-init's root, its own, is out of the program's reach (roost-init is not dumpable).
+	expectDenied(t, out, syscall.ENOENT, slices.DeleteFunc(slices.Clone(paths), func(p string) bool { return strings.HasPrefix(p, "/proc/1/") })...)
+	expectDenied(t, out, syscall.EACCES, "/proc/1/root/etc/shadow")
+	expectOutput(t, out, "own empty home")
+	// The control: the same probe on the host sees every one of them the host has (the
+	// state directory and /etc/shadow always), and a home that is not empty.
+	var present []string
+	for _, p := range paths {
+		if _, err := os.Lstat(p); err == nil {
+			present = append(present, p)
+		} else {
+			t.Logf("%s is absent on this host too: the probe proves nothing of it here", p)
+		}
+	}
+	if !slices.Contains(present, state) || !slices.Contains(present, "/etc/shadow") {
+		t.Fatalf("the host lacks the state directory or /etc/shadow: %v", present)
+	}
+	host := onHost(t, script.String())
+	expectAllowed(t, host, present...)
+	if entries, _ := os.ReadDir("/root"); len(entries) > 0 {
+		expectOutput(t, host, "PRESENT host home")
+	}
 }
 
 func TestHostileReadOnlyUsrEtc(t *testing.T) {
-	_, out, _, _ := sealedRun(t, "capabilities: {containment: sealed, shell: {allow: [touch]}}",
-		`for f in /usr/evil /etc/evil /capsule/evil /evil /.roost/evil; do touch $f 2>/dev/null && echo "WROTE $f" || echo "refused $f"; done
-echo data > /.roost/roost-init 2>/dev/null && echo "WROTE init" || echo "refused init"`)
-	if strings.Contains(out, "WROTE") {
-		t.Fatalf("wrote outside /work and /tmp:\n%s", out)
-	}
-	expectOutput(t, out, "refused /usr/evil", "refused /etc/evil", "refused /capsule/evil", "refused init")
+	// The same attempts at /work and /tmp are the control: touch runs, and writes where the
+	// session may. Writing the host's /usr to prove the point is not an option.
+	_, out, _, _ := sealedRun(t, "capabilities: {containment: sealed, shell: {allow: [touch]}}", tryScript+
+		`write() { echo data > "$1"; }
+for f in /usr/evil /etc/evil /capsule/evil /evil /.roost/evil /work/evil /tmp/evil; do try $f touch $f; done
+try init write /.roost/roost-init
+try own write /work/own`)
+	expectAllowed(t, out, "/work/evil", "/tmp/evil", "own")
+	expectDenied(t, out, syscall.EROFS, "/usr/evil", "/etc/evil", "/capsule/evil", "/evil", "/.roost/evil", "init")
 }
 
 const unixSocketProbe = `perl -e 'use Socket; if (socket(my $s, PF_UNIX, SOCK_STREAM, 0)) { print "unix socket: allowed\n" } else { print "unix socket: $!\n" }
@@ -152,14 +260,28 @@ func TestHostileOtherSessionsInvisible(t *testing.T) {
 func TestHostileInitUntouchable(t *testing.T) {
 	// PID 1 is roost-init: the program may not read its memory, its descriptors (the records
 	// directory among them) or trace it.
-	_, out, _, _ := sealedRun(t, "capabilities: {containment: sealed, shell: {allow: [ls, cat, perl]}}",
-		`for f in /proc/1/fd/*; do ls "$f/" >/dev/null 2>&1 && echo "READ dir $f"; cat "$f" >/dev/null 2>&1 && echo "READ $f"; done
-for f in /proc/1/mem /proc/1/environ /proc/1/root/; do cat "$f" >/dev/null 2>&1 && echo "READ $f" || echo "$f refused"; done
-perl -e '$r = syscall(101, 16, 1, 0, 0); print "ptrace pid1: ", ($r < 0 ? "refused" : "ALLOWED"), "\n"'`)
-	if strings.Contains(out, "READ") || strings.Contains(out, "ALLOWED") {
+	// The same reads of the program's own /proc entries are the control: they work, so what
+	// fails on PID 1's is its being out of reach. ptrace has no such control in the session
+	// (seccomp refuses it whatever the target): its errno is seccomp's.
+	_, out, _, _ := sealedRun(t, "capabilities: {containment: sealed, shell: {allow: [ls, cat, perl]}}", tryScript+
+		`for f in /proc/1/fd/*; do ls "$f/" >/dev/null 2>&1 && echo "READ dir $f"; [ -e "$f" ] && echo "READ (followed) $f"; done
+for p in 1 $$; do
+  who=init; [ $p = 1 ] || who=own
+  try $who-environ cat /proc/$p/environ
+  try $who-root ls /proc/$p/root/
+  for fd in 0 1 2; do try $who-fd$fd ls -L /proc/$p/fd/$fd; done
+done
+try init-mem cat /proc/1/mem
+perl -e '$r = syscall(101, 16, 1, 0, 0); print $r < 0 ? "denied ptrace: $!\n" : "ok ptrace\n"'`)
+	if strings.Contains(out, "READ") {
 		t.Fatalf("roost-init reachable:\n%s", out)
 	}
-	expectOutput(t, out, "/proc/1/mem refused", "/proc/1/environ refused", "ptrace pid1: refused")
+	// Its descriptors' numbers can be listed; none can be followed (stat through the link
+	// tells, where a read could block on a pipe; its stdio is tried by name: the rest come
+	// and go as it works).
+	expectAllowed(t, out, "own-environ", "own-root", "own-fd0", "own-fd1", "own-fd2")
+	expectDenied(t, out, syscall.EACCES, "init-fd0", "init-fd1", "init-fd2", "init-environ", "init-root", "init-mem")
+	expectDenied(t, out, syscall.EPERM, "ptrace")
 }
 
 func TestHostileTmpBounded(t *testing.T) {
@@ -192,23 +314,26 @@ func TestHostileScopeSymlinkRefused(t *testing.T) {
 }
 
 func TestHostileScopeHoldsWrites(t *testing.T) {
-	_, out, _, s := sealedRun(t, "capabilities: {containment: sealed, filesystem: {scope: src, read_only: [src/tests]}, shell: {allow: [touch]}}",
-		`touch /work/outside 2>/dev/null && echo "WROTE outside" || echo "refused outside"
-touch /work/src/inside && echo "wrote inside"
-touch /work/src/tests/t 2>/dev/null && echo "WROTE tests" || echo "refused tests"`)
-	if strings.Contains(out, "WROTE") {
-		t.Fatalf("a write escaped the scope:\n%s", out)
-	}
-	expectOutput(t, out, "refused outside", "wrote inside", "refused tests")
+	// The write inside the scope is the control: the same touch, where the session may.
+	_, out, _, s := sealedRun(t, "capabilities: {containment: sealed, filesystem: {scope: src, read_only: [src/tests]}, shell: {allow: [touch]}}", tryScript+
+		`try outside touch /work/outside
+try inside touch /work/src/inside
+try tests touch /work/src/tests/t`)
+	expectAllowed(t, out, "inside")
+	expectDenied(t, out, syscall.EROFS, "outside", "tests")
 	if _, err := os.Stat(filepath.Join(s.Dir, "src", "inside")); err != nil {
 		t.Fatalf("the scope's write did not reach the workdir: %v", err)
 	}
 }
 
 func TestHostileWorkdirNoexec(t *testing.T) {
-	_, out, _, _ := sealedRun(t, "capabilities: {containment: sealed, shell: {allow: [cp, chmod]}}",
-		`cp /usr/bin/true /work/mytrue && chmod +x /work/mytrue && /work/mytrue && echo "RAN" || echo "refused"`)
-	if strings.Contains(out, "RAN") {
-		t.Fatalf("a binary copied into the workdir ran:\n%s", out)
-	}
+	probe := tryScript + `try copy cp /usr/bin/true /work/mytrue
+try chmod chmod +x /work/mytrue
+try run /work/mytrue`
+	_, out, _, _ := sealedRun(t, "capabilities: {containment: sealed, shell: {allow: [cp, chmod]}}", probe)
+	expectAllowed(t, out, "copy", "chmod")
+	expectDenied(t, out, syscall.EACCES, "run")
+	// The control: the same probe, in a session whose workdir may exec, runs it.
+	_, out, _, _ = sealedRun(t, "capabilities: {containment: sealed, filesystem: {workdir_exec: true}, shell: {allow: [cp, chmod]}}", probe)
+	expectAllowed(t, out, "copy", "chmod", "run")
 }

@@ -1,8 +1,10 @@
 package containment
 
 import (
+	"bufio"
 	"context"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -43,39 +45,47 @@ func TestScopedHoldsTheHostView(t *testing.T) {
 	// needs no write access (it sets the times), so a leftover would read as a write.
 	hostTmp := "/tmp/roost-evil-" + strconv.Itoa(os.Getpid())
 	t.Cleanup(func() { _ = os.Remove(hostTmp) })
-	info, out, errOut, s := scopedRun(t, "capabilities: {containment: scoped, shell: {allow: [grep, touch, cat]}}",
+	// The host-safe attempts (no write to the host's /etc) are tried on the host too, where
+	// each must work; in the session, the same commands on what is its own are the control.
+	hostSafe := tryScript + `try outside touch ` + outside + `
+try /tmp touch ` + hostTmp + `
+try ls ls /
+try init kill -0 1
+try daemon kill -0 ` + strconv.Itoa(os.Getpid()) + "\n"
+	info, out, errOut, s := scopedRun(t, "capabilities: {containment: scoped, shell: {allow: [grep, touch, cat]}}", hostSafe+
 		`grep -E '^(Seccomp|NoNewPrivs|CapEff|CapBnd):' /proc/self/status
-cat /etc/hostname >/dev/null && echo "host readable"
-touch /etc/evil 2>/dev/null && echo "WROTE /etc" || echo "refused /etc"
-touch `+outside+` 2>/dev/null && echo "WROTE outside" || echo "refused outside"
-touch `+hostTmp+` 2>/dev/null && echo "WROTE /tmp" || echo "refused /tmp"
-touch "$TMPDIR/mine" && echo "own tmp writable"
-echo hi > out.txt && echo "workdir writable"
-ls / >/dev/null 2>&1 && echo "RAN ls" || echo "ls refused"
-kill -0 1 2>/dev/null && echo "SIGNALLED init" || echo "signal refused"
-kill -0 `+strconv.Itoa(os.Getpid())+` 2>/dev/null && echo "SIGNALLED the daemon" || echo "daemon signal refused"`)
+write() { echo hi > "$1"; }
+try host-read cat /etc/hostname
+try /etc touch /etc/evil
+try own-tmp touch "$TMPDIR/mine"
+try workdir write out.txt
+try own-signal kill -0 $$`)
 	if info.Code != 0 {
 		t.Fatalf("exit %+v\n%s\n%s", info, out, errOut)
 	}
-	if strings.Contains(out, "WROTE") || strings.Contains(out, "RAN") || strings.Contains(out, "SIGNALLED") {
-		t.Fatalf("scoped session escaped:\n%s", out)
-	}
-	expectOutput(t, out, "Seccomp:\t2", "NoNewPrivs:\t1", "CapEff:\t0000000000000000", "CapBnd:\t0000000000000000",
-		"host readable", "refused /etc", "refused outside", "refused /tmp", "own tmp writable", "workdir writable", "ls refused", "signal refused", "daemon signal refused")
+	expectOutput(t, out, "Seccomp:\t2", "NoNewPrivs:\t1", "CapEff:\t0000000000000000", "CapBnd:\t0000000000000000")
+	expectAllowed(t, out, "host-read", "own-tmp", "workdir", "own-signal")
+	// Landlock holds the writes and exec (ls is not on the allowlist), its uid the signals.
+	expectDenied(t, out, syscall.EACCES, "/etc", "outside", "/tmp", "ls")
+	expectDenied(t, out, syscall.EPERM, "init", "daemon")
 	if data, err := os.ReadFile(filepath.Join(s.Dir, "out.txt")); err != nil || string(data) != "hi\n" {
 		t.Fatalf("workdir file: %q %v", data, err)
 	}
+	if _, err := os.Stat(hostTmp); err == nil {
+		t.Fatalf("the session wrote %s", hostTmp)
+	}
+	expectAllowed(t, onHost(t, hostSafe), "outside", "/tmp", "ls", "init", "daemon")
 }
 
 func TestScopedScopeAndSockets(t *testing.T) {
-	_, out, _, _ := scopedRun(t, "capabilities: {containment: scoped, filesystem: {scope: src}, shell: {allow: [touch, perl]}}",
-		`touch outside 2>/dev/null && echo "WROTE outside" || echo "refused outside"
-touch src/inside && echo "wrote inside"
+	// The write inside the scope is the control: the same touch, where the session may.
+	_, out, _, _ := scopedRun(t, "capabilities: {containment: scoped, filesystem: {scope: src}, shell: {allow: [touch, perl]}}", tryScript+
+		`try outside touch outside
+try inside touch src/inside
 `+unixSocketProbe)
-	if strings.Contains(out, "WROTE") {
-		t.Fatalf("a write escaped the scope:\n%s", out)
-	}
-	expectOutput(t, out, "refused outside", "wrote inside", "unix socket: Permission denied", "inet socket: allowed")
+	expectAllowed(t, out, "inside")
+	expectDenied(t, out, syscall.EACCES, "outside")
+	expectOutput(t, out, "unix socket: Permission denied", "inet socket: allowed")
 }
 
 func TestScopedMemoryBomb(t *testing.T) {
@@ -100,7 +110,10 @@ func TestScopedNetworkNamespace(t *testing.T) {
 			if err != nil {
 				return
 			}
-			c.Write([]byte("HTTP/1.0 200 OK\r\n\r\nhost service\n"))
+			// The request read first: closed on it unread, the connection would be reset.
+			if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+				c.Write([]byte("HTTP/1.0 200 OK\r\n\r\nhost service\n"))
+			}
 			c.Close()
 		}
 	}()
@@ -109,14 +122,20 @@ func TestScopedNetworkNamespace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, out, errOut, _ := scopedRun(t, "capabilities: {containment: scoped, shell: {allow: [curl, readlink, cat]}}",
-		`readlink /proc/self/ns/net
-curl -s --max-time 5 http://127.0.0.1:`+port+`/ && echo "REACHED the host" || echo "host loopback unreachable"
+	probe := tryScript + `try host-service curl -sSv --max-time 5 http://127.0.0.1:` + port + "/\n"
+	_, tried, errOut, _ := scopedRun(t, "capabilities: {containment: scoped, shell: {allow: [curl, readlink, cat]}}", probe+
+		`echo ---
+readlink /proc/self/ns/net
 cat /proc/net/dev`)
-	if strings.Contains(out, "REACHED") || strings.Contains(out, hostNS) {
+	tried, out, _ := strings.Cut(tried, "---\n")
+	// Nothing listens on its own loopback; the host's service, which the host reaches
+	// (the control), is in another namespace.
+	expectDenied(t, tried, syscall.ECONNREFUSED, "host-service")
+	expectAllowed(t, onHost(t, probe), "host-service")
+	if strings.Contains(out, hostNS) {
 		t.Fatalf("the scoped session shares the host's network (host %s):\n%s\n%s", hostNS, out, errOut)
 	}
-	expectOutput(t, out, "host loopback unreachable", "net:[")
+	expectOutput(t, out, "net:[")
 	// Only lo: /proc/net/dev lists one interface.
 	if n := strings.Count(out, ":"); n != 2 || !strings.Contains(out, "lo:") {
 		t.Fatalf("interfaces other than lo:\n%s", out)
