@@ -11,6 +11,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"roost.dev/roost/pkg/containment/seccomp"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -165,11 +166,11 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 			ReadonlyPaths: present(example.Linux.ReadonlyPaths),
 		},
 	}
-	seccomp, err := seccompProfile(spec, p.Network.UnixSockets)
+	filter, err := seccomp.Profile(spec, p.Network.UnixSockets)
 	if err != nil {
 		return nil, err
 	}
-	spec.Linux.Seccomp = seccomp
+	spec.Linux.Seccomp = filter
 	return spec, nil
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"roost.dev/roost/pkg/containment/seccomp"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -174,7 +175,7 @@ func (h Host) Checks() []Check {
 		out = append(out, Check{Name: "seccomp", Status: "warn", Detail: "not offered by the kernel", Hint: "boot a kernel with CONFIG_SECCOMP_FILTER=y"})
 	}
 	out = append(out, cgroupCheck(h.Cgroups), h.cgroupParentCheck(), h.systemdDriverCheck())
-	if seccompBuilt {
+	if seccomp.Built {
 		out = append(out, Check{Name: "seccomp in roostd", Status: "ok", Detail: "built with libseccomp (the seccomp build tag)"})
 	} else {
 		out = append(out, Check{Name: "seccomp in roostd", Status: "fail", Detail: "built without seccomp support",

@@ -15,6 +15,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"roost.dev/roost/pkg/containment/roostinit"
+	"roost.dev/roost/pkg/containment/seccomp"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -151,11 +152,11 @@ func scopedExecSpec(spec Spec, user *roostinit.User, tmp string) (roostinit.Exec
 // scopedSeccomp is the sealed profile for the session's policy, compiled.
 func scopedSeccomp(p *manifest.Policy) ([]byte, error) {
 	spec := &specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{}}}
-	profile, err := seccompProfile(spec, p.Network.UnixSockets)
+	profile, err := seccomp.Profile(spec, p.Network.UnixSockets)
 	if err != nil {
 		return nil, err
 	}
-	return compileSeccomp(profile)
+	return seccomp.Compile(profile)
 }
 
 // Attach re-attaches to a scoped session a previous daemon started.

@@ -21,6 +21,7 @@ import (
 	"roost.dev/roost/pkg/artifact"
 	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/containment/sealer"
+	"roost.dev/roost/pkg/containment/seccomp"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -662,7 +663,7 @@ func rehearse(ctx context.Context, r starter, class manifest.Class, scratch stri
 	switch {
 	case os.Geteuid() != 0:
 		return errors.New("roostd does not run as root; run it as root (deploy/systemd/roostd.service)")
-	case !seccompBuilt:
+	case !seccomp.Built:
 		return errors.New("roostd was built without seccomp support; build it with -tags seccomp and libseccomp-dev (make build does)")
 	}
 	dir, err := os.MkdirTemp(scratch, ".rehearsal-")

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"roost.dev/roost/pkg/containment/seccomp"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -52,7 +53,7 @@ func needRoot(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("sealed sessions need root")
 	}
-	if !seccompBuilt {
+	if !seccomp.Built {
 		t.Skip("built without the seccomp tag: run with -tags seccomp (make test does)")
 	}
 }
