@@ -1,96 +1,19 @@
-package containment
+package containment_test
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/internal/testkit"
 	"roost.dev/roost/pkg/containment/sealer"
-	"roost.dev/roost/pkg/manifest"
 )
-
-var (
-	sealerOnce   sync.Once
-	sealerClient *sealer.Client
-	sealerErr    error
-)
-
-// testSealer is a roost-sealer built from cmd/roost-sealer as the Makefile builds it, shared by
-// this test binary's sealed runtimes: sealed sessions start through it, as roostd's do. It
-// ends with the test binary (its control socket closes).
-func testSealer(t *testing.T) Option {
-	t.Helper()
-	needRoot(t)
-	sealerOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "roost-sealer-")
-		if err != nil {
-			sealerErr = err
-			return
-		}
-		bin := filepath.Join(dir, sealer.Name)
-		cmd := exec.Command("go", "build", "-tags", "seccomp", "-trimpath", "-o", bin, "roost.dev/roost/cmd/roost-sealer")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			sealerErr = fmt.Errorf("building roost-sealer: %v\n%s", err, out)
-			return
-		}
-		sealerClient, sealerErr = sealer.NewClient(bin)
-	})
-	if sealerErr != nil {
-		t.Fatal(sealerErr)
-	}
-	return WithSealer(sealerClient)
-}
-
-// sealedSpec is the start of script as sealed session id with the capabilities caps.
-func sealedSpec(t *testing.T, id, caps, script string) Spec {
-	t.Helper()
-	s := spec(t, "/bin/sh", "-c", script)
-	s.SessionID = id
-	s.Class = manifest.Sealed
-	s.Policy = sealedPolicy(t, caps)
-	s.CapsuleDir = t.TempDir()
-	s.Env = []string{"PATH=/usr/bin:/bin"}
-	return s
-}
-
-// claimSandbox gives s a sandbox's ids and (unless "") records directory, as roostd gives
-// them to the session that claims it.
-func claimSandbox(t *testing.T, s *Spec, ids IDs, records string) {
-	t.Helper()
-	s.IDs = ids
-	if err := os.Chown(s.Dir, int(ids.First), int(ids.First)); err != nil {
-		t.Fatal(err)
-	}
-	if records == "" {
-		return
-	}
-	if err := os.Remove(s.RecordsDir); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(records, s.RecordsDir); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// startSealed starts script as sealed session id with the capabilities caps.
-func startSealed(t *testing.T, rt *SealedRuntime, id, script, caps string) (Process, Spec) {
-	t.Helper()
-	s := sealedSpec(t, id, caps, script)
-	p, err := rt.Start(context.Background(), s)
-	if err != nil {
-		t.Fatalf("sealed start: %v", err)
-	}
-	return p, s
-}
 
 // parentOf is pid's parent pid and that parent's name.
 func parentOf(t *testing.T, pid int) (int, string) {
@@ -109,14 +32,14 @@ func parentOf(t *testing.T, pid int) (int, string) {
 // roost-sealer killed while sessions run takes none of them with it, their ends are recorded
 // as ever, and the next start brings up a new roost-sealer.
 func TestSealerStartsAndSurvivesItsOwnDeath(t *testing.T) {
-	opt := testSealer(t)
-	rt, err := NewSealedRuntime(reachableDir(t), staticInit(t), testIDs(), opt)
+	opt := kit.Sealer(t)
+	rt, err := kit.NewSealedRuntime(testkit.ReachableDir(t), kit.Init(t), kit.IDs(), opt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := func(name, script string) (Process, Spec) {
+	start := func(name, script string) (containment.Process, containment.Spec) {
 		t.Helper()
-		p, s := startSealed(t, rt, "ses_sealer_"+name, script, "capabilities: {containment: sealed, shell: {allow: [sleep, grep]}}")
+		p, s := kit.StartSealed(t, rt, "ses_sealer_"+name, script, "capabilities: {containment: sealed, shell: {allow: [sleep, grep]}}")
 		t.Cleanup(func() { _ = rt.Release(s.SessionID) })
 		return p, s
 	}
@@ -129,11 +52,11 @@ func TestSealerStartsAndSurvivesItsOwnDeath(t *testing.T) {
 	if err := syscall.Kill(sealerPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	info := waitDone(t, first)
+	info := testkit.WaitDone(t, first)
 	if info.Code != 3 {
 		t.Fatalf("the session running when roost-sealer was killed ended %+v, want code 3", info)
 	}
-	out := readFile(t, filepath.Join(firstSpec.RecordsDir, StdoutFile))
+	out := testkit.ReadFile(t, filepath.Join(firstSpec.RecordsDir, containment.StdoutFile))
 	for _, want := range []string{"Seccomp:\t2", "CapEff:\t0000000000000000"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
@@ -150,7 +73,7 @@ func TestSealerStartsAndSurvivesItsOwnDeath(t *testing.T) {
 	if name != sealer.Name || newPID == sealerPID {
 		t.Fatalf("the next session's init is the child of %q (pid %d); want a new %s (the old was %d)", name, newPID, sealer.Name, sealerPID)
 	}
-	if info := waitDone(t, second); info.Code != 0 {
+	if info := testkit.WaitDone(t, second); info.Code != 0 {
 		t.Fatalf("second session: %+v", info)
 	}
 }
@@ -158,14 +81,14 @@ func TestSealerStartsAndSurvivesItsOwnDeath(t *testing.T) {
 // A session whose program ends before roostd hears back gets its end all the same: the init
 // roost-sealer reaps at once must not be mistaken for whatever process takes its pid.
 func TestSealerQuickProgram(t *testing.T) {
-	opt := testSealer(t)
-	rt, err := NewSealedRuntime(reachableDir(t), staticInit(t), testIDs(), opt)
+	opt := kit.Sealer(t)
+	rt, err := kit.NewSealedRuntime(testkit.ReachableDir(t), kit.Init(t), kit.IDs(), opt)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range 5 {
-		p, s := startSealed(t, rt, fmt.Sprintf("ses_sealer_quick_%d", i), "exit 7", "capabilities: {containment: sealed}")
-		if info := waitDone(t, p); info.Code != 7 {
+		p, s := kit.StartSealed(t, rt, fmt.Sprintf("ses_sealer_quick_%d", i), "exit 7", "capabilities: {containment: sealed}")
+		if info := testkit.WaitDone(t, p); info.Code != 7 {
 			t.Fatalf("exit %+v, want 7", info)
 		}
 		if err := rt.Release(s.SessionID); err != nil {
