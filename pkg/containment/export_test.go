@@ -27,9 +27,3 @@ const (
 	SealedWork    = sealedWork
 	SealedCapsule = sealedCapsule
 )
-
-// CgroupPath is where session id's cgroup goes.
-func CgroupPath(c *Cgroups, id string) string { return c.placeOf(id).Path }
-
-// CgroupsHeld lists the sessions with a noted cgroup.
-func CgroupsHeld(c *Cgroups) ([]string, error) { return c.held() }

@@ -11,6 +11,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"roost.dev/roost/pkg/containment/cgroups"
 	"roost.dev/roost/pkg/containment/seccomp"
 	"roost.dev/roost/pkg/manifest"
 )
@@ -29,11 +30,6 @@ const (
 	SealedTaskPath = "/run/roost/task.md"
 	// SealedHome is a sealed session's HOME: root's home, as its passwd says.
 	SealedHome = "/root"
-	// CgroupParent is where sessions' cgroups go when roostd's own cgroup is not delegated
-	// to it (see DefaultCgroupParent), /roost/<session> in every hierarchy, and where every
-	// scoped and sealed session's cgroup went before the parent was configurable: Release
-	// and Attach look there too.
-	CgroupParent = "/roost"
 	// devShmBytes bounds /dev/shm; it is memory, charged to the session's cgroup too.
 	devShmBytes = 64 << 20
 )
@@ -42,7 +38,7 @@ const (
 type SealedLayout struct {
 	SessionID string
 	// CgroupsPath is the session's cgroup, as the OCI spec's cgroupsPath says it: a path
-	// (cgroupfs) or slice:prefix:name (systemd); "" is CgroupParent/<session>.
+	// (cgroupfs) or slice:prefix:name (systemd); "" is cgroups.FallbackParent/<session>.
 	CgroupsPath string
 	// Rootfs is the directory composed for the session (see composeRoot).
 	Rootfs     string
@@ -178,7 +174,7 @@ func (l SealedLayout) cgroupsPath() string {
 	if l.CgroupsPath != "" {
 		return l.CgroupsPath
 	}
-	return path.Join(CgroupParent, l.SessionID)
+	return path.Join(cgroups.FallbackParent, l.SessionID)
 }
 
 // moreMasked are what roost hides in /proc and /sys beyond runc's defaults: moby's
@@ -275,15 +271,12 @@ func tmpBytes(p *manifest.Policy) int64 {
 	return min(p.Resources.WorkdirMaxBytes.Value, p.Resources.CgroupMemoryBytes.Value)
 }
 
-// cpuPeriod is the CFS period the cpu quota is expressed in (100 ms).
-const cpuPeriod = 100_000
-
 func resources(p *manifest.Policy) *specs.LinuxResources {
 	r := p.Resources
 	mem := r.CgroupMemoryBytes.Value
 	pids := r.CgroupPidsMax.Value
-	quota := r.CgroupCPUPercent.Value * cpuPeriod / 100
-	period := uint64(cpuPeriod)
+	quota := r.CgroupCPUPercent.Value * cgroups.CPUPeriod / 100
+	period := uint64(cgroups.CPUPeriod)
 	deny := []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}
 	return &specs.LinuxResources{
 		Devices: deny,

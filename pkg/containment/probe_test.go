@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/cgroups"
 )
 
 func TestMapUserNS(t *testing.T) {
@@ -96,4 +97,36 @@ func TestIDConflicts(t *testing.T) {
 			t.Fatalf("conflicts: %q", got)
 		}
 	})
+}
+
+// The probe says where sessions' cgroups go by default, and why, and the doctor's checks say
+// it too; a configured parent, reported in, replaces it (the cgroups package's
+// TestDefaultCgroupParentDecision tests the decision itself).
+func TestProbeReportsCgroups(t *testing.T) {
+	parent, why := cgroups.DefaultParent()
+	h := containment.Probe()
+	if h.CgroupParent != parent || h.CgroupParentWhy != why || h.CgroupDriver != cgroups.DriverCgroupfs || h.SystemdDriverWhy == "" || h.Cgroups != cgroups.Mode() {
+		t.Errorf("probe %+v", h)
+	}
+	var names []string
+	for _, c := range h.Checks() {
+		names = append(names, c.Name)
+	}
+	if !slices.Contains(names, "cgroup parent") || !slices.Contains(names, "systemd cgroup driver") {
+		t.Errorf("checks %v", names)
+	}
+	c, err := cgroups.New(cgroups.Config{Parent: "/roost-report"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Report(&h)
+	if h.CgroupParent != "/roost-report" || h.CgroupParentWhy != "--cgroup-parent /roost-report" || h.CgroupParentHint != "" {
+		t.Errorf("report %+v", h)
+	}
+	h.CgroupParentHint = "add DelegateSubgroup=supervisor"
+	for _, c := range h.Checks() {
+		if c.Name == "cgroup parent" && (c.Status != "warn" || c.Hint != h.CgroupParentHint || !strings.HasPrefix(c.Detail, "/roost-report (cgroupfs driver): ")) {
+			t.Errorf("check %+v", c)
+		}
+	}
 }

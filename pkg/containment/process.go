@@ -11,8 +11,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/opencontainers/cgroups"
+	ocgroups "github.com/opencontainers/cgroups"
 
+	"roost.dev/roost/pkg/containment/cgroups"
 	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/manifest"
 )
@@ -39,13 +40,13 @@ const reportTimeout = 30 * time.Second
 
 // ProcessRuntime runs sessions of the classes that need no kernel sandbox (unconfined,
 // advisory) as a plain process tree under roost-init, in a cgroup of the session's own
-// without limits (<parent>/<session>; see Cgroups), which roost-init is started into
+// without limits (<parent>/<session>; see package cgroups), which roost-init is started into
 // before the program exists: a session's processes never share roostd's cgroup.
 type ProcessRuntime struct {
 	// Init is the binary that plays roost-init and roost-exec.
 	Init string
 	// cg says where sessions' cgroups go; nil is the default configuration.
-	cg *Cgroups
+	cg *cgroups.Sessions
 }
 
 // NewProcessRuntime returns a runtime that starts sessions under the roost-init binary at
@@ -56,11 +57,11 @@ func NewProcessRuntime(init string, opts ...Option) *ProcessRuntime {
 }
 
 // Cgroups is where the runtime puts its sessions' cgroups.
-func (r *ProcessRuntime) Cgroups() *Cgroups {
+func (r *ProcessRuntime) Cgroups() *cgroups.Sessions {
 	if r.cg != nil {
 		return r.cg
 	}
-	return defaultCgroups()
+	return cgroups.Default()
 }
 
 // SelfInit is the init path of a binary that calls RunHelper first thing in main.
@@ -74,7 +75,7 @@ type plainProcess struct {
 	cmd *exec.Cmd
 	// cgroup is the session's cgroup; nil when it has none (a session started before
 	// plain sessions had one, or on a host that lets roostd make none).
-	cgroup cgroups.Manager
+	cgroup ocgroups.Manager
 }
 
 var (
@@ -90,13 +91,13 @@ func (r *ProcessRuntime) Start(ctx context.Context, spec Spec) (_ Process, retEr
 	if err != nil {
 		return nil, err
 	}
-	cg, err := r.Cgroups().create(spec.SessionID, nil)
+	cg, err := r.Cgroups().Create(spec.SessionID, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer func() {
 		if retErr != nil && cg != nil {
-			_ = r.Cgroups().remove(spec.SessionID)
+			_ = r.Cgroups().Remove(spec.SessionID)
 		}
 	}()
 	p, err := r.start(ctx, spec, plainExecSpec(spec, user), cg)
@@ -114,7 +115,7 @@ func plainExecSpec(spec Spec, user *roostinit.User) roostinit.ExecSpec {
 
 // start starts roost-init in the session's cgroup cg (nil: none), with exec as what
 // roost-exec applies before the program.
-func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostinit.ExecSpec, cg *sessionCgroup) (*plainProcess, error) {
+func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostinit.ExecSpec, cg *cgroups.Session) (*plainProcess, error) {
 	io, err := openInitIO(spec.RecordsDir)
 	if err != nil {
 		return nil, err
@@ -140,7 +141,7 @@ func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostini
 		}
 		return cmd
 	}
-	into := cg.intoFD()
+	into := cg.IntoFD()
 	if into != nil {
 		defer into.Close()
 	}
@@ -159,7 +160,7 @@ func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostini
 	// roost-init waits for its spec before it does anything: it, and so everything it starts,
 	// is in the session's cgroup in every hierarchy before the program exists.
 	if cg != nil {
-		if err := cg.join(cmd.Process.Pid, into != nil); err != nil {
+		if err := cg.Join(cmd.Process.Pid, into != nil); err != nil {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
 			return nil, err
@@ -190,7 +191,7 @@ func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostini
 	}
 	p := &plainProcess{ref: *rep.Ref, recordsDir: spec.RecordsDir, cmd: cmd, watch: w}
 	if cg != nil {
-		p.cgroup = cg.m
+		p.cgroup = cg.Manager()
 	}
 	if w == nil {
 		// roost-init already ended: the program was quicker than us.
@@ -341,7 +342,7 @@ func (r *ProcessRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (
 		return nil, err
 	}
 	// Its cgroup wherever it is: where it was noted, the parent now, or /roost.
-	return &plainProcess{ref: *ref, recordsDir: recordsDir, watch: w, cgroup: r.Cgroups().manager(sessionID, nil)}, nil
+	return &plainProcess{ref: *ref, recordsDir: recordsDir, watch: w, cgroup: r.Cgroups().Manager(sessionID, nil)}, nil
 }
 
 // awaitInit reads init.json, giving a roost-init of the session that is still starting the
@@ -365,11 +366,11 @@ func awaitInit(sessionID, recordsDir string) (*ProcessRef, error) {
 
 // Release removes the session's cgroup wherever it is (where it was noted, under the
 // parent, or under /roost), ending anything still in it.
-func (r *ProcessRuntime) Release(sessionID string) error { return r.Cgroups().remove(sessionID) }
+func (r *ProcessRuntime) Release(sessionID string) error { return r.Cgroups().Remove(sessionID) }
 
-// Held lists the sessions whose cgroups are noted (CgroupConfig.StateDir) and not yet
+// Held lists the sessions whose cgroups are noted (cgroups.Config.StateDir) and not yet
 // removed: whatever their class, Release removes them.
-func (r *ProcessRuntime) Held() ([]string, error) { return r.Cgroups().held() }
+func (r *ProcessRuntime) Held() ([]string, error) { return r.Cgroups().Held() }
 
 func (p *plainProcess) Ref() ProcessRef       { return p.ref }
 func (p *plainProcess) Done() <-chan struct{} { return p.watch.done }
@@ -385,11 +386,11 @@ func (p *plainProcess) Signal(sig syscall.Signal) error {
 
 // Usage reads the session's cgroup, its ceilings too.
 func (p *plainProcess) Usage() (Usage, error) {
-	u, err := usage(p.cgroup)
+	u, err := cgroups.ReadUsage(p.cgroup)
 	if err != nil {
 		return u, err
 	}
-	u.MemoryLimitBytes, u.PidsLimit = cgroupLimits(p.cgroup)
+	u.MemoryLimitBytes, u.PidsLimit = cgroups.Limits(p.cgroup)
 	return u, nil
 }
 
@@ -412,14 +413,5 @@ type Meter interface {
 	Usage() (Usage, error)
 }
 
-// Usage is what a session's processes use now.
-type Usage struct {
-	MemoryBytes     int64
-	MemoryPeakBytes int64
-	CPUSeconds      float64
-	Pids            int64
-	// MemoryLimitBytes and PidsLimit are the cgroup's ceilings (memory.max, pids.max); 0
-	// when it has none, as an advisory session's cgroup, which holds no limits.
-	MemoryLimitBytes int64
-	PidsLimit        int64
-}
+// Usage is what a session's processes use now, as their cgroup counts it.
+type Usage = cgroups.Usage

@@ -11,9 +11,10 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/opencontainers/cgroups"
+	ocgroups "github.com/opencontainers/cgroups"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"roost.dev/roost/pkg/containment/cgroups"
 	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/containment/seccomp"
 	"roost.dev/roost/pkg/manifest"
@@ -49,7 +50,7 @@ func NewScopedRuntime(stateDir, init string, rehearsal IDs, opts ...Option) (*Sc
 func (r *ScopedRuntime) TmpDir(sessionID string) string { return filepath.Join(r.tmp, sessionID) }
 
 // Cgroups is where the runtime puts its sessions' cgroups.
-func (r *ScopedRuntime) Cgroups() *Cgroups { return r.plain.Cgroups() }
+func (r *ScopedRuntime) Cgroups() *cgroups.Sessions { return r.plain.Cgroups() }
 
 // scopedProcess is a plainProcess whose cgroup holds limits, and is always there.
 type scopedProcess struct {
@@ -63,15 +64,15 @@ var (
 )
 
 // scopedResources are a scoped session's cgroup limits: memory with swap 0, pids, cpu.
-func scopedResources(p *manifest.Policy) *cgroups.Resources {
+func scopedResources(p *manifest.Policy) *ocgroups.Resources {
 	r := p.Resources
 	mem := r.CgroupMemoryBytes.Value
-	return &cgroups.Resources{
+	return &ocgroups.Resources{
 		Memory:      mem,
 		MemorySwap:  mem,
 		PidsLimit:   ptrInt64(r.CgroupPidsMax.Value),
-		CpuQuota:    r.CgroupCPUPercent.Value * cpuPeriod / 100,
-		CpuPeriod:   cpuPeriod,
+		CpuQuota:    r.CgroupCPUPercent.Value * cgroups.CPUPeriod / 100,
+		CpuPeriod:   cgroups.CPUPeriod,
 		SkipDevices: true,
 	}
 }
@@ -111,7 +112,7 @@ func (r *ScopedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	// The cgroup, with its limits, is there before roost-init: roost-init is started into it
 	// (and with it roost-exec and the program), and counts against its pids and memory as a
 	// sealed session's does.
-	cg, err := r.Cgroups().create(spec.SessionID, scopedResources(spec.Policy))
+	cg, err := r.Cgroups().Create(spec.SessionID, scopedResources(spec.Policy))
 	if err != nil {
 		return nil, err
 	}
@@ -168,7 +169,7 @@ func (r *ScopedRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (P
 	plain := p.(*plainProcess)
 	if plain.cgroup == nil {
 		// Found nowhere: a manager of where it would be, so pausing and reading say so.
-		if plain.cgroup, err = r.Cgroups().placeOf(sessionID).manager(nil); err != nil {
+		if plain.cgroup, err = r.Cgroups().PlaceOf(sessionID).Manager(nil); err != nil {
 			return nil, err
 		}
 	}
@@ -296,14 +297,14 @@ func beneathAny(path string, dirs []string) bool {
 // Release removes the session's cgroup wherever it is (ending anything left in it) and its
 // temporary directory.
 func (r *ScopedRuntime) Release(sessionID string) error {
-	return errors.Join(r.Cgroups().remove(sessionID), os.RemoveAll(r.TmpDir(sessionID)))
+	return errors.Join(r.Cgroups().Remove(sessionID), os.RemoveAll(r.TmpDir(sessionID)))
 }
 
 // Held lists sessions that still have a temporary directory.
 func (r *ScopedRuntime) Held() ([]string, error) { return dirNames(r.tmp) }
 
-func (p *scopedProcess) Pause() error  { return p.cgroup.Freeze(cgroups.Frozen) }
-func (p *scopedProcess) Resume() error { return p.cgroup.Freeze(cgroups.Thawed) }
+func (p *scopedProcess) Pause() error  { return p.cgroup.Freeze(ocgroups.Frozen) }
+func (p *scopedProcess) Resume() error { return p.cgroup.Freeze(ocgroups.Thawed) }
 
 func (p *scopedProcess) Exit() (ExitInfo, error) {
 	info, err := p.plainProcess.Exit()

@@ -19,6 +19,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"roost.dev/roost/pkg/artifact"
+	"roost.dev/roost/pkg/containment/cgroups"
 	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/containment/sealer"
 	"roost.dev/roost/pkg/containment/seccomp"
@@ -45,7 +46,7 @@ type SealedRuntime struct {
 	// rehearsal is the id range rehearsals run as: one no session is ever given.
 	rehearsal IDs
 	// cg says where sessions' cgroups go; nil is the default configuration.
-	cg *Cgroups
+	cg *cgroups.Sessions
 	// sealer starts the containers when set; nil: this process does.
 	sealer *sealer.Client
 	// fits keeps Fits's verdicts by policy.
@@ -143,18 +144,18 @@ func (r *SealedRuntime) collectRoots() error {
 }
 
 // Cgroups is where the runtime puts its sessions' cgroups.
-func (r *SealedRuntime) Cgroups() *Cgroups {
+func (r *SealedRuntime) Cgroups() *cgroups.Sessions {
 	if r.cg != nil {
 		return r.cg
 	}
-	return defaultCgroups()
+	return cgroups.Default()
 }
 
 // Layout is where the session's parts go; Explain shows it with placeholders.
 func (r *SealedRuntime) Layout(sessionID, workdir, capsuleDir string) SealedLayout {
 	return SealedLayout{
 		SessionID:   sessionID,
-		CgroupsPath: r.Cgroups().ociPath(sessionID),
+		CgroupsPath: r.Cgroups().OCIPath(sessionID),
 		Rootfs:      r.root,
 		Workdir:     workdir,
 		CapsuleDir:  capsuleDir,
@@ -313,11 +314,11 @@ func (r *SealedRuntime) run(ctx context.Context, id string, config *configs.Conf
 	// Noted before libcontainer makes it: a crash before its state is written leaves a
 	// cgroup Release still finds.
 	cg := r.Cgroups()
-	place := cg.placeOf(id)
-	if err := place.check(id); err != nil {
+	place := cg.PlaceOf(id)
+	if err := place.Check(id); err != nil {
 		return nil, nil, 0, err
 	}
-	if err := cg.note(id, place); err != nil {
+	if err := cg.Note(id, place); err != nil {
 		return nil, nil, 0, err
 	}
 	initArgs, initEnv := append([]string{sealedInitPath, id}, extra...), []string{"PATH=" + defaultPath}
@@ -508,7 +509,7 @@ func awaitInner(recordsDir string, initPID int, initStart uint64) (*ProcessRef, 
 // the cgroup wherever it is: where libcontainer's state says, where it was noted, under
 // the parent, under /roost.
 func (r *SealedRuntime) Release(sessionID string) error {
-	if err := checkSessionID(sessionID); err != nil {
+	if err := cgroups.CheckSessionID(sessionID); err != nil {
 		return err
 	}
 	var errs []error
@@ -523,7 +524,7 @@ func (r *SealedRuntime) Release(sessionID string) error {
 	} else if err := os.RemoveAll(filepath.Join(r.containers, sessionID)); err != nil {
 		errs = append(errs, err)
 	}
-	if err := r.Cgroups().remove(sessionID); err != nil {
+	if err := r.Cgroups().Remove(sessionID); err != nil {
 		errs = append(errs, err)
 	}
 	// A root Bundle composed for the session (the shared root stays).
@@ -773,6 +774,6 @@ func (p *sealedProcess) Usage() (Usage, error) {
 		Pids:            int64(c.PidsStats.Current),
 	}
 	// The same read carried the ceilings: no second pass over the cgroup's files.
-	u.MemoryLimitBytes, u.PidsLimit = statsLimits(c)
+	u.MemoryLimitBytes, u.PidsLimit = cgroups.StatsLimits(c)
 	return u, nil
 }

@@ -13,10 +13,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/opencontainers/cgroups"
+	ocgroups "github.com/opencontainers/cgroups"
 	cgroupsmanager "github.com/opencontainers/cgroups/manager"
 
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/cgroups"
 	"roost.dev/roost/pkg/containment/internal/cgtest"
 	"roost.dev/roost/pkg/containment/internal/testkit"
 	"roost.dev/roost/pkg/manifest"
@@ -125,8 +126,8 @@ func TestCgroupsScopedAndSealedUnderTheParent(t *testing.T) {
 			ref := p.Ref()
 			cgtest.ExpectIn(t, "roost-init", ref.InitPID, cg)
 			cgtest.ExpectIn(t, "the program", ref.PID, cg)
-			if _, err := os.Stat(filepath.Join(containment.CgroupParent, s.SessionID)); err == nil {
-				t.Errorf("a cgroup at %s/%s too", containment.CgroupParent, s.SessionID)
+			if _, err := os.Stat(filepath.Join(cgroups.FallbackParent, s.SessionID)); err == nil {
+				t.Errorf("a cgroup at %s/%s too", cgroups.FallbackParent, s.SessionID)
 			}
 			// The limits are the session's own.
 			for _, mnt := range cgtest.Hierarchies() {
@@ -136,7 +137,7 @@ func TestCgroupsScopedAndSealedUnderTheParent(t *testing.T) {
 					}
 				}
 			}
-			if held, _ := containment.CgroupsHeld(c); !slices.Contains(held, s.SessionID) {
+			if held, _ := c.Held(); !slices.Contains(held, s.SessionID) {
 				t.Errorf("the session's cgroup is not noted: %v", held)
 			}
 			testkit.KillAndWait(t, p)
@@ -144,7 +145,7 @@ func TestCgroupsScopedAndSealedUnderTheParent(t *testing.T) {
 				t.Fatal(err)
 			}
 			cgtest.ExpectDirs(t, cg, false)
-			if held, _ := containment.CgroupsHeld(c); slices.Contains(held, s.SessionID) {
+			if held, _ := c.Held(); slices.Contains(held, s.SessionID) {
 				t.Errorf("the note outlived Release: %v", held)
 			}
 		})
@@ -200,7 +201,7 @@ func TestCgroupsFoundAfterACrash(t *testing.T) {
 // and no note: Attach and Release still find it.
 func TestCgroupsAtTheOldLocation(t *testing.T) {
 	testkit.NeedRoot(t)
-	old, err := containment.NewCgroups(containment.CgroupConfig{Parent: containment.CgroupParent})
+	old, err := cgroups.New(cgroups.Config{Parent: cgroups.FallbackParent})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,8 +209,8 @@ func TestCgroupsAtTheOldLocation(t *testing.T) {
 
 	t.Run("bare", func(t *testing.T) {
 		id := "ses_old_bare_" + suffix
-		cg := path.Join(containment.CgroupParent, id)
-		m, err := cgroupsmanager.New(&cgroups.Cgroup{Path: cg, Resources: &cgroups.Resources{}})
+		cg := path.Join(cgroups.FallbackParent, id)
+		m, err := cgroupsmanager.New(&ocgroups.Cgroup{Path: cg, Resources: &ocgroups.Resources{}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -247,7 +248,7 @@ func TestCgroupsAtTheOldLocation(t *testing.T) {
 				Attach(string, string, *containment.ProcessRef) (containment.Process, error)
 				Release(string) error
 			}
-			mk := func(c *containment.Cgroups) runtime {
+			mk := func(c *cgroups.Sessions) runtime {
 				if class == manifest.Scoped {
 					r, err := kit.NewScopedRuntime(state, kit.Init(t), kit.IDs(), containment.WithCgroups(c))
 					if err != nil {
@@ -269,7 +270,7 @@ func TestCgroupsAtTheOldLocation(t *testing.T) {
 			if class == manifest.Sealed {
 				s.Env = []string{"PATH=/usr/bin:/bin", "HOME=/work"}
 			}
-			cg := path.Join(containment.CgroupParent, s.SessionID)
+			cg := path.Join(cgroups.FallbackParent, s.SessionID)
 			t.Cleanup(func() { cgtest.RemoveTree(cg) })
 			p, err := mk(old).Start(context.Background(), s)
 			if err != nil {

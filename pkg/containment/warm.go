@@ -22,13 +22,14 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"roost.dev/roost/pkg/containment/cgroups"
 	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/manifest"
 )
 
 // WarmPrefix begins the id of every sandbox made ahead of its session: a name no session
 // id takes, so a restarted daemon tells an unclaimed sandbox from a session's container.
-const WarmPrefix = "warm-"
+const WarmPrefix = cgroups.SandboxPrefix
 
 // Sandbox is a sealed container made before its session: user, pid, mount, network, IPC,
 // UTS and cgroup namespaces, cgroup, seccomp filter, the shared root with /proc, /dev,
@@ -376,7 +377,7 @@ func (r *SealedRuntime) StartWarm(ctx context.Context, sb *Sandbox, spec Spec) (
 	// From here the container is the session's: whatever fails, Release of the session
 	// finds and ends it.
 	cg := r.Cgroups()
-	if err := cg.note(id, cg.placeOf(sb.ID)); err != nil {
+	if err := cg.Note(id, cg.PlaceOf(sb.ID)); err != nil {
 		_ = r.Discard(sb)
 		return nil, err
 	}
@@ -384,7 +385,7 @@ func (r *SealedRuntime) StartWarm(ctx context.Context, sb *Sandbox, spec Spec) (
 		_ = r.Discard(sb)
 		return nil, fmt.Errorf("claiming sandbox %s: %w", sb.ID, err)
 	}
-	_ = cg.forget(sb.ID)
+	_ = cg.Forget(sb.ID)
 	defer func() {
 		if retErr != nil {
 			if sb.proc != nil {
@@ -588,7 +589,7 @@ func makeFileMountPoint(p string, ids IDs) error {
 func (r *SealedRuntime) config(id string, s *specs.Spec) (*configs.Config, error) {
 	config, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{
 		CgroupName:       id,
-		UseSystemdCgroup: r.Cgroups().driver == CgroupDriverSystemd,
+		UseSystemdCgroup: r.Cgroups().Driver() == cgroups.DriverSystemd,
 		NoNewKeyring:     true,
 		Spec:             s,
 	})

@@ -131,7 +131,7 @@ func TestWarmStartMatchesCold(t *testing.T) {
 				if sb != nil {
 					place = sb.ID
 				}
-				limits[i] = cgroupFiles(containment.CgroupPath(rt.Cgroups(), place))
+				limits[i] = cgroupFiles(rt.Cgroups().PlaceOf(place).Path)
 				// A root composed for a sandbox (host_read) went to its session, which
 				// Release removes.
 				if left, _ := filepath.Glob(filepath.Join(state, "roots", containment.WarmPrefix+"*")); len(left) > 0 {

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/cgroups"
 	"roost.dev/roost/pkg/containment/internal/cgtest"
 	"roost.dev/roost/pkg/containment/sealer"
 	"roost.dev/roost/pkg/containment/seccomp"
@@ -37,7 +38,7 @@ type Kit struct {
 	slot    atomic.Uint32
 	parents atomic.Int32
 	warm    *bool
-	cgroups *containment.Cgroups
+	cgroups *cgroups.Sessions
 
 	initOnce sync.Once
 	initBin  string
@@ -57,7 +58,7 @@ func (k *Kit) Main(m *testing.M) int {
 	k.warm = flag.Bool("warm", false, "start sealed test sessions in sandboxes made ahead (roostd --warm-pool) where they fit")
 	if os.Geteuid() == 0 {
 		parent := "/roost-unit-" + strconv.Itoa(os.Getpid())
-		if c, err := containment.NewCgroups(containment.CgroupConfig{Parent: parent}); err == nil {
+		if c, err := cgroups.New(cgroups.Config{Parent: parent}); err == nil {
 			k.cgroups = c
 			defer func() {
 				if err := cgtest.RemoveTree(parent); err != nil {
@@ -102,10 +103,10 @@ func (k *Kit) NewSealedRuntime(stateDir, init string, rehearsal containment.IDs,
 
 // TestCgroups is a cgroupfs configuration whose parent is the test's own, removed with
 // everything beneath it when the test ends; notes go to stateDir ("" for none).
-func (k *Kit) TestCgroups(t *testing.T, stateDir string) *containment.Cgroups {
+func (k *Kit) TestCgroups(t *testing.T, stateDir string) *cgroups.Sessions {
 	t.Helper()
 	parent := fmt.Sprintf("/roost-test-%d-%d", os.Getpid(), k.parents.Add(1))
-	c, err := containment.NewCgroups(containment.CgroupConfig{Parent: parent, StateDir: stateDir})
+	c, err := cgroups.New(cgroups.Config{Parent: parent, StateDir: stateDir})
 	if err != nil {
 		t.Fatal(err)
 	}

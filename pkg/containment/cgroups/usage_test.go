@@ -1,4 +1,4 @@
-package containment
+package cgroups
 
 import (
 	"math"

@@ -1,4 +1,4 @@
-package containment
+package cgroups
 
 import (
 	"errors"
@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/opencontainers/cgroups"
+	ocgroups "github.com/opencontainers/cgroups"
 	"golang.org/x/sys/unix"
 
 	"roost.dev/roost/pkg/containment/internal/cgtest"
@@ -22,7 +22,7 @@ var lastTestParent atomic.Int32
 
 func TestCgroupParentRefused(t *testing.T) {
 	for _, parent := range []string{"roost", "./roost", "/roost/", "/roost//x", "/roost/../etc", "/..", "/", "/roost/./x", "/ro\nost", "/ro\x00st"} {
-		if _, err := NewCgroups(CgroupConfig{Parent: parent}); err == nil || !strings.Contains(err.Error(), "--cgroup-parent") {
+		if _, err := New(Config{Parent: parent}); err == nil || !strings.Contains(err.Error(), "--cgroup-parent") {
 			t.Errorf("parent %q: %v", parent, err)
 		}
 	}
@@ -35,36 +35,35 @@ func TestCgroupParentRefused(t *testing.T) {
 			if parent == "/" {
 				continue
 			}
-			if _, err := NewCgroups(CgroupConfig{Parent: parent}); err == nil || !strings.Contains(err.Error(), "roostd's own cgroup") {
+			if _, err := New(Config{Parent: parent}); err == nil || !strings.Contains(err.Error(), "roostd's own cgroup") {
 				t.Errorf("parent %s holding the test's cgroup %s (%q): %v", parent, p, h, err)
 			}
 		}
 	}
-	if _, err := NewCgroups(CgroupConfig{Driver: "lxc"}); err == nil || !strings.Contains(err.Error(), `--cgroup-driver "lxc"`) {
+	if _, err := New(Config{Driver: "lxc"}); err == nil || !strings.Contains(err.Error(), `--cgroup-driver "lxc"`) {
 		t.Errorf("unknown driver: %v", err)
 	}
-	if _, err := NewCgroups(CgroupConfig{Parent: "/roost-ok/x"}); err != nil {
+	if _, err := New(Config{Parent: "/roost-ok/x"}); err != nil {
 		t.Errorf("a good parent: %v", err)
 	}
 }
 
-// A session id that is not one path element names no session's cgroup: Release refuses it
-// rather than kill what is somewhere else.
+// A session id that is not one path element names no session's cgroup: Remove (what every
+// runtime's Release calls) refuses it rather than kill what is somewhere else.
 func TestCgroupsRefuseForeignIDs(t *testing.T) {
-	c := &Cgroups{driver: CgroupDriverCgroupfs, parent: "/roost-never"}
-	rt := NewProcessRuntime(SelfInit, WithCgroups(c))
+	c := &Sessions{driver: DriverCgroupfs, parent: "/roost-never"}
 	for _, id := range []string{"", ".", "..", "../etc", "a/b", ".hidden", "x\ny"} {
-		if err := rt.Release(id); err == nil {
-			t.Errorf("Release(%q) accepted", id)
+		if err := c.Remove(id); err == nil {
+			t.Errorf("Remove(%q) accepted", id)
 		}
 	}
 	// A note naming another cgroup than the session's is not followed.
-	for _, p := range []cgroupPlace{
-		{CgroupDriverCgroupfs, "/"}, {CgroupDriverCgroupfs, "/ses_x"}, {CgroupDriverCgroupfs, "/roost/other"},
-		{CgroupDriverCgroupfs, "/roost/../ses_x"}, {CgroupDriverSystemd, "roost.slice:roost:other"},
-		{CgroupDriverSystemd, "-.slice:roost:ses_x"}, {CgroupDriverSystemd, "roost.slice:runc:ses_x"}, {"lxc", "/roost/ses_x"},
+	for _, p := range []Place{
+		{DriverCgroupfs, "/"}, {DriverCgroupfs, "/ses_x"}, {DriverCgroupfs, "/roost/other"},
+		{DriverCgroupfs, "/roost/../ses_x"}, {DriverSystemd, "roost.slice:roost:other"},
+		{DriverSystemd, "-.slice:roost:ses_x"}, {DriverSystemd, "roost.slice:runc:ses_x"}, {"lxc", "/roost/ses_x"},
 	} {
-		if err := p.check("ses_x"); err == nil {
+		if err := p.Check("ses_x"); err == nil {
 			t.Errorf("place %+v accepted for ses_x", p)
 		}
 	}
@@ -78,8 +77,8 @@ func TestCgroupsSystemdDriver(t *testing.T) {
 		if _, err := os.Stat("/run/systemd/system"); err != nil {
 			want = "--cgroup-driver systemd: systemd is not running as PID 1 on this host (no /run/systemd/system); use --cgroup-driver cgroupfs"
 		}
-		for _, cfg := range []CgroupConfig{{Driver: CgroupDriverSystemd}, {Driver: CgroupDriverSystemd, Parent: "machine-roost.slice"}} {
-			if _, err := NewCgroups(cfg); err == nil || err.Error() != want {
+		for _, cfg := range []Config{{Driver: DriverSystemd}, {Driver: DriverSystemd, Parent: "machine-roost.slice"}} {
+			if _, err := New(cfg); err == nil || err.Error() != want {
 				t.Errorf("systemd driver without systemd: %v, want %s", err, want)
 			}
 		}
@@ -87,7 +86,7 @@ func TestCgroupsSystemdDriver(t *testing.T) {
 		t.Log("systemd is PID 1 here: " + why)
 	}
 	for _, slice := range []string{"roost", "roost.scope", "-.slice", "a--b.slice", "-a.slice", "a/b.slice", "ro ost.slice", ".slice"} {
-		if _, err := NewCgroups(CgroupConfig{Driver: CgroupDriverSystemd, Parent: slice}); err == nil || !strings.Contains(err.Error(), "--cgroup-parent") {
+		if _, err := New(Config{Driver: DriverSystemd, Parent: slice}); err == nil || !strings.Contains(err.Error(), "--cgroup-parent") {
 			t.Errorf("slice %q: %v", slice, err)
 		}
 	}
@@ -96,22 +95,22 @@ func TestCgroupsSystemdDriver(t *testing.T) {
 			t.Errorf("slice %q: %v", slice, err)
 		}
 	}
-	c := &Cgroups{driver: CgroupDriverSystemd, parent: "machine-roost.slice"}
-	p := c.placeOf("ses_0123abcd")
-	if p.Path != "machine-roost.slice:roost:ses_0123abcd" || p.unitName() != "roost-ses_0123abcd.scope" || p.check("ses_0123abcd") != nil {
-		t.Errorf("place %+v, unit %s, check %v", p, p.unitName(), p.check("ses_0123abcd"))
+	c := &Sessions{driver: DriverSystemd, parent: "machine-roost.slice"}
+	p := c.PlaceOf("ses_0123abcd")
+	if p.Path != "machine-roost.slice:roost:ses_0123abcd" || p.unitName() != "roost-ses_0123abcd.scope" || p.Check("ses_0123abcd") != nil {
+		t.Errorf("place %+v, unit %s, check %v", p, p.unitName(), p.Check("ses_0123abcd"))
 	}
 	cfg := p.config(nil)
 	if !cfg.Systemd || cfg.Parent != "machine-roost.slice" || cfg.ScopePrefix != "roost" || cfg.Name != "ses_0123abcd" || cfg.Path != "" || !cfg.Resources.SkipDevices {
 		t.Errorf("libcontainer config %+v", cfg)
 	}
-	if got := c.ociPath("ses_0123abcd"); got != "machine-roost.slice:roost:ses_0123abcd" {
+	if got := c.OCIPath("ses_0123abcd"); got != "machine-roost.slice:roost:ses_0123abcd" {
 		t.Errorf("OCI cgroupsPath %s", got)
 	}
-	if got := c.Parents(); !slices.Equal(got, []string{"/machine.slice/machine-roost.slice", CgroupParent}) {
+	if got := c.Parents(); !slices.Equal(got, []string{"/machine.slice/machine-roost.slice", FallbackParent}) {
 		t.Errorf("parents %v", got)
 	}
-	if err := c.placeOf("ses x").check("ses x"); err == nil {
+	if err := c.PlaceOf("ses x").Check("ses x"); err == nil {
 		t.Error("a session id that names no unit accepted")
 	}
 	if !isNoUnit(errors.New("Unit roost-ses_x.scope not loaded.")) || isNoUnit(errors.New("Access denied")) || isNoUnit(nil) {
@@ -155,35 +154,10 @@ func TestDefaultCgroupParentDecision(t *testing.T) {
 		}
 	}
 	// This host, as the test runs on it.
-	parent, why := DefaultCgroupParent()
-	t.Logf("default cgroup parent here (%s): %s: %s", CgroupMode(), parent, why)
-	if own, err := ownUnifiedCgroup(); CgroupMode() != "v1" && err == nil && own == "/" && parent != CgroupParent {
+	parent, why := DefaultParent()
+	t.Logf("default cgroup parent here (%s): %s: %s", Mode(), parent, why)
+	if own, err := ownUnifiedCgroup(); Mode() != "v1" && err == nil && own == "/" && parent != FallbackParent {
 		t.Errorf("in the root cgroup the default parent is %s", parent)
-	}
-	h := Probe()
-	if h.CgroupParent != parent || h.CgroupParentWhy != why || h.CgroupDriver != CgroupDriverCgroupfs || h.SystemdDriverWhy == "" || h.Cgroups != CgroupMode() {
-		t.Errorf("probe %+v", h)
-	}
-	var names []string
-	for _, c := range h.Checks() {
-		names = append(names, c.Name)
-	}
-	if !slices.Contains(names, "cgroup parent") || !slices.Contains(names, "systemd cgroup driver") {
-		t.Errorf("checks %v", names)
-	}
-	c, err := NewCgroups(CgroupConfig{Parent: "/roost-report"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Report(&h)
-	if h.CgroupParent != "/roost-report" || h.CgroupParentWhy != "--cgroup-parent /roost-report" || h.CgroupParentHint != "" {
-		t.Errorf("report %+v", h)
-	}
-	h.CgroupParentHint = "add DelegateSubgroup=supervisor"
-	for _, c := range h.Checks() {
-		if c.Name == "cgroup parent" && (c.Status != "warn" || c.Hint != h.CgroupParentHint || !strings.HasPrefix(c.Detail, "/roost-report (cgroupfs driver): ")) {
-			t.Errorf("check %+v", c)
-		}
 	}
 }
 
@@ -218,11 +192,11 @@ func TestCgroupsDelegationMark(t *testing.T) {
 	}
 	isDelegated := func(c string) (bool, string) { return delegated(filepath.Join(mnt, c)) }
 	// roostd in the delegated cgroup itself: not by default (see defaultParent).
-	if parent, why := defaultParent("v2", cg, isDelegated); parent != CgroupParent || !strings.Contains(why, "DelegateSubgroup=supervisor") {
+	if parent, why := defaultParent("v2", cg, isDelegated); parent != FallbackParent || !strings.Contains(why, "DelegateSubgroup=supervisor") {
 		t.Fatalf("in the delegated cgroup: %s: %s", parent, why)
 	}
 	// roostd in its supervisor leaf: sessions beneath the delegated cgroup.
-	if parent, why := defaultParent("v2", cg+"/"+SupervisorCgroup, isDelegated); parent != cg+"/sessions" || !strings.Contains(why, "trusted.delegate=1") {
+	if parent, why := defaultParent("v2", cg+"/"+SupervisorName, isDelegated); parent != cg+"/sessions" || !strings.Contains(why, "trusted.delegate=1") {
 		t.Fatalf("in its supervisor leaf: %s: %s", parent, why)
 	}
 }
@@ -238,7 +212,7 @@ func TestCgroupsEnterLeaf(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		if err := cgroups.WriteCgroupProc(filepath.Join(mnt, cg), cmd.Process.Pid); err != nil {
+		if err := ocgroups.WriteCgroupProc(filepath.Join(mnt, cg), cmd.Process.Pid); err != nil {
 			t.Fatal(err)
 		}
 		pids = append(pids, cmd.Process.Pid)
@@ -250,7 +224,7 @@ func TestCgroupsEnterLeaf(t *testing.T) {
 		t.Fatalf("left in %s: %v %v", cg, left, err)
 	}
 	for _, pid := range pids {
-		if got := cgtest.ProcCgroups(t, pid)[""]; got != cg+"/"+SupervisorCgroup {
+		if got := cgtest.ProcCgroups(t, pid)[""]; got != cg+"/"+SupervisorName {
 			t.Errorf("pid %d is in %s", pid, got)
 		}
 	}
