@@ -25,6 +25,7 @@ import (
 	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/cgroups"
+	scopedrt "roost.dev/roost/pkg/containment/scoped"
 	"roost.dev/roost/pkg/containment/sealer"
 	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/endpoint"
@@ -254,7 +255,7 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 	plain := containment.NewProcessRuntime(init, containment.WithCgroups(cgs))
 	runtimes := map[manifest.Class]session.Runtime{manifest.Unconfined: plain, manifest.Advisory: plain}
 	var sealed *containment.SealedRuntime
-	var scoped *containment.ScopedRuntime
+	var scoped *scopedrt.Runtime
 	if init != containment.SelfInit {
 		// A sealed root mounts roost-init itself: it must be the small static binary.
 		seal := sealerClient(log)
@@ -264,7 +265,7 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 		if sealed, err = containment.NewSealedRuntime(stateDir, init, pool.RehearsalIDs(), containment.WithCgroups(cgs), containment.WithSealer(seal)); err != nil {
 			return fmt.Errorf("sealed runtime: %w", err)
 		}
-		if scoped, err = containment.NewScopedRuntime(stateDir, init, pool.RehearsalIDs(), containment.WithCgroups(cgs)); err != nil {
+		if scoped, err = scopedrt.NewRuntime(stateDir, init, pool.RehearsalIDs(), containment.WithCgroups(cgs)); err != nil {
 			return fmt.Errorf("scoped runtime: %w", err)
 		}
 		// Even when a rehearsal fails, sessions a previous daemon started are re-attached

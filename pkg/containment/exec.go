@@ -104,34 +104,15 @@ const execTimeout = 30 * time.Second
 // Exec runs one more command in the unconfined or advisory session proc runs, spec being
 // the session's own start: as its uid, in its cgroup, with its rlimits and no_new_privs.
 func (r *ProcessRuntime) Exec(ctx context.Context, spec Spec, proc Process, opts ExecOptions) (*Execution, error) {
-	user, err := spec.user()
+	user, err := spec.User()
 	if err != nil {
 		return nil, err
 	}
-	p, ok := proc.(*plainProcess)
+	p, ok := proc.(*PlainProcess)
 	if !ok {
 		return nil, fmt.Errorf("session %s: not a process of this runtime", spec.SessionID)
 	}
-	return r.execJoined(ctx, spec, p, plainExecSpec(spec, user), opts, false)
-}
-
-// Exec runs one more command in the scoped session proc runs, spec being the session's own
-// start: in its program's mount and network namespaces, its cgroup, as its uid, under its
-// Landlock rules, exec allowlist, seccomp filter and rlimits, with no capability.
-func (r *ScopedRuntime) Exec(ctx context.Context, spec Spec, proc Process, opts ExecOptions) (*Execution, error) {
-	user, err := spec.user()
-	if err != nil {
-		return nil, err
-	}
-	p, ok := proc.(*scopedProcess)
-	if !ok {
-		return nil, fmt.Errorf("session %s: not a process of this runtime", spec.SessionID)
-	}
-	es, err := scopedExecSpec(spec, user, r.TmpDir(spec.SessionID))
-	if err != nil {
-		return nil, err
-	}
-	return r.plain.execJoined(ctx, spec, p.plainProcess, es, opts, true)
+	return r.ExecJoined(ctx, spec, p, plainExecSpec(spec, user), opts, false)
 }
 
 // Exec runs one more command in the sealed session proc runs, spec being the session's own
@@ -154,7 +135,7 @@ func (r *SealedRuntime) Exec(ctx context.Context, spec Spec, proc Process, opts 
 	defer hs.Close()
 	lp := &libcontainer.Process{
 		Args: []string{sealedInitPath, ExecName},
-		Env:  []string{"PATH=" + defaultPath},
+		Env:  []string{"PATH=" + DefaultPath},
 		// roost-exec enters the command's directory itself, as the command's uid.
 		Cwd:        "/",
 		ExtraFiles: hs.childFiles(),
@@ -213,10 +194,10 @@ func (r *SealedRuntime) Exec(ctx context.Context, spec Spec, proc Process, opts 
 	return &e, nil
 }
 
-// execJoined starts roost-exec as roostd's child with es, the session's program's own
+// ExecJoined starts roost-exec as roostd's child with es, the session's program's own
 // ExecSpec, made the command's; with namespaces, in the mount and network namespaces of
 // the session's program.
-func (r *ProcessRuntime) execJoined(ctx context.Context, spec Spec, p *plainProcess, es roostinit.ExecSpec, opts ExecOptions, namespaces bool) (_ *Execution, retErr error) {
+func (r *ProcessRuntime) ExecJoined(ctx context.Context, spec Spec, p *PlainProcess, es roostinit.ExecSpec, opts ExecOptions, namespaces bool) (_ *Execution, retErr error) {
 	es, join, err := joined(spec, es, opts, spec.Dir)
 	if err != nil {
 		return nil, err
@@ -246,8 +227,8 @@ func (r *ProcessRuntime) execJoined(ctx context.Context, spec Spec, p *plainProc
 	}
 	// The program's cgroup, in every hierarchy, before the command exists.
 	var into *os.File
-	if p.cgroup != nil {
-		for name, dir := range p.cgroup.GetPaths() {
+	if p.Cgroup != nil {
+		for name, dir := range p.Cgroup.GetPaths() {
 			if _, err := os.Stat(dir); err != nil {
 				continue
 			}

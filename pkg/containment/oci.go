@@ -30,8 +30,6 @@ const (
 	SealedTaskPath = "/run/roost/task.md"
 	// SealedHome is a sealed session's HOME: root's home, as its passwd says.
 	SealedHome = "/root"
-	// devShmBytes bounds /dev/shm; it is memory, charged to the session's cgroup too.
-	devShmBytes = 64 << 20
 )
 
 // SealedLayout is where a sealed session's parts live on the host.
@@ -48,7 +46,7 @@ type SealedLayout struct {
 	Init string
 	// Sources maps a workdir-relative path (the scope, a read_only entry) to the host path
 	// mounted for it, checked to resolve beneath the workdir with no symlink on the way
-	// (see prepareWorkSources).
+	// (see PrepareWorkSources).
 	Sources map[string]string
 	// MergedUsr says /bin, /sbin, /lib and /lib64 are symlinks into /usr on this host.
 	MergedUsr bool
@@ -87,7 +85,7 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "noexec", "strictatime", "mode=755", "size=65536k"}},
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
-		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", noexec, "nodev", "mode=1777", fmt.Sprintf("size=%d", devShmBytes)}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", noexec, "nodev", "mode=1777", fmt.Sprintf("size=%d", DevShmBytes)}},
 		{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro", "nosuid", "nodev"}},
 	}
 	if !l.MergedUsr {
@@ -139,7 +137,7 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 			// directory with the same rlimits, which the spec states so that it tells the
 			// program's truth.
 			Args:            []string{sealedInitPath, l.SessionID},
-			Env:             []string{"PATH=" + defaultPath},
+			Env:             []string{"PATH=" + DefaultPath},
 			Cwd:             sealedWork,
 			Rlimits:         ociRlimits(p),
 			Capabilities:    caps,
@@ -226,12 +224,6 @@ var rlimitNames = map[int]string{
 	unix.RLIMIT_NPROC:  "RLIMIT_NPROC",
 	unix.RLIMIT_AS:     "RLIMIT_AS",
 }
-
-// ChildrenRoot is where, relative to a session's workdir, its children's workdirs are.
-const ChildrenRoot = ".roost"
-
-// defaultPath is the PATH roost-init is started with inside a sealed root.
-const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // workMounts mounts the workdir at /work so that the mounts themselves hold the filesystem
 // grants: the whole workdir writable, or (with a scope) read-only but for the scope; each

@@ -67,27 +67,30 @@ func (r *ProcessRuntime) Cgroups() *cgroups.Sessions {
 // SelfInit is the init path of a binary that calls RunHelper first thing in main.
 const SelfInit = "/proc/self/exe"
 
-type plainProcess struct {
+// PlainProcess is a session's process tree under roost-init, as ProcessRuntime starts
+// it: a scoped session's is one too.
+type PlainProcess struct {
 	ref        ProcessRef
 	recordsDir string
 	watch      *exitWatch
 	// cmd is set when this daemon started roost-init: it must reap it.
 	cmd *exec.Cmd
-	// cgroup is the session's cgroup; nil when it has none (a session started before
-	// plain sessions had one, or on a host that lets roostd make none).
-	cgroup ocgroups.Manager
+	// Cgroup is the session's cgroup; nil when it has none (a session started before
+	// plain sessions had one, or on a host that lets roostd make none). A runtime built on
+	// this one may give a re-attached session a manager of where it would be.
+	Cgroup ocgroups.Manager
 }
 
 var (
-	_ Process = (*plainProcess)(nil)
-	_ Meter   = (*plainProcess)(nil)
+	_ Process = (*PlainProcess)(nil)
+	_ Meter   = (*PlainProcess)(nil)
 )
 
 // Start starts spec's program under a new roost-init and returns once it runs. Output goes
 // to files in the records directory, through pipes roost-init drains, never through one
 // the daemon holds.
 func (r *ProcessRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr error) {
-	user, err := spec.user()
+	user, err := spec.User()
 	if err != nil {
 		return nil, err
 	}
@@ -100,7 +103,7 @@ func (r *ProcessRuntime) Start(ctx context.Context, spec Spec) (_ Process, retEr
 			_ = r.Cgroups().Remove(spec.SessionID)
 		}
 	}()
-	p, err := r.start(ctx, spec, plainExecSpec(spec, user), cg)
+	p, err := r.StartExec(ctx, spec, plainExecSpec(spec, user), cg)
 	if err != nil {
 		return nil, err
 	}
@@ -113,9 +116,9 @@ func plainExecSpec(spec Spec, user *roostinit.User) roostinit.ExecSpec {
 	return roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, Rlimits: spec.Rlimits, User: user, Report: spec.Runner != ""}
 }
 
-// start starts roost-init in the session's cgroup cg (nil: none), with exec as what
-// roost-exec applies before the program.
-func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostinit.ExecSpec, cg *cgroups.Session) (*plainProcess, error) {
+// StartExec starts roost-init in the session's cgroup cg (nil: none), with execSpec as
+// what roost-exec applies before the program: the plain runtime's, or another's built on it.
+func (r *ProcessRuntime) StartExec(ctx context.Context, spec Spec, execSpec roostinit.ExecSpec, cg *cgroups.Session) (*PlainProcess, error) {
 	io, err := openInitIO(spec.RecordsDir)
 	if err != nil {
 		return nil, err
@@ -189,9 +192,9 @@ func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostini
 	if err != nil && !errors.Is(err, ErrGone) {
 		return nil, err
 	}
-	p := &plainProcess{ref: *rep.Ref, recordsDir: spec.RecordsDir, cmd: cmd, watch: w}
+	p := &PlainProcess{ref: *rep.Ref, recordsDir: spec.RecordsDir, cmd: cmd, watch: w}
 	if cg != nil {
-		p.cgroup = cg.Manager()
+		p.Cgroup = cg.Manager()
 	}
 	if w == nil {
 		// roost-init already ended: the program was quicker than us.
@@ -275,8 +278,8 @@ func (io *initIO) Close() {
 	}
 }
 
-// dirNames lists the names of the directories in dir: the sessions a runtime holds.
-func dirNames(dir string) ([]string, error) {
+// DirNames lists the names of the directories in dir: the sessions a runtime holds.
+func DirNames(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
@@ -342,7 +345,7 @@ func (r *ProcessRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (
 		return nil, err
 	}
 	// Its cgroup wherever it is: where it was noted, the parent now, or /roost.
-	return &plainProcess{ref: *ref, recordsDir: recordsDir, watch: w, cgroup: r.Cgroups().Manager(sessionID, nil)}, nil
+	return &PlainProcess{ref: *ref, recordsDir: recordsDir, watch: w, Cgroup: r.Cgroups().Manager(sessionID, nil)}, nil
 }
 
 // awaitInit reads init.json, giving a roost-init of the session that is still starting the
@@ -372,10 +375,10 @@ func (r *ProcessRuntime) Release(sessionID string) error { return r.Cgroups().Re
 // removed: whatever their class, Release removes them.
 func (r *ProcessRuntime) Held() ([]string, error) { return r.Cgroups().Held() }
 
-func (p *plainProcess) Ref() ProcessRef       { return p.ref }
-func (p *plainProcess) Done() <-chan struct{} { return p.watch.done }
+func (p *PlainProcess) Ref() ProcessRef       { return p.ref }
+func (p *PlainProcess) Done() <-chan struct{} { return p.watch.done }
 
-func (p *plainProcess) Signal(sig syscall.Signal) error {
+func (p *PlainProcess) Signal(sig syscall.Signal) error {
 	select {
 	case <-p.watch.done:
 		return ErrGone
@@ -385,16 +388,16 @@ func (p *plainProcess) Signal(sig syscall.Signal) error {
 }
 
 // Usage reads the session's cgroup, its ceilings too.
-func (p *plainProcess) Usage() (Usage, error) {
-	u, err := cgroups.ReadUsage(p.cgroup)
+func (p *PlainProcess) Usage() (Usage, error) {
+	u, err := cgroups.ReadUsage(p.Cgroup)
 	if err != nil {
 		return u, err
 	}
-	u.MemoryLimitBytes, u.PidsLimit = cgroups.Limits(p.cgroup)
+	u.MemoryLimitBytes, u.PidsLimit = cgroups.Limits(p.Cgroup)
 	return u, nil
 }
 
-func (p *plainProcess) Exit() (ExitInfo, error) {
+func (p *PlainProcess) Exit() (ExitInfo, error) {
 	<-p.watch.done
 	if p.cmd != nil {
 		_ = p.cmd.Wait()

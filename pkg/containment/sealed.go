@@ -22,7 +22,6 @@ import (
 	"roost.dev/roost/pkg/containment/cgroups"
 	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/containment/sealer"
-	"roost.dev/roost/pkg/containment/seccomp"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -272,17 +271,17 @@ func (r *SealedRuntime) sessionLayout(spec Spec) SealedLayout {
 }
 
 // sessionSpec is the session's OCI spec in layout, its workdir's subtrees checked to lie
-// beneath the workdir with no symlink on the way (see prepareWorkSources).
+// beneath the workdir with no symlink on the way (see PrepareWorkSources).
 func (r *SealedRuntime) sessionSpec(spec Spec, layout SealedLayout) (*specs.Spec, error) {
 	ro := spec.Policy.Filesystem.ReadOnly
 	if len(spec.Policy.Spawn.Allow) > 0 {
 		ro = append(slices.Clone(ro), ChildrenRoot)
 	}
-	owner, err := spec.owner()
+	owner, err := spec.Owner()
 	if err != nil {
 		return nil, err
 	}
-	if layout.Sources, err = prepareWorkSources(spec.Dir, spec.Policy.Filesystem.Scope, ro, owner); err != nil {
+	if layout.Sources, err = PrepareWorkSources(spec.Dir, spec.Policy.Filesystem.Scope, ro, owner); err != nil {
 		return nil, &StartError{Msg: "workdir: " + err.Error()}
 	}
 	return SealedSpec(layout, spec.Policy)
@@ -321,7 +320,7 @@ func (r *SealedRuntime) run(ctx context.Context, id string, config *configs.Conf
 	if err := cg.Note(id, place); err != nil {
 		return nil, nil, 0, err
 	}
-	initArgs, initEnv := append([]string{sealedInitPath, id}, extra...), []string{"PATH=" + defaultPath}
+	initArgs, initEnv := append([]string{sealedInitPath, id}, extra...), []string{"PATH=" + DefaultPath}
 	var container *libcontainer.Container
 	if r.sealer != nil {
 		initPID, err = r.sealer.Run(ctx, sealer.Request{Root: r.containers, ID: id, Config: config,
@@ -364,7 +363,7 @@ func sealedExecSpec(spec Spec) roostinit.ExecSpec {
 // exec rule, and is mounted noexec; with workdir_exec those trees execute whatever is in
 // them, and the rest of the root still only what the allowlist names.
 func sealedLandlock(spec Spec) *roostinit.Landlock {
-	l := &roostinit.Landlock{Exec: spec.exec(), ExecTrees: spec.ExecTrees, NoExec: []string{sealedWork, "/tmp", "/dev", "/run", SealedHome}}
+	l := &roostinit.Landlock{Exec: spec.ExecAllowlist(), ExecTrees: spec.ExecTrees, NoExec: []string{sealedWork, "/tmp", "/dev", "/run", SealedHome}}
 	if spec.Policy.Filesystem.WorkdirExec {
 		l.NoExec = []string{"/dev", "/run"}
 		l.WritableExec = []string{sealedWork, "/tmp", "/dev/shm", SealedHome}
@@ -550,13 +549,13 @@ func destroyLive(c *libcontainer.Container) error {
 // Held lists the sessions (and sandboxes) this runtime holds a container or a composed
 // root for: what Release frees.
 func (r *SealedRuntime) Held() ([]string, error) {
-	held, err := dirNames(r.containers)
+	held, err := DirNames(r.containers)
 	if err != nil {
 		return nil, err
 	}
 	// A root composed for a session or sandbox (host_read) whose container was never
 	// made, the daemon killed in between.
-	roots, err := dirNames(r.roots)
+	roots, err := DirNames(r.roots)
 	if err != nil {
 		return nil, err
 	}
@@ -629,15 +628,6 @@ func oomKillsV1(c *libcontainer.Container) uint64 {
 	return 0
 }
 
-// ErrNoRuntime is why a daemon without a runtime for a class cannot run sessions of it.
-var ErrNoRuntime = errors.New("no runtime for the class")
-
-// starter is what rehearse needs of a runtime.
-type starter interface {
-	Start(ctx context.Context, spec Spec) (Process, error)
-	Release(sessionID string) error
-}
-
 // Rehearse runs /usr/bin/true as a throwaway sealed session: namespaces, cgroup, seccomp,
 // composed root and roost-init, exactly as a session gets them. What fails here would fail
 // a session, so the answer is the host's real ability, not a guess from versions.
@@ -645,83 +635,7 @@ func (r *SealedRuntime) Rehearse(ctx context.Context) error {
 	if r == nil {
 		return ErrNoRuntime
 	}
-	return rehearse(ctx, r, manifest.Sealed, r.roots, r.rehearsal)
-}
-
-// Rehearse runs /usr/bin/true as a throwaway scoped session: cgroup, Landlock, seccomp,
-// capabilities and no_new_privs, exactly as a session gets them.
-func (r *ScopedRuntime) Rehearse(ctx context.Context) error {
-	if r == nil {
-		return ErrNoRuntime
-	}
-	if abi := Probe().LandlockABI; abi < 1 {
-		return errors.New("the kernel offers no Landlock; boot a kernel with CONFIG_SECURITY_LANDLOCK=y and landlock in the lsm= list")
-	}
-	return rehearse(ctx, r, manifest.Scoped, r.tmp, r.rehearsal)
-}
-
-func rehearse(ctx context.Context, r starter, class manifest.Class, scratch string, ids IDs) error {
-	switch {
-	case os.Geteuid() != 0:
-		return errors.New("roostd does not run as root; run it as root (deploy/systemd/roostd.service)")
-	case !seccomp.Built:
-		return errors.New("roostd was built without seccomp support; build it with -tags seccomp and libseccomp-dev (make build does)")
-	}
-	dir, err := os.MkdirTemp(scratch, ".rehearsal-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	id := "rehearsal-" + filepath.Base(dir)[len(".rehearsal-"):]
-	spec := Spec{
-		SessionID:  id,
-		Class:      class,
-		Argv:       []string{"/usr/bin/true"},
-		Env:        []string{"PATH=" + defaultPath},
-		Dir:        filepath.Join(dir, "work"),
-		RecordsDir: filepath.Join(dir, "records"),
-		CapsuleDir: filepath.Join(dir, "capsule"),
-		Policy:     rehearsalPolicy(class),
-		IDs:        ids,
-	}
-	// As roostd prepares a session: the workdir is the session's ids', the capsule
-	// readable by them, the way there passable.
-	if err := os.Chmod(dir, 0o711); err != nil {
-		return err
-	}
-	for _, d := range []string{spec.Dir, spec.RecordsDir, spec.CapsuleDir} {
-		if err := os.Mkdir(d, 0o711); err != nil {
-			return err
-		}
-	}
-	if err := os.Chown(spec.Dir, int(ids.First), int(ids.First)); err != nil {
-		return err
-	}
-	defer r.Release(id)
-	p, err := r.Start(ctx, spec)
-	if err != nil {
-		return err
-	}
-	select {
-	case <-p.Done():
-	case <-ctx.Done():
-		_ = p.Signal(syscall.SIGKILL)
-		return ctx.Err()
-	}
-	info, err := p.Exit()
-	if err != nil {
-		return err
-	}
-	if info.Code != 0 {
-		return fmt.Errorf("/usr/bin/true exited %d in the rehearsal", info.Code)
-	}
-	return nil
-}
-
-func rehearsalPolicy(class manifest.Class) *manifest.Policy {
-	p := manifest.Lower(&manifest.Manifest{Name: "rehearsal", Version: "0.0.0", Run: manifest.Run{Command: []string{"/usr/bin/true"}}})
-	p.Containment = class
-	return &p
+	return Rehearse(ctx, r, manifest.Sealed, r.roots, r.rehearsal)
 }
 
 // Describe returns the OCI runtime spec a sealed session with this policy would run under,

@@ -22,6 +22,7 @@ import (
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/cgroups"
 	"roost.dev/roost/pkg/containment/internal/cgtest"
+	"roost.dev/roost/pkg/containment/scoped"
 	"roost.dev/roost/pkg/containment/sealer"
 	"roost.dev/roost/pkg/containment/seccomp"
 	"roost.dev/roost/pkg/manifest"
@@ -89,10 +90,10 @@ func (k *Kit) NewProcessRuntime(init string, opts ...containment.Option) *contai
 	return containment.NewProcessRuntime(init, k.options(opts)...)
 }
 
-// NewScopedRuntime is containment.NewScopedRuntime with the binary's cgroup parent, unless
-// opts name another.
-func (k *Kit) NewScopedRuntime(stateDir, init string, rehearsal containment.IDs, opts ...containment.Option) (*containment.ScopedRuntime, error) {
-	return containment.NewScopedRuntime(stateDir, init, rehearsal, k.options(opts)...)
+// NewScopedRuntime is scoped.NewRuntime with the binary's cgroup parent, unless opts name
+// another.
+func (k *Kit) NewScopedRuntime(stateDir, init string, rehearsal containment.IDs, opts ...containment.Option) (*scoped.Runtime, error) {
+	return scoped.NewRuntime(stateDir, init, rehearsal, k.options(opts)...)
 }
 
 // NewSealedRuntime is containment.NewSealedRuntime with the binary's cgroup parent, unless

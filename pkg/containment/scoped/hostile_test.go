@@ -1,4 +1,4 @@
-package containment_test
+package scoped_test
 
 import (
 	"debug/elf"

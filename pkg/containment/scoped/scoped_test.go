@@ -1,4 +1,4 @@
-package containment_test
+package scoped_test
 
 import (
 	"bufio"
@@ -20,6 +20,7 @@ import (
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/internal/testkit"
 	"roost.dev/roost/pkg/containment/roostinit"
+	"roost.dev/roost/pkg/containment/scoped"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -128,7 +129,7 @@ cat /proc/net/dev`)
 
 // startScopedSleeper starts a real scoped session whose program marks its private
 // /dev/shm and sleeps.
-func startScopedSleeper(t *testing.T) (*containment.ScopedRuntime, containment.Spec, containment.Process) {
+func startScopedSleeper(t *testing.T) (*scoped.Runtime, containment.Spec, containment.Process) {
 	t.Helper()
 	testkit.NeedRoot(t)
 	rt, err := kit.NewScopedRuntime(testkit.ReachableDir(t), kit.Init(t), kit.IDs())
@@ -220,19 +221,19 @@ func statusLine(status, field string) string {
 // no_new_privs and seccomp.
 func TestReportThroughScopedExec(t *testing.T) {
 	testkit.NeedRoot(t)
-	s := kit.Spec(t, "/bin/sh", "-c", fdScript+`echo '{"status":"deadline_reached"}' >&3; exit 124`)
+	s := kit.Spec(t, "/bin/sh", "-c", testkit.FDScript+`echo '{"status":"deadline_reached"}' >&3; exit 124`)
 	s.Class = manifest.Scoped
 	s.Policy = testkit.Policy(t, "capabilities: {containment: scoped, shell: {allow: [ls]}}")
 	s.CapsuleDir = t.TempDir()
 	tmp := testkit.ReachableDir(t)
-	bpf, err := containment.ScopedSeccomp(s.Policy)
+	bpf, err := scoped.SeccompOf(s.Policy)
 	if err != nil {
 		t.Fatal(err)
 	}
 	exec := roostinit.ExecSpec{Report: true, NoNewPrivileges: true, DropCapabilities: true, Seccomp: bpf, NewNetNS: true}
-	exec.Landlock, exec.Mounts = containment.ScopedExec(s, tmp)
-	info, out := reportRun(t, kit.Init(t), s, exec)
-	nums, env := fds(t, out)
+	exec.Landlock, exec.Mounts = scoped.ExecRules(s, tmp)
+	info, out := kit.ReportRun(t, kit.Init(t), s, exec)
+	nums, env := testkit.FDs(t, out)
 	if info.Code != 124 || !slices.Equal(nums, []string{"0", "1", "2", "3"}) || env != "3" {
 		t.Fatalf("exit %+v; the program has descriptors %v and ROOST_REPORT_FD=%s:\n%s", info, nums, env, out)
 	}
