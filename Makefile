@@ -58,7 +58,7 @@ unit: deps
 
 # The packages whose tests take -warm (internal/testkit's Kit.Main): every one that holds
 # tests of the runtimes.
-WARM_PACKAGES := ./pkg/containment/ ./pkg/containment/scoped/
+WARM_PACKAGES := ./pkg/containment/ ./pkg/containment/scoped/ ./pkg/containment/sealed/
 
 e2e: deps sdk $(TOOLS)/grpcurl
 	$(GO) test -count=1 ./test/e2e/

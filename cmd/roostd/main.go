@@ -26,6 +26,7 @@ import (
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/cgroups"
 	scopedrt "roost.dev/roost/pkg/containment/scoped"
+	sealedrt "roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/containment/sealer"
 	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/endpoint"
@@ -254,7 +255,7 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 	init := initBinary(log)
 	plain := containment.NewProcessRuntime(init, containment.WithCgroups(cgs))
 	runtimes := map[manifest.Class]session.Runtime{manifest.Unconfined: plain, manifest.Advisory: plain}
-	var sealed *containment.SealedRuntime
+	var sealed *sealedrt.Runtime
 	var scoped *scopedrt.Runtime
 	if init != containment.SelfInit {
 		// A sealed root mounts roost-init itself: it must be the small static binary.
@@ -262,7 +263,7 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 		if seal != nil {
 			defer seal.Close()
 		}
-		if sealed, err = containment.NewSealedRuntime(stateDir, init, pool.RehearsalIDs(), containment.WithCgroups(cgs), containment.WithSealer(seal)); err != nil {
+		if sealed, err = sealedrt.NewRuntime(stateDir, init, pool.RehearsalIDs(), containment.WithCgroups(cgs), containment.WithSealer(seal)); err != nil {
 			return fmt.Errorf("sealed runtime: %w", err)
 		}
 		if scoped, err = scopedrt.NewRuntime(stateDir, init, pool.RehearsalIDs(), containment.WithCgroups(cgs)); err != nil {

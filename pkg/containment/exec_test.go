@@ -24,7 +24,7 @@ func TestExecJoinedKeepsTheProgramsSpec(t *testing.T) {
 	program := roostinit.ExecSpec{Argv: s.Argv, Env: []string{"PATH=/bin", "HOME=/root"}, Dir: "/work", Report: true,
 		NoNewPrivileges: true, DropCapabilities: true, Seccomp: []byte{1, 2, 3}, Landlock: &roostinit.Landlock{Exec: []string{"sh"}},
 		Mounts: &roostinit.Mounts{Shm: 1}}
-	es, join, err := joined(s, program, ExecOptions{Argv: []string{"sh", "-c", "true"}, Env: []string{"HOME=/tmp"}, Dir: "src/../lib"}, "/work")
+	es, join, err := Joined(s, program, ExecOptions{Argv: []string{"sh", "-c", "true"}, Env: []string{"HOME=/tmp"}, Dir: "src/../lib"}, "/work")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +38,7 @@ func TestExecJoinedKeepsTheProgramsSpec(t *testing.T) {
 	if join.Program != "/capsule/agent" || join.Dir != "/work/lib" {
 		t.Errorf("join: %+v", join)
 	}
-	if _, _, err := joined(s, program, ExecOptions{}, "/work"); err == nil {
+	if _, _, err := Joined(s, program, ExecOptions{}, "/work"); err == nil {
 		t.Error("an empty command was accepted")
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/internal/testkit"
+	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -42,7 +43,7 @@ func execAllowCapsule(t *testing.T, files map[string]string) string {
 // capsulePath is where a session of class finds the capsule's file name.
 func capsulePath(class manifest.Class, capsule, name string) string {
 	if class == manifest.Sealed {
-		return filepath.Join(containment.SealedCapsule, name)
+		return filepath.Join(sealed.Capsule, name)
 	}
 	return filepath.Join(capsule, name)
 }
@@ -239,7 +240,7 @@ func TestHostileExecAllowPathIntoWorkdir(t *testing.T) {
 					}
 					view := s.Dir
 					if class == manifest.Sealed {
-						view = containment.SealedWork
+						view = sealed.Work
 					}
 					setPath(s, view+":/usr/bin:/bin")
 				})
@@ -247,7 +248,7 @@ func TestHostileExecAllowPathIntoWorkdir(t *testing.T) {
 				t.Fatalf("a program written into the workdir ran:\n%s", out)
 			}
 			if class == manifest.Sealed {
-				work = containment.SealedWork
+				work = sealed.Work
 			}
 			expectRefusal(t, se, out, "shell.allow", `"tool"`, work, "which the session can write")
 		})
@@ -260,7 +261,7 @@ func TestHostileExecAllowSymlinkIntoWorkdir(t *testing.T) {
 	for _, class := range execAllowClasses {
 		t.Run(class.String(), func(t *testing.T) {
 			capsule := execAllowCapsule(t, nil)
-			view := containment.SealedWork
+			view := sealed.Work
 			_, out, se := execAllowRun(t, class, "shell: {allow: ["+capsulePath(class, capsule, "w/tool")+", cat]}", capsule,
 				[]string{"/bin/sh", "-c", `cat /usr/bin/id > tool && ` + capsulePath(class, capsule, "w/tool") + ` >/dev/null 2>&1 && echo RAN || echo "tool refused"`},
 				func(s *containment.Spec) {
@@ -297,7 +298,7 @@ func TestHostileExecAllowProgramInWorkdir(t *testing.T) {
 				}
 				work = s.Dir
 				if class == manifest.Sealed {
-					work = containment.SealedWork
+					work = sealed.Work
 				}
 				program = filepath.Join(work, "build.sh")
 				s.Argv = []string{program}

@@ -53,7 +53,7 @@ type ProcessRuntime struct {
 // init; "/proc/self/exe" when the running binary plays roost-init itself (see RunHelper).
 // WithCgroups says where their cgroups go.
 func NewProcessRuntime(init string, opts ...Option) *ProcessRuntime {
-	return &ProcessRuntime{Init: init, cg: applyOptions(opts).cgroups}
+	return &ProcessRuntime{Init: init, cg: ApplyOptions(opts).Cgroups}
 }
 
 // Cgroups is where the runtime puts its sessions' cgroups.
@@ -72,7 +72,7 @@ const SelfInit = "/proc/self/exe"
 type PlainProcess struct {
 	ref        ProcessRef
 	recordsDir string
-	watch      *exitWatch
+	watch      *ExitWatch
 	// cmd is set when this daemon started roost-init: it must reap it.
 	cmd *exec.Cmd
 	// Cgroup is the session's cgroup; nil when it has none (a session started before
@@ -119,7 +119,7 @@ func plainExecSpec(spec Spec, user *roostinit.User) roostinit.ExecSpec {
 // StartExec starts roost-init in the session's cgroup cg (nil: none), with execSpec as
 // what roost-exec applies before the program: the plain runtime's, or another's built on it.
 func (r *ProcessRuntime) StartExec(ctx context.Context, spec Spec, execSpec roostinit.ExecSpec, cg *cgroups.Session) (*PlainProcess, error) {
-	io, err := openInitIO(spec.RecordsDir)
+	io, err := OpenInitIO(spec.RecordsDir)
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +133,7 @@ func (r *ProcessRuntime) StartExec(ctx context.Context, spec Spec, execSpec roos
 			Args:       []string{InitName, spec.SessionID},
 			Dir:        "/",
 			Env:        []string{},
-			ExtraFiles: io.childFiles(),
+			ExtraFiles: io.ChildFiles(),
 			// Its own session: a signal or hangup aimed at roostd's group never reaches it,
 			// and no parent-death signal is set, so it outlives the daemon.
 			SysProcAttr: &syscall.SysProcAttr{Setsid: true},
@@ -156,7 +156,7 @@ func (r *ProcessRuntime) StartExec(ctx context.Context, spec Spec, execSpec roos
 		cmd = command(nil)
 		err = cmd.Start()
 	}
-	io.started()
+	io.Started()
 	if err != nil {
 		return nil, fmt.Errorf("starting roost-init: %w", err)
 	}
@@ -169,13 +169,13 @@ func (r *ProcessRuntime) StartExec(ctx context.Context, spec Spec, execSpec roos
 			return nil, err
 		}
 	}
-	if err := io.handSpec(initSpec(spec, execSpec)); err != nil {
+	if err := io.HandSpec(InitSpec(spec, execSpec)); err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		return nil, fmt.Errorf("handing the spec to roost-init: %w", err)
 	}
 
-	rep, err := readReport(ctx, io.reportR)
+	rep, err := io.ReadReport(ctx)
 	if err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
@@ -188,7 +188,7 @@ func (r *ProcessRuntime) StartExec(ctx context.Context, spec Spec, execSpec roos
 		}
 		return nil, &StartError{Msg: rep.Error}
 	}
-	w, err := watchExit(rep.Ref.InitPID, rep.Ref.InitStart)
+	w, err := WatchExit(rep.Ref.InitPID, rep.Ref.InitStart)
 	if err != nil && !errors.Is(err, ErrGone) {
 		return nil, err
 	}
@@ -198,14 +198,13 @@ func (r *ProcessRuntime) StartExec(ctx context.Context, spec Spec, execSpec roos
 	}
 	if w == nil {
 		// roost-init already ended: the program was quicker than us.
-		p.watch = &exitWatch{done: make(chan struct{})}
-		close(p.watch.done)
+		p.watch = EndedWatch()
 	}
 	return p, nil
 }
 
-// initSpec is roost-init's spec: the program's start, and what it keeps of its output.
-func initSpec(spec Spec, exec roostinit.ExecSpec) roostinit.InitSpec {
+// InitSpec is roost-init's spec: the program's start, and what it keeps of its output.
+func InitSpec(spec Spec, exec roostinit.ExecSpec) roostinit.InitSpec {
 	return roostinit.InitSpec{Exec: exec, LogMaxBytes: spec.logMaxBytes()}
 }
 
@@ -221,16 +220,17 @@ func (s Spec) logMaxBytes() int64 {
 	return manifest.DefaultLogMaxBytes
 }
 
-// initIO is what roost-init is started with: the spec pipe, the report pipe and the
+// InitIO is what roost-init is started with: the spec pipe, the report pipe and the
 // records directory it gets as descriptors 3, 4 and 5.
-type initIO struct {
+type InitIO struct {
 	records          *os.File
 	specR, specW     *os.File
 	reportR, reportW *os.File
 }
 
-func openInitIO(recordsDir string) (_ *initIO, err error) {
-	io := &initIO{}
+// OpenInitIO opens the records directory and makes the pipes, for a roost-init to start.
+func OpenInitIO(recordsDir string) (_ *InitIO, err error) {
+	io := &InitIO{}
 	defer func() {
 		if err != nil {
 			io.Close()
@@ -248,17 +248,17 @@ func openInitIO(recordsDir string) (_ *initIO, err error) {
 	return io, nil
 }
 
-// childFiles are roost-init's descriptors 3, 4 and 5, in order.
-func (io *initIO) childFiles() []*os.File { return []*os.File{io.specR, io.reportW, io.records} }
+// ChildFiles are roost-init's descriptors 3, 4 and 5, in order.
+func (io *InitIO) ChildFiles() []*os.File { return []*os.File{io.specR, io.reportW, io.records} }
 
-// started drops the daemon's copies of roost-init's ends, so roost-init's death reads as EOF.
-func (io *initIO) started() {
+// Started drops the daemon's copies of roost-init's ends, so roost-init's death reads as EOF.
+func (io *InitIO) Started() {
 	io.specR.Close()
 	io.reportW.Close()
 }
 
-// handSpec writes roost-init's spec and closes the pipe.
-func (io *initIO) handSpec(spec roostinit.InitSpec) error {
+// HandSpec writes roost-init's spec and closes the pipe.
+func (io *InitIO) HandSpec(spec roostinit.InitSpec) error {
 	data, err := json.Marshal(spec)
 	if err == nil {
 		_, err = io.specW.Write(data)
@@ -270,7 +270,7 @@ func (io *initIO) handSpec(spec roostinit.InitSpec) error {
 }
 
 // Close closes everything still open; closing twice is harmless.
-func (io *initIO) Close() {
+func (io *InitIO) Close() {
 	for _, f := range []*os.File{io.records, io.specR, io.specW, io.reportR, io.reportW} {
 		if f != nil {
 			f.Close()
@@ -291,6 +291,11 @@ func DirNames(dir string) ([]string, error) {
 		}
 	}
 	return names, nil
+}
+
+// ReadReport waits for roost-init to say the program runs, or why it does not.
+func (io *InitIO) ReadReport(ctx context.Context) (roostinit.Report, error) {
+	return readReport(ctx, io.reportR)
 }
 
 func readReport(ctx context.Context, r *os.File) (roostinit.Report, error) {
@@ -324,9 +329,9 @@ func readReport(ctx context.Context, r *os.File) (roostinit.Report, error) {
 	}
 }
 
-// initWait bounds how long Attach waits for a roost-init caught mid-start to write
+// InitWait bounds how long Attach waits for a roost-init caught mid-start to write
 // init.json.
-const initWait = 10 * time.Second
+const InitWait = 10 * time.Second
 
 // Attach re-attaches to a session a previous daemon started. ref is what the registry
 // recorded; nil when the daemon died before recording it, and then init.json, written by
@@ -340,7 +345,7 @@ func (r *ProcessRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (
 		}
 		ref = found
 	}
-	w, err := watchExit(ref.InitPID, ref.InitStart)
+	w, err := WatchExit(ref.InitPID, ref.InitStart)
 	if err != nil {
 		return nil, err
 	}
@@ -351,7 +356,7 @@ func (r *ProcessRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (
 // awaitInit reads init.json, giving a roost-init of the session that is still starting the
 // time to write it.
 func awaitInit(sessionID, recordsDir string) (*ProcessRef, error) {
-	for deadline := time.Now().Add(initWait); ; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(InitWait); ; time.Sleep(20 * time.Millisecond) {
 		if ref, err := ReadInit(recordsDir); err == nil {
 			return &ref, nil
 		}
@@ -362,7 +367,7 @@ func awaitInit(sessionID, recordsDir string) (*ProcessRef, error) {
 		if time.Now().After(deadline) {
 			// A supervisor that cannot say what it runs is not one anybody can supervise.
 			_ = syscall.Kill(pid, syscall.SIGKILL)
-			return nil, fmt.Errorf("roost-init (pid %d) wrote no init.json within %s; killed it", pid, initWait)
+			return nil, fmt.Errorf("roost-init (pid %d) wrote no init.json within %s; killed it", pid, InitWait)
 		}
 	}
 }
@@ -376,15 +381,15 @@ func (r *ProcessRuntime) Release(sessionID string) error { return r.Cgroups().Re
 func (r *ProcessRuntime) Held() ([]string, error) { return r.Cgroups().Held() }
 
 func (p *PlainProcess) Ref() ProcessRef       { return p.ref }
-func (p *PlainProcess) Done() <-chan struct{} { return p.watch.done }
+func (p *PlainProcess) Done() <-chan struct{} { return p.watch.Done() }
 
 func (p *PlainProcess) Signal(sig syscall.Signal) error {
 	select {
-	case <-p.watch.done:
+	case <-p.watch.Done():
 		return ErrGone
 	default:
 	}
-	return signalGroup(p.ref.PID, sig)
+	return roostinit.SignalGroup(p.ref.PID, sig)
 }
 
 // Usage reads the session's cgroup, its ceilings too.
@@ -398,7 +403,7 @@ func (p *PlainProcess) Usage() (Usage, error) {
 }
 
 func (p *PlainProcess) Exit() (ExitInfo, error) {
-	<-p.watch.done
+	<-p.watch.Done()
 	if p.cmd != nil {
 		_ = p.cmd.Wait()
 	}

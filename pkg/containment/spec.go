@@ -1,7 +1,3 @@
-// Package containment holds a session's program: it probes what the host can deliver,
-// decides each session's class, reports how every grant is enforced, and starts and
-// re-attaches the program under roost-init, the small supervisor that outlives roostd and
-// records how the program ended.
 package containment
 
 import (
@@ -85,7 +81,7 @@ type Spec struct {
 	// NetNS is a pinned network namespace the session joins instead of a new one (its
 	// endpoint listens in it).
 	NetNS string
-	// Task is the host path of the task text a sealed session finds at SealedTaskPath.
+	// Task is the host path of the task text a sealed session finds at sealed.TaskPath.
 	Task string
 	// Exec lists what the program may exec besides itself (files, or names looked up on its
 	// PATH); ExecTrees directories whose every file may run. Both come from shell.allow,

@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/spawn"
@@ -58,7 +59,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 	}
 	// A sealed session that fits takes a sandbox made ahead, and with it the sandbox's uid
 	// range, in the same transaction that records it launching.
-	var sb *containment.Sandbox
+	var sb *sealed.Sandbox
 	var cold error
 	if m.pool != nil && class == manifest.Sealed {
 		if _, policy, err := m.recordedManifest(rec); err == nil {
@@ -136,7 +137,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*Record, error) {
 // and starts the program: in sb, a sandbox made ahead, when it is not nil. The launch
 // outlives the RPC that asked for it: a client going away mid-launch must not leave a
 // half-started session. The caller holds l.mu.
-func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class manifest.Class, runtime Runtime, sb *containment.Sandbox) (containment.Process, error) {
+func (m *Manager) start(ctx context.Context, l *liveSession, rec *Record, class manifest.Class, runtime Runtime, sb *sealed.Sandbox) (containment.Process, error) {
 	if sb != nil {
 		defer func() {
 			// Not handed to the runtime: nothing else will end it.
@@ -246,7 +247,7 @@ func (m *Manager) launchSpec(rec *Record, class manifest.Class, man *manifest.Ma
 		task = filepath.Join(rec.RecordsDir, TaskFile)
 		extra["ROOST_TASK_FILE"] = task
 		if class == manifest.Sealed {
-			extra["ROOST_TASK_FILE"] = containment.SealedTaskPath
+			extra["ROOST_TASK_FILE"] = sealed.TaskPath
 		}
 	}
 	var ids containment.IDs
@@ -314,7 +315,7 @@ type view struct {
 	work, capsule, home string
 }
 
-var sealedView = view{work: "/work", capsule: "/capsule", home: containment.SealedHome}
+var sealedView = view{work: "/work", capsule: "/capsule", home: sealed.Home}
 
 func hostView(rec *Record, home string) view {
 	return view{work: rec.Workdir, capsule: rec.Capsule.Root(), home: home}

@@ -16,6 +16,7 @@ import (
 
 	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/sealed"
 )
 
 // DBFile is the registry's file name inside the state directory.
@@ -448,7 +449,7 @@ func (t *Tx) AllocateIDs(rec *Record, pool IDPool) error {
 // ReserveIDs holds a range for a sandbox made ahead of its session (see warmPool); the
 // session that claims it takes the range with TakeIDs.
 func (t *Tx) ReserveIDs(sandbox string, pool IDPool) (containment.IDs, error) {
-	if !strings.HasPrefix(sandbox, containment.WarmPrefix) {
+	if !strings.HasPrefix(sandbox, sealed.WarmPrefix) {
 		return containment.IDs{}, fmt.Errorf("%q is not a sandbox's id: %w", sandbox, errdefs.ErrInvalidArgument)
 	}
 	return t.reserveIDs(sandbox, pool)
@@ -504,7 +505,7 @@ func (t *Tx) ReleaseIDs(keep func(sandbox string) bool) error {
 	b := idsBucket(t.tx)
 	var drop [][]byte
 	if err := b.ForEach(func(k, v []byte) error {
-		if strings.HasPrefix(string(v), containment.WarmPrefix) && !keep(string(v)) {
+		if strings.HasPrefix(string(v), sealed.WarmPrefix) && !keep(string(v)) {
 			drop = append(drop, slices.Clone(k))
 		}
 		return nil

@@ -20,6 +20,7 @@ import (
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/pkg/artifact"
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/toolchain"
 )
@@ -419,4 +420,4 @@ func newID() (string, error) {
 
 var explanationJSON = protojson.MarshalOptions{UseProtoNames: true, EmitDefaultValues: true}
 
-var _ OCIDescriber = (*containment.SealedRuntime)(nil)
+var _ OCIDescriber = (*sealed.Runtime)(nil)

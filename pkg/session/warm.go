@@ -16,21 +16,22 @@ import (
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/manifest"
 )
 
 // WarmRuntime is a runtime that makes sandboxes ahead of their sessions (see
-// containment.Sandbox).
+// sealed.Sandbox).
 type WarmRuntime interface {
-	Prepare(ctx context.Context, shape containment.WarmShape, id string, ids containment.IDs, netns, records string) (*containment.Sandbox, error)
+	Prepare(ctx context.Context, shape sealed.WarmShape, id string, ids containment.IDs, netns, records string) (*sealed.Sandbox, error)
 	// Fits says why a session of the policy would not run in a sandbox of the shape; nil
 	// when it would.
-	Fits(shape containment.WarmShape, p *manifest.Policy, wasm bool) error
-	StartWarm(ctx context.Context, sb *containment.Sandbox, spec containment.Spec) (containment.Process, error)
-	Discard(sb *containment.Sandbox) error
+	Fits(shape sealed.WarmShape, p *manifest.Policy, wasm bool) error
+	StartWarm(ctx context.Context, sb *sealed.Sandbox, spec containment.Spec) (containment.Process, error)
+	Discard(sb *sealed.Sandbox) error
 }
 
-var _ WarmRuntime = (*containment.SealedRuntime)(nil)
+var _ WarmRuntime = (*sealed.Runtime)(nil)
 
 // DefaultWarmPoolCPU is the share of the wall clock the pool's refill may spend making
 // sandboxes: after one that took d, it rests d again.
@@ -70,9 +71,9 @@ type warmPool struct {
 
 // warmShape is one shape of sandbox the pool keeps, and those of it ready.
 type warmShape struct {
-	containment.WarmShape
+	sealed.WarmShape
 	size  int
-	ready []*containment.Sandbox
+	ready []*sealed.Sandbox
 	// made is the refill's turn that last chose this shape.
 	made uint64
 }
@@ -97,7 +98,7 @@ func newWarmPool(m *Manager, rt WarmRuntime, shapes []*warmShape, cpu float64) (
 func (m *Manager) warmShapes() ([]*warmShape, error) {
 	var shapes []*warmShape
 	if m.cfg.WarmPool > 0 {
-		shapes = append(shapes, &warmShape{WarmShape: containment.DefaultWarmShape(), size: m.cfg.WarmPool})
+		shapes = append(shapes, &warmShape{WarmShape: sealed.DefaultWarmShape(), size: m.cfg.WarmPool})
 	}
 	for _, c := range m.cfg.WarmCapsules {
 		p, err := m.plan(StageOptions{Capsule: c.Dir}, false)
@@ -112,7 +113,7 @@ func (m *Manager) warmShapes() ([]*warmShape, error) {
 			return nil, fmt.Errorf("%s (%s) runs a WASM module, which sandboxes made ahead do not hold: %w", name, c.Dir, errdefs.ErrInvalidArgument)
 		}
 		policy := p.policy
-		shapes = append(shapes, &warmShape{WarmShape: containment.WarmShape{Name: name, Policy: &policy}, size: c.Size})
+		shapes = append(shapes, &warmShape{WarmShape: sealed.WarmShape{Name: name, Policy: &policy}, size: c.Size})
 	}
 	return shapes, nil
 }
@@ -213,12 +214,12 @@ func (p *warmPool) chose(s *warmShape) {
 
 // make makes one sandbox: its uid range held in the registry, its network namespace
 // pinned, its records directory under warmDir.
-func (p *warmPool) make(ctx context.Context, shape containment.WarmShape) (_ *containment.Sandbox, retErr error) {
+func (p *warmPool) make(ctx context.Context, shape sealed.WarmShape) (_ *sealed.Sandbox, retErr error) {
 	var raw [8]byte
 	if _, err := rand.Read(raw[:]); err != nil {
 		return nil, err
 	}
-	id := containment.WarmPrefix + hex.EncodeToString(raw[:])
+	id := sealed.WarmPrefix + hex.EncodeToString(raw[:])
 	var ids containment.IDs
 	if err := p.m.update(func(tx *Tx) (err error) {
 		ids, err = tx.ReserveIDs(id, p.m.cfg.IDs)
@@ -266,7 +267,7 @@ func (p *warmPool) free(id, records string) {
 }
 
 // discard ends a sandbox and frees what it held that no session has taken.
-func (p *warmPool) discard(sb *containment.Sandbox) {
+func (p *warmPool) discard(sb *sealed.Sandbox) {
 	if err := p.rt.Discard(sb); err != nil {
 		p.m.cfg.Logger.Warn("discarding a warm sandbox", "sandbox", sb.ID, "err", err)
 	}
@@ -277,7 +278,7 @@ func (p *warmPool) discard(sb *containment.Sandbox) {
 var errPoolEmpty = errors.New("no warm sandbox was free")
 
 // take hands a sandbox to a session of the policy, or says why it starts cold.
-func (p *warmPool) take(policy *manifest.Policy, wasm bool) (*containment.Sandbox, error) {
+func (p *warmPool) take(policy *manifest.Policy, wasm bool) (*sealed.Sandbox, error) {
 	shapes, err := p.fitting(policy, wasm)
 	if err != nil {
 		return nil, err
@@ -285,7 +286,7 @@ func (p *warmPool) take(policy *manifest.Policy, wasm bool) (*containment.Sandbo
 	defer p.refill()
 	for {
 		p.mu.Lock()
-		var sb *containment.Sandbox
+		var sb *sealed.Sandbox
 		for _, s := range shapes {
 			if len(s.ready) > 0 {
 				sb, s.ready = s.ready[0], s.ready[1:]
@@ -353,7 +354,7 @@ func (p *warmPool) refill() {
 // close discards every sandbox the pool holds: they do not outlive the daemon.
 func (p *warmPool) close() {
 	p.mu.Lock()
-	var ready []*containment.Sandbox
+	var ready []*sealed.Sandbox
 	for _, s := range p.shapes {
 		ready = append(ready, s.ready...)
 		s.ready = nil
@@ -400,7 +401,7 @@ func (m *Manager) startPath(p *plan, class manifest.Class) *roostv1.StartPath {
 	var kept []string
 	for _, s := range shapes {
 		made := ""
-		if s.Name != containment.DefaultWarmShapeName {
+		if s.Name != sealed.DefaultWarmShapeName {
 			made = " made for " + s.Name
 		}
 		kept = append(kept, fmt.Sprintf("%d sealed %s%s ready (%d now)", s.size, plural(s.size, "sandbox", "sandboxes"), made, len(s.ready)))

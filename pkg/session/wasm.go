@@ -18,7 +18,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
-	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -259,7 +259,7 @@ func (m *Manager) wasmFiles(rec *Record) (runner, cache string) {
 // otherwise.
 func (m *Manager) wasmView(class manifest.Class, rec *Record) (runner, cache string) {
 	if class == manifest.Sealed {
-		return containment.SealedRunnerPath, containment.SealedWasmModule
+		return sealed.RunnerPath, sealed.WasmModule
 	}
 	return m.wasmFiles(rec)
 }

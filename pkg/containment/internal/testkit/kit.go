@@ -23,6 +23,7 @@ import (
 	"roost.dev/roost/pkg/containment/cgroups"
 	"roost.dev/roost/pkg/containment/internal/cgtest"
 	"roost.dev/roost/pkg/containment/scoped"
+	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/containment/sealer"
 	"roost.dev/roost/pkg/containment/seccomp"
 	"roost.dev/roost/pkg/manifest"
@@ -96,10 +97,10 @@ func (k *Kit) NewScopedRuntime(stateDir, init string, rehearsal containment.IDs,
 	return scoped.NewRuntime(stateDir, init, rehearsal, k.options(opts)...)
 }
 
-// NewSealedRuntime is containment.NewSealedRuntime with the binary's cgroup parent, unless
+// NewSealedRuntime is sealed.NewRuntime with the binary's cgroup parent, unless
 // opts name another.
-func (k *Kit) NewSealedRuntime(stateDir, init string, rehearsal containment.IDs, opts ...containment.Option) (*containment.SealedRuntime, error) {
-	return containment.NewSealedRuntime(stateDir, init, rehearsal, k.options(opts)...)
+func (k *Kit) NewSealedRuntime(stateDir, init string, rehearsal containment.IDs, opts ...containment.Option) (*sealed.Runtime, error) {
+	return sealed.NewRuntime(stateDir, init, rehearsal, k.options(opts)...)
 }
 
 // TestCgroups is a cgroupfs configuration whose parent is the test's own, removed with

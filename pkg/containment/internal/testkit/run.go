@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -43,13 +44,13 @@ func ClaimSandbox(t *testing.T, s *containment.Spec, ids containment.IDs, record
 }
 
 // Prepare makes a sandbox of the shape, as roostd's pool does.
-func (k *Kit) Prepare(t *testing.T, rt *containment.SealedRuntime, shape containment.WarmShape, name string) *containment.Sandbox {
+func (k *Kit) Prepare(t *testing.T, rt *sealed.Runtime, shape sealed.WarmShape, name string) *sealed.Sandbox {
 	t.Helper()
 	records := filepath.Join(ReachableDir(t), "records")
 	if err := os.Mkdir(records, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	sb, err := rt.Prepare(context.Background(), shape, containment.WarmPrefix+name, k.IDs(), "", records)
+	sb, err := rt.Prepare(context.Background(), shape, sealed.WarmPrefix+name, k.IDs(), "", records)
 	if err != nil {
 		t.Fatalf("Prepare: %v", err)
 	}
@@ -57,7 +58,7 @@ func (k *Kit) Prepare(t *testing.T, rt *containment.SealedRuntime, shape contain
 }
 
 // StartSealed starts script as sealed session id with the capabilities caps.
-func (k *Kit) StartSealed(t *testing.T, rt *containment.SealedRuntime, id, script, caps string) (containment.Process, containment.Spec) {
+func (k *Kit) StartSealed(t *testing.T, rt *sealed.Runtime, id, script, caps string) (containment.Process, containment.Spec) {
 	t.Helper()
 	s := k.SealedSpec(t, id, caps, script)
 	p, err := rt.Start(context.Background(), s)
@@ -87,9 +88,9 @@ func (k *Kit) SealedRun(t *testing.T, caps, script string) (containment.ExitInfo
 	s.Env = append(s.Env, "HOME=/work")
 	var p containment.Process
 	if k.Warm() {
-		shape := containment.DefaultWarmShape()
+		shape := sealed.DefaultWarmShape()
 		if rt.Fits(shape, s.Policy, false) != nil {
-			shape = containment.WarmShape{Name: "its own", Policy: s.Policy}
+			shape = sealed.WarmShape{Name: "its own", Policy: s.Policy}
 		}
 		sb := k.Prepare(t, rt, shape, name)
 		ClaimSandbox(t, &s, sb.IDs, sb.Records)

@@ -1,10 +1,12 @@
-package containment
+package sealed
 
 import (
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"roost.dev/roost/pkg/containment"
 )
 
 // A container libcontainer still calls created (its exec fifo file is there) has been
@@ -34,7 +36,7 @@ func TestReleasedInit(t *testing.T) {
 	if released(records, blocked) {
 		t.Error("an init still waiting on its fifo counts as released")
 	}
-	if !released(records, start(InitName)) {
+	if !released(records, start(containment.InitName)) {
 		t.Error("an init that has become roost-init does not count as released")
 	}
 	if err := os.WriteFile(filepath.Join(records, "init.json"), []byte(`{"init_pid":1,"pid":2}`), 0o600); err != nil {

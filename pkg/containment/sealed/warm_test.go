@@ -1,4 +1,4 @@
-package containment_test
+package sealed_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/internal/cgtest"
 	"roost.dev/roost/pkg/containment/internal/testkit"
+	"roost.dev/roost/pkg/containment/sealed"
 )
 
 // inspectScript prints what a program can tell of its container: its mounts (mount point,
@@ -31,7 +32,7 @@ pwd
 true`
 
 // run starts s, cold (sb nil) or in sb, and returns its exit and stdout.
-func runIn(t *testing.T, rt *containment.SealedRuntime, sb *containment.Sandbox, s containment.Spec) (containment.ExitInfo, string) {
+func runIn(t *testing.T, rt *sealed.Runtime, sb *sealed.Sandbox, s containment.Spec) (containment.ExitInfo, string) {
 	t.Helper()
 	var p containment.Process
 	var err error
@@ -79,11 +80,11 @@ func TestWarmStartMatchesCold(t *testing.T) {
 			"capabilities: {containment: sealed, filesystem: {workdir_exec: true, host_read: [/usr/share/common-licenses]}, resources: {max_open_files: 900000}}", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			shape := containment.DefaultWarmShape()
+			shape := sealed.DefaultWarmShape()
 			if tc.shape != "" {
-				shape = containment.WarmShape{Name: "capsule " + tc.name, Policy: testkit.Policy(t, tc.shape)}
+				shape = sealed.WarmShape{Name: "capsule " + tc.name, Policy: testkit.Policy(t, tc.shape)}
 				// The shape is the capsule's, not the default's.
-				if err := rt.Fits(containment.DefaultWarmShape(), testkit.Policy(t, tc.caps), false); err == nil {
+				if err := rt.Fits(sealed.DefaultWarmShape(), testkit.Policy(t, tc.caps), false); err == nil {
 					t.Fatalf("a session of %s fits the default shape: the case tests nothing", tc.caps)
 				}
 			}
@@ -92,7 +93,7 @@ func TestWarmStartMatchesCold(t *testing.T) {
 			}
 			var outs, limits [2]string
 			for i, warm := range []bool{false, true} {
-				var sb *containment.Sandbox
+				var sb *sealed.Sandbox
 				records := ""
 				ids := kit.IDs()
 				if warm {
@@ -134,7 +135,7 @@ func TestWarmStartMatchesCold(t *testing.T) {
 				limits[i] = cgroupFiles(rt.Cgroups().PlaceOf(place).Path)
 				// A root composed for a sandbox (host_read) went to its session, which
 				// Release removes.
-				if left, _ := filepath.Glob(filepath.Join(state, "roots", containment.WarmPrefix+"*")); len(left) > 0 {
+				if left, _ := filepath.Glob(filepath.Join(state, "roots", sealed.WarmPrefix+"*")); len(left) > 0 {
 					t.Errorf("a sandbox's root is left after its claim: %v", left)
 				}
 			}
@@ -165,8 +166,8 @@ func TestWarmRefusesOtherShapes(t *testing.T) {
 		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {workdir_exec: true}}":      "mounts",
 		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {host_read: [/usr/share]}}": "mounts",
 	} {
-		err := rt.Fits(containment.DefaultWarmShape(), testkit.Policy(t, caps), false)
-		var nw *containment.NotWarmError
+		err := rt.Fits(sealed.DefaultWarmShape(), testkit.Policy(t, caps), false)
+		var nw *sealed.NotWarmError
 		if !errors.As(err, &nw) || !strings.HasPrefix(nw.Field, field) || !strings.Contains(err.Error(), "made with a default capsule's") {
 			t.Errorf("%s: Fits = %v, want a difference at %s", caps, err, field)
 		}
@@ -175,14 +176,14 @@ func TestWarmRefusesOtherShapes(t *testing.T) {
 		"capabilities: {containment: sealed, resources: {cgroup_cpu_percent: 50, cgroup_pids_max: 77, cgroup_memory_bytes: 268435456}}",
 		"capabilities: {containment: sealed, resources: {max_open_files: 77, max_processes: 10, cpu_seconds: 5}}",
 	} {
-		if err := rt.Fits(containment.DefaultWarmShape(), testkit.Policy(t, caps), false); err != nil {
+		if err := rt.Fits(sealed.DefaultWarmShape(), testkit.Policy(t, caps), false); err != nil {
 			t.Errorf("%s: limits a claim sets (cgroup) or roost-exec lowers (rlimits), yet Fits = %v", caps, err)
 		}
 	}
 	// A capsule's own shape refuses what differs from it, the default capsule included.
-	unix := containment.WarmShape{Name: "capsule sockets@1.0.0", Policy: testkit.Policy(t, "capabilities: {containment: sealed, network: {unix_sockets: true}}")}
+	unix := sealed.WarmShape{Name: "capsule sockets@1.0.0", Policy: testkit.Policy(t, "capabilities: {containment: sealed, network: {unix_sockets: true}}")}
 	err = rt.Fits(unix, testkit.Policy(t, "capabilities: {containment: sealed}"), false)
-	var nw *containment.NotWarmError
+	var nw *sealed.NotWarmError
 	if !errors.As(err, &nw) || !strings.HasPrefix(nw.Field, "linux.seccomp") || !strings.Contains(err.Error(), "made with capsule sockets@1.0.0's seccomp filter") {
 		t.Errorf("a default capsule in a unix_sockets shape: Fits = %v, want the seccomp filter named", err)
 	}
@@ -203,7 +204,7 @@ echo marker > /proc/self/comm; ipcmk -M 4096 >/dev/null 2>&1 && echo "wrote shm 
 ipcs -m | grep -c '^0x' ; true`
 	var outs []string
 	for i, script := range []string{write, look} {
-		sb := kit.Prepare(t, rt, containment.DefaultWarmShape(), "carry"+string(rune('a'+i)))
+		sb := kit.Prepare(t, rt, sealed.DefaultWarmShape(), "carry"+string(rune('a'+i)))
 		s := kit.SealedSpec(t, "ses_carry"+string(rune('a'+i)), caps, script)
 		testkit.ClaimSandbox(t, &s, sb.IDs, sb.Records)
 		s.Home = filepath.Join(testkit.ReachableDir(t), "home")
@@ -234,15 +235,15 @@ func TestHeldCountsComposedRoots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	orphan := filepath.Join(state, "roots", containment.WarmPrefix+"orphan")
+	orphan := filepath.Join(state, "roots", sealed.WarmPrefix+"orphan")
 	if err := os.MkdirAll(filepath.Join(orphan, "usr"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	held, err := rt.Held()
-	if err != nil || !slices.Contains(held, containment.WarmPrefix+"orphan") || slices.ContainsFunc(held, func(h string) bool { return strings.HasPrefix(h, "base-") }) {
+	if err != nil || !slices.Contains(held, sealed.WarmPrefix+"orphan") || slices.ContainsFunc(held, func(h string) bool { return strings.HasPrefix(h, "base-") }) {
 		t.Fatalf("Held = %v, %v; want the orphaned root and no base", held, err)
 	}
-	if err := rt.Release(containment.WarmPrefix + "orphan"); err != nil {
+	if err := rt.Release(sealed.WarmPrefix + "orphan"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(orphan); !os.IsNotExist(err) {

@@ -1,4 +1,4 @@
-package containment
+package sealed
 
 import (
 	"errors"
@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"roost.dev/roost/pkg/containment"
 )
 
 // usrLinks are the top-level directories a merged-/usr host keeps as symlinks into /usr.
@@ -40,9 +42,9 @@ func hostShape() (merged bool, etcBinds []string) {
 }
 
 // composeRoot lays out a sealed session's root in dir: the /usr symlinks (or mount points
-// for them), a generated /etc, and a mount point for everything SealedSpec mounts. The root
+// for them), a generated /etc, and a mount point for everything OCISpec mounts. The root
 // is mounted read-only, so everything here is fixed for the session's life.
-func composeRoot(dir string, l SealedLayout) error {
+func composeRoot(dir string, l Layout) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -74,7 +76,7 @@ func composeRoot(dir string, l SealedLayout) error {
 		}
 	}
 	// The bind targets for roost-init, the WASM runner and a compiled module are files.
-	for _, name := range []string{InitName, filepath.Base(SealedRunnerPath), filepath.Base(SealedWasmModule)} {
+	for _, name := range []string{containment.InitName, filepath.Base(RunnerPath), filepath.Base(WasmModule)} {
 		if err := os.WriteFile(filepath.Join(dir, ".roost", name), nil, 0o555); err != nil {
 			return err
 		}

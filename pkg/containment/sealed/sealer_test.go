@@ -1,4 +1,4 @@
-package containment_test
+package sealed_test
 
 import (
 	"fmt"
