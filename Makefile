@@ -63,7 +63,11 @@ test: lint unit e2e install-check
 unit: deps rust-wasi
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/e2e)
 	# The sealed and hostile suites again, each session in a sandbox made ahead (--warm-pool).
-	$(GO) test -race -count=1 -run 'Sealed|Hostile|Trust|Exec|Socketpair|Workdir' ./pkg/containment/ -args -warm
+	$(GO) test -race -count=1 -run 'Sealed|Hostile|Trust|Exec|Socketpair|Workdir' $(WARM_PACKAGES) -args -warm
+
+# The packages whose tests take -warm (internal/testkit's Kit.Main): every one that holds
+# tests of the runtimes.
+WARM_PACKAGES := ./pkg/containment/ ./pkg/containment/scoped/ ./pkg/containment/sealed/
 
 e2e: deps sdk $(TOOLS)/grpcurl
 	$(GO) test -count=1 ./test/e2e/

@@ -11,6 +11,7 @@ import (
 
 	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -66,7 +67,7 @@ func run(stateDir, initBin, capsule, workdir, out, cgroup string) (string, error
 	if err := os.Chmod(stateDir, 0o711); err != nil {
 		return "", err
 	}
-	rt, err := containment.NewSealedRuntime(stateDir, initBin, ids)
+	rt, err := sealed.NewRuntime(stateDir, initBin, ids)
 	if err != nil {
 		return "", err
 	}

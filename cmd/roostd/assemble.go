@@ -13,6 +13,9 @@ import (
 	"roost.dev/roost/pkg/artifact"
 	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/cgroups"
+	scopedrt "roost.dev/roost/pkg/containment/scoped"
+	sealedrt "roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/endpoint"
 	"roost.dev/roost/pkg/gateway"
@@ -34,7 +37,7 @@ type daemon struct {
 	group     *server.SocketGroup
 	pool      store.IDPool
 	init      string
-	cgs       *containment.Cgroups
+	cgs       *cgroups.Sessions
 	assess    func(context.Context) (containment.Host, containment.Catalog)
 	catalog   containment.Catalog
 	mtr       *metrics.Metrics
@@ -93,7 +96,7 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 	}
 	pool := store.IDPool{First: cfg.Sessions.IDs.First, Slots: cfg.Sessions.IDs.Slots}
 	// Before any runtime or child process: on cgroup v2 roostd may move itself into a leaf.
-	cgs, err := containment.NewCgroups(containment.CgroupConfig{Parent: o.cgroupParent, Driver: o.cgroupDriver, StateDir: stateDir})
+	cgs, err := cgroups.New(cgroups.Config{Parent: o.cgroupParent, Driver: o.cgroupDriver, StateDir: stateDir})
 	if err != nil {
 		return nil, err
 	}
@@ -101,18 +104,18 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 	init := initBinary(log)
 	plain := containment.NewProcessRuntime(init, containment.WithCgroups(cgs))
 	runtimes := map[manifest.Class]session.Runtime{manifest.Unconfined: plain, manifest.Advisory: plain}
-	var sealed *containment.SealedRuntime
-	var scoped *containment.ScopedRuntime
+	var sealed *sealedrt.Runtime
+	var scoped *scopedrt.Runtime
 	if init != containment.SelfInit {
 		// A sealed root mounts roost-init itself: it must be the small static binary.
 		seal := sealerClient(log)
 		if seal != nil {
 			d.release = append(d.release, func() { seal.Close() })
 		}
-		if sealed, err = containment.NewSealedRuntime(stateDir, init, containment.IDs(pool.RehearsalIDs()), containment.WithCgroups(cgs), containment.WithSealer(seal)); err != nil {
+		if sealed, err = sealedrt.NewRuntime(stateDir, init, containment.IDs(pool.RehearsalIDs()), containment.WithCgroups(cgs), containment.WithSealer(seal)); err != nil {
 			return nil, fmt.Errorf("sealed runtime: %w", err)
 		}
-		if scoped, err = containment.NewScopedRuntime(stateDir, init, containment.IDs(pool.RehearsalIDs()), containment.WithCgroups(cgs)); err != nil {
+		if scoped, err = scopedrt.NewRuntime(stateDir, init, containment.IDs(pool.RehearsalIDs()), containment.WithCgroups(cgs)); err != nil {
 			return nil, fmt.Errorf("scoped runtime: %w", err)
 		}
 		// Even when a rehearsal fails, sessions a previous daemon started are re-attached

@@ -27,6 +27,7 @@ import (
 
 	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/cgroups"
 	"roost.dev/roost/pkg/containment/sealer"
 	"roost.dev/roost/pkg/gateway"
 	"roost.dev/roost/pkg/hooks"
@@ -99,7 +100,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.DurationVar(&o.reservationTTL, "reservation-ttl", ledger.DefaultTTL, "how long a token reservation stays open before it is charged in full")
 	fs.StringVar(&o.containment, "containment", "", "host-wide containment floor: unconfined, advisory, scoped or sealed")
 	fs.StringVar(&o.cgroupParent, "cgroup-parent", "", "where sessions' cgroups go: a cgroup path (cgroupfs) or a slice (systemd); default: beneath roostd's own cgroup when systemd delegates it in a leaf (DelegateSubgroup=supervisor), else /roost")
-	fs.StringVar(&o.cgroupDriver, "cgroup-driver", containment.CgroupDriverCgroupfs, "how sessions' cgroups are made: cgroupfs, or systemd (transient roost-<session>.scope units; needs systemd as PID 1)")
+	fs.StringVar(&o.cgroupDriver, "cgroup-driver", cgroups.DriverCgroupfs, "how sessions' cgroups are made: cgroupfs, or systemd (transient roost-<session>.scope units; needs systemd as PID 1)")
 	fs.IntVar(&o.warmPool, "warm-pool", 0, "sealed sandboxes to keep made ahead of their sessions, each used by one session and then ended; 0 = none")
 	warmCapsules := fs.StringArray("warm-pool-capsule", nil, "DIR=N: also keep N sealed sandboxes made for the capsule in DIR, for capsules whose seccomp variant, host_read, workdir_exec or rlimits a default one's sandbox lacks (repeatable)")
 	fs.Float64Var(&o.warmPoolCPU, "warm-pool-cpu", warmpool.DefaultCPU, "share of the wall clock (0-1] the warm pool's refill may spend making sandboxes")

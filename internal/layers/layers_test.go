@@ -42,6 +42,10 @@ func TestLayers(t *testing.T) {
 		{"pkg/session/retention", []string{"pkg/session/delegate", "pkg/session/plan", "pkg/session/warmpool", "pkg/containment", "pkg/server", "pkg/endpoint"}},
 		// Containment runs programs; it knows nothing of sessions' records or the API.
 		{"pkg/containment", []string{"pkg/session", "pkg/server", "pkg/endpoint", "pkg/gateway", "pkg/ledger", "api/"}},
+		{"pkg/containment/cgroups", []string{"pkg/containment/sealed", "pkg/containment/scoped", "pkg/session", "pkg/server", "api/"}},
+		{"pkg/containment/seccomp", []string{"pkg/containment/sealed", "pkg/containment/scoped", "pkg/session", "pkg/server", "api/"}},
+		{"pkg/containment/scoped", []string{"pkg/containment/sealed", "pkg/session", "pkg/server", "pkg/endpoint", "api/"}},
+		{"pkg/containment/sealed", []string{"pkg/containment/scoped", "pkg/session", "pkg/server", "pkg/endpoint", "api/"}},
 		{"pkg/containment/roostinit", []string{"pkg/session", "pkg/server", "pkg/containment/sealer", "api/"}},
 		{"pkg/session", []string{"pkg/server", "cmd/"}},
 		{"pkg/server", []string{"cmd/"}},

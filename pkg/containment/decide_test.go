@@ -1,23 +1,21 @@
-package containment
+package containment_test
 
 import (
 	"strings"
 	"testing"
 
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/internal/testkit"
 	"roost.dev/roost/pkg/manifest"
 )
 
 func policy(t *testing.T, caps string) manifest.Policy {
 	t.Helper()
-	m, err := manifest.Parse([]byte("name: a\nversion: 0.1.0\nrun: {command: [x]}\n"+caps), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return manifest.Lower(m)
+	return *testkit.Policy(t, caps)
 }
 
 func TestDecide(t *testing.T) {
-	catalog := NewCatalog(Host{Root: true}, ErrNoRuntime, ErrNoRuntime)
+	catalog := containment.NewCatalog(containment.Host{Root: true}, containment.ErrNoRuntime, containment.ErrNoRuntime)
 	cases := []struct {
 		name        string
 		caps        string
@@ -37,7 +35,7 @@ func TestDecide(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			p := policy(t, c.caps)
-			d := Decide(&p, Sources(&p, c.daemon, c.run), catalog)
+			d := containment.Decide(&p, containment.Sources(&p, c.daemon, c.run), catalog)
 			if d.Floor != c.floor || d.Met != c.met {
 				t.Fatalf("decision %+v", d)
 			}
@@ -60,10 +58,10 @@ func TestDecide(t *testing.T) {
 // An executable workdir keeps the class: the kernel boundary holds, and the decision says
 // which trees may exec.
 func TestDecideWorkdirExecKeepsTheClass(t *testing.T) {
-	catalog := NewCatalog(Host{Root: true}, nil, nil)
+	catalog := containment.NewCatalog(containment.Host{Root: true}, nil, nil)
 	for _, class := range []string{"scoped", "sealed"} {
 		p := policy(t, "capabilities: {containment: "+class+", filesystem: {workdir_exec: true}}")
-		d := Decide(&p, Sources(&p, 0, 0), catalog)
+		d := containment.Decide(&p, containment.Sources(&p, 0, 0), catalog)
 		if !d.Met || d.Achieved.String() != class || !strings.Contains(d.Mechanism, "workdir and scratch directories may exec") {
 			t.Fatalf("%s with workdir_exec: %+v", class, d)
 		}
@@ -73,24 +71,24 @@ func TestDecideWorkdirExecKeepsTheClass(t *testing.T) {
 func TestGrantsNeverClaimWhatAPlainProcessCannotHold(t *testing.T) {
 	p := policy(t, "capabilities: {network: {allow: [example.com]}, shell: {allow: [sh]}, filesystem: {scope: src}}")
 	for _, root := range []bool{true, false} {
-		grants := Grants(manifest.Advisory, &p, root, false)
-		byKey := map[string]Grant{}
+		grants := containment.Grants(manifest.Advisory, &p, root, false)
+		byKey := map[string]containment.Grant{}
 		for _, g := range grants {
 			byKey[g.Key] = g
 		}
 		for _, key := range []string{"network.allow", "network.unix_sockets", "filesystem.scope", "filesystem.read_only", "shell.allow", "resources.cgroup_memory_bytes", "spawn.allow"} {
-			if byKey[key].Enforcement != Advisory {
+			if byKey[key].Enforcement != containment.Advisory {
 				t.Errorf("%s claimed %q in an advisory session", key, byKey[key].Enforcement)
 			}
 		}
 		for _, key := range []string{"env.allow", "limits.deadline_seconds", "resources.max_open_files", "resources.workdir_max_bytes"} {
-			if byKey[key].Enforcement != Enforced {
+			if byKey[key].Enforcement != containment.Enforced {
 				t.Errorf("%s is %q; roost enforces it", key, byKey[key].Enforcement)
 			}
 		}
-		want := Enforced
+		want := containment.Enforced
 		if root {
-			want = Advisory
+			want = containment.Advisory
 		}
 		if byKey["resources.max_processes"].Enforcement != want {
 			t.Errorf("max_processes as root=%v: %q", root, byKey["resources.max_processes"].Enforcement)
@@ -101,18 +99,18 @@ func TestGrantsNeverClaimWhatAPlainProcessCannotHold(t *testing.T) {
 	}
 	// RLIMIT_AS always in a class without a cgroup (at its default when undeclared).
 	declared := policy(t, "capabilities: {resources: {memory_bytes: 1073741824}}")
-	for _, g := range Grants(manifest.Advisory, &declared, false, false) {
-		if g.Key == "resources.memory_bytes" && g.Enforcement != Enforced {
+	for _, g := range containment.Grants(manifest.Advisory, &declared, false, false) {
+		if g.Key == "resources.memory_bytes" && g.Enforcement != containment.Enforced {
 			t.Errorf("a declared memory_bytes is %q", g.Enforcement)
 		}
 	}
-	for _, g := range Grants(manifest.Advisory, &p, false, false) {
-		if g.Key == "resources.memory_bytes" && (g.Enforcement != Enforced || g.Value != "68719476736 (default)") {
+	for _, g := range containment.Grants(manifest.Advisory, &p, false, false) {
+		if g.Key == "resources.memory_bytes" && (g.Enforcement != containment.Enforced || g.Value != "68719476736 (default)") {
 			t.Errorf("an undeclared memory_bytes is %q, %q", g.Enforcement, g.Value)
 		}
 	}
 	// Nothing is claimed for a class there is no runtime for.
-	for _, g := range Grants(manifest.ClassNone, &p, false, false) {
+	for _, g := range containment.Grants(manifest.ClassNone, &p, false, false) {
 		if g.Enforcement != "" {
 			t.Fatalf("grant %s claims %q for no class", g.Key, g.Enforcement)
 		}
@@ -121,17 +119,17 @@ func TestGrantsNeverClaimWhatAPlainProcessCannotHold(t *testing.T) {
 	// WASM module; a WASM session's guest memory and fuel are held, a command's are not.
 	for _, class := range manifest.Classes {
 		for _, wasm := range []bool{false, true} {
-			byKey := map[string]Grant{}
-			for _, g := range Grants(class, &p, true, wasm) {
+			byKey := map[string]containment.Grant{}
+			for _, g := range containment.Grants(class, &p, true, wasm) {
 				byKey[g.Key] = g
 				if g.Enforcement == "" || g.Mechanism == "" {
 					t.Errorf("%s, wasm %v: %s has no enforcement or mechanism", class, wasm, g.Key)
 				}
 			}
-			want := NotApplicable
+			want := containment.NotApplicable
 			if wasm {
-				want = Enforced
-				if byKey["run.wasm"].Enforcement != Enforced {
+				want = containment.Enforced
+				if byKey["run.wasm"].Enforcement != containment.Enforced {
 					t.Errorf("%s: a WASM session's preopens are not reported: %+v", class, byKey["run.wasm"])
 				}
 			}
@@ -145,7 +143,7 @@ func TestGrantsNeverClaimWhatAPlainProcessCannotHold(t *testing.T) {
 }
 
 func TestCatalog(t *testing.T) {
-	c := NewCatalog(Probe(), ErrNoRuntime, ErrNoRuntime)
+	c := containment.NewCatalog(containment.Probe(), containment.ErrNoRuntime, containment.ErrNoRuntime)
 	if c.Strongest() != manifest.Advisory {
 		t.Fatalf("strongest %v", c.Strongest())
 	}

@@ -15,7 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/opencontainers/runc/libcontainer"
 	"golang.org/x/sys/unix"
 
 	"roost.dev/roost/pkg/containment/roostinit"
@@ -75,6 +74,12 @@ func (e *Execution) Wait() (ExitInfo, error) {
 	return e.info, e.err
 }
 
+// Started makes e the command started as pid, which wait reaps and signal signals: a runtime
+// that starts it by other means than ProcessRuntime's (libcontainer) calls it.
+func (e *Execution) Started(pid int, wait func() (*os.ProcessState, error), signal func(syscall.Signal) error) {
+	e.Pid, e.wait, e.signal = pid, wait, signal
+}
+
 // Kill ends the command (SIGKILL): its client has gone, or its session has ended.
 func (e *Execution) Kill() error { return e.signal(syscall.SIGKILL) }
 
@@ -104,129 +109,31 @@ const execTimeout = 30 * time.Second
 // Exec runs one more command in the unconfined or advisory session proc runs, spec being
 // the session's own start: as its uid, in its cgroup, with its rlimits and no_new_privs.
 func (r *ProcessRuntime) Exec(ctx context.Context, spec Spec, proc Process, opts ExecOptions) (*Execution, error) {
-	user, err := spec.user()
+	user, err := spec.User()
 	if err != nil {
 		return nil, err
 	}
-	p, ok := proc.(*plainProcess)
+	p, ok := proc.(*PlainProcess)
 	if !ok {
 		return nil, fmt.Errorf("session %s: not a process of this runtime", spec.SessionID)
 	}
-	return r.execJoined(ctx, spec, p, plainExecSpec(spec, user), opts, false)
+	return r.ExecJoined(ctx, spec, p, plainExecSpec(spec, user), opts, false)
 }
 
-// Exec runs one more command in the scoped session proc runs, spec being the session's own
-// start: in its program's mount and network namespaces, its cgroup, as its uid, under its
-// Landlock rules, exec allowlist, seccomp filter and rlimits, with no capability.
-func (r *ScopedRuntime) Exec(ctx context.Context, spec Spec, proc Process, opts ExecOptions) (*Execution, error) {
-	user, err := spec.user()
-	if err != nil {
-		return nil, err
-	}
-	p, ok := proc.(*scopedProcess)
-	if !ok {
-		return nil, fmt.Errorf("session %s: not a process of this runtime", spec.SessionID)
-	}
-	es, err := scopedExecSpec(spec, user, r.TmpDir(spec.SessionID))
-	if err != nil {
-		return nil, err
-	}
-	return r.plain.execJoined(ctx, spec, p.plainProcess, es, opts, true)
-}
-
-// Exec runs one more command in the sealed session proc runs, spec being the session's own
-// start: libcontainer starts roost-exec in its container (its namespaces, cgroup, uid,
-// seccomp filter, capabilities, no_new_privs), and roost-exec applies what the program got
-// from it inside the root (rlimits, the Landlock exec allowlist).
-func (r *SealedRuntime) Exec(ctx context.Context, spec Spec, proc Process, opts ExecOptions) (_ *Execution, retErr error) {
-	p, ok := proc.(*sealedProcess)
-	if !ok {
-		return nil, fmt.Errorf("session %s: not a process of this runtime", spec.SessionID)
-	}
-	es, join, err := joined(spec, sealedExecSpec(spec), opts, sealedWork)
-	if err != nil {
-		return nil, err
-	}
-	hs, err := newHandshake()
-	if err != nil {
-		return nil, err
-	}
-	defer hs.Close()
-	lp := &libcontainer.Process{
-		Args: []string{sealedInitPath, ExecName},
-		Env:  []string{"PATH=" + defaultPath},
-		// roost-exec enters the command's directory itself, as the command's uid.
-		Cwd:        "/",
-		ExtraFiles: hs.childFiles(),
-		Init:       false,
-	}
-	var e Execution
-	var child []*os.File
-	var console *os.File
-	defer func() {
-		for _, f := range child {
-			f.Close()
-		}
-		if console != nil {
-			console.Close()
-		}
-		if retErr != nil {
-			e.Close()
-		}
-	}()
-	if opts.TTY {
-		// The terminal is the container's own, from its devpts: libcontainer makes it inside
-		// and sends its master end back.
-		parent, sock, err := socketPair()
-		if err != nil {
-			return nil, err
-		}
-		console, child = parent, append(child, sock)
-		lp.ConsoleSocket, lp.ConsoleWidth, lp.ConsoleHeight = sock, opts.Cols, opts.Rows
-	} else {
-		in, out, errOut, err := e.pipes(opts.Stdin)
-		if err != nil {
-			return nil, err
-		}
-		child = append(child, in, out, errOut)
-		lp.Stdin, lp.Stdout, lp.Stderr = in, out, errOut
-	}
-	if err := p.container.Run(lp); err != nil {
-		return nil, fmt.Errorf("starting roost-exec in the session's container: %w", err)
-	}
-	hs.started()
-	if console != nil {
-		if e.Terminal, err = recvFile(console); err != nil {
-			_ = lp.Signal(syscall.SIGKILL)
-			_, _ = lp.Wait()
-			return nil, fmt.Errorf("the command's terminal: %w", err)
-		}
-	}
-	e.Pid, _ = lp.Pid()
-	e.wait = lp.Wait
-	e.signal = func(sig syscall.Signal) error { return lp.Signal(sig) }
-	if err := hs.hand(ctx, roostinit.JoinSpec(es, join)); err != nil {
-		_ = lp.Signal(syscall.SIGKILL)
-		_, _ = e.Wait()
-		return nil, err
-	}
-	return &e, nil
-}
-
-// execJoined starts roost-exec as roostd's child with es, the session's program's own
+// ExecJoined starts roost-exec as roostd's child with es, the session's program's own
 // ExecSpec, made the command's; with namespaces, in the mount and network namespaces of
 // the session's program.
-func (r *ProcessRuntime) execJoined(ctx context.Context, spec Spec, p *plainProcess, es roostinit.ExecSpec, opts ExecOptions, namespaces bool) (_ *Execution, retErr error) {
-	es, join, err := joined(spec, es, opts, spec.Dir)
+func (r *ProcessRuntime) ExecJoined(ctx context.Context, spec Spec, p *PlainProcess, es roostinit.ExecSpec, opts ExecOptions, namespaces bool) (_ *Execution, retErr error) {
+	es, join, err := Joined(spec, es, opts, spec.Dir)
 	if err != nil {
 		return nil, err
 	}
-	hs, err := newHandshake()
+	hs, err := NewHandshake()
 	if err != nil {
 		return nil, err
 	}
 	defer hs.Close()
-	extra := hs.childFiles()
+	extra := hs.ChildFiles()
 	if namespaces {
 		ns, err := programNamespaces(p.ref, "mnt", "net")
 		if err != nil {
@@ -246,8 +153,8 @@ func (r *ProcessRuntime) execJoined(ctx context.Context, spec Spec, p *plainProc
 	}
 	// The program's cgroup, in every hierarchy, before the command exists.
 	var into *os.File
-	if p.cgroup != nil {
-		for name, dir := range p.cgroup.GetPaths() {
+	if p.Cgroup != nil {
+		for name, dir := range p.Cgroup.GetPaths() {
 			if _, err := os.Stat(dir); err != nil {
 				continue
 			}
@@ -276,7 +183,7 @@ func (r *ProcessRuntime) execJoined(ctx context.Context, spec Spec, p *plainProc
 		stdin, stdout, stderr, err = e.terminal(opts)
 		child = append(child, stdin)
 	} else {
-		stdin, stdout, stderr, err = e.pipes(opts.Stdin)
+		stdin, stdout, stderr, err = e.Pipes(opts.Stdin)
 		child = append(child, stdin, stdout, stderr)
 	}
 	if err != nil {
@@ -312,7 +219,7 @@ func (r *ProcessRuntime) execJoined(ctx context.Context, spec Spec, p *plainProc
 	} else if err != nil {
 		return nil, fmt.Errorf("starting roost-exec: %w", err)
 	}
-	hs.started()
+	hs.Started()
 	e.Pid = cmd.Process.Pid
 	e.wait = func() (*os.ProcessState, error) {
 		err := cmd.Wait()
@@ -320,7 +227,7 @@ func (r *ProcessRuntime) execJoined(ctx context.Context, spec Spec, p *plainProc
 	}
 	// Its own process group: whatever the command starts ends with it.
 	e.signal = func(sig syscall.Signal) error { return syscall.Kill(-cmd.Process.Pid, sig) }
-	if err := hs.hand(ctx, roostinit.JoinSpec(es, join)); err != nil {
+	if err := hs.Hand(ctx, roostinit.JoinSpec(es, join)); err != nil {
 		_ = e.signal(syscall.SIGKILL)
 		_, _ = e.Wait()
 		return nil, err
@@ -328,10 +235,10 @@ func (r *ProcessRuntime) execJoined(ctx context.Context, spec Spec, p *plainProc
 	return &e, nil
 }
 
-// joined makes es, the session program's ExecSpec, the command's: its argv, the
+// Joined makes es, the session program's ExecSpec, the command's: its argv, the
 // session's environment with the extra variables over it, no report pipe and no mounts of
 // its own (it joins the program's). work is the session's workdir in its view.
-func joined(spec Spec, es roostinit.ExecSpec, opts ExecOptions, work string) (roostinit.ExecSpec, roostinit.Join, error) {
+func Joined(spec Spec, es roostinit.ExecSpec, opts ExecOptions, work string) (roostinit.ExecSpec, roostinit.Join, error) {
 	if len(opts.Argv) == 0 || opts.Argv[0] == "" {
 		return es, roostinit.Join{}, errors.New("no command to run")
 	}
@@ -401,9 +308,9 @@ func programNamespaces(ref ProcessRef, kinds ...string) ([]*os.File, error) {
 	return out, nil
 }
 
-// pipes makes the command's stdin (nil: empty, /dev/null), stdout and stderr, keeping
+// Pipes makes the command's stdin (nil: empty, /dev/null), stdout and stderr, keeping
 // roostd's ends in e and returning the command's.
-func (e *Execution) pipes(stdin bool) (in, out, errOut *os.File, err error) {
+func (e *Execution) Pipes(stdin bool) (in, out, errOut *os.File, err error) {
 	if stdin {
 		if in, e.Stdin, err = os.Pipe(); err != nil {
 			return nil, nil, nil, err
@@ -449,16 +356,17 @@ func (e *Execution) terminal(opts ExecOptions) (in, out, errOut *os.File, err er
 	return slave, slave, slave, nil
 }
 
-// handshake is roost-exec's spec pipe (its descriptor 3) and error pipe (4): it reads the
+// Handshake is roost-exec's spec pipe (its descriptor 3) and error pipe (4): it reads the
 // spec, and says on the error pipe why it could not start the command; a successful exec
 // closes the error pipe.
-type handshake struct {
+type Handshake struct {
 	specR, specW *os.File
 	errR, errW   *os.File
 }
 
-func newHandshake() (*handshake, error) {
-	h := &handshake{}
+// NewHandshake makes the pipes.
+func NewHandshake() (*Handshake, error) {
+	h := &Handshake{}
 	var err error
 	if h.specR, h.specW, err = os.Pipe(); err != nil {
 		return nil, err
@@ -470,17 +378,18 @@ func newHandshake() (*handshake, error) {
 	return h, nil
 }
 
-func (h *handshake) childFiles() []*os.File { return []*os.File{h.specR, h.errW} }
+// ChildFiles are roost-exec's descriptors 3 and 4.
+func (h *Handshake) ChildFiles() []*os.File { return []*os.File{h.specR, h.errW} }
 
-// started drops roostd's copies of roost-exec's ends.
-func (h *handshake) started() {
+// Started drops roostd's copies of roost-exec's ends.
+func (h *Handshake) Started() {
 	h.specR.Close()
 	h.errW.Close()
 }
 
-// hand writes the spec and waits for roost-exec to exec the command or say why it could
+// Hand writes the spec and waits for roost-exec to exec the command or say why it could
 // not: a *StartError then.
-func (h *handshake) hand(ctx context.Context, spec any) error {
+func (h *Handshake) Hand(ctx context.Context, spec any) error {
 	data, err := json.Marshal(spec)
 	if err != nil {
 		return err
@@ -516,48 +425,8 @@ func (h *handshake) hand(ctx context.Context, spec any) error {
 }
 
 // Close closes everything still open; closing twice is harmless.
-func (h *handshake) Close() {
+func (h *Handshake) Close() {
 	for _, f := range []*os.File{h.specR, h.specW, h.errR, h.errW} {
 		f.Close()
 	}
-}
-
-// socketPair is a connected pair of unix stream sockets, close-on-exec.
-func socketPair() (parent, child *os.File, err error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, nil, err
-	}
-	return os.NewFile(uintptr(fds[0]), "console-parent"), os.NewFile(uintptr(fds[1]), "console-child"), nil
-}
-
-// recvFile receives the one descriptor libcontainer sends on a console socket (its data
-// is the file's name).
-func recvFile(sock *os.File) (*os.File, error) {
-	name := make([]byte, 4096)
-	oob := make([]byte, unix.CmsgSpace(4))
-	conn := int(sock.Fd())
-	n, oobn, _, _, err := unix.Recvmsg(conn, name, oob, unix.MSG_CMSG_CLOEXEC)
-	if err != nil {
-		return nil, err
-	}
-	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil {
-		return nil, err
-	}
-	var fds []int
-	for _, m := range msgs {
-		got, err := unix.ParseUnixRights(&m)
-		if err != nil {
-			return nil, err
-		}
-		fds = append(fds, got...)
-	}
-	if len(fds) != 1 {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-		return nil, fmt.Errorf("expected one descriptor, got %d", len(fds))
-	}
-	return os.NewFile(uintptr(fds[0]), string(name[:n])), nil
 }

@@ -1,4 +1,4 @@
-package containment
+package containment_test
 
 import (
 	"context"
@@ -7,23 +7,27 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/internal/testkit"
+	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/manifest"
 )
 
 // Hostile capsules against the exec allowlist: each tries to widen what Landlock lets its
 // program execute through a file it controls (a #! line, a shell.allow entry, PATH).
 
-// execAllowProbe runs a program nothing in the allowlist names: it prints RAN only if the
-// allowlist was widened beyond the shell.
-const execAllowProbe = `/usr/bin/id >/dev/null 2>&1 && echo RAN || echo "id refused"`
+// execAllowProbe runs a program nothing in the allowlist names: "ok id" only if the allowlist
+// was widened beyond the shell, else "denied id:" and why.
+const execAllowProbe = testkit.TryScript + `try id /usr/bin/id`
 
 // execAllowCapsule is a capsule directory the session's uid can read, holding files
 // (name to content), each executable.
 func execAllowCapsule(t *testing.T, files map[string]string) string {
 	t.Helper()
-	dir := reachableDir(t)
+	dir := testkit.ReachableDir(t)
 	for name, content := range files {
 		path := filepath.Join(dir, name)
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
@@ -39,7 +43,7 @@ func execAllowCapsule(t *testing.T, files map[string]string) string {
 // capsulePath is where a session of class finds the capsule's file name.
 func capsulePath(class manifest.Class, capsule, name string) string {
 	if class == manifest.Sealed {
-		return filepath.Join(sealedCapsule, name)
+		return filepath.Join(sealed.Capsule, name)
 	}
 	return filepath.Join(capsule, name)
 }
@@ -47,52 +51,52 @@ func capsulePath(class manifest.Class, capsule, name string) string {
 // execAllowRun starts a session of class with the capsule directory capsule, running argv
 // under the capabilities caps; adjust, when set, changes the spec last. A refused start
 // returns its StartError; otherwise the session's exit and stdout and stderr.
-func execAllowRun(t *testing.T, class manifest.Class, caps, capsule string, argv []string, adjust func(*Spec)) (ExitInfo, string, *StartError) {
+func execAllowRun(t *testing.T, class manifest.Class, caps, capsule string, argv []string, adjust func(*containment.Spec)) (containment.ExitInfo, string, *containment.StartError) {
 	t.Helper()
-	needRoot(t)
+	testkit.NeedRoot(t)
 	var rt interface {
-		Start(context.Context, Spec) (Process, error)
+		Start(context.Context, containment.Spec) (containment.Process, error)
 		Release(string) error
 	}
 	var err error
-	s := spec(t, argv...)
+	s := kit.Spec(t, argv...)
 	s.SessionID = "ses_" + strings.ReplaceAll(strings.ToLower(t.Name()), "/", "_")
 	s.Class = class
 	s.CapsuleDir = capsule
 	switch class {
 	case manifest.Sealed:
-		rt, err = NewSealedRuntime(reachableDir(t), staticInit(t), testIDs(), testSealer(t))
+		rt, err = kit.NewSealedRuntime(testkit.ReachableDir(t), kit.Init(t), kit.IDs(), kit.Sealer(t))
 		s.Env = []string{"PATH=/usr/bin:/bin", "HOME=/work"}
 	case manifest.Scoped:
-		rt, err = NewScopedRuntime(reachableDir(t), staticInit(t), testIDs())
+		rt, err = kit.NewScopedRuntime(testkit.ReachableDir(t), kit.Init(t), kit.IDs())
 	default:
 		t.Fatalf("class %s", class)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Policy = sealedPolicy(t, "capabilities: {containment: "+class.String()+", "+caps+"}")
+	s.Policy = testkit.Policy(t, "capabilities: {containment: "+class.String()+", "+caps+"}")
 	if adjust != nil {
 		adjust(&s)
 	}
 	p, err := rt.Start(context.Background(), s)
 	if err != nil {
-		var se *StartError
+		var se *containment.StartError
 		if !errors.As(err, &se) {
 			t.Fatalf("%s start failed, but not as a refused program: %v", class, err)
 		}
-		return ExitInfo{}, "", se
+		return containment.ExitInfo{}, "", se
 	}
-	info := waitDone(t, p)
+	info := testkit.WaitDone(t, p)
 	if err := rt.Release(s.SessionID); err != nil {
 		t.Errorf("release: %v", err)
 	}
-	out := readFile(t, filepath.Join(s.RecordsDir, StdoutFile)) + readFile(t, filepath.Join(s.RecordsDir, StderrFile))
+	out := testkit.ReadFile(t, filepath.Join(s.RecordsDir, containment.StdoutFile)) + testkit.ReadFile(t, filepath.Join(s.RecordsDir, containment.StderrFile))
 	return info, out, nil
 }
 
 // setPath gives the session path as its PATH.
-func setPath(s *Spec, path string) {
+func setPath(s *containment.Spec, path string) {
 	env := []string{"PATH=" + path}
 	for _, e := range s.Env {
 		if !strings.HasPrefix(e, "PATH=") {
@@ -103,7 +107,7 @@ func setPath(s *Spec, path string) {
 }
 
 // expectRefusal fails unless the start was refused with a message holding every want.
-func expectRefusal(t *testing.T, se *StartError, out string, wants ...string) {
+func expectRefusal(t *testing.T, se *containment.StartError, out string, wants ...string) {
 	t.Helper()
 	if se == nil {
 		t.Fatalf("the launch was not refused; the session ran:\n%s", out)
@@ -129,7 +133,7 @@ func TestHostileExecAllowShebangInShellAllow(t *testing.T) {
 				capsule := execAllowCapsule(t, map[string]string{"helper.sh": "#!" + interp + "\necho helper\n"})
 				helper := capsulePath(class, capsule, "helper.sh")
 				_, out, se := execAllowRun(t, class, "shell: {allow: ["+helper+"]}", capsule, []string{"/bin/sh", "-c", execAllowProbe}, nil)
-				if strings.Contains(out, "RAN") {
+				if strings.Contains(out, "ok id") {
 					t.Fatalf("#!%s in shell.allow let /usr/bin/id run:\n%s", interp, out)
 				}
 				wants := []string{helper}
@@ -174,7 +178,7 @@ func TestHostileExecAllowNestedShebang(t *testing.T) {
 			}
 			helper := capsulePath(class, capsule, "helper.sh")
 			_, out, se := execAllowRun(t, class, "shell: {allow: ["+helper+"]}", capsule, []string{"/bin/sh", "-c", execAllowProbe}, nil)
-			if strings.Contains(out, "RAN") {
+			if strings.Contains(out, "ok id") {
 				t.Fatalf("a nested #!/ let /usr/bin/id run:\n%s", out)
 			}
 			expectRefusal(t, se, out, interp, `"/"`)
@@ -190,7 +194,7 @@ func TestHostileExecAllowAbsoluteEntries(t *testing.T) {
 		for name, entry := range map[string]string{"dir": "/usr/bin", "device": "/dev/null", "unexecutable": "/etc/passwd"} {
 			t.Run(class.String()+"_"+name, func(t *testing.T) {
 				_, out, se := execAllowRun(t, class, "shell: {allow: ["+entry+"]}", execAllowCapsule(t, nil), []string{"/bin/sh", "-c", execAllowProbe}, nil)
-				if strings.Contains(out, "RAN") {
+				if strings.Contains(out, "ok id") {
 					t.Fatalf("shell.allow [%s] let /usr/bin/id run:\n%s", entry, out)
 				}
 				expectRefusal(t, se, out, "shell.allow", strconv.Quote(entry))
@@ -201,9 +205,17 @@ func TestHostileExecAllowAbsoluteEntries(t *testing.T) {
 			if se != nil {
 				t.Fatalf("a missing absolute entry refused the launch: %v", se)
 			}
-			if info.Code != 0 || !strings.Contains(out, "id refused") {
+			if info.Code != 0 {
 				t.Fatalf("exit %+v:\n%s", info, out)
 			}
+			// Landlock refuses the exec.
+			testkit.ExpectDenied(t, out, syscall.EACCES, "id")
+			// The control: allowed beside the missing entry, id runs.
+			_, out, se = execAllowRun(t, class, "shell: {allow: [/nonexistent/tool, /usr/bin/id]}", execAllowCapsule(t, nil), []string{"/bin/sh", "-c", execAllowProbe}, nil)
+			if se != nil {
+				t.Fatalf("refused: %v", se)
+			}
+			testkit.ExpectAllowed(t, out, "id")
 		})
 	}
 }
@@ -217,7 +229,7 @@ func TestHostileExecAllowPathIntoWorkdir(t *testing.T) {
 			work := ""
 			_, out, se := execAllowRun(t, class, "shell: {allow: [tool, cat]}", execAllowCapsule(t, nil),
 				[]string{"/bin/sh", "-c", `cat /usr/bin/id > tool && tool >/dev/null 2>&1 && echo RAN || echo "tool refused"`},
-				func(s *Spec) {
+				func(s *containment.Spec) {
 					work = s.Dir
 					tool := filepath.Join(s.Dir, "tool")
 					if err := os.WriteFile(tool, []byte("#!/bin/sh\necho tool\n"), 0o755); err != nil {
@@ -228,7 +240,7 @@ func TestHostileExecAllowPathIntoWorkdir(t *testing.T) {
 					}
 					view := s.Dir
 					if class == manifest.Sealed {
-						view = sealedWork
+						view = sealed.Work
 					}
 					setPath(s, view+":/usr/bin:/bin")
 				})
@@ -236,7 +248,7 @@ func TestHostileExecAllowPathIntoWorkdir(t *testing.T) {
 				t.Fatalf("a program written into the workdir ran:\n%s", out)
 			}
 			if class == manifest.Sealed {
-				work = sealedWork
+				work = sealed.Work
 			}
 			expectRefusal(t, se, out, "shell.allow", `"tool"`, work, "which the session can write")
 		})
@@ -249,10 +261,10 @@ func TestHostileExecAllowSymlinkIntoWorkdir(t *testing.T) {
 	for _, class := range execAllowClasses {
 		t.Run(class.String(), func(t *testing.T) {
 			capsule := execAllowCapsule(t, nil)
-			view := sealedWork
+			view := sealed.Work
 			_, out, se := execAllowRun(t, class, "shell: {allow: ["+capsulePath(class, capsule, "w/tool")+", cat]}", capsule,
 				[]string{"/bin/sh", "-c", `cat /usr/bin/id > tool && ` + capsulePath(class, capsule, "w/tool") + ` >/dev/null 2>&1 && echo RAN || echo "tool refused"`},
-				func(s *Spec) {
+				func(s *containment.Spec) {
 					tool := filepath.Join(s.Dir, "tool")
 					if err := os.WriteFile(tool, []byte("#!/bin/sh\necho tool\n"), 0o755); err != nil {
 						t.Fatal(err)
@@ -280,13 +292,13 @@ func TestHostileExecAllowProgramInWorkdir(t *testing.T) {
 	for _, class := range execAllowClasses {
 		t.Run(class.String(), func(t *testing.T) {
 			work, program := "", ""
-			_, out, se := execAllowRun(t, class, "shell: {allow: []}", execAllowCapsule(t, nil), nil, func(s *Spec) {
+			_, out, se := execAllowRun(t, class, "shell: {allow: []}", execAllowCapsule(t, nil), nil, func(s *containment.Spec) {
 				if err := os.WriteFile(filepath.Join(s.Dir, "build.sh"), []byte("#!/bin/sh\necho BUILT\n"), 0o755); err != nil {
 					t.Fatal(err)
 				}
 				work = s.Dir
 				if class == manifest.Sealed {
-					work = sealedWork
+					work = sealed.Work
 				}
 				program = filepath.Join(work, "build.sh")
 				s.Argv = []string{program}
@@ -307,7 +319,7 @@ func TestExecAllowScriptsStillRun(t *testing.T) {
 					"bin/helper": shebang + "\necho helper-ok\n",
 				})
 				run := capsulePath(class, capsule, "run.sh")
-				info, out, se := execAllowRun(t, class, "shell: {allow: [helper]}", capsule, []string{run}, func(s *Spec) {
+				info, out, se := execAllowRun(t, class, "shell: {allow: [helper]}", capsule, []string{run}, func(s *containment.Spec) {
 					setPath(s, capsulePath(class, capsule, "bin")+":/usr/bin:/bin")
 				})
 				if se != nil {
@@ -316,7 +328,7 @@ func TestExecAllowScriptsStillRun(t *testing.T) {
 				if info.Code != 0 {
 					t.Fatalf("exit %+v:\n%s", info, out)
 				}
-				expectOutput(t, out, "run-ok", "helper-ok")
+				testkit.ExpectOutput(t, out, "run-ok", "helper-ok")
 			})
 		}
 	}

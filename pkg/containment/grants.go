@@ -2,6 +2,7 @@ package containment
 
 import (
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 
@@ -316,6 +317,56 @@ func Executable(class manifest.Class, p *manifest.Policy) []string {
 	default:
 		return []string{"anything its uid may execute (this class has no exec allowlist)"}
 	}
+}
+
+// Readable lists, in words, what a session's program of class may read: the trees a scoped
+// program's Landlock rules name (those this host has), what a sealed root holds, or the
+// host as its uid sees it.
+func Readable(class manifest.Class, p *manifest.Policy) []string {
+	switch class {
+	case manifest.Scoped:
+		var out []string
+		for _, d := range SystemTrees() {
+			if _, err := os.Lstat(d); err == nil {
+				out = append(out, d)
+			}
+		}
+		out = append(out, "/proc", strings.Join(DeviceFiles(), " "), "its capsule")
+		if p.Filesystem.Scope != "" {
+			out = append(out, "its workdir's scope "+p.Filesystem.Scope)
+			for _, ro := range p.Filesystem.ReadOnly {
+				out = append(out, "its workdir's "+ro+" (read-only)")
+			}
+		} else {
+			out = append(out, "its workdir")
+		}
+		out = append(out, "its TMPDIR", "its home", "its task text")
+		if len(p.Spawn.Allow) > 0 {
+			out = append(out, "its children's workdirs")
+		}
+		return append(out, p.Filesystem.HostRead...)
+	case manifest.Sealed:
+		root := "only its root: /usr (read-only), a generated /etc, /capsule (read-only), /work, /tmp, /root, /dev/shm, /proc (masked), a minimal /dev"
+		if len(p.Filesystem.HostRead) > 0 {
+			root += ", and " + strings.Join(p.Filesystem.HostRead, ", ") + " (read-only, from the host)"
+		}
+		return []string{root}
+	default:
+		return []string{"whatever the host lets its uid read (this class has no Landlock)"}
+	}
+}
+
+// SystemTrees are the host trees a scoped program may read: what programs are made of and
+// configured by. Nothing else of the host is readable (roostd's state, /root, /home, /var,
+// /run, /srv, /mnt, /media, /tmp), whatever DAC would allow. The scoped runtime's Landlock
+// rules name them, and Readable tells them.
+func SystemTrees() []string {
+	return []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt"}
+}
+
+// DeviceFiles are the devices a scoped program may read and write.
+func DeviceFiles() []string {
+	return []string{"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"}
 }
 
 type grantList struct {

@@ -1,8 +1,9 @@
-package containment
+package containment_test
 
 import (
 	"testing"
 
+	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -17,7 +18,7 @@ func TestGrantsSayEachSentenceOnce(t *testing.T) {
 	p := manifest.Lower(m)
 	for _, class := range []manifest.Class{manifest.Advisory, manifest.Scoped, manifest.Sealed} {
 		seen := map[string]string{}
-		for _, g := range Grants(class, &p, false, false) {
+		for _, g := range containment.Grants(class, &p, false, false) {
 			if len(g.Mechanism) < 60 {
 				continue
 			}

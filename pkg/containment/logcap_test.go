@@ -1,4 +1,4 @@
-package containment
+package containment_test
 
 import (
 	"bytes"
@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/internal/testkit"
 	"roost.dev/roost/pkg/records"
 )
 
@@ -78,7 +81,7 @@ func streamFiles(t *testing.T, dir, stream string) ([]records.LogFile, [][]byte)
 }
 
 // checkFlood checks what a session that ran `seq 1 floodLines` under a cap of maxBytes left.
-func checkFlood(t *testing.T, s Spec, info ExitInfo, maxBytes int64, took time.Duration) {
+func checkFlood(t *testing.T, s containment.Spec, info containment.ExitInfo, maxBytes int64, took time.Duration) {
 	t.Helper()
 	total := seqOffset(floodLines + 1)
 	t.Logf("%d bytes through the pump in %s (%.0f MB/s); records hold %d bytes", total, took.Round(time.Millisecond), float64(total)/took.Seconds()/1e6, dirSize(t, s.RecordsDir))
@@ -89,7 +92,7 @@ func checkFlood(t *testing.T, s Spec, info ExitInfo, maxBytes int64, took time.D
 		t.Fatalf("the records directory holds %d bytes, past the cap %d + 1 MiB", size, maxBytes)
 	}
 	files, data := streamFiles(t, s.RecordsDir, records.StdoutStream)
-	if len(files) < 2 || files[0].Name != StdoutFile {
+	if len(files) < 2 || files[0].Name != containment.StdoutFile {
 		t.Fatalf("stdout files %+v", files)
 	}
 	// The head is how it started, byte for byte.
@@ -135,7 +138,7 @@ func checkFlood(t *testing.T, s Spec, info ExitInfo, maxBytes int64, took time.D
 	if !st.Final || st.MaxBytes != maxBytes || st.Stdout != want || st.Stdout.CutAt.IsZero() || st.Stderr != (records.StreamStats{}) {
 		t.Fatalf("logs.json %+v, want stdout %+v", st, want)
 	}
-	if onDisk, err := ReadExit(s.RecordsDir); err != nil || onDisk.Logs == nil || onDisk.Logs.Stdout != st.Stdout {
+	if onDisk, err := containment.ReadExit(s.RecordsDir); err != nil || onDisk.Logs == nil || onDisk.Logs.Stdout != st.Stdout {
 		t.Fatalf("exit.json %+v %v", onDisk, err)
 	}
 }
@@ -144,28 +147,28 @@ const floodScript = "seq 1 120000000"
 
 func TestLogCapFloodAdvisory(t *testing.T) {
 	const maxBytes = 4 << 20
-	s := spec(t, "/bin/sh", "-c", floodScript)
+	s := kit.Spec(t, "/bin/sh", "-c", floodScript)
 	s.LogMaxBytes = maxBytes
 	start := time.Now()
-	p, err := NewProcessRuntime(SelfInit).Start(context.Background(), s)
+	p, err := kit.NewProcessRuntime(containment.SelfInit).Start(context.Background(), s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	info := waitDone(t, p)
+	info := testkit.WaitDone(t, p)
 	checkFlood(t, s, info, maxBytes, time.Since(start))
 }
 
 func TestLogCapFloodScoped(t *testing.T) {
 	const maxBytes = 4 << 20
 	start := time.Now()
-	info, _, _, s := scopedRun(t, fmt.Sprintf("capabilities: {containment: scoped, shell: {allow: [seq]}, resources: {log_max_bytes: %d}}", maxBytes), floodScript)
+	info, _, _, s := kit.ScopedRun(t, fmt.Sprintf("capabilities: {containment: scoped, shell: {allow: [seq]}, resources: {log_max_bytes: %d}}", maxBytes), floodScript)
 	checkFlood(t, s, info, maxBytes, time.Since(start))
 }
 
 func TestLogCapFloodSealed(t *testing.T) {
 	const maxBytes = 4 << 20
 	start := time.Now()
-	info, _, _, s := sealedRun(t, fmt.Sprintf("capabilities: {containment: sealed, shell: {allow: [seq]}, resources: {log_max_bytes: %d}}", maxBytes), floodScript)
+	info, _, _, s := kit.SealedRun(t, fmt.Sprintf("capabilities: {containment: sealed, shell: {allow: [seq]}, resources: {log_max_bytes: %d}}", maxBytes), floodScript)
 	checkFlood(t, s, info, maxBytes, time.Since(start))
 }
 
@@ -174,7 +177,7 @@ func TestLogCapFloodSealed(t *testing.T) {
 func TestLogSmallOutputVerbatim(t *testing.T) {
 	script := `printf 'one\n\000\377\r\ntwo'; printf 'warn\n' >&2; exec 1>&-; printf 'late\n' >&2`
 	wantOut, wantErr := "one\n\x00\xff\r\ntwo", "warn\nlate\n"
-	check := func(t *testing.T, s Spec, out, errOut string) {
+	check := func(t *testing.T, s containment.Spec, out, errOut string) {
 		t.Helper()
 		if out != wantOut || errOut != wantErr {
 			t.Fatalf("stdout %q, stderr %q", out, errOut)
@@ -193,18 +196,18 @@ func TestLogSmallOutputVerbatim(t *testing.T) {
 		}
 	}
 	t.Run("advisory", func(t *testing.T) {
-		s := spec(t, "/bin/sh", "-c", script)
-		p, err := NewProcessRuntime(SelfInit).Start(context.Background(), s)
+		s := kit.Spec(t, "/bin/sh", "-c", script)
+		p, err := kit.NewProcessRuntime(containment.SelfInit).Start(context.Background(), s)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if info := waitDone(t, p); info.Code != 0 {
+		if info := testkit.WaitDone(t, p); info.Code != 0 {
 			t.Fatalf("exit %+v", info)
 		}
-		check(t, s, readFile(t, filepath.Join(s.RecordsDir, StdoutFile)), readFile(t, filepath.Join(s.RecordsDir, StderrFile)))
+		check(t, s, testkit.ReadFile(t, filepath.Join(s.RecordsDir, containment.StdoutFile)), testkit.ReadFile(t, filepath.Join(s.RecordsDir, containment.StderrFile)))
 	})
 	t.Run("sealed", func(t *testing.T) {
-		info, out, errOut, s := sealedRun(t, "capabilities: {containment: sealed}", script)
+		info, out, errOut, s := kit.SealedRun(t, "capabilities: {containment: sealed}", script)
 		if info.Code != 0 {
 			t.Fatalf("exit %+v", info)
 		}
@@ -215,17 +218,17 @@ func TestLogSmallOutputVerbatim(t *testing.T) {
 // A background process that keeps the program's stdout after it exits does not hold the
 // session: roost-init kills it, drains what it wrote, and records the final counts.
 func TestLogOrphanHoldsThePipe(t *testing.T) {
-	s := spec(t, "/bin/sh", "-c", `(trap '' TERM HUP; while :; do echo orphan; sleep 0.01; done) & sleep 0.2; echo parent; exit 3`)
+	s := kit.Spec(t, "/bin/sh", "-c", `(trap '' TERM HUP; while :; do echo orphan; sleep 0.01; done) & sleep 0.2; echo parent; exit 3`)
 	start := time.Now()
-	p, err := NewProcessRuntime(SelfInit).Start(context.Background(), s)
+	p, err := kit.NewProcessRuntime(containment.SelfInit).Start(context.Background(), s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	info := waitDone(t, p)
+	info := testkit.WaitDone(t, p)
 	if took := time.Since(start); info.Code != 3 || took > 5*time.Second {
 		t.Fatalf("exit %+v after %s", info, took)
 	}
-	out := readFile(t, filepath.Join(s.RecordsDir, StdoutFile))
+	out := testkit.ReadFile(t, filepath.Join(s.RecordsDir, containment.StdoutFile))
 	st, err := records.ReadLogStats(s.RecordsDir)
 	if err != nil {
 		t.Fatal(err)
@@ -239,8 +242,8 @@ func TestLogOrphanHoldsThePipe(t *testing.T) {
 // bytes that could not be written are counted, what follows once there is room is kept
 // (the gap between files), and exit.json records the exact exit code.
 func TestLogDiskFull(t *testing.T) {
-	needRoot(t)
-	s := spec(t, "/bin/sh", "-c", `head -c 3000000 /dev/zero | tr '\000' x; echo; touch wrote; while [ ! -e go ]; do sleep 0.02; done; echo after; exit 7`)
+	testkit.NeedRoot(t)
+	s := kit.Spec(t, "/bin/sh", "-c", `head -c 3000000 /dev/zero | tr '\000' x; echo; touch wrote; while [ ! -e go ]; do sleep 0.02; done; echo after; exit 7`)
 	if err := unix.Mount("tmpfs", s.RecordsDir, "tmpfs", 0, "size=4m,mode=0700"); err != nil {
 		t.Fatal(err)
 	}
@@ -250,20 +253,20 @@ func TestLogDiskFull(t *testing.T) {
 	if err := os.WriteFile(filler, make([]byte, 4<<20-256<<10), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p, err := NewProcessRuntime(SelfInit).Start(context.Background(), s)
+	p, err := kit.NewProcessRuntime(containment.SelfInit).Start(context.Background(), s)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// 3 MB is more than the pipe holds: the program gets past it only if the pump kept
 	// draining while its writes failed.
-	waitFile(t, filepath.Join(s.Dir, "wrote"))
+	testkit.WaitFile(t, filepath.Join(s.Dir, "wrote"))
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(s.Dir, "go"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	info := waitDone(t, p)
+	info := testkit.WaitDone(t, p)
 	if info.Code != 7 {
 		t.Fatalf("exit %+v", info)
 	}

@@ -18,6 +18,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"roost.dev/roost/pkg/containment/cgroups"
+	"roost.dev/roost/pkg/containment/seccomp"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -27,17 +29,17 @@ type Host struct {
 	Kernel string
 	// LandlockABI is the Landlock ABI version the kernel offers; 0 when it has none.
 	LandlockABI int
-	// Cgroups is "v2", "hybrid" or "v1" (CgroupMode).
+	// Cgroups is "v2", "hybrid" or "v1" (cgroups.Mode).
 	Cgroups string
 	// CgroupDriver and CgroupParent are who makes sessions' cgroups and where they go,
-	// CgroupParentWhy why: Probe reports the default (cgroupfs, DefaultCgroupParent);
-	// Cgroups.Report what roostd was configured with.
+	// CgroupParentWhy why: Probe reports the default (cgroupfs, cgroups.DefaultParent);
+	// cgroups.Sessions.Report what roostd was configured with.
 	CgroupDriver, CgroupParent, CgroupParentWhy string
 	// CgroupParentHint, when set, is what the operator should change for the parent to
-	// keep working (Cgroups.Report).
+	// keep working (cgroups.Sessions.Report).
 	CgroupParentHint string
 	// SystemdDriver says whether the systemd cgroup driver can work here (systemd is PID 1),
-	// SystemdDriverWhy why or why not (SystemdAvailable).
+	// SystemdDriverWhy why or why not (cgroups.SystemdAvailable).
 	SystemdDriver    bool
 	SystemdDriverWhy string
 	// Seccomp says the kernel offers seccomp filters.
@@ -67,9 +69,9 @@ func Probe() Host {
 		h.LandlockABI = int(abi)
 	}
 	h.Cgroups = cgroupLayout()
-	h.CgroupDriver = CgroupDriverCgroupfs
-	h.CgroupParent, h.CgroupParentWhy = DefaultCgroupParent()
-	h.SystemdDriver, h.SystemdDriverWhy = SystemdAvailable()
+	h.CgroupDriver = cgroups.DriverCgroupfs
+	h.CgroupParent, h.CgroupParentWhy = cgroups.DefaultParent()
+	h.SystemdDriver, h.SystemdDriverWhy = cgroups.SystemdAvailable()
 	if data, err := os.ReadFile("/proc/self/status"); err == nil {
 		h.Seccomp = bytes.Contains(data, []byte("\nSeccomp:"))
 	}
@@ -89,7 +91,7 @@ func readKnob(path string) string {
 	return strings.TrimSpace(string(data))
 }
 
-func cgroupLayout() string { return CgroupMode() }
+func cgroupLayout() string { return cgroups.Mode() }
 
 // Capability says whether one class can be delivered here, and what holds a session of it
 // or why it cannot be had.
@@ -174,7 +176,7 @@ func (h Host) Checks() []Check {
 		out = append(out, Check{Name: "seccomp", Status: "warn", Detail: "not offered by the kernel", Hint: "boot a kernel with CONFIG_SECCOMP_FILTER=y"})
 	}
 	out = append(out, cgroupCheck(h.Cgroups), h.cgroupParentCheck(), h.systemdDriverCheck())
-	if seccompBuilt {
+	if seccomp.Built {
 		out = append(out, Check{Name: "seccomp in roostd", Status: "ok", Detail: "built with libseccomp (the seccomp build tag)"})
 	} else {
 		out = append(out, Check{Name: "seccomp in roostd", Status: "fail", Detail: "built without seccomp support",
@@ -184,9 +186,6 @@ func (h Host) Checks() []Check {
 	// actually tried (MapUserNS) and the ids it owns (IDConflicts).
 	return out
 }
-
-// cgroupControllers are the controllers scoped and sealed sessions are held by.
-var cgroupControllers = []string{"memory", "pids", "cpu", "freezer"}
 
 func cgroupCheck(layout string) Check {
 	c := Check{Name: "cgroups"}
@@ -199,7 +198,7 @@ func cgroupCheck(layout string) Check {
 			}
 		}
 	} else {
-		for _, ctrl := range cgroupControllers {
+		for _, ctrl := range cgroups.Controllers() {
 			if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", ctrl)); err != nil {
 				missing = append(missing, ctrl)
 			}
@@ -210,8 +209,14 @@ func cgroupCheck(layout string) Check {
 		c.Hint = "mount the cgroup controllers (or boot with them enabled); scoped and sealed sessions need memory, pids and cpu limits"
 		return c
 	}
-	c.Status, c.Detail = "ok", layout+": "+strings.Join(cgroupControllers, ", ")+" available"
+	c.Status, c.Detail = "ok", layout+": "+strings.Join(cgroups.Controllers(), ", ")+" available"
 	return c
+}
+
+// SetCgroupPlacement sets what h says of the sessions' cgroups: what roostd uses rather than
+// the default a probe finds (cgroups.Sessions.Report calls it).
+func (h *Host) SetCgroupPlacement(p cgroups.Placement) {
+	h.CgroupDriver, h.CgroupParent, h.CgroupParentWhy, h.CgroupParentHint = p.Driver, p.Parent, p.Why, p.Hint
 }
 
 // cgroupParentCheck says where sessions' cgroups go, and why.

@@ -1,4 +1,4 @@
-package containment
+package containment_test
 
 import (
 	"context"
@@ -7,22 +7,25 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/cgroups"
 )
 
 func TestMapUserNS(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("mapping another range of host ids needs root")
 	}
-	if Probe().UserNamespaces == 0 {
+	if containment.Probe().UserNamespaces == 0 {
 		t.Skip("user namespaces are off (user.max_user_namespaces = 0)")
 	}
 	ctx := context.Background()
-	if err := MapUserNS(ctx, IDs{First: 0x70000000, Size: 65536}); err != nil {
+	if err := containment.MapUserNS(ctx, containment.IDs{First: 0x70000000, Size: 65536}); err != nil {
 		t.Fatalf("a free range: %v", err)
 	}
 	// The kernel refuses a map that runs past the last id; the error must say which ids
 	// and what to change.
-	err := MapUserNS(ctx, IDs{First: 1<<32 - 1, Size: 65536})
+	err := containment.MapUserNS(ctx, containment.IDs{First: 1<<32 - 1, Size: 65536})
 	if err == nil {
 		t.Fatal("a range past the last id was mapped")
 	}
@@ -34,10 +37,10 @@ func TestMapUserNS(t *testing.T) {
 }
 
 // idFiles writes passwd, group, subuid and subgid contents into a directory of their own.
-func idFiles(t *testing.T, passwd, group, subuid, subgid string) IDFiles {
+func idFiles(t *testing.T, passwd, group, subuid, subgid string) containment.IDFiles {
 	t.Helper()
 	dir := t.TempDir()
-	f := IDFiles{
+	f := containment.IDFiles{
 		Passwd: filepath.Join(dir, "passwd"), Group: filepath.Join(dir, "group"),
 		SubUID: filepath.Join(dir, "subuid"), SubGID: filepath.Join(dir, "subgid"),
 	}
@@ -50,19 +53,19 @@ func idFiles(t *testing.T, passwd, group, subuid, subgid string) IDFiles {
 }
 
 func TestIDConflicts(t *testing.T) {
-	block := IDs{First: 0x70000000, Size: 4094 * 65536} // 1879048192–2147352575
+	block := containment.IDs{First: 0x70000000, Size: 4094 * 65536} // 1879048192–2147352575
 	const passwd = "# local accounts\nroot:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534::/:/usr/sbin/nologin\n+@nis::::::\n"
 	const group = "root:x:0:\nnogroup:x:65534:\n"
 
 	t.Run("disjoint", func(t *testing.T) {
 		f := idFiles(t, passwd, group, "alice:100000:65536\nbob:165536:65536\n", "alice:100000:65536\n")
-		if got := IDConflicts(block, f); len(got) != 0 {
+		if got := containment.IDConflicts(block, f); len(got) != 0 {
 			t.Fatalf("conflicts in disjoint ranges: %q", got)
 		}
 		// The ids next to the block on either side are not in it.
 		f = idFiles(t, "low:x:1879048191:1879048191::/:/bin/sh\nhigh:x:2147352576:100::/:/bin/sh\n", group,
 			"edge:1879048191:1\n", "edge:2147352576:65536\n")
-		if got := IDConflicts(block, f); len(got) != 0 {
+		if got := containment.IDConflicts(block, f); len(got) != 0 {
 			t.Fatalf("conflicts for ids just outside the block: %q", got)
 		}
 	})
@@ -73,7 +76,7 @@ func TestIDConflicts(t *testing.T) {
 			group+"squatters:x:2000000000:alice\n",
 			"alice:100000:65536\ncarol:1879000000:100000\n",
 			"1000:2147352575:10\n")
-		got := IDConflicts(block, f)
+		got := containment.IDConflicts(block, f)
 		want := []string{
 			"user intruder has uid 1879048200 (" + f.Passwd + ")",
 			"group squatters has gid 2000000000 (" + f.Group + ")",
@@ -89,9 +92,41 @@ func TestIDConflicts(t *testing.T) {
 		f := idFiles(t, passwd, group, "", "")
 		f.SubUID = filepath.Join(t.TempDir(), "absent")
 		f.SubGID = t.TempDir() // a directory cannot be read as a file
-		got := IDConflicts(block, f)
+		got := containment.IDConflicts(block, f)
 		if len(got) != 1 || !strings.Contains(got[0], f.SubGID) || !strings.Contains(got[0], "cannot tell whether it holds session ids") {
 			t.Fatalf("conflicts: %q", got)
 		}
 	})
+}
+
+// The probe says where sessions' cgroups go by default, and why, and the doctor's checks say
+// it too; a configured parent, reported in, replaces it (the cgroups package's
+// TestDefaultCgroupParentDecision tests the decision itself).
+func TestProbeReportsCgroups(t *testing.T) {
+	parent, why := cgroups.DefaultParent()
+	h := containment.Probe()
+	if h.CgroupParent != parent || h.CgroupParentWhy != why || h.CgroupDriver != cgroups.DriverCgroupfs || h.SystemdDriverWhy == "" || h.Cgroups != cgroups.Mode() {
+		t.Errorf("probe %+v", h)
+	}
+	var names []string
+	for _, c := range h.Checks() {
+		names = append(names, c.Name)
+	}
+	if !slices.Contains(names, "cgroup parent") || !slices.Contains(names, "systemd cgroup driver") {
+		t.Errorf("checks %v", names)
+	}
+	c, err := cgroups.New(cgroups.Config{Parent: "/roost-report"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Report(&h)
+	if h.CgroupParent != "/roost-report" || h.CgroupParentWhy != "--cgroup-parent /roost-report" || h.CgroupParentHint != "" {
+		t.Errorf("report %+v", h)
+	}
+	h.CgroupParentHint = "add DelegateSubgroup=supervisor"
+	for _, c := range h.Checks() {
+		if c.Name == "cgroup parent" && (c.Status != "warn" || c.Hint != h.CgroupParentHint || !strings.HasPrefix(c.Detail, "/roost-report (cgroupfs driver): ")) {
+			t.Errorf("check %+v", c)
+		}
+	}
 }

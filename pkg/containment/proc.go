@@ -18,16 +18,26 @@ const noFollow = syscall.O_NOFOLLOW
 // StartTime returns a process's start time in clock ticks since boot.
 func StartTime(pid int) (uint64, error) { return roostinit.StartTime(pid) }
 
-// exitWatch delivers a process's end, whether or not it is our child, through a pidfd
+// ExitWatch delivers a process's end, whether or not it is our child, through a pidfd
 // registered with the Go runtime's poller, so a thousand watched sessions cost no thread.
-type exitWatch struct {
+type ExitWatch struct {
 	done chan struct{}
 	file *os.File
 }
 
-// watchExit opens a pidfd for pid and checks that it still names the process that started
+// Done is closed once the process has ended.
+func (w *ExitWatch) Done() <-chan struct{} { return w.done }
+
+// EndedWatch is the watch of a process already gone (a program quicker than its start).
+func EndedWatch() *ExitWatch {
+	w := &ExitWatch{done: make(chan struct{})}
+	close(w.done)
+	return w
+}
+
+// WatchExit opens a pidfd for pid and checks that it still names the process that started
 // at start (when start is non-zero). ErrGone when it does not.
-func watchExit(pid int, start uint64) (*exitWatch, error) {
+func WatchExit(pid int, start uint64) (*ExitWatch, error) {
 	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
 	if err != nil {
 		if errors.Is(err, unix.ESRCH) {
@@ -43,7 +53,7 @@ func watchExit(pid int, start uint64) (*exitWatch, error) {
 			return nil, ErrGone
 		}
 	}
-	w := &exitWatch{done: make(chan struct{}), file: os.NewFile(uintptr(fd), "pidfd")}
+	w := &ExitWatch{done: make(chan struct{}), file: os.NewFile(uintptr(fd), "pidfd")}
 	rc, err := w.file.SyscallConn()
 	if err != nil {
 		w.file.Close()
@@ -76,8 +86,6 @@ func exited(pidfd int) bool {
 		return n > 0
 	}
 }
-
-func signalGroup(pid int, sig syscall.Signal) error { return roostinit.SignalGroup(pid, sig) }
 
 // FindInit looks for a running roost-init of the session: the one way to find a supervisor
 // started by a daemon that died before roost-init wrote init.json.

@@ -40,9 +40,9 @@ func TestExitWatchIgnoresSignals(t *testing.T) {
 			}
 		}()
 	}
-	var watches []*exitWatch
+	var watches []*ExitWatch
 	for range 2000 {
-		w, err := watchExit(cmd.Process.Pid, start)
+		w, err := WatchExit(cmd.Process.Pid, start)
 		if err != nil {
 			t.Fatal(err)
 		}

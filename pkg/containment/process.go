@@ -11,8 +11,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/opencontainers/cgroups"
+	ocgroups "github.com/opencontainers/cgroups"
 
+	"roost.dev/roost/pkg/containment/cgroups"
 	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/manifest"
 )
@@ -39,67 +40,70 @@ const reportTimeout = 30 * time.Second
 
 // ProcessRuntime runs sessions of the classes that need no kernel sandbox (unconfined,
 // advisory) as a plain process tree under roost-init, in a cgroup of the session's own
-// without limits (<parent>/<session>; see Cgroups), which roost-init is started into
+// without limits (<parent>/<session>; see package cgroups), which roost-init is started into
 // before the program exists: a session's processes never share roostd's cgroup.
 type ProcessRuntime struct {
 	// Init is the binary that plays roost-init and roost-exec.
 	Init string
 	// cg says where sessions' cgroups go; nil is the default configuration.
-	cg *Cgroups
+	cg *cgroups.Sessions
 }
 
 // NewProcessRuntime returns a runtime that starts sessions under the roost-init binary at
 // init; "/proc/self/exe" when the running binary plays roost-init itself (see RunHelper).
 // WithCgroups says where their cgroups go.
 func NewProcessRuntime(init string, opts ...Option) *ProcessRuntime {
-	return &ProcessRuntime{Init: init, cg: applyOptions(opts).cgroups}
+	return &ProcessRuntime{Init: init, cg: ApplyOptions(opts).Cgroups}
 }
 
 // Cgroups is where the runtime puts its sessions' cgroups.
-func (r *ProcessRuntime) Cgroups() *Cgroups {
+func (r *ProcessRuntime) Cgroups() *cgroups.Sessions {
 	if r.cg != nil {
 		return r.cg
 	}
-	return defaultCgroups()
+	return cgroups.Default()
 }
 
 // SelfInit is the init path of a binary that calls RunHelper first thing in main.
 const SelfInit = "/proc/self/exe"
 
-type plainProcess struct {
+// PlainProcess is a session's process tree under roost-init, as ProcessRuntime starts
+// it: a scoped session's is one too.
+type PlainProcess struct {
 	ref        ProcessRef
 	recordsDir string
-	watch      *exitWatch
+	watch      *ExitWatch
 	// cmd is set when this daemon started roost-init: it must reap it.
 	cmd *exec.Cmd
-	// cgroup is the session's cgroup; nil when it has none (a session started before
-	// plain sessions had one, or on a host that lets roostd make none).
-	cgroup cgroups.Manager
+	// Cgroup is the session's cgroup; nil when it has none (a session started before
+	// plain sessions had one, or on a host that lets roostd make none). A runtime built on
+	// this one may give a re-attached session a manager of where it would be.
+	Cgroup ocgroups.Manager
 }
 
 var (
-	_ Process = (*plainProcess)(nil)
-	_ Meter   = (*plainProcess)(nil)
+	_ Process = (*PlainProcess)(nil)
+	_ Meter   = (*PlainProcess)(nil)
 )
 
 // Start starts spec's program under a new roost-init and returns once it runs. Output goes
 // to files in the records directory, through pipes roost-init drains, never through one
 // the daemon holds.
 func (r *ProcessRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr error) {
-	user, err := spec.user()
+	user, err := spec.User()
 	if err != nil {
 		return nil, err
 	}
-	cg, err := r.Cgroups().create(spec.SessionID, nil)
+	cg, err := r.Cgroups().Create(spec.SessionID, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer func() {
 		if retErr != nil && cg != nil {
-			_ = r.Cgroups().remove(spec.SessionID)
+			_ = r.Cgroups().Remove(spec.SessionID)
 		}
 	}()
-	p, err := r.start(ctx, spec, plainExecSpec(spec, user), cg)
+	p, err := r.StartExec(ctx, spec, plainExecSpec(spec, user), cg)
 	if err != nil {
 		return nil, err
 	}
@@ -112,10 +116,10 @@ func plainExecSpec(spec Spec, user *roostinit.User) roostinit.ExecSpec {
 	return roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, Rlimits: spec.Rlimits, User: user, Report: spec.Runner != ""}
 }
 
-// start starts roost-init in the session's cgroup cg (nil: none), with exec as what
-// roost-exec applies before the program.
-func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostinit.ExecSpec, cg *sessionCgroup) (*plainProcess, error) {
-	io, err := openInitIO(spec.RecordsDir)
+// StartExec starts roost-init in the session's cgroup cg (nil: none), with execSpec as
+// what roost-exec applies before the program: the plain runtime's, or another's built on it.
+func (r *ProcessRuntime) StartExec(ctx context.Context, spec Spec, execSpec roostinit.ExecSpec, cg *cgroups.Session) (*PlainProcess, error) {
+	io, err := OpenInitIO(spec.RecordsDir)
 	if err != nil {
 		return nil, err
 	}
@@ -129,7 +133,7 @@ func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostini
 			Args:       []string{InitName, spec.SessionID},
 			Dir:        "/",
 			Env:        []string{},
-			ExtraFiles: io.childFiles(),
+			ExtraFiles: io.ChildFiles(),
 			// Its own session: a signal or hangup aimed at roostd's group never reaches it,
 			// and no parent-death signal is set, so it outlives the daemon.
 			SysProcAttr: &syscall.SysProcAttr{Setsid: true},
@@ -140,7 +144,7 @@ func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostini
 		}
 		return cmd
 	}
-	into := cg.intoFD()
+	into := cg.IntoFD()
 	if into != nil {
 		defer into.Close()
 	}
@@ -152,26 +156,26 @@ func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostini
 		cmd = command(nil)
 		err = cmd.Start()
 	}
-	io.started()
+	io.Started()
 	if err != nil {
 		return nil, fmt.Errorf("starting roost-init: %w", err)
 	}
 	// roost-init waits for its spec before it does anything: it, and so everything it starts,
 	// is in the session's cgroup in every hierarchy before the program exists.
 	if cg != nil {
-		if err := cg.join(cmd.Process.Pid, into != nil); err != nil {
+		if err := cg.Join(cmd.Process.Pid, into != nil); err != nil {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
 			return nil, err
 		}
 	}
-	if err := io.handSpec(initSpec(spec, execSpec)); err != nil {
+	if err := io.HandSpec(InitSpec(spec, execSpec)); err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		return nil, fmt.Errorf("handing the spec to roost-init: %w", err)
 	}
 
-	rep, err := readReport(ctx, io.reportR)
+	rep, err := io.ReadReport(ctx)
 	if err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
@@ -184,24 +188,23 @@ func (r *ProcessRuntime) start(ctx context.Context, spec Spec, execSpec roostini
 		}
 		return nil, &StartError{Msg: rep.Error}
 	}
-	w, err := watchExit(rep.Ref.InitPID, rep.Ref.InitStart)
+	w, err := WatchExit(rep.Ref.InitPID, rep.Ref.InitStart)
 	if err != nil && !errors.Is(err, ErrGone) {
 		return nil, err
 	}
-	p := &plainProcess{ref: *rep.Ref, recordsDir: spec.RecordsDir, cmd: cmd, watch: w}
+	p := &PlainProcess{ref: *rep.Ref, recordsDir: spec.RecordsDir, cmd: cmd, watch: w}
 	if cg != nil {
-		p.cgroup = cg.m
+		p.Cgroup = cg.Manager()
 	}
 	if w == nil {
 		// roost-init already ended: the program was quicker than us.
-		p.watch = &exitWatch{done: make(chan struct{})}
-		close(p.watch.done)
+		p.watch = EndedWatch()
 	}
 	return p, nil
 }
 
-// initSpec is roost-init's spec: the program's start, and what it keeps of its output.
-func initSpec(spec Spec, exec roostinit.ExecSpec) roostinit.InitSpec {
+// InitSpec is roost-init's spec: the program's start, and what it keeps of its output.
+func InitSpec(spec Spec, exec roostinit.ExecSpec) roostinit.InitSpec {
 	return roostinit.InitSpec{Exec: exec, LogMaxBytes: spec.logMaxBytes()}
 }
 
@@ -217,16 +220,17 @@ func (s Spec) logMaxBytes() int64 {
 	return manifest.DefaultLogMaxBytes
 }
 
-// initIO is what roost-init is started with: the spec pipe, the report pipe and the
+// InitIO is what roost-init is started with: the spec pipe, the report pipe and the
 // records directory it gets as descriptors 3, 4 and 5.
-type initIO struct {
+type InitIO struct {
 	records          *os.File
 	specR, specW     *os.File
 	reportR, reportW *os.File
 }
 
-func openInitIO(recordsDir string) (_ *initIO, err error) {
-	io := &initIO{}
+// OpenInitIO opens the records directory and makes the pipes, for a roost-init to start.
+func OpenInitIO(recordsDir string) (_ *InitIO, err error) {
+	io := &InitIO{}
 	defer func() {
 		if err != nil {
 			io.Close()
@@ -244,17 +248,17 @@ func openInitIO(recordsDir string) (_ *initIO, err error) {
 	return io, nil
 }
 
-// childFiles are roost-init's descriptors 3, 4 and 5, in order.
-func (io *initIO) childFiles() []*os.File { return []*os.File{io.specR, io.reportW, io.records} }
+// ChildFiles are roost-init's descriptors 3, 4 and 5, in order.
+func (io *InitIO) ChildFiles() []*os.File { return []*os.File{io.specR, io.reportW, io.records} }
 
-// started drops the daemon's copies of roost-init's ends, so roost-init's death reads as EOF.
-func (io *initIO) started() {
+// Started drops the daemon's copies of roost-init's ends, so roost-init's death reads as EOF.
+func (io *InitIO) Started() {
 	io.specR.Close()
 	io.reportW.Close()
 }
 
-// handSpec writes roost-init's spec and closes the pipe.
-func (io *initIO) handSpec(spec roostinit.InitSpec) error {
+// HandSpec writes roost-init's spec and closes the pipe.
+func (io *InitIO) HandSpec(spec roostinit.InitSpec) error {
 	data, err := json.Marshal(spec)
 	if err == nil {
 		_, err = io.specW.Write(data)
@@ -266,7 +270,7 @@ func (io *initIO) handSpec(spec roostinit.InitSpec) error {
 }
 
 // Close closes everything still open; closing twice is harmless.
-func (io *initIO) Close() {
+func (io *InitIO) Close() {
 	for _, f := range []*os.File{io.records, io.specR, io.specW, io.reportR, io.reportW} {
 		if f != nil {
 			f.Close()
@@ -274,8 +278,8 @@ func (io *initIO) Close() {
 	}
 }
 
-// dirNames lists the names of the directories in dir: the sessions a runtime holds.
-func dirNames(dir string) ([]string, error) {
+// DirNames lists the names of the directories in dir: the sessions a runtime holds.
+func DirNames(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
@@ -287,6 +291,11 @@ func dirNames(dir string) ([]string, error) {
 		}
 	}
 	return names, nil
+}
+
+// ReadReport waits for roost-init to say the program runs, or why it does not.
+func (io *InitIO) ReadReport(ctx context.Context) (roostinit.Report, error) {
+	return readReport(ctx, io.reportR)
 }
 
 func readReport(ctx context.Context, r *os.File) (roostinit.Report, error) {
@@ -320,9 +329,9 @@ func readReport(ctx context.Context, r *os.File) (roostinit.Report, error) {
 	}
 }
 
-// initWait bounds how long Attach waits for a roost-init caught mid-start to write
+// InitWait bounds how long Attach waits for a roost-init caught mid-start to write
 // init.json.
-const initWait = 10 * time.Second
+const InitWait = 10 * time.Second
 
 // Attach re-attaches to a session a previous daemon started. ref is what the registry
 // recorded; nil when the daemon died before recording it, and then init.json, written by
@@ -336,18 +345,18 @@ func (r *ProcessRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (
 		}
 		ref = found
 	}
-	w, err := watchExit(ref.InitPID, ref.InitStart)
+	w, err := WatchExit(ref.InitPID, ref.InitStart)
 	if err != nil {
 		return nil, err
 	}
 	// Its cgroup wherever it is: where it was noted, the parent now, or /roost.
-	return &plainProcess{ref: *ref, recordsDir: recordsDir, watch: w, cgroup: r.Cgroups().manager(sessionID, nil)}, nil
+	return &PlainProcess{ref: *ref, recordsDir: recordsDir, watch: w, Cgroup: r.Cgroups().Manager(sessionID, nil)}, nil
 }
 
 // awaitInit reads init.json, giving a roost-init of the session that is still starting the
 // time to write it.
 func awaitInit(sessionID, recordsDir string) (*ProcessRef, error) {
-	for deadline := time.Now().Add(initWait); ; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(InitWait); ; time.Sleep(20 * time.Millisecond) {
 		if ref, err := ReadInit(recordsDir); err == nil {
 			return &ref, nil
 		}
@@ -358,43 +367,43 @@ func awaitInit(sessionID, recordsDir string) (*ProcessRef, error) {
 		if time.Now().After(deadline) {
 			// A supervisor that cannot say what it runs is not one anybody can supervise.
 			_ = syscall.Kill(pid, syscall.SIGKILL)
-			return nil, fmt.Errorf("roost-init (pid %d) wrote no init.json within %s; killed it", pid, initWait)
+			return nil, fmt.Errorf("roost-init (pid %d) wrote no init.json within %s; killed it", pid, InitWait)
 		}
 	}
 }
 
 // Release removes the session's cgroup wherever it is (where it was noted, under the
 // parent, or under /roost), ending anything still in it.
-func (r *ProcessRuntime) Release(sessionID string) error { return r.Cgroups().remove(sessionID) }
+func (r *ProcessRuntime) Release(sessionID string) error { return r.Cgroups().Remove(sessionID) }
 
-// Held lists the sessions whose cgroups are noted (CgroupConfig.StateDir) and not yet
+// Held lists the sessions whose cgroups are noted (cgroups.Config.StateDir) and not yet
 // removed: whatever their class, Release removes them.
-func (r *ProcessRuntime) Held() ([]string, error) { return r.Cgroups().held() }
+func (r *ProcessRuntime) Held() ([]string, error) { return r.Cgroups().Held() }
 
-func (p *plainProcess) Ref() ProcessRef       { return p.ref }
-func (p *plainProcess) Done() <-chan struct{} { return p.watch.done }
+func (p *PlainProcess) Ref() ProcessRef       { return p.ref }
+func (p *PlainProcess) Done() <-chan struct{} { return p.watch.Done() }
 
-func (p *plainProcess) Signal(sig syscall.Signal) error {
+func (p *PlainProcess) Signal(sig syscall.Signal) error {
 	select {
-	case <-p.watch.done:
+	case <-p.watch.Done():
 		return ErrGone
 	default:
 	}
-	return signalGroup(p.ref.PID, sig)
+	return roostinit.SignalGroup(p.ref.PID, sig)
 }
 
 // Usage reads the session's cgroup, its ceilings too.
-func (p *plainProcess) Usage() (Usage, error) {
-	u, err := usage(p.cgroup)
+func (p *PlainProcess) Usage() (Usage, error) {
+	u, err := cgroups.ReadUsage(p.Cgroup)
 	if err != nil {
 		return u, err
 	}
-	u.MemoryLimitBytes, u.PidsLimit = cgroupLimits(p.cgroup)
+	u.MemoryLimitBytes, u.PidsLimit = cgroups.Limits(p.Cgroup)
 	return u, nil
 }
 
-func (p *plainProcess) Exit() (ExitInfo, error) {
-	<-p.watch.done
+func (p *PlainProcess) Exit() (ExitInfo, error) {
+	<-p.watch.Done()
 	if p.cmd != nil {
 		_ = p.cmd.Wait()
 	}
@@ -412,14 +421,5 @@ type Meter interface {
 	Usage() (Usage, error)
 }
 
-// Usage is what a session's processes use now.
-type Usage struct {
-	MemoryBytes     int64
-	MemoryPeakBytes int64
-	CPUSeconds      float64
-	Pids            int64
-	// MemoryLimitBytes and PidsLimit are the cgroup's ceilings (memory.max, pids.max); 0
-	// when it has none, as an advisory session's cgroup, which holds no limits.
-	MemoryLimitBytes int64
-	PidsLimit        int64
-}
+// Usage is what a session's processes use now, as their cgroup counts it.
+type Usage = cgroups.Usage

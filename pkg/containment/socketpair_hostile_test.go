@@ -1,4 +1,4 @@
-package containment
+package containment_test
 
 import (
 	"os/exec"
@@ -8,6 +8,9 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/internal/testkit"
 )
 
 // socketpair is not a network: both ends are born in the calling process, so a session holds
@@ -18,10 +21,10 @@ import (
 // socketpairClasses runs a script in each class with a kernel sandbox.
 var socketpairClasses = []struct {
 	name string
-	run  func(*testing.T, string, string) (ExitInfo, string, string, Spec)
+	run  func(*testing.T, string, string) (containment.ExitInfo, string, string, containment.Spec)
 }{
-	{"scoped", scopedRun},
-	{"sealed", sealedRun},
+	{"scoped", kit.ScopedRun},
+	{"sealed", kit.SealedRun},
 }
 
 // socketpairPython prints one line per probe: "works" (or "exit 0"), "allowed", or the error.
@@ -71,7 +74,7 @@ func TestSocketpairWithoutUnixSockets(t *testing.T) {
 	for _, c := range socketpairClasses {
 		t.Run(c.name, func(t *testing.T) {
 			_, out, errOut, _ := c.run(t, "capabilities: {containment: "+c.name+", shell: {allow: [/usr/bin/python3, /bin/true]}}", script)
-			expectOutput(t, out,
+			testkit.ExpectOutput(t, out,
 				"stream pair: works",
 				"seqpacket pair: works",
 				"nonblocking cloexec pair: works",
@@ -106,7 +109,7 @@ func TestSocketpairNodeChildProcess(t *testing.T) {
 	for _, c := range socketpairClasses {
 		t.Run(c.name, func(t *testing.T) {
 			_, out, errOut, _ := c.run(t, "capabilities: {containment: "+c.name+", shell: {allow: ["+node+", /bin/true]}}", script)
-			expectOutput(t, out, "child_process: works")
+			testkit.ExpectOutput(t, out, "child_process: works")
 			if t.Failed() {
 				t.Logf("stderr:\n%s", errOut)
 			}

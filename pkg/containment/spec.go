@@ -1,7 +1,3 @@
-// Package containment holds a session's program: it probes what the host can deliver,
-// decides each session's class, reports how every grant is enforced, and starts and
-// re-attaches the program under roost-init, the small supervisor that outlives roostd and
-// records how the program ended.
 package containment
 
 import (
@@ -53,6 +49,17 @@ func ReadInit(recordsDir string) (ProcessRef, error) { return roostinit.ReadInit
 // false otherwise. A binary that may be started as roost-init calls it first thing in main.
 func RunHelper(args []string) bool { return roostinit.Run(args) }
 
+const (
+	// ChildrenRoot is where, relative to a session's workdir, its children's workdirs are.
+	ChildrenRoot = ".roost"
+	// DefaultPath is the PATH roost-init is started with inside a sealed root, and a
+	// rehearsal's program.
+	DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	// DevShmBytes bounds a session's /dev/shm (sealed, and scoped's private one); it is
+	// memory, charged to the session's cgroup too.
+	DevShmBytes = 64 << 20
+)
+
 // Spec is everything needed to start one session's program.
 type Spec struct {
 	SessionID string
@@ -75,7 +82,7 @@ type Spec struct {
 	// NetNS is a pinned network namespace the session joins instead of a new one (its
 	// endpoint listens in it).
 	NetNS string
-	// Task is the host path of the task text a sealed session finds at SealedTaskPath.
+	// Task is the host path of the task text a sealed session finds at sealed.TaskPath.
 	Task string
 	// Exec lists what the program may exec besides itself (files, or names looked up on its
 	// PATH); ExecTrees directories whose every file may run. Both come from shell.allow,
@@ -106,26 +113,26 @@ type IDs struct {
 	Size  uint32 `json:"size"`
 }
 
-// exec is what Landlock lets the program exec besides itself: what stage resolved, or for a
+// ExecAllowlist is what Landlock lets the program exec besides itself: what stage resolved, or for a
 // Spec without that, shell.allow's names, looked up by roost-exec on the program's PATH.
-func (s Spec) exec() []string {
+func (s Spec) ExecAllowlist() []string {
 	if s.Exec != nil || s.Policy == nil {
 		return s.Exec
 	}
 	return s.Policy.Shell.Allow
 }
 
-// owner is who owns what roost makes in the session's workdir: nil for host root.
-func (s Spec) owner() (*workdir.Owner, error) {
-	u, err := s.user()
+// Owner is who owns what roost makes in the session's workdir: nil for host root.
+func (s Spec) Owner() (*workdir.Owner, error) {
+	u, err := s.User()
 	if u == nil || err != nil {
 		return nil, err
 	}
 	return &workdir.Owner{UID: int(u.UID), GID: int(u.GID)}, nil
 }
 
-// user is who the program runs as on the host: nil for host root.
-func (s Spec) user() (*roostinit.User, error) {
+// User is who the program runs as on the host: nil for host root.
+func (s Spec) User() (*roostinit.User, error) {
 	if s.Root && s.Class != manifest.Sealed {
 		return nil, nil
 	}

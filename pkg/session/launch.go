@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/session/delegate"
 	"roost.dev/roost/pkg/session/plan"
@@ -64,7 +65,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) 
 	}
 	// A sealed session that fits takes a sandbox made ahead, and with it the sandbox's uid
 	// range, in the same transaction that records it launching.
-	var sb *containment.Sandbox
+	var sb *sealed.Sandbox
 	var cold error
 	if m.pool != nil && class == manifest.Sealed {
 		if _, policy, err := m.reg.manifest(rec); err == nil {
@@ -153,7 +154,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) 
 // and starts the program: in sb, a sandbox made ahead, when it is not nil. The launch
 // outlives the RPC that asked for it: a client going away mid-launch must not leave a
 // half-started session. The caller holds l.mu.
-func (m *Manager) start(ctx context.Context, l *liveSession, rec *store.Record, class manifest.Class, runtime Runtime, sb *containment.Sandbox) (containment.Process, error) {
+func (m *Manager) start(ctx context.Context, l *liveSession, rec *store.Record, class manifest.Class, runtime Runtime, sb *sealed.Sandbox) (containment.Process, error) {
 	if sb != nil {
 		defer func() {
 			// Not handed to the runtime: nothing else will end it.
@@ -265,7 +266,7 @@ func (m *Manager) launchSpec(rec *store.Record, class manifest.Class, man *manif
 		task = filepath.Join(rec.RecordsDir, TaskFile)
 		extra["ROOST_TASK_FILE"] = task
 		if class == manifest.Sealed {
-			extra["ROOST_TASK_FILE"] = containment.SealedTaskPath
+			extra["ROOST_TASK_FILE"] = sealed.TaskPath
 		}
 	}
 	var ids containment.IDs
@@ -333,7 +334,7 @@ type view struct {
 	work, capsule, home string
 }
 
-var sealedView = view{work: "/work", capsule: "/capsule", home: containment.SealedHome}
+var sealedView = view{work: "/work", capsule: "/capsule", home: sealed.Home}
 
 func hostView(rec *store.Record, home string) view {
 	return view{work: rec.Workdir, capsule: rec.Capsule.Root(), home: home}

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/session/plan"
 	"roost.dev/roost/pkg/session/store"
@@ -839,5 +840,13 @@ func TestStateDirSharedRefused(t *testing.T) {
 	}
 	if info, _ := os.Stat(shared); info.Mode().Perm() != 0o777 || info.Mode()&os.ModeSticky == 0 {
 		t.Fatalf("the shared directory's mode changed to %s", info.Mode())
+	}
+}
+
+// The record holds uid ranges for sandboxes by the prefix of their ids; the sealed runtime
+// names them with it.
+func TestSandboxPrefix(t *testing.T) {
+	if store.SandboxPrefix != sealed.WarmPrefix {
+		t.Fatalf("store.SandboxPrefix %q, sealed.WarmPrefix %q", store.SandboxPrefix, sealed.WarmPrefix)
 	}
 }

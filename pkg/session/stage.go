@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/session/plan"
 	"roost.dev/roost/pkg/session/store"
 
@@ -246,7 +247,7 @@ func newID() (string, error) {
 
 var explanationJSON = protojson.MarshalOptions{UseProtoNames: true, EmitDefaultValues: true}
 
-var _ OCIDescriber = (*containment.SealedRuntime)(nil)
+var _ OCIDescriber = (*sealed.Runtime)(nil)
 
 // explain is the plan grant by grant, with how a session of it would start here.
 func (m *Manager) explain(p *plan.Plan) *roostv1.Explanation {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/session/plan"
 	"roost.dev/roost/pkg/session/store"
@@ -26,7 +27,7 @@ type WarmCapsule struct {
 func warmShapes(cfg Config, planner *plan.Planner) ([]warmpool.Shape, error) {
 	var shapes []warmpool.Shape
 	if cfg.WarmPool > 0 {
-		shapes = append(shapes, warmpool.Shape{WarmShape: containment.DefaultWarmShape(), Size: cfg.WarmPool})
+		shapes = append(shapes, warmpool.Shape{WarmShape: sealed.DefaultWarmShape(), Size: cfg.WarmPool})
 	}
 	for _, c := range cfg.WarmCapsules {
 		p, err := planner.Plan(plan.Options{Capsule: c.Dir}, false)
@@ -41,7 +42,7 @@ func warmShapes(cfg Config, planner *plan.Planner) ([]warmpool.Shape, error) {
 			return nil, fmt.Errorf("%s (%s) runs a WASM module, which sandboxes made ahead do not hold: %w", name, c.Dir, errdefs.ErrInvalidArgument)
 		}
 		policy := p.Policy
-		shapes = append(shapes, warmpool.Shape{WarmShape: containment.WarmShape{Name: name, Policy: &policy}, Size: c.Size})
+		shapes = append(shapes, warmpool.Shape{WarmShape: sealed.WarmShape{Name: name, Policy: &policy}, Size: c.Size})
 	}
 	return shapes, nil
 }

@@ -7,7 +7,7 @@ import (
 	"roost.dev/roost/pkg/session/store"
 	"roost.dev/roost/pkg/wasmcache"
 
-	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -61,7 +61,7 @@ func wasmFiles(c *wasmcache.Cache, rec *store.Record) (runner, cache string) {
 // otherwise.
 func wasmView(c *wasmcache.Cache, class manifest.Class, rec *store.Record) (runner, cache string) {
 	if class == manifest.Sealed {
-		return containment.SealedRunnerPath, containment.SealedWasmModule
+		return sealed.RunnerPath, sealed.WasmModule
 	}
 	return wasmFiles(c, rec)
 }

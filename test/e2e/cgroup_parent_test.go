@@ -111,7 +111,7 @@ func sessionPIDs(t *testing.T, s session) (initPID, pid int) {
 // a sealed session's cgroup is <parent>/<session> in every hierarchy, and after roostd is
 // SIGKILLed and started again, recovery and `roostctl rm` leave nothing beneath the parent.
 //
-// It needs roostd's --cgroup-parent flag (containment.NewCgroups, WithCgroups).
+// It needs roostd's --cgroup-parent flag (cgroups.New, containment.WithCgroups).
 func TestCgroupParent(t *testing.T) {
 	testenv.NeedRoot(t, "sessions' cgroups need root")
 	parent := fmt.Sprintf("/roost-e2e-%d", os.Getpid())

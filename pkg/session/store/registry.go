@@ -441,7 +441,7 @@ func (e *CompactedError) Error() string {
 func (e *CompactedError) Unwrap() error { return errdefs.ErrFailedPrecondition }
 
 // SandboxPrefix begins the id of every sandbox made ahead of its session
-// (containment.WarmPrefix): only those may hold a range without a session.
+// (sealed.WarmPrefix): only those may hold a range without a session.
 const SandboxPrefix = "warm-"
 
 // IDPool is the block of host ids sessions' ranges come from. Its first range is the

@@ -22,20 +22,21 @@ import (
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/manifest"
 )
 
-// Runtime makes sandboxes ahead of their sessions (see containment.Sandbox).
+// Runtime makes sandboxes ahead of their sessions (see sealed.Sandbox).
 type Runtime interface {
-	Prepare(ctx context.Context, shape containment.WarmShape, id string, ids containment.IDs, netns, records string) (*containment.Sandbox, error)
+	Prepare(ctx context.Context, shape sealed.WarmShape, id string, ids containment.IDs, netns, records string) (*sealed.Sandbox, error)
 	// Fits says why a session of the policy would not run in a sandbox of the shape; nil
 	// when it would.
-	Fits(shape containment.WarmShape, p *manifest.Policy, wasm bool) error
-	StartWarm(ctx context.Context, sb *containment.Sandbox, spec containment.Spec) (containment.Process, error)
-	Discard(sb *containment.Sandbox) error
+	Fits(shape sealed.WarmShape, p *manifest.Policy, wasm bool) error
+	StartWarm(ctx context.Context, sb *sealed.Sandbox, spec containment.Spec) (containment.Process, error)
+	Discard(sb *sealed.Sandbox) error
 }
 
-var _ Runtime = (*containment.SealedRuntime)(nil)
+var _ Runtime = (*sealed.Runtime)(nil)
 
 // DefaultCPU is the share of the wall clock the pool's refill may spend making
 // sandboxes: after one that took d, it rests d again.
@@ -70,9 +71,9 @@ type Pool struct {
 
 // shape is one shape of sandbox the pool keeps, and those of it ready.
 type shape struct {
-	containment.WarmShape
+	sealed.WarmShape
 	size  int
-	ready []*containment.Sandbox
+	ready []*sealed.Sandbox
 	// made is the refill's turn that last chose this shape.
 	made uint64
 }
@@ -83,7 +84,7 @@ const settle = 100 * time.Millisecond
 
 // Shape asks for Size sandboxes of a shape.
 type Shape struct {
-	containment.WarmShape
+	sealed.WarmShape
 	Size int
 }
 
@@ -231,12 +232,12 @@ func (p *Pool) chose(s *shape) {
 
 // make makes one sandbox: its uid range held in the registry, its network namespace
 // pinned, its records directory under warmDir.
-func (p *Pool) make(ctx context.Context, shape containment.WarmShape) (_ *containment.Sandbox, retErr error) {
+func (p *Pool) make(ctx context.Context, shape sealed.WarmShape) (_ *sealed.Sandbox, retErr error) {
 	var raw [8]byte
 	if _, err := rand.Read(raw[:]); err != nil {
 		return nil, err
 	}
-	id := containment.WarmPrefix + hex.EncodeToString(raw[:])
+	id := sealed.WarmPrefix + hex.EncodeToString(raw[:])
 	ids, err := p.ids.Reserve(id)
 	if err != nil {
 		return nil, err
@@ -278,7 +279,7 @@ func (p *Pool) free(id, records string) {
 }
 
 // Discard ends a sandbox and frees what it held that no session has taken.
-func (p *Pool) Discard(sb *containment.Sandbox) {
+func (p *Pool) Discard(sb *sealed.Sandbox) {
 	if err := p.rt.Discard(sb); err != nil {
 		p.log.Warn("discarding a warm sandbox", "sandbox", sb.ID, "err", err)
 	}
@@ -289,12 +290,12 @@ func (p *Pool) Discard(sb *containment.Sandbox) {
 var errPoolEmpty = errors.New("no warm sandbox was free")
 
 // Start starts a session's program in a sandbox Take handed it.
-func (p *Pool) Start(ctx context.Context, sb *containment.Sandbox, spec containment.Spec) (containment.Process, error) {
+func (p *Pool) Start(ctx context.Context, sb *sealed.Sandbox, spec containment.Spec) (containment.Process, error) {
 	return p.rt.StartWarm(ctx, sb, spec)
 }
 
 // Take hands a sandbox to a session of the policy, or says why it starts cold.
-func (p *Pool) Take(policy *manifest.Policy, wasm bool) (*containment.Sandbox, error) {
+func (p *Pool) Take(policy *manifest.Policy, wasm bool) (*sealed.Sandbox, error) {
 	shapes, err := p.fitting(policy, wasm)
 	if err != nil {
 		return nil, err
@@ -302,7 +303,7 @@ func (p *Pool) Take(policy *manifest.Policy, wasm bool) (*containment.Sandbox, e
 	defer p.refill()
 	for {
 		p.mu.Lock()
-		var sb *containment.Sandbox
+		var sb *sealed.Sandbox
 		for _, s := range shapes {
 			if len(s.ready) > 0 {
 				sb, s.ready = s.ready[0], s.ready[1:]
@@ -370,7 +371,7 @@ func (p *Pool) refill() {
 // Close discards every sandbox the pool holds: they do not outlive the daemon.
 func (p *Pool) Close() {
 	p.mu.Lock()
-	var ready []*containment.Sandbox
+	var ready []*sealed.Sandbox
 	for _, s := range p.shapes {
 		ready = append(ready, s.ready...)
 		s.ready = nil
@@ -431,7 +432,7 @@ func (p *Pool) StartPath(policy *manifest.Policy, wasm bool, class manifest.Clas
 	var kept []string
 	for _, s := range shapes {
 		made := ""
-		if s.Name != containment.DefaultWarmShapeName {
+		if s.Name != sealed.DefaultWarmShapeName {
 			made = " made for " + s.Name
 		}
 		kept = append(kept, fmt.Sprintf("%d sealed %s%s ready (%d now)", s.size, plural(s.size, "sandbox", "sandboxes"), made, len(s.ready)))

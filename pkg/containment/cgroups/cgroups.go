@@ -1,4 +1,4 @@
-package containment
+package cgroups
 
 import (
 	"encoding/json"
@@ -15,54 +15,69 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/opencontainers/cgroups"
+	ocgroups "github.com/opencontainers/cgroups"
 	cgroupsmanager "github.com/opencontainers/cgroups/manager"
 	"github.com/opencontainers/cgroups/systemd"
 	"golang.org/x/sys/unix"
-
-	"roost.dev/roost/pkg/containment/sealer"
 )
 
 // Cgroup drivers: who makes the sessions' cgroups.
 const (
-	// CgroupDriverCgroupfs has roostd make each session's cgroup itself: <parent>/<session>
+	// DriverCgroupfs has roostd make each session's cgroup itself: <parent>/<session>
 	// in every mounted hierarchy (the v1 controllers' and the unified one).
-	CgroupDriverCgroupfs = "cgroupfs"
-	// CgroupDriverSystemd has systemd make it: a transient scope roost-<session>.scope in the
+	DriverCgroupfs = "cgroupfs"
+	// DriverSystemd has systemd make it: a transient scope roost-<session>.scope in the
 	// parent slice (roost.slice by default), through libcontainer's systemd cgroup manager.
-	CgroupDriverSystemd = "systemd"
+	DriverSystemd = "systemd"
 	// DefaultSystemdSlice is the slice the systemd driver puts sessions' scopes in.
 	DefaultSystemdSlice = "roost.slice"
-	// SupervisorCgroup is the leaf of its own cgroup roostd runs in when sessions' cgroups
+	// SupervisorName is the leaf of its own cgroup roostd runs in when sessions' cgroups
 	// go beneath that cgroup: on cgroup v2 only a cgroup without processes of its own hands
 	// controllers down ("no internal processes").
-	SupervisorCgroup = "supervisor"
-	// SessionsCgroup is the cgroup beneath a delegated one that holds sessions' cgroups.
-	SessionsCgroup = "sessions"
+	SupervisorName = "supervisor"
+	// SessionsName is the cgroup beneath a delegated one that holds sessions' cgroups.
+	SessionsName = "sessions"
 )
+
+// FallbackParent is where sessions' cgroups go when roostd's own cgroup is not delegated
+// to it (see DefaultParent), /roost/<session> in every hierarchy, and where every scoped
+// and sealed session's cgroup went before the parent was configurable: Release and Attach
+// look there too.
+const FallbackParent = "/roost"
+
+// SandboxPrefix begins the id of every sandbox made ahead of its session (the sealed
+// runtime's WarmPrefix): a session that claims one keeps the sandbox's cgroup, under the
+// sandbox's name, so a session's note may name such a cgroup.
+const SandboxPrefix = "warm-"
+
+// CPUPeriod is the CFS period a session's cpu quota is expressed in (100 ms).
+const CPUPeriod = 100_000
+
+// Controllers are the controllers scoped and sealed sessions are held by.
+func Controllers() []string { return []string{"memory", "pids", "cpu", "freezer"} }
 
 // systemdScopePrefix names sessions' scopes: roost-<session>.scope.
 const systemdScopePrefix = "roost"
 
-// CgroupConfig says where sessions' cgroups go and who makes them. The zero value is the
-// default: the cgroupfs driver under DefaultCgroupParent.
-type CgroupConfig struct {
+// Config says where sessions' cgroups go and who makes them. The zero value is the
+// default: the cgroupfs driver under DefaultParent.
+type Config struct {
 	// Parent is, for the cgroupfs driver, an absolute, clean cgroup path (the same in every
-	// hierarchy) that must not hold roostd's own cgroup; "" is DefaultCgroupParent(). For
+	// hierarchy) that must not hold roostd's own cgroup; "" is DefaultParent(). For
 	// the systemd driver it is a slice name; "" is DefaultSystemdSlice.
 	Parent string
-	// Driver is CgroupDriverCgroupfs ("" too) or CgroupDriverSystemd.
+	// Driver is DriverCgroupfs ("" too) or DriverSystemd.
 	Driver string
 	// StateDir, when set, is where roostd notes each session's cgroup as it makes it
 	// (<StateDir>/cgroups/<session>), so that Release, and the sweep after a crash, find it
 	// wherever it is, whatever the parent has become since. "" keeps no notes: Release
-	// then looks under the configured parent and CgroupParent only.
+	// then looks under the configured parent and FallbackParent only.
 	StateDir string
 }
 
-// Cgroups is a resolved CgroupConfig, shared by the runtimes (WithCgroups): where every
-// class's sessions' cgroups go, and where each one went.
-type Cgroups struct {
+// Sessions is a resolved Config, shared by the runtimes (containment.WithCgroups): where
+// every class's sessions' cgroups go, and where each one went.
+type Sessions struct {
 	driver string
 	// parent is a cgroup path (cgroupfs) or a slice name (systemd).
 	parent string
@@ -78,64 +93,39 @@ type Cgroups struct {
 	supervisor string
 }
 
-// Option configures a runtime at construction.
-type Option func(*options)
-
-type options struct {
-	cgroups *Cgroups
-	sealer  *sealer.Client
-}
-
-// WithSealer has a sealed runtime start its containers through roost-sealer (see package
-// sealer) rather than from this process.
-func WithSealer(c *sealer.Client) Option { return func(o *options) { o.sealer = c } }
-
-// WithCgroups makes a runtime put its sessions' cgroups where c says. Without it a runtime
-// uses the default configuration, resolved once per process.
-func WithCgroups(c *Cgroups) Option { return func(o *options) { o.cgroups = c } }
-
-func applyOptions(opts []Option) options {
-	var o options
-	for _, opt := range opts {
-		if opt != nil {
-			opt(&o)
-		}
-	}
-	return o
-}
-
 var (
 	defaultOnce sync.Once
-	defaultCg   *Cgroups
+	defaultCg   *Sessions
 )
 
-// defaultCgroups is the configuration of a runtime given no WithCgroups: the zero
-// CgroupConfig, or /roost when even that cannot be had (the reason kept in Why).
-func defaultCgroups() *Cgroups {
+// Default is the configuration of a runtime given none (containment.WithCgroups): the zero
+// Config, resolved once per process, or /roost when even that cannot be had (the reason
+// kept in Why).
+func Default() *Sessions {
 	defaultOnce.Do(func() {
-		c, err := NewCgroups(CgroupConfig{})
+		c, err := New(Config{})
 		if err != nil {
-			c = &Cgroups{driver: CgroupDriverCgroupfs, parent: CgroupParent, why: err.Error() + "; using " + CgroupParent}
+			c = &Sessions{driver: DriverCgroupfs, parent: FallbackParent, why: err.Error() + "; using " + FallbackParent}
 		}
 		defaultCg = c
 	})
 	return defaultCg
 }
 
-// NewCgroups checks cfg and resolves it. With the systemd driver on a host where systemd
+// New checks cfg and resolves it. With the systemd driver on a host where systemd
 // is not PID 1 it fails, saying so. When the parent lies beneath roostd's own cgroup on a
 // cgroup v2 host (the delegated default <own>/sessions, or an operator's parent there),
-// NewCgroups first moves every process of that cgroup, roostd included, into its leaf
+// New first moves every process of that cgroup, roostd included, into its leaf
 // <own>/supervisor, then enables in <own> every controller <own> has: the "no internal
 // processes" rule lets only a cgroup without processes hand controllers to its children.
-func NewCgroups(cfg CgroupConfig) (*Cgroups, error) {
-	c := &Cgroups{driver: cfg.Driver, parent: cfg.Parent}
+func New(cfg Config) (*Sessions, error) {
+	c := &Sessions{driver: cfg.Driver, parent: cfg.Parent}
 	switch c.driver {
-	case "", CgroupDriverCgroupfs:
-		c.driver = CgroupDriverCgroupfs
+	case "", DriverCgroupfs:
+		c.driver = DriverCgroupfs
 		c.strict = cfg.Parent != ""
 		if c.parent == "" {
-			c.parent, c.why = DefaultCgroupParent()
+			c.parent, c.why = DefaultParent()
 		} else {
 			if err := checkCgroupPath(c.parent); err != nil {
 				return nil, fmt.Errorf("--cgroup-parent %q: %w", c.parent, err)
@@ -145,7 +135,7 @@ func NewCgroups(cfg CgroupConfig) (*Cgroups, error) {
 			}
 			c.why = "--cgroup-parent " + c.parent
 		}
-	case CgroupDriverSystemd:
+	case DriverSystemd:
 		c.strict = true
 		if c.parent == "" {
 			c.parent = DefaultSystemdSlice
@@ -158,16 +148,16 @@ func NewCgroups(cfg CgroupConfig) (*Cgroups, error) {
 		}
 		c.why = fmt.Sprintf("--cgroup-driver systemd: each session a transient scope %s-<session>.scope in %s", systemdScopePrefix, c.parent)
 	default:
-		return nil, fmt.Errorf("--cgroup-driver %q: not %s or %s", cfg.Driver, CgroupDriverCgroupfs, CgroupDriverSystemd)
+		return nil, fmt.Errorf("--cgroup-driver %q: not %s or %s", cfg.Driver, DriverCgroupfs, DriverSystemd)
 	}
-	if c.driver == CgroupDriverCgroupfs && cgroups.IsCgroup2UnifiedMode() {
+	if c.driver == DriverCgroupfs && ocgroups.IsCgroup2UnifiedMode() {
 		own, err := ownUnifiedCgroup()
 		if err == nil {
 			if root := leafRoot(own, c.parent); root != "" {
 				if err := enterLeaf(unifiedMountpoint(), root); err != nil {
-					return nil, fmt.Errorf("sessions' cgroups go under %s, beneath roostd's own cgroup %s: moving roostd into its leaf %s: %w", c.parent, root, path.Join(root, SupervisorCgroup), err)
+					return nil, fmt.Errorf("sessions' cgroups go under %s, beneath roostd's own cgroup %s: moving roostd into its leaf %s: %w", c.parent, root, path.Join(root, SupervisorName), err)
 				}
-				c.supervisor = path.Join(root, SupervisorCgroup)
+				c.supervisor = path.Join(root, SupervisorName)
 				c.why += fmt.Sprintf("; roostd moved itself into %s and enabled %s's controllers for its sessions", c.supervisor, root)
 			}
 		}
@@ -181,54 +171,66 @@ func NewCgroups(cfg CgroupConfig) (*Cgroups, error) {
 	return c, nil
 }
 
-// Driver is CgroupDriverCgroupfs or CgroupDriverSystemd.
-func (c *Cgroups) Driver() string { return c.driver }
+// Driver is DriverCgroupfs or DriverSystemd.
+func (c *Sessions) Driver() string { return c.driver }
 
 // Parent is where sessions' cgroups go: a cgroup path (cgroupfs) or a slice (systemd).
-func (c *Cgroups) Parent() string { return c.parent }
+func (c *Sessions) Parent() string { return c.parent }
 
 // Why says how the parent was chosen (and what roostd did for it), for its log and doctor.
-func (c *Cgroups) Why() string { return c.why }
+func (c *Sessions) Why() string { return c.why }
 
 // Supervisor is the leaf of its own cgroup roostd moved itself into; "" when it did not.
-func (c *Cgroups) Supervisor() string { return c.supervisor }
+func (c *Sessions) Supervisor() string { return c.supervisor }
 
 // Parents lists the cgroups, as /proc/<pid>/cgroup names them, strictly beneath which
-// sessions' cgroups are: the parent (a slice's path for systemd), and CgroupParent, where
+// sessions' cgroups are: the parent (a slice's path for systemd), and FallbackParent, where
 // sessions started before the parent was configurable still are. A process in a cgroup
 // strictly beneath one of them is a session's.
-func (c *Cgroups) Parents() []string {
+func (c *Sessions) Parents() []string {
 	p := c.parent
-	if c.driver == CgroupDriverSystemd {
+	if c.driver == DriverSystemd {
 		if expanded, err := systemd.ExpandSlice(c.parent); err == nil {
 			p = expanded
 		}
 	}
-	if p == CgroupParent {
+	if p == FallbackParent {
 		return []string{p}
 	}
-	return []string{p, CgroupParent}
+	return []string{p, FallbackParent}
 }
 
-// Report sets what h says of the sessions' cgroups to what roostd uses: Probe only knows
-// the default.
-func (c *Cgroups) Report(h *Host) {
-	h.CgroupDriver, h.CgroupParent, h.CgroupParentWhy = c.driver, c.parent, c.why
-	h.CgroupParentHint = ""
-	if c.supervisor != "" && cgroups.IsCgroup2UnifiedMode() {
+// Placement is where sessions' cgroups go, who makes them and why, as doctor tells it.
+type Placement struct {
+	Driver, Parent, Why string
+	// Hint, when set, is what the operator should change for the parent to keep working.
+	Hint string
+}
+
+// A Reporter is told where sessions' cgroups go (containment.Host is one): this package
+// knows nothing of what reports it.
+type Reporter interface {
+	SetCgroupPlacement(Placement)
+}
+
+// Report tells r what roostd uses: a probe of the host only knows the default.
+func (c *Sessions) Report(r Reporter) {
+	p := Placement{Driver: c.driver, Parent: c.parent, Why: c.why}
+	if c.supervisor != "" && ocgroups.IsCgroup2UnifiedMode() {
 		if ok, _ := SystemdAvailable(); ok {
-			h.CgroupParentHint = fmt.Sprintf("systemd started roostd in %s itself, which now hands controllers to sessions and so may hold no process: while sessions live, systemd cannot start roostd there again (status 219/CGROUP). Add DelegateSubgroup=%s to roostd's unit (systemd 254 or later), or pass --cgroup-parent %s", path.Dir(c.supervisor), SupervisorCgroup, CgroupParent)
+			p.Hint = fmt.Sprintf("systemd started roostd in %s itself, which now hands controllers to sessions and so may hold no process: while sessions live, systemd cannot start roostd there again (status 219/CGROUP). Add DelegateSubgroup=%s to roostd's unit (systemd 254 or later), or pass --cgroup-parent %s", path.Dir(c.supervisor), SupervisorName, FallbackParent)
 		}
 	}
+	r.SetCgroupPlacement(p)
 }
 
-// CgroupMode is the host's cgroup layout: "v2" (only the unified hierarchy), "hybrid" (v1
+// Mode is the host's cgroup layout: "v2" (only the unified hierarchy), "hybrid" (v1
 // controllers and a unified hierarchy at /sys/fs/cgroup/unified) or "v1".
-func CgroupMode() string {
+func Mode() string {
 	switch {
-	case cgroups.IsCgroup2UnifiedMode():
+	case ocgroups.IsCgroup2UnifiedMode():
 		return "v2"
-	case cgroups.IsCgroup2HybridMode():
+	case ocgroups.IsCgroup2HybridMode():
 		return "hybrid"
 	}
 	return "v1"
@@ -236,7 +238,7 @@ func CgroupMode() string {
 
 // unifiedMountpoint is where the unified hierarchy is mounted; "" on a v1 host.
 func unifiedMountpoint() string {
-	switch CgroupMode() {
+	switch Mode() {
 	case "v2":
 		return "/sys/fs/cgroup"
 	case "hybrid":
@@ -245,7 +247,7 @@ func unifiedMountpoint() string {
 	return ""
 }
 
-// DefaultCgroupParent is where sessions' cgroups go when roostd is given no parent, and
+// DefaultParent is where sessions' cgroups go when roostd is given no parent, and
 // why: <own>/sessions when roostd's own cgroup (the unified hierarchy's, 0::/… in
 // /proc/self/cgroup) is delegated to it, else /roost. A cgroup is delegated when it
 // carries systemd's delegation mark (the trusted.delegate or user.delegate xattr, which
@@ -253,20 +255,20 @@ func unifiedMountpoint() string {
 // roostd's uid with cgroup.procs and cgroup.subtree_control writable. A roostd already in
 // the supervisor leaf of a delegated cgroup (DelegateSubgroup=supervisor, or roostd's own
 // move) uses that cgroup's sessions. A v1 host has no unified hierarchy to tell: /roost.
-func DefaultCgroupParent() (parent, why string) {
-	mode := CgroupMode()
+func DefaultParent() (parent, why string) {
+	mode := Mode()
 	if mode == "v1" {
 		return defaultParent(mode, "", nil)
 	}
 	own, err := ownUnifiedCgroup()
 	if err != nil {
-		return CgroupParent, fmt.Sprintf("reading roostd's own cgroup: %v; sessions' cgroups go to %s", err, CgroupParent)
+		return FallbackParent, fmt.Sprintf("reading roostd's own cgroup: %v; sessions' cgroups go to %s", err, FallbackParent)
 	}
 	mnt := unifiedMountpoint()
 	return defaultParent(mode, own, func(cg string) (bool, string) { return delegated(filepath.Join(mnt, cg)) })
 }
 
-// defaultParent decides DefaultCgroupParent for roostd's own unified cgroup own, asking
+// defaultParent decides DefaultParent for roostd's own unified cgroup own, asking
 // isDelegated about a cgroup path.
 func defaultParent(mode, own string, isDelegated func(cg string) (bool, string)) (string, string) {
 	every := "at the root of every hierarchy"
@@ -275,24 +277,24 @@ func defaultParent(mode, own string, isDelegated func(cg string) (bool, string))
 	}
 	switch {
 	case mode == "v1":
-		return CgroupParent, fmt.Sprintf("cgroup v1: no unified hierarchy to find a cgroup delegated to roostd in; sessions' cgroups go to %s, %s", CgroupParent, every)
+		return FallbackParent, fmt.Sprintf("cgroup v1: no unified hierarchy to find a cgroup delegated to roostd in; sessions' cgroups go to %s, %s", FallbackParent, every)
 	case own == "/":
-		return CgroupParent, fmt.Sprintf("roostd runs in the unified hierarchy's root cgroup (0::/), which is nobody's to delegate; sessions' cgroups go to %s, %s", CgroupParent, every)
+		return FallbackParent, fmt.Sprintf("roostd runs in the unified hierarchy's root cgroup (0::/), which is nobody's to delegate; sessions' cgroups go to %s, %s", FallbackParent, every)
 	}
-	if ok, how := isDelegated(own); ok && path.Base(own) != SupervisorCgroup {
+	if ok, how := isDelegated(own); ok && path.Base(own) != SupervisorName {
 		// Not by default: to hand its controllers to sessions, roostd would have to leave
 		// the cgroup systemd started it in, and while sessions live there systemd could not
 		// start roostd in it again (status 219/CGROUP). DelegateSubgroup= starts it in a leaf.
-		return CgroupParent, fmt.Sprintf("roostd's cgroup %s is delegated to it (%s), but roostd runs in it rather than in a leaf of it: sessions' cgroups go to %s, %s. Add DelegateSubgroup=%s to roostd's unit (systemd 254 or later) for sessions beneath %s, or pass --cgroup-parent", own, how, CgroupParent, every, SupervisorCgroup, own)
+		return FallbackParent, fmt.Sprintf("roostd's cgroup %s is delegated to it (%s), but roostd runs in it rather than in a leaf of it: sessions' cgroups go to %s, %s. Add DelegateSubgroup=%s to roostd's unit (systemd 254 or later) for sessions beneath %s, or pass --cgroup-parent", own, how, FallbackParent, every, SupervisorName, own)
 	}
-	if path.Base(own) == SupervisorCgroup {
+	if path.Base(own) == SupervisorName {
 		if up := path.Dir(own); up != "/" {
 			if ok, how := isDelegated(up); ok {
-				return path.Join(up, SessionsCgroup), fmt.Sprintf("roostd runs in %s, the supervisor leaf of %s, which is delegated to it (%s): sessions' cgroups go beneath %s, %s", own, up, how, up, every)
+				return path.Join(up, SessionsName), fmt.Sprintf("roostd runs in %s, the supervisor leaf of %s, which is delegated to it (%s): sessions' cgroups go beneath %s, %s", own, up, how, up, every)
 			}
 		}
 	}
-	return CgroupParent, fmt.Sprintf("roostd's cgroup %s is not delegated to it (no trusted.delegate or user.delegate xattr, as systemd's Delegate=yes sets); sessions' cgroups go to %s, %s", own, CgroupParent, every)
+	return FallbackParent, fmt.Sprintf("roostd's cgroup %s is not delegated to it (no trusted.delegate or user.delegate xattr, as systemd's Delegate=yes sets); sessions' cgroups go to %s, %s", own, FallbackParent, every)
 }
 
 // delegated says whether the cgroup directory dir is delegated to this process, and how
@@ -340,7 +342,7 @@ func SystemdAvailable() (bool, string) {
 
 // ownCgroups are this process's cgroups, by controller ("" is the unified hierarchy's).
 func ownCgroups() (map[string]string, error) {
-	return cgroups.ParseCgroupFile("/proc/self/cgroup")
+	return ocgroups.ParseCgroupFile("/proc/self/cgroup")
 }
 
 // ownUnifiedCgroup is this process's cgroup in the unified hierarchy.
@@ -429,9 +431,9 @@ func unitNameOK(s string) bool {
 	return true
 }
 
-// checkSessionID refuses an id that cannot name a session's cgroup: anything but one path
+// CheckSessionID refuses an id that cannot name a session's cgroup: anything but one path
 // element would put the cgroup (and what Release kills) somewhere else.
-func checkSessionID(id string) error {
+func CheckSessionID(id string) error {
 	if id == "" || id == "." || id == ".." || strings.HasPrefix(id, ".") || strings.ContainsAny(id, "/") || len(id) > 200 {
 		return fmt.Errorf("session id %q cannot name a cgroup", id)
 	}
@@ -451,18 +453,18 @@ func leafRoot(own, parent string) string {
 	switch {
 	case beneath(parent, own):
 		return own
-	case path.Base(own) == SupervisorCgroup && beneath(parent, path.Dir(own)):
+	case path.Base(own) == SupervisorName && beneath(parent, path.Dir(own)):
 		return path.Dir(own)
 	}
 	return ""
 }
 
 // enterLeaf moves every process of the cgroup root (beneath the cgroup v2 mount mnt) into
-// its leaf SupervisorCgroup, then enables in root every controller it has, so that the
+// its leaf SupervisorName, then enables in root every controller it has, so that the
 // cgroups made beneath it get them.
 func enterLeaf(mnt, root string) error {
 	dir := filepath.Join(mnt, root)
-	leaf := filepath.Join(dir, SupervisorCgroup)
+	leaf := filepath.Join(dir, SupervisorName)
 	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
 	}
@@ -478,7 +480,7 @@ func enterLeaf(mnt, root string) error {
 			break
 		}
 		for _, pid := range pids {
-			if err := cgroups.WriteCgroupProc(leaf, pid); err != nil && !errors.Is(err, unix.ESRCH) {
+			if err := ocgroups.WriteCgroupProc(leaf, pid); err != nil && !errors.Is(err, unix.ESRCH) {
 				return fmt.Errorf("moving pid %d: %w", pid, err)
 			}
 		}
@@ -486,13 +488,13 @@ func enterLeaf(mnt, root string) error {
 	if !empty {
 		return fmt.Errorf("%s still holds processes", dir)
 	}
-	avail, err := cgroups.ReadFile(dir, "cgroup.controllers")
+	avail, err := ocgroups.ReadFile(dir, "cgroup.controllers")
 	if err != nil {
 		return err
 	}
 	var failed []string
 	for _, ctrl := range strings.Fields(avail) {
-		if err := cgroups.WriteFile(dir, "cgroup.subtree_control", "+"+ctrl); err != nil && slices.Contains(cgroupControllers, ctrl) {
+		if err := ocgroups.WriteFile(dir, "cgroup.subtree_control", "+"+ctrl); err != nil && slices.Contains(Controllers(), ctrl) {
 			failed = append(failed, fmt.Sprintf("%s (%v)", ctrl, err))
 		}
 	}
@@ -516,25 +518,25 @@ func readProcs(dir string) ([]int, error) {
 	return pids, nil
 }
 
-// cgroupPlace is where one session's cgroup is: what the notes keep, and what finds it
+// Place is where one session's cgroup is: what the notes keep, and what finds it
 // again.
-type cgroupPlace struct {
+type Place struct {
 	Driver string `json:"driver"`
 	// Path is the cgroup's path, the same in every hierarchy (cgroupfs), or
 	// slice:prefix:session (systemd), as an OCI spec's cgroupsPath says it.
 	Path string `json:"path"`
 }
 
-// placeOf is where a new session's cgroup goes.
-func (c *Cgroups) placeOf(id string) cgroupPlace {
-	if c.driver == CgroupDriverSystemd {
-		return cgroupPlace{Driver: CgroupDriverSystemd, Path: c.parent + ":" + systemdScopePrefix + ":" + id}
+// PlaceOf is where a new session's cgroup goes.
+func (c *Sessions) PlaceOf(id string) Place {
+	if c.driver == DriverSystemd {
+		return Place{Driver: DriverSystemd, Path: c.parent + ":" + systemdScopePrefix + ":" + id}
 	}
-	return cgroupPlace{Driver: CgroupDriverCgroupfs, Path: path.Join(c.parent, id)}
+	return Place{Driver: DriverCgroupfs, Path: path.Join(c.parent, id)}
 }
 
 // unitName is the systemd scope a place names.
-func (p cgroupPlace) unitName() string {
+func (p Place) unitName() string {
 	parts := strings.Split(p.Path, ":")
 	if len(parts) != 3 {
 		return ""
@@ -542,18 +544,18 @@ func (p cgroupPlace) unitName() string {
 	return parts[1] + "-" + parts[2] + ".scope"
 }
 
-// check refuses a place that is not a session id's: a note could otherwise have Release
+// Check refuses a place that is not a session id's: a note could otherwise have Release
 // kill and remove any cgroup.
-func (p cgroupPlace) check(id string) error {
+func (p Place) Check(id string) error {
 	switch p.Driver {
-	case CgroupDriverCgroupfs:
+	case DriverCgroupfs:
 		if err := checkCgroupPath(p.Path); err != nil {
 			return fmt.Errorf("cgroup %q: %w", p.Path, err)
 		}
 		if !placeNames(path.Base(p.Path), id) || path.Dir(p.Path) == "/" {
 			return fmt.Errorf("cgroup %q is not session %s's", p.Path, id)
 		}
-	case CgroupDriverSystemd:
+	case DriverSystemd:
 		parts := strings.Split(p.Path, ":")
 		if len(parts) != 3 || parts[1] != systemdScopePrefix || !placeNames(parts[2], id) {
 			return fmt.Errorf("systemd cgroup %q is not session %s's", p.Path, id)
@@ -571,36 +573,37 @@ func (p cgroupPlace) check(id string) error {
 }
 
 // placeNames says whether a cgroup named name can be session id's: its own, or that of the
-// sandbox made ahead that it claimed (see StartWarm).
+// sandbox made ahead that it claimed (the sealed runtime's StartWarm).
 func placeNames(name, id string) bool {
-	return name == id || strings.HasPrefix(name, WarmPrefix)
+	return name == id || strings.HasPrefix(name, SandboxPrefix)
 }
 
 // config is libcontainer's description of the place, with res (none: no limits, no device
 // rules).
-func (p cgroupPlace) config(res *cgroups.Resources) *cgroups.Cgroup {
+func (p Place) config(res *ocgroups.Resources) *ocgroups.Cgroup {
 	if res == nil {
-		res = &cgroups.Resources{SkipDevices: true}
+		res = &ocgroups.Resources{SkipDevices: true}
 	}
-	if p.Driver == CgroupDriverSystemd {
+	if p.Driver == DriverSystemd {
 		parts := strings.SplitN(p.Path, ":", 3)
-		return &cgroups.Cgroup{Systemd: true, Parent: parts[0], ScopePrefix: parts[1], Name: parts[2], Resources: res}
+		return &ocgroups.Cgroup{Systemd: true, Parent: parts[0], ScopePrefix: parts[1], Name: parts[2], Resources: res}
 	}
-	return &cgroups.Cgroup{Path: p.Path, Resources: res}
+	return &ocgroups.Cgroup{Path: p.Path, Resources: res}
 }
 
-func (p cgroupPlace) manager(res *cgroups.Resources) (cgroups.Manager, error) {
+// Manager is a manager of the place's cgroup, with res (none: no limits, no device rules).
+func (p Place) Manager(res *ocgroups.Resources) (ocgroups.Manager, error) {
 	return cgroupsmanager.New(p.config(res))
 }
 
 // exists says whether the place has a directory in any hierarchy.
-func (p cgroupPlace) exists() bool {
-	m, err := p.manager(nil)
+func (p Place) exists() bool {
+	m, err := p.Manager(nil)
 	if err != nil {
 		return false
 	}
 	for _, dir := range m.GetPaths() {
-		if cgroups.PathExists(dir) {
+		if ocgroups.PathExists(dir) {
 			return true
 		}
 	}
@@ -608,8 +611,8 @@ func (p cgroupPlace) exists() bool {
 }
 
 // remove ends everything in the place's cgroup and removes it from every hierarchy.
-func (p cgroupPlace) remove() error {
-	m, err := p.manager(nil)
+func (p Place) remove() error {
+	m, err := p.Manager(nil)
 	if err != nil {
 		return err
 	}
@@ -617,7 +620,7 @@ func (p cgroupPlace) remove() error {
 	for range 5 {
 		killCgroup(m)
 		err := m.Destroy()
-		if p.Driver == CgroupDriverSystemd && isNoUnit(err) {
+		if p.Driver == DriverSystemd && isNoUnit(err) {
 			err = nil
 		}
 		if err == nil {
@@ -631,15 +634,15 @@ func (p cgroupPlace) remove() error {
 // killCgroup SIGKILLs everything in m's cgroup: cgroup.kill where the kernel has it (the
 // unified hierarchy, Linux 5.14), then each process, frozen so none forks meanwhile, and
 // thawed so the kill lands (a paused session's too).
-func killCgroup(m cgroups.Manager) {
+func killCgroup(m ocgroups.Manager) {
 	if u, ok := m.GetPaths()[""]; ok {
-		_ = cgroups.WriteFile(u, "cgroup.kill", "1")
+		_ = ocgroups.WriteFile(u, "cgroup.kill", "1")
 	}
-	_ = m.Freeze(cgroups.Frozen)
+	_ = m.Freeze(ocgroups.Frozen)
 	for _, pid := range cgroupPids(m) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	_ = m.Freeze(cgroups.Thawed)
+	_ = m.Freeze(ocgroups.Thawed)
 	// What was killed leaves its cgroups at once, but not before the kill is delivered.
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		pids := cgroupPids(m)
@@ -654,10 +657,10 @@ func killCgroup(m cgroups.Manager) {
 
 // cgroupPids lists the processes in m's cgroup and beneath it, in every hierarchy: a v1
 // manager lists only its devices cgroup's, which a session without device rules may lack.
-func cgroupPids(m cgroups.Manager) []int {
+func cgroupPids(m ocgroups.Manager) []int {
 	var out []int
 	for _, dir := range m.GetPaths() {
-		pids, err := cgroups.GetAllPids(dir)
+		pids, err := ocgroups.GetAllPids(dir)
 		if err != nil {
 			continue
 		}
@@ -675,8 +678,8 @@ func isNoUnit(err error) bool {
 	return err != nil && (strings.Contains(err.Error(), "NoSuchUnit") || strings.Contains(err.Error(), "not loaded"))
 }
 
-// note records a session's place before its cgroup is made.
-func (c *Cgroups) note(id string, p cgroupPlace) error {
+// Note records a session's place before its cgroup is made.
+func (c *Sessions) Note(id string, p Place) error {
 	if c.notes == "" {
 		return nil
 	}
@@ -696,22 +699,23 @@ func (c *Cgroups) note(id string, p cgroupPlace) error {
 }
 
 // noted is the place noted for a session.
-func (c *Cgroups) noted(id string) (cgroupPlace, bool) {
+func (c *Sessions) noted(id string) (Place, bool) {
 	if c.notes == "" {
-		return cgroupPlace{}, false
+		return Place{}, false
 	}
 	data, err := os.ReadFile(filepath.Join(c.notes, id))
 	if err != nil {
-		return cgroupPlace{}, false
+		return Place{}, false
 	}
-	var p cgroupPlace
-	if json.Unmarshal(data, &p) != nil || p.check(id) != nil {
-		return cgroupPlace{}, false
+	var p Place
+	if json.Unmarshal(data, &p) != nil || p.Check(id) != nil {
+		return Place{}, false
 	}
 	return p, true
 }
 
-func (c *Cgroups) forget(id string) error {
+// Forget drops a session's note (its cgroup is gone, or now another's: a claimed sandbox's).
+func (c *Sessions) Forget(id string) error {
 	if c.notes == "" {
 		return nil
 	}
@@ -722,8 +726,8 @@ func (c *Cgroups) forget(id string) error {
 	return err
 }
 
-// held lists the sessions with a noted cgroup: those Release has not removed yet.
-func (c *Cgroups) held() ([]string, error) {
+// Held lists the sessions with a noted cgroup: those Release has not removed yet.
+func (c *Sessions) Held() ([]string, error) {
 	if c.notes == "" {
 		return nil, nil
 	}
@@ -733,7 +737,7 @@ func (c *Cgroups) held() ([]string, error) {
 	}
 	var ids []string
 	for _, e := range entries {
-		if e.Type().IsRegular() && checkSessionID(e.Name()) == nil {
+		if e.Type().IsRegular() && CheckSessionID(e.Name()) == nil {
 			ids = append(ids, e.Name())
 		}
 	}
@@ -741,39 +745,39 @@ func (c *Cgroups) held() ([]string, error) {
 }
 
 // locate lists where a session's cgroup may be: where it was noted, where it would go now,
-// and under CgroupParent, where every scoped and sealed session's went before the parent
+// and under FallbackParent, where every scoped and sealed session's went before the parent
 // was configurable.
-func (c *Cgroups) locate(id string) []cgroupPlace {
-	var out []cgroupPlace
-	add := func(p cgroupPlace) {
-		if !slices.Contains(out, p) && p.check(id) == nil {
+func (c *Sessions) locate(id string) []Place {
+	var out []Place
+	add := func(p Place) {
+		if !slices.Contains(out, p) && p.Check(id) == nil {
 			out = append(out, p)
 		}
 	}
 	if p, ok := c.noted(id); ok {
 		add(p)
 	}
-	add(c.placeOf(id))
-	add(cgroupPlace{Driver: CgroupDriverCgroupfs, Path: path.Join(CgroupParent, id)})
+	add(c.PlaceOf(id))
+	add(Place{Driver: DriverCgroupfs, Path: path.Join(FallbackParent, id)})
 	return out
 }
 
 // find is the session's existing cgroup; false when it has none anywhere.
-func (c *Cgroups) find(id string) (cgroupPlace, bool) {
-	if checkSessionID(id) != nil {
-		return cgroupPlace{}, false
+func (c *Sessions) find(id string) (Place, bool) {
+	if CheckSessionID(id) != nil {
+		return Place{}, false
 	}
 	for _, p := range c.locate(id) {
 		if p.exists() {
 			return p, true
 		}
 	}
-	return cgroupPlace{}, false
+	return Place{}, false
 }
 
-// remove ends and removes the session's cgroup wherever it is, and its note.
-func (c *Cgroups) remove(id string) error {
-	if err := checkSessionID(id); err != nil {
+// Remove ends and removes the session's cgroup wherever it is, and its note.
+func (c *Sessions) Remove(id string) error {
+	if err := CheckSessionID(id); err != nil {
 		return err
 	}
 	var errs []error
@@ -785,47 +789,47 @@ func (c *Cgroups) remove(id string) error {
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	return c.forget(id)
+	return c.Forget(id)
 }
 
-// sessionCgroup is a session's cgroup while roostd starts the session into it.
-type sessionCgroup struct {
-	place cgroupPlace
-	res   *cgroups.Resources
-	m     cgroups.Manager
+// Session is a session's cgroup while roostd starts the session into it.
+type Session struct {
+	place Place
+	res   *ocgroups.Resources
+	m     ocgroups.Manager
 }
 
-// create makes the session's cgroup, with the limits of res (nil: none), and notes where.
-// The systemd driver's scope is made by join: systemd makes a scope only around a process.
+// Create makes the session's cgroup, with the limits of res (nil: none), and notes where.
+// The systemd driver's scope is made by Join: systemd makes a scope only around a process.
 // A session without limits on the default configuration gets nil, and runs without a
 // cgroup, when this host does not let roostd make one (EROFS, EACCES, EPERM).
-func (c *Cgroups) create(id string, res *cgroups.Resources) (_ *sessionCgroup, retErr error) {
-	if err := checkSessionID(id); err != nil {
+func (c *Sessions) Create(id string, res *ocgroups.Resources) (_ *Session, retErr error) {
+	if err := CheckSessionID(id); err != nil {
 		return nil, err
 	}
-	p := c.placeOf(id)
-	if err := p.check(id); err != nil {
+	p := c.PlaceOf(id)
+	if err := p.Check(id); err != nil {
 		return nil, err
 	}
-	if err := c.note(id, p); err != nil {
+	if err := c.Note(id, p); err != nil {
 		return nil, err
 	}
-	s := &sessionCgroup{place: p, res: res}
+	s := &Session{place: p, res: res}
 	var err error
-	if s.m, err = p.manager(res); err != nil {
+	if s.m, err = p.Manager(res); err != nil {
 		return nil, fmt.Errorf("the session's cgroup %s: %w", p.Path, err)
 	}
-	if p.Driver == CgroupDriverSystemd {
+	if p.Driver == DriverSystemd {
 		return s, nil
 	}
 	defer func() {
 		if retErr != nil {
-			_ = c.remove(id)
+			_ = c.Remove(id)
 		}
 	}()
 	if err := s.m.Apply(-1); err != nil {
 		if res == nil && !c.strict && (errors.Is(err, unix.EROFS) || errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM)) {
-			_ = c.remove(id)
+			_ = c.Remove(id)
 			return nil, nil
 		}
 		return nil, fmt.Errorf("creating the session's cgroup %s: %w", p.Path, err)
@@ -845,10 +849,10 @@ func (c *Cgroups) create(id string, res *cgroups.Resources) (_ *sessionCgroup, r
 	return s, nil
 }
 
-// intoFD opens the session's cgroup in the unified hierarchy, for a process to be started
+// IntoFD opens the session's cgroup in the unified hierarchy, for a process to be started
 // right into it (CLONE_INTO_CGROUP); nil when it cannot be (systemd, a v1 host).
-func (s *sessionCgroup) intoFD() *os.File {
-	if s == nil || s.place.Driver != CgroupDriverCgroupfs {
+func (s *Session) IntoFD() *os.File {
+	if s == nil || s.place.Driver != DriverCgroupfs {
 		return nil
 	}
 	dir, ok := s.m.GetPaths()[""]
@@ -862,11 +866,11 @@ func (s *sessionCgroup) intoFD() *os.File {
 	return f
 }
 
-// join moves pid (roost-init, before it starts the program) into the session's cgroup in
+// Join moves pid (roost-init, before it starts the program) into the session's cgroup in
 // every hierarchy; cloned says it was started into the unified one already. The systemd
 // driver makes the session's scope around it, then sets its limits.
-func (s *sessionCgroup) join(pid int, cloned bool) error {
-	if s.place.Driver == CgroupDriverSystemd {
+func (s *Session) Join(pid int, cloned bool) error {
+	if s.place.Driver == DriverSystemd {
 		if err := s.m.Apply(pid); err != nil {
 			return fmt.Errorf("creating the session's scope %s: %w", s.place.unitName(), err)
 		}
@@ -881,46 +885,32 @@ func (s *sessionCgroup) join(pid int, cloned bool) error {
 		if name == "" && cloned {
 			continue
 		}
-		if !cgroups.PathExists(dir) {
+		if !ocgroups.PathExists(dir) {
 			continue
 		}
-		if err := cgroups.WriteCgroupProc(dir, pid); err != nil {
+		if err := ocgroups.WriteCgroupProc(dir, pid); err != nil {
 			return fmt.Errorf("moving roost-init into %s: %w", dir, err)
 		}
 	}
 	return nil
 }
 
-// manager is a manager of the session's existing cgroup, for a re-attached session: nil
+// Manager is libcontainer's manager of the cgroup.
+func (s *Session) Manager() ocgroups.Manager { return s.m }
+
+// Manager is a manager of the session's existing cgroup, for a re-attached session: nil
 // when it has none.
-func (c *Cgroups) manager(id string, res *cgroups.Resources) cgroups.Manager {
+func (c *Sessions) Manager(id string, res *ocgroups.Resources) ocgroups.Manager {
 	p, ok := c.find(id)
 	if !ok {
 		return nil
 	}
-	m, err := p.manager(res)
+	m, err := p.Manager(res)
 	if err != nil {
 		return nil
 	}
 	return m
 }
 
-// ociPath is a sealed session's cgroupsPath in its OCI spec.
-func (c *Cgroups) ociPath(id string) string { return c.placeOf(id).Path }
-
-// usage reads what the processes in m's cgroup use.
-func usage(m cgroups.Manager) (Usage, error) {
-	if m == nil {
-		return Usage{}, errors.New("the session has no cgroup")
-	}
-	st, err := m.GetStats()
-	if err != nil {
-		return Usage{}, err
-	}
-	return Usage{
-		MemoryBytes:     int64(st.MemoryStats.Usage.Usage),
-		MemoryPeakBytes: int64(st.MemoryStats.Usage.MaxUsage),
-		CPUSeconds:      float64(st.CpuStats.CpuUsage.TotalUsage) / 1e9,
-		Pids:            int64(st.PidsStats.Current),
-	}, nil
-}
+// OCIPath is a sealed session's cgroupsPath in its OCI spec.
+func (c *Sessions) OCIPath(id string) string { return c.PlaceOf(id).Path }

@@ -1,4 +1,4 @@
-package containment
+package scoped
 
 import (
 	"context"
@@ -11,32 +11,36 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/opencontainers/cgroups"
+	ocgroups "github.com/opencontainers/cgroups"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/cgroups"
 	"roost.dev/roost/pkg/containment/roostinit"
+	"roost.dev/roost/pkg/containment/seccomp"
 	"roost.dev/roost/pkg/manifest"
 )
 
-// ScopedRuntime runs scoped sessions: the program keeps the host's view of files, held by
+// Runtime runs scoped sessions: the program keeps the host's view of files, held by
 // what a process can be held with there, in a network namespace of its own (the session's
 // pinned one, where its endpoint listens; else a new one, loopback only). roost-exec, before
 // it execs the program, joins the session's cgroup (memory, pids, cpu) and network
 // namespace, sets no_new_privs, applies Landlock (the host readable, only the workdir or its
 // scope writable, the exec allowlist), drops every capability and loads the same seccomp
 // filter a sealed session gets. For hosts (or containers) where a sealed root cannot be had.
-type ScopedRuntime struct {
-	plain *ProcessRuntime
+type Runtime struct {
+	plain *containment.ProcessRuntime
 	// tmp holds each session's private temporary directory (TMPDIR).
 	tmp string
 	// rehearsal is the id range rehearsals run as: one no session is ever given.
-	rehearsal IDs
+	rehearsal containment.IDs
 }
 
-// NewScopedRuntime starts sessions under the roost-init binary at init and keeps their
-// temporary directories under stateDir. WithCgroups says where their cgroups go.
-func NewScopedRuntime(stateDir, init string, rehearsal IDs, opts ...Option) (*ScopedRuntime, error) {
-	r := &ScopedRuntime{plain: NewProcessRuntime(init, opts...), tmp: filepath.Join(stateDir, "tmp"), rehearsal: rehearsal}
+// NewRuntime starts sessions under the roost-init binary at init and keeps their
+// temporary directories under stateDir. containment.WithCgroups says where their cgroups
+// go.
+func NewRuntime(stateDir, init string, rehearsal containment.IDs, opts ...containment.Option) (*Runtime, error) {
+	r := &Runtime{plain: containment.NewProcessRuntime(init, opts...), tmp: filepath.Join(stateDir, "tmp"), rehearsal: rehearsal}
 	// Others may pass through to a TMPDIR they own, never list the sessions'.
 	if err := os.MkdirAll(r.tmp, 0o711); err != nil {
 		return nil, err
@@ -45,32 +49,34 @@ func NewScopedRuntime(stateDir, init string, rehearsal IDs, opts ...Option) (*Sc
 }
 
 // TmpDir is the scoped session's private temporary directory, which TMPDIR names.
-func (r *ScopedRuntime) TmpDir(sessionID string) string { return filepath.Join(r.tmp, sessionID) }
+func (r *Runtime) TmpDir(sessionID string) string { return filepath.Join(r.tmp, sessionID) }
 
 // Cgroups is where the runtime puts its sessions' cgroups.
-func (r *ScopedRuntime) Cgroups() *Cgroups { return r.plain.Cgroups() }
+func (r *Runtime) Cgroups() *cgroups.Sessions { return r.plain.Cgroups() }
 
-// scopedProcess is a plainProcess whose cgroup holds limits, and is always there.
+// scopedProcess is a PlainProcess whose cgroup holds limits, and is always there.
 type scopedProcess struct {
-	*plainProcess
+	*containment.PlainProcess
 }
 
+var _ containment.Runtime = (*Runtime)(nil)
+
 var (
-	_ Process = (*scopedProcess)(nil)
-	_ Freezer = (*scopedProcess)(nil)
-	_ Meter   = (*scopedProcess)(nil)
+	_ containment.Process = (*scopedProcess)(nil)
+	_ containment.Freezer = (*scopedProcess)(nil)
+	_ containment.Meter   = (*scopedProcess)(nil)
 )
 
 // scopedResources are a scoped session's cgroup limits: memory with swap 0, pids, cpu.
-func scopedResources(p *manifest.Policy) *cgroups.Resources {
+func scopedResources(p *manifest.Policy) *ocgroups.Resources {
 	r := p.Resources
 	mem := r.CgroupMemoryBytes.Value
-	return &cgroups.Resources{
+	return &ocgroups.Resources{
 		Memory:      mem,
 		MemorySwap:  mem,
 		PidsLimit:   ptrInt64(r.CgroupPidsMax.Value),
-		CpuQuota:    r.CgroupCPUPercent.Value * cpuPeriod / 100,
-		CpuPeriod:   cpuPeriod,
+		CpuQuota:    r.CgroupCPUPercent.Value * cgroups.CPUPeriod / 100,
+		CpuPeriod:   cgroups.CPUPeriod,
 		SkipDevices: true,
 	}
 }
@@ -78,7 +84,7 @@ func scopedResources(p *manifest.Policy) *cgroups.Resources {
 func ptrInt64(v int64) *int64 { return &v }
 
 // Start creates the session's cgroup and temporary directory and starts the program.
-func (r *ScopedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr error) {
+func (r *Runtime) Start(ctx context.Context, spec containment.Spec) (_ containment.Process, retErr error) {
 	if spec.Policy == nil {
 		return nil, errors.New("scoped start without a policy")
 	}
@@ -87,16 +93,16 @@ func (r *ScopedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 			_ = r.Release(spec.SessionID)
 		}
 	}()
-	user, err := spec.user()
+	user, err := spec.User()
 	if err != nil {
 		return nil, err
 	}
-	owner, err := spec.owner()
+	owner, err := spec.Owner()
 	if err != nil {
 		return nil, err
 	}
-	if _, err := prepareWorkSources(spec.Dir, spec.Policy.Filesystem.Scope, nil, owner); err != nil {
-		return nil, &StartError{Msg: "workdir: " + err.Error()}
+	if _, err := containment.PrepareWorkSources(spec.Dir, spec.Policy.Filesystem.Scope, nil, owner); err != nil {
+		return nil, &containment.StartError{Msg: "workdir: " + err.Error()}
 	}
 	tmp := r.TmpDir(spec.SessionID)
 	if err := os.Mkdir(tmp, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
@@ -110,7 +116,7 @@ func (r *ScopedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	// The cgroup, with its limits, is there before roost-init: roost-init is started into it
 	// (and with it roost-exec and the program), and counts against its pids and memory as a
 	// sealed session's does.
-	cg, err := r.Cgroups().create(spec.SessionID, scopedResources(spec.Policy))
+	cg, err := r.Cgroups().Create(spec.SessionID, scopedResources(spec.Policy))
 	if err != nil {
 		return nil, err
 	}
@@ -118,16 +124,16 @@ func (r *ScopedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	if err != nil {
 		return nil, err
 	}
-	p, err := r.plain.start(ctx, spec, exec, cg)
+	p, err := r.plain.StartExec(ctx, spec, exec, cg)
 	if err != nil {
 		return nil, err
 	}
-	return &scopedProcess{plainProcess: p}, nil
+	return &scopedProcess{PlainProcess: p}, nil
 }
 
 // scopedExecSpec is what roost-exec applies before a scoped session's program, and before
 // every command roostctl exec runs in one; tmp is the session's TMPDIR.
-func scopedExecSpec(spec Spec, user *roostinit.User, tmp string) (roostinit.ExecSpec, error) {
+func scopedExecSpec(spec containment.Spec, user *roostinit.User, tmp string) (roostinit.ExecSpec, error) {
 	bpf, err := scopedSeccomp(spec.Policy)
 	if err != nil {
 		return roostinit.ExecSpec{}, err
@@ -151,27 +157,27 @@ func scopedExecSpec(spec Spec, user *roostinit.User, tmp string) (roostinit.Exec
 // scopedSeccomp is the sealed profile for the session's policy, compiled.
 func scopedSeccomp(p *manifest.Policy) ([]byte, error) {
 	spec := &specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{}}}
-	profile, err := seccompProfile(spec, p.Network.UnixSockets)
+	profile, err := seccomp.Profile(spec, p.Network.UnixSockets)
 	if err != nil {
 		return nil, err
 	}
-	return compileSeccomp(profile)
+	return seccomp.Compile(profile)
 }
 
 // Attach re-attaches to a scoped session a previous daemon started.
-func (r *ScopedRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (Process, error) {
+func (r *Runtime) Attach(sessionID, recordsDir string, ref *containment.ProcessRef) (containment.Process, error) {
 	p, err := r.plain.Attach(sessionID, recordsDir, ref)
 	if err != nil {
 		return nil, err
 	}
-	plain := p.(*plainProcess)
-	if plain.cgroup == nil {
+	plain := p.(*containment.PlainProcess)
+	if plain.Cgroup == nil {
 		// Found nowhere: a manager of where it would be, so pausing and reading say so.
-		if plain.cgroup, err = r.Cgroups().placeOf(sessionID).manager(nil); err != nil {
+		if plain.Cgroup, err = r.Cgroups().PlaceOf(sessionID).Manager(nil); err != nil {
 			return nil, err
 		}
 	}
-	return &scopedProcess{plainProcess: plain}, nil
+	return &scopedProcess{PlainProcess: plain}, nil
 }
 
 // scopedExec is what may execute in a scoped session, and the mounts that hold it. The trees
@@ -180,13 +186,13 @@ func (r *ScopedRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (P
 // in its own mount namespace, so not even the dynamic loader maps a program from them; the
 // children's workdirs are theirs, never the parent's to run. With workdir_exec those trees
 // execute whatever is in them, and the rest of the host still only the allowlist.
-func scopedExec(spec Spec, tmp string) (*roostinit.Landlock, *roostinit.Mounts) {
+func scopedExec(spec containment.Spec, tmp string) (*roostinit.Landlock, *roostinit.Mounts) {
 	writable := []string{spec.Dir, tmp}
 	if spec.Home != "" {
 		writable = append(writable, spec.Home)
 	}
-	l := &roostinit.Landlock{Exec: spec.exec(), ExecTrees: spec.ExecTrees, FS: ScopedFS(spec, tmp)}
-	m := &roostinit.Mounts{Shm: devShmBytes}
+	l := &roostinit.Landlock{Exec: spec.ExecAllowlist(), ExecTrees: spec.ExecTrees, FS: FS(spec, tmp)}
+	m := &roostinit.Mounts{Shm: containment.DevShmBytes}
 	if spec.Policy.Filesystem.WorkdirExec {
 		l.WritableExec = append(writable, "/dev/shm")
 		l.NoExec = slices.Clone(spec.Children)
@@ -198,22 +204,14 @@ func scopedExec(spec Spec, tmp string) (*roostinit.Landlock, *roostinit.Mounts) 
 	return l, m
 }
 
-// systemTrees are the host trees a scoped program may read: what programs are made of and
-// configured by. Nothing else of the host is readable (roostd's state, /root, /home, /var,
-// /run, /srv, /mnt, /media, /tmp), whatever DAC would allow.
-var systemTrees = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt"}
-
-// deviceFiles are the devices a scoped program may read and write.
-var deviceFiles = []string{"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"}
-
-// ScopedFS is what Landlock lets a scoped session's program read and write: the system
+// FS is what Landlock lets a scoped session's program read and write: the system
 // trees, /proc and a few devices; its capsule; its workdir (with a scope, only the scope
 // and the read_only subtrees); its TMPDIR; its task text; and where its children work. The
 // scope (or the whole workdir) and the TMPDIR are writable.
-func ScopedFS(spec Spec, tmp string) *roostinit.LandlockFS {
+func FS(spec containment.Spec, tmp string) *roostinit.LandlockFS {
 	fsr := &roostinit.LandlockFS{
-		Read:       append(slices.Clone(systemTrees), "/proc", spec.CapsuleDir),
-		WriteFiles: deviceFiles,
+		Read:       append(containment.SystemTrees(), "/proc", spec.CapsuleDir),
+		WriteFiles: containment.DeviceFiles(),
 	}
 	writable := spec.Dir
 	if p := spec.Policy; p != nil && p.Filesystem.Scope != "" {
@@ -239,47 +237,10 @@ func ScopedFS(spec Spec, tmp string) *roostinit.LandlockFS {
 	}
 	// /etc/resolv.conf is often a link into /run (systemd-resolved): name resolution needs
 	// the file it points to, not the rest of /run.
-	if target, err := filepath.EvalSymlinks("/etc/resolv.conf"); err == nil && !beneathAny(target, systemTrees) {
+	if target, err := filepath.EvalSymlinks("/etc/resolv.conf"); err == nil && !beneathAny(target, containment.SystemTrees()) {
 		fsr.ReadFiles = append(fsr.ReadFiles, target)
 	}
 	return fsr
-}
-
-// Readable lists, in words, what a session's program of class may read: the trees a scoped
-// program's Landlock rules name (those this host has), what a sealed root holds, or the
-// host as its uid sees it.
-func Readable(class manifest.Class, p *manifest.Policy) []string {
-	switch class {
-	case manifest.Scoped:
-		var out []string
-		for _, d := range systemTrees {
-			if _, err := os.Lstat(d); err == nil {
-				out = append(out, d)
-			}
-		}
-		out = append(out, "/proc", strings.Join(deviceFiles, " "), "its capsule")
-		if p.Filesystem.Scope != "" {
-			out = append(out, "its workdir's scope "+p.Filesystem.Scope)
-			for _, ro := range p.Filesystem.ReadOnly {
-				out = append(out, "its workdir's "+ro+" (read-only)")
-			}
-		} else {
-			out = append(out, "its workdir")
-		}
-		out = append(out, "its TMPDIR", "its home", "its task text")
-		if len(p.Spawn.Allow) > 0 {
-			out = append(out, "its children's workdirs")
-		}
-		return append(out, p.Filesystem.HostRead...)
-	case manifest.Sealed:
-		root := "only its root: /usr (read-only), a generated /etc, /capsule (read-only), /work, /tmp, /root, /dev/shm, /proc (masked), a minimal /dev"
-		if len(p.Filesystem.HostRead) > 0 {
-			root += ", and " + strings.Join(p.Filesystem.HostRead, ", ") + " (read-only, from the host)"
-		}
-		return []string{root}
-	default:
-		return []string{"whatever the host lets its uid read (this class has no Landlock)"}
-	}
 }
 
 // beneathAny says whether path is one of dirs or beneath one.
@@ -294,24 +255,36 @@ func beneathAny(path string, dirs []string) bool {
 
 // Release removes the session's cgroup wherever it is (ending anything left in it) and its
 // temporary directory.
-func (r *ScopedRuntime) Release(sessionID string) error {
-	return errors.Join(r.Cgroups().remove(sessionID), os.RemoveAll(r.TmpDir(sessionID)))
+func (r *Runtime) Release(sessionID string) error {
+	return errors.Join(r.Cgroups().Remove(sessionID), os.RemoveAll(r.TmpDir(sessionID)))
 }
 
 // Held lists sessions that still have a temporary directory.
-func (r *ScopedRuntime) Held() ([]string, error) { return dirNames(r.tmp) }
+func (r *Runtime) Held() ([]string, error) { return containment.DirNames(r.tmp) }
 
-func (p *scopedProcess) Pause() error  { return p.cgroup.Freeze(cgroups.Frozen) }
-func (p *scopedProcess) Resume() error { return p.cgroup.Freeze(cgroups.Thawed) }
+func (p *scopedProcess) Pause() error  { return p.Cgroup.Freeze(ocgroups.Frozen) }
+func (p *scopedProcess) Resume() error { return p.Cgroup.Freeze(ocgroups.Thawed) }
 
-func (p *scopedProcess) Exit() (ExitInfo, error) {
-	info, err := p.plainProcess.Exit()
+func (p *scopedProcess) Exit() (containment.ExitInfo, error) {
+	info, err := p.PlainProcess.Exit()
 	if err == nil && info.StartError == "" && (info.Code != 0 || info.Signal != 0) {
-		if n, cerr := p.cgroup.OOMKillCount(); cerr == nil && n > 0 {
+		if n, cerr := p.Cgroup.OOMKillCount(); cerr == nil && n > 0 {
 			info.OOMKilled = true
 		}
 	}
 	return info, err
 }
 
-func (p *scopedProcess) Signal(sig syscall.Signal) error { return p.plainProcess.Signal(sig) }
+func (p *scopedProcess) Signal(sig syscall.Signal) error { return p.PlainProcess.Signal(sig) }
+
+// Rehearse runs /usr/bin/true as a throwaway scoped session: cgroup, Landlock, seccomp,
+// capabilities and no_new_privs, exactly as a session gets them.
+func (r *Runtime) Rehearse(ctx context.Context) error {
+	if r == nil {
+		return containment.ErrNoRuntime
+	}
+	if abi := containment.Probe().LandlockABI; abi < 1 {
+		return errors.New("the kernel offers no Landlock; boot a kernel with CONFIG_SECURITY_LANDLOCK=y and landlock in the lsm= list")
+	}
+	return containment.Rehearse(ctx, r, manifest.Scoped, r.tmp, r.rehearsal)
+}

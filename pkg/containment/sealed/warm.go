@@ -1,4 +1,4 @@
-package containment
+package sealed
 
 import (
 	"context"
@@ -22,13 +22,15 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/cgroups"
 	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/manifest"
 )
 
 // WarmPrefix begins the id of every sandbox made ahead of its session: a name no session
 // id takes, so a restarted daemon tells an unclaimed sandbox from a session's container.
-const WarmPrefix = "warm-"
+const WarmPrefix = cgroups.SandboxPrefix
 
 // Sandbox is a sealed container made before its session: user, pid, mount, network, IPC,
 // UTS and cgroup namespaces, cgroup, seccomp filter, the shared root with /proc, /dev,
@@ -40,14 +42,14 @@ const WarmPrefix = "warm-"
 type Sandbox struct {
 	ID    string
 	Shape WarmShape
-	IDs   IDs
+	IDs   containment.IDs
 	// NetNS is the network namespace it joined, pinned by the caller.
 	NetNS string
 	// Records is the records directory roost-init holds open: the claiming session's
 	// records directory must be this one (the caller renames it into place).
 	Records string
 
-	io        *initIO
+	io        *containment.InitIO
 	container *libcontainer.Container
 	proc      *libcontainer.Process
 	initPID   int
@@ -77,15 +79,15 @@ const DefaultWarmShapeName = "a default capsule"
 // sessionMount says whether a mount of a sealed spec is the session's own, mounted into a
 // sandbox when a session claims it rather than when the sandbox is made.
 func sessionMount(dest string) bool {
-	return dest == sealedWork || strings.HasPrefix(dest, sealedWork+"/") || dest == sealedCapsule ||
-		dest == SealedHome || dest == SealedTaskPath
+	return dest == Work || strings.HasPrefix(dest, Work+"/") || dest == Capsule ||
+		dest == Home || dest == TaskPath
 }
 
 // Prepare makes a sandbox of the shape for a session to come: id begins with WarmPrefix,
 // ids is the uid range it maps (held for it by the caller), netns the network namespace it
 // joins, records the directory roost-init will write the claiming session's output and end
 // into.
-func (r *SealedRuntime) Prepare(ctx context.Context, shape WarmShape, id string, ids IDs, netns, records string) (_ *Sandbox, retErr error) {
+func (r *Runtime) Prepare(ctx context.Context, shape WarmShape, id string, ids containment.IDs, netns, records string) (_ *Sandbox, retErr error) {
 	if !strings.HasPrefix(id, WarmPrefix) {
 		return nil, fmt.Errorf("sandbox id %q does not begin with %q", id, WarmPrefix)
 	}
@@ -101,7 +103,7 @@ func (r *SealedRuntime) Prepare(ctx context.Context, shape WarmShape, id string,
 	if err := r.ownRoot(id, &layout); err != nil {
 		return nil, fmt.Errorf("composing the sandbox's root: %w", err)
 	}
-	full, err := SealedSpec(layout, shape.Policy)
+	full, err := OCISpec(layout, shape.Policy)
 	if err != nil {
 		return nil, err
 	}
@@ -113,7 +115,7 @@ func (r *SealedRuntime) Prepare(ctx context.Context, shape WarmShape, id string,
 	if err := os.Lchown(records, int(ids.First), int(ids.First)); err != nil {
 		return nil, fmt.Errorf("records directory: %w", err)
 	}
-	io, err := openInitIO(records)
+	io, err := containment.OpenInitIO(records)
 	if err != nil {
 		return nil, err
 	}
@@ -134,13 +136,13 @@ func (r *SealedRuntime) Prepare(ctx context.Context, shape WarmShape, id string,
 
 // Alive says whether the sandbox's init still waits for a session.
 func (sb *Sandbox) Alive() bool {
-	st, err := StartTime(sb.initPID)
+	st, err := containment.StartTime(sb.initPID)
 	return err == nil && st == sb.initStart
 }
 
 // Discard ends a sandbox no session claimed and frees what it holds but its network
 // namespace and records directory, which are the caller's.
-func (r *SealedRuntime) Discard(sb *Sandbox) error {
+func (r *Runtime) Discard(sb *Sandbox) error {
 	sb.io.Close()
 	_ = sb.container.Signal(syscall.SIGKILL)
 	if sb.proc != nil {
@@ -152,7 +154,7 @@ func (r *SealedRuntime) Discard(sb *Sandbox) error {
 // Fits says why a session with policy p (and a WASM runner when wasm) would not run in a
 // sandbox of the shape made by Prepare; nil when it would run exactly as in a container
 // made for it. The answer depends on the policies alone, and a host sees few: it is kept.
-func (r *SealedRuntime) Fits(shape WarmShape, p *manifest.Policy, wasm bool) error {
+func (r *Runtime) Fits(shape WarmShape, p *manifest.Policy, wasm bool) error {
 	key, err := json.Marshal(struct {
 		Shape WarmShape
 		P     *manifest.Policy
@@ -180,11 +182,11 @@ func (r *SealedRuntime) Fits(shape WarmShape, p *manifest.Policy, wasm bool) err
 // maxFitsKept bounds the policies Fits remembers: past it, it starts over.
 const maxFitsKept = 256
 
-func (r *SealedRuntime) fitsAfresh(shape WarmShape, p *manifest.Policy, wasm bool) error {
+func (r *Runtime) fitsAfresh(shape WarmShape, p *manifest.Policy, wasm bool) error {
 	layout := r.Layout(WarmPrefix+"x", "/w", "/c")
-	layout.IDs = IDs{First: 1, Size: 1}
+	layout.IDs = containment.IDs{First: 1, Size: 1}
 	layout.HostRead = shape.Policy.Filesystem.HostRead
-	want, err := SealedSpec(layout, shape.Policy)
+	want, err := OCISpec(layout, shape.Policy)
 	if err != nil {
 		return err
 	}
@@ -193,7 +195,7 @@ func (r *SealedRuntime) fitsAfresh(shape WarmShape, p *manifest.Policy, wasm boo
 		layout.Runner, layout.WasmModule = "/r", "/m"
 	}
 	layout.HostRead = p.Filesystem.HostRead
-	got, err := SealedSpec(layout, p)
+	got, err := OCISpec(layout, p)
 	if err != nil {
 		return err
 	}
@@ -345,7 +347,7 @@ func splitMounts(s *specs.Spec) (*specs.Spec, []specs.Mount) {
 // roost-init gets the session's command. The caller has renamed sb.Records to
 // spec.RecordsDir, moved the network namespace to spec.NetNS and given the session sb.IDs.
 // On an error the sandbox is gone, as Release(spec.SessionID) leaves it.
-func (r *SealedRuntime) StartWarm(ctx context.Context, sb *Sandbox, spec Spec) (_ Process, retErr error) {
+func (r *Runtime) StartWarm(ctx context.Context, sb *Sandbox, spec containment.Spec) (_ containment.Process, retErr error) {
 	defer sb.io.Close()
 	if spec.Policy == nil {
 		return nil, errors.New("sealed start without a policy")
@@ -376,7 +378,7 @@ func (r *SealedRuntime) StartWarm(ctx context.Context, sb *Sandbox, spec Spec) (
 	// From here the container is the session's: whatever fails, Release of the session
 	// finds and ends it.
 	cg := r.Cgroups()
-	if err := cg.note(id, cg.placeOf(sb.ID)); err != nil {
+	if err := cg.Note(id, cg.PlaceOf(sb.ID)); err != nil {
 		_ = r.Discard(sb)
 		return nil, err
 	}
@@ -384,7 +386,7 @@ func (r *SealedRuntime) StartWarm(ctx context.Context, sb *Sandbox, spec Spec) (
 		_ = r.Discard(sb)
 		return nil, fmt.Errorf("claiming sandbox %s: %w", sb.ID, err)
 	}
-	_ = cg.forget(sb.ID)
+	_ = cg.Forget(sb.ID)
 	defer func() {
 		if retErr != nil {
 			if sb.proc != nil {
@@ -422,10 +424,10 @@ func (r *SealedRuntime) StartWarm(ctx context.Context, sb *Sandbox, spec Spec) (
 	if err := r.attachMounts(sb, own, tmp); err != nil {
 		return nil, fmt.Errorf("mounting the session's trees into its sandbox: %w", err)
 	}
-	if err := sb.io.handSpec(initSpec(spec, sealedExecSpec(spec))); err != nil {
+	if err := sb.io.HandSpec(containment.InitSpec(spec, sealedExecSpec(spec))); err != nil {
 		return nil, fmt.Errorf("handing the spec to roost-init: %w", err)
 	}
-	rep, err := readReport(ctx, sb.io.reportR)
+	rep, err := sb.io.ReadReport(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -436,7 +438,7 @@ func (r *SealedRuntime) StartWarm(ctx context.Context, sb *Sandbox, spec Spec) (
 		if sb.proc != nil {
 			_, _ = sb.proc.Wait()
 		}
-		return nil, &StartError{Msg: rep.Error}
+		return nil, &containment.StartError{Msg: rep.Error}
 	}
 	return r.started(container, sb.proc, sb.initPID, spec.RecordsDir, rep.Ref)
 }
@@ -464,7 +466,7 @@ func mountAttrs(opts []string) (attrs uint64, recursive bool) {
 // libcontainer would have mounted them: each a detached copy of its source (taken here, on
 // the host) moved onto its place in the sandbox's mount namespace. Nothing in the sandbox
 // runs but roost-init, blocked on its spec, so no process inside can race the paths.
-func (r *SealedRuntime) attachMounts(sb *Sandbox, mounts []specs.Mount, tmp specs.Mount) error {
+func (r *Runtime) attachMounts(sb *Sandbox, mounts []specs.Mount, tmp specs.Mount) error {
 	trees := make([]*os.File, 0, len(mounts))
 	defer func() {
 		for _, t := range trees {
@@ -497,7 +499,7 @@ func (r *SealedRuntime) attachMounts(sb *Sandbox, mounts []specs.Mount, tmp spec
 	}
 	defer ns.Close()
 	// The namespace opened is the sandbox's only if its init is still the one started.
-	if st, err := StartTime(sb.initPID); err != nil || st != sb.initStart {
+	if st, err := containment.StartTime(sb.initPID); err != nil || st != sb.initStart {
 		return errors.New("the sandbox's init has ended")
 	}
 	done := make(chan error, 1)
@@ -513,7 +515,7 @@ func (r *SealedRuntime) attachMounts(sb *Sandbox, mounts []specs.Mount, tmp spec
 // moveInto runs on a thread of its own: it joins the mount namespace ns, gives /tmp the
 // session's size (tmp, its mount as the session's spec states it) and moves each tree onto
 // its mount's destination.
-func moveInto(ns *os.File, ids IDs, mounts []specs.Mount, trees []*os.File, tmp specs.Mount) error {
+func moveInto(ns *os.File, ids containment.IDs, mounts []specs.Mount, trees []*os.File, tmp specs.Mount) error {
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return fmt.Errorf("unshare CLONE_FS: %w", err)
 	}
@@ -540,7 +542,7 @@ func moveInto(ns *os.File, ids IDs, mounts []specs.Mount, trees []*os.File, tmp 
 		}
 	}
 	for i, m := range mounts {
-		if m.Destination == SealedTaskPath {
+		if m.Destination == TaskPath {
 			if err := makeFileMountPoint(m.Destination, ids); err != nil {
 				return fmt.Errorf("%s: %w", m.Destination, err)
 			}
@@ -563,7 +565,7 @@ func moveInto(ns *os.File, ids IDs, mounts []specs.Mount, trees []*os.File, tmp 
 
 // makeFileMountPoint makes an empty file (and its directories) to mount a file on, in a
 // tmpfs of the sandbox's: as the sandbox's root, the only owner its user namespace maps.
-func makeFileMountPoint(p string, ids IDs) error {
+func makeFileMountPoint(p string, ids containment.IDs) error {
 	if err := unix.Setfsgid(int(ids.First)); err != nil {
 		return err
 	}
@@ -585,10 +587,10 @@ func makeFileMountPoint(p string, ids IDs) error {
 }
 
 // config converts a sealed session's OCI spec to libcontainer's configuration.
-func (r *SealedRuntime) config(id string, s *specs.Spec) (*configs.Config, error) {
+func (r *Runtime) config(id string, s *specs.Spec) (*configs.Config, error) {
 	config, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{
 		CgroupName:       id,
-		UseSystemdCgroup: r.Cgroups().driver == CgroupDriverSystemd,
+		UseSystemdCgroup: r.Cgroups().Driver() == cgroups.DriverSystemd,
 		NoNewKeyring:     true,
 		Spec:             s,
 	})

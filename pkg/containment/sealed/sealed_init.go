@@ -1,4 +1,4 @@
-package containment
+package sealed
 
 import (
 	"os"

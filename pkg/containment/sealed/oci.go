@@ -1,4 +1,4 @@
-package containment
+package sealed
 
 import (
 	"fmt"
@@ -11,37 +11,36 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/cgroups"
+	"roost.dev/roost/pkg/containment/seccomp"
 	"roost.dev/roost/pkg/manifest"
 )
 
 // Where things sit inside a sealed root.
 const (
-	sealedWork     = "/work"
-	sealedCapsule  = "/capsule"
-	sealedInitDir  = "/.roost"
-	sealedInitPath = sealedInitDir + "/" + InitName
-	// SealedRunnerPath is roost's WASM runner in a sealed root, SealedWasmModule the
-	// session's compiled module: both bound read-only from the host when it runs one.
-	SealedRunnerPath = sealedInitDir + "/roost-wasm"
-	SealedWasmModule = sealedInitDir + "/module.cwasm"
-	// SealedTaskPath is where a sealed session finds the task text its parent gave it.
-	SealedTaskPath = "/run/roost/task.md"
-	// SealedHome is a sealed session's HOME: root's home, as its passwd says.
-	SealedHome = "/root"
-	// CgroupParent is where sessions' cgroups go when roostd's own cgroup is not delegated
-	// to it (see DefaultCgroupParent), /roost/<session> in every hierarchy, and where every
-	// scoped and sealed session's cgroup went before the parent was configurable: Release
-	// and Attach look there too.
-	CgroupParent = "/roost"
-	// devShmBytes bounds /dev/shm; it is memory, charged to the session's cgroup too.
-	devShmBytes = 64 << 20
+	// Work is the session's workdir, where its program starts; Capsule its capsule,
+	// read-only.
+	Work    = "/work"
+	Capsule = "/capsule"
+	// initDir holds roost-init and what roost's WASM runner needs, bound from the host.
+	initDir  = "/.roost"
+	initPath = initDir + "/" + containment.InitName
+	// RunnerPath is roost's WASM runner in a sealed root, WasmModule the session's
+	// compiled module: both bound read-only from the host when it runs one.
+	RunnerPath = initDir + "/roost-wasm"
+	WasmModule = initDir + "/module.cwasm"
+	// TaskPath is where a sealed session finds the task text its parent gave it.
+	TaskPath = "/run/roost/task.md"
+	// Home is a sealed session's HOME: root's home, as its passwd says.
+	Home = "/root"
 )
 
-// SealedLayout is where a sealed session's parts live on the host.
-type SealedLayout struct {
+// Layout is where a sealed session's parts live on the host.
+type Layout struct {
 	SessionID string
 	// CgroupsPath is the session's cgroup, as the OCI spec's cgroupsPath says it: a path
-	// (cgroupfs) or slice:prefix:name (systemd); "" is CgroupParent/<session>.
+	// (cgroupfs) or slice:prefix:name (systemd); "" is cgroups.FallbackParent/<session>.
 	CgroupsPath string
 	// Rootfs is the directory composed for the session (see composeRoot).
 	Rootfs     string
@@ -51,7 +50,7 @@ type SealedLayout struct {
 	Init string
 	// Sources maps a workdir-relative path (the scope, a read_only entry) to the host path
 	// mounted for it, checked to resolve beneath the workdir with no symlink on the way
-	// (see prepareWorkSources).
+	// (see PrepareWorkSources).
 	Sources map[string]string
 	// MergedUsr says /bin, /sbin, /lib and /lib64 are symlinks into /usr on this host.
 	MergedUsr bool
@@ -59,23 +58,23 @@ type SealedLayout struct {
 	EtcBinds []string
 	// NetNS is a pinned network namespace to join instead of making one.
 	NetNS string
-	// Task is the host path of a task text to mount at SealedTaskPath.
+	// Task is the host path of a task text to mount at TaskPath.
 	Task string
 	// IDs is the host range the session's user namespace maps 0..Size-1 onto.
-	IDs IDs
-	// Home is the session's home directory on the host, mounted at SealedHome.
+	IDs containment.IDs
+	// Home is the session's home directory on the host, mounted at Home.
 	Home string
 	// HostRead lists host trees bound read-only at the same paths (filesystem.host_read).
 	HostRead []string
 	// Runner and WasmModule, for a WASM session, are roost-wasm and the session's compiled
-	// module on the host, bound read-only at SealedRunnerPath and SealedWasmModule.
+	// module on the host, bound read-only at RunnerPath and WasmModule.
 	Runner, WasmModule string
 }
 
-// SealedSpec describes a sealed session as an OCI runtime spec: the one description of its
+// OCISpec describes a sealed session as an OCI runtime spec: the one description of its
 // root, namespaces, cgroup, capabilities and seccomp filter. roost converts it with runc's
 // specconv; `roostctl explain --oci` prints it as the config.json another runtime would run.
-func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
+func OCISpec(l Layout, p *manifest.Policy) (*specs.Spec, error) {
 	if l.IDs.Size == 0 || l.IDs.First == 0 {
 		return nil, fmt.Errorf("session %s has no uid range for its user namespace", l.SessionID)
 	}
@@ -90,7 +89,7 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "noexec", "strictatime", "mode=755", "size=65536k"}},
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
-		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", noexec, "nodev", "mode=1777", fmt.Sprintf("size=%d", devShmBytes)}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", noexec, "nodev", "mode=1777", fmt.Sprintf("size=%d", containment.DevShmBytes)}},
 		{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro", "nosuid", "nodev"}},
 	}
 	if !l.MergedUsr {
@@ -104,27 +103,27 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 		mounts = append(mounts, specs.Mount{Destination: e, Type: "bind", Source: e, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
 	}
 	mounts = append(mounts,
-		specs.Mount{Destination: sealedCapsule, Type: "bind", Source: l.CapsuleDir, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
-		specs.Mount{Destination: sealedInitPath, Type: "bind", Source: l.Init, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+		specs.Mount{Destination: Capsule, Type: "bind", Source: l.CapsuleDir, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
+		specs.Mount{Destination: initPath, Type: "bind", Source: l.Init, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 	)
 	for _, h := range l.HostRead {
 		mounts = append(mounts, specs.Mount{Destination: h, Type: "bind", Source: h, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
 	}
 	if l.Runner != "" {
 		mounts = append(mounts,
-			specs.Mount{Destination: SealedRunnerPath, Type: "bind", Source: l.Runner, Options: []string{"bind", "ro", "nosuid", "nodev"}},
-			specs.Mount{Destination: SealedWasmModule, Type: "bind", Source: l.WasmModule, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+			specs.Mount{Destination: RunnerPath, Type: "bind", Source: l.Runner, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+			specs.Mount{Destination: WasmModule, Type: "bind", Source: l.WasmModule, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
 	}
 	mounts = append(mounts, workMounts(l, p, noexec)...)
 	if l.Home != "" {
-		mounts = append(mounts, specs.Mount{Destination: SealedHome, Type: "bind", Source: l.Home, Options: []string{"bind", "rw", "nosuid", "nodev", noexec}})
+		mounts = append(mounts, specs.Mount{Destination: Home, Type: "bind", Source: l.Home, Options: []string{"bind", "rw", "nosuid", "nodev", noexec}})
 	}
 	// /run is a tmpfs so the mount point of the task file can be made in the read-only root;
 	// every session has it, with a task or without, so that a sandbox made before its
 	// session knows whether it will have one is the same sandbox.
 	mounts = append(mounts, specs.Mount{Destination: "/run", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "noexec", "mode=755", "size=1m"}})
 	if l.Task != "" {
-		mounts = append(mounts, specs.Mount{Destination: SealedTaskPath, Type: "bind", Source: l.Task, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+		mounts = append(mounts, specs.Mount{Destination: TaskPath, Type: "bind", Source: l.Task, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
 	}
 	mounts = append(mounts, specs.Mount{
 		Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
@@ -141,9 +140,9 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 			// roost-init is PID 1; it starts the program (see roostinit) in the same
 			// directory with the same rlimits, which the spec states so that it tells the
 			// program's truth.
-			Args:            []string{sealedInitPath, l.SessionID},
-			Env:             []string{"PATH=" + defaultPath},
-			Cwd:             sealedWork,
+			Args:            []string{initPath, l.SessionID},
+			Env:             []string{"PATH=" + containment.DefaultPath},
+			Cwd:             Work,
 			Rlimits:         ociRlimits(p),
 			Capabilities:    caps,
 			NoNewPrivileges: true,
@@ -165,19 +164,19 @@ func SealedSpec(l SealedLayout, p *manifest.Policy) (*specs.Spec, error) {
 			ReadonlyPaths: present(example.Linux.ReadonlyPaths),
 		},
 	}
-	seccomp, err := seccompProfile(spec, p.Network.UnixSockets)
+	filter, err := seccomp.Profile(spec, p.Network.UnixSockets)
 	if err != nil {
 		return nil, err
 	}
-	spec.Linux.Seccomp = seccomp
+	spec.Linux.Seccomp = filter
 	return spec, nil
 }
 
-func (l SealedLayout) cgroupsPath() string {
+func (l Layout) cgroupsPath() string {
 	if l.CgroupsPath != "" {
 		return l.CgroupsPath
 	}
-	return path.Join(CgroupParent, l.SessionID)
+	return path.Join(cgroups.FallbackParent, l.SessionID)
 }
 
 // moreMasked are what roost hides in /proc and /sys beyond runc's defaults: moby's
@@ -208,7 +207,7 @@ func present(paths []string) []string {
 // ociRlimits are the session's rlimits as the OCI spec names them.
 func ociRlimits(p *manifest.Policy) []specs.POSIXRlimit {
 	var out []specs.POSIXRlimit
-	for _, rl := range Rlimits(manifest.Sealed, p) {
+	for _, rl := range containment.Rlimits(manifest.Sealed, p) {
 		name, ok := rlimitNames[rl.Resource]
 		if !ok {
 			continue
@@ -230,28 +229,22 @@ var rlimitNames = map[int]string{
 	unix.RLIMIT_AS:     "RLIMIT_AS",
 }
 
-// ChildrenRoot is where, relative to a session's workdir, its children's workdirs are.
-const ChildrenRoot = ".roost"
-
-// defaultPath is the PATH roost-init is started with inside a sealed root.
-const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
 // workMounts mounts the workdir at /work so that the mounts themselves hold the filesystem
 // grants: the whole workdir writable, or (with a scope) read-only but for the scope; each
 // read_only subtree read-only on top. Without workdir_exec nothing under it executes.
-func workMounts(l SealedLayout, p *manifest.Policy, noexec string) []specs.Mount {
+func workMounts(l Layout, p *manifest.Policy, noexec string) []specs.Mount {
 	opts := func(rw string) []string { return []string{"bind", rw, "nosuid", "nodev", noexec} }
 	work := "rw"
 	if p.Filesystem.Scope != "" {
 		work = "ro"
 	}
-	mounts := []specs.Mount{{Destination: sealedWork, Type: "bind", Source: l.Workdir, Options: opts(work)}}
+	mounts := []specs.Mount{{Destination: Work, Type: "bind", Source: l.Workdir, Options: opts(work)}}
 	sub := func(rel, rw string) {
 		src, ok := l.Sources[rel]
 		if !ok {
 			src = filepath.Join(l.Workdir, rel)
 		}
-		mounts = append(mounts, specs.Mount{Destination: path.Join(sealedWork, rel), Type: "bind", Source: src, Options: opts(rw)})
+		mounts = append(mounts, specs.Mount{Destination: path.Join(Work, rel), Type: "bind", Source: src, Options: opts(rw)})
 	}
 	if p.Filesystem.Scope != "" {
 		sub(p.Filesystem.Scope, "rw")
@@ -263,7 +256,7 @@ func workMounts(l SealedLayout, p *manifest.Policy, noexec string) []specs.Mount
 	// roost makes and writes there (children's workdirs, completion.json), so the parent
 	// must not be able to swap anything in it for a link.
 	if len(p.Spawn.Allow) > 0 {
-		sub(ChildrenRoot, "ro")
+		sub(containment.ChildrenRoot, "ro")
 	}
 	return mounts
 }
@@ -274,15 +267,12 @@ func tmpBytes(p *manifest.Policy) int64 {
 	return min(p.Resources.WorkdirMaxBytes.Value, p.Resources.CgroupMemoryBytes.Value)
 }
 
-// cpuPeriod is the CFS period the cpu quota is expressed in (100 ms).
-const cpuPeriod = 100_000
-
 func resources(p *manifest.Policy) *specs.LinuxResources {
 	r := p.Resources
 	mem := r.CgroupMemoryBytes.Value
 	pids := r.CgroupPidsMax.Value
-	quota := r.CgroupCPUPercent.Value * cpuPeriod / 100
-	period := uint64(cpuPeriod)
+	quota := r.CgroupCPUPercent.Value * cgroups.CPUPeriod / 100
+	period := uint64(cgroups.CPUPeriod)
 	deny := []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}
 	return &specs.LinuxResources{
 		Devices: deny,

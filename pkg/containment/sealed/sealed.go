@@ -1,4 +1,4 @@
-package containment
+package sealed
 
 import (
 	"context"
@@ -19,19 +19,21 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"roost.dev/roost/pkg/artifact"
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/cgroups"
 	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/containment/sealer"
 	"roost.dev/roost/pkg/manifest"
 )
 
-// SealedRuntime runs sealed sessions: libcontainer builds each one's namespaces, cgroup,
-// seccomp filter and composed root from the OCI spec SealedSpec describes, and roost-init
+// Runtime runs sealed sessions: libcontainer builds each one's namespaces, cgroup,
+// seccomp filter and composed root from the OCI spec OCISpec describes, and roost-init
 // is its PID 1.
 //
 // Every sealed session shares one composed root (see prepareRoot): it holds only mount
 // points, symlinks and generated /etc files, identical for all sessions, and each session
 // mounts it read-only in its own mount namespace, so none can change it.
-type SealedRuntime struct {
+type Runtime struct {
 	// containers is libcontainer's state root; roots holds the composed roots (the shared
 	// one, and those Bundle makes).
 	containers string
@@ -42,9 +44,9 @@ type SealedRuntime struct {
 	merged   bool
 	etcBinds []string
 	// rehearsal is the id range rehearsals run as: one no session is ever given.
-	rehearsal IDs
+	rehearsal containment.IDs
 	// cg says where sessions' cgroups go; nil is the default configuration.
-	cg *Cgroups
+	cg *cgroups.Sessions
 	// sealer starts the containers when set; nil: this process does.
 	sealer *sealer.Client
 	// fits keeps Fits's verdicts by policy.
@@ -52,18 +54,18 @@ type SealedRuntime struct {
 	fits   map[string]error
 }
 
-// NewSealedRuntime keeps its state under stateDir and mounts init, a static roost-init
+// NewRuntime keeps its state under stateDir and mounts init, a static roost-init
 // binary, into each root. Rehearsals run as the ids of rehearsal. WithCgroups says where
 // sessions' cgroups go.
-func NewSealedRuntime(stateDir, init string, rehearsal IDs, opts ...Option) (*SealedRuntime, error) {
-	o := applyOptions(opts)
-	r := &SealedRuntime{
+func NewRuntime(stateDir, init string, rehearsal containment.IDs, opts ...containment.Option) (*Runtime, error) {
+	o := containment.ApplyOptions(opts)
+	r := &Runtime{
 		containers: filepath.Join(stateDir, "containers"),
 		roots:      filepath.Join(stateDir, "roots"),
 		init:       init,
 		rehearsal:  rehearsal,
-		cg:         o.cgroups,
-		sealer:     o.sealer,
+		cg:         o.Cgroups,
+		sealer:     o.Sealer,
 	}
 	if err := os.MkdirAll(r.containers, 0o700); err != nil {
 		return nil, err
@@ -88,7 +90,7 @@ func NewSealedRuntime(stateDir, init string, rehearsal IDs, opts ...Option) (*Se
 // mounts in that session's namespace), and removing or rewriting it would pull /usr and
 // /etc from under a program that outlived the daemon. A root the host's layout changed
 // gets a new name; an old one goes once no container uses it.
-func (r *SealedRuntime) prepareRoot() error {
+func (r *Runtime) prepareRoot() error {
 	tmp, err := os.MkdirTemp(r.roots, ".compose-")
 	if err != nil {
 		return err
@@ -113,7 +115,7 @@ func (r *SealedRuntime) prepareRoot() error {
 
 // collectRoots removes shared roots that are neither this daemon's nor mounted by a
 // container that still exists.
-func (r *SealedRuntime) collectRoots() error {
+func (r *Runtime) collectRoots() error {
 	inUse := map[string]bool{r.root: true}
 	held, err := r.Held()
 	if err != nil {
@@ -142,18 +144,18 @@ func (r *SealedRuntime) collectRoots() error {
 }
 
 // Cgroups is where the runtime puts its sessions' cgroups.
-func (r *SealedRuntime) Cgroups() *Cgroups {
+func (r *Runtime) Cgroups() *cgroups.Sessions {
 	if r.cg != nil {
 		return r.cg
 	}
-	return defaultCgroups()
+	return cgroups.Default()
 }
 
 // Layout is where the session's parts go; Explain shows it with placeholders.
-func (r *SealedRuntime) Layout(sessionID, workdir, capsuleDir string) SealedLayout {
-	return SealedLayout{
+func (r *Runtime) Layout(sessionID, workdir, capsuleDir string) Layout {
+	return Layout{
 		SessionID:   sessionID,
-		CgroupsPath: r.Cgroups().ociPath(sessionID),
+		CgroupsPath: r.Cgroups().OCIPath(sessionID),
 		Rootfs:      r.root,
 		Workdir:     workdir,
 		CapsuleDir:  capsuleDir,
@@ -164,20 +166,23 @@ func (r *SealedRuntime) Layout(sessionID, workdir, capsuleDir string) SealedLayo
 }
 
 type sealedProcess struct {
-	ref        ProcessRef
+	ref        containment.ProcessRef
 	recordsDir string
-	watch      *exitWatch
-	runtime    *SealedRuntime
+	watch      *containment.ExitWatch
+	runtime    *Runtime
 	container  *libcontainer.Container
 	// proc is set when this daemon started the container: it must reap its init.
 	proc *libcontainer.Process
 }
 
-var _ Process = (*sealedProcess)(nil)
+var (
+	_ containment.Runtime = (*Runtime)(nil)
+	_ containment.Process = (*sealedProcess)(nil)
+)
 
 // Start builds the session's root and container and returns once roost-init reports the
 // program running.
-func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr error) {
+func (r *Runtime) Start(ctx context.Context, spec containment.Spec) (_ containment.Process, retErr error) {
 	if spec.Policy == nil {
 		return nil, errors.New("sealed start without a policy")
 	}
@@ -205,7 +210,7 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	if err := os.Lchown(spec.RecordsDir, int(spec.IDs.First), int(spec.IDs.First)); err != nil {
 		return nil, fmt.Errorf("records directory: %w", err)
 	}
-	io, err := openInitIO(spec.RecordsDir)
+	io, err := containment.OpenInitIO(spec.RecordsDir)
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +220,7 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 	// rather than waiting for this process to hear the container is up. libcontainer has
 	// put the init in the session's cgroup before it runs roost-init, so no gate is lost.
 	handed := make(chan error, 1)
-	go func() { handed <- io.handSpec(initSpec(spec, sealedExecSpec(spec))) }()
+	go func() { handed <- io.HandSpec(containment.InitSpec(spec, sealedExecSpec(spec))) }()
 	container, proc, initPID, err := r.run(ctx, id, config, io)
 	if err != nil {
 		return nil, err
@@ -230,7 +235,7 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 		reap()
 		return nil, fmt.Errorf("handing the spec to roost-init: %w", err)
 	}
-	rep, err := readReport(ctx, io.reportR)
+	rep, err := io.ReadReport(ctx)
 	if err != nil {
 		_ = container.Signal(syscall.SIGKILL)
 		reap()
@@ -241,7 +246,7 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 		if rep.Error == "" {
 			rep.Error = "roost-init ended without starting the program"
 		}
-		return nil, &StartError{Msg: rep.Error}
+		return nil, &containment.StartError{Msg: rep.Error}
 	}
 	p, err := r.started(container, proc, initPID, spec.RecordsDir, rep.Ref)
 	if err != nil {
@@ -254,7 +259,7 @@ func (r *SealedRuntime) Start(ctx context.Context, spec Spec) (_ Process, retErr
 // sessionLayout is where the session's parts are, in the shared root.
 // ownRoot gives the container id a root composed for it when its layout reads host trees,
 // which need mount points the shared root has not (Release removes it).
-func (r *SealedRuntime) ownRoot(id string, layout *SealedLayout) error {
+func (r *Runtime) ownRoot(id string, layout *Layout) error {
 	if len(layout.HostRead) == 0 {
 		return nil
 	}
@@ -262,7 +267,7 @@ func (r *SealedRuntime) ownRoot(id string, layout *SealedLayout) error {
 	return composeRoot(layout.Rootfs, *layout)
 }
 
-func (r *SealedRuntime) sessionLayout(spec Spec) SealedLayout {
+func (r *Runtime) sessionLayout(spec containment.Spec) Layout {
 	layout := r.Layout(spec.SessionID, spec.Dir, spec.CapsuleDir)
 	layout.NetNS, layout.Task, layout.IDs, layout.Home = spec.NetNS, spec.Task, spec.IDs, spec.Home
 	layout.Runner, layout.WasmModule, layout.HostRead = spec.Runner, spec.WasmModule, spec.Policy.Filesystem.HostRead
@@ -270,33 +275,32 @@ func (r *SealedRuntime) sessionLayout(spec Spec) SealedLayout {
 }
 
 // sessionSpec is the session's OCI spec in layout, its workdir's subtrees checked to lie
-// beneath the workdir with no symlink on the way (see prepareWorkSources).
-func (r *SealedRuntime) sessionSpec(spec Spec, layout SealedLayout) (*specs.Spec, error) {
+// beneath the workdir with no symlink on the way (see PrepareWorkSources).
+func (r *Runtime) sessionSpec(spec containment.Spec, layout Layout) (*specs.Spec, error) {
 	ro := spec.Policy.Filesystem.ReadOnly
 	if len(spec.Policy.Spawn.Allow) > 0 {
-		ro = append(slices.Clone(ro), ChildrenRoot)
+		ro = append(slices.Clone(ro), containment.ChildrenRoot)
 	}
-	owner, err := spec.owner()
+	owner, err := spec.Owner()
 	if err != nil {
 		return nil, err
 	}
-	if layout.Sources, err = prepareWorkSources(spec.Dir, spec.Policy.Filesystem.Scope, ro, owner); err != nil {
-		return nil, &StartError{Msg: "workdir: " + err.Error()}
+	if layout.Sources, err = containment.PrepareWorkSources(spec.Dir, spec.Policy.Filesystem.Scope, ro, owner); err != nil {
+		return nil, &containment.StartError{Msg: "workdir: " + err.Error()}
 	}
-	return SealedSpec(layout, spec.Policy)
+	return OCISpec(layout, spec.Policy)
 }
 
 // started is the session's process once roost-init has reported the program running
 // (inner, in the session's pid namespace): proc is the init when this process started it.
-func (r *SealedRuntime) started(c *libcontainer.Container, proc *libcontainer.Process, initPID int, records string, inner *ProcessRef) (Process, error) {
+func (r *Runtime) started(c *libcontainer.Container, proc *libcontainer.Process, initPID int, records string, inner *containment.ProcessRef) (containment.Process, error) {
 	ref, err := startedRef(c, proc != nil, initPID, inner)
 	if err != nil {
 		return nil, err
 	}
-	w, err := watchExit(ref.InitPID, ref.InitStart)
-	if errors.Is(err, ErrGone) {
-		w, err = &exitWatch{done: make(chan struct{})}, nil
-		close(w.done)
+	w, err := containment.WatchExit(ref.InitPID, ref.InitStart)
+	if errors.Is(err, containment.ErrGone) {
+		w, err = containment.EndedWatch(), nil
 	}
 	if err != nil {
 		return nil, err
@@ -308,23 +312,23 @@ func (r *SealedRuntime) started(c *libcontainer.Container, proc *libcontainer.Pr
 // roost-sealer when the runtime has one, else from this process. proc is the init when this
 // process started it (and must reap it); nil when roost-sealer did, which reaps it itself.
 // extra follows the session id in roost-init's arguments.
-func (r *SealedRuntime) run(ctx context.Context, id string, config *configs.Config, io *initIO, extra ...string) (_ *libcontainer.Container, proc *libcontainer.Process, initPID int, err error) {
+func (r *Runtime) run(ctx context.Context, id string, config *configs.Config, io *containment.InitIO, extra ...string) (_ *libcontainer.Container, proc *libcontainer.Process, initPID int, err error) {
 	// Noted before libcontainer makes it: a crash before its state is written leaves a
 	// cgroup Release still finds.
 	cg := r.Cgroups()
-	place := cg.placeOf(id)
-	if err := place.check(id); err != nil {
+	place := cg.PlaceOf(id)
+	if err := place.Check(id); err != nil {
 		return nil, nil, 0, err
 	}
-	if err := cg.note(id, place); err != nil {
+	if err := cg.Note(id, place); err != nil {
 		return nil, nil, 0, err
 	}
-	initArgs, initEnv := append([]string{sealedInitPath, id}, extra...), []string{"PATH=" + defaultPath}
+	initArgs, initEnv := append([]string{initPath, id}, extra...), []string{"PATH=" + containment.DefaultPath}
 	var container *libcontainer.Container
 	if r.sealer != nil {
 		initPID, err = r.sealer.Run(ctx, sealer.Request{Root: r.containers, ID: id, Config: config,
-			Args: initArgs, Env: initEnv, Cwd: "/"}, io.childFiles())
-		io.started()
+			Args: initArgs, Env: initEnv, Cwd: "/"}, io.ChildFiles())
+		io.Started()
 		if err != nil {
 			return nil, nil, 0, err
 		}
@@ -336,9 +340,9 @@ func (r *SealedRuntime) run(ctx context.Context, id string, config *configs.Conf
 	if container, err = libcontainer.Create(r.containers, id, config); err != nil {
 		return nil, nil, 0, fmt.Errorf("creating the container: %w", err)
 	}
-	proc = &libcontainer.Process{Args: initArgs, Env: initEnv, Cwd: "/", ExtraFiles: io.childFiles(), Init: true}
+	proc = &libcontainer.Process{Args: initArgs, Env: initEnv, Cwd: "/", ExtraFiles: io.ChildFiles(), Init: true}
 	err = container.Run(proc)
-	io.started()
+	io.Started()
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("starting the container: %w", err)
 	}
@@ -352,8 +356,8 @@ func (r *SealedRuntime) run(ctx context.Context, id string, config *configs.Conf
 // program, and before every command roostctl exec runs there. Inside the root the program
 // runs at /work, its command from the sealed view. Landlock holds the exec allowlist: the
 // program, shell.allow, and their interpreters.
-func sealedExecSpec(spec Spec) roostinit.ExecSpec {
-	return roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: sealedWork, Rlimits: spec.Rlimits,
+func sealedExecSpec(spec containment.Spec) roostinit.ExecSpec {
+	return roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: Work, Rlimits: spec.Rlimits,
 		Landlock: sealedLandlock(spec), Report: spec.Runner != ""}
 }
 
@@ -361,11 +365,11 @@ func sealedExecSpec(spec Spec) roostinit.ExecSpec {
 // (/work, /tmp, /dev/shm, its home; /dev and /run hold roost's own mounts) never becomes an
 // exec rule, and is mounted noexec; with workdir_exec those trees execute whatever is in
 // them, and the rest of the root still only what the allowlist names.
-func sealedLandlock(spec Spec) *roostinit.Landlock {
-	l := &roostinit.Landlock{Exec: spec.exec(), ExecTrees: spec.ExecTrees, NoExec: []string{sealedWork, "/tmp", "/dev", "/run", SealedHome}}
+func sealedLandlock(spec containment.Spec) *roostinit.Landlock {
+	l := &roostinit.Landlock{Exec: spec.ExecAllowlist(), ExecTrees: spec.ExecTrees, NoExec: []string{Work, "/tmp", "/dev", "/run", Home}}
 	if spec.Policy.Filesystem.WorkdirExec {
 		l.NoExec = []string{"/dev", "/run"}
-		l.WritableExec = []string{sealedWork, "/tmp", "/dev/shm", SealedHome}
+		l.WritableExec = []string{Work, "/tmp", "/dev/shm", Home}
 	}
 	return l
 }
@@ -374,18 +378,18 @@ func sealedLandlock(spec Spec) *roostinit.Landlock {
 // is its unreaped child, so its pid names it even after it ended; one roost-sealer started
 // is reaped as soon as it ends, and only the start time libcontainer recorded for it tells
 // it from a process that took its pid since.
-func startedRef(c *libcontainer.Container, ours bool, initPID int, inner *ProcessRef) (ProcessRef, error) {
+func startedRef(c *libcontainer.Container, ours bool, initPID int, inner *containment.ProcessRef) (containment.ProcessRef, error) {
 	if ours {
 		return hostRef(initPID, inner)
 	}
 	st, err := c.State()
 	if err != nil {
-		return ProcessRef{}, fmt.Errorf("the container's state: %w", err)
+		return containment.ProcessRef{}, fmt.Errorf("the container's state: %w", err)
 	}
 	want := st.InitProcessStartTime
-	if got, err := StartTime(initPID); err != nil || got != want {
+	if got, err := containment.StartTime(initPID); err != nil || got != want {
 		// Already ended and reaped (a quick program): exit.json tells the rest.
-		return ProcessRef{InitPID: initPID, InitStart: want, StartedAt: inner.StartedAt}, nil
+		return containment.ProcessRef{InitPID: initPID, InitStart: want, StartedAt: inner.StartedAt}, nil
 	}
 	ref, err := hostRef(initPID, inner)
 	ref.InitStart = want
@@ -395,17 +399,17 @@ func startedRef(c *libcontainer.Container, ours bool, initPID int, inner *Proces
 // hostRef turns the pids roost-init saw in the session's pid namespace into the host's:
 // roost-init is the container's init; the program is its child whose innermost pid is the
 // one reported.
-func hostRef(initPID int, inner *ProcessRef) (ProcessRef, error) {
-	ref := ProcessRef{InitPID: initPID, StartedAt: inner.StartedAt}
+func hostRef(initPID int, inner *containment.ProcessRef) (containment.ProcessRef, error) {
+	ref := containment.ProcessRef{InitPID: initPID, StartedAt: inner.StartedAt}
 	var err error
-	if ref.InitStart, err = StartTime(initPID); err != nil {
+	if ref.InitStart, err = containment.StartTime(initPID); err != nil {
 		// roost-init has already ended (a quick program): it is our unreaped child, so its
 		// pid cannot have been reused, and the end is in exit.json.
 		return ref, nil
 	}
 	for _, child := range roostinit.ChildrenOf(initPID) {
 		if innermostPID(child) == inner.PID {
-			if start, err := StartTime(child); err == nil {
+			if start, err := containment.StartTime(child); err == nil {
 				ref.PID, ref.PIDStart = child, start
 			}
 			// Gone between the two reads: it ended, and exit.json tells the rest.
@@ -436,14 +440,14 @@ func innermostPID(pid int) int {
 }
 
 // Attach re-attaches to a sealed session from libcontainer's state.
-func (r *SealedRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (Process, error) {
+func (r *Runtime) Attach(sessionID, recordsDir string, ref *containment.ProcessRef) (containment.Process, error) {
 	container, err := libcontainer.Load(r.containers, sessionID)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrGone, err)
+		return nil, fmt.Errorf("%w: %v", containment.ErrGone, err)
 	}
 	state, err := container.State()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrGone, err)
+		return nil, fmt.Errorf("%w: %v", containment.ErrGone, err)
 	}
 	// A container a dying daemon created but never started waits for ever on its exec fifo:
 	// its program never ran, and Release destroys it. But libcontainer calls a container
@@ -452,10 +456,10 @@ func (r *SealedRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (P
 	// init.json says which.
 	status, err := container.Status()
 	if err != nil || status == libcontainer.Stopped {
-		return nil, fmt.Errorf("%w: the container has stopped", ErrGone)
+		return nil, fmt.Errorf("%w: the container has stopped", containment.ErrGone)
 	}
 	if status == libcontainer.Created && !released(recordsDir, state.InitProcessPid) {
-		return nil, fmt.Errorf("%w: the container was never started", ErrGone)
+		return nil, fmt.Errorf("%w: the container was never started", containment.ErrGone)
 	}
 	if ref == nil {
 		inner, err := awaitInner(recordsDir, state.InitProcessPid, state.InitProcessStartTime)
@@ -464,13 +468,13 @@ func (r *SealedRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (P
 		}
 		found, err := hostRef(state.InitProcessPid, inner)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrGone, err)
+			return nil, fmt.Errorf("%w: %v", containment.ErrGone, err)
 		}
 		// libcontainer recorded the init's start time when it started it: the one to trust.
 		found.InitStart = state.InitProcessStartTime
 		ref = &found
 	}
-	w, err := watchExit(ref.InitPID, ref.InitStart)
+	w, err := containment.WatchExit(ref.InitPID, ref.InitStart)
 	if err != nil {
 		return nil, err
 	}
@@ -480,23 +484,23 @@ func (r *SealedRuntime) Attach(sessionID, recordsDir string, ref *ProcessRef) (P
 // released says whether a container's init has gone past its exec fifo: it has become
 // roost-init (whose name the kernel keeps, cut to 15 bytes), or has even written init.json.
 func released(recordsDir string, initPID int) bool {
-	if _, err := ReadInit(recordsDir); err == nil {
+	if _, err := containment.ReadInit(recordsDir); err == nil {
 		return true
 	}
 	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", initPID))
-	name := InitName[:min(len(InitName), 15)]
+	name := containment.InitName[:min(len(containment.InitName), 15)]
 	return err == nil && strings.TrimSpace(string(comm)) == name
 }
 
 // awaitInner reads the init.json roost-init writes inside the session (its pids are the
 // session's own), giving it a moment while the container's init is still starting.
-func awaitInner(recordsDir string, initPID int, initStart uint64) (*ProcessRef, error) {
-	for deadline := time.Now().Add(initWait); ; time.Sleep(20 * time.Millisecond) {
-		if ref, err := ReadInit(recordsDir); err == nil {
+func awaitInner(recordsDir string, initPID int, initStart uint64) (*containment.ProcessRef, error) {
+	for deadline := time.Now().Add(containment.InitWait); ; time.Sleep(20 * time.Millisecond) {
+		if ref, err := containment.ReadInit(recordsDir); err == nil {
 			return &ref, nil
 		}
-		if st, err := StartTime(initPID); err != nil || st != initStart || time.Now().After(deadline) {
-			return nil, ErrGone
+		if st, err := containment.StartTime(initPID); err != nil || st != initStart || time.Now().After(deadline) {
+			return nil, containment.ErrGone
 		}
 	}
 }
@@ -506,8 +510,8 @@ func awaitInner(recordsDir string, initPID int, initStart uint64) (*ProcessRef, 
 // crash cut short (state without state.json, cgroups libcontainer cannot load), and finds
 // the cgroup wherever it is: where libcontainer's state says, where it was noted, under
 // the parent, under /roost.
-func (r *SealedRuntime) Release(sessionID string) error {
-	if err := checkSessionID(sessionID); err != nil {
+func (r *Runtime) Release(sessionID string) error {
+	if err := cgroups.CheckSessionID(sessionID); err != nil {
 		return err
 	}
 	var errs []error
@@ -522,7 +526,7 @@ func (r *SealedRuntime) Release(sessionID string) error {
 	} else if err := os.RemoveAll(filepath.Join(r.containers, sessionID)); err != nil {
 		errs = append(errs, err)
 	}
-	if err := r.Cgroups().remove(sessionID); err != nil {
+	if err := r.Cgroups().Remove(sessionID); err != nil {
 		errs = append(errs, err)
 	}
 	// A root Bundle composed for the session (the shared root stays).
@@ -547,14 +551,14 @@ func destroyLive(c *libcontainer.Container) error {
 
 // Held lists the sessions (and sandboxes) this runtime holds a container or a composed
 // root for: what Release frees.
-func (r *SealedRuntime) Held() ([]string, error) {
-	held, err := dirNames(r.containers)
+func (r *Runtime) Held() ([]string, error) {
+	held, err := containment.DirNames(r.containers)
 	if err != nil {
 		return nil, err
 	}
 	// A root composed for a session or sandbox (host_read) whose container was never
 	// made, the daemon killed in between.
-	roots, err := dirNames(r.roots)
+	roots, err := containment.DirNames(r.roots)
 	if err != nil {
 		return nil, err
 	}
@@ -566,27 +570,27 @@ func (r *SealedRuntime) Held() ([]string, error) {
 	return held, nil
 }
 
-func (p *sealedProcess) Ref() ProcessRef       { return p.ref }
-func (p *sealedProcess) Done() <-chan struct{} { return p.watch.done }
+func (p *sealedProcess) Ref() containment.ProcessRef { return p.ref }
+func (p *sealedProcess) Done() <-chan struct{}       { return p.watch.Done() }
 
 func (p *sealedProcess) Signal(sig syscall.Signal) error {
 	select {
-	case <-p.watch.done:
-		return ErrGone
+	case <-p.watch.Done():
+		return containment.ErrGone
 	default:
 	}
 	if p.ref.PID == 0 {
-		return ErrGone
+		return containment.ErrGone
 	}
-	return signalGroup(p.ref.PID, sig)
+	return roostinit.SignalGroup(p.ref.PID, sig)
 }
 
-func (p *sealedProcess) Exit() (ExitInfo, error) {
-	<-p.watch.done
+func (p *sealedProcess) Exit() (containment.ExitInfo, error) {
+	<-p.watch.Done()
 	if p.proc != nil {
 		_, _ = p.proc.Wait()
 	}
-	info, err := ReadExit(p.recordsDir)
+	info, err := containment.ReadExit(p.recordsDir)
 	// The OOM killer may have taken the program or one of its children (the program then
 	// ends on its own, often 137): either way the session died of memory.
 	if err == nil && info.StartError == "" && (info.Code != 0 || info.Signal != 0) && p.oomKilled() {
@@ -627,126 +631,41 @@ func oomKillsV1(c *libcontainer.Container) uint64 {
 	return 0
 }
 
-// ErrNoRuntime is why a daemon without a runtime for a class cannot run sessions of it.
-var ErrNoRuntime = errors.New("no runtime for the class")
-
-// starter is what rehearse needs of a runtime.
-type starter interface {
-	Start(ctx context.Context, spec Spec) (Process, error)
-	Release(sessionID string) error
-}
-
 // Rehearse runs /usr/bin/true as a throwaway sealed session: namespaces, cgroup, seccomp,
 // composed root and roost-init, exactly as a session gets them. What fails here would fail
 // a session, so the answer is the host's real ability, not a guess from versions.
-func (r *SealedRuntime) Rehearse(ctx context.Context) error {
+func (r *Runtime) Rehearse(ctx context.Context) error {
 	if r == nil {
-		return ErrNoRuntime
+		return containment.ErrNoRuntime
 	}
-	return rehearse(ctx, r, manifest.Sealed, r.roots, r.rehearsal)
-}
-
-// Rehearse runs /usr/bin/true as a throwaway scoped session: cgroup, Landlock, seccomp,
-// capabilities and no_new_privs, exactly as a session gets them.
-func (r *ScopedRuntime) Rehearse(ctx context.Context) error {
-	if r == nil {
-		return ErrNoRuntime
-	}
-	if abi := Probe().LandlockABI; abi < 1 {
-		return errors.New("the kernel offers no Landlock; boot a kernel with CONFIG_SECURITY_LANDLOCK=y and landlock in the lsm= list")
-	}
-	return rehearse(ctx, r, manifest.Scoped, r.tmp, r.rehearsal)
-}
-
-func rehearse(ctx context.Context, r starter, class manifest.Class, scratch string, ids IDs) error {
-	switch {
-	case os.Geteuid() != 0:
-		return errors.New("roostd does not run as root; run it as root (deploy/systemd/roostd.service)")
-	case !seccompBuilt:
-		return errors.New("roostd was built without seccomp support; build it with -tags seccomp and libseccomp-dev (make build does)")
-	}
-	dir, err := os.MkdirTemp(scratch, ".rehearsal-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	id := "rehearsal-" + filepath.Base(dir)[len(".rehearsal-"):]
-	spec := Spec{
-		SessionID:  id,
-		Class:      class,
-		Argv:       []string{"/usr/bin/true"},
-		Env:        []string{"PATH=" + defaultPath},
-		Dir:        filepath.Join(dir, "work"),
-		RecordsDir: filepath.Join(dir, "records"),
-		CapsuleDir: filepath.Join(dir, "capsule"),
-		Policy:     rehearsalPolicy(class),
-		IDs:        ids,
-	}
-	// As roostd prepares a session: the workdir is the session's ids', the capsule
-	// readable by them, the way there passable.
-	if err := os.Chmod(dir, 0o711); err != nil {
-		return err
-	}
-	for _, d := range []string{spec.Dir, spec.RecordsDir, spec.CapsuleDir} {
-		if err := os.Mkdir(d, 0o711); err != nil {
-			return err
-		}
-	}
-	if err := os.Chown(spec.Dir, int(ids.First), int(ids.First)); err != nil {
-		return err
-	}
-	defer r.Release(id)
-	p, err := r.Start(ctx, spec)
-	if err != nil {
-		return err
-	}
-	select {
-	case <-p.Done():
-	case <-ctx.Done():
-		_ = p.Signal(syscall.SIGKILL)
-		return ctx.Err()
-	}
-	info, err := p.Exit()
-	if err != nil {
-		return err
-	}
-	if info.Code != 0 {
-		return fmt.Errorf("/usr/bin/true exited %d in the rehearsal", info.Code)
-	}
-	return nil
-}
-
-func rehearsalPolicy(class manifest.Class) *manifest.Policy {
-	p := manifest.Lower(&manifest.Manifest{Name: "rehearsal", Version: "0.0.0", Run: manifest.Run{Command: []string{"/usr/bin/true"}}})
-	p.Containment = class
-	return &p
+	return containment.Rehearse(ctx, r, manifest.Sealed, r.roots, r.rehearsal)
 }
 
 // Describe returns the OCI runtime spec a sealed session with this policy would run under,
 // for a session id, workdir and capsule directory given (the mounts of workdir subtrees
 // name their paths, where a session mounts descriptors resolved beneath the workdir).
-func (r *SealedRuntime) Describe(sessionID, workdir, capsuleDir string, ids IDs, p *manifest.Policy) (*specs.Spec, error) {
+func (r *Runtime) Describe(sessionID, workdir, capsuleDir string, ids containment.IDs, p *manifest.Policy) (*specs.Spec, error) {
 	layout := r.Layout(sessionID, workdir, capsuleDir)
 	layout.IDs = ids
-	return SealedSpec(layout, p)
+	return OCISpec(layout, p)
 }
 
 // Bundle composes a root for sessionID exactly as Start would and returns the OCI spec
 // that runs in it: an OCI bundle another runtime can run, for comparing runtimes on the same
 // root (bench/). Release(sessionID) removes it.
-func (r *SealedRuntime) Bundle(sessionID, workdir, capsuleDir string, ids IDs, p *manifest.Policy) (*specs.Spec, error) {
+func (r *Runtime) Bundle(sessionID, workdir, capsuleDir string, ids containment.IDs, p *manifest.Policy) (*specs.Spec, error) {
 	layout := r.Layout(sessionID, workdir, capsuleDir)
 	layout.Rootfs = filepath.Join(r.roots, sessionID)
 	layout.IDs = ids
 	if err := composeRoot(layout.Rootfs, layout); err != nil {
 		return nil, err
 	}
-	return SealedSpec(layout, p)
+	return OCISpec(layout, p)
 }
 
 var (
-	_ Freezer = (*sealedProcess)(nil)
-	_ Meter   = (*sealedProcess)(nil)
+	_ containment.Freezer = (*sealedProcess)(nil)
+	_ containment.Meter   = (*sealedProcess)(nil)
 )
 
 // Pause freezes the session's cgroup.
@@ -756,22 +675,22 @@ func (p *sealedProcess) Pause() error { return p.container.Pause() }
 func (p *sealedProcess) Resume() error { return p.container.Resume() }
 
 // Usage reads the session's cgroup.
-func (p *sealedProcess) Usage() (Usage, error) {
+func (p *sealedProcess) Usage() (containment.Usage, error) {
 	stats, err := p.container.Stats()
 	if err != nil {
-		return Usage{}, err
+		return containment.Usage{}, err
 	}
 	if stats.CgroupStats == nil {
-		return Usage{}, errors.New("no cgroup statistics")
+		return containment.Usage{}, errors.New("no cgroup statistics")
 	}
 	c := stats.CgroupStats
-	u := Usage{
+	u := containment.Usage{
 		MemoryBytes:     int64(c.MemoryStats.Usage.Usage),
 		MemoryPeakBytes: int64(c.MemoryStats.Usage.MaxUsage),
 		CPUSeconds:      float64(c.CpuStats.CpuUsage.TotalUsage) / 1e9,
 		Pids:            int64(c.PidsStats.Current),
 	}
 	// The same read carried the ceilings: no second pass over the cgroup's files.
-	u.MemoryLimitBytes, u.PidsLimit = statsLimits(c)
+	u.MemoryLimitBytes, u.PidsLimit = cgroups.StatsLimits(c)
 	return u, nil
 }

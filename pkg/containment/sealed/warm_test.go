@@ -1,4 +1,4 @@
-package containment
+package sealed_test
 
 import (
 	"context"
@@ -10,6 +10,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/internal/cgtest"
+	"roost.dev/roost/pkg/containment/internal/testkit"
+	"roost.dev/roost/pkg/containment/sealed"
 )
 
 // inspectScript prints what a program can tell of its container: its mounts (mount point,
@@ -26,24 +31,10 @@ hostname
 pwd
 true`
 
-// prepare makes a sandbox of the shape, as roostd's pool does.
-func prepare(t *testing.T, rt *SealedRuntime, shape WarmShape, name string) *Sandbox {
-	t.Helper()
-	records := filepath.Join(reachableDir(t), "records")
-	if err := os.Mkdir(records, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	sb, err := rt.Prepare(context.Background(), shape, WarmPrefix+name, testIDs(), "", records)
-	if err != nil {
-		t.Fatalf("Prepare: %v", err)
-	}
-	return sb
-}
-
 // run starts s, cold (sb nil) or in sb, and returns its exit and stdout.
-func runIn(t *testing.T, rt *SealedRuntime, sb *Sandbox, s Spec) (ExitInfo, string) {
+func runIn(t *testing.T, rt *sealed.Runtime, sb *sealed.Sandbox, s containment.Spec) (containment.ExitInfo, string) {
 	t.Helper()
-	var p Process
+	var p containment.Process
 	var err error
 	if sb == nil {
 		p, err = rt.Start(context.Background(), s)
@@ -53,9 +44,9 @@ func runIn(t *testing.T, rt *SealedRuntime, sb *Sandbox, s Spec) (ExitInfo, stri
 	if err != nil {
 		t.Fatalf("start (warm %v): %v", sb != nil, err)
 	}
-	info := waitDone(t, p)
+	info := testkit.WaitDone(t, p)
 	t.Cleanup(func() { _ = rt.Release(s.SessionID) })
-	return info, readFile(t, filepath.Join(s.RecordsDir, "stdout.log"))
+	return info, testkit.ReadFile(t, filepath.Join(s.RecordsDir, "stdout.log"))
 }
 
 // idNumbers are what differs between two containers of the same shape: their host uid
@@ -66,9 +57,9 @@ var idNumbers = regexp.MustCompile(`\b(uid|gid|nr_inodes)=[0-9]+`)
 // sandbox made ahead, for several shapes of session, and finds no difference a program
 // can see: mounts and their options, ids, capabilities, seccomp, limits, trees.
 func TestWarmStartMatchesCold(t *testing.T) {
-	needRoot(t)
-	state := reachableDir(t)
-	rt, err := NewSealedRuntime(state, staticInit(t), testIDs(), testSealer(t))
+	testkit.NeedRoot(t)
+	state := testkit.ReachableDir(t)
+	rt, err := kit.NewSealedRuntime(state, kit.Init(t), kit.IDs(), kit.Sealer(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,30 +80,30 @@ func TestWarmStartMatchesCold(t *testing.T) {
 			"capabilities: {containment: sealed, filesystem: {workdir_exec: true, host_read: [/usr/share/common-licenses]}, resources: {max_open_files: 900000}}", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			shape := DefaultWarmShape()
+			shape := sealed.DefaultWarmShape()
 			if tc.shape != "" {
-				shape = WarmShape{Name: "capsule " + tc.name, Policy: sealedPolicy(t, tc.shape)}
+				shape = sealed.WarmShape{Name: "capsule " + tc.name, Policy: testkit.Policy(t, tc.shape)}
 				// The shape is the capsule's, not the default's.
-				if err := rt.Fits(DefaultWarmShape(), sealedPolicy(t, tc.caps), false); err == nil {
+				if err := rt.Fits(sealed.DefaultWarmShape(), testkit.Policy(t, tc.caps), false); err == nil {
 					t.Fatalf("a session of %s fits the default shape: the case tests nothing", tc.caps)
 				}
 			}
-			if err := rt.Fits(shape, sealedPolicy(t, tc.caps), false); err != nil {
+			if err := rt.Fits(shape, testkit.Policy(t, tc.caps), false); err != nil {
 				t.Fatalf("Fits: %v", err)
 			}
 			var outs, limits [2]string
 			for i, warm := range []bool{false, true} {
-				var sb *Sandbox
+				var sb *sealed.Sandbox
 				records := ""
-				ids := testIDs()
+				ids := kit.IDs()
 				if warm {
-					sb = prepare(t, rt, shape, tc.name)
+					sb = kit.Prepare(t, rt, shape, tc.name)
 					records, ids = sb.Records, sb.IDs
 				}
 				id := "ses_warm_" + tc.name + map[bool]string{false: "_cold", true: "_warm"}[warm]
-				s := sealedSpec(t, id, tc.caps, inspectScript)
-				claimSandbox(t, &s, ids, records)
-				s.Home = filepath.Join(reachableDir(t), "home")
+				s := kit.SealedSpec(t, id, tc.caps, inspectScript)
+				testkit.ClaimSandbox(t, &s, ids, records)
+				s.Home = filepath.Join(testkit.ReachableDir(t), "home")
 				if err := os.Mkdir(s.Home, 0o700); err != nil {
 					t.Fatal(err)
 				}
@@ -126,7 +117,7 @@ func TestWarmStartMatchesCold(t *testing.T) {
 					}
 				}
 				if len(s.Policy.Spawn.Allow) > 0 {
-					if err := os.Mkdir(filepath.Join(s.Dir, ChildrenRoot), 0o755); err != nil {
+					if err := os.Mkdir(filepath.Join(s.Dir, containment.ChildrenRoot), 0o755); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -141,10 +132,10 @@ func TestWarmStartMatchesCold(t *testing.T) {
 				if sb != nil {
 					place = sb.ID
 				}
-				limits[i] = cgroupFiles(rt.Cgroups().placeOf(place).Path)
+				limits[i] = cgroupFiles(rt.Cgroups().PlaceOf(place).Path)
 				// A root composed for a sandbox (host_read) went to its session, which
 				// Release removes.
-				if left, _ := filepath.Glob(filepath.Join(state, "roots", WarmPrefix+"*")); len(left) > 0 {
+				if left, _ := filepath.Glob(filepath.Join(state, "roots", sealed.WarmPrefix+"*")); len(left) > 0 {
 					t.Errorf("a sandbox's root is left after its claim: %v", left)
 				}
 			}
@@ -164,8 +155,8 @@ func TestWarmStartMatchesCold(t *testing.T) {
 // TestWarmRefusesOtherShapes: a session whose container a sandbox cannot be, because its
 // rlimits, /tmp or seccomp variant are fixed at creation, is told so, naming the field.
 func TestWarmRefusesOtherShapes(t *testing.T) {
-	needRoot(t)
-	rt, err := NewSealedRuntime(reachableDir(t), staticInit(t), testIDs())
+	testkit.NeedRoot(t)
+	rt, err := kit.NewSealedRuntime(testkit.ReachableDir(t), kit.Init(t), kit.IDs())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,8 +166,8 @@ func TestWarmRefusesOtherShapes(t *testing.T) {
 		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {workdir_exec: true}}":      "mounts",
 		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {host_read: [/usr/share]}}": "mounts",
 	} {
-		err := rt.Fits(DefaultWarmShape(), sealedPolicy(t, caps), false)
-		var nw *NotWarmError
+		err := rt.Fits(sealed.DefaultWarmShape(), testkit.Policy(t, caps), false)
+		var nw *sealed.NotWarmError
 		if !errors.As(err, &nw) || !strings.HasPrefix(nw.Field, field) || !strings.Contains(err.Error(), "made with a default capsule's") {
 			t.Errorf("%s: Fits = %v, want a difference at %s", caps, err, field)
 		}
@@ -185,14 +176,14 @@ func TestWarmRefusesOtherShapes(t *testing.T) {
 		"capabilities: {containment: sealed, resources: {cgroup_cpu_percent: 50, cgroup_pids_max: 77, cgroup_memory_bytes: 268435456}}",
 		"capabilities: {containment: sealed, resources: {max_open_files: 77, max_processes: 10, cpu_seconds: 5}}",
 	} {
-		if err := rt.Fits(DefaultWarmShape(), sealedPolicy(t, caps), false); err != nil {
+		if err := rt.Fits(sealed.DefaultWarmShape(), testkit.Policy(t, caps), false); err != nil {
 			t.Errorf("%s: limits a claim sets (cgroup) or roost-exec lowers (rlimits), yet Fits = %v", caps, err)
 		}
 	}
 	// A capsule's own shape refuses what differs from it, the default capsule included.
-	unix := WarmShape{Name: "capsule sockets@1.0.0", Policy: sealedPolicy(t, "capabilities: {containment: sealed, network: {unix_sockets: true}}")}
-	err = rt.Fits(unix, sealedPolicy(t, "capabilities: {containment: sealed}"), false)
-	var nw *NotWarmError
+	unix := sealed.WarmShape{Name: "capsule sockets@1.0.0", Policy: testkit.Policy(t, "capabilities: {containment: sealed, network: {unix_sockets: true}}")}
+	err = rt.Fits(unix, testkit.Policy(t, "capabilities: {containment: sealed}"), false)
+	var nw *sealed.NotWarmError
 	if !errors.As(err, &nw) || !strings.HasPrefix(nw.Field, "linux.seccomp") || !strings.Contains(err.Error(), "made with capsule sockets@1.0.0's seccomp filter") {
 		t.Errorf("a default capsule in a unix_sockets shape: Fits = %v, want the seccomp filter named", err)
 	}
@@ -201,8 +192,8 @@ func TestWarmRefusesOtherShapes(t *testing.T) {
 // TestWarmNoCarryOver: a session writes into every place it can write; a session in the
 // next sandbox sees none of it. Sandboxes serve one session each.
 func TestWarmNoCarryOver(t *testing.T) {
-	needRoot(t)
-	rt, err := NewSealedRuntime(reachableDir(t), staticInit(t), testIDs(), testSealer(t))
+	testkit.NeedRoot(t)
+	rt, err := kit.NewSealedRuntime(testkit.ReachableDir(t), kit.Init(t), kit.IDs(), kit.Sealer(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,10 +204,10 @@ echo marker > /proc/self/comm; ipcmk -M 4096 >/dev/null 2>&1 && echo "wrote shm 
 ipcs -m | grep -c '^0x' ; true`
 	var outs []string
 	for i, script := range []string{write, look} {
-		sb := prepare(t, rt, DefaultWarmShape(), "carry"+string(rune('a'+i)))
-		s := sealedSpec(t, "ses_carry"+string(rune('a'+i)), caps, script)
-		claimSandbox(t, &s, sb.IDs, sb.Records)
-		s.Home = filepath.Join(reachableDir(t), "home")
+		sb := kit.Prepare(t, rt, sealed.DefaultWarmShape(), "carry"+string(rune('a'+i)))
+		s := kit.SealedSpec(t, "ses_carry"+string(rune('a'+i)), caps, script)
+		testkit.ClaimSandbox(t, &s, sb.IDs, sb.Records)
+		s.Home = filepath.Join(testkit.ReachableDir(t), "home")
 		if err := os.Mkdir(s.Home, 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -238,21 +229,21 @@ ipcs -m | grep -c '^0x' ; true`
 // never made (roostd killed in between) is held, so that the leftover sweep frees it; the
 // shared base root is not.
 func TestHeldCountsComposedRoots(t *testing.T) {
-	needRoot(t)
-	state := reachableDir(t)
-	rt, err := NewSealedRuntime(state, staticInit(t), testIDs())
+	testkit.NeedRoot(t)
+	state := testkit.ReachableDir(t)
+	rt, err := kit.NewSealedRuntime(state, kit.Init(t), kit.IDs())
 	if err != nil {
 		t.Fatal(err)
 	}
-	orphan := filepath.Join(state, "roots", WarmPrefix+"orphan")
+	orphan := filepath.Join(state, "roots", sealed.WarmPrefix+"orphan")
 	if err := os.MkdirAll(filepath.Join(orphan, "usr"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	held, err := rt.Held()
-	if err != nil || !slices.Contains(held, WarmPrefix+"orphan") || slices.ContainsFunc(held, func(h string) bool { return strings.HasPrefix(h, "base-") }) {
+	if err != nil || !slices.Contains(held, sealed.WarmPrefix+"orphan") || slices.ContainsFunc(held, func(h string) bool { return strings.HasPrefix(h, "base-") }) {
 		t.Fatalf("Held = %v, %v; want the orphaned root and no base", held, err)
 	}
-	if err := rt.Release(WarmPrefix + "orphan"); err != nil {
+	if err := rt.Release(sealed.WarmPrefix + "orphan"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(orphan); !os.IsNotExist(err) {
@@ -263,7 +254,7 @@ func TestHeldCountsComposedRoots(t *testing.T) {
 // cgroupFiles reads the limits a session's cgroup at place has, in every hierarchy.
 func cgroupFiles(place string) string {
 	var b strings.Builder
-	for _, mnt := range hierarchies() {
+	for _, mnt := range cgtest.Hierarchies() {
 		for _, f := range []string{"pids.max", "memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "cpu.cfs_quota_us", "cpu.cfs_period_us", "memory.max", "memory.swap.max", "cpu.max"} {
 			if data, err := os.ReadFile(filepath.Join(mnt, place, f)); err == nil {
 				fmt.Fprintf(&b, "%s/%s %s", filepath.Base(mnt), f, data)

@@ -1,4 +1,4 @@
-package containment
+package sealed
 
 import (
 	"errors"
@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"roost.dev/roost/pkg/workdir"
+	"roost.dev/roost/pkg/containment"
 )
 
 // usrLinks are the top-level directories a merged-/usr host keeps as symlinks into /usr.
@@ -42,9 +42,9 @@ func hostShape() (merged bool, etcBinds []string) {
 }
 
 // composeRoot lays out a sealed session's root in dir: the /usr symlinks (or mount points
-// for them), a generated /etc, and a mount point for everything SealedSpec mounts. The root
+// for them), a generated /etc, and a mount point for everything OCISpec mounts. The root
 // is mounted read-only, so everything here is fixed for the session's life.
-func composeRoot(dir string, l SealedLayout) error {
+func composeRoot(dir string, l Layout) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -76,7 +76,7 @@ func composeRoot(dir string, l SealedLayout) error {
 		}
 	}
 	// The bind targets for roost-init, the WASM runner and a compiled module are files.
-	for _, name := range []string{InitName, filepath.Base(SealedRunnerPath), filepath.Base(SealedWasmModule)} {
+	for _, name := range []string{containment.InitName, filepath.Base(RunnerPath), filepath.Base(WasmModule)} {
 		if err := os.WriteFile(filepath.Join(dir, ".roost", name), nil, 0o555); err != nil {
 			return err
 		}
@@ -151,32 +151,4 @@ func copyFile(src, dst string) error {
 		return err
 	}
 	return out.Close()
-}
-
-// prepareWorkSources makes the scope and read_only directories (missing ones are created,
-// beneath the workdir and without following links, owned by owner: the session's), checks each resolves beneath the
-// workdir with no symlink on its path, and returns the host path to mount for each.
-//
-// The mount itself happens in the session's new mount namespace, where a descriptor opened
-// here cannot be bind-mounted, so the checked path is passed on. What remains is a race with
-// something changing the workdir between this check and the mount: the session's own program
-// is not running yet, so only another session given the same --workdir could.
-func prepareWorkSources(workdirPath string, scope string, readOnly []string, owner *workdir.Owner) (map[string]string, error) {
-	sources := map[string]string{}
-	rels := readOnly
-	if scope != "" {
-		rels = append([]string{scope}, readOnly...)
-	}
-	for _, rel := range rels {
-		if err := workdir.MkdirAll(workdirPath, rel, 0o755, owner); err != nil {
-			return nil, err
-		}
-		f, err := workdir.OpenDir(workdirPath, rel, true)
-		if err != nil {
-			return nil, err
-		}
-		f.Close()
-		sources[rel] = filepath.Join(workdirPath, filepath.Clean(rel))
-	}
-	return sources, nil
 }

@@ -1,24 +1,24 @@
-package containment
+package seccomp
 
 import (
 	"runtime"
 	"slices"
 	"sort"
 
-	"github.com/moby/profiles/seccomp"
+	mobyseccomp "github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
 
-// seccompProfile is moby's default profile for the spec's capability set, plus roost's own
+// Profile is moby's default profile for the spec's capability set, plus roost's own
 // rule: without network.unix_sockets, socket(AF_UNIX, ...) fails with EACCES, and so does
 // every AF_UNIX socketpair but a stream or seqpacket one (see unixPairs).
 //
 // A syscall restricted by argument must not also be allowed outright (an unconditional
 // allow wins), so the AF_UNIX rule first takes socket, socketpair and socketcall out of the
 // profile's unconditional and domain-range rules, then puts back exactly what stays allowed.
-func seccompProfile(spec *specs.Spec, unixSockets bool) (*specs.LinuxSeccomp, error) {
-	profile, err := seccomp.GetDefaultProfile(spec)
+func Profile(spec *specs.Spec, unixSockets bool) (*specs.LinuxSeccomp, error) {
+	profile, err := mobyseccomp.GetDefaultProfile(spec)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,6 @@
 //go:build seccomp
 
-package containment
+package seccomp
 
 import (
 	"fmt"
@@ -13,11 +13,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// compileSeccomp turns an OCI seccomp profile into the BPF program roost-exec installs for a
+// Compile turns an OCI seccomp profile into the BPF program roost-exec installs for a
 // scoped session: roost-exec is small and static, so the compiling (libseccomp) happens here.
 // It follows runc's conversion: repeated comparisons of one argument become separate rules,
 // rules with the default action are dropped, unknown syscalls are skipped.
-func compileSeccomp(p *specs.LinuxSeccomp) ([]byte, error) {
+func Compile(p *specs.LinuxSeccomp) ([]byte, error) {
 	defAct, err := seccompAction(p.DefaultAction, p.DefaultErrnoRet)
 	if err != nil {
 		return nil, err
