@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -140,18 +139,6 @@ func TestLogsFollowRotation(t *testing.T) {
 	if got := drainStream(t, s); got != "" {
 		t.Fatalf("caught up, yet %q", got)
 	}
-}
-
-// A session past its log_max_bytes: logs shows the head, the cut and the newest lines, the
-// API counts what was written and dropped, and the cut is reported once however often it is
-// checked.
-func seqText(n int) string {
-	var b strings.Builder
-	for i := 1; i <= n; i++ {
-		b.WriteString(strconv.Itoa(i))
-		b.WriteByte('\n')
-	}
-	return b.String()
 }
 
 // index encodes a time index: pairs of offset and time (unix milliseconds, for short
