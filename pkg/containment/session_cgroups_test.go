@@ -20,6 +20,8 @@ import (
 	"roost.dev/roost/pkg/containment/cgroups"
 	"roost.dev/roost/pkg/containment/internal/cgtest"
 	"roost.dev/roost/pkg/containment/internal/testkit"
+	"roost.dev/roost/pkg/containment/scoped"
+	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -89,16 +91,7 @@ for f in ` + strings.Join(targets, " ") + `; do try $f move $f; done
 // every hierarchy; roost-init is in it too; Release removes them everywhere.
 func TestCgroupsScopedAndSealedUnderTheParent(t *testing.T) {
 	testkit.NeedRoot(t)
-	state := testkit.ReachableDir(t)
-	c := kit.TestCgroups(t, state)
-	scoped, err := kit.NewScopedRuntime(state, kit.Init(t), kit.IDs(), containment.WithCgroups(c))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sealed, err := kit.NewSealedRuntime(state, kit.Init(t), kit.IDs(), containment.WithCgroups(c))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, scoped, sealed := kernelRuntimes(t)
 	for _, tc := range []struct {
 		class manifest.Class
 		rt    interface {
@@ -312,16 +305,7 @@ func TestCgroupsAtTheOldLocation(t *testing.T) {
 // declared; an advisory session's cgroup holds none, and says 0.
 func TestUsageLimits(t *testing.T) {
 	testkit.NeedRoot(t)
-	state := testkit.ReachableDir(t)
-	c := kit.TestCgroups(t, state)
-	scoped, err := kit.NewScopedRuntime(state, kit.Init(t), kit.IDs(), containment.WithCgroups(c))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sealed, err := kit.NewSealedRuntime(state, kit.Init(t), kit.IDs(), containment.WithCgroups(c))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, scoped, sealed := kernelRuntimes(t)
 	advisory := kit.NewProcessRuntime(containment.SelfInit, containment.WithCgroups(c))
 	const mem = 96 << 20
 	for _, tc := range []struct {
@@ -361,4 +345,20 @@ func TestUsageLimits(t *testing.T) {
 			testkit.KillAndWait(t, p)
 		})
 	}
+}
+
+// kernelRuntimes are a scoped and a sealed runtime whose sessions' cgroups go under one test
+// parent, c.
+func kernelRuntimes(t *testing.T) (c *cgroups.Sessions, scoped *scoped.Runtime, sealed *sealed.Runtime) {
+	t.Helper()
+	state := testkit.ReachableDir(t)
+	c = kit.TestCgroups(t, state)
+	var err error
+	if scoped, err = kit.NewScopedRuntime(state, kit.Init(t), kit.IDs(), containment.WithCgroups(c)); err != nil {
+		t.Fatal(err)
+	}
+	if sealed, err = kit.NewSealedRuntime(state, kit.Init(t), kit.IDs(), containment.WithCgroups(c)); err != nil {
+		t.Fatal(err)
+	}
+	return c, scoped, sealed
 }
