@@ -2,22 +2,22 @@ package containment_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"roost.dev/roost/internal/testenv"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/cgroups"
 )
 
 func TestMapUserNS(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mapping another range of host ids needs root")
-	}
+	testenv.NeedRoot(t, "mapping another range of host ids")
 	if containment.Probe().UserNamespaces == 0 {
-		t.Skip("user namespaces are off (user.max_user_namespaces = 0)")
+		testenv.Need(t, "user namespaces", errors.New("user.max_user_namespaces = 0"))
 	}
 	ctx := context.Background()
 	if err := containment.MapUserNS(ctx, containment.IDs{First: 0x70000000, Size: 65536}); err != nil {

@@ -1,6 +1,7 @@
 package containment_test
 
 import (
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"roost.dev/roost/internal/testenv"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/internal/testkit"
 )
@@ -98,12 +100,10 @@ func TestSocketpairWithoutUnixSockets(t *testing.T) {
 
 func TestSocketpairNodeChildProcess(t *testing.T) {
 	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node is not on PATH")
-	}
+	testenv.Need(t, "node", err)
 	// A sealed root holds only /usr.
 	if dir := filepath.Dir(node); dir != "/usr/bin" && dir != "/usr/local/bin" {
-		t.Skipf("node is at %s, not under /usr/bin or /usr/local/bin", node)
+		testenv.Need(t, "node under /usr/bin or /usr/local/bin", fmt.Errorf("node is at %s", node))
 	}
 	script := node + ` -e 'require("child_process").execSync("/bin/true"); console.log("child_process: works")'`
 	for _, c := range socketpairClasses {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"roost.dev/roost/internal/testenv"
 	"roost.dev/roost/pkg/session/retention"
 	"roost.dev/roost/pkg/session/store"
 
@@ -411,13 +412,9 @@ func TestRetainAfterEnds(t *testing.T) {
 // can pass, and unmounts it when the test is done.
 func mountTmpfs(t *testing.T, size string) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a tmpfs needs root")
-	}
+	testenv.NeedRoot(t, "mounting a tmpfs")
 	dir := stateDir(t)
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size+",mode=0711"); err != nil {
-		t.Skipf("mounting a tmpfs: %v", err)
-	}
+	testenv.Need(t, "a tmpfs mount", syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size+",mode=0711"))
 	t.Cleanup(func() {
 		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
 			t.Errorf("unmounting %s: %v", dir, err)

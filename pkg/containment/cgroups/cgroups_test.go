@@ -15,6 +15,7 @@ import (
 	ocgroups "github.com/opencontainers/cgroups"
 	"golang.org/x/sys/unix"
 
+	"roost.dev/roost/internal/testenv"
 	"roost.dev/roost/pkg/containment/internal/cgtest"
 )
 
@@ -167,7 +168,7 @@ func unifiedTestCgroup(t *testing.T, name string) (mnt, cg string) {
 	cgtest.RequireRoot(t)
 	mnt = unifiedMountpoint()
 	if mnt == "" {
-		t.Skip("no unified hierarchy")
+		testenv.Need(t, "a unified cgroup hierarchy", errors.New("none is mounted"))
 	}
 	cg = fmt.Sprintf("/roost-test-%d-%s-%d", os.Getpid(), name, lastTestParent.Add(1))
 	if err := os.Mkdir(filepath.Join(mnt, cg), 0o755); err != nil {
@@ -185,7 +186,7 @@ func TestCgroupsDelegationMark(t *testing.T) {
 		t.Fatalf("an unmarked cgroup counts as delegated: %s", how)
 	}
 	if err := unix.Setxattr(dir, "trusted.delegate", []byte("1"), 0); err != nil {
-		t.Skipf("setting trusted.delegate: %v", err)
+		testenv.Need(t, "the trusted.delegate xattr on cgroupfs", err)
 	}
 	if ok, how := delegated(dir); !ok || how != "trusted.delegate=1" {
 		t.Fatalf("delegated %v %q", ok, how)

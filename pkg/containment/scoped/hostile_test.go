@@ -2,6 +2,7 @@ package scoped_test
 
 import (
 	"debug/elf"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -9,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 
+	"roost.dev/roost/internal/testenv"
 	"roost.dev/roost/pkg/containment/internal/testkit"
 )
 
@@ -32,7 +34,7 @@ func loader(t *testing.T) string {
 			return strings.TrimRight(string(data), "\x00")
 		}
 	}
-	t.Skip("/usr/bin/true is statically linked")
+	testenv.Need(t, "a dynamically linked /usr/bin/true", errors.New("it has no PT_INTERP"))
 	return ""
 }
 

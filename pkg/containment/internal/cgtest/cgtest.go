@@ -16,14 +16,13 @@ import (
 	"time"
 
 	"github.com/opencontainers/cgroups"
+	"roost.dev/roost/internal/testenv"
 )
 
-// RequireRoot skips a test that makes cgroups unless it runs as root.
+// RequireRoot stops a test that makes cgroups unless it runs as root (a failure on CI).
 func RequireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("making cgroups needs root")
-	}
+	testenv.NeedRoot(t, "making cgroups")
 }
 
 // Hierarchies lists the mount point of every cgroup hierarchy mounted here: each v1

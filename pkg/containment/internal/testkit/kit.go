@@ -6,6 +6,7 @@
 package testkit
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"roost.dev/roost/internal/testenv"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/cgroups"
 	"roost.dev/roost/pkg/containment/internal/cgtest"
@@ -165,14 +167,13 @@ func (k *Kit) Sealer(t *testing.T) containment.Option {
 	return containment.WithSealer(k.sealerClient)
 }
 
-// NeedRoot skips a test of sessions with a kernel sandbox unless it can run them.
+// NeedRoot stops a test of sessions with a kernel sandbox unless it can run them (a failure
+// on CI).
 func NeedRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("sealed sessions need root")
-	}
+	testenv.NeedRoot(t, "sessions with a kernel sandbox")
 	if !seccomp.Built {
-		t.Skip("built without the seccomp tag: run with -tags seccomp (make test does)")
+		testenv.Need(t, "the seccomp build tag", errors.New("built without it: run with -tags seccomp (make test does)"))
 	}
 }
 
