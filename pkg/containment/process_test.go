@@ -20,13 +20,8 @@ import (
 // default block and from the other containment packages' tests.
 var kit = &testkit.Kit{FirstID: 0x60000000}
 
-// The test binary plays roost-init and roost-exec, as roostd's binary does.
-func TestMain(m *testing.M) {
-	if containment.RunHelper(os.Args) {
-		return
-	}
-	os.Exit(kit.Main(m))
-}
+// The test binary plays roost-init and roost-exec (kit.Main), as roostd's binary does.
+func TestMain(m *testing.M) { os.Exit(kit.Main(m)) }
 
 func TestProcessRecordsExitAndOutput(t *testing.T) {
 	s := kit.Spec(t, "/bin/sh", "-c", `echo out; echo err >&2; pwd; exit 3`)

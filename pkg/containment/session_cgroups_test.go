@@ -16,9 +16,9 @@ import (
 	ocgroups "github.com/opencontainers/cgroups"
 	cgroupsmanager "github.com/opencontainers/cgroups/manager"
 
+	"roost.dev/roost/internal/cgtest"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/cgroups"
-	"roost.dev/roost/pkg/containment/internal/cgtest"
 	"roost.dev/roost/pkg/containment/internal/testkit"
 	"roost.dev/roost/pkg/containment/scoped"
 	"roost.dev/roost/pkg/containment/sealed"
@@ -100,20 +100,8 @@ func TestCgroupsScopedAndSealedUnderTheParent(t *testing.T) {
 		}
 	}{{manifest.Scoped, scoped}, {manifest.Sealed, sealed}} {
 		t.Run(tc.class.String(), func(t *testing.T) {
-			s := kit.Spec(t, "/bin/sh", "-c", "echo ready; sleep 30")
-			s.SessionID = "ses_under_" + tc.class.String()
-			s.Class = tc.class
-			s.Policy = testkit.Policy(t, "capabilities: {containment: "+tc.class.String()+", shell: {allow: [sleep]}, resources: {cgroup_pids_max: 77}}")
-			s.CapsuleDir = t.TempDir()
-			if tc.class == manifest.Sealed {
-				s.Env = []string{"PATH=/usr/bin:/bin", "HOME=/work"}
-			}
-			p, err := tc.rt.Start(context.Background(), s)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = p.Signal(syscall.SIGKILL) })
-			testkit.WaitOutput(t, s, "ready")
+			s := readySpec(t, "ses_under_"+tc.class.String(), tc.class, "resources: {cgroup_pids_max: 77}")
+			p := startReady(t, tc.rt, s)
 			cg := path.Join(c.Parent(), s.SessionID)
 			cgtest.ExpectDirs(t, cg, true)
 			ref := p.Ref()
@@ -255,22 +243,10 @@ func TestCgroupsAtTheOldLocation(t *testing.T) {
 				}
 				return r
 			}
-			s := kit.Spec(t, "/bin/sh", "-c", "echo ready; sleep 30")
-			s.SessionID = "ses_old_" + class.String() + "_" + suffix
-			s.Class = class
-			s.Policy = testkit.Policy(t, "capabilities: {containment: "+class.String()+", shell: {allow: [sleep]}}")
-			s.CapsuleDir = t.TempDir()
-			if class == manifest.Sealed {
-				s.Env = []string{"PATH=/usr/bin:/bin", "HOME=/work"}
-			}
+			s := readySpec(t, "ses_old_"+class.String()+"_"+suffix, class, "")
 			cg := path.Join(cgroups.FallbackParent, s.SessionID)
 			t.Cleanup(func() { cgtest.RemoveTree(cg) })
-			p, err := mk(old).Start(context.Background(), s)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = p.Signal(syscall.SIGKILL) })
-			testkit.WaitOutput(t, s, "ready")
+			p := startReady(t, mk(old), s)
 			cgtest.ExpectDirs(t, cg, true)
 			// The next daemon's parent is elsewhere, and it has no note of the session.
 			rt := mk(kit.TestCgroups(t, ""))
@@ -316,22 +292,8 @@ func TestUsageLimits(t *testing.T) {
 		mem, pids int64
 	}{{manifest.Scoped, scoped, mem, 77}, {manifest.Sealed, sealed, mem, 77}, {manifest.Advisory, advisory, 0, 0}} {
 		t.Run(tc.class.String(), func(t *testing.T) {
-			s := kit.Spec(t, "/bin/sh", "-c", "echo ready; sleep 30")
-			s.SessionID = "ses_usage_" + tc.class.String()
-			s.Class = tc.class
-			if tc.class != manifest.Advisory {
-				s.Policy = testkit.Policy(t, "capabilities: {containment: "+tc.class.String()+", shell: {allow: [sleep]}, resources: {cgroup_pids_max: 77, cgroup_memory_bytes: 100663296}}")
-				s.CapsuleDir = t.TempDir()
-			}
-			if tc.class == manifest.Sealed {
-				s.Env = []string{"PATH=/usr/bin:/bin", "HOME=/work"}
-			}
-			p, err := tc.rt.Start(context.Background(), s)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = p.Signal(syscall.SIGKILL) })
-			testkit.WaitOutput(t, s, "ready")
+			s := readySpec(t, "ses_usage_"+tc.class.String(), tc.class, "resources: {cgroup_pids_max: 77, cgroup_memory_bytes: 100663296}")
+			p := startReady(t, tc.rt, s)
 			u, err := p.(containment.Meter).Usage()
 			if err != nil {
 				t.Fatal(err)
@@ -361,4 +323,39 @@ func kernelRuntimes(t *testing.T) (c *cgroups.Sessions, scoped *scoped.Runtime, 
 		t.Fatal(err)
 	}
 	return c, scoped, sealed
+}
+
+// readySpec is a session of class that says ready and sleeps. A scoped or sealed one gets a
+// policy of its class, with resources (a capabilities entry, or "") as given; an advisory
+// one none.
+func readySpec(t *testing.T, id string, class manifest.Class, resources string) containment.Spec {
+	t.Helper()
+	s := kit.Spec(t, "/bin/sh", "-c", "echo ready; sleep 30")
+	s.SessionID, s.Class = id, class
+	if class != manifest.Advisory {
+		caps := "containment: " + class.String() + ", shell: {allow: [sleep]}"
+		if resources != "" {
+			caps += ", " + resources
+		}
+		s.Policy = testkit.Policy(t, "capabilities: {"+caps+"}")
+		s.CapsuleDir = t.TempDir()
+	}
+	if class == manifest.Sealed {
+		s.Env = []string{"PATH=/usr/bin:/bin", "HOME=/work"}
+	}
+	return s
+}
+
+// startReady starts s under rt and returns once it has said ready; the test's end kills it.
+func startReady(t *testing.T, rt interface {
+	Start(context.Context, containment.Spec) (containment.Process, error)
+}, s containment.Spec) containment.Process {
+	t.Helper()
+	p, err := rt.Start(context.Background(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Signal(syscall.SIGKILL) })
+	testkit.WaitOutput(t, s, "ready")
+	return p
 }

@@ -7,86 +7,13 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"roost.dev/roost/internal/cgtest"
 	"roost.dev/roost/internal/testenv"
 )
-
-// cgroupHierarchies lists the mount point of every mounted cgroup hierarchy: each v1
-// controller's, named ones (name=systemd), and the unified one.
-func cgroupHierarchies(t *testing.T) []string {
-	t.Helper()
-	data, err := os.ReadFile("/proc/thread-self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		i := slices.Index(f, "-")
-		if i < 0 || i+1 >= len(f) || len(f) < 5 {
-			continue
-		}
-		if fstype := f[i+1]; (fstype == "cgroup" || fstype == "cgroup2") && !slices.Contains(out, f[4]) {
-			out = append(out, f[4])
-		}
-	}
-	if len(out) == 0 {
-		t.Fatal("no cgroup hierarchy is mounted")
-	}
-	return out
-}
-
-// cgroupsOf reads a process's cgroups, by hierarchy ("" is the unified one).
-func cgroupsOf(t *testing.T, pid int) map[string]string {
-	t.Helper()
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		t.Fatalf("pid %d: %v", pid, err)
-	}
-	out := map[string]string{}
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		if parts := strings.SplitN(line, ":", 3); len(parts) == 3 {
-			out[parts[1]] = parts[2]
-		}
-	}
-	return out
-}
-
-// removeCgroupParent ends whatever a failed run left beneath parent and removes it from
-// every hierarchy, deepest first.
-func removeCgroupParent(t *testing.T, parent string) {
-	for _, mnt := range cgroupHierarchies(t) {
-		root := filepath.Join(mnt, parent)
-		var dirs []string
-		_ = filepath.WalkDir(root, func(p string, e os.DirEntry, err error) error {
-			if err == nil && e.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-		for i := len(dirs) - 1; i >= 0; i-- {
-			if data, err := os.ReadFile(filepath.Join(dirs[i], "cgroup.procs")); err == nil {
-				for _, f := range strings.Fields(string(data)) {
-					var pid int
-					if _, err := fmt.Sscan(f, &pid); err == nil {
-						_ = syscall.Kill(pid, syscall.SIGKILL)
-					}
-				}
-			}
-			for range 50 {
-				if err := syscall.Rmdir(dirs[i]); err == nil || errors.Is(err, syscall.ENOENT) {
-					break
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-		}
-	}
-}
 
 // sessionPIDs reads the session's init.json: roost-init's pid and the program's (host
 // pids for a plain session).
@@ -115,7 +42,11 @@ func sessionPIDs(t *testing.T, s session) (initPID, pid int) {
 func TestCgroupParent(t *testing.T) {
 	testenv.NeedRoot(t, "sessions' cgroups need root")
 	parent := fmt.Sprintf("/roost-e2e-%d", os.Getpid())
-	t.Cleanup(func() { removeCgroupParent(t, parent) })
+	t.Cleanup(func() {
+		if err := cgtest.RemoveTree(parent); err != nil {
+			t.Errorf("removing the test's cgroup parent: %v", err)
+		}
+	})
 	d := newDaemon(t, "--cgroup-parent", parent)
 
 	sleeper := func(name, extra string) string {
@@ -134,14 +65,14 @@ func TestCgroupParent(t *testing.T) {
 		}
 	}
 
-	roostd := cgroupsOf(t, d.cmd.Process.Pid)
+	roostd := cgtest.ProcCgroups(t, d.cmd.Process.Pid)
 	adv := d.inspect(advisory)
 	if adv.Containment.Achieved != "advisory" {
 		t.Fatalf("the advisory capsule ran %s", adv.Containment.Achieved)
 	}
 	initPID, pid := sessionPIDs(t, adv)
 	for what, p := range map[string]int{"roost-init": initPID, "the program": pid} {
-		for h, cg := range cgroupsOf(t, p) {
+		for h, cg := range cgtest.ProcCgroups(t, p) {
 			if cg != path.Join(parent, advisory) {
 				t.Errorf("the advisory session's %s (pid %d) is in %s in hierarchy %q, not %s", what, p, cg, h, path.Join(parent, advisory))
 			}
@@ -150,7 +81,7 @@ func TestCgroupParent(t *testing.T) {
 			}
 		}
 	}
-	for _, mnt := range cgroupHierarchies(t) {
+	for _, mnt := range hierarchies(t) {
 		if _, err := os.Stat(filepath.Join(mnt, parent, sealed)); err != nil {
 			t.Errorf("the sealed session's cgroup in %s: %v", mnt, err)
 		}
@@ -172,7 +103,7 @@ func TestCgroupParent(t *testing.T) {
 		}
 		d.ok("rm", id)
 	}
-	for _, mnt := range cgroupHierarchies(t) {
+	for _, mnt := range hierarchies(t) {
 		entries, err := os.ReadDir(filepath.Join(mnt, parent))
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s: %v", mnt, err)
@@ -183,4 +114,14 @@ func TestCgroupParent(t *testing.T) {
 			}
 		}
 	}
+}
+
+// hierarchies is every mounted cgroup hierarchy; a host with none fails the test.
+func hierarchies(t *testing.T) []string {
+	t.Helper()
+	h := cgtest.Hierarchies()
+	if len(h) == 0 {
+		t.Fatal("no cgroup hierarchy is mounted")
+	}
+	return h
 }

@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"roost.dev/roost/internal/cgtest"
 )
 
 var binDir string
@@ -194,7 +196,7 @@ func programEnded(s session) bool {
 func cgroupDirs(t *testing.T, name string) []string {
 	t.Helper()
 	var out []string
-	for _, mnt := range cgroupHierarchies(t) {
+	for _, mnt := range hierarchies(t) {
 		out = append(out, filepath.Join(mnt, "roost", name))
 	}
 	return out
@@ -205,7 +207,7 @@ func cgroupDirs(t *testing.T, name string) []string {
 func cgroupNameOf(t *testing.T, pid int) string {
 	t.Helper()
 	name := ""
-	for h, cg := range cgroupsOf(t, pid) {
+	for h, cg := range cgtest.ProcCgroups(t, pid) {
 		rest, ok := strings.CutPrefix(cg, "/roost/")
 		if !ok {
 			t.Fatalf("pid %d is in %s in hierarchy %q, not under /roost", pid, cg, h)

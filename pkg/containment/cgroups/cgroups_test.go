@@ -16,7 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"roost.dev/roost/internal/testenv"
-	"roost.dev/roost/pkg/containment/internal/cgtest"
+	"roost.dev/roost/internal/cgtest"
 )
 
 var lastTestParent atomic.Int32

@@ -4,7 +4,6 @@ import (
 	"os"
 	"testing"
 
-	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/internal/testkit"
 )
 
@@ -12,10 +11,5 @@ import (
 // default block and from the other containment packages' tests.
 var kit = &testkit.Kit{FirstID: 0x64000000}
 
-// The test binary plays roost-init and roost-exec, as roostd's binary does.
-func TestMain(m *testing.M) {
-	if containment.RunHelper(os.Args) {
-		return
-	}
-	os.Exit(kit.Main(m))
-}
+// The test binary plays roost-init and roost-exec (kit.Main), as roostd's binary does.
+func TestMain(m *testing.M) { os.Exit(kit.Main(m)) }

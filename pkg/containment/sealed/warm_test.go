@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"roost.dev/roost/pkg/containment"
-	"roost.dev/roost/pkg/containment/internal/cgtest"
+	"roost.dev/roost/internal/cgtest"
 	"roost.dev/roost/pkg/containment/internal/testkit"
 	"roost.dev/roost/pkg/containment/sealed"
 )

@@ -23,7 +23,7 @@ import (
 	"roost.dev/roost/internal/testenv"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/cgroups"
-	"roost.dev/roost/pkg/containment/internal/cgtest"
+	"roost.dev/roost/internal/cgtest"
 	"roost.dev/roost/pkg/containment/scoped"
 	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/containment/sealer"
@@ -53,12 +53,17 @@ type Kit struct {
 	sealerErr    error
 }
 
-// Main runs the tests with the runtimes' cgroup parent a cgroup of the test binary's own,
+// Main is a test binary's TestMain: when the binary is started as roost-init or roost-exec
+// (containment.RunHelper) it is that and nothing else; otherwise it runs the tests with the
+// runtimes' cgroup parent a cgroup of the test binary's own,
 // removed at the end from every hierarchy: what the tests leave there never reaches /roost,
 // nor another test binary's sessions. It takes -warm: SealedRun then starts its sessions in
 // sandboxes made ahead (roostd --warm-pool) where they fit, and make unit runs the sealed
 // and hostile suites both ways.
 func (k *Kit) Main(m *testing.M) int {
+	if containment.RunHelper(os.Args) {
+		return 0
+	}
 	k.warm = flag.Bool("warm", false, "start sealed test sessions in sandboxes made ahead (roostd --warm-pool) where they fit")
 	if os.Geteuid() == 0 {
 		parent := "/roost-unit-" + strconv.Itoa(os.Getpid())

@@ -1,7 +1,7 @@
 // Package cgtest is what tests read and clear of the host's cgroup hierarchies: their mount
 // points, a process's cgroups, and the trees tests leave behind. It is for _test.go files
-// only, and imports nothing of containment, so that the cgroups package's own tests can use
-// it as well as those of every package above it.
+// only, and imports nothing of roost's but testenv, so that the cgroups package's own tests,
+// those of every package above it and the end-to-end tests share it.
 package cgtest
 
 import (
