@@ -317,11 +317,7 @@ func Open(cfg Config) (*Manager, error) {
 	scoped, _ := cfg.Runtimes[manifest.Scoped].(interface{ TmpDir(string) string })
 	m.trees = trees{state: cfg.StateDir, ids: cfg.IDs, group: m.reg.parentGroup, scoped: scoped,
 		save: func(rec *store.Record) error { return m.reg.update(func(tx *store.Tx) error { return tx.Save(rec) }) }}
-	var egressObs delegate.EgressObserver
-	if cfg.Observer != nil {
-		egressObs = cfg.Observer
-	}
-	m.egress = delegate.NewEgress(cfg.Egress, egressObs, m.trees.records, cfg.Logger)
+	m.egress = delegate.NewEgress(cfg.Egress, cfg.Observer, m.trees.records, cfg.Logger)
 	retains, _ := cfg.Observer.(retention.Observer)
 	m.retainer = retention.New(retained{m}, retains, cfg.Logger)
 	spawns, _ := cfg.Observer.(delegate.SpawnObserver)
@@ -343,11 +339,7 @@ func Open(cfg Config) (*Manager, error) {
 		if err != nil {
 			return nil, fmt.Errorf("the warm pool: %w", err)
 		}
-		var netns warmpool.NetNS
-		if cfg.Endpoints != nil {
-			netns = cfg.Endpoints
-		}
-		pool, err := warmpool.New(warmpool.Config{Runtime: rt, IDs: sandboxIDs{m.reg, cfg.IDs}, NetNS: netns, StateDir: cfg.StateDir,
+		pool, err := warmpool.New(warmpool.Config{Runtime: rt, IDs: sandboxIDs{m.reg, cfg.IDs}, NetNS: cfg.Endpoints, StateDir: cfg.StateDir,
 			CPU: cfg.WarmPoolCPU, Logger: cfg.Logger}, shapes)
 		if err != nil {
 			return nil, fmt.Errorf("the warm pool: %w", err)

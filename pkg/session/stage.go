@@ -133,10 +133,11 @@ func (m *Manager) stage(p *plan.Plan, opts StageOptions) (*store.Record, error) 
 	if err := m.accounts.checkUpstream(&p.Policy, filepath.Join(p.Dir, manifest.FileName)); err != nil {
 		return nil, err
 	}
-	if m.cfg.Hooks != nil {
-		if err := stageHooks(m.ctx, m.cfg.Hooks, p, m.explain(p), opts.ParentID); err != nil {
-			return nil, err
-		}
+	// The grants, once: the stage hooks judge them and the session's trace opens with them
+	// (with the ids it is given below).
+	e := m.explain(p)
+	if err := stageHooks(m.ctx, m.cfg.Hooks, p, e, opts.ParentID); err != nil {
+		return nil, err
 	}
 	var wasm *store.WasmRun
 	if p.Manifest.Run.Wasm != "" {
@@ -182,8 +183,6 @@ func (m *Manager) stage(p *plan.Plan, opts StageOptions) (*store.Record, error) 
 		rec.DepthRemaining = min(opts.DepthRemaining, int(p.Policy.Spawn.MaxDepth.Value))
 	}
 	rec.HostRoot = m.planner.HostRoot(p)
-	// The session's trace opens with this: the grants, and the ids it is given below.
-	e := m.explain(p)
 	if err := m.reg.update(func(tx *store.Tx) error {
 		if !rec.HostRoot {
 			if err := tx.AllocateIDs(rec, m.cfg.IDs); err != nil {

@@ -1,5 +1,8 @@
 package session
 
+// What the API shows of a session beyond its record (pkg/server's conversion reads these,
+// and stage records the identity in the explanation).
+
 import (
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/pkg/containment"
