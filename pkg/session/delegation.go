@@ -19,14 +19,7 @@ type endpointSessions struct{ *Manager }
 
 var _ delegate.Sessions = endpointSessions{}
 
-func (d endpointSessions) Record(id string) (*store.Record, error) {
-	var rec *store.Record
-	err := d.reg.View(func(tx *store.Tx) (err error) {
-		rec, err = tx.Get(id)
-		return err
-	})
-	return rec, err
-}
+func (d endpointSessions) Record(id string) (*store.Record, error) { return d.reg.get(id) }
 
 func (d endpointSessions) Children(parentID string) ([]*store.Record, error) {
 	return d.reg.childrenOf(parentID)

@@ -64,13 +64,20 @@ func (r registry) all() ([]*store.Record, error) {
 	return recs, err
 }
 
+// get reads a session by its exact id (never a name or a prefix).
+func (r registry) get(id string) (*store.Record, error) {
+	var rec *store.Record
+	err := r.View(func(tx *store.Tx) (err error) {
+		rec, err = tx.Get(id)
+		return err
+	})
+	return rec, err
+}
+
 // parentGroup is the gid a child's workdir is given, so its parent can read it.
 func (r registry) parentGroup(parentID string) (int, error) {
-	var parent *store.Record
-	if err := r.View(func(tx *store.Tx) (err error) {
-		parent, err = tx.Get(parentID)
-		return err
-	}); err != nil {
+	parent, err := r.get(parentID)
+	if err != nil {
 		return 0, err
 	}
 	if parent.IDs == nil {
