@@ -15,8 +15,8 @@ import (
 	ocgroups "github.com/opencontainers/cgroups"
 	"golang.org/x/sys/unix"
 
-	"roost.dev/roost/internal/testenv"
 	"roost.dev/roost/internal/cgtest"
+	"roost.dev/roost/internal/testenv"
 )
 
 var lastTestParent atomic.Int32

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/internal/cgtest"
+	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/internal/testkit"
 	"roost.dev/roost/pkg/containment/sealed"
 )

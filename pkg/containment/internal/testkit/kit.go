@@ -20,10 +20,10 @@ import (
 	"testing"
 	"time"
 
+	"roost.dev/roost/internal/cgtest"
 	"roost.dev/roost/internal/testenv"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/cgroups"
-	"roost.dev/roost/internal/cgtest"
 	"roost.dev/roost/pkg/containment/scoped"
 	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/containment/sealer"
