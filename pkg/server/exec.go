@@ -12,7 +12,7 @@ import (
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/pkg/containment"
-	"roost.dev/roost/pkg/session"
+	"roost.dev/roost/pkg/session/exec"
 )
 
 // execChunk bounds one output message: well under the client's default receive limit.
@@ -47,7 +47,7 @@ func (s *sessionService) Exec(stream roostv1.SessionService_ExecServer) error {
 	}
 	ctx := stream.Context()
 	x, err := s.m.Exec(ctx, start.GetId(), opts)
-	var refused *session.ExecNotStarted
+	var refused *exec.NotStarted
 	if errors.As(err, &refused) {
 		return stream.Send(&roostv1.ExecResponse{Msg: &roostv1.ExecResponse_Exit{Exit: &roostv1.ExecExit{ExitCode: int32(refused.Code), Detail: refused.Detail}}})
 	}
@@ -125,7 +125,7 @@ func (s *sessionService) Exec(stream roostv1.SessionService_ExecServer) error {
 // execInput carries the client's stdin and terminal sizes to the command until the client
 // has no more to send. A terminal's input never closes (its end would hang it up): an end
 // of stdin there is the terminal's end-of-file character, as a typist's ^D.
-func (s *sessionService) execInput(stream roostv1.SessionService_ExecServer, x *session.Exec, stdin io.WriteCloser) {
+func (s *sessionService) execInput(stream roostv1.SessionService_ExecServer, x *exec.Exec, stdin io.WriteCloser) {
 	for {
 		req, err := stream.Recv()
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"roost.dev/roost/pkg/records"
+	"roost.dev/roost/pkg/session/exec"
 	"roost.dev/roost/pkg/session/store"
 
 	"github.com/containerd/errdefs"
@@ -40,7 +41,7 @@ func TestExecRecordsAndPassesTheEnd(t *testing.T) {
 	}
 	var details []string
 	if err := m.Events(context.Background(), 0, false, func(ev store.Event) error {
-		if ev.Type == EventExec && ev.SessionID == rec.ID {
+		if ev.Type == store.EventExec && ev.SessionID == rec.ID {
 			details = append(details, ev.Detail)
 		}
 		return nil
@@ -76,8 +77,8 @@ func TestExecRefusals(t *testing.T) {
 	}
 	// A command that cannot start is recorded, and its code says so.
 	_, err := m.Exec(ctx, rec.ID, containment.ExecOptions{Argv: []string{"no-such-command-here"}})
-	var ns *ExecNotStarted
-	if !errors.As(err, &ns) || ns.Code != ExecNotFoundCode || !strings.Contains(ns.Detail, "not found") {
+	var ns *exec.NotStarted
+	if !errors.As(err, &ns) || ns.Code != exec.NotFoundCode || !strings.Contains(ns.Detail, "not found") {
 		t.Errorf("a missing command: %v", err)
 	}
 	// A command still running when its session ends ends with it.

@@ -7,14 +7,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
-	"strings"
 	"time"
 
 	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/session/delegate"
 	"roost.dev/roost/pkg/session/plan"
+	"roost.dev/roost/pkg/session/spec"
 	"roost.dev/roost/pkg/session/store"
 	"roost.dev/roost/pkg/session/warmpool"
 
@@ -24,11 +23,7 @@ import (
 	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/spawn"
-	"roost.dev/roost/pkg/toolchain"
 )
-
-// defaultPath is the PATH a program gets unless its manifest sets one.
-const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // Launch starts a staged session and returns once its program runs, or once it has failed
 // to start (the session is then exited with start_failed, and that is not an error of
@@ -192,7 +187,7 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *store.Record, 
 		}); err != nil {
 			return nil, err
 		}
-		if err := os.WriteFile(filepath.Join(rec.RecordsDir, TaskFile), task, 0o444); err != nil {
+		if err := os.WriteFile(filepath.Join(rec.RecordsDir, spec.TaskFile), task, 0o444); err != nil {
 			return nil, fmt.Errorf("task: %w", err)
 		}
 	}
@@ -242,152 +237,22 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *store.Record, 
 	return runtime.Start(context.WithoutCancel(ctx), spec)
 }
 
-// TaskFile is the task text's name in the session's records directory.
-const TaskFile = "task.md"
-
 // launchSpec builds the program's start from the manifest recorded at staging.
 func (m *Manager) launchSpec(rec *store.Record, class manifest.Class, man *manifest.Manifest, policy *manifest.Policy, ep spawn.Endpoint) containment.Spec {
 	// What of roostd's environment reaches the session (see plan.HostVariables).
 	hostEnv, _ := plan.HostVariables(policy.Env.Allow, m.cfg.EnvPassthrough, m.cfg.HostEnv)
-	view := hostView(rec, m.trees.home(rec.ID))
-	if class == manifest.Sealed {
-		view = sealedView
-	}
-	extra := map[string]string{}
-	var netns, task string
+	roost := map[string]string{}
+	var netns string
 	if ep != nil {
 		netns = ep.NetNS()
-		extra["ROOST_ENDPOINT"] = ep.URL()
-		extra["ROOST_CREDENTIAL"] = m.cfg.Endpoints.Credential(rec.ID)
+		roost["ROOST_ENDPOINT"] = ep.URL()
+		roost["ROOST_CREDENTIAL"] = m.cfg.Endpoints.Credential(rec.ID)
 	}
-	m.accounts.inferenceEnv(policy, ep, extra["ROOST_CREDENTIAL"], extra)
-	delegate.Env(policy, ep, extra)
-	if rec.HasTask {
-		task = filepath.Join(rec.RecordsDir, TaskFile)
-		extra["ROOST_TASK_FILE"] = task
-		if class == manifest.Sealed {
-			extra["ROOST_TASK_FILE"] = sealed.TaskPath
-		}
-	}
-	var ids containment.IDs
-	if rec.IDs != nil {
-		ids = containment.IDs(*rec.IDs)
-	}
-	argv := view.command(rec)
-	var runner, module string
-	if rec.Wasm != nil {
-		runner, module = wasmFiles(m.cfg.Wasm, rec)
-		inRunner, inModule := wasmView(m.cfg.Wasm, class, rec)
-		argv = wasmArgv(rec, policy, view, inRunner, inModule)
-	}
-	return containment.Spec{
-		SessionID:  rec.ID,
-		Class:      class,
-		IDs:        ids,
-		Root:       rec.HostRoot,
-		Children:   m.trees.childrenDirs(rec, class, policy),
-		Home:       m.trees.home(rec.ID),
-		Exec:       view.paths(execFiles(rec)),
-		ExecTrees:  view.paths(execTrees(rec)),
-		Argv:       argv,
-		Env:        environment(rec, man, hostEnv, view, extra),
-		NetNS:      netns,
-		Task:       task,
-		Dir:        rec.Workdir,
-		RecordsDir: rec.RecordsDir,
-		CapsuleDir: rec.Capsule.Root(),
-		Rlimits:    containment.Rlimits(class, policy),
-		Policy:     policy,
-		Runner:     runner,
-		WasmModule: module,
-		// roost-init keeps each output stream within it.
-		LogMaxBytes: policy.Resources.LogMaxBytes.Value,
-	}
-}
-
-// execFiles is what the session may exec besides its program: the files its shell.allow
-// resolved to at stage (nil for a session staged before that: its runtime looks the names
-// up at launch).
-func execFiles(rec *store.Record) []string {
-	if rec.Shell == nil {
-		return nil
-	}
-	out := []string{}
-	for _, e := range rec.Shell {
-		out = append(out, e.Files...)
-	}
-	return out
-}
-
-// execTrees are the directories its shell.allow resolved to: every file beneath may run.
-func execTrees(rec *store.Record) []string {
-	var out []string
-	for _, e := range rec.Shell {
-		out = append(out, e.Trees...)
-	}
-	return out
-}
-
-// view is where the program finds its workdir, its capsule's files and its home: on the
-// host's paths, or at /work, /capsule and /root inside a sealed root.
-type view struct {
-	work, capsule, home string
-}
-
-var sealedView = view{work: "/work", capsule: "/capsule", home: sealed.Home}
-
-func hostView(rec *store.Record, home string) view {
-	return view{work: rec.Workdir, capsule: rec.Capsule.Root(), home: home}
-}
-
-// paths places what shell.allow names in the capsule (recorded as /capsule/...) in the
-// program's view.
-func (v view) paths(list []string) []string {
-	if list == nil {
-		return nil
-	}
-	out := make([]string, len(list))
-	for i, p := range list {
-		if rest, ok := strings.CutPrefix(p, toolchain.CapsuleView+"/"); ok {
-			p = v.capsule + "/" + rest
-		}
-		out[i] = p
-	}
-	return out
-}
-
-// command is the staged command line as the program's view names it: a program from the
-// capsule directory moves with it.
-func (v view) command(rec *store.Record) []string {
-	argv := slices.Clone(rec.Command)
-	if rest, ok := strings.CutPrefix(argv[0], rec.Capsule.Root()+"/"); ok {
-		argv[0] = v.capsule + "/" + rest
-	}
-	return argv
-}
-
-// environment is the program's whole environment: PATH and HOME defaults, the host
-// variables that pass (see hostVariables), the manifest's literal env (which wins over
-// both), then roost's own ROOST_* variables, which nothing overrides. Sorted, so it is
-// reproducible.
-func environment(rec *store.Record, man *manifest.Manifest, host map[string]string, v view, roost map[string]string) []string {
-	env := map[string]string{"PATH": defaultPath, "HOME": v.home}
-	for k, v := range host {
-		env[k] = v
-	}
-	for k, v := range man.Env {
-		env[k] = v
-	}
-	env["ROOST_SESSION_ID"] = rec.ID
-	env["ROOST_CAPSULE"] = rec.Capsule.Name + "@" + rec.Capsule.Version
-	env["ROOST_CAPSULE_DIR"] = v.capsule
-	for k, val := range roost {
-		env[k] = val
-	}
-	out := make([]string, 0, len(env))
-	for k, v := range env {
-		out = append(out, k+"="+v)
-	}
-	slices.Sort(out)
-	return out
+	m.accounts.inferenceEnv(policy, ep, roost["ROOST_CREDENTIAL"], roost)
+	delegate.Env(policy, ep, roost)
+	return spec.Build(spec.Input{
+		Record: rec, Class: class, Manifest: man, Policy: policy,
+		Home: m.trees.home(rec.ID), Children: m.trees.childrenDirs(rec, class, policy),
+		HostEnv: hostEnv, Roost: roost, NetNS: netns, Wasm: m.cfg.Wasm,
+	})
 }

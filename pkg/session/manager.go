@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
@@ -491,12 +490,4 @@ func (l *liveSession) stopTimers() {
 	if l.killTimer != nil {
 		l.killTimer.Stop()
 	}
-}
-
-// signalName names a signal the way operators write it.
-func signalName(sig syscall.Signal) string {
-	if name := unixSignalName(sig); name != "" {
-		return name
-	}
-	return fmt.Sprintf("signal %d", int(sig))
 }

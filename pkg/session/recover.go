@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"roost.dev/roost/pkg/session/delegate"
+	"roost.dev/roost/pkg/session/outcome"
 	"roost.dev/roost/pkg/session/store"
 
 	"roost.dev/roost/pkg/containment"
@@ -67,7 +68,7 @@ func (m *Manager) recoverOne(rec *store.Record) string {
 	info, err := containment.ReadExit(rec.RecordsDir)
 	if err == nil {
 		m.CheckLogCuts(rec.ID, rec.RecordsDir)
-		status, code, detail := classify(rec, info, nil)
+		status, code, detail := outcome.Classify(rec, info, nil)
 		m.finish(l, rec, status, code, detail, info.EndedAt)
 		return RecoveredExited
 	}
@@ -84,7 +85,7 @@ func (m *Manager) recoverOne(rec *store.Record) string {
 	if err != nil {
 		// It may have ended between the look at exit.json and the attach.
 		if info, rerr := containment.ReadExit(rec.RecordsDir); rerr == nil {
-			status, code, detail := classify(rec, info, nil)
+			status, code, detail := outcome.Classify(rec, info, nil)
 			m.finish(l, rec, status, code, detail, info.EndedAt)
 			return RecoveredExited
 		}

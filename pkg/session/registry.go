@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/session/exec"
 	"roost.dev/roost/pkg/session/store"
 )
 
@@ -14,6 +15,8 @@ type registry struct {
 	*store.Registry
 	changed *notifier
 }
+
+var _ exec.Journal = registry{}
 
 // update runs one registry transaction and wakes everyone waiting for a change once it has
 // committed.
@@ -72,6 +75,17 @@ func (r registry) get(id string) (*store.Record, error) {
 		return err
 	})
 	return rec, err
+}
+
+// Note adds an event about a session to the registry's log (exec.Journal).
+func (r registry) Note(sessionID, eventType, detail string) error {
+	return r.update(func(tx *store.Tx) error {
+		rec, err := tx.Get(sessionID)
+		if err != nil {
+			return err
+		}
+		return tx.Note(rec, eventType, detail)
+	})
 }
 
 // parentGroup is the gid a child's workdir is given, so its parent can read it.

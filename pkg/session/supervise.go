@@ -1,21 +1,17 @@
 package session
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
-	"path/filepath"
 	"syscall"
 	"time"
 
 	"roost.dev/roost/pkg/records"
+	"roost.dev/roost/pkg/session/outcome"
 	"roost.dev/roost/pkg/session/store"
 
 	"github.com/containerd/errdefs"
-	"golang.org/x/sys/unix"
 
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
@@ -234,8 +230,8 @@ func (m *Manager) recordEnd(id string, l *liveSession, info containment.ExitInfo
 		m.cfg.Logger.Error("recording end", "session", id, "err", err)
 		return
 	}
-	status, code, detail := classify(rec, info, exitErr)
-	detail = landlockHint(rec, status, detail)
+	status, code, detail := outcome.Classify(rec, info, exitErr)
+	detail = outcome.LandlockHint(rec, status, detail)
 	ended := info.EndedAt
 	if ended.IsZero() {
 		ended = time.Now().UTC()
@@ -281,7 +277,7 @@ func (m *Manager) finish(l *liveSession, rec *store.Record, status store.ExitSta
 		// Before the trace's end: the proxy's last records precede it.
 		m.egress.Close(rec)
 		m.accounts.close(rec)
-		if err := records.AppendTrace(rec.RecordsDir, traceEnd(rec)); err != nil {
+		if err := records.AppendTrace(rec.RecordsDir, outcome.Trace(rec)); err != nil {
 			m.cfg.Logger.Warn("trace", "session", rec.ID, "err", err)
 		}
 		// Before the end commits, so a parent woken by it finds the file.
@@ -355,105 +351,5 @@ func (m *Manager) releaseRuntime(rec *store.Record) {
 	}
 	if err := m.cfg.Runtimes[class].Release(rec.ID); err != nil {
 		m.cfg.Logger.Warn("releasing the session's runtime resources", "session", rec.ID, "err", err)
-	}
-}
-
-// classify turns how a program ended, and why roost was ending it, into an exit status.
-func classify(rec *store.Record, info containment.ExitInfo, exitErr error) (store.ExitStatus, *int, string) {
-	if exitErr != nil {
-		if errors.Is(exitErr, containment.ErrNoExitRecord) {
-			return store.StatusLost, nil, "the session's supervisor ended without recording how the program ended"
-		}
-		return store.StatusLost, nil, "the session's exit record is unreadable: " + exitErr.Error()
-	}
-	if info.StartError != "" {
-		return store.StatusStartFailed, nil, info.StartError
-	}
-	code := info.Code
-	how := fmt.Sprintf("exited with code %d", code)
-	if info.Signal != 0 {
-		how = "killed by " + signalName(syscall.Signal(info.Signal))
-	}
-	switch {
-	case rec.EndRequest == store.EndDeadline:
-		return store.StatusDeadlineReached, &code, fmt.Sprintf("deadline of %s reached; %s", rec.Deadline, how)
-	case rec.EndRequest == store.EndWorkdir, rec.EndRequest == store.EndParent:
-		return store.StatusTerminated, &code, rec.EndDetail + "; " + how
-	case rec.EndRequest == store.EndStop && rec.EndDetail != "":
-		return store.StatusTerminated, &code, "stopped: " + rec.EndDetail + "; " + how
-	case rec.EndRequest == store.EndStop:
-		return store.StatusTerminated, &code, "stopped by roostctl stop; " + how
-	case rec.EndRequest == store.EndKill && info.Signal != 0 && info.Signal == rec.EndSignal:
-		return store.StatusTerminated, &code, "killed by roostctl kill with " + signalName(syscall.Signal(info.Signal))
-	case info.OOMKilled:
-		return store.StatusCrashed, &code, "oom"
-	case rec.Wasm != nil && hasOutcome(info):
-		// The runner says how its guest ended when the code cannot: a trap, fuel, its own
-		// deadline. Only the runner writes there: the guest has no descriptor but its stdio.
-		o, _ := info.Outcome()
-		return wasmOutcome(o, code)
-	case info.Signal != 0:
-		switch syscall.Signal(info.Signal) {
-		case syscall.SIGXCPU:
-			how += ": resources.cpu_seconds used up"
-		case syscall.SIGXFSZ:
-			how += ": a file reached resources.max_file_size_bytes"
-		}
-		return store.StatusCrashed, &code, how
-	case code == 0:
-		return store.StatusOK, &code, how
-	default:
-		return store.StatusError, &code, how
-	}
-}
-
-func unixSignalName(sig syscall.Signal) string { return unix.SignalName(sig) }
-
-// hintHead is how much of the start of a session's stderr landlockHint reads.
-const hintHead = 64 << 10
-
-// landlockHint adds a pointer to explain to the detail of a session under Landlock (scoped
-// and sealed) that exited non-zero with "Permission denied" near the start of its stderr:
-// Landlock's refusals are bare EACCES, and the program's own message never says roost made
-// them. (Landlock's audit records, on kernels that have them, go to the audit log, which
-// roostd does not read.) The detail stays one line.
-func landlockHint(rec *store.Record, status store.ExitStatus, detail string) string {
-	if status != store.StatusError || (rec.Achieved != manifest.Scoped.String() && rec.Achieved != manifest.Sealed.String()) || rec.RecordsDir == "" {
-		return detail
-	}
-	f, err := os.Open(filepath.Join(rec.RecordsDir, containment.StderrFile))
-	if err != nil {
-		return detail
-	}
-	defer f.Close()
-	head, _ := io.ReadAll(io.LimitReader(f, hintHead))
-	if !bytes.Contains(head, []byte("Permission denied")) {
-		return detail
-	}
-	capsule := rec.Capsule.Source
-	if capsule == "" {
-		capsule = rec.Capsule.Name + "@" + rec.Capsule.Version
-	}
-	return detail + "; hint: roost limits what this session may read, write and execute (Landlock, shell.allow); see roostctl explain " + capsule
-}
-
-func hasOutcome(info containment.ExitInfo) bool {
-	_, ok := info.Outcome()
-	return ok
-}
-
-// wasmOutcome is a WASM session's end as its runner reported it.
-func wasmOutcome(o containment.Outcome, code int) (store.ExitStatus, *int, string) {
-	detail := o.Detail
-	if o.Backtrace != "" {
-		detail += "\n" + o.Backtrace
-	}
-	switch o.Status {
-	case containment.OutcomeDeadlineReached:
-		return store.StatusDeadlineReached, &code, "limits.deadline_seconds reached; the runner interrupted the guest: " + detail
-	case containment.OutcomeFuelExhausted:
-		return store.StatusCrashed, &code, "limits.wasm_fuel spent: " + detail
-	default:
-		return store.StatusCrashed, &code, detail
 	}
 }

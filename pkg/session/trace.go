@@ -20,24 +20,6 @@ func traceStart(rec *store.Record, explanation []byte) records.Trace {
 	}
 }
 
-func traceEnd(rec *store.Record) records.Trace {
-	t := records.Trace{
-		EventType:  "session_end",
-		SessionID:  rec.ID,
-		Timestamp:  rec.EndedAt,
-		ExitStatus: string(rec.ExitStatus),
-		ExitCode:   rec.ExitCode,
-		Detail:     rec.Detail,
-		Tokens:     &rec.Tokens, InputTokens: &rec.InputTokens, OutputTokens: &rec.OutputTokens,
-		Egress: (*records.Egress)(rec.Egress),
-	}
-	if !rec.StartedAt.IsZero() {
-		ms := rec.EndedAt.Sub(rec.StartedAt).Milliseconds()
-		t.DurationMS = &ms
-	}
-	return t
-}
-
 // traceDelegation records in the parent's trace a child it was granted (err nil) or refused.
 func traceDelegation(log *slog.Logger, recordsDir string, parent *store.Record, ref, childID string, err error) {
 	t := records.Trace{EventType: "delegation", SessionID: parent.ID, Timestamp: time.Now().UTC(), Child: ref, ChildID: childID}

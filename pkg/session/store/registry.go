@@ -576,6 +576,9 @@ const (
 	// EventRecovered: a restarted roostd reconciled the session; the detail says how
 	// (attached, exited, lost).
 	EventRecovered = "session.recovered"
+	// EventExec records a command roostctl exec ran in a session: its start, or why it
+	// could not start, and its end. The detail names the exec's id and its command.
+	EventExec = "session.exec"
 )
 
 func eventFor(s State) string { return "session." + strings.ToLower(string(s)) }
