@@ -267,7 +267,7 @@ func (s *sessionService) Stop(ctx context.Context, req *roostv1.StopRequest) (*r
 	if r := req.GetReason(); len(r) > 200 || strings.ContainsFunc(r, unicode.IsControl) {
 		return nil, fmt.Errorf("reason: at most 200 bytes of text on one line: %w", errdefs.ErrInvalidArgument)
 	}
-	rec, err := s.m.StopBecause(ctx, req.GetId(), grace, req.GetReason())
+	rec, err := s.m.Stop(ctx, req.GetId(), grace, req.GetReason())
 	if err != nil {
 		return nil, err
 	}

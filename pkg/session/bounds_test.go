@@ -134,7 +134,7 @@ func TestBoundsRemoveTakesChildren(t *testing.T) {
 		c, _ := d.m.Get(res.SessionID)
 		kids = append(kids, c)
 	}
-	if _, err := d.m.Stop(context.Background(), parent.ID, time.Second); err != nil {
+	if _, err := d.m.Stop(context.Background(), parent.ID, time.Second, ""); err != nil {
 		t.Fatal(err)
 	}
 	boundsHeld(t, d, parent, kids...)
@@ -212,7 +212,7 @@ func TestBoundsSnapshotChildrenHoldTheCeiling(t *testing.T) {
 	if refused == 0 || len(granted) < 3 {
 		t.Fatalf("%d granted, %d refused", len(granted), refused)
 	}
-	roots, _ := d.m.guardRoots(parent, true)
+	roots, _ := d.m.guard.Roots(parent, true)
 	if used, err := workdir.Measure(roots, workdir.Limits{}); err != nil || used.Bytes > limit {
 		t.Fatalf("the parent's tree holds %d bytes (%v), past its %d", used.Bytes, err, limit)
 	}
@@ -336,7 +336,7 @@ func BenchmarkGuardTick100k(b *testing.B) {
 	lim := workdir.Limits{Bytes: 10 << 30, Inodes: 1_000_000}
 	b.ResetTimer()
 	for b.Loop() {
-		roots, _ := m.guardRoots(rec, true)
+		roots, _ := m.guard.Roots(rec, true)
 		if u, err := workdir.Measure(roots, lim); err != nil || u.Inodes < 100_000 {
 			b.Fatalf("%+v %v", u, err)
 		}

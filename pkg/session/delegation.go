@@ -68,7 +68,7 @@ func (d endpointSessions) StageChild(c *delegate.Child, s delegate.ChildStage) (
 }
 
 func (d endpointSessions) WorkdirRoots(parent *store.Record) ([]string, string) {
-	return d.guardRoots(parent, true)
+	return d.guard.Roots(parent, true)
 }
 
 func (d endpointSessions) ChildrenDir(parent *store.Record) (string, string, error) {
@@ -84,4 +84,8 @@ func (d endpointSessions) TraceDelegation(parent *store.Record, ref, childID str
 
 func (d endpointSessions) Note(rec *store.Record, event, detail string) error {
 	return d.reg.update(func(tx *store.Tx) error { return tx.Note(rec, event, detail) })
+}
+
+func (d endpointSessions) LimitHit(sessionID, limit, detail string) {
+	d.journal.LimitHit(sessionID, limit, detail)
 }

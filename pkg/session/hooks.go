@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
-	"unicode/utf8"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/pkg/session/plan"
@@ -96,37 +94,4 @@ func endHooks(h Hooks, view func(*store.Record) *roostv1.Session, log *slog.Logg
 		return
 	}
 	h.SessionEnd(rec.ID, compact.Bytes())
-}
-
-var _ hooks.EventSink = (*Manager)(nil)
-
-// hookOutputInEvent bounds what of a hook's stdout an event keeps.
-const hookOutputInEvent = 4 << 10
-
-// HookEvent records one hook run as an event: on the session it concerns (a session_end
-// hook's), or on none (a stage hook's, which judged a capsule before any session existed).
-func (m *Manager) HookEvent(hook string, r hooks.Result, subject string) {
-	detail := fmt.Sprintf("hook %q on %s: %s in %s", hook, subject, r.Outcome, r.Took.Round(1e6))
-	if r.Reason != "" {
-		detail += ": " + r.Reason
-	}
-	if out := strings.TrimSpace(string(r.Stdout)); out != "" && r.Outcome != hooks.OutcomeVetoed {
-		if len(out) > hookOutputInEvent {
-			out = out[:hookOutputInEvent]
-			for !utf8.ValidString(out) {
-				out = out[:len(out)-1]
-			}
-			out += " [cut]"
-		}
-		detail += "; its output: " + out
-	}
-	err := m.reg.update(func(tx *store.Tx) error {
-		if rec, err := tx.Get(subject); err == nil {
-			return tx.Note(rec, EventHookRan, detail)
-		}
-		return tx.NoteDaemon(EventHookRan, detail)
-	})
-	if err != nil {
-		m.cfg.Logger.Warn("recording a hook's run", "hook", hook, "subject", subject, "err", err)
-	}
 }

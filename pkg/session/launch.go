@@ -107,7 +107,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) 
 		if !errors.As(err, &se) {
 			detail = "roost could not start the program: " + detail
 		}
-		m.endWithoutProcess(l, rec, store.StatusStartFailed, detail)
+		m.finish(l, rec, store.StatusStartFailed, nil, detail, time.Now().UTC())
 		return m.Get(rec.ID)
 	}
 
@@ -133,7 +133,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) 
 		if l.ep != nil {
 			l.ep.Close()
 		}
-		m.releaseRuntime(rec)
+		m.runtimes.release(rec)
 		return nil, err
 	}
 	if m.cfg.Observer != nil {

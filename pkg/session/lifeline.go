@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 
 	"roost.dev/roost/pkg/session/delegate"
 	"roost.dev/roost/pkg/session/store"
@@ -20,11 +21,24 @@ const CompletionFile = "completion.json"
 // each of its live children is stopped and recorded terminated; their ends stop theirs in
 // turn, so a whole subtree goes.
 
+// lifeline stops the children of sessions that have ended.
+type lifeline struct {
+	reg  registry
+	live *liveSet
+	// ctx ends with the daemon; wg counts the stops under way.
+	ctx context.Context
+	wg  *sync.WaitGroup
+	log *slog.Logger
+	// stop ends a session whose parent ended (the manager's beginStop); the caller holds
+	// l.mu.
+	stop func(l *liveSession, id, saw string) error
+}
+
 // endChildren stops every live child of a session that has ended.
-func (m *Manager) endChildren(parentID string) {
+func (m lifeline) endChildren(parentID string) {
 	kids, err := m.reg.childrenOf(parentID)
 	if err != nil {
-		m.cfg.Logger.Error("lifeline", "session", parentID, "err", err)
+		m.log.Error("lifeline", "session", parentID, "err", err)
 		return
 	}
 	for _, c := range kids {
@@ -42,8 +56,8 @@ func (m *Manager) endChildren(parentID string) {
 
 // stopOrphan stops a session whose parent has ended. A child still launching is stopped as
 // soon as it runs.
-func (m *Manager) stopOrphan(id, parentID string) {
-	rec, err := m.waitState(m.ctx, id, func(r *store.Record) bool { return r.State != store.Launching })
+func (m lifeline) stopOrphan(id, parentID string) {
+	rec, err := m.reg.waitFor(m.ctx, id, func(r *store.Record) bool { return r.State != store.Launching })
 	if err != nil || !rec.State.Live() {
 		return
 	}
@@ -58,13 +72,13 @@ func (m *Manager) stopOrphan(id, parentID string) {
 		return
 	}
 	saw := fmt.Sprintf("its parent %s ended", parentID)
-	if err := m.beginStopSaying(l, id, store.EndParent, saw, m.cfg.StopGrace); err != nil {
-		m.cfg.Logger.Error("lifeline", "session", id, "parent", parentID, "err", err)
+	if err := m.stop(l, id, saw); err != nil {
+		m.log.Error("lifeline", "session", id, "parent", parentID, "err", err)
 	}
 }
 
 // stopOrphans stops, after a restart, live sessions whose parent ended while no daemon watched.
-func (m *Manager) stopOrphans() error {
+func (m lifeline) stopOrphans() error {
 	recs, err := m.reg.all()
 	if err != nil {
 		return err
@@ -83,25 +97,6 @@ func (m *Manager) stopOrphans() error {
 		}
 	}
 	return nil
-}
-
-// waitSubtree blocks until no descendant of the session is live.
-func (m *Manager) waitSubtree(ctx context.Context, id string) error {
-	for {
-		changed := m.reg.changed.wait()
-		recs, err := m.reg.all()
-		if err != nil {
-			return err
-		}
-		if !anyLiveBelow(recs, id) {
-			return nil
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
 }
 
 func anyLiveBelow(recs []*store.Record, root string) bool {

@@ -2,10 +2,6 @@ package session
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	"roost.dev/roost/pkg/records"
@@ -61,48 +57,3 @@ func (m *Manager) Logs(ctx context.Context, id string, opts records.LogOptions, 
 // logPoll is how often a follower looks for new output while the session runs: output goes
 // from roost-init straight to files, so there is nothing to be woken by.
 const logPoll = 50 * time.Millisecond
-
-// logCutsFile is where roostd notes the cuts it has reported, so each is reported once
-// across restarts.
-const logCutsFile = "logs.reported"
-
-// CheckLogCuts reports, once per stream, a session's output first cut by
-// resources.log_max_bytes (limit log_bytes) and first lost to a failed write (disk_full),
-// as roost-init's logs.json counts them. Call it on the session's periodic guard tick
-// while it runs, and once more when its end is recorded; it reads two small files.
-func (m *Manager) CheckLogCuts(id, recordsDir string) {
-	st, err := records.ReadLogStats(recordsDir)
-	if err != nil {
-		return
-	}
-	m.logCutsMu.Lock()
-	defer m.logCutsMu.Unlock()
-	path := filepath.Join(recordsDir, logCutsFile)
-	reported := map[string]bool{}
-	if data, err := os.ReadFile(path); err == nil {
-		_ = json.Unmarshal(data, &reported)
-	}
-	changed := false
-	for _, name := range []string{records.Stdout, records.Stderr} {
-		ss := st.Stream(name)
-		if cut := ss.DroppedBytes - ss.FailedBytes; cut > 0 && !reported[name+" "+store.LimitLogBytes] {
-			m.LimitHit(id, store.LimitLogBytes, fmt.Sprintf("%s past resources.log_max_bytes (%d): its first bytes and its newest are kept, %d of %d bytes dropped so far",
-				name, st.MaxBytes, ss.DroppedBytes, ss.WrittenBytes))
-			reported[name+" "+store.LimitLogBytes], changed = true, true
-		}
-		if ss.FailedBytes > 0 && !reported[name+" "+store.LimitDiskFull] {
-			m.LimitHit(id, store.LimitDiskFull, fmt.Sprintf("%s: %d bytes of output lost to failed writes in the records directory: %s", name, ss.FailedBytes, ss.WriteError))
-			reported[name+" "+store.LimitDiskFull], changed = true, true
-		}
-	}
-	if !changed {
-		return
-	}
-	data, _ := json.Marshal(reported)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err == nil {
-		if err := os.Rename(tmp, path); err != nil {
-			m.cfg.Logger.Warn("noting a reported log cut", "session", id, "err", err)
-		}
-	}
-}

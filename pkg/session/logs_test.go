@@ -45,7 +45,7 @@ func TestLogsCapThroughTheManager(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	for range 3 {
-		m.CheckLogCuts(rec.ID, rec.RecordsDir)
+		m.journal.logCuts(rec.ID, rec.RecordsDir)
 	}
 	var details []string
 	m.Events(context.Background(), 0, false, func(ev store.Event) error {

@@ -13,6 +13,7 @@ import (
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 
 	"roost.dev/roost/pkg/session/delegate"
+	"roost.dev/roost/pkg/session/guard"
 	"roost.dev/roost/pkg/session/plan"
 	"roost.dev/roost/pkg/session/retention"
 	"roost.dev/roost/pkg/session/store"
@@ -162,9 +163,10 @@ type Manager struct {
 	// egress holds the proxies sessions' endpoints carry (none without Config.Egress).
 	egress *delegate.Egress
 
-	planner *plan.Planner
-	// logCutsMu orders the notes of which log cuts were reported (CheckLogCuts).
-	logCutsMu sync.Mutex
+	planner  *plan.Planner
+	journal  *journal
+	runtimes runtimes
+	lifeline lifeline
 
 	// blobMu keeps collecting the content store apart from a stage between importing a
 	// capsule and recording the session that names it.
@@ -175,6 +177,7 @@ type Manager struct {
 
 	accounts accounts
 	trees    trees
+	guard    guard.Guard
 
 	retainer *retention.Retainer
 
@@ -312,10 +315,19 @@ func Open(cfg Config) (*Manager, error) {
 	}()
 	m.planner = plan.New(plan.Config{Artifacts: cfg.Artifacts, Catalog: cfg.Catalog, DaemonFloor: cfg.DaemonFloor, AllowRoot: cfg.AllowRoot,
 		HostPaths: cfg.HostPaths, EnvPassthrough: cfg.EnvPassthrough, HostEnv: cfg.HostEnv})
+	limits, _ := cfg.Observer.(LimitObserver)
+	m.journal = &journal{reg: m.reg, log: cfg.Logger, limits: limits}
+	m.lifeline = lifeline{reg: m.reg, live: &m.live, ctx: ctx, wg: &m.wg, log: cfg.Logger,
+		stop: func(l *liveSession, id, saw string) error {
+			return m.beginStop(l, id, store.EndParent, saw, cfg.StopGrace)
+		}}
+	m.runtimes = runtimes{byClass: cfg.Runtimes, endpoints: cfg.Endpoints, log: cfg.Logger}
 	m.accounts = accounts{ledger: cfg.Ledger, gateway: cfg.Gateway, log: cfg.Logger}
 	scoped, _ := cfg.Runtimes[manifest.Scoped].(interface{ TmpDir(string) string })
 	m.trees = trees{state: cfg.StateDir, ids: cfg.IDs, group: m.reg.parentGroup, scoped: scoped,
 		save: func(rec *store.Record) error { return m.reg.update(func(tx *store.Tx) error { return tx.Save(rec) }) }}
+	m.guard = guard.Guard{Interval: cfg.GuardInterval, Logger: cfg.Logger,
+		Trees: guard.Trees{Home: m.trees.home, Tmp: m.trees.tmp, Children: m.trees.children, List: m.reg.all}}
 	m.egress = delegate.NewEgress(cfg.Egress, cfg.Observer, m.trees.records, cfg.Logger)
 	retains, _ := cfg.Observer.(retention.Observer)
 	m.retainer = retention.New(retained{m}, retains, cfg.Logger)
@@ -461,26 +473,10 @@ func (m *Manager) Wait(ctx context.Context, id string) (*store.Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	return m.waitState(ctx, rec.ID, func(r *store.Record) bool { return r.State == store.Exited })
-}
-
-// waitState re-reads the session after every committed change until done accepts it.
-func (m *Manager) waitState(ctx context.Context, id string, done func(*store.Record) bool) (*store.Record, error) {
-	for {
-		changed := m.reg.changed.wait()
-		rec, err := m.Get(id)
-		if err != nil {
-			return nil, err
-		}
-		if done(rec) {
-			return rec, nil
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
+	if rec, err = m.reg.waitFor(ctx, rec.ID, func(r *store.Record) bool { return r.State == store.Exited }); err == nil {
+		m.accounts.fill(rec)
 	}
+	return rec, err
 }
 
 func (l *liveSession) stopTimers() {

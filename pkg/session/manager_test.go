@@ -305,7 +305,7 @@ func TestDeadlineOptionOnlyLowers(t *testing.T) {
 func TestStopAndKill(t *testing.T) {
 	m, _ := openManager(t, stateDir(t))
 	rec := run(t, m, StageOptions{Capsule: capsule(t, "sleep 30", "")})
-	stopped, err := m.Stop(context.Background(), rec.ID, 5*time.Second)
+	stopped, err := m.Stop(context.Background(), rec.ID, 5*time.Second, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,7 +313,7 @@ func TestStopAndKill(t *testing.T) {
 		t.Fatalf("stop: %+v", stopped)
 	}
 	// Stopping again is harmless; killing an ended session is refused.
-	if again, err := m.Stop(context.Background(), rec.ID, time.Second); err != nil || again.ExitStatus != store.StatusTerminated {
+	if again, err := m.Stop(context.Background(), rec.ID, time.Second, ""); err != nil || again.ExitStatus != store.StatusTerminated {
 		t.Fatalf("second stop: %+v %v", again, err)
 	}
 	if _, err := m.Kill(context.Background(), rec.ID, syscall.SIGKILL); !errdefs.IsFailedPrecondition(err) {
@@ -342,7 +342,7 @@ func TestStopAndKill(t *testing.T) {
 	}
 
 	staged, _ := m.Stage(StageOptions{Capsule: capsule(t, "true", "")})
-	if _, err := m.Stop(context.Background(), staged.ID, time.Second); !errdefs.IsFailedPrecondition(err) {
+	if _, err := m.Stop(context.Background(), staged.ID, time.Second, ""); !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("stop of a staged session: %v", err)
 	}
 }
@@ -548,7 +548,7 @@ func TestRecovery(t *testing.T) {
 	if got.State != store.Running {
 		t.Fatalf("slow after restart: %+v", got)
 	}
-	stopped, err := m2.Stop(context.Background(), slow.ID, 5*time.Second)
+	stopped, err := m2.Stop(context.Background(), slow.ID, 5*time.Second, "")
 	if err != nil || stopped.ExitStatus != store.StatusTerminated || *stopped.ExitCode != 9 {
 		t.Fatalf("stop after restart: %+v %v", stopped, err)
 	}

@@ -84,7 +84,7 @@ func thaw(l *liveSession) {
 type Usage struct {
 	containment.Usage
 	// WorkdirBytes is what the trees resources.workdir_max_bytes bounds hold (the workdir,
-	// home, a scoped TMPDIR, children's trees: guardRoots), as the bound's own walk counts
+	// home, a scoped TMPDIR, children's trees: guard.Roots), as the bound's own walk counts
 	// them: the guard's last measurement, at most GuardInterval old (0 until its first).
 	WorkdirBytes int64
 }

@@ -3,9 +3,8 @@ package session
 import (
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
+	"time"
 
 	"roost.dev/roost/pkg/session/delegate"
 	"roost.dev/roost/pkg/session/outcome"
@@ -48,10 +47,10 @@ func (m *Manager) recover() error {
 			m.cfg.Observer.SessionRecovered(outcome)
 		}
 	}
-	if err := m.stopOrphans(); err != nil {
+	if err := m.lifeline.stopOrphans(); err != nil {
 		return err
 	}
-	if err := m.sweepLeftovers(); err != nil {
+	if err := sweepLeftovers(m.reg, m.runtimes, m.trees); err != nil {
 		return err
 	}
 	m.collectCapsules()
@@ -67,7 +66,7 @@ func (m *Manager) recoverOne(rec *store.Record) string {
 	// whatever roost-init is still doing.
 	info, err := containment.ReadExit(rec.RecordsDir)
 	if err == nil {
-		m.CheckLogCuts(rec.ID, rec.RecordsDir)
+		m.journal.logCuts(rec.ID, rec.RecordsDir)
 		status, code, detail := outcome.Classify(rec, info, nil)
 		m.finish(l, rec, status, code, detail, info.EndedAt)
 		return RecoveredExited
@@ -76,7 +75,7 @@ func (m *Manager) recoverOne(rec *store.Record) string {
 	class, _ := manifest.ParseClass(rec.Achieved)
 	runtime := m.cfg.Runtimes[class]
 	if runtime == nil {
-		m.endWithoutProcess(l, rec, store.StatusLost, fmt.Sprintf("this daemon has no %s runtime to re-attach the session with", rec.Achieved))
+		m.finish(l, rec, store.StatusLost, nil, fmt.Sprintf("this daemon has no %s runtime to re-attach the session with", rec.Achieved), time.Now().UTC())
 		return RecoveredLost
 	}
 	// Without a recorded process the daemon died mid-launch; the runtime knows where its
@@ -96,7 +95,7 @@ func (m *Manager) recoverOne(rec *store.Record) string {
 		if rec.Process == nil {
 			detail = fmt.Sprintf("roostd stopped while the session was %s; %s", rec.State, detail)
 		}
-		m.endWithoutProcess(l, rec, store.StatusLost, detail)
+		m.finish(l, rec, store.StatusLost, nil, detail, time.Now().UTC())
 		return RecoveredLost
 	}
 	if rec.State == store.Launching {
@@ -157,14 +156,15 @@ type Holder interface {
 	Held() ([]string, error)
 }
 
-// sweepLeftovers removes what sessions that are gone left behind: records and work
-// directories of sessions the registry no longer has (a crash between forgetting a session
-// and deleting its files), and runtime resources (containers, cgroups) of sessions that are
-// not live (a crash between recording an end and releasing them).
-func (m *Manager) sweepLeftovers() error {
+// sweepLeftovers removes what sessions that are gone left behind: runtime resources
+// (containers, cgroups, pinned network namespaces) of sessions that are not live (a crash
+// between recording an end and releasing them), and records and work directories of
+// sessions the registry no longer has (a crash between forgetting a session and deleting
+// its files).
+func sweepLeftovers(reg registry, rts runtimes, t trees) error {
 	known := map[string]bool{}
 	live := map[string]bool{}
-	if err := m.reg.View(func(tx *store.Tx) error {
+	if err := reg.View(func(tx *store.Tx) error {
 		for id, state := range tx.States() {
 			known[id] = true
 			live[id] = state.Live()
@@ -173,56 +173,8 @@ func (m *Manager) sweepLeftovers() error {
 	}); err != nil {
 		return err
 	}
-	for _, rt := range m.cfg.Runtimes {
-		h, ok := rt.(Holder)
-		if !ok {
-			continue
-		}
-		held, err := h.Held()
-		if err != nil {
-			m.cfg.Logger.Warn("listing runtime leftovers", "err", err)
-			continue
-		}
-		for _, id := range held {
-			if !live[id] {
-				m.cfg.Logger.Info("releasing leftover runtime resources", "session", id)
-				if err := rt.Release(id); err != nil {
-					m.cfg.Logger.Warn("releasing leftover", "session", id, "err", err)
-				}
-			}
-		}
-	}
-	if m.cfg.Endpoints != nil {
-		pinned, err := m.cfg.Endpoints.Pinned()
-		if err != nil {
-			m.cfg.Logger.Warn("listing pinned network namespaces", "err", err)
-		}
-		for _, id := range pinned {
-			if !live[id] {
-				m.cfg.Logger.Info("unpinning a leftover network namespace", "session", id)
-				if err := m.cfg.Endpoints.Release(id); err != nil {
-					m.cfg.Logger.Warn("unpinning a leftover network namespace", "session", id, "err", err)
-				}
-			}
-		}
-	}
-	for _, sub := range []string{recordsDir, workDir, homesDir} {
-		entries, err := os.ReadDir(filepath.Join(m.cfg.StateDir, sub))
-		if err != nil {
-			return err
-		}
-		for _, e := range entries {
-			if !e.IsDir() || known[e.Name()] || !isSessionID(e.Name()) {
-				continue
-			}
-			path := filepath.Join(m.cfg.StateDir, sub, e.Name())
-			m.cfg.Logger.Info("removing leftover", "path", path)
-			if err := os.RemoveAll(path); err != nil {
-				m.cfg.Logger.Warn("removing leftover", "path", path, "err", err)
-			}
-		}
-	}
-	return nil
+	rts.sweep(func(id string) bool { return live[id] })
+	return t.sweep(func(id string) bool { return known[id] }, rts.log)
 }
 
 func isSessionID(s string) bool {

@@ -1,9 +1,13 @@
 package session
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"sync"
+	"time"
 
+	"github.com/containerd/errdefs"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/session/exec"
 	"roost.dev/roost/pkg/session/store"
@@ -86,6 +90,82 @@ func (r registry) Note(sessionID, eventType, detail string) error {
 		}
 		return tx.Note(rec, eventType, detail)
 	})
+}
+
+// recordExited commits the session's end. An end is what roostd must not lose: when the
+// state directory's disk is full it retries, with a growing pause, until space returns (or
+// ctx ends: the next daemon records the end from exit.json).
+func (r registry) recordExited(ctx context.Context, rec *store.Record, log *slog.Logger) error {
+	was := rec.State
+	pause := 100 * time.Millisecond
+	for {
+		err := r.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Exited) })
+		if err == nil || !store.IsNoSpace(err) {
+			return err
+		}
+		// The transaction rolled back; the record in hand must say so again.
+		rec.State = was
+		log.Warn("recording an end: the state directory is full; retrying", "session", rec.ID, "in", pause)
+		select {
+		case <-time.After(pause):
+		case <-ctx.Done():
+			return err
+		}
+		pause = min(2*pause, 5*time.Second)
+	}
+}
+
+// tree is the session id, as the registry has it now, and every session below it, each parent before
+// its children.
+func (r registry) tree(id string) ([]*store.Record, error) {
+	recs, err := r.all()
+	if err != nil {
+		return nil, err
+	}
+	for _, rec := range recs {
+		if rec.ID == id {
+			return append([]*store.Record{rec}, store.Descendants(recs, id)...), nil
+		}
+	}
+	return nil, fmt.Errorf("no session %q: %w", id, errdefs.ErrNotFound)
+}
+
+// waitFor re-reads the session after every committed change until done accepts it.
+func (r registry) waitFor(ctx context.Context, id string, done func(*store.Record) bool) (*store.Record, error) {
+	for {
+		changed := r.changed.wait()
+		rec, err := r.get(id)
+		if err != nil {
+			return nil, err
+		}
+		if done(rec) {
+			return rec, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// waitSubtree blocks until no descendant of the session is live.
+func (r registry) waitSubtree(ctx context.Context, id string) error {
+	for {
+		changed := r.changed.wait()
+		recs, err := r.all()
+		if err != nil {
+			return err
+		}
+		if !anyLiveBelow(recs, id) {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // parentGroup is the gid a child's workdir is given, so its parent can read it.

@@ -33,7 +33,7 @@ func (m *Manager) RemoveTree(ctx context.Context, id string, force bool) error {
 	if err != nil {
 		return err
 	}
-	tree, err := m.tree(rec)
+	tree, err := m.reg.tree(rec.ID)
 	if err != nil {
 		return err
 	}
@@ -56,7 +56,7 @@ func (m *Manager) RemoveTree(ctx context.Context, id string, force bool) error {
 	}
 	if force {
 		// Read again: the kills changed them, and a child may have been staged meanwhile.
-		if tree, err = m.tree(rec); err != nil {
+		if tree, err = m.reg.tree(rec.ID); err != nil {
 			return err
 		}
 		for _, r := range tree {
@@ -76,21 +76,6 @@ func (m *Manager) RemoveTree(ctx context.Context, id string, force bool) error {
 	}
 	m.collectCapsules()
 	return failed
-}
-
-// tree is rec, as the registry has it now, and every session below it, each parent before
-// its children.
-func (m *Manager) tree(rec *store.Record) ([]*store.Record, error) {
-	recs, err := m.reg.all()
-	if err != nil {
-		return nil, err
-	}
-	for _, r := range recs {
-		if r.ID == rec.ID {
-			return append([]*store.Record{r}, store.Descendants(recs, rec.ID)...), nil
-		}
-	}
-	return nil, fmt.Errorf("no session %q: %w", rec.ID, errdefs.ErrNotFound)
 }
 
 // removeOne forgets one session that is not live.

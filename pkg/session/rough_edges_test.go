@@ -45,7 +45,7 @@ func TestDeadlineAboveManifestRefused(t *testing.T) {
 func TestStopReason(t *testing.T) {
 	m, _ := openManager(t, stateDir(t))
 	rec := run(t, m, StageOptions{Capsule: capsule(t, "sleep 30", "")})
-	stopped, err := m.StopBecause(context.Background(), rec.ID, 5*time.Second, "interrupted (SIGINT to roostctl run)")
+	stopped, err := m.Stop(context.Background(), rec.ID, 5*time.Second, "interrupted (SIGINT to roostctl run)")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestStopReason(t *testing.T) {
 		t.Fatalf("detail %q (%s), want it to start %q", stopped.Detail, stopped.ExitStatus, want)
 	}
 	rec = run(t, m, StageOptions{Capsule: capsule(t, "sleep 30", "")})
-	stopped, err = m.Stop(context.Background(), rec.ID, 5*time.Second)
+	stopped, err = m.Stop(context.Background(), rec.ID, 5*time.Second, "")
 	if err != nil {
 		t.Fatal(err)
 	}

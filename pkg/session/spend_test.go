@@ -30,7 +30,7 @@ func TestSpendOverrunEvent(t *testing.T) {
 	}
 	t.Cleanup(func() { m.Close() })
 	rec := run(t, m, StageOptions{Capsule: capsule(t, "sleep 30", "")})
-	t.Cleanup(func() { m.Stop(context.Background(), rec.ID, time.Second) })
+	t.Cleanup(func() { m.Stop(context.Background(), rec.ID, time.Second, "") })
 
 	for _, tc := range []struct{ reserve, in, out int64 }{{10, 3, 4}, {10, 30, 5}} {
 		res, err := m.backend.Admit(rec.ID, spawn.AdmitRequest{Tokens: tc.reserve})

@@ -13,6 +13,7 @@ import (
 	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/session/plan"
 	"roost.dev/roost/pkg/session/store"
+	"roost.dev/roost/pkg/session/warmpool"
 
 	"github.com/containerd/errdefs"
 	"github.com/google/uuid"
@@ -88,7 +89,7 @@ func (m *Manager) Explain(opts StageOptions, oci bool) (*roostv1.Explanation, []
 			return nil, nil, err
 		}
 	}
-	return m.explain(p), config, nil
+	return explain(m.planner, m.pool, p), config, nil
 }
 
 // Stage reads and validates the capsule, decides its containment, and records a session in
@@ -135,7 +136,7 @@ func (m *Manager) stage(p *plan.Plan, opts StageOptions) (*store.Record, error) 
 	}
 	// The grants, once: the stage hooks judge them and the session's trace opens with them
 	// (with the ids it is given below).
-	e := m.explain(p)
+	e := explain(m.planner, m.pool, p)
 	if err := stageHooks(m.ctx, m.cfg.Hooks, p, e, opts.ParentID); err != nil {
 		return nil, err
 	}
@@ -249,8 +250,8 @@ var explanationJSON = protojson.MarshalOptions{UseProtoNames: true, EmitDefaultV
 var _ OCIDescriber = (*sealed.Runtime)(nil)
 
 // explain is the plan grant by grant, with how a session of it would start here.
-func (m *Manager) explain(p *plan.Plan) *roostv1.Explanation {
-	return m.planner.Explain(p, func(c manifest.Class) *roostv1.StartPath {
-		return m.pool.StartPath(&p.Policy, p.Manifest.Run.Wasm != "", c)
+func explain(planner *plan.Planner, pool *warmpool.Pool, p *plan.Plan) *roostv1.Explanation {
+	return planner.Explain(p, func(c manifest.Class) *roostv1.StartPath {
+		return pool.StartPath(&p.Policy, p.Manifest.Run.Wasm != "", c)
 	})
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/containerd/errdefs"
 
 	"roost.dev/roost/pkg/containment"
-	"roost.dev/roost/pkg/manifest"
 )
 
 const (
@@ -34,14 +33,17 @@ func (m *Manager) supervise(l *liveSession, rec *store.Record, proc containment.
 		m.armDeadline(l, rec)
 	}
 	if rec.State == store.Stopping {
-		m.armKill(l, rec)
+		l.armKill(rec)
 	}
 	// The workdir guard reads a copy: the record is the caller's to change.
 	guarded := *rec
 	m.wg.Add(1)
 	go m.guardWorkdir(l, &guarded, proc.Done())
 	m.wg.Add(1)
-	go m.watchLogs(rec.ID, rec.RecordsDir, proc.Done())
+	go func() {
+		defer m.wg.Done()
+		m.journal.watchLogs(m.ctx, rec.ID, rec.RecordsDir, m.cfg.GuardInterval, proc.Done())
+	}()
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -57,7 +59,8 @@ func (m *Manager) supervise(l *liveSession, rec *store.Record, proc containment.
 	}()
 }
 
-// armDeadline starts the timer that ends the session at its deadline. The caller holds l.mu.
+// armDeadline starts the timer that ends the session at its deadline. The caller holds
+// l.mu.
 func (m *Manager) armDeadline(l *liveSession, rec *store.Record) {
 	if rec.DeadlineAt.IsZero() {
 		return
@@ -66,29 +69,23 @@ func (m *Manager) armDeadline(l *liveSession, rec *store.Record) {
 		l.deadline.Stop()
 	}
 	id := rec.ID
-	l.deadline = time.AfterFunc(max(time.Until(rec.DeadlineAt), 0), func() { m.expire(id, l) })
+	l.deadline = time.AfterFunc(max(time.Until(rec.DeadlineAt), 0), func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if m.ctx.Err() != nil {
+			return
+		}
+		if err := m.beginStop(l, id, store.EndDeadline, "", m.cfg.StopGrace); err != nil {
+			m.cfg.Logger.Error("deadline", "session", id, "err", err)
+		}
+	})
 }
 
-func (m *Manager) expire(id string, l *liveSession) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if m.ctx.Err() != nil {
-		return
-	}
-	if err := m.beginStop(l, id, store.EndDeadline, m.cfg.StopGrace); err != nil {
-		m.cfg.Logger.Error("deadline", "session", id, "err", err)
-	}
-}
-
-// beginStop records why roost is ending the session, moves it to stopping and sends
-// SIGTERM; SIGKILL follows after grace. A session already stopping keeps its reason, and a
-// shorter grace only brings the SIGKILL forward. The caller holds l.mu.
-func (m *Manager) beginStop(l *liveSession, id string, why store.EndRequest, grace time.Duration) error {
-	return m.beginStopSaying(l, id, why, "", grace)
-}
-
-// beginStopSaying is beginStop with what roost saw, kept for the detail of the end.
-func (m *Manager) beginStopSaying(l *liveSession, id string, why store.EndRequest, saw string, grace time.Duration) error {
+// beginStop records why roost is ending the session (and what it saw, for the detail of
+// the end), moves it to stopping and sends SIGTERM; SIGKILL follows after grace. A session
+// already stopping keeps its reason, and a shorter grace only brings the SIGKILL forward.
+// The caller holds l.mu.
+func (m *Manager) beginStop(l *liveSession, id string, why store.EndRequest, saw string, grace time.Duration) error {
 	rec, err := m.Get(id)
 	if err != nil {
 		return err
@@ -107,20 +104,22 @@ func (m *Manager) beginStopSaying(l *liveSession, id string, why store.EndReques
 		if err := l.proc.Signal(sigTerm); err != nil && !errors.Is(err, containment.ErrGone) {
 			return err
 		}
-		m.armKill(l, rec)
+		l.armKill(rec)
 	case store.Stopping:
 		if killAt.Before(rec.KillAt) {
 			rec.KillAt = killAt
 			if err := m.reg.update(func(tx *store.Tx) error { return tx.Save(rec) }); err != nil {
 				return err
 			}
-			m.armKill(l, rec)
+			l.armKill(rec)
 		}
 	}
 	return nil
 }
 
-func (m *Manager) armKill(l *liveSession, rec *store.Record) {
+// armKill starts the timer that sends SIGKILL at the record's KillAt. The caller holds
+// l.mu.
+func (l *liveSession) armKill(rec *store.Record) {
 	if l.killTimer != nil {
 		l.killTimer.Stop()
 	}
@@ -129,15 +128,11 @@ func (m *Manager) armKill(l *liveSession, rec *store.Record) {
 }
 
 // Stop ends a session: SIGTERM, then SIGKILL after grace. It returns once the end is
-// recorded. Stopping a session that has already ended returns it as it is.
-func (m *Manager) Stop(ctx context.Context, id string, grace time.Duration) (*store.Record, error) {
-	return m.StopBecause(ctx, id, grace, "")
-}
-
-// StopBecause is Stop with why the caller stops it (StopRequest.reason): the session's
-// detail says "stopped: <reason>" rather than "stopped by roostctl stop", so a session
-// ended by, say, an interrupted roostctl run says so. An empty reason is Stop's.
-func (m *Manager) StopBecause(ctx context.Context, id string, grace time.Duration, reason string) (*store.Record, error) {
+// recorded. Stopping a session that has already ended returns it as it is. reason is why
+// the caller stops it (StopRequest.reason): the session's detail then says "stopped:
+// <reason>" rather than "stopped by roostctl stop", so a session ended by, say, an
+// interrupted roostctl run says so.
+func (m *Manager) Stop(ctx context.Context, id string, grace time.Duration, reason string) (*store.Record, error) {
 	rec, err := m.Get(id)
 	if err != nil {
 		return nil, err
@@ -153,7 +148,7 @@ func (m *Manager) StopBecause(ctx context.Context, id string, grace time.Duratio
 		return nil, fmt.Errorf("session %s is %s but not supervised by this daemon: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}
 	l.mu.Lock()
-	err = m.beginStopSaying(l, rec.ID, store.EndStop, reason, grace)
+	err = m.beginStop(l, rec.ID, store.EndStop, reason, grace)
 	l.mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -164,7 +159,7 @@ func (m *Manager) StopBecause(ctx context.Context, id string, grace time.Duratio
 		return nil, ctx.Err()
 	}
 	// Stopping a parent stops its subtree: answer once that is done too.
-	if err := m.waitSubtree(ctx, rec.ID); err != nil {
+	if err := m.reg.waitSubtree(ctx, rec.ID); err != nil {
 		return nil, err
 	}
 	return m.Get(rec.ID)
@@ -211,7 +206,7 @@ func (m *Manager) Kill(ctx context.Context, id string, sig syscall.Signal) (*sto
 	}
 	select {
 	case <-l.ended:
-		if err := m.waitSubtree(ctx, rec.ID); err != nil {
+		if err := m.reg.waitSubtree(ctx, rec.ID); err != nil {
 			return nil, err
 		}
 	case <-timeout:
@@ -236,32 +231,8 @@ func (m *Manager) recordEnd(id string, l *liveSession, info containment.ExitInfo
 	if ended.IsZero() {
 		ended = time.Now().UTC()
 	}
-	m.CheckLogCuts(rec.ID, rec.RecordsDir)
+	m.journal.logCuts(rec.ID, rec.RecordsDir)
 	m.finish(l, rec, status, code, detail, ended)
-}
-
-// watchLogs reports the session's output cuts (see CheckLogCuts) every GuardInterval while
-// it runs.
-func (m *Manager) watchLogs(id, recordsDir string, done <-chan struct{}) {
-	defer m.wg.Done()
-	ticker := time.NewTicker(m.cfg.GuardInterval)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-done:
-			return
-		case <-m.ctx.Done():
-			return
-		case <-ticker.C:
-			m.CheckLogCuts(id, recordsDir)
-		}
-	}
-}
-
-// endWithoutProcess ends a session that has no process to wait for: it failed to start or
-// was found gone. The caller holds l.mu.
-func (m *Manager) endWithoutProcess(l *liveSession, rec *store.Record, status store.ExitStatus, detail string) {
-	m.finish(l, rec, status, nil, detail, time.Now().UTC())
 }
 
 // finish writes the session's end: trace and completion.json first, then the registry, so
@@ -271,7 +242,7 @@ func (m *Manager) endWithoutProcess(l *liveSession, rec *store.Record, status st
 // l.mu.
 func (m *Manager) finish(l *liveSession, rec *store.Record, status store.ExitStatus, code *int, detail string, ended time.Time) {
 	l.stopTimers()
-	defer m.releaseRuntime(rec)
+	defer m.runtimes.release(rec)
 	if rec.State != store.Exited {
 		rec.ExitStatus, rec.ExitCode, rec.Detail, rec.EndedAt = status, code, detail, ended
 		// Before the trace's end: the proxy's last records precede it.
@@ -284,7 +255,7 @@ func (m *Manager) finish(l *liveSession, rec *store.Record, status store.ExitSta
 		if rec.ParentID != "" {
 			writeCompletion(m.cfg.Logger, rec)
 		}
-		if err := m.recordExited(rec); err != nil {
+		if err := m.reg.recordExited(m.ctx, rec, m.cfg.Logger); err != nil {
 			m.cfg.Logger.Error("recording end", "session", rec.ID, "err", err)
 			return
 		}
@@ -303,53 +274,11 @@ func (m *Manager) finish(l *liveSession, rec *store.Record, status store.ExitSta
 	if l.ep != nil {
 		l.ep.Close()
 	}
-	m.endChildren(rec.ID)
+	m.lifeline.endChildren(rec.ID)
 	m.live.forget(rec.ID, l)
 	select {
 	case <-l.ended:
 	default:
 		close(l.ended)
-	}
-}
-
-// recordExited commits the session's end. An end is what roostd must not lose: when the
-// state directory's disk is full it retries, with a growing pause, until space returns (or
-// the daemon stops: the next one records the end from exit.json).
-func (m *Manager) recordExited(rec *store.Record) error {
-	was := rec.State
-	pause := 100 * time.Millisecond
-	for {
-		err := m.reg.update(func(tx *store.Tx) error { return tx.Transition(rec, store.Exited) })
-		if err == nil || !store.IsNoSpace(err) {
-			return err
-		}
-		// The transaction rolled back; the record in hand must say so again.
-		rec.State = was
-		m.cfg.Logger.Warn("recording an end: the state directory is full; retrying", "session", rec.ID, "in", pause)
-		select {
-		case <-time.After(pause):
-		case <-m.ctx.Done():
-			return err
-		}
-		pause = min(2*pause, 5*time.Second)
-	}
-}
-
-// releaseRuntime frees what the session's runtime holds for it, and unpins its network
-// namespace.
-func (m *Manager) releaseRuntime(rec *store.Record) {
-	// The pin goes first: the namespace lives on while the container is in it, and whoever
-	// sees the container gone sees the pin gone too.
-	if m.cfg.Endpoints != nil {
-		if err := m.cfg.Endpoints.Release(rec.ID); err != nil {
-			m.cfg.Logger.Warn("unpinning the session's network namespace", "session", rec.ID, "err", err)
-		}
-	}
-	class, err := manifest.ParseClass(rec.Achieved)
-	if err != nil || m.cfg.Runtimes[class] == nil {
-		return
-	}
-	if err := m.cfg.Runtimes[class].Release(rec.ID); err != nil {
-		m.cfg.Logger.Warn("releasing the session's runtime resources", "session", rec.ID, "err", err)
 	}
 }

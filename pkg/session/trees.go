@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -196,4 +197,25 @@ func (t trees) tmp(rec *store.Record) string {
 		return ""
 	}
 	return t.scoped.TmpDir(rec.ID)
+}
+
+// sweep removes the records, workdirs and homes of sessions the registry does not know.
+func (t trees) sweep(known func(id string) bool, log *slog.Logger) error {
+	for _, sub := range []string{recordsDir, workDir, homesDir} {
+		entries, err := os.ReadDir(filepath.Join(t.state, sub))
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if !e.IsDir() || known(e.Name()) || !isSessionID(e.Name()) {
+				continue
+			}
+			path := filepath.Join(t.state, sub, e.Name())
+			log.Info("removing leftover", "path", path)
+			if err := os.RemoveAll(path); err != nil {
+				log.Warn("removing leftover", "path", path, "err", err)
+			}
+		}
+	}
+	return nil
 }

@@ -41,7 +41,7 @@ type Sessions interface {
 	Launch(ctx context.Context, id string) (*store.Record, error)
 	Remove(id string) error
 	Wait(ctx context.Context, id string) (*store.Record, error)
-	Stop(ctx context.Context, id string, grace time.Duration) (*store.Record, error)
+	Stop(ctx context.Context, id string, grace time.Duration, reason string) (*store.Record, error)
 	// WorkdirRoots are the trees charged to a parent's resources.workdir_max_bytes, its
 	// children's among them, and how to name them in a refusal.
 	WorkdirRoots(parent *store.Record) (roots []string, what string)

@@ -372,7 +372,7 @@ func (b *Backend) StopChild(ctx context.Context, parentID, childID string) (spaw
 	if _, _, err := b.ownChild(parentID, childID); err != nil {
 		return spawn.Completion{}, err
 	}
-	c, err := b.s.Stop(ctx, childID, b.cfg.StopGrace)
+	c, err := b.s.Stop(ctx, childID, b.cfg.StopGrace, "")
 	if err != nil {
 		return spawn.Completion{}, err
 	}
