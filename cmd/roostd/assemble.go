@@ -24,6 +24,7 @@ import (
 	"roost.dev/roost/pkg/metrics"
 	"roost.dev/roost/pkg/server"
 	"roost.dev/roost/pkg/session"
+	"roost.dev/roost/pkg/session/dirs"
 	"roost.dev/roost/pkg/session/retention"
 	"roost.dev/roost/pkg/session/store"
 	"roost.dev/roost/pkg/spawn"
@@ -91,7 +92,7 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 	}
 
 	// Before any runtime makes its part of it: the sessions' uids must pass through.
-	if err := session.PrepareStateDir(stateDir); err != nil {
+	if err := dirs.Prepare(stateDir); err != nil {
 		return nil, fmt.Errorf("--state-dir: %w", err)
 	}
 	pool := store.IDPool{First: cfg.Sessions.IDs.First, Slots: cfg.Sessions.IDs.Slots}

@@ -40,6 +40,14 @@ func TestLayers(t *testing.T) {
 		{"pkg/session/plan", []string{"pkg/session/delegate", "pkg/session/warmpool", "pkg/session/retention", "pkg/server", "pkg/endpoint", "pkg/ledger"}},
 		{"pkg/session/warmpool", []string{"pkg/session/delegate", "pkg/session/plan", "pkg/session/retention", "pkg/session/store", "pkg/server", "pkg/endpoint"}},
 		{"pkg/session/retention", []string{"pkg/session/delegate", "pkg/session/plan", "pkg/session/warmpool", "pkg/containment", "pkg/server", "pkg/endpoint"}},
+		// The manager's parts answer one question each and reach none of their siblings
+		// beside the record, the end's words (outcome) and the formats.
+		{"pkg/session/outcome", []string{"pkg/session/delegate", "pkg/session/plan", "pkg/session/warmpool", "pkg/session/retention", "pkg/session/exec", "pkg/session/spec", "pkg/session/guard", "pkg/session/dirs", "pkg/session/account", "pkg/server", "pkg/endpoint", "pkg/gateway", "pkg/ledger"}},
+		{"pkg/session/exec", []string{"pkg/session/delegate", "pkg/session/plan", "pkg/session/warmpool", "pkg/session/retention", "pkg/session/spec", "pkg/session/guard", "pkg/session/dirs", "pkg/session/account", "pkg/server", "pkg/endpoint", "pkg/gateway", "pkg/ledger"}},
+		{"pkg/session/spec", []string{"pkg/session/delegate", "pkg/session/plan", "pkg/session/warmpool", "pkg/session/retention", "pkg/session/exec", "pkg/session/guard", "pkg/session/dirs", "pkg/session/account", "pkg/server", "pkg/endpoint", "pkg/gateway", "pkg/ledger"}},
+		{"pkg/session/guard", []string{"pkg/containment", "pkg/session/delegate", "pkg/session/plan", "pkg/session/warmpool", "pkg/session/retention", "pkg/session/exec", "pkg/session/spec", "pkg/session/dirs", "pkg/session/account", "pkg/server", "pkg/endpoint", "pkg/gateway", "pkg/ledger"}},
+		{"pkg/session/dirs", []string{"pkg/containment", "pkg/session/delegate", "pkg/session/plan", "pkg/session/warmpool", "pkg/session/retention", "pkg/session/exec", "pkg/session/spec", "pkg/session/guard", "pkg/session/account", "pkg/server", "pkg/endpoint", "pkg/gateway", "pkg/ledger"}},
+		{"pkg/session/account", []string{"pkg/containment", "pkg/session/delegate", "pkg/session/plan", "pkg/session/warmpool", "pkg/session/retention", "pkg/session/exec", "pkg/session/spec", "pkg/session/guard", "pkg/session/dirs", "pkg/server", "pkg/endpoint"}},
 		// Containment runs programs; it knows nothing of sessions' records or the API.
 		{"pkg/containment", []string{"pkg/session", "pkg/server", "pkg/endpoint", "pkg/gateway", "pkg/ledger", "api/"}},
 		{"pkg/containment/cgroups", []string{"pkg/containment/sealed", "pkg/containment/scoped", "pkg/session", "pkg/server", "api/"}},

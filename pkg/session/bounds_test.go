@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"roost.dev/roost/pkg/session/dirs"
 	"roost.dev/roost/pkg/session/store"
 
 	"github.com/containerd/errdefs"
@@ -149,9 +150,9 @@ func TestBoundsRemoveTakesChildren(t *testing.T) {
 // parent has no sealed root).
 func boundsHeld(t *testing.T, d *delegation, parent *store.Record, kids ...*store.Record) {
 	t.Helper()
-	dirs := []string{d.m.trees.children(parent.ID)}
+	dirs := []string{d.m.trees.Children(parent.ID)}
 	for _, r := range append([]*store.Record{parent}, kids...) {
-		dirs = append(dirs, r.Workdir, r.RecordsDir, d.m.trees.home(r.ID))
+		dirs = append(dirs, r.Workdir, r.RecordsDir, d.m.trees.Home(r.ID))
 	}
 	for _, dir := range dirs {
 		if _, err := os.Lstat(dir); err != nil {
@@ -167,13 +168,13 @@ func boundsGone(t *testing.T, d *delegation, parent *store.Record, kids ...*stor
 		if _, err := d.m.Get(r.ID); !errdefs.IsNotFound(err) {
 			t.Errorf("%s is still recorded: %v", r.ID, err)
 		}
-		for _, dir := range []string{r.Workdir, r.RecordsDir, d.m.trees.home(r.ID), d.m.trees.children(r.ID)} {
+		for _, dir := range []string{r.Workdir, r.RecordsDir, d.m.trees.Home(r.ID), d.m.trees.Children(r.ID)} {
 			if _, err := os.Lstat(dir); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("%s of %s survived rm: %v", dir, r.ID, err)
 			}
 		}
 	}
-	if left, _ := os.ReadDir(filepath.Join(d.state, childrenDir)); len(left) != 0 {
+	if left, _ := os.ReadDir(filepath.Join(d.state, dirs.ChildrenDir)); len(left) != 0 {
 		t.Errorf("children/ still holds %d directories", len(left))
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 
 	"roost.dev/roost/pkg/session/delegate"
+	"roost.dev/roost/pkg/session/dirs"
 	"roost.dev/roost/pkg/session/plan"
 	"roost.dev/roost/pkg/session/store"
 
@@ -72,14 +73,14 @@ func (d endpointSessions) WorkdirRoots(parent *store.Record) ([]string, string) 
 }
 
 func (d endpointSessions) ChildrenDir(parent *store.Record) (string, string, error) {
-	if err := d.trees.prepareChildrenDir(parent); err != nil {
+	if err := d.trees.PrepareChildrenDir(parent); err != nil {
 		return "", "", err
 	}
-	return d.cfg.StateDir, filepath.Join(childrenDir, parent.ID), nil
+	return d.cfg.StateDir, filepath.Join(dirs.ChildrenDir, parent.ID), nil
 }
 
 func (d endpointSessions) TraceDelegation(parent *store.Record, ref, childID string, refusal error) {
-	traceDelegation(d.cfg.Logger, d.trees.records(parent.ID), parent, ref, childID, refusal)
+	traceDelegation(d.cfg.Logger, d.trees.Records(parent.ID), parent, ref, childID, refusal)
 }
 
 func (d endpointSessions) Note(rec *store.Record, event, detail string) error {

@@ -7,4 +7,10 @@
 //	supervise.go  its deadline, stop and kill, and the recording of its end
 //	recover.go    a restarted daemon reconciles what the registry says with what runs
 //	remove.go     it is forgotten
+//
+// What it joins, each answering one question: plan (what a session will be), spec (the
+// program's start), dirs (its trees on the host), account (its ledger account), guard
+// (what it holds on disk), outcome (how it ended), exec (one more command in it), delegate
+// (what its endpoint serves), warmpool (sandboxes made ahead) and retention (when an
+// ended one goes).
 package session

@@ -173,10 +173,10 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *store.Record, 
 		// Root's: the session may pass through to its task text, never list or read the rest.
 		return nil, fmt.Errorf("records directory: %w", err)
 	}
-	if err := m.trees.prepareWorkdir(rec); err != nil {
+	if err := m.trees.PrepareWorkdir(rec); err != nil {
 		return nil, fmt.Errorf("workdir: %w", err)
 	}
-	if err := m.trees.prepareHome(rec); err != nil {
+	if err := m.trees.PrepareHome(rec); err != nil {
 		return nil, fmt.Errorf("home: %w", err)
 	}
 	if rec.HasTask {
@@ -198,12 +198,12 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *store.Record, 
 	l.policyMu.Lock()
 	l.policy = policy
 	l.policyMu.Unlock()
-	if len(m.trees.childrenDirs(rec, class, policy)) > 0 {
-		if err := m.trees.prepareChildrenDir(rec); err != nil {
+	if len(m.trees.ChildrenDirs(rec, class, policy)) > 0 {
+		if err := m.trees.PrepareChildrenDir(rec); err != nil {
 			return nil, err
 		}
 	}
-	if err := m.accounts.open(rec, policy); err != nil {
+	if err := m.accounts.Open(rec, policy); err != nil {
 		return nil, fmt.Errorf("the session's ledger account: %w", err)
 	}
 	if m.cfg.Endpoints != nil {
@@ -248,11 +248,11 @@ func (m *Manager) launchSpec(rec *store.Record, class manifest.Class, man *manif
 		roost["ROOST_ENDPOINT"] = ep.URL()
 		roost["ROOST_CREDENTIAL"] = m.cfg.Endpoints.Credential(rec.ID)
 	}
-	m.accounts.inferenceEnv(policy, ep, roost["ROOST_CREDENTIAL"], roost)
+	m.accounts.InferenceEnv(policy, ep, roost["ROOST_CREDENTIAL"], roost)
 	delegate.Env(policy, ep, roost)
 	return spec.Build(spec.Input{
 		Record: rec, Class: class, Manifest: man, Policy: policy,
-		Home: m.trees.home(rec.ID), Children: m.trees.childrenDirs(rec, class, policy),
+		Home: m.trees.Home(rec.ID), Children: m.trees.ChildrenDirs(rec, class, policy),
 		HostEnv: hostEnv, Roost: roost, NetNS: netns, Wasm: m.cfg.Wasm,
 	})
 }

@@ -12,7 +12,9 @@ import (
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 
+	"roost.dev/roost/pkg/session/account"
 	"roost.dev/roost/pkg/session/delegate"
+	"roost.dev/roost/pkg/session/dirs"
 	"roost.dev/roost/pkg/session/guard"
 	"roost.dev/roost/pkg/session/plan"
 	"roost.dev/roost/pkg/session/retention"
@@ -101,8 +103,8 @@ type Config struct {
 	// session. MaxConcurrent is roostd --max-concurrent: live children per parent.
 	MaxDepth, MaxConcurrent int
 	// Ledger meters sessions' tokens and Gateway forwards their model calls; nil for none.
-	Ledger   Ledger
-	Gateway  Gateway
+	Ledger   account.Ledger
+	Gateway  account.Gateway
 	Observer Observer
 	Logger   *slog.Logger
 	// StopGrace is the deadline's grace between SIGTERM and SIGKILL; DefaultStopGrace when 0.
@@ -175,8 +177,8 @@ type Manager struct {
 	// pool holds sealed sandboxes made ahead; nil without Config.WarmPool.
 	pool *warmpool.Pool
 
-	accounts accounts
-	trees    trees
+	accounts account.Accounts
+	trees    dirs.Dirs
 	guard    guard.Guard
 
 	retainer *retention.Retainer
@@ -296,7 +298,7 @@ func Open(cfg Config) (*Manager, error) {
 	if cfg.IDs == (store.IDPool{}) {
 		cfg.IDs = store.IDPool{First: config.DefaultFirstID, Slots: config.DefaultIDSlots}
 	}
-	if err := PrepareStateDir(cfg.StateDir); err != nil {
+	if err := dirs.Prepare(cfg.StateDir); err != nil {
 		return nil, err
 	}
 	reg, err := store.OpenRegistry(filepath.Join(cfg.StateDir, store.DBFile))
@@ -322,13 +324,13 @@ func Open(cfg Config) (*Manager, error) {
 			return m.beginStop(l, id, store.EndParent, saw, cfg.StopGrace)
 		}}
 	m.runtimes = runtimes{byClass: cfg.Runtimes, endpoints: cfg.Endpoints, log: cfg.Logger}
-	m.accounts = accounts{ledger: cfg.Ledger, gateway: cfg.Gateway, log: cfg.Logger}
+	m.accounts = account.Accounts{Ledger: cfg.Ledger, Gateway: cfg.Gateway, Log: cfg.Logger}
 	scoped, _ := cfg.Runtimes[manifest.Scoped].(interface{ TmpDir(string) string })
-	m.trees = trees{state: cfg.StateDir, ids: cfg.IDs, group: m.reg.parentGroup, scoped: scoped,
-		save: func(rec *store.Record) error { return m.reg.update(func(tx *store.Tx) error { return tx.Save(rec) }) }}
+	m.trees = dirs.Dirs{State: cfg.StateDir, IDs: cfg.IDs, Group: m.reg.parentGroup, Scoped: scoped,
+		Save: func(rec *store.Record) error { return m.reg.update(func(tx *store.Tx) error { return tx.Save(rec) }) }}
 	m.guard = guard.Guard{Interval: cfg.GuardInterval, Logger: cfg.Logger,
-		Trees: guard.Trees{Home: m.trees.home, Tmp: m.trees.tmp, Children: m.trees.children, List: m.reg.all}}
-	m.egress = delegate.NewEgress(cfg.Egress, cfg.Observer, m.trees.records, cfg.Logger)
+		Trees: guard.Trees{Home: m.trees.Home, Tmp: m.trees.Tmp, Children: m.trees.Children, List: m.reg.all}}
+	m.egress = delegate.NewEgress(cfg.Egress, cfg.Observer, m.trees.Records, cfg.Logger)
 	retains, _ := cfg.Observer.(retention.Observer)
 	m.retainer = retention.New(retained{m}, retains, cfg.Logger)
 	spawns, _ := cfg.Observer.(delegate.SpawnObserver)
@@ -389,43 +391,6 @@ func (m *Manager) Close() error {
 // SchemaVersion names the registry's layout.
 func (m *Manager) SchemaVersion() string { return m.reg.SchemaVersion() }
 
-// PrepareStateDir makes the state directory and the parts sessions reach into; Open does
-// it, and a daemon that builds runtimes under the directory first does it before them. Sessions run
-// as unprivileged uids that must pass through to their own workdir, TMPDIR, task text and
-// capsule, so those directories let others search them (0711) but never list them, and
-// everything in them is owned by the one session it belongs to; the registry, the ledger,
-// the key and the records are root's alone (0600/0700).
-func PrepareStateDir(dir string) error {
-	// A directory others may write in (/tmp, a shared scratch tree) is not roostd's to
-	// take over: making it 0711 would lock every other user out of it.
-	if info, err := os.Stat(dir); err == nil && info.IsDir() && (info.Mode().Perm()&0o002 != 0 || info.Mode()&os.ModeSticky != 0) {
-		return fmt.Errorf("state directory %s is writable by others (mode %s): give roostd a directory of its own, e.g. %s/roost: %w", dir, info.Mode(), dir, errdefs.ErrInvalidArgument)
-	}
-	for _, d := range []string{dir, filepath.Join(dir, workDir), filepath.Join(dir, recordsDir), filepath.Join(dir, childrenDir), filepath.Join(dir, homesDir)} {
-		if err := os.MkdirAll(d, 0o711); err != nil {
-			return fmt.Errorf("state directory: %w", err)
-		}
-		if err := os.Chmod(d, 0o711); err != nil {
-			return fmt.Errorf("state directory: %w", err)
-		}
-	}
-	// A session reaches its workdir by its absolute path (HOME, TMPDIR): every directory
-	// above the state directory must let it pass.
-	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
-		info, err := os.Stat(d)
-		if err != nil {
-			return fmt.Errorf("state directory: %w", err)
-		}
-		if info.Mode().Perm()&0o001 == 0 {
-			return fmt.Errorf("state directory %s: %s (mode %04o) does not let others pass through it, and sessions run as unprivileged uids that must reach their workdirs beneath it: chmod o+x %s, or choose another --state-dir: %w",
-				dir, d, info.Mode().Perm(), d, errdefs.ErrFailedPrecondition)
-		}
-		if d == "/" {
-			return nil
-		}
-	}
-}
-
 // Get returns one session; ref is its name, its id, a unique prefix of its id or its short
 // id (see resolve).
 func (m *Manager) Get(ref string) (*store.Record, error) {
@@ -435,7 +400,7 @@ func (m *Manager) Get(ref string) (*store.Record, error) {
 		return err
 	})
 	if err == nil {
-		m.accounts.fill(rec)
+		m.accounts.Fill(rec)
 	}
 	return rec, err
 }
@@ -452,7 +417,7 @@ func (m *Manager) List(all bool) ([]*store.Record, error) {
 		return err
 	})
 	for _, r := range recs {
-		m.accounts.fill(r)
+		m.accounts.Fill(r)
 	}
 	return recs, err
 }
@@ -474,7 +439,7 @@ func (m *Manager) Wait(ctx context.Context, id string) (*store.Record, error) {
 		return nil, err
 	}
 	if rec, err = m.reg.waitFor(ctx, rec.ID, func(r *store.Record) bool { return r.State == store.Exited }); err == nil {
-		m.accounts.fill(rec)
+		m.accounts.Fill(rec)
 	}
 	return rec, err
 }

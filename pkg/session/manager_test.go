@@ -19,6 +19,7 @@ import (
 
 	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/records"
+	"roost.dev/roost/pkg/session/dirs"
 	"roost.dev/roost/pkg/session/plan"
 	"roost.dev/roost/pkg/session/store"
 
@@ -185,7 +186,7 @@ func TestRunToCompletion(t *testing.T) {
 
 	envData, _ := os.ReadFile(filepath.Join(rec.Workdir, "env.txt"))
 	env := strings.Split(strings.TrimSpace(string(envData)), "\n")
-	for _, want := range []string{"LANG=C.UTF-8", "GREETING=world", "ROOST_SESSION_ID=" + rec.ID, "ROOST_CAPSULE=test@0.1.0", "ROOST_CAPSULE_DIR=" + dir, "HOME=" + m.trees.home(rec.ID)} {
+	for _, want := range []string{"LANG=C.UTF-8", "GREETING=world", "ROOST_SESSION_ID=" + rec.ID, "ROOST_CAPSULE=test@0.1.0", "ROOST_CAPSULE_DIR=" + dir, "HOME=" + m.trees.Home(rec.ID)} {
 		if !slices.Contains(env, want) {
 			t.Errorf("environment lacks %s:\n%s", want, envData)
 		}
@@ -594,8 +595,8 @@ func TestLeftoversSwept(t *testing.T) {
 	state := stateDir(t)
 	m, _ := openManager(t, state)
 	m.Close()
-	stray := filepath.Join(state, recordsDir, "ses_0123456789abcdef0123456789abcdef")
-	keep := filepath.Join(state, recordsDir, "not-a-session")
+	stray := filepath.Join(state, dirs.RecordsDir, "ses_0123456789abcdef0123456789abcdef")
+	keep := filepath.Join(state, dirs.RecordsDir, "not-a-session")
 	os.MkdirAll(stray, 0o700)
 	os.MkdirAll(keep, 0o700)
 	openManager(t, state)
@@ -834,7 +835,7 @@ func TestStateDirSharedRefused(t *testing.T) {
 	if err := os.Chmod(shared, 0o777|os.ModeSticky); err != nil {
 		t.Fatal(err)
 	}
-	err := PrepareStateDir(shared)
+	err := dirs.Prepare(shared)
 	if err == nil || !strings.Contains(err.Error(), "writable by others") {
 		t.Fatalf("PrepareStateDir of a 1777 directory: %v", err)
 	}

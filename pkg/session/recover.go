@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"roost.dev/roost/pkg/session/delegate"
+	"roost.dev/roost/pkg/session/dirs"
 	"roost.dev/roost/pkg/session/outcome"
 	"roost.dev/roost/pkg/session/store"
 
@@ -107,7 +108,7 @@ func (m *Manager) recoverOne(rec *store.Record) string {
 			m.cfg.Logger.Error("recovering", "session", rec.ID, "err", err)
 		}
 	}
-	m.accounts.reopen(rec, func() (*manifest.Policy, error) { return l.policyOf(m.reg, rec) })
+	m.accounts.Reopen(rec, func() (*manifest.Policy, error) { return l.policyOf(m.reg, rec) })
 	m.reopenEndpoint(l, rec, class)
 	m.supervise(l, rec, proc)
 	return RecoveredAttached
@@ -161,7 +162,7 @@ type Holder interface {
 // between recording an end and releasing them), and records and work directories of
 // sessions the registry no longer has (a crash between forgetting a session and deleting
 // its files).
-func sweepLeftovers(reg registry, rts runtimes, t trees) error {
+func sweepLeftovers(reg registry, rts runtimes, t dirs.Dirs) error {
 	known := map[string]bool{}
 	live := map[string]bool{}
 	if err := reg.View(func(tx *store.Tx) error {
@@ -174,17 +175,5 @@ func sweepLeftovers(reg registry, rts runtimes, t trees) error {
 		return err
 	}
 	rts.sweep(func(id string) bool { return live[id] })
-	return t.sweep(func(id string) bool { return known[id] }, rts.log)
-}
-
-func isSessionID(s string) bool {
-	if len(s) != len("ses_")+32 || s[:4] != "ses_" {
-		return false
-	}
-	for _, c := range s[4:] {
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
+	return t.Sweep(func(id string) bool { return known[id] }, rts.log)
 }

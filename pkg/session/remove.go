@@ -83,7 +83,7 @@ func (m *Manager) removeOne(rec *store.Record) error {
 	if rec.State.Live() {
 		return fmt.Errorf("session %s is %s; stop it before removing it, or use roostctl rm -f to kill it first: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}
-	if err := m.trees.returnWorkdir(rec); err != nil {
+	if err := m.trees.ReturnWorkdir(rec); err != nil {
 		return fmt.Errorf("session %s: handing its workdir %s back to uid %d: %w", rec.ID, rec.Workdir, rec.WorkdirOwner.UID, err)
 	}
 	if err := m.reg.update(func(tx *store.Tx) error { return tx.Delete(rec) }); err != nil {
@@ -101,13 +101,13 @@ func (m *Manager) removeOne(rec *store.Record) error {
 			return fmt.Errorf("session %s forgotten, but its workdir remains: %w", rec.ID, err)
 		}
 	}
-	if err := workdir.RemoveAll(m.trees.home(rec.ID)); err != nil {
+	if err := workdir.RemoveAll(m.trees.Home(rec.ID)); err != nil {
 		return fmt.Errorf("session %s forgotten, but its home remains: %w", rec.ID, err)
 	}
 	// The directory its children worked in (for a parent without a sealed root): their own
 	// removal took their workdirs; what is left is a workdir made for a child that was never
 	// staged.
-	if err := workdir.RemoveAll(m.trees.children(rec.ID)); err != nil {
+	if err := workdir.RemoveAll(m.trees.Children(rec.ID)); err != nil {
 		return fmt.Errorf("session %s forgotten, but the directory of its children's workdirs remains: %w", rec.ID, err)
 	}
 	return nil

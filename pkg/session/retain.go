@@ -23,7 +23,7 @@ func (r retained) RemoveEnded(ctx context.Context, doomed, all []*store.Record) 
 // SessionBytes is the disk a session's own files take: its records, its home, and its
 // workdir when roost made it.
 func (r retained) SessionBytes(rec *store.Record) int64 {
-	n := retention.TreeBytes(rec.RecordsDir) + retention.TreeBytes(r.trees.home(rec.ID))
+	n := retention.TreeBytes(rec.RecordsDir) + retention.TreeBytes(r.trees.Home(rec.ID))
 	if rec.OwnsWorkdir {
 		n += retention.TreeBytes(rec.Workdir)
 	}

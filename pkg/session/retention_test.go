@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"roost.dev/roost/internal/testenv"
+	"roost.dev/roost/pkg/session/dirs"
 	"roost.dev/roost/pkg/session/retention"
 	"roost.dev/roost/pkg/session/store"
 
@@ -74,8 +75,8 @@ func endedSessions(t testing.TB, m *Manager, n int, from time.Time) []*store.Rec
 					return err
 				}
 				code := 0
-				rec := &store.Record{ID: id, Capsule: store.CapsuleRef{Name: "churn", Version: "0.1.0"}, RecordsDir: m.trees.records(id),
-					Workdir: filepath.Join(m.cfg.StateDir, workDir, id), OwnsWorkdir: true, CreatedAt: from.Add(time.Duration(j) * time.Second)}
+				rec := &store.Record{ID: id, Capsule: store.CapsuleRef{Name: "churn", Version: "0.1.0"}, RecordsDir: m.trees.Records(id),
+					Workdir: filepath.Join(m.cfg.StateDir, dirs.WorkDir, id), OwnsWorkdir: true, CreatedAt: from.Add(time.Duration(j) * time.Second)}
 				if err := tx.Create(rec, benchManifest, benchExplanation); err != nil {
 					return err
 				}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"roost.dev/roost/pkg/containment/sealed"
+	"roost.dev/roost/pkg/session/dirs"
 	"roost.dev/roost/pkg/session/plan"
 	"roost.dev/roost/pkg/session/store"
 	"roost.dev/roost/pkg/session/warmpool"
@@ -76,7 +77,7 @@ func (m *Manager) Explain(opts StageOptions, oci bool) (*roostv1.Explanation, []
 		}
 		workdir := opts.Workdir
 		if workdir == "" {
-			workdir = filepath.Join(m.cfg.StateDir, workDir, describedSession)
+			workdir = filepath.Join(m.cfg.StateDir, dirs.WorkDir, describedSession)
 		}
 		// The ids a session would be given are decided at stage: the description shows
 		// the pool's first range for a session's.
@@ -131,7 +132,7 @@ func (m *Manager) stage(p *plan.Plan, opts StageOptions) (*store.Record, error) 
 	if !p.Decision.Met {
 		return nil, errdefs.ErrFailedPrecondition.WithMessage(p.Decision.Shortfall)
 	}
-	if err := m.accounts.checkUpstream(&p.Policy, filepath.Join(p.Dir, manifest.FileName)); err != nil {
+	if err := m.accounts.CheckUpstream(&p.Policy, filepath.Join(p.Dir, manifest.FileName)); err != nil {
 		return nil, err
 	}
 	// The grants, once: the stage hooks judge them and the session's trace opens with them
@@ -155,7 +156,7 @@ func (m *Manager) stage(p *plan.Plan, opts StageOptions) (*store.Record, error) 
 	}
 	workdir, owns := opts.Workdir, opts.ownsWorkdir
 	if workdir == "" {
-		workdir, owns = filepath.Join(m.cfg.StateDir, workDir, id), true
+		workdir, owns = filepath.Join(m.cfg.StateDir, dirs.WorkDir, id), true
 	} else if err := checkWorkdir(workdir); err != nil {
 		return nil, err
 	}
@@ -169,7 +170,7 @@ func (m *Manager) stage(p *plan.Plan, opts StageOptions) (*store.Record, error) 
 		HasTask:      opts.Task != nil,
 		Workdir:      workdir,
 		OwnsWorkdir:  owns,
-		RecordsDir:   m.trees.records(id),
+		RecordsDir:   m.trees.Records(id),
 		Command:      command(p.Ref.Root(), p.Manifest.Run),
 		Deadline:     time.Duration(p.Policy.Limits.DeadlineSeconds.Value) * time.Second,
 		WorkdirLimit: p.Policy.Resources.WorkdirMaxBytes.Value,

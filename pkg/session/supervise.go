@@ -247,7 +247,7 @@ func (m *Manager) finish(l *liveSession, rec *store.Record, status store.ExitSta
 		rec.ExitStatus, rec.ExitCode, rec.Detail, rec.EndedAt = status, code, detail, ended
 		// Before the trace's end: the proxy's last records precede it.
 		m.egress.Close(rec)
-		m.accounts.close(rec)
+		m.accounts.Close(rec)
 		if err := records.AppendTrace(rec.RecordsDir, outcome.Trace(rec)); err != nil {
 			m.cfg.Logger.Warn("trace", "session", rec.ID, "err", err)
 		}

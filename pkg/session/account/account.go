@@ -1,4 +1,9 @@
-package session
+// Package account is sessions' way to the spend ledger and the inference gateway: a
+// session's ledger account, opened at launch and closed with its end, its spend read into
+// its record while it runs, and the variables that point the official SDKs at its
+// gateway. It holds no session state of its own: the ledger (pkg/ledger) keeps the
+// accounts.
+package account
 
 import (
 	"fmt"
@@ -37,23 +42,23 @@ type Gateway interface {
 
 var _ Gateway = (*gateway.Gateway)(nil)
 
-// accounts are sessions' ledger accounts and their way to the inference gateway: opened at
-// launch, closed with the session's end, read into its record while it runs.
-type accounts struct {
-	ledger  Ledger
-	gateway Gateway
-	log     *slog.Logger
+// Accounts are sessions' ledger accounts and their way to the inference gateway. Either
+// may be nil: then there is nothing to meter, or no gateway to reach.
+type Accounts struct {
+	Ledger  Ledger
+	Gateway Gateway
+	Log     *slog.Logger
 }
 
-// checkUpstream refuses, at staging, a capsule naming an upstream roostd does not know.
-func (a accounts) checkUpstream(p *manifest.Policy, where string) error {
+// CheckUpstream refuses, at staging, a capsule naming an upstream roostd does not know.
+func (a Accounts) CheckUpstream(p *manifest.Policy, where string) error {
 	name := p.Inference.Upstream
 	if name == "" {
 		return nil
 	}
 	var known []string
-	if a.gateway != nil {
-		for n := range a.gateway.Formats() {
+	if a.Gateway != nil {
+		for n := range a.Gateway.Formats() {
 			known = append(known, n)
 		}
 	}
@@ -68,16 +73,16 @@ func (a accounts) checkUpstream(p *manifest.Policy, where string) error {
 	return fmt.Errorf("%s: inference.upstream: %q is not an upstream roostd knows (its --config declares: %s): %w", where, name, list, errdefs.ErrFailedPrecondition)
 }
 
-// inferenceEnv points the official SDKs at the session's gateway. Their "API key" is the
+// InferenceEnv points the official SDKs at the session's gateway. Their "API key" is the
 // session's own credential, which they present as the endpoint wants it; the gateway sends
 // the operator's key upstream instead.
-func (a accounts) inferenceEnv(p *manifest.Policy, ep spawn.Endpoint, credential string, env map[string]string) {
+func (a Accounts) InferenceEnv(p *manifest.Policy, ep spawn.Endpoint, credential string, env map[string]string) {
 	name := p.Inference.Upstream
-	if name == "" || ep == nil || a.gateway == nil {
+	if name == "" || ep == nil || a.Gateway == nil {
 		return
 	}
 	base := ep.URL() + "/v1/inference/" + name
-	switch a.gateway.Formats()[name] {
+	switch a.Gateway.Formats()[name] {
 	case "openai":
 		env["OPENAI_BASE_URL"], env["OPENAI_API_KEY"] = base+"/v1", credential
 	case "anthropic":
@@ -85,56 +90,56 @@ func (a accounts) inferenceEnv(p *manifest.Policy, ep spawn.Endpoint, credential
 	}
 }
 
-// open gives a launching session its ledger account: its own ceiling, its parent's
+// Open gives a launching session its ledger account: its own ceiling, its parent's
 // account above it.
-func (a accounts) open(rec *store.Record, p *manifest.Policy) error {
-	if a.ledger == nil {
+func (a Accounts) Open(rec *store.Record, p *manifest.Policy) error {
+	if a.Ledger == nil {
 		return nil
 	}
 	var ceiling int64
 	if c := p.Inference.MaxSessionTokens; c != nil {
 		ceiling = *c
 	}
-	return a.ledger.Register(ledger.Session{ID: rec.ID, Capsule: rec.Capsule.Name, ParentID: rec.ParentID, Ceiling: ceiling})
+	return a.Ledger.Register(ledger.Session{ID: rec.ID, Capsule: rec.Capsule.Name, ParentID: rec.ParentID, Ceiling: ceiling})
 }
 
-// reopen gives a re-attached session its ledger account back should the ledger have
+// Reopen gives a re-attached session its ledger account back should the ledger have
 // lost it (its file removed); normally the account is there and nothing is read.
-func (a accounts) reopen(rec *store.Record, policy func() (*manifest.Policy, error)) {
-	if a.ledger == nil {
+func (a Accounts) Reopen(rec *store.Record, policy func() (*manifest.Policy, error)) {
+	if a.Ledger == nil {
 		return
 	}
-	if _, err := a.ledger.Session(rec.ID); !errdefs.IsNotFound(err) {
+	if _, err := a.Ledger.Session(rec.ID); !errdefs.IsNotFound(err) {
 		return
 	}
 	p, err := policy()
 	if err == nil {
-		err = a.open(rec, p)
+		err = a.Open(rec, p)
 	}
 	if err != nil {
-		a.log.Warn("re-opening the session's ledger account", "session", rec.ID, "err", err)
+		a.Log.Warn("re-opening the session's ledger account", "session", rec.ID, "err", err)
 	}
 }
 
-// close ends a session's account (charging what it left reserved) and records its
+// Close ends a session's account (charging what it left reserved) and records its
 // totals in the record.
-func (a accounts) close(rec *store.Record) {
-	if a.ledger == nil {
+func (a Accounts) Close(rec *store.Record) {
+	if a.Ledger == nil {
 		return
 	}
-	s, err := a.ledger.End(rec.ID)
+	s, err := a.Ledger.End(rec.ID)
 	if err != nil {
-		a.log.Error("closing the session's ledger account", "session", rec.ID, "err", err)
+		a.Log.Error("closing the session's ledger account", "session", rec.ID, "err", err)
 	}
 	rec.Tokens, rec.InputTokens, rec.OutputTokens = s.Charged, s.InputTokens, s.OutputTokens
 }
 
-// fill fills a live session's record with what it has spent so far.
-func (a accounts) fill(rec *store.Record) {
-	if a.ledger == nil || !rec.State.Live() {
+// Fill fills a live session's record with what it has spent so far.
+func (a Accounts) Fill(rec *store.Record) {
+	if a.Ledger == nil || !rec.State.Live() {
 		return
 	}
-	if s, err := a.ledger.Session(rec.ID); err == nil {
+	if s, err := a.Ledger.Session(rec.ID); err == nil {
 		rec.Tokens, rec.InputTokens, rec.OutputTokens = s.Charged, s.InputTokens, s.OutputTokens
 	}
 }
