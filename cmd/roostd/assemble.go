@@ -151,7 +151,7 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 	mtr = metrics.New(states, func() map[string]int {
 		out := map[string]int{}
 		if sessions != nil {
-			for s, n := range sessions.CountByState() {
+			for s, n := range sessions.Status().ByState {
 				out[string(s)] = n
 			}
 		}
@@ -237,9 +237,10 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 		return nil, err
 	}
 	sink.set(sessions)
+	mtr.WatchIDRanges(func() map[string]int { return sessions.Status().Ranges })
 	d.release = append(d.release, func() { sessions.Close() })
 	if o.warmPool > 0 || len(o.warmCapsules) > 0 {
-		mtr.WatchWarmPool(sessions.WarmReady)
+		mtr.WatchWarmPool(func() int { return sessions.Status().WarmReady })
 		var shaped []string
 		for _, c := range o.warmCapsules {
 			shaped = append(shaped, fmt.Sprintf("%s=%d", c.Dir, c.Size))

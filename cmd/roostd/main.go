@@ -82,6 +82,7 @@ var (
 	_ session.Observer       = (*metrics.Metrics)(nil)
 	_ delegate.SpawnObserver = (*metrics.Metrics)(nil)
 	_ session.LimitObserver  = (*metrics.Metrics)(nil)
+	_ session.RangeObserver  = (*metrics.Metrics)(nil)
 	_ retention.Observer     = (*metrics.Metrics)(nil)
 	_ ledger.Observer        = (*metrics.Metrics)(nil)
 )

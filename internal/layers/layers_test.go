@@ -54,6 +54,7 @@ func TestLayers(t *testing.T) {
 		{"pkg/containment/seccomp", []string{"pkg/containment/sealed", "pkg/containment/scoped", "pkg/session", "pkg/server", "api/"}},
 		{"pkg/containment/scoped", []string{"pkg/containment/sealed", "pkg/session", "pkg/server", "pkg/endpoint", "api/"}},
 		{"pkg/containment/sealed", []string{"pkg/containment/scoped", "pkg/session", "pkg/server", "pkg/endpoint", "api/"}},
+		{"pkg/containment/idsweep", []string{"pkg/containment/sealed", "pkg/containment/scoped", "pkg/session", "pkg/server", "pkg/endpoint", "api/"}},
 		{"pkg/containment/roostinit", []string{"pkg/session", "pkg/server", "pkg/containment/sealer", "api/"}},
 		{"pkg/session", []string{"pkg/server", "cmd/"}},
 		{"pkg/server", []string{"cmd/"}},

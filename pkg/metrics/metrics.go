@@ -40,6 +40,9 @@ type Metrics struct {
 	// the operator's config bounds that set.
 	hookRuns *prometheus.CounterVec
 	hookTime *prometheus.HistogramVec
+	// rangeSweeps and rangeSweepTime count and time the sweeps of freed id ranges.
+	rangeSweeps    *prometheus.CounterVec
+	rangeSweepTime prometheus.Histogram
 }
 
 // Budget reports the ledger's state at each scrape.
@@ -116,6 +119,15 @@ func New(states []string, count func() map[string]int) *Metrics {
 			Name: "roost_hook_runs_total",
 			Help: "Runs of roostd's configured hooks, by hook and result: stage hooks allowed, vetoed, trap, timeout, out_of_memory, failed; session_end hooks ok, failed, trap, timeout, out_of_memory, and dropped (not run: its queue was full or roostd stopped).",
 		}, []string{"hook", "result"}),
+		rangeSweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "roost_id_range_sweeps_total",
+			Help: "Sweeps of freed id ranges (their processes, SysV IPC objects and files in /tmp, /var/tmp, /dev/shm, /dev/mqueue), by result (ok, failed).",
+		}, []string{"result"}),
+		rangeSweepTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "roost_id_range_sweep_seconds",
+			Help:    "Time one sweep of freed id ranges took.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
 		hookTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "roost_hook_seconds",
 			Help:    "Time a hook's run took, from starting its runner to its end (dropped inputs are not timed).",
@@ -126,7 +138,7 @@ func New(states []string, count func() map[string]int) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.starts, m.startTime, m.recovered, m.spawns, m.spawnTime, m.tokens, m.tokensOld, m.overruns, m.refusals, m.limits, m.pruned, m.compacted,
-		m.egressConns, m.egressBytes, m.hookRuns, m.hookTime,
+		m.egressConns, m.egressBytes, m.hookRuns, m.hookTime, m.rangeSweeps, m.rangeSweepTime,
 		&stateCollector{states: states, count: count, desc: prometheus.NewDesc(
 			"roost_sessions", "Sessions in the registry, by state.", []string{"state"}, nil)},
 	)
@@ -148,6 +160,27 @@ func (m *Metrics) WatchWarmPool(ready func() int) {
 		Name: "roost_warm_sandboxes",
 		Help: "Sealed sandboxes made ahead of their sessions and waiting for one (roostd --warm-pool).",
 	}, func() float64 { return float64(ready()) }))
+}
+
+// IDRangeStates are the states roost_id_ranges reports.
+var IDRangeStates = []string{"free", "held", "freed", "quarantined"}
+
+// WatchIDRanges reports the id pool's ranges by state at each scrape: free (clean or never
+// used), held, freed (let go, waiting for their sweep) and quarantined (their sweep failed;
+// roostctl doctor lists them).
+func (m *Metrics) WatchIDRanges(count func() map[string]int) {
+	m.registry.MustRegister(&stateCollector{states: IDRangeStates, count: count, desc: prometheus.NewDesc(
+		"roost_id_ranges", "Host id ranges of roostd's block (sessions.ids), by state: free, held, freed (waiting for their sweep), quarantined (their sweep failed).", []string{"state"}, nil)})
+}
+
+// RangeSwept counts a sweep of freed id ranges and times it.
+func (m *Metrics) RangeSwept(ok bool, took time.Duration) {
+	result := "ok"
+	if !ok {
+		result = "failed"
+	}
+	m.rangeSweeps.WithLabelValues(result).Inc()
+	m.rangeSweepTime.Observe(took.Seconds())
 }
 
 // Charged counts tokens charged to a session, and a settlement above its reservation. The

@@ -153,6 +153,7 @@ func servePeers(t *testing.T, policy *PeerPolicy) *peerServer {
 	host := containment.Host{Root: os.Geteuid() == 0}
 	rt := containment.NewProcessRuntime(containment.SelfInit)
 	m, err := session.Open(session.Config{
+		IDs:      testPool,
 		StateDir: state, Host: host, Catalog: containment.NewCatalog(host, containment.ErrNoRuntime, containment.ErrNoRuntime),
 		Runtimes: map[manifest.Class]session.Runtime{manifest.Advisory: rt, manifest.Unconfined: rt},
 	})

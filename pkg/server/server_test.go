@@ -25,7 +25,13 @@ import (
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/session"
+	"roost.dev/roost/pkg/session/store"
 )
+
+// testPool is this package's tests' block of host ids, apart from roostd's and other
+// packages' tests': freeing a range sweeps it, and the sweep must not reach another test's
+// sessions.
+var testPool = store.IDPool{First: 0x52000000, Slots: 256}
 
 func TestMain(m *testing.M) {
 	if containment.RunHelper(os.Args) {
@@ -116,6 +122,7 @@ func serve(t testing.TB, init string) roostv1.SessionServiceClient {
 	host := containment.Host{Root: os.Geteuid() == 0}
 	rt := containment.NewProcessRuntime(init)
 	m, err := session.Open(session.Config{
+		IDs:      testPool,
 		StateDir: state, Host: host, Catalog: containment.NewCatalog(host, containment.ErrNoRuntime, containment.ErrNoRuntime),
 		Runtimes: map[manifest.Class]session.Runtime{manifest.Advisory: rt, manifest.Unconfined: rt},
 	})

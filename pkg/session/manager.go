@@ -137,6 +137,9 @@ type Config struct {
 	// EnvPassthrough is the operator's list of host variables a capsule's env.allow may
 	// draw from (roostd's env.passthrough); nothing else of HostEnv reaches a session.
 	EnvPassthrough []string
+	// Sweeper clears what freed id ranges left on the host before they are handed out
+	// again; the host's (idsweep.Sweeper) when nil.
+	Sweeper RangeSweeper
 	// WarmPool is how many sealed sandboxes of a default capsule's shape to keep made ahead
 	// of their sessions (roostd --warm-pool); 0 for none. WarmCapsules ask for sandboxes of
 	// capsules' own shapes (--warm-pool-capsule). WarmPoolCPU is the share of the wall
@@ -167,6 +170,7 @@ type Manager struct {
 
 	planner  *plan.Planner
 	journal  *journal
+	ranges   *ranges
 	runtimes runtimes
 	lifeline lifeline
 
@@ -323,6 +327,8 @@ func Open(cfg Config) (*Manager, error) {
 		stop: func(l *liveSession, id, saw string) error {
 			return m.beginStop(l, id, store.EndParent, saw, cfg.StopGrace)
 		}}
+	rangeObs, _ := cfg.Observer.(RangeObserver)
+	m.ranges = newRanges(m.reg, cfg.IDs, cfg.Sweeper, rangeObs, cfg.Logger)
 	m.runtimes = runtimes{byClass: cfg.Runtimes, endpoints: cfg.Endpoints, log: cfg.Logger}
 	m.accounts = account.Accounts{Ledger: cfg.Ledger, Gateway: cfg.Gateway, Log: cfg.Logger}
 	scoped, _ := cfg.Runtimes[manifest.Scoped].(interface{ TmpDir(string) string })
@@ -340,9 +346,17 @@ func Open(cfg Config) (*Manager, error) {
 	if err := m.recover(); err != nil {
 		return nil, fmt.Errorf("recovering sessions: %w", err)
 	}
-	if err := warmpool.Leftovers(cfg.StateDir, sandboxIDs{m.reg, cfg.IDs}); err != nil {
+	if err := warmpool.Leftovers(cfg.StateDir, sandboxIDs{m.reg, cfg.IDs, m.ranges}); err != nil {
 		return nil, fmt.Errorf("freeing warm sandboxes a previous roostd left: %w", err)
 	}
+	// What a previous daemon let go and did not sweep (it was killed in between) is swept
+	// before any session can be given it.
+	m.ranges.sweep()
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.ranges.run(ctx)
+	}()
 	if cfg.WarmPool > 0 || len(cfg.WarmCapsules) > 0 {
 		rt, ok := cfg.Runtimes[manifest.Sealed].(warmpool.Runtime)
 		if !ok {
@@ -352,7 +366,7 @@ func Open(cfg Config) (*Manager, error) {
 		if err != nil {
 			return nil, fmt.Errorf("the warm pool: %w", err)
 		}
-		pool, err := warmpool.New(warmpool.Config{Runtime: rt, IDs: sandboxIDs{m.reg, cfg.IDs}, NetNS: cfg.Endpoints, StateDir: cfg.StateDir,
+		pool, err := warmpool.New(warmpool.Config{Runtime: rt, IDs: sandboxIDs{m.reg, cfg.IDs, m.ranges}, NetNS: cfg.Endpoints, StateDir: cfg.StateDir,
 			CPU: cfg.WarmPoolCPU, Logger: cfg.Logger}, shapes)
 		if err != nil {
 			return nil, fmt.Errorf("the warm pool: %w", err)
@@ -422,14 +436,22 @@ func (m *Manager) List(all bool) ([]*store.Record, error) {
 	return recs, err
 }
 
-// CountByState counts sessions in each state.
-func (m *Manager) CountByState() map[store.State]int {
-	var counts map[store.State]int
-	_ = m.reg.View(func(tx *store.Tx) error {
-		counts = tx.CountByState()
-		return nil
-	})
-	return counts
+// Status is what the daemon's gauges and doctor read of the sessions: how many are in
+// each state, how many sealed sandboxes wait, and where the id ranges stand.
+type Status struct {
+	ByState   map[store.State]int
+	WarmReady int
+	// Ranges counts the id pool's ranges: held, free, freed (waiting for their sweep) and
+	// quarantined (their sweep failed), which Quarantined lists.
+	Ranges      map[string]int
+	Quarantined []store.LetGo
+}
+
+// Status reads the sessions' gauges.
+func (m *Manager) Status() Status {
+	st := Status{ByState: m.reg.countByState(), WarmReady: m.pool.Ready()}
+	st.Ranges, st.Quarantined = m.ranges.status()
+	return st
 }
 
 // Wait blocks until the session has ended and returns its final record.

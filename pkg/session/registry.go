@@ -168,6 +168,16 @@ func (r registry) waitSubtree(ctx context.Context, id string) error {
 	}
 }
 
+// countByState counts sessions in each state.
+func (r registry) countByState() map[store.State]int {
+	var counts map[store.State]int
+	_ = r.View(func(tx *store.Tx) error {
+		counts = tx.CountByState()
+		return nil
+	})
+	return counts
+}
+
 // parentGroup is the gid a child's workdir is given, so its parent can read it.
 func (r registry) parentGroup(parentID string) (int, error) {
 	parent, err := r.get(parentID)

@@ -16,6 +16,8 @@ var _ retention.Sessions = retained{}
 
 func (r retained) All() ([]*store.Record, error) { return r.reg.all() }
 
+func (r retained) CountByState() map[store.State]int { return r.reg.countByState() }
+
 func (r retained) RemoveEnded(ctx context.Context, doomed, all []*store.Record) map[string]error {
 	return r.removeEnded(ctx, doomed, all)
 }

@@ -47,13 +47,11 @@ func warmShapes(cfg Config, planner *plan.Planner) ([]warmpool.Shape, error) {
 	return shapes, nil
 }
 
-// WarmReady is how many sealed sandboxes made ahead wait for a session.
-func (m *Manager) WarmReady() int { return m.pool.Ready() }
-
 // sandboxIDs are the uid ranges sandboxes hold in the record (warmpool.IDs).
 type sandboxIDs struct {
-	reg  registry
-	pool store.IDPool
+	reg    registry
+	pool   store.IDPool
+	ranges *ranges
 }
 
 func (s sandboxIDs) Reserve(sandbox string) (containment.IDs, error) {
@@ -67,5 +65,9 @@ func (s sandboxIDs) Reserve(sandbox string) (containment.IDs, error) {
 }
 
 func (s sandboxIDs) Release(keep func(sandbox string) bool) error {
-	return s.reg.update(func(tx *store.Tx) error { return tx.ReleaseIDs(keep) })
+	if err := s.reg.update(func(tx *store.Tx) error { return tx.ReleaseIDs(keep) }); err != nil {
+		return err
+	}
+	s.ranges.later()
+	return nil
 }

@@ -13,8 +13,6 @@ import (
 	"github.com/containerd/errdefs"
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
-
-	"roost.dev/roost/pkg/config"
 )
 
 // DBFile is the registry's file name inside the state directory.
@@ -274,11 +272,8 @@ func (t *Tx) Delete(rec *Record) error {
 		return err
 	}
 	if rec.IDs != nil {
-		ids := idsBucket(t.tx)
-		if string(ids.Get(idKey(rec.IDs.First))) == rec.ID {
-			if err := ids.Delete(idKey(rec.IDs.First)); err != nil {
-				return err
-			}
+		if err := t.letGo(rec.IDs.First, rec.ID); err != nil {
+			return err
 		}
 	}
 	return t.emit(Event{Type: EventRemoved, SessionID: rec.ID})
@@ -439,118 +434,6 @@ func (e *CompactedError) Error() string {
 
 // Unwrap classes it: the reader must restart from the window, not retry.
 func (e *CompactedError) Unwrap() error { return errdefs.ErrFailedPrecondition }
-
-// SandboxPrefix begins the id of every sandbox made ahead of its session
-// (sealed.WarmPrefix): only those may hold a range without a session.
-const SandboxPrefix = "warm-"
-
-// IDPool is the block of host ids sessions' ranges come from. Its first range is the
-// daemon's own (rehearsals run as it); sessions get the others.
-type IDPool struct {
-	First uint32
-	Slots uint32
-}
-
-// RehearsalIDs is the range rehearsals run as.
-func (p IDPool) RehearsalIDs() IDs {
-	return IDs{First: p.First, Size: config.IDsPerSession}
-}
-
-// AllocateIDs gives rec the lowest range of pool no other session holds, recorded in the
-// same transaction as whatever else it writes. Ranges are keyed by their first id, so a
-// pool moved by a configuration change never hands out a range that overlaps one held.
-func (t *Tx) AllocateIDs(rec *Record, pool IDPool) error {
-	ids, err := t.reserveIDs(rec.ID, pool)
-	if err != nil {
-		return fmt.Errorf("session %s: %w", rec.ID, err)
-	}
-	rec.IDs = &ids
-	return nil
-}
-
-// ReserveIDs holds a range for a sandbox made ahead of its session (see warmPool); the
-// session that claims it takes the range with TakeIDs.
-func (t *Tx) ReserveIDs(sandbox string, pool IDPool) (IDs, error) {
-	if !strings.HasPrefix(sandbox, SandboxPrefix) {
-		return IDs{}, fmt.Errorf("%q is not a sandbox's id: %w", sandbox, errdefs.ErrInvalidArgument)
-	}
-	return t.reserveIDs(sandbox, pool)
-}
-
-func (t *Tx) reserveIDs(owner string, pool IDPool) (IDs, error) {
-	const size = config.IDsPerSession
-	end := uint64(pool.First) + uint64(pool.Slots)*size
-	next := uint64(pool.First) + size
-	b := idsBucket(t.tx)
-	c := b.Cursor()
-	for k, _ := c.First(); k != nil; k, _ = c.Next() {
-		held := uint64(binary.BigEndian.Uint32(k))
-		if held+size <= next {
-			continue
-		}
-		if held >= next+size {
-			break
-		}
-		next = held + size
-	}
-	if next+size > end {
-		return IDs{}, fmt.Errorf("every one of the %d uid ranges from %d is held by a session; remove ended sessions (roostctl rm) or widen sessions.ids in roostd's config: %w",
-			pool.Slots-1, pool.First, errdefs.ErrResourceExhausted)
-	}
-	if err := b.Put(idKey(uint32(next)), []byte(owner)); err != nil {
-		return IDs{}, err
-	}
-	return IDs{First: uint32(next), Size: size}, nil
-}
-
-// TakeIDs gives rec the range a sandbox held, freeing the one rec held before.
-func (t *Tx) TakeIDs(rec *Record, sandbox string, ids IDs) error {
-	b := idsBucket(t.tx)
-	if got := string(b.Get(idKey(ids.First))); got != sandbox {
-		return fmt.Errorf("uid range %d is held by %q, not sandbox %s: %w", ids.First, got, sandbox, errdefs.ErrFailedPrecondition)
-	}
-	if rec.IDs != nil && string(b.Get(idKey(rec.IDs.First))) == rec.ID {
-		if err := b.Delete(idKey(rec.IDs.First)); err != nil {
-			return err
-		}
-	}
-	if err := b.Put(idKey(ids.First), []byte(rec.ID)); err != nil {
-		return err
-	}
-	rec.IDs = &ids
-	return nil
-}
-
-// ReleaseIDs frees the ranges held by sandboxes keep does not name: those of a previous
-// daemon, which are gone, or one made but not kept.
-func (t *Tx) ReleaseIDs(keep func(sandbox string) bool) error {
-	b := idsBucket(t.tx)
-	var drop [][]byte
-	if err := b.ForEach(func(k, v []byte) error {
-		if strings.HasPrefix(string(v), SandboxPrefix) && !keep(string(v)) {
-			drop = append(drop, slices.Clone(k))
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	for _, k := range drop {
-		if err := b.Delete(k); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// IDsHeld maps every held range's first id to the session holding it.
-func (t *Tx) IDsHeld() map[uint32]string {
-	out := map[uint32]string{}
-	_ = idsBucket(t.tx).ForEach(func(k, v []byte) error {
-		out[binary.BigEndian.Uint32(k)] = string(v)
-		return nil
-	})
-	return out
-}
 
 // Event is one committed change to the registry.
 type Event struct {

@@ -263,3 +263,127 @@ func TestRecordRoundTripAndStaleWrites(t *testing.T) {
 
 // testPool is this package's tests' block of host ids.
 var testPool = IDPool{First: 0x50000000, Slots: 256}
+
+// A range let go is not handed out until its sweep says it is clean; then the clean range
+// freed longest ago goes first, after every range never used. A failed sweep quarantines it.
+func TestRangesSweptBeforeReuse(t *testing.T) {
+	r, _ := openTestRegistry(t)
+	small := IDPool{First: testPool.First, Slots: 4} // three ranges for sessions
+	alloc := func(id string) (*Record, error) {
+		rec := &Record{ID: id, Capsule: CapsuleRef{Name: "x", Version: "0.1.0"}}
+		_, err := r.Update(func(tx *Tx) error {
+			if err := tx.AllocateIDs(rec, small); err != nil {
+				return err
+			}
+			return tx.Create(rec, []byte("m"), []byte("e"))
+		})
+		return rec, err
+	}
+	remove := func(rec *Record) {
+		t.Helper()
+		if _, err := r.Update(func(tx *Tx) error { return tx.Delete(rec) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sweep := func(first uint32, err error) {
+		t.Helper()
+		if _, uerr := r.Update(func(tx *Tx) error { return tx.Swept(first, small, err) }); uerr != nil {
+			t.Fatal(uerr)
+		}
+	}
+	var toSweep []LetGo
+	view := func() {
+		t.Helper()
+		if err := r.View(func(tx *Tx) error { toSweep = tx.ToSweep(); return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, _ := alloc("ses_a")
+	b, _ := alloc("ses_b")
+	c, err := alloc("ses_c")
+	if err != nil || a.IDs.First == b.IDs.First || c.IDs.First == b.IDs.First {
+		t.Fatalf("three ranges: %+v %+v %+v %v", a.IDs, b.IDs, c.IDs, err)
+	}
+	remove(b)
+	remove(a)
+	// Freed, not swept: nothing to give.
+	if _, err := alloc("ses_d"); !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "2 of them let go but not yet swept clean") {
+		t.Fatalf("a freed range was handed out, or the refusal does not say why: %v", err)
+	}
+	view()
+	if len(toSweep) != 2 || toSweep[0].IDs.First != b.IDs.First || toSweep[0].By != "ses_b" || toSweep[1].IDs.First != a.IDs.First {
+		t.Fatalf("to sweep, oldest first: %+v", toSweep)
+	}
+	sweep(a.IDs.First, errors.New("a process kept appearing"))
+	sweep(b.IDs.First, nil)
+	view()
+	if len(toSweep) != 1 || toSweep[0].State != RangeQuarantined || toSweep[0].Tries != 1 || toSweep[0].Error != "a process kept appearing" {
+		t.Fatalf("quarantined: %+v", toSweep)
+	}
+	var counts map[string]int
+	r.View(func(tx *Tx) error { counts = tx.RangeCounts(small); return nil })
+	if counts["held"] != 1 || counts["free"] != 1 || counts["quarantined"] != 1 || counts["freed"] != 0 {
+		t.Fatalf("counts %v", counts)
+	}
+	d, err := alloc("ses_d")
+	if err != nil || d.IDs.First != b.IDs.First {
+		t.Fatalf("the clean range: %+v %v", d.IDs, err)
+	}
+	if _, err := alloc("ses_e"); !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("the quarantined range was handed out: %v", err)
+	}
+	// Swept at last, it goes to the next.
+	sweep(a.IDs.First, nil)
+	if e, err := alloc("ses_e"); err != nil || e.IDs.First != a.IDs.First {
+		t.Fatalf("after its sweep: %+v %v", e.IDs, err)
+	}
+}
+
+// Among clean ranges the one freed longest ago goes first, but a range never used goes
+// before any of them.
+func TestRangesLeastRecentlyFreedFirst(t *testing.T) {
+	r, _ := openTestRegistry(t)
+	pool := IDPool{First: testPool.First, Slots: 5}
+	var recs []*Record
+	for i := range 3 {
+		rec := &Record{ID: fmt.Sprintf("ses_%d", i)}
+		if _, err := r.Update(func(tx *Tx) error {
+			if err := tx.AllocateIDs(rec, pool); err != nil {
+				return err
+			}
+			return tx.Create(rec, nil, nil)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, rec)
+	}
+	// Freed in the order 2, 0, 1; all swept.
+	for _, i := range []int{2, 0, 1} {
+		if _, err := r.Update(func(tx *Tx) error {
+			if err := tx.Delete(recs[i]); err != nil {
+				return err
+			}
+			return tx.Swept(recs[i].IDs.First, pool, nil)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []uint32
+	for i := range 4 {
+		rec := &Record{ID: fmt.Sprintf("ses_n%d", i)}
+		if _, err := r.Update(func(tx *Tx) error {
+			if err := tx.AllocateIDs(rec, pool); err != nil {
+				return err
+			}
+			return tx.Create(rec, nil, nil)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, rec.IDs.First)
+	}
+	never := pool.First + 4*65536
+	want := []uint32{never, recs[2].IDs.First, recs[0].IDs.First, recs[1].IDs.First}
+	if !slices.Equal(got, want) {
+		t.Fatalf("allocated %v, want %v (never used, then least recently freed)", got, want)
+	}
+}
