@@ -59,7 +59,7 @@ func (r *recorder) Egress(string, int64, int64) {}
 
 // testPool is this package's tests' block of host ids, apart from roostd's and other
 // packages' tests'.
-var testPool = store.IDPool{First: 0x50000000, Slots: 256}
+var testPool = store.IDPool{First: 0x54000000, Slots: 256}
 
 // stateDir is a state directory whose parents let sessions' uids pass, as /var/lib does.
 func stateDir(t testing.TB) string {
