@@ -202,7 +202,18 @@ type IDRange struct {
 	First uint32 `yaml:"first"`
 	// Slots is how many sessions can hold a range at once; DefaultIDSlots when 0.
 	Slots uint32 `yaml:"slots"`
+	// PerTree bounds the ranges one delegation tree holds at once: its top-level session
+	// and every session below it, live or ended, until removed. DefaultRangesPerTree (at
+	// most Spawns+1) when 0.
+	PerTree uint32 `yaml:"per_tree"`
+	// Spawns bounds the ranges all spawned sessions hold together, so that what is left of
+	// the block stays the operator's; the block's sessions' ranges less an eighth (at least
+	// one) when 0.
+	Spawns uint32 `yaml:"spawns"`
 }
+
+// DefaultRangesPerTree is sessions.ids.per_tree when unset.
+const DefaultRangesPerTree = 256
 
 // IDsPerSession is how many ids a session's range holds: a sealed session maps them to
 // 0..65535 in its user namespace; a session of another class runs as the first.
@@ -383,6 +394,19 @@ func (s *Sessions) check(file string) error {
 	}
 	if s.IDs.Slots == 0 {
 		s.IDs.Slots = DefaultIDSlots
+	}
+	// The first range is roostd's own; of the others an eighth (at least one) is kept
+	// from spawns.
+	forSessions := s.IDs.Slots - 1
+	if s.IDs.Spawns == 0 && forSessions > 1 {
+		s.IDs.Spawns = forSessions - max(1, forSessions/8)
+	}
+	if s.IDs.PerTree == 0 {
+		s.IDs.PerTree = min(DefaultRangesPerTree, s.IDs.Spawns+1)
+	}
+	switch {
+	case forSessions > 1 && s.IDs.Spawns >= forSessions:
+		return fmt.Errorf("%s: sessions.ids.spawns: %d: must be below the %d ranges sessions.ids.slots leaves sessions, so that spawns cannot take them all", file, s.IDs.Spawns, forSessions)
 	}
 	// Below 65536 live the host's own users; the last id must stay below (uid_t)-1, which
 	// means "no id", and 65534-style overflow ids.

@@ -66,12 +66,17 @@ func TestSessionsAndEnv(t *testing.T) {
 	if c.Sessions.IDs.First != DefaultFirstID || c.Sessions.IDs.Slots != DefaultIDSlots || c.Sessions.AllowRoot[0] != "builder" || len(c.Env.Passthrough) != 2 {
 		t.Fatalf("%+v", c)
 	}
+	// Spawns leave the operator an eighth of the sessions' ranges; a tree takes at most 256.
+	if c.Sessions.IDs.Spawns != 3582 || c.Sessions.IDs.PerTree != 256 {
+		t.Fatalf("range bounds %+v", c.Sessions.IDs)
+	}
 	for src, want := range map[string]string{
-		"sessions:\n  allow_root: [Not_A_Name]\n": "sessions.allow_root[0]",
-		"sessions:\n  ids:\n    first: 1000\n":    "sessions.ids.first: 1000",
-		"sessions:\n  ids:\n    slots: 70000\n":   "pass the last uid",
-		"env:\n  passthrough: [\"A=B\"]\n":        "env.passthrough[0]",
-		"sessions:\n  alow_root: [x]\n":           "field alow_root not found",
+		"sessions:\n  allow_root: [Not_A_Name]\n":           "sessions.allow_root[0]",
+		"sessions:\n  ids:\n    first: 1000\n":              "sessions.ids.first: 1000",
+		"sessions:\n  ids:\n    slots: 70000\n":             "pass the last uid",
+		"sessions:\n  ids:\n    slots: 10\n    spawns: 9\n": "sessions.ids.spawns: 9: must be below the 9 ranges",
+		"env:\n  passthrough: [\"A=B\"]\n":                  "env.passthrough[0]",
+		"sessions:\n  alow_root: [x]\n":                     "field alow_root not found",
 	} {
 		if _, err := Parse([]byte(src), "roostd.yaml"); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v (want %q)", src, err, want)

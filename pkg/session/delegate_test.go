@@ -60,13 +60,20 @@ func delegationConfig(t *testing.T, state string, store *artifact.Store, maxDept
 
 func newDelegation(t *testing.T, maxDepth, maxConcurrent int) *delegation {
 	t.Helper()
+	return newDelegationWith(t, func(cfg *Config) { cfg.MaxDepth, cfg.MaxConcurrent = maxDepth, maxConcurrent })
+}
+
+// newDelegationWith is newDelegation with the configuration as set changes it.
+func newDelegationWith(t *testing.T, set func(*Config)) *delegation {
+	t.Helper()
 	state := stateDir(t)
 	store, err := artifact.Open(filepath.Join(state, "artifacts"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	cfg, keys := delegationConfig(t, state, store, maxDepth, maxConcurrent)
+	cfg, keys := delegationConfig(t, state, store, 2, 4)
+	set(&cfg)
 	m, err := Open(cfg)
 	if err != nil {
 		t.Fatal(err)

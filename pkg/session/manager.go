@@ -137,6 +137,10 @@ type Config struct {
 	// EnvPassthrough is the operator's list of host variables a capsule's env.allow may
 	// draw from (roostd's env.passthrough); nothing else of HostEnv reaches a session.
 	EnvPassthrough []string
+	// RangesPerTree bounds the id ranges one delegation tree holds (its top-level session
+	// and every session below, until removed), RangesForSpawns those every spawned session
+	// holds together (roostd's sessions.ids.per_tree and .spawns); 0 for no bound.
+	RangesPerTree, RangesForSpawns int
 	// Sweeper clears what freed id ranges left on the host before they are handed out
 	// again; the host's (idsweep.Sweeper) when nil.
 	Sweeper RangeSweeper

@@ -2,10 +2,12 @@ package session
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"roost.dev/roost/pkg/containment/idsweep"
 	"roost.dev/roost/pkg/session/store"
 )
@@ -139,4 +141,33 @@ func (r *ranges) status() (map[string]int, []store.LetGo) {
 		return nil
 	})
 	return counts, quarantined
+}
+
+// rangeRefusal is a spawn refused for the id ranges it would take.
+type rangeRefusal struct {
+	parent string
+	err    error
+}
+
+// spawnRangeRefusal refuses a child of parent whose range would take its delegation tree
+// past Config.RangesPerTree, or all spawned sessions past Config.RangesForSpawns: what is
+// left is the operator's. Ended children keep their ranges until they are removed — their
+// workdirs, which their parents read, are owned by them.
+func (m *Manager) spawnRangeRefusal(tx *store.Tx, parent string) *rangeRefusal {
+	if m.cfg.RangesPerTree <= 0 && m.cfg.RangesForSpawns <= 0 {
+		return nil
+	}
+	top, tree, spawned, err := tx.TreeRanges(parent)
+	if err != nil {
+		return &rangeRefusal{parent, err}
+	}
+	switch {
+	case m.cfg.RangesPerTree > 0 && tree+1 > m.cfg.RangesPerTree:
+		return &rangeRefusal{parent, fmt.Errorf("the delegation tree of %s holds %d id ranges, sessions.ids.per_tree (%d): ended children keep theirs until removed (roostctl rm): %w",
+			top, tree, m.cfg.RangesPerTree, errdefs.ErrResourceExhausted)}
+	case m.cfg.RangesForSpawns > 0 && spawned+1 > m.cfg.RangesForSpawns:
+		return &rangeRefusal{parent, fmt.Errorf("spawned sessions hold %d id ranges, sessions.ids.spawns (%d), which keeps the rest of the block for the operator; the tree of %s holds %d: %w",
+			spawned, m.cfg.RangesForSpawns, top, tree, errdefs.ErrResourceExhausted)}
+	}
+	return nil
 }

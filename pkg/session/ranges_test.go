@@ -216,3 +216,56 @@ ipcs -m -i ` + strconv.Itoa(left.shm) + ` 2>&1 | head -1 || true
 		})
 	}
 }
+
+// TestRangesBoundedPerTreeAndForSpawns: ended children keep their ranges, so one tree
+// could take the block: sessions.ids.per_tree refuses its next spawn, naming the limit, the
+// tree and its count; sessions.ids.spawns caps all spawned sessions together, and the
+// operator can still stage with every spawn's range taken. A child removed gives its
+// range back.
+func TestRangesBoundedPerTreeAndForSpawns(t *testing.T) {
+	d := newDelegationWith(t, func(cfg *Config) {
+		cfg.IDs = store.IDPool{First: testPool.First, Slots: 10} // 9 ranges for sessions
+		cfg.RangesPerTree, cfg.RangesForSpawns = 3, 4
+	})
+	d.push("parent", "sleep 30", parentCaps)
+	d.push("worker", "true", "")
+	a := d.start("parent")
+	var kids []string
+	for range 2 {
+		res, err := d.spawn(a, "worker", "", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kids = append(kids, res.SessionID)
+	}
+	_, err := d.spawn(a, "worker", "", true)
+	if err == nil || !strings.Contains(err.Error(), "the delegation tree of "+a.ID+" holds 3 id ranges, sessions.ids.per_tree (3)") {
+		t.Fatalf("a third child of a tree of 3: %v", err)
+	}
+	if ev := boundsLimitEvent(t, d.m, a.ID, store.LimitIDRanges); !strings.Contains(ev, "sessions.ids.per_tree") {
+		t.Fatalf("event: %q", ev)
+	}
+	// Removing an ended child gives its range back to the tree.
+	if err := d.m.Remove(kids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.spawn(a, "worker", "", true); err != nil {
+		t.Fatalf("after a child was removed: %v", err)
+	}
+	b := d.start("parent")
+	for range 2 {
+		if _, err := d.spawn(b, "worker", "", true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Four spawned ranges are held: no tree may take a fifth.
+	c := d.start("parent")
+	_, err = d.spawn(c, "worker", "", true)
+	if err == nil || !strings.Contains(err.Error(), "spawned sessions hold 4 id ranges, sessions.ids.spawns (4)") {
+		t.Fatalf("a fifth spawned range: %v", err)
+	}
+	// The operator's reserve: a top-level stage still gets a range.
+	if _, err := d.m.Stage(StageOptions{Capsule: "parent@0.1.0"}); err != nil {
+		t.Fatalf("the operator's stage with every spawn range taken: %v", err)
+	}
+}

@@ -185,8 +185,14 @@ func (m *Manager) stage(p *plan.Plan, opts StageOptions) (*store.Record, error) 
 		rec.DepthRemaining = min(opts.DepthRemaining, int(p.Policy.Spawn.MaxDepth.Value))
 	}
 	rec.HostRoot = m.planner.HostRoot(p)
+	var refused *rangeRefusal
 	if err := m.reg.update(func(tx *store.Tx) error {
 		if !rec.HostRoot {
+			if rec.ParentID != "" {
+				if refused = m.spawnRangeRefusal(tx, rec.ParentID); refused != nil {
+					return refused.err
+				}
+			}
 			if err := tx.AllocateIDs(rec, m.cfg.IDs); err != nil {
 				return err
 			}
@@ -200,6 +206,9 @@ func (m *Manager) stage(p *plan.Plan, opts StageOptions) (*store.Record, error) 
 		}
 		return tx.CreateWithTask(rec, p.Raw, explanation, opts.Task)
 	}); err != nil {
+		if refused != nil {
+			m.journal.LimitHit(refused.parent, store.LimitIDRanges, refused.err.Error())
+		}
 		return nil, err
 	}
 	m.cfg.Logger.Info("session staged", "session", rec.ID, "name", rec.Name, "capsule", rec.Capsule.Name+"@"+rec.Capsule.Version, "class", rec.Achieved,

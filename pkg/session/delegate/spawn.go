@@ -162,6 +162,11 @@ func (b *Backend) Spawn(ctx context.Context, parentID string, req spawn.Request)
 	staged, err := b.s.StageChild(child, ChildStage{Workdir: dir.host, ParentID: parentID, Task: task, DepthRemaining: parent.DepthRemaining - 1})
 	if err != nil {
 		result = "failed"
+		if errdefs.IsResourceExhausted(err) {
+			// No id range for it: the tree's, the spawns' or the block's are all held.
+			result = "refused_id_ranges"
+			b.s.TraceDelegation(parent, ref, "", err)
+		}
 		return res, err
 	}
 	b.s.TraceDelegation(parent, ref, staged.ID, nil)

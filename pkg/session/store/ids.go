@@ -305,3 +305,42 @@ func (t *Tx) RangeCounts(pool IDPool) map[string]int {
 	counts["free"] += int(pool.Slots) - 1 - used
 	return counts
 }
+
+// TreeRanges says how many ranges the delegation tree of session id holds (its top-level
+// session and every session below that one, live or ended, until removed) and how many
+// all spawned sessions hold together, and names the tree's top-level session.
+func (t *Tx) TreeRanges(id string) (top string, tree, spawned int, err error) {
+	recs, err := t.List(nil)
+	if err != nil {
+		return "", 0, 0, err
+	}
+	parent := make(map[string]string, len(recs))
+	for _, r := range recs {
+		parent[r.ID] = r.ParentID
+	}
+	topOf := func(id string) string {
+		// Bounded: a corrupt record naming itself an ancestor ends the walk.
+		for range len(parent) + 1 {
+			p := parent[id]
+			if p == "" {
+				return id
+			}
+			id = p
+		}
+		return id
+	}
+	top = topOf(id)
+	for _, holder := range t.IDsHeld() {
+		p, ok := parent[holder]
+		if !ok {
+			continue // a sandbox's
+		}
+		if p != "" {
+			spawned++
+		}
+		if topOf(holder) == top {
+			tree++
+		}
+	}
+	return top, tree, spawned, nil
+}

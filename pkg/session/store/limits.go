@@ -8,6 +8,7 @@ const (
 	LimitWorkdirInodes       = "workdir_inodes"
 	LimitChildrenTotal       = "children_total"
 	LimitDiskFull            = "disk_full"
+	LimitIDRanges            = "id_ranges"
 )
 
 // EventLimit is a session meeting one of its bounds: a refusal or a cut, with what it was.
