@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"roost.dev/roost/pkg/session/delegate"
+	"roost.dev/roost/pkg/session/ranges"
 	"roost.dev/roost/pkg/session/retention"
 	"roost.dev/roost/pkg/session/store"
 	"roost.dev/roost/pkg/session/warmpool"
@@ -82,7 +83,7 @@ var (
 	_ session.Observer       = (*metrics.Metrics)(nil)
 	_ delegate.SpawnObserver = (*metrics.Metrics)(nil)
 	_ session.LimitObserver  = (*metrics.Metrics)(nil)
-	_ session.RangeObserver  = (*metrics.Metrics)(nil)
+	_ ranges.Observer        = (*metrics.Metrics)(nil)
 	_ retention.Observer     = (*metrics.Metrics)(nil)
 	_ ledger.Observer        = (*metrics.Metrics)(nil)
 )

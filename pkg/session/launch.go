@@ -99,7 +99,7 @@ func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) 
 	}
 	if sb != nil {
 		// The range staged with it was let go for the sandbox's.
-		m.ranges.later()
+		m.ranges.Later()
 	}
 	proc, err := m.start(ctx, l, rec, class, runtime, sb)
 	if err != nil {

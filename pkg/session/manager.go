@@ -17,6 +17,7 @@ import (
 	"roost.dev/roost/pkg/session/dirs"
 	"roost.dev/roost/pkg/session/guard"
 	"roost.dev/roost/pkg/session/plan"
+	"roost.dev/roost/pkg/session/ranges"
 	"roost.dev/roost/pkg/session/retention"
 	"roost.dev/roost/pkg/session/store"
 	"roost.dev/roost/pkg/session/warmpool"
@@ -143,7 +144,7 @@ type Config struct {
 	RangesPerTree, RangesForSpawns int
 	// Sweeper clears what freed id ranges left on the host before they are handed out
 	// again; the host's (idsweep.Sweeper) when nil.
-	Sweeper RangeSweeper
+	Sweeper ranges.Sweeper
 	// WarmPool is how many sealed sandboxes of a default capsule's shape to keep made ahead
 	// of their sessions (roostd --warm-pool); 0 for none. WarmCapsules ask for sandboxes of
 	// capsules' own shapes (--warm-pool-capsule). WarmPoolCPU is the share of the wall
@@ -174,7 +175,7 @@ type Manager struct {
 
 	planner  *plan.Planner
 	journal  *journal
-	ranges   *ranges
+	ranges   *ranges.Keeper
 	runtimes runtimes
 	lifeline lifeline
 
@@ -331,8 +332,8 @@ func Open(cfg Config) (*Manager, error) {
 		stop: func(l *liveSession, id, saw string) error {
 			return m.beginStop(l, id, store.EndParent, saw, cfg.StopGrace)
 		}}
-	rangeObs, _ := cfg.Observer.(RangeObserver)
-	m.ranges = newRanges(m.reg, cfg.IDs, cfg.Sweeper, rangeObs, cfg.Logger)
+	rangeObs, _ := cfg.Observer.(ranges.Observer)
+	m.ranges = ranges.New(reg, cfg.IDs, cfg.Sweeper, rangeObs, cfg.Logger)
 	m.runtimes = runtimes{byClass: cfg.Runtimes, endpoints: cfg.Endpoints, log: cfg.Logger}
 	m.accounts = account.Accounts{Ledger: cfg.Ledger, Gateway: cfg.Gateway, Log: cfg.Logger}
 	scoped, _ := cfg.Runtimes[manifest.Scoped].(interface{ TmpDir(string) string })
@@ -355,11 +356,11 @@ func Open(cfg Config) (*Manager, error) {
 	}
 	// What a previous daemon let go and did not sweep (it was killed in between) is swept
 	// before any session can be given it.
-	m.ranges.sweep()
+	m.ranges.Sweep()
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		m.ranges.run(ctx)
+		m.ranges.Run(ctx)
 	}()
 	if cfg.WarmPool > 0 || len(cfg.WarmCapsules) > 0 {
 		rt, ok := cfg.Runtimes[manifest.Sealed].(warmpool.Runtime)
@@ -454,7 +455,7 @@ type Status struct {
 // Status reads the sessions' gauges.
 func (m *Manager) Status() Status {
 	st := Status{ByState: m.reg.countByState(), WarmReady: m.pool.Ready()}
-	st.Ranges, st.Quarantined = m.ranges.status()
+	st.Ranges, st.Quarantined = m.ranges.Status()
 	return st
 }
 

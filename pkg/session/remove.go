@@ -75,7 +75,7 @@ func (m *Manager) RemoveTree(ctx context.Context, id string, force bool) error {
 		}
 	}
 	// Before rm answers: the ranges it let go are swept before anything else can have them.
-	m.ranges.sweep()
+	m.ranges.Sweep()
 	m.collectCapsules()
 	return failed
 }
@@ -155,7 +155,7 @@ func (m *Manager) removeEnded(ctx context.Context, doomed, all []*store.Record) 
 		}
 		out[rec.ID] = err
 	}
-	m.ranges.sweep()
+	m.ranges.Sweep()
 	m.collectCapsules()
 	return out
 }

@@ -13,6 +13,7 @@ import (
 	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/session/dirs"
 	"roost.dev/roost/pkg/session/plan"
+	"roost.dev/roost/pkg/session/ranges"
 	"roost.dev/roost/pkg/session/store"
 	"roost.dev/roost/pkg/session/warmpool"
 
@@ -185,12 +186,11 @@ func (m *Manager) stage(p *plan.Plan, opts StageOptions) (*store.Record, error) 
 		rec.DepthRemaining = min(opts.DepthRemaining, int(p.Policy.Spawn.MaxDepth.Value))
 	}
 	rec.HostRoot = m.planner.HostRoot(p)
-	var refused *rangeRefusal
 	if err := m.reg.update(func(tx *store.Tx) error {
 		if !rec.HostRoot {
 			if rec.ParentID != "" {
-				if refused = m.spawnRangeRefusal(tx, rec.ParentID); refused != nil {
-					return refused.err
+				if err := (ranges.Bounds{PerTree: m.cfg.RangesPerTree, Spawns: m.cfg.RangesForSpawns}).RefuseSpawn(tx, rec.ParentID); err != nil {
+					return err
 				}
 			}
 			if err := tx.AllocateIDs(rec, m.cfg.IDs); err != nil {
@@ -206,8 +206,8 @@ func (m *Manager) stage(p *plan.Plan, opts StageOptions) (*store.Record, error) 
 		}
 		return tx.CreateWithTask(rec, p.Raw, explanation, opts.Task)
 	}); err != nil {
-		if refused != nil {
-			m.journal.LimitHit(refused.parent, store.LimitIDRanges, refused.err.Error())
+		if refused := (*ranges.Refusal)(nil); errors.As(err, &refused) {
+			m.journal.LimitHit(rec.ParentID, store.LimitIDRanges, refused.Error())
 		}
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/session/plan"
+	"roost.dev/roost/pkg/session/ranges"
 	"roost.dev/roost/pkg/session/store"
 	"roost.dev/roost/pkg/session/warmpool"
 )
@@ -51,7 +52,7 @@ func warmShapes(cfg Config, planner *plan.Planner) ([]warmpool.Shape, error) {
 type sandboxIDs struct {
 	reg    registry
 	pool   store.IDPool
-	ranges *ranges
+	ranges *ranges.Keeper
 }
 
 func (s sandboxIDs) Reserve(sandbox string) (containment.IDs, error) {
@@ -68,6 +69,6 @@ func (s sandboxIDs) Release(keep func(sandbox string) bool) error {
 	if err := s.reg.update(func(tx *store.Tx) error { return tx.ReleaseIDs(keep) }); err != nil {
 		return err
 	}
-	s.ranges.later()
+	s.ranges.Later()
 	return nil
 }
