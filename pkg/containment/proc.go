@@ -2,6 +2,8 @@ package containment
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -87,6 +89,14 @@ func exited(pidfd int) bool {
 	}
 }
 
+// InitTag is what roost-init's command line names its session (or sandbox) by: a digest of
+// the id, not the id. Every user of the host reads command lines in ps, and a session's id
+// names its workdir and records beneath the state directory.
+func InitTag(id string) string {
+	h := sha256.Sum256([]byte("roost-init\x00" + id))
+	return "s" + hex.EncodeToString(h[:10])
+}
+
 // FindInit looks for a running roost-init of the session: the one way to find a supervisor
 // started by a daemon that died before roost-init wrote init.json.
 func FindInit(sessionID string) (pid int, ok bool) {
@@ -94,14 +104,16 @@ func FindInit(sessionID string) (pid int, ok bool) {
 	if err != nil {
 		return 0, false
 	}
-	want := []byte(InitName + "\x00" + sessionID + "\x00")
+	want := []byte(InitName + "\x00" + InitTag(sessionID) + "\x00")
+	// A roost-init started before the tag named the session by its id.
+	old := []byte(InitName + "\x00" + sessionID + "\x00")
 	for _, e := range entries {
 		n, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
 		cmdline, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err == nil && bytes.Equal(cmdline, want) {
+		if err == nil && (bytes.Equal(cmdline, want) || bytes.Equal(cmdline, old)) {
 			return n, true
 		}
 	}

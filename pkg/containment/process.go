@@ -130,7 +130,7 @@ func (r *ProcessRuntime) StartExec(ctx context.Context, spec Spec, execSpec roos
 	command := func(into *os.File) *exec.Cmd {
 		cmd := &exec.Cmd{
 			Path:       r.Init,
-			Args:       []string{InitName, spec.SessionID},
+			Args:       []string{InitName, InitTag(spec.SessionID)},
 			Dir:        "/",
 			Env:        []string{},
 			ExtraFiles: io.ChildFiles(),

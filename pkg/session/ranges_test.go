@@ -269,3 +269,40 @@ func TestRangesBoundedPerTreeAndForSpawns(t *testing.T) {
 		t.Fatalf("the operator's stage with every spawn range taken: %v", err)
 	}
 }
+
+// TestSessionIDNotInCommandLines: other users of the host read every command line (ps), and
+// a session's id names its paths: no process roost starts for a session shows it. The scan
+// finds what the program put in its own command line, so it would find the id too.
+func TestSessionIDNotInCommandLines(t *testing.T) {
+	m, _ := openManager(t, stateDir(t))
+	const marker = "roost-cmdline-marker"
+	rec := run(t, m, StageOptions{Capsule: capsule(t, "sleep 30; : "+marker, "")})
+	t.Cleanup(func() { m.Kill(t.Context(), rec.ID, syscall.SIGKILL) })
+	var sawMarker bool
+	var withID []string
+	deadline := time.Now().Add(10 * time.Second)
+	for !sawMarker && time.Now().Before(deadline) {
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			if _, err := strconv.Atoi(e.Name()); err != nil {
+				continue
+			}
+			cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+			if err != nil {
+				continue
+			}
+			if strings.Contains(string(cmdline), marker) {
+				sawMarker = true
+			}
+			if strings.Contains(string(cmdline), rec.ID) {
+				withID = append(withID, strings.ReplaceAll(string(cmdline), "\x00", " "))
+			}
+		}
+	}
+	if !sawMarker {
+		t.Fatal("control: the scan did not find the program's own command line")
+	}
+	if len(withID) > 0 {
+		t.Fatalf("command lines name the session: %q", withID)
+	}
+}

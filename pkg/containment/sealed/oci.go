@@ -140,7 +140,7 @@ func OCISpec(l Layout, p *manifest.Policy) (*specs.Spec, error) {
 			// roost-init is PID 1; it starts the program (see roostinit) in the same
 			// directory with the same rlimits, which the spec states so that it tells the
 			// program's truth.
-			Args:            []string{initPath, l.SessionID},
+			Args:            []string{initPath, containment.InitTag(l.SessionID)},
 			Env:             []string{"PATH=" + containment.DefaultPath},
 			Cwd:             Work,
 			Rlimits:         ociRlimits(p),

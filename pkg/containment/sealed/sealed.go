@@ -323,7 +323,7 @@ func (r *Runtime) run(ctx context.Context, id string, config *configs.Config, io
 	if err := cg.Note(id, place); err != nil {
 		return nil, nil, 0, err
 	}
-	initArgs, initEnv := append([]string{initPath, id}, extra...), []string{"PATH=" + containment.DefaultPath}
+	initArgs, initEnv := append([]string{initPath, containment.InitTag(id)}, extra...), []string{"PATH=" + containment.DefaultPath}
 	var container *libcontainer.Container
 	if r.sealer != nil {
 		initPID, err = r.sealer.Run(ctx, sealer.Request{Root: r.containers, ID: id, Config: config,
