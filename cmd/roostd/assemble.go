@@ -14,6 +14,7 @@ import (
 	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/cgroups"
+	"roost.dev/roost/pkg/containment/idsweep"
 	scopedrt "roost.dev/roost/pkg/containment/scoped"
 	sealedrt "roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/egress"
@@ -96,6 +97,13 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 		return nil, fmt.Errorf("--state-dir: %w", err)
 	}
 	pool := store.IDPool{First: cfg.Sessions.IDs.First, Slots: cfg.Sessions.IDs.Slots}
+	// Freed ranges are swept by killing what runs on them: the block must be this
+	// daemon's alone on the host.
+	claim, err := idsweep.Claim(idsweep.DefaultClaims, uint64(pool.First), uint64(pool.First)+uint64(pool.Slots)*config.IDsPerSession)
+	if err != nil {
+		return nil, fmt.Errorf("sessions.ids: %w", err)
+	}
+	d.release = append(d.release, claim.Release)
 	// Before any runtime or child process: on cgroup v2 roostd may move itself into a leaf.
 	cgs, err := cgroups.New(cgroups.Config{Parent: o.cgroupParent, Driver: o.cgroupDriver, StateDir: stateDir})
 	if err != nil {

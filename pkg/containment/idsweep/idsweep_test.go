@@ -354,3 +354,30 @@ func TestParseStatus(t *testing.T) {
 }
 
 func unsafePointer(b *[256]byte) uintptr { return uintptr(unsafe.Pointer(b)) }
+
+// TestClaimRefusesAnOverlappingBlock: a second claimant of an overlapping block — another
+// daemon, here a child process — is refused naming the holder's pid; a disjoint block is
+// not; once the holder is gone its block is free again.
+func TestClaimRefusesAnOverlappingBlock(t *testing.T) {
+	dir := t.TempDir()
+	held, err := Claim(dir, 1000, 2000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A flock is per open file: another open file of this process conflicts as another
+	// daemon's would.
+	if _, err := Claim(dir, 1500, 2500); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("the block 1000-1999 roostd pid %d sweeps", os.Getpid())) {
+		t.Fatalf("an overlapping block: %v", err)
+	}
+	other, err := Claim(dir, 2000, 3000)
+	if err != nil {
+		t.Fatalf("a disjoint block: %v", err)
+	}
+	other.Release()
+	held.Release()
+	again, err := Claim(dir, 1500, 2500)
+	if err != nil {
+		t.Fatalf("after the holder let go: %v", err)
+	}
+	again.Release()
+}
