@@ -162,6 +162,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 20s -fuzzminimizetime 5s ./pkg/config/
 	$(GO) test -run '^$$' -fuzz FuzzInterpreters -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/roostinit/
 	$(GO) test -run '^$$' -fuzz FuzzReadMessage -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/sealer/
+	$(GO) test -run '^$$' -fuzz FuzzParseSysvipc -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/idsweep/
+	$(GO) test -run '^$$' -fuzz FuzzParseStatus -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/idsweep/
+	$(GO) test -run '^$$' -fuzz FuzzParseClaim -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/idsweep/
 
 tools: $(TOOLS)/buf $(TOOLS)/staticcheck $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc $(TOOLS)/grpcurl
 

@@ -381,3 +381,23 @@ func TestClaimRefusesAnOverlappingBlock(t *testing.T) {
 	}
 	again.Release()
 }
+
+func FuzzParseStatus(f *testing.F) {
+	f.Add("Name:\tx\nState:\tS (sleeping)\nUid:\t1\t2\t3\t4\nGid:\t5\t6\t7\t8\n")
+	f.Add("Uid:\t1\nGid:\n")
+	f.Fuzz(func(t *testing.T, data string) {
+		if o, ok := parseStatus(data); ok && len(o.ids) < 8 {
+			t.Fatalf("%+v", o)
+		}
+	})
+}
+
+func FuzzParseClaim(f *testing.F) {
+	f.Add("1000-2000.42")
+	f.Add(".lock")
+	f.Fuzz(func(t *testing.T, name string) {
+		if first, end, _, ok := parseClaim(name); ok && first >= end {
+			t.Fatalf("%q: %d-%d", name, first, end)
+		}
+	})
+}
