@@ -165,6 +165,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 20s -fuzzminimizetime 5s ./pkg/config/
 	$(GO) test -run '^$$' -fuzz FuzzInterpreters -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/roostinit/
 	$(GO) test -run '^$$' -fuzz FuzzReadMessage -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/sealer/
+	$(GO) test -run '^$$' -fuzz FuzzOpenTreeResolvesAsTheKernel -fuzztime 20s -fuzzminimizetime 5s ./pkg/artifact/
 
 tools: $(TOOLS)/buf $(TOOLS)/staticcheck $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc $(TOOLS)/grpcurl
 
