@@ -64,6 +64,9 @@ unit: deps rust-wasi
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/e2e)
 	# The sealed and hostile suites again, each session in a sandbox made ahead (--warm-pool).
 	$(GO) test -race -count=1 -run 'Sealed|Hostile|Trust|Exec|Socketpair|Workdir' $(WARM_PACKAGES) -args -warm
+	# The races against an unprivileged attacker at their acceptance count, without the race
+	# detector: it has no part in a race between two processes, and slows each push.
+	$(GO) test -count=1 -run 'TestAttacker' ./pkg/artifact/ -args -race.pushes=2000
 
 # The packages whose tests take -warm (internal/testkit's Kit.Main): every one that holds
 # tests of the runtimes.
@@ -165,6 +168,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseSysvipc -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/idsweep/
 	$(GO) test -run '^$$' -fuzz FuzzParseStatus -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/idsweep/
 	$(GO) test -run '^$$' -fuzz FuzzParseClaim -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/idsweep/
+	$(GO) test -run '^$$' -fuzz FuzzOpenTreeResolvesAsTheKernel -fuzztime 20s -fuzzminimizetime 5s ./pkg/artifact/
 
 tools: $(TOOLS)/buf $(TOOLS)/staticcheck $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc $(TOOLS)/grpcurl
 

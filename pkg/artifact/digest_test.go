@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+
+	"roost.dev/roost/internal/testenv"
 )
 
 func write(t *testing.T, path, data string) {
@@ -181,5 +183,70 @@ func TestDigestDirRefusesHugeTrees(t *testing.T) {
 	}
 	if time.Since(start) > 2*time.Second {
 		t.Fatalf("refusing took %s: the file was read", time.Since(start))
+	}
+}
+
+// The path to a tree is walked by descriptors too: a link on it is followed when only root
+// can have made it and nobody else can swap it, and refused, naming it, when anyone else
+// may have planted or swapped it.
+func TestDigestDirFollowsOnlyRootsLinksOnThePath(t *testing.T) {
+	testenv.NeedRoot(t, "a link of another uid's is made with lchown")
+	base := t.TempDir()
+	write(t, filepath.Join(base, "real", "tree", "f"), "x")
+	want, err := DigestDir(filepath.Join(base, "real", "tree"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := func(target, path string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dirMode := func(path string, mode os.FileMode) {
+		t.Helper()
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link("real", filepath.Join(base, "rel"))
+	link(filepath.Join(base, "real"), filepath.Join(base, "abs"))
+	link("../real", filepath.Join(base, "real", "up"))
+	link("../real", filepath.Join(base, "sticky", "l"))
+	dirMode(filepath.Join(base, "sticky"), 0o777|os.ModeSticky)
+	link("../real", filepath.Join(base, "open", "l"))
+	dirMode(filepath.Join(base, "open"), 0o777)
+	link("../real", filepath.Join(base, "owned", "l"))
+	if err := os.Chown(filepath.Join(base, "owned"), attackerUID, attackerUID); err != nil {
+		t.Fatal(err)
+	}
+	link("real", filepath.Join(base, "theirs"))
+	if err := os.Lchown(filepath.Join(base, "theirs"), attackerUID, attackerUID); err != nil {
+		t.Fatal(err)
+	}
+	link("loop", filepath.Join(base, "loop"))
+	write(t, filepath.Join(base, "file"), "x")
+
+	for _, rel := range []string{"rel/tree", "abs/tree", "real/up/up/tree", "sticky/l/tree", "real/../real/./tree"} {
+		if got, err := DigestDir(filepath.Join(base, rel)); err != nil || got != want {
+			t.Errorf("%s, through root's links: %s, %v; want %s", rel, got, err, want)
+		}
+	}
+	for rel, why := range map[string]string{
+		"theirs/tree":  filepath.Join(base, "theirs") + ", on the path, is a symlink of uid 65534's",
+		"owned/l/tree": filepath.Join(base, "owned", "l") + ", on the path, is a symlink in " + filepath.Join(base, "owned") + ", a directory of uid 65534's",
+		"open/l/tree":  filepath.Join(base, "open", "l") + ", on the path, is a symlink in " + filepath.Join(base, "open") + ", a directory others may write",
+		"loop/tree":    "more than 40 symlinks",
+		"file/tree":    filepath.Join(base, "file") + " is not a directory",
+		"rel":          "a symlink; roost never follows one as the tree",
+		"missing/tree": "file does not exist",
+	} {
+		_, err := DigestDir(filepath.Join(base, rel))
+		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), why) {
+			t.Errorf("%s: %v; want invalid, saying %q", rel, err, why)
+		}
 	}
 }

@@ -195,6 +195,11 @@ type Imported struct {
 	Bytes  int64  // their bytes
 	// Created is whether this import stored the blob; false when it was there already.
 	Created bool
+	// Manifest is the top-level capsule.yaml as read and stored (at most one byte over
+	// manifest.MaxSize), nil when the tree has none, or a symlink there: the caller reads
+	// the capsule's manifest from here, not by a path into the blob, which could follow a
+	// link the tree's owner stored.
+	Manifest []byte
 }
 
 // Import stores the tree in dir as a blob named by its digest, and returns it. The tree is
@@ -234,7 +239,7 @@ func (s *Store) Import(dir string) (Imported, error) {
 }
 
 func (s *Store) imported(t tree, created bool) Imported {
-	return Imported{SHA256: t.digest, Dir: s.blobDir(t.digest), Files: t.files, Bytes: t.bytes, Created: created}
+	return Imported{SHA256: t.digest, Dir: s.blobDir(t.digest), Files: t.files, Bytes: t.bytes, Created: created, Manifest: t.manifest}
 }
 
 // copyIn copies the tree under root into tmp/tree, tmp being a fresh directory in blobs

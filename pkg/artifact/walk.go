@@ -7,7 +7,9 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -22,27 +24,127 @@ import (
 // an entry is, is decided by fstat on the descriptor that is then read.
 const beneath = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
 
-// openTree opens the root of a tree to walk. A symlink as the root is refused like any
-// other: only the path's last component is checked, the caller names the rest.
+// maxLinks bounds the symlinks followed on the way to a tree, as the kernel bounds its own
+// walk (MAXSYMLINKS).
+const maxLinks = 40
+
+// openTree opens the root of a tree to walk. The path to it is walked as the kernel would,
+// one component at a time beneath the last one's descriptor, with one difference: a symlink
+// on the way is followed only when it is root's, in a directory of root's no one else may
+// change (or a sticky one, whose entries only their owners may rename); the walker's own uid
+// counts as root's, for a roostd run as another user. Any other link is one a user may have
+// planted, or swapped in for a directory of the path while roostd reads it, to send root
+// into a directory that user cannot read: it is refused. A symlink as the tree itself is
+// refused like any other.
 func openTree(dir, label string) (*os.File, error) {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	switch {
-	// O_DIRECTORY|O_NOFOLLOW refuses a symlink with ENOTDIR; the lstat only words the error.
-	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR) && isSymlink(dir):
-		return nil, fmt.Errorf("%s: a symlink; roost never follows one: %w", label, errdefs.ErrInvalidArgument)
-	case errors.Is(err, unix.ENOTDIR):
-		return nil, fmt.Errorf("%s: not a directory: %w", label, errdefs.ErrInvalidArgument)
-	case errors.Is(err, unix.ENOENT):
-		return nil, fmt.Errorf("%s: %w: %w", label, fs.ErrNotExist, errdefs.ErrInvalidArgument)
-	case err != nil:
+	start := "."
+	if filepath.IsAbs(dir) {
+		start = "/"
+	}
+	cur, err := unix.Open(start, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%s: opening %s: %w", label, start, err)
+	}
+	defer func() { unix.Close(cur) }()
+	// at is where cur is, for errors.
+	at := start
+	rest := components(dir)
+	for links := 0; len(rest) > 0; {
+		name := rest[0]
+		rest = rest[1:]
+		next, err := unix.Openat2(cur, name, &unix.OpenHow{
+			Flags:   unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+		})
+		switch {
+		case errors.Is(err, unix.ENOENT):
+			return nil, fmt.Errorf("%s: %w: %w", label, fs.ErrNotExist, errdefs.ErrInvalidArgument)
+		case err != nil:
+			return nil, fmt.Errorf("%s: opening %s: %w", label, filepath.Join(at, name), err)
+		}
+		path := filepath.Join(at, name)
+		var st unix.Stat_t
+		if err := unix.Fstat(next, &st); err != nil {
+			unix.Close(next)
+			return nil, fmt.Errorf("%s: %s: %w", label, path, err)
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			unix.Close(cur)
+			cur, at = next, path
+			continue
+		}
+		target, err := followable(cur, next, &st, at, len(rest) == 0)
+		unix.Close(next)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s%w", label, path, err)
+		}
+		if links++; links > maxLinks {
+			return nil, fmt.Errorf("%s: more than %d symlinks on the path: %w", label, maxLinks, errdefs.ErrInvalidArgument)
+		}
+		// A relative link goes on from the directory it is in, cur.
+		if filepath.IsAbs(target) {
+			root, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return nil, fmt.Errorf("%s: opening /: %w", label, err)
+			}
+			unix.Close(cur)
+			cur, at = root, "/"
+		}
+		rest = append(components(target), rest...)
+	}
+	fd, err := unix.Openat(cur, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", label, err)
 	}
 	return os.NewFile(uintptr(fd), dir), nil
 }
 
-func isSymlink(path string) bool {
-	info, err := os.Lstat(path)
-	return err == nil && info.Mode()&fs.ModeSymlink != 0
+// followable returns the target of the symlink open (O_PATH) at link, in the directory
+// open at dir (at, for errors), when a walk to a tree may follow it; its error is worded to
+// follow the link's path.
+func followable(dir, link int, st *unix.Stat_t, at string, last bool) (string, error) {
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFLNK:
+		return "", fmt.Errorf(" is not a directory: %w", errdefs.ErrInvalidArgument)
+	case last:
+		return "", fmt.Errorf(" is a symlink; roost never follows one as the tree: %w", errdefs.ErrInvalidArgument)
+	}
+	var parent unix.Stat_t
+	if err := unix.Fstat(dir, &parent); err != nil {
+		return "", fmt.Errorf(": looking at %s: %w", at, err)
+	}
+	trusted := func(uid uint32) bool { return uid == 0 || uid == uint32(os.Geteuid()) }
+	var why string
+	switch {
+	case !trusted(st.Uid):
+		why = fmt.Sprintf("of uid %d's", st.Uid)
+	case !trusted(parent.Uid):
+		why = fmt.Sprintf("in %s, a directory of uid %d's", at, parent.Uid)
+	case parent.Mode&0o022 != 0 && parent.Mode&unix.S_ISVTX == 0:
+		why = fmt.Sprintf("in %s, a directory others may write", at)
+	}
+	if why != "" {
+		return "", fmt.Errorf(", on the path, is a symlink %s: roost follows only root's own links to a tree "+
+			"(this one may have been planted, or swapped in for a directory while the tree was read): %w",
+			why, errdefs.ErrInvalidArgument)
+	}
+	target, err := readlinkat(link, "")
+	if err != nil {
+		return "", fmt.Errorf(": reading the link: %w", err)
+	}
+	return target, nil
+}
+
+// components splits a path into the names a walk takes, "." dropped, ".." kept: it is the
+// parent on disk of the directory reached, as the kernel takes it.
+func components(path string) []string {
+	var out []string
+	for _, c := range strings.Split(path, "/") {
+		if c != "" && c != "." {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // tree is what one walk read.

@@ -1,12 +1,16 @@
 package session
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -232,6 +236,120 @@ func TestBoundsSnapshotChildrenHoldTheCeiling(t *testing.T) {
 		t.Fatal(err)
 	}
 	boundsGone(t, d, parent, granted...)
+}
+
+// A parent within its 100 MiB resources.workdir_max_bytes, holding a 1 GiB sparse file of
+// 1 MiB of data, gets a snapshot child whose copy allocates what the file does: roostd, as
+// root, writes the data and leaves the holes, not 1 GiB, and the copy reads the same.
+func TestBoundsSnapshotOfASparseFile(t *testing.T) {
+	const limit = 100 << 20
+	d := newDelegation(t, 3, 4)
+	d.push("parent", "sleep 60",
+		fmt.Sprintf("  resources:\n    workdir_max_bytes: %d\n  spawn:\n    allow: [worker]\n    workdir_snapshot: [worker]\n", limit))
+	d.push("worker", "true", fmt.Sprintf("  resources:\n    workdir_max_bytes: %d\n", limit))
+	parent := d.start("parent")
+	data := make([]byte, 1<<20)
+	if _, err := rand.Read(data); err != nil {
+		t.Fatal(err)
+	}
+	const size, at = 1 << 30, 512 << 20
+	src := filepath.Join(parent.Workdir, "sparse")
+	f, err := os.Create(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(data, at); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	held := allocatedBytes(t, src)
+	if held > size/2 {
+		t.Skip("this filesystem keeps no holes")
+	}
+	res, err := d.spawn(parent, "worker", "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Completion == nil || res.Completion.Status != "ok" {
+		t.Fatalf("the child: %+v", res.Completion)
+	}
+	child, _ := d.m.Get(res.SessionID)
+	cp := filepath.Join(child.Workdir, "sparse")
+	// A few blocks of slack: the extent tree, rounding.
+	if got := allocatedBytes(t, cp); got > held+16<<10 {
+		t.Fatalf("the copy allocates %d bytes, its source %d: roostd wrote the holes", got, held)
+	}
+	g, err := os.Open(cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if fi, err := g.Stat(); err != nil || fi.Size() != size {
+		t.Fatalf("the copy: %v, %v; want %d bytes", fi, err, size)
+	}
+	for _, c := range []struct {
+		off  int64
+		want []byte
+	}{{at, data}, {0, make([]byte, 64<<10)}, {at - 64<<10, make([]byte, 64<<10)}, {size - 64<<10, make([]byte, 64<<10)}} {
+		got := make([]byte, len(c.want))
+		if _, err := g.ReadAt(got, c.off); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, c.want) {
+			t.Fatalf("the copy differs from its source at [%d, %d)", c.off, c.off+int64(len(got)))
+		}
+	}
+}
+
+// A snapshot whose copy would take the parent past what is left of its
+// resources.workdir_max_bytes is refused before roostd copies a byte: no child workdir is
+// made, in the parent's .roost or in roost's own state.
+func TestBoundsSnapshotPastTheBudgetCopiesNothing(t *testing.T) {
+	const limit = 8 << 20
+	d := newDelegation(t, 3, 4)
+	d.push("parent", "sleep 60",
+		fmt.Sprintf("  resources:\n    workdir_max_bytes: %d\n  spawn:\n    allow: [worker]\n    workdir_snapshot: [worker]\n", limit))
+	d.push("worker", "true", fmt.Sprintf("  resources:\n    workdir_max_bytes: %d\n", limit))
+	parent := d.start("parent")
+	// 5 MiB of data: within the limit, but not twice over.
+	data := make([]byte, 5<<20)
+	if _, err := rand.Read(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(parent.Workdir, "data"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := d.spawn(parent, "worker", "", true)
+	var r *spawn.Refusal
+	if !errors.As(err, &r) || r.Key != "capabilities.resources.workdir_max_bytes" || !errdefs.IsPermissionDenied(err) {
+		t.Fatalf("a snapshot past the budget: %v", err)
+	}
+	for _, want := range []string{"spawn.workdir_snapshot", "allocated", "past resources.workdir_max_bytes (8388608)"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal %q does not say %q", err, want)
+		}
+	}
+	for _, dir := range []string{filepath.Join(parent.Workdir, ".roost"), d.m.trees.Children(parent.ID)} {
+		// Either may be there, made for children to come: empty.
+		if entries, err := os.ReadDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) || len(entries) != 0 {
+			t.Errorf("%s holds %d entries (%v): something was made for the refused child", dir, len(entries), err)
+		}
+	}
+	boundsLimitEvent(t, d.m, parent.ID, store.LimitWorkdirBytes)
+}
+
+func allocatedBytes(t *testing.T, path string) int64 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
 }
 
 // rm refuses a tree with a live session anywhere in it, naming it: here a child that

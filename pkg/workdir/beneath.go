@@ -220,11 +220,46 @@ func WriteFile(root, rel string, data []byte, perm os.FileMode) error {
 	return nil
 }
 
+// ErrPastLimit is a copy that stopped before it would have gone past the limit it was given;
+// the error is a *LimitError.
+var ErrPastLimit = errors.New("the copy would go past its limit")
+
+// LimitError is where and how a copy stopped at its limit.
+type LimitError struct {
+	// Rel is the entry being copied, relative to the copy's root.
+	Rel string
+	// Inodes: the copy stopped at its limit of entries, not bytes.
+	Inodes bool
+	// Used is what the copy had taken, More what it was about to take, Limit its bound.
+	Used, More, Limit int64
+}
+
+func (e *LimitError) Error() string {
+	if e.Inodes {
+		return fmt.Sprintf("%s: %v: %d files and directories copied, the most it may make", e.Rel, ErrPastLimit, e.Used)
+	}
+	return fmt.Sprintf("%s: %v: %d bytes allocated by the copy, %d more would pass the %d it may take", e.Rel, ErrPastLimit, e.Used, e.More, e.Limit)
+}
+
+func (e *LimitError) Unwrap() error { return ErrPastLimit }
+
 // Copy copies the tree at src (beneath nothing: src is roost's to trust) into dst, which
 // must exist, walking src by descriptors: no directory is reached through a link, files are
 // opened O_NOFOLLOW, symlinks are copied as links, anything else is skipped. Top-level
 // names in skip are left out.
-func Copy(src, dst string, skip ...string) error {
+//
+// Regular files are copied sparse: only their data is written (the extents SEEK_DATA and
+// SEEK_HOLE find), their holes stay holes and ftruncate gives the copy its size, so a copy
+// allocates what its source does, not its apparent size. A file is copied as far as its
+// size when it was opened: one growing under the copy is cut there.
+//
+// With lim, the copy stops before it allocates more than lim.Bytes or makes more than
+// lim.Inodes entries, counted as Measure counts (a directory and a link as what their
+// source allocates, a file as the data written, then as what the copy allocates), and
+// returns an error wrapping ErrPastLimit; what it copied is left for the caller to remove.
+// The bound holds however src changes meanwhile: the tree may be a running session's, which
+// can fill the holes a measurement of it found.
+func Copy(src, dst string, lim Limits, skip ...string) error {
 	s, err := os.OpenFile(src, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return err
@@ -235,89 +270,224 @@ func Copy(src, dst string, skip ...string) error {
 		return err
 	}
 	defer d.Close()
-	return copyDir(s, d, skip)
+	c := &copier{lim: lim}
+	return c.dir(s, d, ".", skip)
 }
 
-func copyDir(src, dst *os.File, skip []string) error {
+// copier is one Copy: its bound and what it has taken of it.
+type copier struct {
+	lim  Limits
+	used Usage
+	// buf serves copies between filesystems copy_file_range cannot join.
+	buf []byte
+}
+
+// take counts bytes and inodes the copy is about to allocate, refusing them when they
+// would take it past its limit.
+func (c *copier) take(rel string, bytes, inodes int64) error {
+	if c.lim.Bytes > 0 && c.used.Bytes+bytes > c.lim.Bytes {
+		return &LimitError{Rel: rel, Used: c.used.Bytes, More: bytes, Limit: c.lim.Bytes}
+	}
+	if c.lim.Inodes > 0 && c.used.Inodes+inodes > c.lim.Inodes {
+		return &LimitError{Rel: rel, Inodes: true, Used: c.used.Inodes, More: inodes, Limit: c.lim.Inodes}
+	}
+	c.used.Bytes += bytes
+	c.used.Inodes += inodes
+	return nil
+}
+
+func (c *copier) dir(src, dst *os.File, rel string, skip []string) error {
 	entries, err := src.ReadDir(-1)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", rel, err)
 	}
 	for _, e := range entries {
 		name := e.Name()
 		if contains(skip, name) {
 			continue
 		}
-		var st unix.Stat_t
-		if err := unix.Fstatat(int(src.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if err := c.entry(src, dst, filepath.Join(rel, name), name); err != nil {
 			return err
-		}
-		// The copy is root's: no setuid, setgid or sticky bit survives it.
-		perm := uint32(st.Mode & 0o777)
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFDIR:
-			if err := unix.Mkdirat(int(dst.Fd()), name, perm|0o700); err != nil {
-				return err
-			}
-			sub, err := openDirAt(src, name, false)
-			if err != nil {
-				return err
-			}
-			dsub, err := openDirAt(dst, name, false)
-			if err != nil {
-				sub.Close()
-				return err
-			}
-			err = copyDir(sub, dsub, nil)
-			sub.Close()
-			dsub.Close()
-			if err != nil {
-				return err
-			}
-		case unix.S_IFLNK:
-			buf := make([]byte, unix.PathMax)
-			n, err := unix.Readlinkat(int(src.Fd()), name, buf)
-			if err != nil {
-				return err
-			}
-			if err := unix.Symlinkat(string(buf[:n]), int(dst.Fd()), name); err != nil {
-				return err
-			}
-		case unix.S_IFREG:
-			if err := copyFileAt(src, dst, name, perm); err != nil {
-				return err
-			}
 		}
 	}
 	return nil
 }
 
-func copyFileAt(src, dst *os.File, name string, perm uint32) error {
+func (c *copier) entry(src, dst *os.File, rel, name string) error {
+	var st unix.Stat_t
+	if err := unix.Fstatat(int(src.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("%s: %w", rel, err)
+	}
+	// The copy is root's: no setuid, setgid or sticky bit survives it.
+	perm := uint32(st.Mode & 0o777)
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		if err := c.take(rel, st.Blocks*512, 1); err != nil {
+			return err
+		}
+		if err := unix.Mkdirat(int(dst.Fd()), name, perm|0o700); err != nil {
+			return fmt.Errorf("%s: %w", rel, err)
+		}
+		sub, err := openDirAt(src, name, false)
+		if err != nil {
+			return err
+		}
+		defer sub.Close()
+		dsub, err := openDirAt(dst, name, false)
+		if err != nil {
+			return err
+		}
+		defer dsub.Close()
+		return c.dir(sub, dsub, rel, nil)
+	case unix.S_IFLNK:
+		if err := c.take(rel, st.Blocks*512, 1); err != nil {
+			return err
+		}
+		buf := make([]byte, unix.PathMax)
+		n, err := unix.Readlinkat(int(src.Fd()), name, buf)
+		if err != nil {
+			return fmt.Errorf("%s: %w", rel, err)
+		}
+		if err := unix.Symlinkat(string(buf[:n]), int(dst.Fd()), name); err != nil {
+			return fmt.Errorf("%s: %w", rel, err)
+		}
+	case unix.S_IFREG:
+		return c.file(src, dst, rel, name, perm)
+	}
+	return nil
+}
+
+func (c *copier) file(src, dst *os.File, rel, name string, perm uint32) error {
 	// O_NONBLOCK and the fstat: the entry may have been swapped for a FIFO or a device since
 	// it was looked at, and opening one must neither block nor copy it.
 	in, err := unix.Openat(int(src.Fd()), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", rel, err)
 	}
-	inf := os.NewFile(uintptr(in), name)
-	defer inf.Close()
+	defer unix.Close(in)
 	var st unix.Stat_t
 	if err := unix.Fstat(in, &st); err != nil {
-		return err
+		return fmt.Errorf("%s: %w", rel, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return nil
 	}
-	out, err := unix.Openat(int(dst.Fd()), name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, perm)
-	if err != nil {
+	if err := c.take(rel, 0, 1); err != nil {
 		return err
 	}
+	out, err := unix.Openat(int(dst.Fd()), name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, perm)
+	if err != nil {
+		return fmt.Errorf("%s: %w", rel, err)
+	}
 	outf := os.NewFile(uintptr(out), name)
-	_, err = io.Copy(outf, inf)
-	if cerr := outf.Close(); err == nil {
-		err = cerr
+	taken, err := c.data(in, out, rel, st.Size)
+	if err == nil {
+		err = unix.Ftruncate(out, st.Size)
+	}
+	if err == nil {
+		// What the copy allocates, blocks and metadata, is what it is charged, in place of
+		// the data written.
+		var got unix.Stat_t
+		if err = unix.Fstat(out, &got); err == nil {
+			c.used.Bytes -= taken
+			err = c.take(rel, got.Blocks*512, 0)
+		}
+	}
+	if cerr := outf.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("%s: %w", rel, cerr)
 	}
 	return err
+}
+
+// data copies the data extents of in below size to the same offsets of out, and returns
+// how many bytes it took of the copy's limit for them.
+func (c *copier) data(in, out int, rel string, size int64) (taken int64, err error) {
+	for off := int64(0); off < size; {
+		start, err := unix.Seek(in, off, unix.SEEK_DATA)
+		switch {
+		case errors.Is(err, unix.ENXIO):
+			// No data past off: the rest is a hole, or the file shrank under the copy.
+			return taken, nil
+		case errors.Is(err, unix.EINVAL):
+			// No SEEK_DATA here: all of it is data.
+			start = off
+		case err != nil:
+			return taken, fmt.Errorf("%s: %w", rel, err)
+		}
+		end := size
+		if err == nil {
+			if end, err = unix.Seek(in, start, unix.SEEK_HOLE); err != nil {
+				return taken, fmt.Errorf("%s: %w", rel, err)
+			}
+			end = min(end, size)
+		}
+		if start >= end {
+			return taken, nil
+		}
+		if err := c.take(rel, end-start, 0); err != nil {
+			return taken, err
+		}
+		taken += end - start
+		if err := c.extent(in, out, start, end-start); err != nil {
+			return taken, fmt.Errorf("%s: %w", rel, err)
+		}
+		off = end
+	}
+	return taken, nil
+}
+
+// extent copies n bytes at off from in to out, in the kernel when it can.
+func (c *copier) extent(in, out int, off, n int64) error {
+	for n > 0 {
+		roff, woff := off, off
+		k, err := unix.CopyFileRange(in, &roff, out, &woff, int(min(n, 1<<30)), 0)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EXDEV), errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EOPNOTSUPP):
+			return c.pcopy(in, out, off, n)
+		case err != nil:
+			return err
+		case k == 0:
+			// The file shrank under the copy: the copy's end stays a hole.
+			return nil
+		}
+		off += int64(k)
+		n -= int64(k)
+	}
+	return nil
+}
+
+// pcopy is extent for files copy_file_range cannot join: read, then written, at off.
+func (c *copier) pcopy(in, out int, off, n int64) error {
+	if c.buf == nil {
+		c.buf = make([]byte, 1<<20)
+	}
+	for n > 0 {
+		k, err := unix.Pread(in, c.buf[:min(n, int64(len(c.buf)))], off)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if k == 0 {
+			return nil
+		}
+		for w := 0; w < k; {
+			m, err := unix.Pwrite(out, c.buf[w:k], off+int64(w))
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			w += m
+		}
+		off += int64(k)
+		n -= int64(k)
+	}
+	return nil
 }
 
 func contains(list []string, s string) bool {

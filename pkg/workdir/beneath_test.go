@@ -528,7 +528,7 @@ func TestCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if err := workdir.Copy(src, dst, ".roost", "also-skipped"); err != nil {
+	if err := workdir.Copy(src, dst, workdir.Limits{}, ".roost", "also-skipped"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -597,13 +597,13 @@ func TestCopyRefuses(t *testing.T) {
 	symlink(t, src, filepath.Join(base, "src-link"))
 	symlink(t, dst, filepath.Join(base, "dst-link"))
 
-	if err := workdir.Copy(filepath.Join(base, "src-link"), dst); err == nil {
+	if err := workdir.Copy(filepath.Join(base, "src-link"), dst, workdir.Limits{}); err == nil {
 		t.Fatal("copied from a linked source")
 	}
-	if err := workdir.Copy(src, filepath.Join(base, "dst-link")); err == nil {
+	if err := workdir.Copy(src, filepath.Join(base, "dst-link"), workdir.Limits{}); err == nil {
 		t.Fatal("copied into a linked destination")
 	}
-	if err := workdir.Copy(src, filepath.Join(base, "missing")); err == nil {
+	if err := workdir.Copy(src, filepath.Join(base, "missing"), workdir.Limits{}); err == nil {
 		t.Fatal("copied into a destination that does not exist")
 	}
 	if names := entries(t, dst); len(names) != 0 {
@@ -611,7 +611,7 @@ func TestCopyRefuses(t *testing.T) {
 	}
 	// An entry already at the destination is an error, never overwritten.
 	writeFile(t, filepath.Join(dst, "f"), "theirs", 0o644)
-	if err := workdir.Copy(src, dst); err == nil {
+	if err := workdir.Copy(src, dst, workdir.Limits{}); err == nil {
 		t.Fatal("copied over an existing file")
 	}
 	if readFile(t, filepath.Join(dst, "f")) != "theirs" {
@@ -630,7 +630,7 @@ func TestCopyDropsSpecialBitsAndFiles(t *testing.T) {
 	if err := unix.Mkfifo(filepath.Join(src, "fifo"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := workdir.Copy(src, dst); err != nil {
+	if err := workdir.Copy(src, dst, workdir.Limits{}); err != nil {
 		t.Fatal(err)
 	}
 	info, err := os.Lstat(filepath.Join(dst, "suid"))

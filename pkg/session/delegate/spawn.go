@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/session/store"
@@ -135,22 +138,32 @@ func (b *Backend) Spawn(ctx context.Context, parentID string, req spawn.Request)
 		return res, err
 	}
 
-	snapshot := slices.Contains(pp.Spawn.WorkdirSnapshot, req.Capsule)
-	if snapshot {
-		if err := b.snapshotFits(parent, pp); err != nil {
-			result = "refused_" + spawn.ReasonEnvelope
-			if r, ok := err.(*spawn.Refusal); ok {
-				limit := store.LimitWorkdirBytes
-				if r.Key == "capabilities.resources.workdir_max_inodes" {
-					limit = store.LimitWorkdirInodes
-				}
-				b.s.LimitHit(parentID, limit, r.Msg)
+	// A snapshot's copy is refused before it is begun when it cannot fit, and held within
+	// the room measured while it is made.
+	var snapshot *workdir.Limits
+	refused := func(err error) error {
+		result = "refused_" + spawn.ReasonEnvelope
+		if r, ok := err.(*spawn.Refusal); ok {
+			limit := store.LimitWorkdirBytes
+			if r.Key == "capabilities.resources.workdir_max_inodes" {
+				limit = store.LimitWorkdirInodes
 			}
-			b.s.TraceDelegation(parent, ref, "", err)
-			return res, err
+			b.s.LimitHit(parentID, limit, r.Msg)
 		}
+		b.s.TraceDelegation(parent, ref, "", err)
+		return err
+	}
+	if slices.Contains(pp.Spawn.WorkdirSnapshot, req.Capsule) {
+		room, err := b.snapshotFits(parent, pp)
+		if err != nil {
+			return res, refused(err)
+		}
+		snapshot = &room
 	}
 	dir, err := b.childWorkdir(parent, req.Capsule, snapshot)
+	if r := (*spawn.Refusal)(nil); errors.As(err, &r) {
+		return res, refused(r)
+	}
 	if err != nil {
 		result = "failed"
 		return res, err
@@ -218,9 +231,11 @@ type childDir struct {
 // swap nothing there for a link). A parent without a sealed root could, so its children
 // work in roost's own state directory, under children/<parent id>/, and the parent finds a
 // link to each at that place.
-// For a name in spawn.workdir_snapshot the child starts with a copy of the parent's
-// workdir, taken by descriptors, links copied as links.
-func (b *Backend) childWorkdir(parent *store.Record, name string, snapshot bool) (childDir, error) {
+// With snapshot (a name in spawn.workdir_snapshot) the child starts with a copy of the
+// parent's workdir, taken by descriptors, links copied as links, holes left holes, within
+// the room snapshotFits measured; a copy that does not fit after all (the parent filled its
+// workdir meanwhile) is refused as snapshotFits refuses, and nothing of the child is left.
+func (b *Backend) childWorkdir(parent *store.Record, name string, snapshot *workdir.Limits) (childDir, error) {
 	suffix := make([]byte, 8)
 	if _, err := rand.Read(suffix); err != nil {
 		return childDir{}, err
@@ -252,55 +267,106 @@ func (b *Backend) childWorkdir(parent *store.Record, name string, snapshot bool)
 			return d, fmt.Errorf("the child's workdir: %w", err)
 		}
 	}
-	if snapshot {
-		if err := workdir.Copy(parent.Workdir, d.host, containment.ChildrenRoot); err != nil {
-			return d, fmt.Errorf("copying the parent's workdir for the child: %w", err)
-		}
+	if snapshot == nil {
+		return d, nil
 	}
-	return d, nil
+	err := workdir.Copy(parent.Workdir, d.host, *snapshot, containment.ChildrenRoot)
+	if err == nil {
+		return d, nil
+	}
+	if rerr := b.removeChildWorkdir(parent, d); rerr != nil {
+		b.cfg.Logger.Warn("removing a child's workdir whose snapshot failed", "parent", parent.ID, "dir", d.host, "err", rerr)
+	}
+	if le := (*workdir.LimitError)(nil); errors.As(err, &le) {
+		key, limit := "capabilities.resources.workdir_max_bytes", "resources.workdir_max_bytes"
+		if le.Inodes {
+			key, limit = "capabilities.resources.workdir_max_inodes", "resources.workdir_max_inodes"
+		}
+		return d, &spawn.Refusal{Reason: spawn.ReasonEnvelope, Key: key,
+			Msg: fmt.Sprintf("the copy of the workdir for spawn.workdir_snapshot outgrew the room left under %s while it was made (the workdir grew meanwhile), and was removed: %v", limit, err)}
+	}
+	return d, fmt.Errorf("copying the parent's workdir for the child: %w", err)
+}
+
+// removeChildWorkdir undoes childWorkdir: the child's directory and, for a parent without
+// a sealed root, the link to it in the parent's workdir, removed beneath its directory.
+func (b *Backend) removeChildWorkdir(parent *store.Record, d childDir) error {
+	err := workdir.RemoveAll(d.host)
+	if parent.Achieved == manifest.Sealed.String() {
+		return err
+	}
+	dir, oerr := workdir.OpenDir(parent.Workdir, filepath.Dir(d.rel), true)
+	if oerr != nil {
+		return errors.Join(err, oerr)
+	}
+	defer dir.Close()
+	if uerr := unix.Unlinkat(int(dir.Fd()), filepath.Base(d.rel), 0); uerr != nil && !errors.Is(uerr, unix.ENOENT) {
+		return errors.Join(err, fmt.Errorf("%s: %w", d.rel, uerr))
+	}
+	return err
 }
 
 // snapshotFits refuses a snapshot spawn whose copy would take the parent past its
-// resources.workdir_max_bytes or workdir_max_inodes. A child's workdir is charged to its
-// parent, and the copy is roostd's own doing, made at once: the guard would only see it
-// once it had landed, so it is judged before it is made.
-func (b *Backend) snapshotFits(parent *store.Record, pp *manifest.Policy) error {
+// resources.workdir_max_bytes or workdir_max_inodes, and returns the room the copy may take.
+// A child's workdir is charged to its parent, and the copy is roostd's own doing, made at
+// once: the guard would only see it once it had landed, so it is judged before it is made.
+// Bytes are allocated bytes, as the guard counts them: a sparse file costs what it holds,
+// and the copy, which leaves holes holes, takes that much.
+func (b *Backend) snapshotFits(parent *store.Record, pp *manifest.Policy) (workdir.Limits, error) {
 	lim := workdir.Limits{Bytes: pp.Resources.WorkdirMaxBytes.Value, Inodes: pp.Resources.WorkdirMaxInodes.Value}
 	roots, what := b.s.WorkdirRoots(parent)
 	// Every measure stops past lim: the parts are within the whole, and a whole past it is
 	// refused as it is.
 	held, err := workdir.Measure(roots, lim)
 	if err != nil {
-		return fmt.Errorf("measuring the parent's workdir for a snapshot: %w", err)
+		return workdir.Limits{}, fmt.Errorf("measuring the parent's workdir for a snapshot: %w", err)
 	}
+	var whole, kids workdir.Usage
+	if !held.Past(lim) {
+		// The copy is the workdir without its .roost (the children's workdirs, or links to
+		// them), every name of a file with several links a file of its own.
+		if whole, err = workdir.Measure([]string{parent.Workdir}, lim); err != nil {
+			return workdir.Limits{}, fmt.Errorf("measuring the parent's workdir for a snapshot: %w", err)
+		}
+		kids, _ = workdir.Measure([]string{filepath.Join(parent.Workdir, containment.ChildrenRoot)}, lim)
+	}
+	return snapshotRoom(held, whole, kids, lim, what)
+}
+
+// snapshotRoom decides a snapshot from what the parent's trees hold (held), its workdir
+// (whole) and the children's part of it (kids), against lim; it returns what is left of lim
+// for the copy.
+func snapshotRoom(held, whole, kids workdir.Usage, lim workdir.Limits, what string) (workdir.Limits, error) {
 	if held.Past(lim) {
 		// The guard ends the parent at its next look; no copy meanwhile.
 		key, msg := "capabilities.resources.workdir_max_bytes", fmt.Sprintf("%s hold more than %d bytes already, past resources.workdir_max_bytes (%d): no copy of the workdir fits", what, held.Bytes, lim.Bytes)
 		if held.Bytes <= lim.Bytes {
 			key, msg = "capabilities.resources.workdir_max_inodes", fmt.Sprintf("%s hold more than %d files and directories already, past resources.workdir_max_inodes (%d): no copy of the workdir fits", what, held.Inodes, lim.Inodes)
 		}
-		return &spawn.Refusal{Reason: spawn.ReasonEnvelope, Key: key, Msg: msg}
+		return workdir.Limits{}, &spawn.Refusal{Reason: spawn.ReasonEnvelope, Key: key, Msg: msg}
 	}
-	// The copy is the workdir without its .roost (the children's workdirs, or links to
-	// them), every name of a file with several links a file of its own.
-	whole, err := workdir.Measure([]string{parent.Workdir}, lim)
-	if err != nil {
-		return fmt.Errorf("measuring the parent's workdir for a snapshot: %w", err)
-	}
-	kids, _ := workdir.Measure([]string{filepath.Join(parent.Workdir, containment.ChildrenRoot)}, lim)
 	copyBytes := whole.Bytes + whole.LinkBytes - kids.Bytes - kids.LinkBytes
 	copyInodes := whole.Inodes + whole.LinkNames - kids.Inodes - kids.LinkNames
-	if after := held.Bytes + copyBytes; after > lim.Bytes {
-		return &spawn.Refusal{Reason: spawn.ReasonEnvelope, Key: "capabilities.resources.workdir_max_bytes",
-			Msg: fmt.Sprintf("a copy of the workdir (%d bytes) would take %s from %d to %d bytes, past resources.workdir_max_bytes (%d); the children's workdirs count against their parent's",
+	if after := held.Bytes + copyBytes; lim.Bytes > 0 && after > lim.Bytes {
+		return workdir.Limits{}, &spawn.Refusal{Reason: spawn.ReasonEnvelope, Key: "capabilities.resources.workdir_max_bytes",
+			Msg: fmt.Sprintf("a copy of the workdir for spawn.workdir_snapshot (%d bytes allocated) would take %s from %d to %d bytes, past resources.workdir_max_bytes (%d); the children's workdirs count against their parent's",
 				copyBytes, what, held.Bytes, after, lim.Bytes)}
 	}
-	if after := held.Inodes + copyInodes; after > lim.Inodes {
-		return &spawn.Refusal{Reason: spawn.ReasonEnvelope, Key: "capabilities.resources.workdir_max_inodes",
-			Msg: fmt.Sprintf("a copy of the workdir (%d files and directories) would take %s from %d to %d, past resources.workdir_max_inodes (%d); the children's workdirs count against their parent's",
+	if after := held.Inodes + copyInodes; lim.Inodes > 0 && after > lim.Inodes {
+		return workdir.Limits{}, &spawn.Refusal{Reason: spawn.ReasonEnvelope, Key: "capabilities.resources.workdir_max_inodes",
+			Msg: fmt.Sprintf("a copy of the workdir for spawn.workdir_snapshot (%d files and directories) would take %s from %d to %d, past resources.workdir_max_inodes (%d); the children's workdirs count against their parent's",
 				copyInodes, what, held.Inodes, after, lim.Inodes)}
 	}
-	return nil
+	// Past the checks, what is left is at least the copy. A room of 0 would be no bound to
+	// Copy: where nothing is left (a workdir that allocates nothing, on tmpfs), 1 is.
+	var room workdir.Limits
+	if lim.Bytes > 0 {
+		room.Bytes = max(lim.Bytes-held.Bytes, 1)
+	}
+	if lim.Inodes > 0 {
+		room.Inodes = max(lim.Inodes-held.Inodes, 1)
+	}
+	return room, nil
 }
 
 // childInfo is a child as its parent sees it.

@@ -168,15 +168,10 @@ func (pl *Planner) importCapsule(dir string) (blob, digest string, raw []byte, e
 	if err != nil {
 		return "", "", nil, err
 	}
-	f, err := os.Open(filepath.Join(imp.Dir, manifest.FileName))
-	if err != nil {
-		return "", "", nil, fmt.Errorf("capsule %s: no %s in it: %w", dir, manifest.FileName, errdefs.ErrInvalidArgument)
+	if imp.Manifest == nil {
+		return "", "", nil, fmt.Errorf("capsule %s: no %s at its top (a symlink is not one): %w", dir, manifest.FileName, errdefs.ErrInvalidArgument)
 	}
-	defer f.Close()
-	if raw, err = io.ReadAll(io.LimitReader(f, manifest.MaxSize+1)); err != nil {
-		return "", "", nil, err
-	}
-	return imp.Dir, imp.SHA256, raw, nil
+	return imp.Dir, imp.SHA256, imp.Manifest, nil
 }
 
 // readArtifact finds a pushed capsule; its tree is immutable and its digest was checked when
