@@ -2,7 +2,6 @@ package cli
 
 import (
 	"fmt"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
@@ -29,7 +28,7 @@ and how long it has been going, on one line redrawn in place.`,
   roostctl run worker@0.1.0`,
 		Args: exactArgs(1, "one DIR"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			abs, err := filepath.Abs(args[0])
+			abs, err := treePath(args[0])
 			if err != nil {
 				return err
 			}

@@ -44,7 +44,23 @@ func capsuleArg(arg string) (string, error) {
 			return arg, nil
 		}
 	}
-	return filepath.Abs(arg)
+	return treePath(arg)
+}
+
+// treePath is a capsule directory as roostd is told it: absolute, with the links on the
+// way resolved here, as the operator. roostd, as root, follows only root's own links on
+// the path to a tree (any other may have been planted), so `roostctl push ~/src/capsule`
+// through a link of the operator's own still works. A path that does not resolve goes as
+// it is, for roostd to say what is wrong with it.
+func treePath(arg string) (string, error) {
+	abs, err := filepath.Abs(arg)
+	if err != nil {
+		return "", err
+	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		return real, nil
+	}
+	return abs, nil
 }
 
 // request resolves paths against roostctl's own working directory: the daemon has another.
