@@ -134,3 +134,22 @@ func TestRangeSweptBeforeReuse(t *testing.T) {
 		})
 	}
 }
+
+// TestPushThroughTheOperatorsOwnLink: roostd follows only root's links on the path to a
+// tree, so a link another user owns is refused when roostd is handed it; roostctl resolves
+// the operator's own links before it asks, so pushing through one works.
+func TestPushThroughTheOperatorsOwnLink(t *testing.T) {
+	d := newDaemon(t)
+	dir := capsule(t, "linked", "echo hi", "")
+	parent := t.TempDir()
+	link := filepath.Join(parent, "link")
+	if err := os.Symlink(dir, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(link, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if out := d.ctl("push", link); out.code != 0 || !strings.Contains(out.stdout+out.stderr, "linked@0.1.0") {
+		t.Fatalf("push through a link: %+v", out)
+	}
+}
