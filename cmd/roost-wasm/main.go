@@ -14,7 +14,7 @@
 // exhaustion included; "roost-wasm: trap: <message>" and the wasm backtrace on stderr), and
 // 125 when roost-wasm itself failed before the guest ran. With ROOST_REPORT_FD set it writes
 // one JSON object there when the guest trapped, ran out of fuel, reached its deadline or was
-// refused memory (see roostinit.Outcome). compile prints the compiled module's sha256; version
+// refused memory (see records.Outcome). compile prints the compiled module's sha256; version
 // prints "wasmtime <version> engine <settings hash>", the second half of the cache key.
 package main
 

@@ -9,6 +9,7 @@ import (
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/internal/testkit"
 	"roost.dev/roost/pkg/containment/roostinit"
+	"roost.dev/roost/pkg/records"
 )
 
 func TestReportLandsInExitRecord(t *testing.T) {
@@ -24,7 +25,7 @@ func TestReportLandsInExitRecord(t *testing.T) {
 		t.Fatalf("the program has descriptors %v and ROOST_REPORT_FD=%s; want 0-3 and 3:\n%s", nums, env, out)
 	}
 	o, ok := info.Outcome()
-	if !ok || o.Status != roostinit.OutcomeCrashed || o.Detail != "wasm trap: wasm `unreachable` instruction executed" || o.Backtrace != "0: 0x29 - <unknown>!f" {
+	if !ok || o.Status != records.OutcomeCrashed || o.Detail != "wasm trap: wasm `unreachable` instruction executed" || o.Backtrace != "0: 0x29 - <unknown>!f" {
 		t.Fatalf("report %s -> %+v %v", info.Report, o, ok)
 	}
 }
@@ -35,7 +36,7 @@ func TestReportGarbageDropped(t *testing.T) {
 	if info.Code != 1 || info.Report != nil {
 		t.Fatalf("exit %+v", info)
 	}
-	if log := testkit.ReadFile(t, filepath.Join(s.RecordsDir, roostinit.InitLogFile)); !strings.Contains(log, "not one JSON object") {
+	if log := testkit.ReadFile(t, filepath.Join(s.RecordsDir, records.InitLogFile)); !strings.Contains(log, "not one JSON object") {
 		t.Fatalf("init.log says %q", log)
 	}
 }

@@ -11,12 +11,12 @@ import (
 
 // Names this package shares with roost-init.
 const (
-	OutcomeDeadlineReached = roostinit.OutcomeDeadlineReached
-	OutcomeFuelExhausted   = roostinit.OutcomeFuelExhausted
-	StdoutFile             = roostinit.StdoutFile
-	StderrFile             = roostinit.StderrFile
-	InitFile               = roostinit.InitFile
-	ExitFile               = roostinit.ExitFile
+	OutcomeDeadlineReached = records.OutcomeDeadlineReached
+	OutcomeFuelExhausted   = records.OutcomeFuelExhausted
+	StdoutFile             = records.StdoutFile
+	StderrFile             = records.StderrFile
+	InitFile               = records.InitFile
+	ExitFile               = records.ExitFile
 	InitName               = roostinit.InitName
 	ExecName               = roostinit.ExecName
 )
@@ -27,23 +27,23 @@ type (
 	// ProcessRef identifies a running session's processes across daemon restarts.
 	ProcessRef = records.ProcessRef
 	// ExitInfo is how a program ended, as roost-init recorded it.
-	ExitInfo = roostinit.ExitInfo
+	ExitInfo = records.ExitInfo
 	// Outcome is what a program (roost's WASM runner) reported of its own end.
-	Outcome = roostinit.Outcome
+	Outcome = records.Outcome
 )
 
 var (
 	// ErrNoExitRecord means roost-init left no exit.json.
-	ErrNoExitRecord = roostinit.ErrNoExitRecord
+	ErrNoExitRecord = records.ErrNoExitRecord
 	// ErrGone means the process a ProcessRef names no longer exists.
 	ErrGone = roostinit.ErrGone
 )
 
 // ReadExit reads a session's exit.json.
-func ReadExit(recordsDir string) (ExitInfo, error) { return roostinit.ReadExit(recordsDir) }
+func ReadExit(recordsDir string) (ExitInfo, error) { return records.ReadExit(recordsDir) }
 
 // ReadInit reads a session's init.json.
-func ReadInit(recordsDir string) (ProcessRef, error) { return roostinit.ReadInit(recordsDir) }
+func ReadInit(recordsDir string) (ProcessRef, error) { return records.ReadInit(recordsDir) }
 
 // RunHelper runs roost-init or roost-exec when args[0] names one, and exits; it returns
 // false otherwise. A binary that may be started as roost-init calls it first thing in main.

@@ -15,18 +15,19 @@ import (
 	"golang.org/x/sys/unix"
 
 	"roost.dev/roost/pkg/containment/roostinit"
+	"roost.dev/roost/pkg/records"
 )
 
 // Report is what roost-wasm writes on the report pipe (roostinit.OutcomeFDEnv) when a
 // guest ends abnormally: a trap, fuel exhaustion, its deadline, or memory refused.
-type Report = roostinit.Outcome
+type Report = records.Outcome
 
 // Report statuses.
 const (
-	StatusCrashed         = roostinit.OutcomeCrashed
-	StatusDeadlineReached = roostinit.OutcomeDeadlineReached
-	StatusFuelExhausted   = roostinit.OutcomeFuelExhausted
-	StatusMemoryRefused   = roostinit.OutcomeMemoryRefused
+	StatusCrashed         = records.OutcomeCrashed
+	StatusDeadlineReached = records.OutcomeDeadlineReached
+	StatusFuelExhausted   = records.OutcomeFuelExhausted
+	StatusMemoryRefused   = records.OutcomeMemoryRefused
 )
 
 // Bounds of a report's fields, in bytes.

@@ -14,28 +14,29 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"path/filepath"
 	"strconv"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 	"roost.dev/roost/pkg/records"
 )
 
-// Files roost-init and roostd keep in a session's records directory.
+// The records directory's files and how a program's end is recorded there are
+// pkg/records'; roost-init writes them.
 const (
-	StdoutFile = "stdout.log"
-	StderrFile = "stderr.log"
-	// InitFile records the supervisor's and the program's process identities once the
-	// program runs. A restarted roostd finds a live session through it.
-	InitFile = "init.json"
-	// InitLogFile holds what roost-init itself wrote to stderr: a crash's trace, if ever.
-	InitLogFile = "init.log"
-	// ExitFile records how the program ended.
-	ExitFile = "exit.json"
+	StdoutFile  = records.StdoutFile
+	StderrFile  = records.StderrFile
+	InitFile    = records.InitFile
+	InitLogFile = records.InitLogFile
+	ExitFile    = records.ExitFile
+
+	OutcomeFuelExhausted = records.OutcomeFuelExhausted
+)
+
+type (
+	ExitInfo = records.ExitInfo
+	Outcome  = records.Outcome
 )
 
 // InitSpec is what roostd hands roost-init on its spec pipe.
@@ -118,28 +119,6 @@ type Rlimit struct {
 	Value    uint64 `json:"value"`
 }
 
-// ExitInfo is how a program ended.
-type ExitInfo struct {
-	PID int `json:"pid,omitempty"`
-	// Code is the exit code when the program exited; Signal the signal number when a signal
-	// ended it (Code is then 128+Signal).
-	Code   int `json:"code"`
-	Signal int `json:"signal,omitempty"`
-	// StartError is set when the program never started (e.g. its command was not found).
-	StartError string    `json:"start_error,omitempty"`
-	StartedAt  time.Time `json:"started_at,omitzero"`
-	EndedAt    time.Time `json:"ended_at"`
-	// OOMKilled is set by the daemon, not roost-init: the kernel's OOM killer acted in the
-	// session's cgroup.
-	OOMKilled bool `json:"oom_killed,omitempty"`
-	// Logs is the final count of the program's output, as logs.json has it.
-	Logs *records.LogStats `json:"logs,omitempty"`
-	// Report is what the program said of its own end on its report pipe (ExecSpec.Report):
-	// one JSON object, an Outcome from roost-wasm, kept as it came (compacted). Absent when
-	// it wrote nothing, or anything else (dropped, with a note in init.log).
-	Report json.RawMessage `json:"report,omitempty"`
-}
-
 // The report pipe a program gets with ExecSpec.Report.
 const (
 	// OutcomeFD is the program's descriptor of the pipe's write end.
@@ -149,32 +128,6 @@ const (
 	// MaxOutcomeSize bounds what roost-init reads from the pipe; a longer report is dropped.
 	MaxOutcomeSize = 16 << 10
 )
-
-// Outcome statuses, for a program that ended abnormally in a way its exit code cannot say.
-const (
-	OutcomeCrashed         = "crashed"          // a trap: the guest's code failed
-	OutcomeDeadlineReached = "deadline_reached" // the program's own deadline interrupted it
-	OutcomeFuelExhausted   = "fuel_exhausted"   // the guest ran out of fuel
-	OutcomeMemoryRefused   = "memory_refused"   // the guest's memory was refused beyond its cap
-)
-
-// Outcome is the report a program writes on its report pipe: roost-wasm's, when the guest
-// ended with a trap, out of fuel, or at its deadline. Detail is one line of at most 1 KiB,
-// Backtrace at most 8 KiB.
-type Outcome struct {
-	Status    string `json:"status"`
-	Detail    string `json:"detail,omitempty"`
-	Backtrace string `json:"backtrace,omitempty"`
-}
-
-// Outcome decodes Report; false when there is none or it is not an Outcome.
-func (i ExitInfo) Outcome() (Outcome, bool) {
-	var o Outcome
-	if len(i.Report) == 0 || json.Unmarshal(i.Report, &o) != nil {
-		return Outcome{}, false
-	}
-	return o, true
-}
 
 // ParseReport checks what a program wrote on its report pipe: one JSON object of at most
 // MaxOutcomeSize bytes. It returns the object compacted, or why it is refused.
@@ -196,27 +149,8 @@ func ParseReport(data []byte) (json.RawMessage, error) {
 	return out.Bytes(), nil
 }
 
-// ErrNoExitRecord means roost-init left no exit.json: it died without recording an end.
-var ErrNoExitRecord = errors.New("no exit record")
-
 // ErrGone means a process no longer exists.
 var ErrGone = errors.New("process is gone")
-
-// ReadExit reads a session's exit.json.
-func ReadExit(recordsDir string) (ExitInfo, error) {
-	var info ExitInfo
-	err := records.ReadJSON(filepath.Join(recordsDir, ExitFile), &info)
-	if errors.Is(err, fs.ErrNotExist) {
-		return info, ErrNoExitRecord
-	}
-	return info, err
-}
-
-// ReadInit reads a session's init.json.
-func ReadInit(recordsDir string) (records.ProcessRef, error) {
-	var ref records.ProcessRef
-	return ref, records.ReadJSON(filepath.Join(recordsDir, InitFile), &ref)
-}
 
 // writeJSONDurably writes v as name in the directory dirfd so that a crash leaves either
 // the old file or the whole new one: a temporary file, fsync, rename, fsync of the directory.

@@ -22,6 +22,7 @@ import (
 	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/containment/scoped"
 	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/records"
 )
 
 func TestScopedHoldsTheHostView(t *testing.T) {
@@ -237,7 +238,7 @@ func TestReportThroughScopedExec(t *testing.T) {
 	if info.Code != 124 || !slices.Equal(nums, []string{"0", "1", "2", "3"}) || env != "3" {
 		t.Fatalf("exit %+v; the program has descriptors %v and ROOST_REPORT_FD=%s:\n%s", info, nums, env, out)
 	}
-	if o, ok := info.Outcome(); !ok || o.Status != roostinit.OutcomeDeadlineReached {
+	if o, ok := info.Outcome(); !ok || o.Status != records.OutcomeDeadlineReached {
 		t.Fatalf("report %s", info.Report)
 	}
 }
