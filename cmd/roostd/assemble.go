@@ -35,7 +35,9 @@ import (
 // daemon is what roostd is made of before it serves: built by assemble, served by serve,
 // released by close.
 type daemon struct {
-	stateDir  string
+	stateDir string
+	// trees are the session trees Seal made nosuid,nodev, which doctor checks stay so.
+	trees     []string
 	group     *server.SocketGroup
 	pool      store.IDPool
 	init      string
@@ -94,6 +96,12 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 
 	// Before any runtime makes its part of it: the sessions' uids must pass through.
 	if err := dirs.Prepare(stateDir); err != nil {
+		return nil, fmt.Errorf("--state-dir: %w", err)
+	}
+	// Before any session can write there: what sessions leave on the host must not run
+	// setuid, or open a device, for whoever on the host comes across it.
+	trees := append(dirs.Trees(stateDir), scopedrt.TmpRoot(stateDir))
+	if err := dirs.Seal(trees...); err != nil {
 		return nil, fmt.Errorf("--state-dir: %w", err)
 	}
 	pool := store.IDPool{First: cfg.Sessions.IDs.First, Slots: cfg.Sessions.IDs.Slots}
@@ -266,7 +274,7 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 	if keep.Enabled() {
 		log.Info("retaining ended sessions", "bounds", keep.String())
 	}
-	d.stateDir, d.group, d.pool, d.init, d.cgs = stateDir, group, pool, init, cgs
+	d.stateDir, d.trees, d.group, d.pool, d.init, d.cgs = stateDir, trees, group, pool, init, cgs
 	d.assess, d.catalog = assess, catalog
 	d.mtr, d.artifacts, d.spend, d.sessions = mtr, artifacts, spend, sessions
 	assembled = true

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"roost.dev/roost/internal/testenv"
+	"roost.dev/roost/pkg/session/dirs"
 	"roost.dev/roost/pkg/session/store"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
@@ -15,8 +17,18 @@ import (
 
 func doctor(t *testing.T, ids store.IDPool, sealed error) *roostv1.DoctorResponse {
 	t.Helper()
+	return doctorWith(t, t.TempDir(), ids, sealed)
+}
+
+func doctorOn(t *testing.T, state string) *roostv1.DoctorResponse {
+	t.Helper()
+	return doctorWith(t, state, store.IDPool{}, nil)
+}
+
+func doctorWith(t *testing.T, state string, ids store.IDPool, sealed error) *roostv1.DoctorResponse {
+	t.Helper()
 	s := &systemService{cfg: Config{
-		StateDir: t.TempDir(),
+		StateDir: state,
 		IDs:      ids,
 		Assess: func(context.Context) (containment.Host, containment.Catalog) {
 			host := containment.Probe()
@@ -84,5 +96,36 @@ func TestDoctorUserNamespaces(t *testing.T) {
 	resp = doctor(t, store.IDPool{First: 1<<32 - 65536, Slots: 1}, nil)
 	if d := sealedReport(t, resp).GetDetail(); strings.Contains(d, "user namespace's") {
 		t.Fatalf("sealed: %s", d)
+	}
+}
+
+// Session trees on a mount that honours setuid bits and device nodes fail doctor's check,
+// naming each and what to do; roostd's own, sealed, pass it (test/e2e TestSessionTreesSealed).
+func TestDoctorUnsealedTrees(t *testing.T) {
+	state := t.TempDir()
+	if len(dirs.CheckSealed(state)) == 0 {
+		testenv.Need(t, "a temporary directory on a mount without nosuid,nodev", errors.New(state+" is on a nosuid,nodev mount"))
+	}
+	for _, tree := range dirs.Trees(state) {
+		if err := os.Mkdir(tree, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var check *roostv1.HostCheck
+	for _, c := range doctorOn(t, state).GetChecks() {
+		if c.GetName() == "session trees nosuid,nodev" {
+			check = c
+		}
+	}
+	if check == nil {
+		t.Fatal("doctor has no session trees check")
+	}
+	if check.GetStatus() != "fail" || !strings.Contains(check.GetHint(), "restart roostd") {
+		t.Fatalf("unsealed trees: %v", check)
+	}
+	for _, tree := range dirs.Trees(state) {
+		if !strings.Contains(check.GetDetail(), tree+" is on a mount without nosuid") {
+			t.Errorf("the check does not name %s: %s", tree, check.GetDetail())
+		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"unicode"
 
 	"roost.dev/roost/pkg/records"
+	"roost.dev/roost/pkg/session/dirs"
 	"roost.dev/roost/pkg/session/retention"
 	"roost.dev/roost/pkg/session/store"
 
@@ -47,10 +48,13 @@ type Config struct {
 	// Ledger is the token ledger spend reads and sets; nil for none.
 	Ledger *ledger.Ledger
 	// Assess probes the host and rehearses the classes the daemon can run, afresh.
-	Assess    func(context.Context) (containment.Host, containment.Catalog)
-	StateDir  string
-	StartedAt time.Time
-	Logger    *slog.Logger
+	Assess   func(context.Context) (containment.Host, containment.Catalog)
+	StateDir string
+	// SessionTrees are the directories sessions write in on the host, which doctor checks
+	// are on nosuid,nodev mounts; dirs.Trees(StateDir) when nil.
+	SessionTrees []string
+	StartedAt    time.Time
+	Logger       *slog.Logger
 	// Peers is who may call: every connection's peer is checked against it, and one it
 	// refuses, or that was not checked, is served nothing. Nil serves anyone (tests only).
 	Peers *PeerPolicy
@@ -469,10 +473,28 @@ func (s *systemService) Doctor(ctx context.Context, _ *roostv1.DoctorRequest) (*
 		}
 		resp.Classes = append(resp.Classes, &roostv1.ClassReport{Class: c.Class.String(), Available: c.Available, Detail: detail})
 	}
-	for _, c := range append(host.Checks(), containment.CheckStateDir(s.cfg.StateDir)) {
+	for _, c := range append(host.Checks(), containment.CheckStateDir(s.cfg.StateDir), s.checkTrees()) {
 		resp.Checks = append(resp.Checks, &roostv1.HostCheck{Name: c.Name, Status: c.Status, Detail: c.Detail, Hint: c.Hint})
 	}
 	return resp, nil
+}
+
+// checkTrees is doctor's word on the session trees: on nosuid,nodev mounts (roostd seals
+// them at start), or which is not, and how to make it so.
+func (s *systemService) checkTrees() containment.Check {
+	trees := s.cfg.SessionTrees
+	if trees == nil {
+		trees = dirs.Trees(s.cfg.StateDir)
+	}
+	c := containment.Check{Name: "session trees nosuid,nodev"}
+	if problems := dirs.CheckSealed(trees...); len(problems) > 0 {
+		c.Status, c.Detail = "fail", strings.Join(problems, "; ")
+		c.Hint = "what a session writes there could run setuid as its uid, or open a device, for whoever on the host runs it: restart roostd, which bind-mounts each tree over itself nosuid,nodev at start, or mount the state directory with nosuid,nodev"
+		return c
+	}
+	c.Status = "ok"
+	c.Detail = "setuid bits and device nodes are ignored in " + strings.Join(trees, ", ")
+	return c
 }
 
 // userNamespaces reports what sealed sessions' user namespaces rest on, trying a real

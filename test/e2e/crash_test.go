@@ -192,7 +192,7 @@ func crashRecovery(t *testing.T, pool bool) {
 		d.kill9()
 		d.args = nil
 		d.start()
-		if left, _ := filepath.Glob(filepath.Join(d.stateDir, "warm", "*")); len(left) != 0 {
+		if left, _ := filepath.Glob(filepath.Join(d.stateDir, "records", "warm", "*")); len(left) != 0 {
 			t.Errorf("warm records directories left: %v", left)
 		}
 		for _, sb := range waiting {
@@ -230,8 +230,8 @@ func crashRecovery(t *testing.T, pool bool) {
 			}
 		}
 	}
-	if mounts, _ := os.ReadFile("/proc/self/mountinfo"); bytes.Contains(mounts, []byte(d.stateDir)) {
-		t.Error("mounts under the state dir remain on the host")
+	if left := d.sessionMounts(); len(left) != 0 {
+		t.Errorf("mounts under the state dir remain on the host: %v", left)
 	}
 
 	// The follower, reconnecting after every kill, saw exactly the registry's events.

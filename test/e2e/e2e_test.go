@@ -22,6 +22,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+
 	"roost.dev/roost/internal/cgtest"
 )
 
@@ -92,7 +95,37 @@ func stateDir(t *testing.T) string {
 	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
 		t.Fatal(err)
 	}
+	// Before t.TempDir removes the directory (cleanups run last first), and after a daemon
+	// on it has stopped (newDaemon's cleanup is registered later still).
+	t.Cleanup(func() { unmountUnder(t, dir) })
 	return dir
+}
+
+// unmountUnder detaches every mount at or beneath dir, deepest first. roostd seals its
+// session trees with binds it leaves for the next roostd (dirs.Seal), and a test's
+// temporary state directory could not be removed with them there (EBUSY).
+func unmountUnder(t *testing.T, dir string) {
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+	if err != nil {
+		t.Errorf("the mounts under %s: %v", dir, err)
+		return
+	}
+	slices.SortStableFunc(mounts, func(a, b *mountinfo.Info) int { return len(b.Mountpoint) - len(a.Mountpoint) })
+	for _, m := range mounts {
+		if err := unix.Unmount(m.Mountpoint, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			t.Errorf("unmounting %s: %v", m.Mountpoint, err)
+		}
+	}
+}
+
+// sessionTrees are where roostd keeps what sessions write on the host, each a nosuid,nodev
+// mount of its own.
+func sessionTrees(state string) []string {
+	var out []string
+	for _, sub := range []string{"work", "home", "children", "records", "tmp"} {
+		out = append(out, filepath.Join(state, sub))
+	}
+	return out
 }
 
 func newDaemon(t *testing.T, args ...string) *daemon {
@@ -159,13 +192,14 @@ func (d *daemon) sessionEntries(dir string) []string {
 }
 
 // sessionMounts lists the host's mounts under the state directory but those of sandboxes
-// made ahead (their pinned network namespaces).
+// made ahead (their pinned network namespaces) and the session trees' own, which roostd
+// keeps for as long as the state directory is used.
 func (d *daemon) sessionMounts() []string {
-	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	mounts, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(d.stateDir))
 	var out []string
-	for _, line := range strings.Split(string(mounts), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], d.stateDir) && !strings.Contains(f[4], "/netns/warm-") {
-			out = append(out, f[4])
+	for _, m := range mounts {
+		if !strings.Contains(m.Mountpoint, "/netns/warm-") && !slices.Contains(sessionTrees(d.stateDir), m.Mountpoint) {
+			out = append(out, m.Mountpoint)
 		}
 	}
 	return out

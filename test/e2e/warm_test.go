@@ -109,7 +109,7 @@ func TestWarmPool(t *testing.T) {
 	}
 	sandboxPaths := func(sb string) []string {
 		id := filepath.Base(sb)
-		return append([]string{sb, filepath.Join(d.stateDir, "netns", id), filepath.Join(d.stateDir, "warm", id)}, cgroupDirs(t, id)...)
+		return append([]string{sb, filepath.Join(d.stateDir, "netns", id), filepath.Join(d.stateDir, "records", "warm", id)}, cgroupDirs(t, id)...)
 	}
 	// Each is there while the sandboxes wait, so that their absence after means something.
 	for _, sb := range sandboxes {

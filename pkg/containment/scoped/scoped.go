@@ -40,13 +40,17 @@ type Runtime struct {
 // temporary directories under stateDir. containment.WithCgroups says where their cgroups
 // go.
 func NewRuntime(stateDir, init string, rehearsal containment.IDs, opts ...containment.Option) (*Runtime, error) {
-	r := &Runtime{plain: containment.NewProcessRuntime(init, opts...), tmp: filepath.Join(stateDir, "tmp"), rehearsal: rehearsal}
+	r := &Runtime{plain: containment.NewProcessRuntime(init, opts...), tmp: TmpRoot(stateDir), rehearsal: rehearsal}
 	// Others may pass through to a TMPDIR they own, never list the sessions'.
 	if err := os.MkdirAll(r.tmp, 0o711); err != nil {
 		return nil, err
 	}
 	return r, os.Chmod(r.tmp, 0o711)
 }
+
+// TmpRoot is where, beneath stateDir, the runtime keeps its sessions' TMPDIRs: a session
+// tree like the workdirs, which roostd seals (dirs.Seal) as it seals them.
+func TmpRoot(stateDir string) string { return filepath.Join(stateDir, "tmp") }
 
 // TmpDir is the scoped session's private temporary directory, which TMPDIR names.
 func (r *Runtime) TmpDir(sessionID string) string { return filepath.Join(r.tmp, sessionID) }

@@ -1,7 +1,9 @@
 // Package dirs says where a session's files live on the host, beneath the state directory,
 // and who owns them: its records, its workdir (roost's own or an operator's, lent and
 // handed back), its home and its children's workdirs. It makes, lends and sweeps those
-// trees; it reads the record but writes it only through Save.
+// trees; it reads the record but writes it only through Save. roostd makes each tree a
+// nosuid,nodev mount of its own on the host (Seal), so nothing a session leaves there runs
+// setuid or opens a device for whoever on the host comes across it.
 //
 // Where a session's workdir is given to its uid, and handed back:
 //

@@ -43,8 +43,12 @@ var _ Runtime = (*sealed.Runtime)(nil)
 const DefaultCPU = 0.5
 
 // Dir holds, under the state directory, the records directories of sandboxes no session
-// has claimed.
-const Dir = "warm"
+// has claimed: inside records/, as a claim renames one to its session's records directory,
+// and a rename cannot cross the mount each session tree is (dirs.Seal).
+const Dir = "records/warm"
+
+// oldDir is where roostds before the session trees were sealed kept them.
+const oldDir = "warm"
 
 // Pool keeps sealed sandboxes made ahead, each for one session: for each of its shapes
 // up to that shape's size. A launch takes one whose shape its session fits; the pool
@@ -141,8 +145,10 @@ func New(cfg Config, shapes []Shape) (*Pool, error) {
 // releases, as no session names them): their records directories and uid ranges. Run at
 // every start, pool or not.
 func Leftovers(stateDir string, ids IDs) error {
-	if err := os.RemoveAll(filepath.Join(stateDir, Dir)); err != nil {
-		return err
+	for _, dir := range []string{Dir, oldDir} {
+		if err := os.RemoveAll(filepath.Join(stateDir, dir)); err != nil {
+			return err
+		}
 	}
 	return ids.Release(func(string) bool { return false })
 }

@@ -19,9 +19,9 @@ import (
 
 func (a *app) execCommand() *cobra.Command {
 	var opts struct {
-		interactive, tty bool
-		env              []string
-		workdir          string
+		interactive, tty, raw bool
+		env                   []string
+		workdir               string
 	}
 	cmd := &cobra.Command{
 		Use:   "exec [flags] SESSION -- COMMAND [ARG...]",
@@ -32,7 +32,13 @@ exec allowlist (shell.allow). A command the allowlist refuses does not run (exit
 that cannot be found does not either (127). A paused session must be resumed first.
 The command starts in the session's workdir, with the session's environment; roostctl
 exits with its code (128+N when signal N ended it), or 1 when it could not be run at all.
-Each exec is recorded in the session's events and its trace.`,
+Each exec is recorded in the session's events and its trace.
+On a terminal, control characters in the command's output other than newline, tab and
+carriage return (escape sequences that would set the clipboard or the window title, clear
+or move about the screen) are shown as text, \x1b for ESC; --raw passes them through as
+they are. With -t they always pass: a command given a terminal of its own draws on yours
+(a shell's line editing, an editor's screen). Piped or redirected, the output is always
+the command's bytes as they are.`,
 		Example: `  roostctl exec ses_0193 -- ls -la
   roostctl exec -w src -e DEBUG=1 ses_0193 -- make test
   roostctl exec -i ses_0193 -- sh -c 'wc -l' < notes.txt
@@ -48,7 +54,7 @@ Each exec is recorded in the session's events and its trace.`,
 				return usageError{errors.New("exec takes a COMMAND after SESSION; see roostctl exec --help")}
 			}
 			return a.exec(cmd.Context(), args[0], argv, execFlags{
-				stdin: opts.interactive, tty: opts.tty, env: opts.env, workdir: opts.workdir,
+				stdin: opts.interactive, tty: opts.tty, raw: opts.raw, env: opts.env, workdir: opts.workdir,
 			})
 		},
 	}
@@ -56,15 +62,16 @@ Each exec is recorded in the session's events and its trace.`,
 	cmd.Flags().SetInterspersed(false)
 	cmd.Flags().BoolVarP(&opts.interactive, "interactive", "i", false, "keep stdin open and send it to the command")
 	cmd.Flags().BoolVarP(&opts.tty, "tty", "t", false, "run the command on a terminal of its own (output then comes on stdout)")
+	cmd.Flags().BoolVar(&opts.raw, "raw", false, "on a terminal, pass control characters and escape sequences through rather than show them as text (always so with -t)")
 	cmd.Flags().StringArrayVarP(&opts.env, "env", "e", nil, "set NAME=VALUE over the session's environment (repeatable)")
 	cmd.Flags().StringVarP(&opts.workdir, "workdir", "w", "", "working directory in the session's view (default its workdir)")
 	return cmd
 }
 
 type execFlags struct {
-	stdin, tty bool
-	env        []string
-	workdir    string
+	stdin, tty, raw bool
+	env             []string
+	workdir         string
 }
 
 // exec runs the command and returns its exit code as roostctl's.
@@ -106,6 +113,13 @@ func (a *app) exec(ctx context.Context, id string, argv []string, f execFlags) e
 		_ = stream.CloseSend()
 	}
 
+	// With -t the command draws on the local terminal: its escapes are the point.
+	stdout, flushOut := sessionOutput(os.Stdout, f.raw || f.tty)
+	stderr, flushErr := sessionOutput(os.Stderr, f.raw || f.tty)
+	defer func() {
+		_ = flushOut()
+		_ = flushErr()
+	}()
 	started := false
 	for {
 		resp, err := stream.Recv()
@@ -134,9 +148,9 @@ func (a *app) exec(ctx context.Context, id string, argv []string, f execFlags) e
 				go copyStdin(send)
 			}
 		case *roostv1.ExecResponse_Stdout:
-			_, _ = os.Stdout.Write(m.Stdout)
+			_, _ = stdout.Write(m.Stdout)
 		case *roostv1.ExecResponse_Stderr:
-			_, _ = os.Stderr.Write(m.Stderr)
+			_, _ = stderr.Write(m.Stderr)
 		case *roostv1.ExecResponse_Exit:
 			code := int(m.Exit.GetExitCode())
 			if !started {

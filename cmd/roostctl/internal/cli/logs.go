@@ -42,11 +42,17 @@ did have no times: their lines get no prefix, and --since judges them by their f
 Each stream is kept within the capsule's resources.log_max_bytes: its first bytes and its
 newest. Where bytes were dropped between them a line says how many:
   --- roost: 123456 bytes of stdout dropped here (resources.log_max_bytes 67108864) ---
-inspect shows, per stream, the bytes written and dropped.`,
+inspect shows, per stream, the bytes written and dropped.
+On a terminal, control characters in the output other than newline, tab and carriage
+return (escape sequences that would set the clipboard or the window title, clear or move
+about the screen) are shown as text, \x1b for ESC; --raw passes them to the terminal as
+they are. Piped or redirected to a file, the output is always the session's bytes as they
+are.`,
 		Example: `  roostctl logs ses_01a2                      # everything kept
   roostctl logs -f --tail 20 ses_01a2         # the last 20 lines of each stream, then follow
   roostctl logs --since 10m -t ses_01a2       # the last ten minutes, each line timed
-  roostctl logs --since 2025-05-01T12:00:00Z ses_01a2`,
+  roostctl logs --since 2025-05-01T12:00:00Z ses_01a2
+  roostctl logs --raw ses_01a2                # colours and all, on a terminal`,
 		Args: exactArgs(1, "one SESSION"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("tail") && tail != "all" {
@@ -70,6 +76,7 @@ inspect shows, per stream, the bytes written and dropped.`,
 	cmd.Flags().StringVar(&tail, "tail", "all", "print only each stream's last `N` lines")
 	cmd.Flags().StringVar(&since, "since", "", "print only output written at or after `T`: RFC 3339, Unix seconds, or a duration before now")
 	cmd.Flags().BoolVarP(&o.timestamps, "timestamps", "t", false, "start each line with when it was written")
+	cmd.Flags().BoolVar(&o.raw, "raw", false, "on a terminal, pass control characters and escape sequences through rather than show them as text")
 	return cmd
 }
 
@@ -106,14 +113,16 @@ func parseTimeFlag(flag, s string, now time.Time, future bool) (time.Time, error
 // logsOptions is what logs (and run) ask of a session's output.
 type logsOptions struct {
 	follow, timestamps bool
-	tail               *int64
-	since              time.Time
+	// raw passes the output to a terminal as it is, escape sequences and all.
+	raw   bool
+	tail  *int64
+	since time.Time
 }
 
 // copyLogs streams all of a session's output to stdout and stderr (with follow, until it
 // ends, across roostd restarts).
-func (a *app) copyLogs(ctx context.Context, id string, follow bool, stdout, stderr io.Writer) error {
-	return a.streamLogs(ctx, id, logsOptions{follow: follow}, stdout, stderr)
+func (a *app) copyLogs(ctx context.Context, id string, follow, raw bool, stdout, stderr io.Writer) error {
+	return a.streamLogs(ctx, id, logsOptions{follow: follow, raw: raw}, stdout, stderr)
 }
 
 // streamLogs prints a session's output as o asks. Following, a lost roostd is waited for
@@ -136,7 +145,14 @@ func (a *app) streamLogs(ctx context.Context, id string, o logsOptions, stdout, 
 			return err
 		}
 	}
-	p := &logPrinter{out: [2]io.Writer{stdout, stderr}, timestamps: o.timestamps}
+	out, flushOut := sessionOutput(stdout, o.raw)
+	errOut, flushErr := sessionOutput(stderr, o.raw)
+	defer func() {
+		// A character the stream ended inside of is shown, escaped, once no more can come.
+		_ = flushOut()
+		_ = flushErr()
+	}()
+	p := &logPrinter{out: [2]io.Writer{out, errOut}, timestamps: o.timestamps}
 	var opts []grpc.CallOption
 	for {
 		err := p.copy(ctx, c, req, opts...)

@@ -5,15 +5,18 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"golang.org/x/term"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
+	"roost.dev/roost/cmd/roostctl/internal/termtext"
 )
 
 // jsonOptions give proto field names (snake_case) and keep zero values, so every key a
@@ -274,4 +277,16 @@ func shellJoin(argv []string) string {
 		}
 	}
 	return strings.Join(out, " ")
+}
+
+// sessionOutput is where a session's bytes for w go: on a terminal, unless raw, through an
+// escaper, since what a session prints is not the operator's to run on their terminal
+// (package termtext says what is escaped). Anywhere else (a pipe, a file) they go as they
+// are, byte for byte. flush writes what the escaper still holds at the stream's end.
+func sessionOutput(w io.Writer, raw bool) (out io.Writer, flush func() error) {
+	if f, ok := w.(*os.File); ok && !raw && term.IsTerminal(int(f.Fd())) {
+		e := termtext.NewWriter(w)
+		return e, e.Flush
+	}
+	return w, func() error { return nil }
 }

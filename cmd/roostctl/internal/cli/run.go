@@ -186,7 +186,7 @@ Exit codes: 0 launched; 125 it could not be launched or its program did not star
 
 func (a *app) runCommand() *cobra.Command {
 	var f stageFlags
-	var detach bool
+	var detach, raw bool
 	cmd := &cobra.Command{
 		Use:   "run CAPSULE|NAME@VERSION",
 		Short: "Stage and launch a capsule, stream its output and exit with its exit code",
@@ -202,22 +202,28 @@ stage or launch it (the reason is on stderr); 128+N when signal N ended it (137 
 
 With --detach, run prints the session id and returns once the program runs. With --json,
 it prints the session record as JSON instead of the program's output (the final record,
-unless --detach).`,
+unless --detach).
+
+On a terminal, control characters in the program's output other than newline, tab and
+carriage return (escape sequences that would set the clipboard or the window title, clear
+or move about the screen) are shown as text, \x1b for ESC; --raw passes them through as
+they are. Piped or redirected, the output is always the program's bytes as they are.`,
 		Example: `  roostctl run examples/hello
   roostctl run --deadline 30s --workdir ./out examples/hello
   roostctl run --detach examples/hello && roostctl ps
   roostctl run --name web -d examples/countdown && roostctl logs -f web`,
 		Args: exactArgs(1, "one CAPSULE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.run(cmd, &f, detach, args[0])
+			return a.run(cmd, &f, detach, raw, args[0])
 		},
 	}
 	f.register(cmd)
 	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "return once the session runs; print its id")
+	cmd.Flags().BoolVar(&raw, "raw", false, "on a terminal, pass control characters and escape sequences through rather than show them as text")
 	return cmd
 }
 
-func (a *app) run(cmd *cobra.Command, f *stageFlags, detach bool, capsule string) error {
+func (a *app) run(cmd *cobra.Command, f *stageFlags, detach, raw bool, capsule string) error {
 	ctx := cmd.Context()
 	if err := checkDeadline(cmd, f); err != nil {
 		return err
@@ -273,7 +279,7 @@ func (a *app) run(cmd *cobra.Command, f *stageFlags, detach bool, capsule string
 	}()
 
 	if !f.json {
-		if err := a.copyLogs(streamCtx, s.GetId(), true, cmd.OutOrStdout(), cmd.ErrOrStderr()); err != nil {
+		if err := a.copyLogs(streamCtx, s.GetId(), true, raw, cmd.OutOrStdout(), cmd.ErrOrStderr()); err != nil {
 			return err
 		}
 	}
