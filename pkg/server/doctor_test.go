@@ -3,11 +3,16 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"roost.dev/roost/internal/testenv"
+	"roost.dev/roost/pkg/containment/idsweep"
+	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/session"
 	"roost.dev/roost/pkg/session/dirs"
 	"roost.dev/roost/pkg/session/store"
 
@@ -127,5 +132,69 @@ func TestDoctorUnsealedTrees(t *testing.T) {
 		if !strings.Contains(check.GetDetail(), tree+" is on a mount without nosuid") {
 			t.Errorf("the check does not name %s: %s", tree, check.GetDetail())
 		}
+	}
+}
+
+// stuckSweeper fails every sweep, as one a leftover process keeps failing would.
+type stuckSweeper struct{}
+
+func (stuckSweeper) Sweep(idsweep.Ranges) (idsweep.Report, error) {
+	return idsweep.Report{}, errors.New("pid 4242 kept appearing")
+}
+
+// TestDoctorQuarantinedRanges: a range whose sweep failed is a warning that names it, who
+// held it and why; with every range held or quarantined, the check fails and says what to do.
+func TestDoctorQuarantinedRanges(t *testing.T) {
+	state := t.TempDir()
+	if err := os.Chmod(filepath.Dir(state), 0o711); err != nil {
+		t.Fatal(err)
+	}
+	host := containment.Host{Root: os.Geteuid() == 0}
+	rt := containment.NewProcessRuntime(containment.SelfInit)
+	pool := store.IDPool{First: testPool.First, Slots: 2}
+	m, err := session.Open(session.Config{
+		IDs: pool, Sweeper: stuckSweeper{},
+		StateDir: state, Host: host, Catalog: containment.NewCatalog(host, containment.ErrNoRuntime, containment.ErrNoRuntime),
+		Runtimes: map[manifest.Class]session.Runtime{manifest.Advisory: rt, manifest.Unconfined: rt},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s := &systemService{cfg: Config{Sessions: m, StateDir: state, IDs: pool, Assess: func(context.Context) (containment.Host, containment.Catalog) {
+		return host, containment.NewCatalog(host, containment.ErrNoRuntime, containment.ErrNoRuntime)
+	}}}
+	check := func() *roostv1.HostCheck {
+		t.Helper()
+		resp, err := s.Doctor(context.Background(), &roostv1.DoctorRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range resp.GetChecks() {
+			if c.GetName() == "id ranges" {
+				return c
+			}
+		}
+		t.Fatal("no id ranges check")
+		return nil
+	}
+	if c := check(); c.GetStatus() != "ok" || c.GetDetail() != "1 free, 0 held, 0 waiting for their sweep, 0 quarantined" {
+		t.Fatalf("before: %+v", c)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, manifest.FileName), []byte("name: x\nversion: 0.1.0\nrun:\n  command: [\"true\"]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := m.Stage(session.StageOptions{Capsule: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Remove(rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	c := check()
+	want := fmt.Sprintf("%d (last held by %s; 1 tries: pid 4242 kept appearing)", rec.IDs.First, rec.ID)
+	if c.GetStatus() != "fail" || !strings.Contains(c.GetDetail(), "0 free, 0 held, 0 waiting for their sweep, 1 quarantined: "+want) || !strings.Contains(c.GetHint(), "no range is free") {
+		t.Fatalf("after a failed sweep: %+v", c)
 	}
 }

@@ -473,7 +473,11 @@ func (s *systemService) Doctor(ctx context.Context, _ *roostv1.DoctorRequest) (*
 		}
 		resp.Classes = append(resp.Classes, &roostv1.ClassReport{Class: c.Class.String(), Available: c.Available, Detail: detail})
 	}
-	for _, c := range append(host.Checks(), containment.CheckStateDir(s.cfg.StateDir), s.checkTrees()) {
+	checks := append(host.Checks(), containment.CheckStateDir(s.cfg.StateDir), s.checkTrees())
+	if s.cfg.Sessions != nil {
+		checks = append(checks, s.checkRanges())
+	}
+	for _, c := range checks {
 		resp.Checks = append(resp.Checks, &roostv1.HostCheck{Name: c.Name, Status: c.Status, Detail: c.Detail, Hint: c.Hint})
 	}
 	return resp, nil
@@ -494,6 +498,28 @@ func (s *systemService) checkTrees() containment.Check {
 	}
 	c.Status = "ok"
 	c.Detail = "setuid bits and device nodes are ignored in " + strings.Join(trees, ", ")
+	return c
+}
+
+// checkRanges is doctor's word on the id ranges: how many are free, held and waiting for
+// their sweep, and each quarantined one with why its sweep failed.
+func (s *systemService) checkRanges() containment.Check {
+	st := s.cfg.Sessions.Status()
+	r := st.Ranges
+	c := containment.Check{Name: "id ranges", Status: "ok",
+		Detail: fmt.Sprintf("%d free, %d held, %d waiting for their sweep, %d quarantined", r["free"], r["held"], r["freed"], r["quarantined"])}
+	if len(st.Quarantined) > 0 {
+		c.Status = "warn"
+		var which []string
+		for _, q := range st.Quarantined {
+			which = append(which, fmt.Sprintf("%d (last held by %s; %d tries: %s)", q.IDs.First, q.By, q.Tries, q.Error))
+		}
+		c.Detail += ": " + strings.Join(which, "; ")
+		c.Hint = "a quarantined range is given to no session; roostd sweeps it again every minute. What its sweep could not remove is named above: end that process or remove that object, and the next sweep frees the range"
+	}
+	if r["free"] == 0 {
+		c.Status, c.Hint = "fail", "no range is free: the next stage is refused; remove ended sessions (roostctl rm, roostctl prune) or widen sessions.ids"
+	}
 	return c
 }
 
