@@ -124,12 +124,19 @@ func (r *Runtime) Start(ctx context.Context, spec containment.Spec) (_ containme
 	if err != nil {
 		return nil, err
 	}
-	p, err := r.plain.StartExec(ctx, spec, exec, cg)
+	p, err := r.plain.StartExec(ctx, spec, exec, cg, namespaces)
 	if err != nil {
 		return nil, err
 	}
 	return &scopedProcess{PlainProcess: p}, nil
 }
+
+// namespaces are the session's own that roost-init is born in, and so everything it starts:
+// a pid namespace (roost-init its pid 1, the program its child, none of the host's processes
+// in it, and a /proc of its own that roost-exec mounts) and an IPC namespace (no SysV object
+// or POSIX message queue of the host's in it). Its mount and network namespaces are
+// roost-exec's to make.
+const namespaces = syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC
 
 // scopedExecSpec is what roost-exec applies before a scoped session's program, and before
 // every command roostctl exec runs in one; tmp is the session's TMPDIR.
@@ -192,7 +199,7 @@ func scopedExec(spec containment.Spec, tmp string) (*roostinit.Landlock, *roosti
 		writable = append(writable, spec.Home)
 	}
 	l := &roostinit.Landlock{Exec: spec.ExecAllowlist(), ExecTrees: spec.ExecTrees, FS: FS(spec, tmp)}
-	m := &roostinit.Mounts{Shm: containment.DevShmBytes}
+	m := &roostinit.Mounts{Shm: containment.DevShmBytes, Proc: true}
 	if spec.Policy.Filesystem.WorkdirExec {
 		l.WritableExec = append(writable, "/dev/shm")
 		l.NoExec = slices.Clone(spec.Children)
