@@ -151,9 +151,9 @@ func lineAfter(out, prefix string) string {
 	return ""
 }
 
-// hostIPC makes a SysV shared memory segment, a SysV message queue and a POSIX message
-// queue on the host, each open to every uid (0666), and removes them when the test ends. It
-// returns the SysV key both share and the POSIX queue's name.
+// hostIPC makes a SysV shared memory segment, semaphore set and message queue and a POSIX
+// message queue on the host, each open to every uid (0666), and removes them when the test
+// ends. It returns the SysV key they share and the POSIX queue's name.
 func hostIPC(t *testing.T) (int, string) {
 	t.Helper()
 	testkit.NeedRoot(t)
@@ -163,6 +163,11 @@ func hostIPC(t *testing.T) (int, string) {
 		t.Fatalf("a host shm segment: %v", err)
 	}
 	t.Cleanup(func() { _, _ = unix.SysvShmCtl(shm, unix.IPC_RMID, nil) })
+	sem, _, errno := unix.Syscall(unix.SYS_SEMGET, uintptr(key), 1, unix.IPC_CREAT|unix.IPC_EXCL|0o666)
+	if errno != 0 {
+		t.Fatalf("a host semaphore set: %v", errno)
+	}
+	t.Cleanup(func() { _, _, _ = unix.Syscall6(unix.SYS_SEMCTL, sem, 0, unix.IPC_RMID, 0, 0, 0) })
 	msg, _, errno := unix.Syscall(unix.SYS_MSGGET, uintptr(key), unix.IPC_CREAT|unix.IPC_EXCL|0o666, 0)
 	if errno != 0 {
 		t.Fatalf("a host message queue: %v", errno)
@@ -208,7 +213,7 @@ func mqUnlink(name string) error {
 // ipcPython tries the host's IPC objects from a session, each attempt said as try says it:
 // argv is the host's SysV key, its POSIX queue's name, a key of the session's own, and
 // "make" or "find". It attaches the host's shm segment (shmget and shmat, as any uid may),
-// gets its message queue and opens its POSIX queue; attaches the session's own segment (the
+// gets its semaphore set and message queue and opens its POSIX queue; attaches the session's own segment (the
 // control that SysV shm works there at all), made and then removed with "make", else one
 // the session made before; and says whether /proc/sysvipc lists the host's segment.
 const ipcPython = `
@@ -234,6 +239,7 @@ def attach(key, size, flags):
     return shm
 
 say("host-shm", attach(key, 0, 0) >= 0)
+say("host-sem", libc.semget(key, 0, 0) >= 0)
 say("host-msg", libc.msgget(key, 0) >= 0)
 say("host-mq", libc.mq_open(mq, os.O_RDONLY) >= 0)
 mine = attach(own, 4096, IPC_CREAT | 0o600) if make else attach(own, 0, 0)
@@ -244,8 +250,8 @@ keys = [l.split()[0] for l in open("/proc/sysvipc/shm").read().splitlines()[1:] 
 print("listed: %s" % (str(key) in keys))
 `
 
-// A scoped session has an IPC namespace of its own: the host's SysV segments and queues and
-// its POSIX message queues are not there (ENOENT), though they are open to every uid, and
+// A scoped session has an IPC namespace of its own: the host's SysV segments, semaphores and
+// queues and its POSIX message queues are not there (ENOENT), though open to every uid, and
 // /proc/sysvipc lists none of them. What the session makes for itself works. The control:
 // an advisory session, in the host's IPC namespace, attaches and opens every one.
 func TestHostileScopedCannotReachHostIPC(t *testing.T) {
@@ -253,11 +259,11 @@ func TestHostileScopedCannotReachHostIPC(t *testing.T) {
 	probe := fmt.Sprintf("/usr/bin/python3 -c '%s' %d %s %d make", ipcPython, key, mq, key+1)
 	_, out, errOut, _ := kit.ScopedRun(t, "capabilities: {containment: scoped, shell: {allow: [/usr/bin/python3]}}", probe)
 	t.Logf("stderr:\n%s", errOut)
-	testkit.ExpectDenied(t, out, syscall.ENOENT, "host-shm", "host-msg", "host-mq")
+	testkit.ExpectDenied(t, out, syscall.ENOENT, "host-shm", "host-sem", "host-msg", "host-mq")
 	testkit.ExpectAllowed(t, out, "own-shm")
 	testkit.ExpectOutput(t, out, "listed: False")
 
 	_, out, _, _ = kit.AdvisoryRun(t, probe)
-	testkit.ExpectAllowed(t, out, "host-shm", "host-msg", "host-mq", "own-shm")
+	testkit.ExpectAllowed(t, out, "host-shm", "host-sem", "host-msg", "host-mq", "own-shm")
 	testkit.ExpectOutput(t, out, "listed: True")
 }

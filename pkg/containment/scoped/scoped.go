@@ -23,7 +23,8 @@ import (
 
 // Runtime runs scoped sessions: the program keeps the host's view of files, held by
 // what a process can be held with there, in a network namespace of its own (the session's
-// pinned one, where its endpoint listens; else a new one, loopback only). roost-exec, before
+// pinned one, where its endpoint listens; else a new one, loopback only) and pid and IPC
+// namespaces of its own, roost-init their pid 1, with a /proc of its own. roost-exec, before
 // it execs the program, joins the session's cgroup (memory, pids, cpu) and network
 // namespace, sets no_new_privs, applies Landlock (the host readable, only the workdir or its
 // scope writable, the exec allowlist), drops every capability and loads the same seccomp
@@ -187,7 +188,8 @@ func (r *Runtime) Attach(sessionID, recordsDir string, ref *containment.ProcessR
 	return &scopedProcess{PlainProcess: plain}, nil
 }
 
-// scopedExec is what may execute in a scoped session, and the mounts that hold it. The trees
+// scopedExec is what may execute in a scoped session, and its mounts: its pid namespace's
+// /proc, and those that hold what may execute. The trees
 // the session writes (its workdir — a scope's surroundings too: an earlier session wrote
 // them —, TMPDIR, home and private /dev/shm) never become exec rules and are mounted noexec
 // in its own mount namespace, so not even the dynamic loader maps a program from them; the
