@@ -478,31 +478,46 @@ func hostPIDs(pid int) (self, child int, err error) {
 	if host == self {
 		return self, pid, nil
 	}
+	// A pidfd's fdinfo names its process from the /proc's namespace inward (Linux 5.5): one
+	// file, where the scan below reads one per thread of roost-init and then the children's.
+	if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+		data, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd))
+		unix.Close(fd)
+		if ns := nsPIDs(data); err == nil && len(ns) > 1 && ns[len(ns)-1] == pid {
+			return host, ns[0], nil
+		}
+	}
 	// Not yet reaped, the program is among the children whatever it has done.
 	for _, c := range ChildrenOf(host) {
-		if innermostPID(c) == pid {
+		if ns := nsPIDs(readStatus(c)); len(ns) > 0 && ns[len(ns)-1] == pid {
 			return host, c, nil
 		}
 	}
 	return 0, 0, fmt.Errorf("its program (pid %d in the session) is not among its children on the host (pid %d)", pid, host)
 }
 
-// innermostPID is a process's pid in its own (innermost) pid namespace, from the last field
-// of NSpid; 0 when it cannot be read.
-func innermostPID(pid int) int {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return 0
-	}
+func readStatus(pid int) []byte {
+	data, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	return data
+}
+
+// nsPIDs is the NSpid line of a /proc status or pidfd fdinfo: a process's pids from the
+// /proc's pid namespace inward.
+func nsPIDs(data []byte) []int {
 	for line := range strings.Lines(string(data)) {
 		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
-			if f := strings.Fields(rest); len(f) > 0 {
-				n, _ := strconv.Atoi(f[len(f)-1])
-				return n
+			var out []int
+			for _, f := range strings.Fields(rest) {
+				n, err := strconv.Atoi(f)
+				if err != nil {
+					return nil
+				}
+				out = append(out, n)
 			}
+			return out
 		}
 	}
-	return 0
+	return nil
 }
 
 // ChildrenOf lists the processes whose parent is ppid: from the kernel's per-thread
