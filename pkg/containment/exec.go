@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -121,8 +122,8 @@ func (r *ProcessRuntime) Exec(ctx context.Context, spec Spec, proc Process, opts
 }
 
 // ExecJoined starts roost-exec as roostd's child with es, the session's program's own
-// ExecSpec, made the command's; with namespaces, in the mount and network namespaces of
-// the session's program.
+// ExecSpec, made the command's; with namespaces, in the mount, network, IPC and pid
+// namespaces of the session's program (its /proc among its mounts).
 func (r *ProcessRuntime) ExecJoined(ctx context.Context, spec Spec, p *PlainProcess, es roostinit.ExecSpec, opts ExecOptions, namespaces bool) (_ *Execution, retErr error) {
 	es, join, err := Joined(spec, es, opts, spec.Dir)
 	if err != nil {
@@ -134,8 +135,9 @@ func (r *ProcessRuntime) ExecJoined(ctx context.Context, spec Spec, p *PlainProc
 	}
 	defer hs.Close()
 	extra := hs.ChildFiles()
+	var pidNS *os.File
 	if namespaces {
-		ns, err := programNamespaces(p.ref, "mnt", "net")
+		ns, err := programNamespaces(p.ref, "mnt", "net", "ipc", "pid")
 		if err != nil {
 			return nil, fmt.Errorf("session %s: %w", spec.SessionID, err)
 		}
@@ -144,12 +146,14 @@ func (r *ProcessRuntime) ExecJoined(ctx context.Context, spec Spec, p *PlainProc
 				f.Close()
 			}
 		}()
-		// Descriptors 5 and 6: the program's own namespaces, not whatever a path names by
-		// the time roost-exec opens it.
+		// Descriptors 5, 6 and 7: the program's own namespaces, not whatever a path names
+		// by the time roost-exec opens it. The pid namespace is roost-exec's from birth.
 		join.MountNS = fmt.Sprintf("/proc/self/fd/%d", 3+len(extra))
 		es.NetNS = fmt.Sprintf("/proc/self/fd/%d", 4+len(extra))
+		join.IPCNS = fmt.Sprintf("/proc/self/fd/%d", 5+len(extra))
 		es.NewNetNS = false
-		extra = append(extra, ns...)
+		extra = append(extra, ns[:3]...)
+		pidNS = ns[3]
 	}
 	// The program's cgroup, in every hierarchy, before the command exists.
 	var into *os.File
@@ -208,15 +212,18 @@ func (r *ProcessRuntime) ExecJoined(ctx context.Context, spec Spec, p *PlainProc
 		}
 		return cmd
 	}
-	cmd := command(into)
-	if err := cmd.Start(); err != nil && into != nil {
-		// No CLONE_INTO_CGROUP (before 5.7): roost-exec joins through cgroup.procs first thing.
-		cmd = command(nil)
-		err = cmd.Start()
-		if err != nil {
-			return nil, fmt.Errorf("starting roost-exec: %w", err)
+	cmd, err := startIn(pidNS, func() (*exec.Cmd, error) {
+		cmd := command(into)
+		err := cmd.Start()
+		if err != nil && into != nil {
+			// No CLONE_INTO_CGROUP (before 5.7): roost-exec joins through cgroup.procs first
+			// thing.
+			cmd = command(nil)
+			err = cmd.Start()
 		}
-	} else if err != nil {
+		return cmd, err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("starting roost-exec: %w", err)
 	}
 	hs.Started()
@@ -233,6 +240,34 @@ func (r *ProcessRuntime) ExecJoined(ctx context.Context, spec Spec, p *PlainProc
 		return nil, err
 	}
 	return &e, nil
+}
+
+// startIn runs start, which starts a process, on an OS thread of its own that has joined the
+// pid namespace pidns first (nil: here, in roostd's): setns(CLONE_NEWPID) leaves its caller
+// where it is and places only the children it forks afterwards, so the process is born in
+// the namespace as the session's own processes are, with a pid and a /proc entry in the
+// session's view. The thread is never unlocked: back in the Go runtime's hands it would fork
+// other goroutines' children into the session. It ends with its goroutine.
+func startIn(pidns *os.File, start func() (*exec.Cmd, error)) (*exec.Cmd, error) {
+	if pidns == nil {
+		return start()
+	}
+	type started struct {
+		cmd *exec.Cmd
+		err error
+	}
+	ch := make(chan started, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Setns(int(pidns.Fd()), unix.CLONE_NEWPID); err != nil {
+			ch <- started{err: fmt.Errorf("joining the session's pid namespace: %w", err)}
+			return
+		}
+		cmd, err := start()
+		ch <- started{cmd, err}
+	}()
+	s := <-ch
+	return s.cmd, s.err
 }
 
 // Joined makes es, the session program's ExecSpec, the command's: its argv, the

@@ -237,7 +237,7 @@ func scopedGrants(p *manifest.Policy) []Grant {
 		readOnly = [2]string{Advisory, "Landlock cannot take write access back inside a writable tree: give a scope that leaves these out, or use sealed"}
 	}
 	return with(with(with(with(common, netnsInference), egress(p)), spawnGrants(spawn[0], spawn[1])), hold{
-		"containment":                   {Enforced, "on the host's view, as an unprivileged uid of its own, in a network namespace of its own (loopback and its endpoint only): Landlock (reads only the system trees, its capsule, workdir and TMPDIR), cgroup, seccomp (moby's default profile; no new namespaces, no ptrace), no capabilities, no_new_privs"},
+		"containment":                   {Enforced, "on the host's view, as an unprivileged uid of its own, in a network namespace of its own (loopback and its endpoint only), a pid namespace of its own (roost-init its pid 1; its /proc lists only the session's processes) and an IPC namespace of its own (no SysV object or POSIX message queue of the host's; a private /dev/shm): Landlock (reads only the system trees, its capsule, workdir and TMPDIR), cgroup, seccomp (moby's default profile; no new namespaces, no ptrace), no capabilities, no_new_privs; roostctl exec joins its namespaces"},
 		"network.unix_sockets":          unix,
 		"filesystem.scope":              {Enforced, "Landlock: only the scope (or the whole workdir) and a private TMPDIR are writable; with a scope, only it and the read_only subtrees of the workdir are readable"},
 		"filesystem.workdir_exec":       scopedWorkdirExec(p),
@@ -331,7 +331,7 @@ func Readable(class manifest.Class, p *manifest.Policy) []string {
 				out = append(out, d)
 			}
 		}
-		out = append(out, "/proc", strings.Join(DeviceFiles(), " "), "its capsule")
+		out = append(out, "/proc (its own: the session's processes only)", strings.Join(DeviceFiles(), " "), "its private /dev/shm", "its capsule")
 		if p.Filesystem.Scope != "" {
 			out = append(out, "its workdir's scope "+p.Filesystem.Scope)
 			for _, ro := range p.Filesystem.ReadOnly {

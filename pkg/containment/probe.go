@@ -108,7 +108,7 @@ type Catalog []Capability
 // rehearsing a session of each (see Rehearse): nil when it ran.
 func NewCatalog(h Host, scoped, sealed error) Catalog {
 	scopedCap := Capability{Class: manifest.Scoped, Available: scoped == nil,
-		Detail: fmt.Sprintf("on the host's view, as an unprivileged uid of the session's own: Landlock ABI %d (reads only the system trees and its own, writes only its workdir or scope and TMPDIR, exec allowlist); cgroup memory, pids and cpu; seccomp; no capabilities; no_new_privs", h.LandlockABI)}
+		Detail: fmt.Sprintf("on the host's view, as an unprivileged uid of the session's own: Landlock ABI %d (reads only the system trees and its own, writes only its workdir or scope and TMPDIR, exec allowlist); net, pid and ipc namespaces (a /proc of its own); cgroup memory, pids and cpu; seccomp; no capabilities; no_new_privs", h.LandlockABI)}
 	if scoped != nil {
 		scopedCap.Detail = "rehearsing a scoped session failed: " + scoped.Error()
 	}

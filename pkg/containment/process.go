@@ -103,7 +103,7 @@ func (r *ProcessRuntime) Start(ctx context.Context, spec Spec) (_ Process, retEr
 			_ = r.Cgroups().Remove(spec.SessionID)
 		}
 	}()
-	p, err := r.StartExec(ctx, spec, plainExecSpec(spec, user), cg)
+	p, err := r.StartExec(ctx, spec, plainExecSpec(spec, user), cg, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +118,10 @@ func plainExecSpec(spec Spec, user *roostinit.User) roostinit.ExecSpec {
 
 // StartExec starts roost-init in the session's cgroup cg (nil: none), with execSpec as
 // what roost-exec applies before the program: the plain runtime's, or another's built on it.
-func (r *ProcessRuntime) StartExec(ctx context.Context, spec Spec, execSpec roostinit.ExecSpec, cg *cgroups.Session) (*PlainProcess, error) {
+// namespaces are the CLONE_NEW* flags of the namespaces roost-init is born in, the session's
+// own (0: the host's); with CLONE_NEWPID roost-init is their pid 1, and still reports and
+// records the host's pids.
+func (r *ProcessRuntime) StartExec(ctx context.Context, spec Spec, execSpec roostinit.ExecSpec, cg *cgroups.Session, namespaces uintptr) (*PlainProcess, error) {
 	io, err := OpenInitIO(spec.RecordsDir)
 	if err != nil {
 		return nil, err
@@ -136,7 +139,7 @@ func (r *ProcessRuntime) StartExec(ctx context.Context, spec Spec, execSpec roos
 			ExtraFiles: io.ChildFiles(),
 			// Its own session: a signal or hangup aimed at roostd's group never reaches it,
 			// and no parent-death signal is set, so it outlives the daemon.
-			SysProcAttr: &syscall.SysProcAttr{Setsid: true},
+			SysProcAttr: &syscall.SysProcAttr{Setsid: true, Cloneflags: namespaces},
 		}
 		if into != nil {
 			// Born in the session's cgroup (CLONE_INTO_CGROUP): not for an instant in roostd's.

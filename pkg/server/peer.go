@@ -42,8 +42,8 @@ type SocketGroup struct {
 // SessionProcs tells whether a process is a session's: in a session's cgroup, or below one
 // of the helpers every session runs under. Ancestry covers what the cgroup cannot: plain
 // sessions have no cgroup of their own but run under roost-init, a child subreaper, so
-// their orphans stay below it; a sealed session's processes cannot leave a pid namespace
-// whose init is roost-init.
+// their orphans stay below it; a sealed or scoped session's processes cannot leave a pid
+// namespace whose init is roost-init.
 type SessionProcs struct {
 	// CgroupParents hold every session's cgroup (the configured parent, and /roost for
 	// sessions started before it was configurable); a process in a cgroup strictly beneath

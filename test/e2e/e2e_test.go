@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -872,6 +873,64 @@ func TestSealedSurvivesDaemonKill(t *testing.T) {
 	}
 	if logs := d.ctl("logs", id); strings.Contains(logs.stdout, "BROKEN") || strings.Contains(logs.stderr, "not found") || strings.Contains(logs.stderr, "No such file") {
 		t.Fatalf("the session's root broke across the restart: %.300q %.300q", logs.stdout, logs.stderr)
+	}
+}
+
+// kill -9 of roostd while a scoped session runs in pid and IPC namespaces of its own: the next
+// daemon re-attaches to it by the host pids it recorded, execs into its namespaces (which show
+// only the session's processes), pauses it (its cgroup frozen) and stops it with a signal the
+// program handles, recording the exact end.
+func TestScopedSurvivesDaemonKill(t *testing.T) {
+	d := newDaemon(t)
+	id := strings.TrimSpace(d.ok("run", "-d", capsule(t, "scopedlong", "trap 'exit 3' TERM; while :; do echo round; sleep 0.1; done",
+		"capabilities:\n  containment: scoped\n  shell:\n    allow: [sleep, sh]\n")))
+	rounds := func() int { return strings.Count(d.ok("logs", id), "round\n") }
+	waitFor(t, "the scoped session's first round", func() bool { return rounds() >= 1 })
+	d.kill9()
+	d.start()
+	n := rounds()
+	waitFor(t, "three rounds after the restart", func() bool { return rounds() >= n+3 })
+	pid := d.identity(id).Pid
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nspid := ""
+	for _, line := range strings.Split(string(status), "\n") {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			nspid = strings.TrimSpace(rest)
+		}
+	}
+	if f := strings.Fields(nspid); len(f) != 2 || f[0] != strconv.Itoa(pid) {
+		t.Fatalf("inspect's pid %d has NSpid %q: not the program's host pid in a pid namespace of its own", pid, nspid)
+	}
+	// Builtins only, so the listing is of the exec'd shell and what the session runs.
+	out := d.ok("exec", id, "--", "sh", "-c", `for p in /proc/[0-9]*; do printf '%s ' "${p#/proc/}"; done; echo; echo $$`)
+	listed, self, _ := strings.Cut(strings.TrimSpace(out), "\n")
+	pids := strings.Fields(listed)
+	if !slices.Contains(pids, "1") || !slices.Contains(pids, strings.Fields(nspid)[1]) || !slices.Contains(pids, self) || slices.Contains(pids, strconv.Itoa(os.Getpid())) || len(pids) > 4 {
+		t.Fatalf("exec into the scoped session lists %v (itself %s, the program %s): want roost-init, the program, its sleep and itself only", pids, self, nspid)
+	}
+	d.ok("pause", id)
+	frozen := false
+	for _, dir := range cgroupDirs(t, cgroupNameOf(t, pid)) {
+		// Whichever freezer holds it says every process in the cgroup is frozen: v1's
+		// freezer.state, or the unified hierarchy's cgroup.events.
+		if data, err := os.ReadFile(filepath.Join(dir, "freezer.state")); err == nil && strings.TrimSpace(string(data)) == "FROZEN" {
+			frozen = true
+		}
+		if data, err := os.ReadFile(filepath.Join(dir, "cgroup.events")); err == nil && strings.Contains(string(data), "frozen 1") {
+			frozen = true
+		}
+	}
+	if !frozen {
+		t.Fatalf("paused after the restart, the session's cgroup is not frozen")
+	}
+	d.ok("resume", id)
+	n = rounds()
+	waitFor(t, "a round after resume", func() bool { return rounds() > n })
+	if out := d.ok("stop", id); !strings.Contains(out, "terminated (3)") {
+		t.Fatalf("stop after restart: %q", out)
 	}
 }
 

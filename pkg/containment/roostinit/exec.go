@@ -66,6 +66,9 @@ func execMain() {
 			fail("roost-exec: a network namespace of its own: %v", err)
 		}
 	}
+	if err := spec.Join.enterIPCNS(); err != nil {
+		fail("roost-exec: joining the session's IPC namespace: %v", err)
+	}
 	// A sealed session's roost-init runs shielded from the OOM killer; the program must not
 	// inherit that shield (raising the score needs no privilege).
 	if data, err := os.ReadFile("/proc/self/oom_score_adj"); err == nil && strings.HasPrefix(strings.TrimSpace(string(data)), "-") {

@@ -21,6 +21,11 @@ type Join struct {
 	// MountNS, when set, names the session program's mount namespace (roostd hands it as a
 	// descriptor, /proc/self/fd/N), which the command joins instead of making its own.
 	MountNS string `json:"mount_ns,omitempty"`
+	// IPCNS, when set, names the session program's IPC namespace, likewise: SysV objects and
+	// POSIX message queues are the session's. (Its pid namespace is joined by whoever starts
+	// roost-exec: setns into one only places the caller's children there, and roost-exec
+	// becomes the command without a fork.)
+	IPCNS string `json:"ipc_ns,omitempty"`
 	// Dir is the command's working directory in the session's view. It is entered once the
 	// command's uid and Landlock domain are taken, so a directory the session made (a
 	// symlink out of its workdir) leads nowhere its program could not go.
@@ -59,6 +64,20 @@ func (j *Join) enterMountNS() error {
 		return fmt.Errorf("setns: %w", err)
 	}
 	return nil
+}
+
+// enterIPCNS moves this thread into the session's IPC namespace; execve keeps the thread's
+// namespaces.
+func (j *Join) enterIPCNS() error {
+	if j == nil || j.IPCNS == "" {
+		return nil
+	}
+	f, err := os.Open(j.IPCNS)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Setns(int(f.Fd()), unix.CLONE_NEWIPC)
 }
 
 // ruled is the program the exec allowlist is built around: the session's for a joined

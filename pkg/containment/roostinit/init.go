@@ -182,9 +182,16 @@ func initMain() int {
 		return fail(startErr)
 	}
 	startedAt := time.Now().UTC()
-	ref := records.ProcessRef{InitPID: os.Getpid(), PID: pid, StartedAt: startedAt}
+	hostInit, hostPID, err := hostPIDs(pid)
+	if err != nil {
+		_ = SignalGroup(pid, syscall.SIGKILL)
+		reapAll(pid)
+		outcome.discard()
+		return fail("roost-init: " + err.Error())
+	}
+	ref := records.ProcessRef{InitPID: hostInit, PID: hostPID, StartedAt: startedAt}
 	ref.InitStart, _ = StartTime(ref.InitPID)
-	ref.PIDStart, _ = StartTime(pid)
+	ref.PIDStart, _ = StartTime(ref.PID)
 	// init.json only has to outlive roostd, not the host (the processes it names would not
 	// survive a host crash either): an atomic rename is enough, no fsync.
 	if err := writeJSONAtomically(recordsFD, InitFile, ref); err != nil {
@@ -205,7 +212,7 @@ func initMain() int {
 	}()
 
 	status := waitFor(pid)
-	info := ExitInfo{PID: pid, StartedAt: startedAt, EndedAt: time.Now().UTC()}
+	info := ExitInfo{PID: ref.PID, StartedAt: startedAt, EndedAt: time.Now().UTC()}
 	switch {
 	case status.Signaled():
 		info.Signal = int(status.Signal())
@@ -425,13 +432,19 @@ func waitFor(pid int) syscall.WaitStatus {
 }
 
 // reapAll kills the program's process group and every process still below roost-init, and
-// reaps them, until none is left.
+// reaps them, until none is left. As pid 1 of its pid namespace roost-init kills everything
+// in it (a command roostctl exec started there too, which is not its child): the /proc it
+// sees may be the host's, whose /proc/1 is not roost-init.
 func reapAll(pgid int) {
 	_ = SignalGroup(pgid, syscall.SIGKILL)
 	self := os.Getpid()
 	for {
-		for _, child := range ChildrenOf(self) {
-			_ = syscall.Kill(child, syscall.SIGKILL)
+		if self == 1 {
+			_ = syscall.Kill(-1, syscall.SIGKILL)
+		} else {
+			for _, child := range ChildrenOf(self) {
+				_ = syscall.Kill(child, syscall.SIGKILL)
+			}
 		}
 		_, err := syscall.Wait4(-1, nil, 0, nil)
 		if errors.Is(err, syscall.EINTR) {
@@ -441,6 +454,70 @@ func reapAll(pgid int) {
 			return
 		}
 	}
+}
+
+// hostPIDs is how the host names roost-init and its child pid (the program): roostd, the
+// registry and init.json know processes by the host's pids. They are this process's own but
+// where roost-init was born pid 1 of a pid namespace of the session's (a scoped session's)
+// while its /proc is still the host's, which names it by its host pid; there the child is
+// the one whose innermost pid is pid. A sealed session's roost-init, pid 1 under a /proc of
+// its namespace, names its own pids (the sealed runtime turns them into the host's).
+func hostPIDs(pid int) (self, child int, err error) {
+	self = os.Getpid()
+	if self != 1 {
+		return self, pid, nil
+	}
+	link, err := os.Readlink("/proc/self")
+	if err != nil {
+		return 0, 0, fmt.Errorf("its pid on the host: %w", err)
+	}
+	host, err := strconv.Atoi(link)
+	if err != nil {
+		return 0, 0, fmt.Errorf("its pid on the host: /proc/self is %q", link)
+	}
+	if host == self {
+		return self, pid, nil
+	}
+	// A pidfd's fdinfo names its process from the /proc's namespace inward (Linux 5.5): one
+	// file, where the scan below reads one per thread of roost-init and then the children's.
+	if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+		data, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd))
+		unix.Close(fd)
+		if ns := nsPIDs(data); err == nil && len(ns) > 1 && ns[len(ns)-1] == pid {
+			return host, ns[0], nil
+		}
+	}
+	// Not yet reaped, the program is among the children whatever it has done.
+	for _, c := range ChildrenOf(host) {
+		if ns := nsPIDs(readStatus(c)); len(ns) > 0 && ns[len(ns)-1] == pid {
+			return host, c, nil
+		}
+	}
+	return 0, 0, fmt.Errorf("its program (pid %d in the session) is not among its children on the host (pid %d)", pid, host)
+}
+
+func readStatus(pid int) []byte {
+	data, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	return data
+}
+
+// nsPIDs is the NSpid line of a /proc status or pidfd fdinfo: a process's pids from the
+// /proc's pid namespace inward.
+func nsPIDs(data []byte) []int {
+	for line := range strings.Lines(string(data)) {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			var out []int
+			for _, f := range strings.Fields(rest) {
+				n, err := strconv.Atoi(f)
+				if err != nil {
+					return nil
+				}
+				out = append(out, n)
+			}
+			return out
+		}
+	}
+	return nil
 }
 
 // ChildrenOf lists the processes whose parent is ppid: from the kernel's per-thread

@@ -7,8 +7,17 @@ import (
 )
 
 // privateMounts changes this process's mount namespace, one roost-init made private for it:
-// a tmpfs of its own over /dev/shm, and noexec binds of the trees the session writes.
+// its pid namespace's procfs over /proc, a tmpfs of its own over /dev/shm, and noexec binds
+// of the trees the session writes.
 func privateMounts(m *Mounts) error {
+	if m.Proc {
+		// A procfs shows the pid namespace of whoever mounts it: the session's, of which
+		// roost-init, this process's parent, was born pid 1. hidepid would hide nothing
+		// more: every process it shows is the session's.
+		if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("a /proc of its own: %w", err)
+		}
+	}
 	if m.Shm > 0 {
 		flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
 		if !m.ShmExec {

@@ -96,6 +96,9 @@ type Mounts struct {
 	// through the dynamic loader (ld.so maps a program with mmap, which Landlock's exec
 	// right does not cover; a noexec mount refuses PROT_EXEC maps).
 	NoExec []string `json:"noexec,omitempty"`
+	// Proc mounts a procfs of the program's pid namespace over /proc (roost-init is born in
+	// one of the session's own): the host's lists every process on it.
+	Proc bool `json:"proc,omitempty"`
 }
 
 // User is a host uid and gid.

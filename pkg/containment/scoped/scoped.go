@@ -23,7 +23,8 @@ import (
 
 // Runtime runs scoped sessions: the program keeps the host's view of files, held by
 // what a process can be held with there, in a network namespace of its own (the session's
-// pinned one, where its endpoint listens; else a new one, loopback only). roost-exec, before
+// pinned one, where its endpoint listens; else a new one, loopback only) and pid and IPC
+// namespaces of its own, roost-init their pid 1, with a /proc of its own. roost-exec, before
 // it execs the program, joins the session's cgroup (memory, pids, cpu) and network
 // namespace, sets no_new_privs, applies Landlock (the host readable, only the workdir or its
 // scope writable, the exec allowlist), drops every capability and loads the same seccomp
@@ -128,12 +129,19 @@ func (r *Runtime) Start(ctx context.Context, spec containment.Spec) (_ containme
 	if err != nil {
 		return nil, err
 	}
-	p, err := r.plain.StartExec(ctx, spec, exec, cg)
+	p, err := r.plain.StartExec(ctx, spec, exec, cg, namespaces)
 	if err != nil {
 		return nil, err
 	}
 	return &scopedProcess{PlainProcess: p}, nil
 }
+
+// namespaces are the session's own that roost-init is born in, and so everything it starts:
+// a pid namespace (roost-init its pid 1, the program its child, none of the host's processes
+// in it, and a /proc of its own that roost-exec mounts) and an IPC namespace (no SysV object
+// or POSIX message queue of the host's in it). Its mount and network namespaces are
+// roost-exec's to make.
+const namespaces = syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC
 
 // scopedExecSpec is what roost-exec applies before a scoped session's program, and before
 // every command roostctl exec runs in one; tmp is the session's TMPDIR.
@@ -184,7 +192,8 @@ func (r *Runtime) Attach(sessionID, recordsDir string, ref *containment.ProcessR
 	return &scopedProcess{PlainProcess: plain}, nil
 }
 
-// scopedExec is what may execute in a scoped session, and the mounts that hold it. The trees
+// scopedExec is what may execute in a scoped session, and its mounts: its pid namespace's
+// /proc, and those that hold what may execute. The trees
 // the session writes (its workdir — a scope's surroundings too: an earlier session wrote
 // them —, TMPDIR, home and private /dev/shm) never become exec rules and are mounted noexec
 // in its own mount namespace, so not even the dynamic loader maps a program from them; the
@@ -196,7 +205,7 @@ func scopedExec(spec containment.Spec, tmp string) (*roostinit.Landlock, *roosti
 		writable = append(writable, spec.Home)
 	}
 	l := &roostinit.Landlock{Exec: spec.ExecAllowlist(), ExecTrees: spec.ExecTrees, FS: FS(spec, tmp)}
-	m := &roostinit.Mounts{Shm: containment.DevShmBytes}
+	m := &roostinit.Mounts{Shm: containment.DevShmBytes, Proc: true}
 	if spec.Policy.Filesystem.WorkdirExec {
 		l.WritableExec = append(writable, "/dev/shm")
 		l.NoExec = slices.Clone(spec.Children)

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/internal/testkit"
 	"roost.dev/roost/pkg/containment/roostinit"
@@ -51,9 +53,11 @@ try own-signal kill -0 $$`)
 	}
 	testkit.ExpectOutput(t, out, "Seccomp:\t2", "NoNewPrivs:\t1", "CapEff:\t0000000000000000", "CapBnd:\t0000000000000000")
 	testkit.ExpectAllowed(t, out, "host-read", "own-tmp", "workdir", "own-signal")
-	// Landlock holds the writes and exec (ls is not on the allowlist), its uid the signals.
+	// Landlock holds the writes and exec (ls is not on the allowlist), its uid the signals to
+	// its pid 1 (roost-init); the daemon is not in its pid namespace at all.
 	testkit.ExpectDenied(t, out, syscall.EACCES, "/etc", "outside", "/tmp", "ls")
-	testkit.ExpectDenied(t, out, syscall.EPERM, "init", "daemon")
+	testkit.ExpectDenied(t, out, syscall.EPERM, "init")
+	testkit.ExpectDenied(t, out, syscall.ESRCH, "daemon")
 	if data, err := os.ReadFile(filepath.Join(s.Dir, "out.txt")); err != nil || string(data) != "hi\n" {
 		t.Fatalf("workdir file: %q %v", data, err)
 	}
@@ -252,5 +256,183 @@ func TestScopedPrivateShm(t *testing.T) {
 	if _, err := os.Stat("/dev/shm/" + name); err == nil {
 		os.Remove("/dev/shm/" + name)
 		t.Fatalf("the session wrote the host's /dev/shm:\n%s%s", out, errOut)
+	}
+}
+
+// execNSPython lists the processes the command sees, its own pid as it and as /proc name it,
+// and tries ipcPython's IPC objects.
+const execNSPython = `
+import os
+print("pids: " + " ".join(sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int)))
+print("self: %d %s" % (os.getpid(), os.readlink("/proc/self")))
+` + ipcPython
+
+// A command exec'd into a scoped session is in its pid and IPC namespaces and sees its
+// /proc: the session's processes and its own, not the host's; the segment the program made,
+// not the host's. Its exit and signals are its own, as without the namespaces.
+func TestExecScopedSharesProcessesAndIPC(t *testing.T) {
+	testkit.NeedRoot(t)
+	key, mq := hostIPC(t)
+	// The program's segment, made in whatever IPC namespace the session has. Left behind on
+	// the host if that is the host's: removed then.
+	program := fmt.Sprintf(`/usr/bin/python3 -c 'import ctypes; ctypes.CDLL(None).shmget(%d, 4096, 0o1600)' && touch made && exec sleep 60`, key+1)
+	t.Cleanup(func() {
+		if id, err := unix.SysvShmGet(key+1, 0, 0); err == nil {
+			_, _ = unix.SysvShmCtl(id, unix.IPC_RMID, nil)
+		}
+	})
+	rt, err := kit.NewScopedRuntime(testkit.ReachableDir(t), kit.Init(t), kit.IDs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := kit.Spec(t, "/bin/sh", "-c", program)
+	s.SessionID = "ses_" + strings.ToLower(t.Name())
+	s.Class = manifest.Scoped
+	s.Policy = testkit.Policy(t, "capabilities: {containment: scoped, shell: {allow: [/usr/bin/python3, touch, sleep, sh]}}")
+	s.CapsuleDir = t.TempDir()
+	p, err := rt.Start(context.Background(), s)
+	if err != nil {
+		t.Fatalf("scoped start: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = p.Signal(syscall.SIGKILL)
+		<-p.Done()
+		_ = rt.Release(s.SessionID)
+	})
+	testkit.WaitFile(t, filepath.Join(s.Dir, "made"))
+
+	x, err := rt.Exec(context.Background(), s, p, containment.ExecOptions{Argv: []string{"/usr/bin/python3", "-c", execNSPython, strconv.Itoa(key), mq, strconv.Itoa(key + 1), "find"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, info := runExec(t, x)
+	if info.Code != 0 {
+		t.Fatalf("exec: %+v\n%s%s", info, out, errOut)
+	}
+	self := strings.Fields(lineAfter(out, "self: "))
+	if len(self) != 2 || self[0] != self[1] {
+		t.Fatalf("the command's /proc/self is not its own: %q\n%s", self, errOut)
+	}
+	// roost-init, the program (sleep, exec'd by sh) and the command itself; not the test.
+	if programPIDs := nsPIDs(t, p.Ref().PID); len(programPIDs) != 2 {
+		t.Errorf("the program's pids %v: it is not in a pid namespace of its own", programPIDs)
+	} else {
+		want := []string{"1", programPIDs[1], self[0]}
+		slices.SortFunc(want, func(a, b string) int { x, _ := strconv.Atoi(a); y, _ := strconv.Atoi(b); return x - y })
+		if pids := strings.Fields(lineAfter(out, "pids: ")); !slices.Equal(pids, want) {
+			t.Errorf("the command sees processes %v, want the session's roost-init (1), program (%v) and itself (%v):\n%s", pids, programPIDs, self, errOut)
+		}
+	}
+	testkit.ExpectDenied(t, out, syscall.ENOENT, "host-shm", "host-sem", "host-msg", "host-mq")
+	// The control: own-shm is the program's segment, which the command attaches.
+	testkit.ExpectAllowed(t, out, "own-shm")
+	testkit.ExpectOutput(t, out, "listed: False")
+
+	// Its end is its own: an exit code, and a signal it dies of (it is not a pid 1 that
+	// ignores what it has no handler for).
+	x, err = rt.Exec(context.Background(), s, p, containment.ExecOptions{Argv: []string{"sh", "-c", "exit 7"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, info := runExec(t, x); info.Code != 7 {
+		t.Errorf("exit 7: %+v", info)
+	}
+	x, err = rt.Exec(context.Background(), s, p, containment.ExecOptions{Argv: []string{"sleep", "60"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(x.Pid, syscall.SIGTERM); err != nil {
+		t.Fatalf("the command's host pid %d: %v", x.Pid, err)
+	}
+	if _, _, info := runExec(t, x); info.Signal != int(syscall.SIGTERM) {
+		t.Errorf("SIGTERM: %+v", info)
+	}
+}
+
+// nsPIDs is a process's pids from the host's pid namespace inward (/proc/<pid>/status).
+func nsPIDs(t *testing.T, pid int) []string {
+	t.Helper()
+	return strings.Fields(statusLine(testkit.ReadFile(t, fmt.Sprintf("/proc/%d/status", pid)), "NSpid"))
+}
+
+// A scoped session's records name its processes by their host pids, so a daemon started
+// afterwards re-attaches to it, from the registry's ref or from init.json alone, and pauses,
+// meters and signals it: the program ends of the SIGTERM it gets (not pid 1, which would
+// ignore it), recorded as before.
+func TestScopedReattachedAcrossNamespaces(t *testing.T) {
+	_, s, p := startScopedSleeper(t)
+	testkit.WaitFile(t, filepath.Join(s.Dir, "status"))
+	ref := p.Ref()
+	if got := nsPIDs(t, ref.InitPID); len(got) != 2 || got[0] != strconv.Itoa(ref.InitPID) || got[1] != "1" {
+		t.Errorf("roost-init's pids %v, want host %d and the session's 1", got, ref.InitPID)
+	}
+	if got := nsPIDs(t, ref.PID); len(got) != 2 || got[0] != strconv.Itoa(ref.PID) || got[1] == "1" {
+		t.Errorf("the program's pids %v, want host %d and one in the session's namespace", got, ref.PID)
+	}
+	onDisk, err := containment.ReadInit(s.RecordsDir)
+	if err != nil || onDisk.InitPID != ref.InitPID || onDisk.PID != ref.PID || onDisk.PIDStart != ref.PIDStart || onDisk.InitStart != ref.InitStart {
+		t.Fatalf("init.json %+v (%v), reported %+v", onDisk, err, ref)
+	}
+	next, err := kit.NewScopedRuntime(testkit.ReachableDir(t), kit.Init(t), kit.IDs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromRecords, err := next.Attach(s.SessionID, s.RecordsDir, nil)
+	if err != nil {
+		t.Fatalf("Attach from init.json: %v", err)
+	}
+	again, err := next.Attach(s.SessionID, s.RecordsDir, &ref)
+	if err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	if fromRecords.Ref() != ref {
+		t.Errorf("re-attached from init.json as %+v, want %+v", fromRecords.Ref(), ref)
+	}
+	if u, err := again.(containment.Meter).Usage(); err != nil || u.Pids < 2 {
+		t.Errorf("usage of the re-attached session: %+v, %v", u, err)
+	}
+	f := again.(containment.Freezer)
+	if err := f.Pause(); err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	if err := f.Resume(); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if err := again.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	info := testkit.WaitDone(t, again)
+	if info.Signal != int(syscall.SIGTERM) || info.Code != 128+int(syscall.SIGTERM) || info.PID != ref.PID {
+		t.Fatalf("exit %+v, want SIGTERM of host pid %d", info, ref.PID)
+	}
+}
+
+// What a scoped program leaves behind, even in a session of its own, ends with it: roost-init,
+// the pid 1 its orphans are given to, ends everything in the namespace, and the program's
+// exit is recorded as it was.
+func TestScopedOrphansEndWithTheProgram(t *testing.T) {
+	testkit.NeedRoot(t)
+	rt, err := kit.NewScopedRuntime(testkit.ReachableDir(t), kit.Init(t), kit.IDs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := kit.Spec(t, "/bin/sh", "-c", `setsid sh -c 'echo $$ > orphan; exec sleep 300' & while [ ! -s orphan ]; do :; done; exit 3`)
+	s.SessionID = "ses_" + strings.ToLower(t.Name())
+	s.Class = manifest.Scoped
+	s.Policy = testkit.Policy(t, "capabilities: {containment: scoped, shell: {allow: [setsid, sh, sleep]}}")
+	s.CapsuleDir = t.TempDir()
+	p, err := rt.Start(context.Background(), s)
+	if err != nil {
+		t.Fatalf("scoped start: %v", err)
+	}
+	t.Cleanup(func() { _ = rt.Release(s.SessionID) })
+	if info := testkit.WaitDone(t, p); info.Code != 3 || info.Signal != 0 {
+		t.Fatalf("exit %+v, want 3", info)
+	}
+	if testkit.ReadFile(t, filepath.Join(s.Dir, "orphan")) == "" {
+		t.Fatal("the orphan never ran")
+	}
+	if u, err := p.(containment.Meter).Usage(); err != nil || u.Pids != 0 {
+		t.Fatalf("the session's cgroup after its end: %+v, %v", u, err)
 	}
 }

@@ -124,7 +124,7 @@ func (k *Kit) TestCgroups(t *testing.T, stateDir string) *cgroups.Sessions {
 }
 
 // Init builds cmd/roost-init once, static, as the Makefile does: sealed roots mount it.
-func (k *Kit) Init(t *testing.T) string {
+func (k *Kit) Init(t testing.TB) string {
 	t.Helper()
 	k.initOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "roost-init-")
@@ -174,7 +174,7 @@ func (k *Kit) Sealer(t *testing.T) containment.Option {
 
 // NeedRoot stops a test of sessions with a kernel sandbox unless it can run them (a failure
 // on CI).
-func NeedRoot(t *testing.T) {
+func NeedRoot(t testing.TB) {
 	t.Helper()
 	testenv.NeedRoot(t, "sessions with a kernel sandbox")
 	if !seccomp.Built {
@@ -184,7 +184,7 @@ func NeedRoot(t *testing.T) {
 
 // ReachableDir is a temporary directory the sessions' unprivileged uids can pass through,
 // as they can through roostd's state directory.
-func ReachableDir(t *testing.T) string {
+func ReachableDir(t testing.TB) string {
 	t.Helper()
 	dir := t.TempDir()
 	for _, d := range []string{filepath.Dir(dir), dir} {
@@ -196,7 +196,7 @@ func ReachableDir(t *testing.T) string {
 }
 
 // Spec is a session's start with its workdir owned by its ids, as roostd prepares it.
-func (k *Kit) Spec(t *testing.T, argv ...string) containment.Spec {
+func (k *Kit) Spec(t testing.TB, argv ...string) containment.Spec {
 	t.Helper()
 	dir := ReachableDir(t)
 	records := filepath.Join(dir, "records")
@@ -221,7 +221,7 @@ func (k *Kit) Spec(t *testing.T, argv ...string) containment.Spec {
 }
 
 // Policy is the policy of a capsule with the capabilities caps.
-func Policy(t *testing.T, caps string) *manifest.Policy {
+func Policy(t testing.TB, caps string) *manifest.Policy {
 	t.Helper()
 	m, err := manifest.Parse([]byte("name: a\nversion: 0.1.0\nrun: {command: [x]}\n"+caps), "")
 	if err != nil {

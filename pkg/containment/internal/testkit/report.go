@@ -24,7 +24,7 @@ func (k *Kit) ReportRun(t *testing.T, init string, s containment.Spec, exec roos
 		t.Fatal(err)
 	}
 	exec.Argv, exec.Env, exec.Dir, exec.User = s.Argv, s.Env, s.Dir, user
-	p, err := k.NewProcessRuntime(init).StartExec(context.Background(), s, exec, nil)
+	p, err := k.NewProcessRuntime(init).StartExec(context.Background(), s, exec, nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -133,3 +133,26 @@ func (k *Kit) ScopedRun(t *testing.T, caps, script string) (containment.ExitInfo
 	}
 	return info, ReadFile(t, filepath.Join(s.RecordsDir, containment.StdoutFile)), ReadFile(t, filepath.Join(s.RecordsDir, containment.StderrFile)), s
 }
+
+// AdvisoryRun runs a shell script as an advisory session (the plain runtime: the host's
+// namespaces, its own uid and cgroup) and returns its exit and output: the positive control
+// of what a scoped or sealed session must not reach.
+func (k *Kit) AdvisoryRun(t *testing.T, script string) (containment.ExitInfo, string, string, containment.Spec) {
+	t.Helper()
+	NeedRoot(t)
+	rt := k.NewProcessRuntime(k.Init(t))
+	s := k.Spec(t, "/bin/sh", "-c", script)
+	s.SessionID = sessionID(t)
+	s.Class = manifest.Advisory
+	s.Policy = Policy(t, "capabilities: {containment: advisory}")
+	s.CapsuleDir = t.TempDir()
+	p, err := rt.Start(context.Background(), s)
+	if err != nil {
+		t.Fatalf("advisory start: %v", err)
+	}
+	info := WaitDone(t, p)
+	if err := rt.Release(s.SessionID); err != nil {
+		t.Errorf("release: %v", err)
+	}
+	return info, ReadFile(t, filepath.Join(s.RecordsDir, containment.StdoutFile)), ReadFile(t, filepath.Join(s.RecordsDir, containment.StderrFile)), s
+}
