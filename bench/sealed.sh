@@ -65,11 +65,15 @@ EOF
 
 echo "== starting roostd, and a second one with --warm-pool $WARM_POOL"
 mkdir -p "$tmp/state" "$tmp/warm"
-./bin/roostd --state-dir "$tmp/state" --socket "$tmp/s" --metrics-addr "" >"$tmp/roostd.log" 2>&1 &
+# Each roostd on a host holds a block of ids of its own (it sweeps what it frees): the two
+# split the default block.
+printf 'sessions:\n  ids:\n    first: %d\n    slots: 2048\n' $((0x70000000)) >"$tmp/cold.yaml"
+printf 'sessions:\n  ids:\n    first: %d\n    slots: 2046\n' $((0x78000000)) >"$tmp/warm.yaml"
+./bin/roostd --config "$tmp/cold.yaml" --state-dir "$tmp/state" --socket "$tmp/s" --metrics-addr "" >"$tmp/roostd.log" 2>&1 &
 roostd_pid=$!
 # The warm daemon's /metrics says how many sandboxes wait (see settle).
 warm_metrics=127.0.0.1:$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-./bin/roostd --state-dir "$tmp/warm" --socket "$tmp/sw" --metrics-addr "$warm_metrics" --warm-pool "$WARM_POOL" >"$tmp/warmd.log" 2>&1 &
+./bin/roostd --config "$tmp/warm.yaml" --state-dir "$tmp/warm" --socket "$tmp/sw" --metrics-addr "$warm_metrics" --warm-pool "$WARM_POOL" >"$tmp/warmd.log" 2>&1 &
 warmd_pid=$!
 export ROOST_SOCKET=$tmp/s
 for _ in $(seq 100); do
