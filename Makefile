@@ -151,7 +151,7 @@ demo: deps build
 
 ## bench: the benchmarks whose numbers the README quotes.
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 2s ./pkg/manifest/ ./pkg/session/ ./pkg/server/ ./pkg/spawn/ ./pkg/ledger/ ./pkg/workdir/
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./pkg/manifest/ ./pkg/session/ ./pkg/server/ ./pkg/spawn/ ./pkg/ledger/ ./pkg/workdir/ ./pkg/containment/idsweep/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 60s -fuzzminimizetime 5s ./pkg/manifest/
