@@ -104,6 +104,9 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 	if err := dirs.Seal(trees...); err != nil {
 		return nil, fmt.Errorf("--state-dir: %w", err)
 	}
+	if err := store.CheckFree(filepath.Join(stateDir, store.DBFile)); err != nil {
+		return nil, err
+	}
 	pool := store.IDPool{First: cfg.Sessions.IDs.First, Slots: cfg.Sessions.IDs.Slots}
 	// Freed ranges are swept by killing what runs on them: the block must be this
 	// daemon's alone on the host.

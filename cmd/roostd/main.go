@@ -468,6 +468,16 @@ func lookupSocketGroup(name string) (*server.SocketGroup, error) {
 	return &server.SocketGroup{Name: grp.Name, GID: uint32(gid)}, nil
 }
 
+// served says whether a live daemon answers on the socket at path.
+func served(path string) bool {
+	conn, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return false
+	}
+	conn.Close()
+	return true
+}
+
 // listen opens the control socket with mode 0660, owned by root and group (when given). A
 // socket file left by a daemon that died is replaced; one a live daemon answers on is not.
 func listen(path string, group *server.SocketGroup) (net.Listener, error) {
@@ -475,8 +485,7 @@ func listen(path string, group *server.SocketGroup) (net.Listener, error) {
 		return nil, fmt.Errorf("--socket: %w", err)
 	}
 	if _, err := os.Stat(path); err == nil {
-		if conn, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			conn.Close()
+		if served(path) {
 			return nil, fmt.Errorf("--socket %s: another roostd is serving on it", path)
 		}
 		if err := os.Remove(path); err != nil {

@@ -20,6 +20,11 @@ import (
 // It serves until SIGTERM or SIGINT, then drains; or until the control API fails, which
 // is roostd's error. Either way the daemon's parts are released on the way out.
 func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time) error {
+	// A daemon already serving on the socket is said before anything is assembled (and
+	// before this one claims anything of the host's).
+	if served(o.socket) {
+		return fmt.Errorf("--socket %s: another roostd is serving on it", o.socket)
+	}
 	d, err := assemble(o, log, sm)
 	if err != nil {
 		return err

@@ -590,6 +590,12 @@ func TestSecondDaemonRefused(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "another roostd is serving on it") {
 		t.Fatalf("second roostd on the same socket: %v %s", err, out)
 	}
+	// A state directory and a socket of its own, but the first one's id block: a sweep of
+	// a range it freed would kill the first one's sessions.
+	out, err = exec.Command(filepath.Join(binDir, "roostd"), "--state-dir", stateDir(t), "--socket", filepath.Join(t.TempDir(), "third.sock"), "--metrics-addr", "").CombinedOutput()
+	if want := fmt.Sprintf("the block 1879048192-2147352575 roostd pid %d sweeps", d.cmd.Process.Pid); err == nil || !strings.Contains(string(out), want) {
+		t.Fatalf("second roostd on the same id block: %v %s, want %q", err, out, want)
+	}
 }
 
 func TestSigtermLeavesSessionsRunning(t *testing.T) {

@@ -180,11 +180,16 @@ func TestWarmPoolCapsuleShapes(t *testing.T) {
 
 	unconfined := capsule(t, "warm-unconfined", `true`, "capabilities:\n  containment: advisory\n")
 	missing := filepath.Join(t.TempDir(), "none")
+	// A block of its own: the daemon above holds the default one.
+	block := filepath.Join(t.TempDir(), "roostd.yaml")
+	if err := os.WriteFile(block, []byte("sessions:\n  ids:\n    first: 1476395008\n    slots: 16\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for arg, says := range map[string]string{
 		unconfined + "=1": "capsule warm-unconfined@0.1.0 (" + unconfined + ") runs advisory: only sealed sessions start in a sandbox made ahead",
 		missing + "=1":    "the warm pool: capsule " + missing + ": ",
 	} {
-		out, err := exec.Command(filepath.Join(binDir, "roostd"), "--state-dir", stateDir(t), "--socket", filepath.Join(t.TempDir(), "s.sock"),
+		out, err := exec.Command(filepath.Join(binDir, "roostd"), "--config", block, "--state-dir", stateDir(t), "--socket", filepath.Join(t.TempDir(), "s.sock"),
 			"--metrics-addr", "", "--warm-pool-capsule", arg).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), says) {
 			t.Errorf("roostd --warm-pool-capsule %s: %v\n%s\nwant it refused saying %q", arg, err, out, says)

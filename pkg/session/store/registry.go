@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/containerd/errdefs"
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
+	"golang.org/x/sys/unix"
 )
 
 // DBFile is the registry's file name inside the state directory.
@@ -29,6 +31,21 @@ var ErrLocked = errors.New("the registry is held by another process")
 // fsynced bbolt transaction; its events are returned only once it has committed.
 type Registry struct {
 	db *bolt.DB
+}
+
+// CheckFree says whether another process holds the registry at path (ErrLocked), without
+// opening it: a daemon asks before it claims anything else of the host's.
+func CheckFree(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil // none yet, or unreadable: OpenRegistry says which
+	}
+	defer f.Close()
+	// bbolt holds an exclusive flock on its file while open.
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); errors.Is(err, unix.EWOULDBLOCK) {
+		return fmt.Errorf("%s: %w: another roostd is using this state directory", path, ErrLocked)
+	}
+	return unix.Flock(int(f.Fd()), unix.LOCK_UN)
 }
 
 // OpenRegistry opens (creating when absent) and migrates the registry at path.
