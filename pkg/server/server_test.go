@@ -29,9 +29,9 @@ import (
 )
 
 // testPool is this package's tests' block of host ids, apart from roostd's and other
-// packages' tests': freeing a range sweeps it, and the sweep must not reach another test's
-// sessions.
-var testPool = store.IDPool{First: 0x52000000, Slots: 256}
+// packages' tests', and (by pid) from another run of them: freeing a range sweeps it, and
+// the sweep must not reach another test's sessions.
+var testPool = store.IDPool{First: 0x30000000 + uint32(os.Getpid()%16)*0x01000000, Slots: 256}
 
 func TestMain(m *testing.M) {
 	if containment.RunHelper(os.Args) {

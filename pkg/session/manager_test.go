@@ -58,8 +58,9 @@ func (r *recorder) SessionRecovered(o string) {
 func (r *recorder) Egress(string, int64, int64) {}
 
 // testPool is this package's tests' block of host ids, apart from roostd's and other
-// packages' tests'.
-var testPool = store.IDPool{First: 0x54000000, Slots: 256}
+// packages' tests', and (by the test process's pid) from another run of the same tests on
+// the machine: freeing a range sweeps it, killing what runs on it.
+var testPool = store.IDPool{First: 0x20000000 + uint32(os.Getpid()%16)*0x01000000, Slots: 256}
 
 // stateDir is a state directory whose parents let sessions' uids pass, as /var/lib does.
 func stateDir(t testing.TB) string {

@@ -306,3 +306,50 @@ func TestSessionIDNotInCommandLines(t *testing.T) {
 		t.Fatalf("command lines name the session: %q", withID)
 	}
 }
+
+// recordingSweeper notes every range it is asked to sweep.
+type recordingSweeper struct{ swept []idsweep.Range }
+
+func (r *recordingSweeper) Sweep(rs idsweep.Ranges) (idsweep.Report, error) {
+	r.swept = append(r.swept, rs...)
+	return idsweep.Report{}, nil
+}
+
+// TestSweepActsOnlyWithinTheBlock: a range let go under one block and left unswept is not
+// swept once the daemon's block has moved (its ids are no longer roostd's to act on): it
+// is forgotten. The same range under the same block is swept (the control).
+func TestSweepActsOnlyWithinTheBlock(t *testing.T) {
+	for _, moved := range []bool{false, true} {
+		state := stateDir(t)
+		cfg := testConfig(state, &recorder{})
+		cfg.IDs, cfg.Sweeper = store.IDPool{First: testPool.First, Slots: 4}, failingSweeper{}
+		m, err := Open(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := m.Stage(StageOptions{Capsule: capsule(t, "true", "")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Remove(rec.ID); err != nil {
+			t.Fatal(err)
+		}
+		m.Close()
+		rs := &recordingSweeper{}
+		cfg.Sweeper = rs
+		if moved {
+			cfg.IDs = store.IDPool{First: testPool.First + 16*65536, Slots: 4}
+		}
+		if m, err = Open(cfg); err != nil {
+			t.Fatal(err)
+		}
+		st := m.Status()
+		m.Close()
+		switch {
+		case moved && (len(rs.swept) != 0 || st.Ranges["quarantined"] != 0):
+			t.Errorf("the block moved, yet range %d was swept (%v) or kept (%v)", rec.IDs.First, rs.swept, st.Ranges)
+		case !moved && (len(rs.swept) != 1 || rs.swept[0].First != rec.IDs.First || st.Ranges["quarantined"] != 0):
+			t.Errorf("control: range %d under its own block: swept %v, ranges %v", rec.IDs.First, rs.swept, st.Ranges)
+		}
+	}
+}

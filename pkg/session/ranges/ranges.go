@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -65,6 +66,28 @@ func (r *Keeper) Sweep() {
 	if err := r.reg.View(func(tx *store.Tx) error { pending = tx.ToSweep(); return nil }); err != nil {
 		r.log.Error("listing id ranges to sweep", "err", err)
 		return
+	}
+	// A range outside the block (the block moved since it was let go) is no longer this
+	// daemon's to act on: it is forgotten, never swept.
+	var outside []uint32
+	pending = slices.DeleteFunc(pending, func(p store.LetGo) bool {
+		if r.pool.Holds(p.IDs.First) {
+			return false
+		}
+		outside = append(outside, p.IDs.First)
+		return true
+	})
+	if len(outside) > 0 {
+		if _, err := r.reg.Update(func(tx *store.Tx) error {
+			for _, first := range outside {
+				if err := tx.Swept(first, r.pool, nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			r.log.Error("forgetting id ranges outside the block", "err", err)
+		}
 	}
 	if len(pending) == 0 {
 		return

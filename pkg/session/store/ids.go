@@ -41,8 +41,8 @@ func (p IDPool) RehearsalIDs() IDs {
 	return IDs{First: p.First, Size: config.IDsPerSession}
 }
 
-// holds says whether the pool hands out the range that begins at first.
-func (p IDPool) holds(first uint32) bool {
+// Holds says whether the pool hands out the range that begins at first.
+func (p IDPool) Holds(first uint32) bool {
 	const size = config.IDsPerSession
 	f := uint64(first)
 	return f >= uint64(p.First)+size && f+size <= uint64(p.First)+uint64(p.Slots)*size && (f-uint64(p.First))%size == 0
@@ -130,7 +130,7 @@ func (t *Tx) reserveIDs(owner string, pool IDPool) (IDs, error) {
 	c := b.Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {
 		held := uint64(binary.BigEndian.Uint32(k))
-		if n, ok := decodeNote(v); ok && pool.holds(uint32(held)) {
+		if n, ok := decodeNote(v); ok && pool.Holds(uint32(held)) {
 			switch {
 			case n.State != RangeClean:
 				unusable++
@@ -269,7 +269,7 @@ func (t *Tx) Swept(first uint32, pool IDPool, err error) error {
 		return nil
 	}
 	if err == nil {
-		if !pool.holds(first) {
+		if !pool.Holds(first) {
 			return b.Delete(idKey(first))
 		}
 		n.State, n.Error = RangeClean, ""
@@ -287,7 +287,7 @@ func (t *Tx) RangeCounts(pool IDPool) map[string]int {
 	counts := map[string]int{"held": 0, "free": 0, string(RangeFreed): 0, string(RangeQuarantined): 0}
 	used := 0
 	_ = idsBucket(t.tx).ForEach(func(k, v []byte) error {
-		if !pool.holds(binary.BigEndian.Uint32(k)) {
+		if !pool.Holds(binary.BigEndian.Uint32(k)) {
 			return nil
 		}
 		used++
