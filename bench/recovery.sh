@@ -26,6 +26,8 @@ cleanup() {
 		kill -TERM "$pid"
 		wait "$pid" 2>/dev/null
 	fi
+	# roostd's nosuid,nodev binds of the session trees outlive it by design.
+	awk -v d="$tmp/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
 	rm -rf "$tmp"
 }
 trap cleanup EXIT

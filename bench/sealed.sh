@@ -37,6 +37,8 @@ cleanup() {
 	fi
 	# cgroupfs directories go with rmdir only, leaves first.
 	find /sys/fs/cgroup -maxdepth 3 -depth -type d -path '*/roostbench*' -exec rmdir {} + 2>/dev/null
+	# roostd's nosuid,nodev binds of the session trees outlive it by design.
+	awk -v d="$tmp/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
 	rm -rf "$tmp"
 }
 trap cleanup EXIT

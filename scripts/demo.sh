@@ -14,6 +14,8 @@ cleanup() {
     kill -TERM "$daemon" 2>/dev/null || true
     wait "$daemon" 2>/dev/null || true
   fi
+  # roostd's nosuid,nodev binds of the session trees outlive it by design.
+  awk -v d="$state/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
   rm -rf "$state"
 }
 trap cleanup EXIT
