@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"roost.dev/roost/internal/testenv"
 	"roost.dev/roost/pkg/containment/idsweep"
@@ -187,6 +188,15 @@ func TestDoctorQuarantinedRanges(t *testing.T) {
 	}
 	rec, err := m.Stage(session.StageOptions{Capsule: dir})
 	if err != nil {
+		t.Fatal(err)
+	}
+	// It runs on its range, so the range is to be swept once it is removed.
+	if _, err := m.Launch(context.Background(), rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := m.Wait(ctx, rec.ID); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Remove(rec.ID); err != nil {

@@ -97,10 +97,6 @@ func (m *Manager) Launch(ctx context.Context, id string) (*store.Record, error) 
 		}
 		return nil, err
 	}
-	if sb != nil {
-		// The range staged with it was let go for the sandbox's.
-		m.ranges.Later()
-	}
 	proc, err := m.start(ctx, l, rec, class, runtime, sb)
 	if err != nil {
 		if m.cfg.Observer != nil {

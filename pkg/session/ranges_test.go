@@ -327,10 +327,9 @@ func TestSweepActsOnlyWithinTheBlock(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rec, err := m.Stage(StageOptions{Capsule: capsule(t, "true", "")})
-		if err != nil {
-			t.Fatal(err)
-		}
+		// It runs on its range, which is to be swept once it is removed.
+		rec := run(t, m, StageOptions{Capsule: capsule(t, "true", "")})
+		waitEnd(t, m, rec.ID)
 		if err := m.Remove(rec.ID); err != nil {
 			t.Fatal(err)
 		}

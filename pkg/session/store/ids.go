@@ -86,14 +86,19 @@ func decodeNote(v []byte) (n rangeNote, ok bool) {
 	return n, true
 }
 
-// letGo frees the range at first if holder holds it: it is to be swept before it is
-// handed out again.
-func (t *Tx) letGo(first uint32, holder string) error {
+// letGo frees the range at first if holder holds it. A range anything ran on (used) is to
+// be swept before it is handed out again; one nothing ran on (a staged session's, which
+// never launched or took a sandbox's instead) is clean at once.
+func (t *Tx) letGo(first uint32, holder string, used bool) error {
 	b := idsBucket(t.tx)
 	if string(b.Get(idKey(first))) != holder {
 		return nil
 	}
-	return b.Put(idKey(first), encodeNote(rangeNote{State: RangeFreed, FreedAt: time.Now().UTC(), By: holder}))
+	state := RangeFreed
+	if !used {
+		state = RangeClean
+	}
+	return b.Put(idKey(first), encodeNote(rangeNote{State: state, FreedAt: time.Now().UTC(), By: holder}))
 }
 
 // AllocateIDs gives rec a range of pool: the lowest never used, else the clean one freed
@@ -178,8 +183,9 @@ func (t *Tx) TakeIDs(rec *Record, sandbox string, ids IDs) error {
 	if got := b.Get(idKey(ids.First)); string(got) != sandbox {
 		return fmt.Errorf("uid range %d is held by %q, not sandbox %s: %w", ids.First, holderOf(got), sandbox, errdefs.ErrFailedPrecondition)
 	}
+	// The range staged with it: nothing has run on it (it launches on the sandbox's).
 	if rec.IDs != nil {
-		if err := t.letGo(rec.IDs.First, rec.ID); err != nil {
+		if err := t.letGo(rec.IDs.First, rec.ID, false); err != nil {
 			return err
 		}
 	}
@@ -215,7 +221,7 @@ func (t *Tx) ReleaseIDs(keep func(sandbox string) bool) error {
 		return err
 	}
 	for _, d := range drops {
-		if err := t.letGo(d.first, d.holder); err != nil {
+		if err := t.letGo(d.first, d.holder, true); err != nil {
 			return err
 		}
 	}

@@ -279,6 +279,8 @@ func (t *Tx) Delete(rec *Record) error {
 	if sessions.Bucket([]byte(rec.ID)) == nil {
 		return notFound(rec.ID)
 	}
+	// A session removed while staged never ran on its range.
+	ran := rec.State != Staged
 	if err := transition(rec, removed); err != nil {
 		return err
 	}
@@ -289,7 +291,7 @@ func (t *Tx) Delete(rec *Record) error {
 		return err
 	}
 	if rec.IDs != nil {
-		if err := t.letGo(rec.IDs.First, rec.ID); err != nil {
+		if err := t.letGo(rec.IDs.First, rec.ID, ran); err != nil {
 			return err
 		}
 	}

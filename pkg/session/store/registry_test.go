@@ -279,9 +279,17 @@ func TestRangesSweptBeforeReuse(t *testing.T) {
 		})
 		return rec, err
 	}
+	// Each ran, then ended: its range is to be swept.
 	remove := func(rec *Record) {
 		t.Helper()
-		if _, err := r.Update(func(tx *Tx) error { return tx.Delete(rec) }); err != nil {
+		if _, err := r.Update(func(tx *Tx) error {
+			for _, to := range []State{Launching, Exited} {
+				if err := tx.Transition(rec, to); err != nil {
+					return err
+				}
+			}
+			return tx.Delete(rec)
+		}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -360,6 +368,11 @@ func TestRangesLeastRecentlyFreedFirst(t *testing.T) {
 	// Freed in the order 2, 0, 1; all swept.
 	for _, i := range []int{2, 0, 1} {
 		if _, err := r.Update(func(tx *Tx) error {
+			for _, to := range []State{Launching, Exited} {
+				if err := tx.Transition(recs[i], to); err != nil {
+					return err
+				}
+			}
 			if err := tx.Delete(recs[i]); err != nil {
 				return err
 			}
@@ -385,5 +398,30 @@ func TestRangesLeastRecentlyFreedFirst(t *testing.T) {
 	want := []uint32{never, recs[2].IDs.First, recs[0].IDs.First, recs[1].IDs.First}
 	if !slices.Equal(got, want) {
 		t.Fatalf("allocated %v, want %v (never used, then least recently freed)", got, want)
+	}
+}
+
+// A range nothing ran on — a session removed while staged, or the one a session staged with
+// before it took a sandbox's — is clean at once: there is nothing to sweep.
+func TestRangeNothingRanOnIsCleanAtOnce(t *testing.T) {
+	r, _ := openTestRegistry(t)
+	pool := IDPool{First: testPool.First, Slots: 2}
+	rec := &Record{ID: "ses_staged"}
+	if _, err := r.Update(func(tx *Tx) error {
+		if err := tx.AllocateIDs(rec, pool); err != nil {
+			return err
+		}
+		if err := tx.Create(rec, nil, nil); err != nil {
+			return err
+		}
+		return tx.Delete(rec)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var pending []LetGo
+	var counts map[string]int
+	r.View(func(tx *Tx) error { pending, counts = tx.ToSweep(), tx.RangeCounts(pool); return nil })
+	if len(pending) != 0 || counts["free"] != 1 {
+		t.Fatalf("a staged session's range: to sweep %+v, counts %v", pending, counts)
 	}
 }
