@@ -51,6 +51,10 @@ type Sweeper struct {
 	Places []string
 	// Settle bounds how long one round waits for killed processes to exit (1 s when 0).
 	Settle time.Duration
+	// KillFor bounds the whole kill phase (5 s when 0): a process that will not die (in an
+	// uninterruptible sleep, say) leaves the range quarantined, to be swept again later,
+	// rather than holding up the rm that asked.
+	KillFor time.Duration
 }
 
 // Report is what a sweep found and removed.
@@ -174,8 +178,13 @@ func (s Sweeper) kill(rs Ranges) (int, error) {
 	if settle == 0 {
 		settle = time.Second
 	}
+	killFor := s.KillFor
+	if killFor == 0 {
+		killFor = 5 * time.Second
+	}
+	deadline := time.Now().Add(killFor)
 	killed := 0
-	for round := 0; round < maxRounds; round++ {
+	for round := 0; round < maxRounds && time.Now().Before(deadline); round++ {
 		entries, err := os.ReadDir(s.proc())
 		if err != nil {
 			return killed, fmt.Errorf("listing processes: %w", err)
@@ -208,12 +217,12 @@ func (s Sweeper) kill(rs Ranges) (int, error) {
 		if len(fds) == 0 {
 			return killed, nil
 		}
-		waitExit(fds, settle)
+		waitExit(fds, min(settle, max(time.Until(deadline), 0)))
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
 	}
-	return killed, fmt.Errorf("processes of uid ranges %s kept appearing after %d rounds of SIGKILL", rs, maxRounds)
+	return killed, fmt.Errorf("processes of uid ranges %s were still there after %s of SIGKILL rounds (a process that does not die, or one forking faster than the scan)", rs, time.Since(deadline.Add(-killFor)).Round(time.Millisecond))
 }
 
 // waitExit waits up to d for every pidfd to report its process's exit.

@@ -401,3 +401,29 @@ func FuzzParseClaim(f *testing.F) {
 		}
 	})
 }
+
+// TestKillIsBounded: a process of the range that never goes (here one /proc keeps listing
+// with the range's uid) leaves the sweep failed after KillFor, for the range to be
+// quarantined, rather than holding up the rm that asked.
+func TestKillIsBounded(t *testing.T) {
+	testenv.NeedRoot(t, "signalling processes")
+	victim := exec.Command("sleep", "60")
+	if err := victim.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { victim.Process.Kill(); victim.Wait() })
+	proc := t.TempDir()
+	pid := fmt.Sprint(victim.Process.Pid)
+	task := filepath.Join(proc, pid, "task", pid)
+	if err := os.MkdirAll(task, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	status := fmt.Sprintf("State:\tS (sleeping)\nUid:\t%d\t%d\t%d\t%d\nGid:\t0\t0\t0\t0\n", swept.First, swept.First, swept.First, swept.First)
+	if err := os.WriteFile(filepath.Join(task, "status"), []byte(status), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Sweeper{Proc: proc, Places: []string{}, KillFor: 300 * time.Millisecond, Settle: 50 * time.Millisecond}.Sweep(Ranges{swept})
+	if err == nil || !strings.Contains(err.Error(), "were still there after") || !strings.Contains(err.Error(), "of SIGKILL rounds") {
+		t.Fatalf("sweep: %v", err)
+	}
+}
