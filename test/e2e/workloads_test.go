@@ -241,11 +241,17 @@ PY
 cat > pool.py <<'PY'
 import multiprocessing, os
 
+def start(barrier):
+    # Every worker is up before any task runs, so the tasks spread over them however
+    # loaded the host is (a first worker alone could otherwise take all of them).
+    barrier.wait(60)
+
 def square(n):
     return n * n, os.getpid()
 
 if __name__ == "__main__":
-    with multiprocessing.Pool(4) as pool:
+    barrier = multiprocessing.Barrier(4)
+    with multiprocessing.Pool(4, initializer=start, initargs=(barrier,)) as pool:
         results = pool.map(square, range(100), chunksize=1)
     print("pool: sum", sum(r for r, _ in results), "workers", len({p for _, p in results}) > 1)
 PY
