@@ -102,6 +102,7 @@ func values(p *manifest.Policy) [][2]string {
 		{"filesystem.workdir_exec", strconv.FormatBool(p.Filesystem.WorkdirExec)},
 		{"filesystem.read_only", list(p.Filesystem.ReadOnly)},
 		{"filesystem.host_read", list(p.Filesystem.HostRead)},
+		{"filesystem.system", orDefault(p.Filesystem.System, manifest.SystemAllowlist)},
 		{"shell.allow", list(p.Shell.Allow)},
 		{"spawn.allow", list(p.Spawn.Allow)},
 		{"spawn.workdir_snapshot", list(p.Spawn.WorkdirSnapshot)},
@@ -215,6 +216,7 @@ func plainGrants(class manifest.Class, p *manifest.Policy, asRoot bool) []Grant 
 		"filesystem.workdir_exec":       {Advisory, noKernel},
 		"filesystem.read_only":          {Advisory, noKernel},
 		"filesystem.host_read":          {NotApplicable, "the host is readable as its uid allows: this class has no Landlock"},
+		"filesystem.system":             {NotApplicable, "the host's system trees are readable as its uid allows, and run as its uid may: this class has no exec allowlist"},
 		"shell.allow":                   {Advisory, noKernel + " (no exec allowlist)"},
 		"resources.cgroup_memory_bytes": {Advisory, noKernel + " (its cgroup sets no limits)"},
 		"resources.cgroup_pids_max":     {Advisory, "not enforced, as cgroup_memory_bytes"},
@@ -243,7 +245,8 @@ func scopedGrants(p *manifest.Policy) []Grant {
 		"filesystem.workdir_exec":       scopedWorkdirExec(p),
 		"filesystem.read_only":          readOnly,
 		"filesystem.host_read":          {Enforced, "Landlock: readable, never writable; only trees roostd's sessions.host_paths offers"},
-		"shell.allow":                   {Enforced, "Landlock EXECUTE: only run.command[0], these (looked up on PATH) and their interpreters, each a regular executable file"},
+		"filesystem.system":             scopedSystem(p),
+		"shell.allow":                   {Enforced, "Landlock EXECUTE: only run.command[0], these (looked up on PATH) and their interpreters, each a regular executable file" + loaderNote(p)},
 		"resources.cgroup_memory_bytes": {Enforced, "cgroup memory limit, swap 0; the OOM killer ends the session (crashed, oom)"},
 		"resources.cgroup_pids_max":     {Enforced, "cgroup pids.max"},
 		"resources.cgroup_cpu_percent":  {Enforced, "cgroup cpu quota per 100ms period"},
@@ -270,7 +273,8 @@ func sealedGrants(p *manifest.Policy) []Grant {
 		"filesystem.workdir_exec":       exec,
 		"filesystem.read_only":          {Enforced, "read-only bind mounts over /work"},
 		"filesystem.host_read":          {Enforced, "bound read-only into the root at the same paths; only trees roostd's sessions.host_paths offers"},
-		"shell.allow":                   {Enforced, "Landlock EXECUTE: only run.command[0], these (looked up on PATH inside the root) and their interpreters, each a regular executable file"},
+		"filesystem.system":             sealedSystem(p),
+		"shell.allow":                   {Enforced, "Landlock EXECUTE: only run.command[0], these (looked up on PATH inside the root) and their interpreters, each a regular executable file" + loaderNote(p)},
 		"resources.cgroup_memory_bytes": {Enforced, "cgroup memory limit, swap 0; the OOM killer ends the session (crashed, oom)"},
 		"resources.cgroup_pids_max":     {Enforced, "cgroup pids.max"},
 		"resources.cgroup_cpu_percent":  {Enforced, "cgroup cpu quota per 100ms period"},
@@ -278,6 +282,47 @@ func sealedGrants(p *manifest.Policy) []Grant {
 		"resources.memory_bytes":        memoryBytes(manifest.Sealed, p),
 		"resources.workdir_max_bytes":   {Enforced, workdirGuard[1] + "; /tmp is a tmpfs of at most this size"},
 	}).grants(p)
+}
+
+// loaderNote says how far shell.allow holds against the ELF loader, which every dynamic
+// program needs executable and which maps the program it is given without an exec.
+func loaderNote(p *manifest.Policy) string {
+	if p.Filesystem.System == manifest.SystemFull {
+		return "; but filesystem.system: full leaves every host program readable, and the ELF loader runs any of them (ld.so /usr/bin/perl): against it the allowlist does not hold"
+	}
+	return "; the ELF loader can map only what the session's view of the system trees holds (filesystem.system), which is what these need; an interpreter runs whatever script it is given"
+}
+
+// SystemHolds says, in words, what a session's view of the system trees holds against.
+func SystemHolds(class manifest.Class, p *manifest.Policy) string {
+	if class != manifest.Scoped && class != manifest.Sealed {
+		return "nothing: this class has no exec allowlist"
+	}
+	if p.Filesystem.System == manifest.SystemFull {
+		return "not the ELF loader: every program of the system trees is readable, and ld.so runs any of them without an exec"
+	}
+	return "the ELF loader: it maps only files of the allowlist's closure, which its programs run anyway; a program the allowlist does not name is absent (sealed) or unreadable (scoped)"
+}
+
+func scopedSystem(p *manifest.Policy) [2]string {
+	if p.Filesystem.System == manifest.SystemFull {
+		return [2]string{Advisory, "Landlock: all of /usr, /bin, /sbin, /lib* and /opt are readable, as the operator's capsule asked; the ELF loader runs any program there without an exec, so the allowlist does not hold against it"}
+	}
+	return [2]string{Enforced, "Landlock: of /usr, /bin, /sbin, /lib* and /opt only the allowlist's closure is readable (its programs, their ELF loader and libraries read from PT_INTERP and DT_NEEDED, its presets' trees, the data every program reads; explain lists them); the rest can be listed but not opened (EACCES)"}
+}
+
+func sealedSystem(p *manifest.Policy) [2]string {
+	if p.Filesystem.System == manifest.SystemFull {
+		return [2]string{Advisory, "the host's whole /usr bound read-only, as the operator's capsule asked; the ELF loader runs any program there without an exec, so the allowlist does not hold against it"}
+	}
+	return [2]string{Enforced, "the root's /usr holds only the allowlist's closure (its programs, their ELF loader and libraries read from PT_INTERP and DT_NEEDED, each #! interpreter), its presets' trees bound read-only and the data every program reads; everything else is absent (ENOENT). Built once per closure and shared by the sessions with the same one"}
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }
 
 // spawnGrants: spawn.allow says how spawns are refereed; the other spawn keys say only what
@@ -326,10 +371,14 @@ func Readable(class manifest.Class, p *manifest.Policy) []string {
 	switch class {
 	case manifest.Scoped:
 		var out []string
-		for _, d := range SystemTrees() {
-			if _, err := os.Lstat(d); err == nil {
-				out = append(out, d)
+		if p.Filesystem.System == manifest.SystemFull {
+			for _, d := range SystemTrees() {
+				if _, err := os.Lstat(d); err == nil {
+					out = append(out, d)
+				}
 			}
+		} else {
+			out = append(out, "/etc", "of /usr, /bin, /sbin, /lib* and /opt, only the allowlist's closure (the system view)")
 		}
 		out = append(out, "/proc (its own: the session's processes only)", strings.Join(DeviceFiles(), " "), "its private /dev/shm", "its capsule")
 		if p.Filesystem.Scope != "" {
@@ -346,7 +395,11 @@ func Readable(class manifest.Class, p *manifest.Policy) []string {
 		}
 		return append(out, p.Filesystem.HostRead...)
 	case manifest.Sealed:
-		root := "only its root: /usr (read-only), a generated /etc, /capsule (read-only), /work, /tmp, /root, /dev/shm, /proc (masked), a minimal /dev"
+		usr := "/usr (the allowlist's closure, read-only)"
+		if p.Filesystem.System == manifest.SystemFull {
+			usr = "/usr (read-only)"
+		}
+		root := "only its root: " + usr + ", a generated /etc, /capsule (read-only), /work, /tmp, /root, /dev/shm, /proc (masked), a minimal /dev"
 		if len(p.Filesystem.HostRead) > 0 {
 			root += ", and " + strings.Join(p.Filesystem.HostRead, ", ") + " (read-only, from the host)"
 		}

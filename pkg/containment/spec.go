@@ -104,6 +104,26 @@ type Spec struct {
 	// session's compiled module on the host: Argv runs the runner (in the session's view),
 	// which reads the module, and gets a report pipe to say how its guest ended.
 	Runner, WasmModule string
+	// System, when set, is the part of the host's system trees the session sees
+	// (filesystem.system: allowlist); nil is all of them (filesystem.system: full).
+	System *SystemView
+}
+
+// SystemView is the part of the host's system trees (/usr, the /bin, /sbin, /lib* links,
+// /opt) a contained session sees: the closure of its allowlist. The ELF loader maps what it
+// is given without an exec, so a program it can read is a program it can run: the view
+// holds only what the allowlist's programs are made of.
+type SystemView struct {
+	// Dir is the view built from the closure: the host's root cut down to Files (the same
+	// inodes), with a directory at each of Trees to bind it on. A sealed root has Dir's usr
+	// (and, on a host whose /bin, /sbin and /lib* are no links into /usr, those) in place of
+	// the host's.
+	Dir string
+	// Files are the closure's files and Trees the directories it holds whole, on the host's
+	// paths: what a scoped session's Landlock rules let it read of the system trees.
+	Files, Trees []string
+	// Digest names the closure: sessions with the same one share Dir.
+	Digest string
 }
 
 // IDs is a host uid/gid range: a sealed session's user namespace maps 0..Size-1 onto

@@ -149,6 +149,7 @@ func (d *decoder) capabilities(n *yaml.Node, path string) *Capabilities {
 				{"workdir_exec", set(&c.Filesystem.WorkdirExec, d.boolean)},
 				{"read_only", set(&c.Filesystem.ReadOnly, d.checkedList(checkReadOnly))},
 				{"host_read", set(&c.Filesystem.HostRead, d.checkedList(checkHostPath))},
+				{"system", set(&c.Filesystem.System, d.checkedStr(checkSystem))},
 			})
 		}},
 		{"shell", func(n *yaml.Node, p string) {

@@ -62,6 +62,7 @@ type Filesystem struct {
 	WorkdirExec *bool
 	ReadOnly    []string
 	HostRead    []string
+	System      string
 }
 
 // Shell is capabilities.shell.

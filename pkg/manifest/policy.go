@@ -87,7 +87,22 @@ type FilesystemPolicy struct {
 	// HostRead lists host trees (absolute, clean) the program may read, among those roostd's
 	// sessions.host_paths offers: toolchains outside /usr.
 	HostRead []string
+	// System is how much of the host's system trees (/usr and the /bin, /lib* links) a
+	// contained session sees: SystemAllowlist, the closure of what it may execute, or
+	// SystemFull, all of them.
+	System string
 }
+
+// How much of the host's system trees a contained session sees (filesystem.system).
+const (
+	// SystemAllowlist: the files its allowlist's programs are made of (their ELF loader and
+	// libraries), the trees its presets name, and the data every program reads. The ELF
+	// loader, which maps what it is given without exec, then finds nothing else to run.
+	SystemAllowlist = "allowlist"
+	// SystemFull: every file of the system trees, readable; the loader can run any of them,
+	// so the allowlist does not hold against it.
+	SystemFull = "full"
+)
 
 // ShellPolicy is what the program may exec besides run.command[0].
 type ShellPolicy struct {
@@ -156,6 +171,7 @@ func Lower(m *Manifest) Policy {
 		c = &Capabilities{}
 	}
 	p := Policy{Containment: DefaultClass}
+	p.Filesystem.System = SystemAllowlist
 	if c.Containment != nil {
 		p.Containment, p.ContainmentDeclared = *c.Containment, true
 	}
@@ -183,6 +199,9 @@ func Lower(m *Manifest) Policy {
 			}
 		}
 		p.Filesystem.HostRead = unique(f.HostRead)
+		if f.System != "" {
+			p.Filesystem.System = f.System
+		}
 	}
 
 	if s := c.Shell; s != nil {

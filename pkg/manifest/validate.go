@@ -191,6 +191,13 @@ func checkUpstream(s string) error {
 	return nil
 }
 
+func checkSystem(s string) error {
+	if s != SystemAllowlist && s != SystemFull {
+		return fmt.Errorf("%q: expected %q (the system trees hold what the allowlist needs) or %q (all of them, which the ELF loader can run)", s, SystemAllowlist, SystemFull)
+	}
+	return nil
+}
+
 func checkOnExhausted(s string) error {
 	if s != OnExhaustedFail && s != OnExhaustedWait {
 		return fmt.Errorf("%q: expected %q or %q", s, OnExhaustedFail, OnExhaustedWait)

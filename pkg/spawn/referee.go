@@ -166,6 +166,9 @@ func envelope(p Parent, c Child) error {
 			return refuse("capabilities.filesystem.host_read", "the child declares %q, which its parent does not hold", h)
 		}
 	}
+	if cp.Filesystem.System == manifest.SystemFull && pp.Filesystem.System != manifest.SystemFull {
+		return refuse("capabilities.filesystem.system", "the child declares %q, which lets the ELF loader run every host program; its parent holds %q", manifest.SystemFull, pp.Filesystem.System)
+	}
 	if cp.Filesystem.WorkdirExec && !pp.Filesystem.WorkdirExec {
 		return refuse("capabilities.filesystem.workdir_exec", "the child declares true; its parent does not hold it")
 	}

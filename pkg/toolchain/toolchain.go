@@ -36,6 +36,10 @@ type Entry struct {
 	// Files may be executed; Trees are directories whose every file may.
 	Files []string
 	Trees []string
+	// ReadTrees are directories the toolchain reads but does not execute from: an
+	// interpreter's library, a compiler's headers. A session's view of the system trees
+	// holds them (filesystem.system: allowlist).
+	ReadTrees []string `json:",omitempty"`
 }
 
 // Resolver resolves entries. Presets are worked out once (asking a toolchain costs a process
@@ -253,19 +257,34 @@ func makePreset() (Entry, error) {
 
 // ask runs a toolchain's own program and returns its first line of output.
 func ask(name string, args ...string) (string, error) {
+	lines, err := askAll(name, args...)
+	if err != nil || len(lines) == 0 {
+		return "", err
+	}
+	return lines[0], nil
+}
+
+// askAll runs a toolchain's own program and returns its lines of output, trimmed.
+func askAll(name string, args ...string) ([]string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Env = []string{"PATH=" + DefaultPath, "LC_ALL=C"}
 	out, err := cmd.Output()
 	if err != nil {
-		return "", fmt.Errorf("%s %s: %v", name, strings.Join(args, " "), err)
+		return nil, fmt.Errorf("%s %s: %v", name, strings.Join(args, " "), err)
 	}
-	line, _, _ := strings.Cut(string(out), "\n")
-	return strings.TrimSpace(line), nil
+	var lines []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	return lines, nil
 }
 
-// gitPreset is git and every helper it execs (git-core: git-remote-http, git-upload-pack, …).
+// gitPreset is git and every helper it execs (git-core: git-remote-http, git-upload-pack, …),
+// with the templates git init copies.
 func gitPreset() (Entry, error) {
 	files, err := programs("git", "git-upload-pack", "git-receive-pack", "git-upload-archive", "ssh")
 	if err != nil {
@@ -275,7 +294,10 @@ func gitPreset() (Entry, error) {
 	if err != nil {
 		return Entry{}, err
 	}
-	return Entry{Files: files, Trees: []string{core}}, nil
+	// git's data directory (the templates git init copies) is share/git-core under the
+	// prefix its exec-path (lib/git-core or libexec/git-core) lies in.
+	prefix := filepath.Dir(filepath.Dir(core))
+	return Entry{Files: files, Trees: []string{core}, ReadTrees: dirs([]string{filepath.Join(prefix, "share", "git-core")})}, nil
 }
 
 // pythonPreset is the interpreter (what python3 resolves to, which a venv's python links to)
@@ -289,13 +311,54 @@ func pythonPreset() (Entry, error) {
 	if err != nil {
 		return Entry{}, err
 	}
-	return Entry{Files: append(files, real)}, nil
+	// sys.path as the interpreter has it: its standard library, lib-dynload, and the
+	// site-packages directories pip is imported from.
+	paths, err := askAll(files[0], "-I", "-c", "import sys; print('\\n'.join(p for p in sys.path if p))")
+	if err != nil {
+		return Entry{}, err
+	}
+	return Entry{Files: append(files, real), ReadTrees: dirs(paths)}, nil
 }
 
-// nodePreset is node and its package manager (npm and npx are scripts node runs).
+// nodePreset is node and its package manager (npm and npx are scripts node runs), with the
+// directories node loads modules from: its global paths, and the module directory each of
+// those scripts' packages lies in (npm's dependencies are its neighbours there).
 func nodePreset() (Entry, error) {
 	files, err := programs("node", "npm", "npx", "corepack")
-	return Entry{Files: files}, err
+	if err != nil {
+		return Entry{}, err
+	}
+	paths, err := askAll(files[0], "-e", "console.log(require('module').globalPaths.join('\\n'))")
+	if err != nil {
+		return Entry{}, err
+	}
+	for _, f := range files[1:] {
+		if dir := ModulesDir(f); dir != "" {
+			paths = append(paths, dir)
+		}
+	}
+	return Entry{Files: files, ReadTrees: dirs(paths)}, nil
+}
+
+// ModulesDir is the directory of Node packages a script lies in, "" for a file that is not
+// part of a package: where node finds the script's dependencies (its package's
+// node_modules, and the packages beside it, as npm installs them globally).
+func ModulesDir(file string) string {
+	real, err := filepath.EvalSymlinks(file)
+	if err != nil {
+		return ""
+	}
+	for dir := filepath.Dir(real); dir != "/" && dir != "."; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "package.json")); err == nil {
+			parent := filepath.Dir(dir)
+			// A scoped package (@scope/name) lies one directory deeper.
+			if strings.HasPrefix(filepath.Base(parent), "@") {
+				parent = filepath.Dir(parent)
+			}
+			return parent
+		}
+	}
+	return ""
 }
 
 // goInstall is where go.dev's release tarballs put the go command.
@@ -318,7 +381,12 @@ func goPreset() (Entry, error) {
 	if err != nil {
 		return Entry{}, err
 	}
-	return Entry{Files: files, Trees: []string{tools}}, nil
+	// The standard library's sources and the toolchain's own packages.
+	root, err := ask(files[0], "env", "GOROOT")
+	if err != nil {
+		return Entry{}, err
+	}
+	return Entry{Files: files, Trees: []string{tools}, ReadTrees: dirs([]string{root})}, nil
 }
 
 // gccPreset is the compiler drivers, the directory of the programs they run (cc1,
@@ -353,7 +421,52 @@ func gccPreset() (Entry, error) {
 			}
 		}
 	}
-	return Entry{Files: files, Trees: trees}, nil
+	return Entry{Files: files, Trees: trees, ReadTrees: gccReadTrees(files[0])}, nil
+}
+
+// gccReadTrees are what a compile and link read: gcc's own directory (crt files, libgcc,
+// its headers), the system headers, and the multiarch library directories the linker
+// searches (gcc -print-search-dirs). A library directory holding every other tree
+// (/usr/lib, /lib) is left out: it would bring all of the host's programs into view.
+func gccReadTrees(gcc string) []string {
+	var out []string
+	if install, err := askAll(gcc, "-print-search-dirs"); err == nil {
+		for _, line := range install {
+			key, val, ok := strings.Cut(line, ": ")
+			if !ok {
+				continue
+			}
+			switch key {
+			case "install":
+				out = append(out, val)
+			case "libraries":
+				for _, d := range filepath.SplitList(strings.TrimPrefix(val, "=")) {
+					d = filepath.Clean(d)
+					if d != "/lib" && d != "/usr/lib" && d != "/usr/lib64" && d != "/lib64" {
+						out = append(out, d)
+					}
+				}
+			}
+		}
+	}
+	out = append(out, "/usr/include", "/usr/local/include")
+	return dirs(out)
+}
+
+// dirs keeps the directories of paths that exist, resolved, sorted, once each.
+func dirs(paths []string) []string {
+	var out []string
+	for _, p := range paths {
+		real, err := filepath.EvalSymlinks(p)
+		if err != nil {
+			continue
+		}
+		if info, err := os.Stat(real); err == nil && info.IsDir() {
+			out = append(out, real)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // Beneath says whether path is root or lies beneath it.

@@ -52,6 +52,9 @@ type LandlockFS struct {
 	WriteFiles []string `json:"write_files"`
 	// ReadFiles lists single files readable.
 	ReadFiles []string `json:"read_files,omitempty"`
+	// List lists trees whose directories may be listed, and no file in them read but by
+	// another rule.
+	List []string `json:"list,omitempty"`
 }
 
 const (
@@ -120,6 +123,9 @@ func landlockRules(l *Landlock, program, path string) (landlock.Config, []landlo
 		}
 		if len(fs.ReadFiles) > 0 {
 			rules = append(rules, landlock.PathAccess(ll.AccessFSReadFile, fs.ReadFiles...).IgnoreIfMissing())
+		}
+		if len(fs.List) > 0 {
+			rules = append(rules, landlock.PathAccess(ll.AccessFSReadDir, fs.List...).IgnoreIfMissing())
 		}
 		if len(fs.WriteFiles) > 0 {
 			rules = append(rules, landlock.PathAccess(fileWriteRights, fs.WriteFiles...).IgnoreIfMissing())

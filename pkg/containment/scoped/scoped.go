@@ -226,6 +226,14 @@ func FS(spec containment.Spec, tmp string) *roostinit.LandlockFS {
 		Read:       append(containment.SystemTrees(), "/proc", spec.CapsuleDir),
 		WriteFiles: containment.DeviceFiles(),
 	}
+	if v := spec.System; v != nil {
+		// Of the system trees, the program reads only its allowlist's closure: the ELF
+		// loader, which maps a file without an exec, then finds nothing else to run. The
+		// trees stay listable (a program's search of /usr/lib sees names, opens nothing).
+		fsr.Read = append([]string{"/etc", "/proc", spec.CapsuleDir}, v.Trees...)
+		fsr.List = containment.SystemTrees()
+		fsr.ReadFiles = append(fsr.ReadFiles, v.Files...)
+	}
 	writable := spec.Dir
 	if p := spec.Policy; p != nil && p.Filesystem.Scope != "" {
 		writable = filepath.Join(spec.Dir, p.Filesystem.Scope)

@@ -6,6 +6,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/opencontainers/runc/libcontainer/specconv"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -69,6 +70,54 @@ type Layout struct {
 	// Runner and WasmModule, for a WASM session, are roost-wasm and the session's compiled
 	// module on the host, bound read-only at RunnerPath and WasmModule.
 	Runner, WasmModule string
+	// System, when set, is the view of the system trees the root has in place of the host's
+	// /usr (filesystem.system: allowlist).
+	System *containment.SystemView
+}
+
+// systemTops are the system trees a sealed root may hold: /usr, and on a host whose /bin,
+// /sbin and /lib* are no links into /usr, those; /opt only from a view that holds some of it.
+var systemTops = []string{"/usr", "/bin", "/sbin", "/lib", "/lib64", "/opt"}
+
+// inSystemTrees says whether a host path lies in one of systemTops.
+func inSystemTrees(p string) bool {
+	for _, t := range systemTops {
+		if p == t || strings.HasPrefix(p, t+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// systemMounts are the root's system trees: the host's (filesystem.system: full), or the
+// session's view of them, its allowlist's closure, with the trees it holds whole bound
+// from the host onto the view's directories for them.
+func systemMounts(l Layout) []specs.Mount {
+	ro := []string{"rbind", "ro", "nosuid", "nodev"}
+	var out []specs.Mount
+	for _, top := range systemTops {
+		if top == "/opt" && l.System == nil {
+			continue
+		}
+		if top != "/usr" && top != "/opt" && l.MergedUsr {
+			continue
+		}
+		src := top
+		if l.System != nil {
+			src = filepath.Join(l.System.Dir, top)
+		}
+		if _, err := os.Stat(src); err == nil {
+			out = append(out, specs.Mount{Destination: top, Type: "bind", Source: src, Options: ro})
+		}
+	}
+	if l.System != nil {
+		// Sorted, parents first: a tree inside another is never one (the closure keeps
+		// neither), but the order is the spec's, and explain --oci prints it.
+		for _, t := range l.System.Trees {
+			out = append(out, specs.Mount{Destination: t, Type: "bind", Source: t, Options: ro})
+		}
+	}
+	return out
 }
 
 // OCISpec describes a sealed session as an OCI runtime spec: the one description of its
@@ -90,15 +139,8 @@ func OCISpec(l Layout, p *manifest.Policy) (*specs.Spec, error) {
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "noexec", "strictatime", "mode=755", "size=65536k"}},
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
 		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", noexec, "nodev", "mode=1777", fmt.Sprintf("size=%d", containment.DevShmBytes)}},
-		{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro", "nosuid", "nodev"}},
 	}
-	if !l.MergedUsr {
-		for _, dir := range []string{"/bin", "/sbin", "/lib", "/lib64"} {
-			if _, err := os.Stat(dir); err == nil {
-				mounts = append(mounts, specs.Mount{Destination: dir, Type: "bind", Source: dir, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
-			}
-		}
-	}
+	mounts = append(mounts, systemMounts(l)...)
 	for _, e := range l.EtcBinds {
 		mounts = append(mounts, specs.Mount{Destination: e, Type: "bind", Source: e, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
 	}
@@ -107,6 +149,10 @@ func OCISpec(l Layout, p *manifest.Policy) (*specs.Spec, error) {
 		specs.Mount{Destination: initPath, Type: "bind", Source: l.Init, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 	)
 	for _, h := range l.HostRead {
+		if l.System != nil && inSystemTrees(h) {
+			// The view holds it among its trees (see systemMounts).
+			continue
+		}
 		mounts = append(mounts, specs.Mount{Destination: h, Type: "bind", Source: h, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
 	}
 	if l.Runner != "" {

@@ -57,7 +57,7 @@ func composeRoot(dir string, l Layout) error {
 			return err
 		}
 	}
-	dirs := []string{"usr", "proc", "dev", "tmp", "work", "capsule", "etc", ".roost", "run", "root"}
+	dirs := []string{"usr", "opt", "proc", "dev", "tmp", "work", "capsule", "etc", ".roost", "run", "root"}
 	for _, e := range l.EtcBinds {
 		dirs = append(dirs, strings.TrimPrefix(e, "/"))
 	}

@@ -271,6 +271,7 @@ func (r *Runtime) sessionLayout(spec containment.Spec) Layout {
 	layout := r.Layout(spec.SessionID, spec.Dir, spec.CapsuleDir)
 	layout.NetNS, layout.Task, layout.IDs, layout.Home = spec.NetNS, spec.Task, spec.IDs, spec.Home
 	layout.Runner, layout.WasmModule, layout.HostRead = spec.Runner, spec.WasmModule, spec.Policy.Filesystem.HostRead
+	layout.System = spec.System
 	return layout
 }
 

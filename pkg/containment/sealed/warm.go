@@ -79,8 +79,9 @@ const DefaultWarmShapeName = "a default capsule"
 // sessionMount says whether a mount of a sealed spec is the session's own, mounted into a
 // sandbox when a session claims it rather than when the sandbox is made.
 func sessionMount(dest string) bool {
+	// The system trees are the session's too: its view of them is its allowlist's.
 	return dest == Work || strings.HasPrefix(dest, Work+"/") || dest == Capsule ||
-		dest == Home || dest == TaskPath
+		dest == Home || dest == TaskPath || inSystemTrees(dest)
 }
 
 // Prepare makes a sandbox of the shape for a session to come: id begins with WarmPrefix,

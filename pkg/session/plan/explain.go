@@ -40,7 +40,7 @@ func (pl *Planner) Explain(p *Plan, start func(class manifest.Class) *roostv1.St
 	e.Readable = containment.Readable(class, &p.Policy)
 	e.Executable = containment.Executable(class, &p.Policy)
 	for _, sh := range p.Shell {
-		e.Shell = append(e.Shell, &roostv1.ShellEntry{Entry: sh.Entry, Files: sh.Files, Trees: sh.Trees})
+		e.Shell = append(e.Shell, &roostv1.ShellEntry{Entry: sh.Entry, Files: sh.Files, Trees: sh.Trees, ReadTrees: sh.ReadTrees})
 	}
 	_, verdicts := HostVariables(p.Policy.Env.Allow, pl.cfg.EnvPassthrough, pl.cfg.HostEnv)
 	for _, v := range verdicts {
@@ -64,6 +64,7 @@ func policyProto(p *manifest.Policy) *roostv1.Policy {
 		Network:     &roostv1.NetworkPolicy{Allow: allow, UnixSockets: p.Network.UnixSockets},
 		Filesystem: &roostv1.FilesystemPolicy{
 			Scope: p.Filesystem.Scope, WorkdirExec: p.Filesystem.WorkdirExec, ReadOnly: p.Filesystem.ReadOnly, HostRead: p.Filesystem.HostRead,
+			System: p.Filesystem.System,
 		},
 		Shell: &roostv1.ShellPolicy{Allow: p.Shell.Allow},
 		Spawn: &roostv1.SpawnPolicy{

@@ -173,7 +173,9 @@ type Explanation struct {
 	// it at stage): the files it may exec, and the trees whose every file it may.
 	Shell []*ShellEntry `protobuf:"bytes,9,rep,name=shell,proto3" json:"shell,omitempty"`
 	// Whether a session of the capsule would start in a sandbox made ahead of it.
-	Start         *StartPath `protobuf:"bytes,10,opt,name=start,proto3" json:"start,omitempty"`
+	Start *StartPath `protobuf:"bytes,10,opt,name=start,proto3" json:"start,omitempty"`
+	// What of the host's system trees (/usr and the /bin, /lib* links) the program sees.
+	System        *SystemView `protobuf:"bytes,11,opt,name=system,proto3" json:"system,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -278,6 +280,107 @@ func (x *Explanation) GetStart() *StartPath {
 	return nil
 }
 
+func (x *Explanation) GetSystem() *SystemView {
+	if x != nil {
+		return x.System
+	}
+	return nil
+}
+
+// SystemView is the part of the host's system trees a contained session sees
+// (filesystem.system): the closure of its allowlist, or all of them.
+type SystemView struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// allowlist | full
+	Mode string `protobuf:"bytes,1,opt,name=mode,proto3" json:"mode,omitempty"`
+	// With allowlist: every file the allowlist's programs are made of (each ELF loader and
+	// library, read from PT_INTERP and DT_NEEDED, and each #! interpreter), canonical paths.
+	Files []string `protobuf:"bytes,2,rep,name=files,proto3" json:"files,omitempty"`
+	// With allowlist: the directories held whole (the presets' trees, the data every program
+	// reads, the operator's host_read beneath the system trees).
+	Trees []string `protobuf:"bytes,3,rep,name=trees,proto3" json:"trees,omitempty"`
+	// Libraries a file needs that this host does not have, as "lib (needed by file)".
+	Missing []string `protobuf:"bytes,4,rep,name=missing,proto3" json:"missing,omitempty"`
+	// The closure's digest: sessions with the same one share one built view.
+	Digest string `protobuf:"bytes,5,opt,name=digest,proto3" json:"digest,omitempty"`
+	// What the view holds against, in words (the ELF loader, interpreters).
+	Holds         string `protobuf:"bytes,6,opt,name=holds,proto3" json:"holds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SystemView) Reset() {
+	*x = SystemView{}
+	mi := &file_roost_v1_capsule_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SystemView) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SystemView) ProtoMessage() {}
+
+func (x *SystemView) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_capsule_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SystemView.ProtoReflect.Descriptor instead.
+func (*SystemView) Descriptor() ([]byte, []int) {
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *SystemView) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *SystemView) GetFiles() []string {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *SystemView) GetTrees() []string {
+	if x != nil {
+		return x.Trees
+	}
+	return nil
+}
+
+func (x *SystemView) GetMissing() []string {
+	if x != nil {
+		return x.Missing
+	}
+	return nil
+}
+
+func (x *SystemView) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *SystemView) GetHolds() string {
+	if x != nil {
+		return x.Holds
+	}
+	return ""
+}
+
 // StartPath says how a session of the capsule would start on this daemon.
 type StartPath struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -293,7 +396,7 @@ type StartPath struct {
 
 func (x *StartPath) Reset() {
 	*x = StartPath{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[3]
+	mi := &file_roost_v1_capsule_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -305,7 +408,7 @@ func (x *StartPath) String() string {
 func (*StartPath) ProtoMessage() {}
 
 func (x *StartPath) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[3]
+	mi := &file_roost_v1_capsule_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -318,7 +421,7 @@ func (x *StartPath) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartPath.ProtoReflect.Descriptor instead.
 func (*StartPath) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{3}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *StartPath) GetPath() string {
@@ -337,17 +440,20 @@ func (x *StartPath) GetReason() string {
 
 // ShellEntry is one shell.allow entry (a name, a path, a @preset) and what it resolved to.
 type ShellEntry struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Entry         string                 `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
-	Files         []string               `protobuf:"bytes,2,rep,name=files,proto3" json:"files,omitempty"`
-	Trees         []string               `protobuf:"bytes,3,rep,name=trees,proto3" json:"trees,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Entry string                 `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
+	Files []string               `protobuf:"bytes,2,rep,name=files,proto3" json:"files,omitempty"`
+	Trees []string               `protobuf:"bytes,3,rep,name=trees,proto3" json:"trees,omitempty"`
+	// Directories the entry's toolchain reads (its library, headers): part of the session's
+	// view of the system trees.
+	ReadTrees     []string `protobuf:"bytes,4,rep,name=read_trees,json=readTrees,proto3" json:"read_trees,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ShellEntry) Reset() {
 	*x = ShellEntry{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[4]
+	mi := &file_roost_v1_capsule_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -359,7 +465,7 @@ func (x *ShellEntry) String() string {
 func (*ShellEntry) ProtoMessage() {}
 
 func (x *ShellEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[4]
+	mi := &file_roost_v1_capsule_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -372,7 +478,7 @@ func (x *ShellEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellEntry.ProtoReflect.Descriptor instead.
 func (*ShellEntry) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{4}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ShellEntry) GetEntry() string {
@@ -396,6 +502,13 @@ func (x *ShellEntry) GetTrees() []string {
 	return nil
 }
 
+func (x *ShellEntry) GetReadTrees() []string {
+	if x != nil {
+		return x.ReadTrees
+	}
+	return nil
+}
+
 // EnvVerdict is what becomes of one variable a capsule's env.allow names.
 type EnvVerdict struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -410,7 +523,7 @@ type EnvVerdict struct {
 
 func (x *EnvVerdict) Reset() {
 	*x = EnvVerdict{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[5]
+	mi := &file_roost_v1_capsule_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -422,7 +535,7 @@ func (x *EnvVerdict) String() string {
 func (*EnvVerdict) ProtoMessage() {}
 
 func (x *EnvVerdict) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[5]
+	mi := &file_roost_v1_capsule_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -435,7 +548,7 @@ func (x *EnvVerdict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvVerdict.ProtoReflect.Descriptor instead.
 func (*EnvVerdict) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{5}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *EnvVerdict) GetName() string {
@@ -481,7 +594,7 @@ type ContainmentDecision struct {
 
 func (x *ContainmentDecision) Reset() {
 	*x = ContainmentDecision{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[6]
+	mi := &file_roost_v1_capsule_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -493,7 +606,7 @@ func (x *ContainmentDecision) String() string {
 func (*ContainmentDecision) ProtoMessage() {}
 
 func (x *ContainmentDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[6]
+	mi := &file_roost_v1_capsule_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -506,7 +619,7 @@ func (x *ContainmentDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainmentDecision.ProtoReflect.Descriptor instead.
 func (*ContainmentDecision) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{6}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ContainmentDecision) GetDeclared() string {
@@ -563,7 +676,7 @@ type FloorSource struct {
 
 func (x *FloorSource) Reset() {
 	*x = FloorSource{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[7]
+	mi := &file_roost_v1_capsule_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -575,7 +688,7 @@ func (x *FloorSource) String() string {
 func (*FloorSource) ProtoMessage() {}
 
 func (x *FloorSource) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[7]
+	mi := &file_roost_v1_capsule_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -588,7 +701,7 @@ func (x *FloorSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FloorSource.ProtoReflect.Descriptor instead.
 func (*FloorSource) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{7}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *FloorSource) GetSource() string {
@@ -622,7 +735,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[8]
+	mi := &file_roost_v1_capsule_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -634,7 +747,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[8]
+	mi := &file_roost_v1_capsule_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -647,7 +760,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{8}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Grant) GetKey() string {
@@ -697,7 +810,7 @@ type Policy struct {
 
 func (x *Policy) Reset() {
 	*x = Policy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[9]
+	mi := &file_roost_v1_capsule_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -709,7 +822,7 @@ func (x *Policy) String() string {
 func (*Policy) ProtoMessage() {}
 
 func (x *Policy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[9]
+	mi := &file_roost_v1_capsule_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -722,7 +835,7 @@ func (x *Policy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Policy.ProtoReflect.Descriptor instead.
 func (*Policy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{9}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Policy) GetContainment() string {
@@ -800,7 +913,7 @@ type Limit struct {
 
 func (x *Limit) Reset() {
 	*x = Limit{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[10]
+	mi := &file_roost_v1_capsule_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -812,7 +925,7 @@ func (x *Limit) String() string {
 func (*Limit) ProtoMessage() {}
 
 func (x *Limit) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[10]
+	mi := &file_roost_v1_capsule_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -825,7 +938,7 @@ func (x *Limit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Limit.ProtoReflect.Descriptor instead.
 func (*Limit) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{10}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Limit) GetValue() int64 {
@@ -852,7 +965,7 @@ type NetworkPolicy struct {
 
 func (x *NetworkPolicy) Reset() {
 	*x = NetworkPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[11]
+	mi := &file_roost_v1_capsule_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -864,7 +977,7 @@ func (x *NetworkPolicy) String() string {
 func (*NetworkPolicy) ProtoMessage() {}
 
 func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[11]
+	mi := &file_roost_v1_capsule_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -877,7 +990,7 @@ func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
 func (*NetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{11}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NetworkPolicy) GetAllow() []string {
@@ -901,14 +1014,16 @@ type FilesystemPolicy struct {
 	WorkdirExec bool     `protobuf:"varint,2,opt,name=workdir_exec,json=workdirExec,proto3" json:"workdir_exec,omitempty"`
 	ReadOnly    []string `protobuf:"bytes,3,rep,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
 	// Host trees the program may read, among roostd's sessions.host_paths.
-	HostRead      []string `protobuf:"bytes,4,rep,name=host_read,json=hostRead,proto3" json:"host_read,omitempty"`
+	HostRead []string `protobuf:"bytes,4,rep,name=host_read,json=hostRead,proto3" json:"host_read,omitempty"`
+	// allowlist (the system trees hold what the allowlist needs) | full.
+	System        string `protobuf:"bytes,5,opt,name=system,proto3" json:"system,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FilesystemPolicy) Reset() {
 	*x = FilesystemPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[12]
+	mi := &file_roost_v1_capsule_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -920,7 +1035,7 @@ func (x *FilesystemPolicy) String() string {
 func (*FilesystemPolicy) ProtoMessage() {}
 
 func (x *FilesystemPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[12]
+	mi := &file_roost_v1_capsule_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -933,7 +1048,7 @@ func (x *FilesystemPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FilesystemPolicy.ProtoReflect.Descriptor instead.
 func (*FilesystemPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{12}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *FilesystemPolicy) GetScope() string {
@@ -964,6 +1079,13 @@ func (x *FilesystemPolicy) GetHostRead() []string {
 	return nil
 }
 
+func (x *FilesystemPolicy) GetSystem() string {
+	if x != nil {
+		return x.System
+	}
+	return ""
+}
+
 type ShellPolicy struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Allow         []string               `protobuf:"bytes,1,rep,name=allow,proto3" json:"allow,omitempty"`
@@ -973,7 +1095,7 @@ type ShellPolicy struct {
 
 func (x *ShellPolicy) Reset() {
 	*x = ShellPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[13]
+	mi := &file_roost_v1_capsule_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -985,7 +1107,7 @@ func (x *ShellPolicy) String() string {
 func (*ShellPolicy) ProtoMessage() {}
 
 func (x *ShellPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[13]
+	mi := &file_roost_v1_capsule_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -998,7 +1120,7 @@ func (x *ShellPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShellPolicy.ProtoReflect.Descriptor instead.
 func (*ShellPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{13}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ShellPolicy) GetAllow() []string {
@@ -1021,7 +1143,7 @@ type SpawnPolicy struct {
 
 func (x *SpawnPolicy) Reset() {
 	*x = SpawnPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[14]
+	mi := &file_roost_v1_capsule_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1033,7 +1155,7 @@ func (x *SpawnPolicy) String() string {
 func (*SpawnPolicy) ProtoMessage() {}
 
 func (x *SpawnPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[14]
+	mi := &file_roost_v1_capsule_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1046,7 +1168,7 @@ func (x *SpawnPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnPolicy.ProtoReflect.Descriptor instead.
 func (*SpawnPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{14}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SpawnPolicy) GetAllow() []string {
@@ -1093,7 +1215,7 @@ type EnvPolicy struct {
 
 func (x *EnvPolicy) Reset() {
 	*x = EnvPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[15]
+	mi := &file_roost_v1_capsule_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1227,7 @@ func (x *EnvPolicy) String() string {
 func (*EnvPolicy) ProtoMessage() {}
 
 func (x *EnvPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[15]
+	mi := &file_roost_v1_capsule_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1240,7 @@ func (x *EnvPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvPolicy.ProtoReflect.Descriptor instead.
 func (*EnvPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{15}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *EnvPolicy) GetAllow() []string {
@@ -1140,7 +1262,7 @@ type LimitsPolicy struct {
 
 func (x *LimitsPolicy) Reset() {
 	*x = LimitsPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[16]
+	mi := &file_roost_v1_capsule_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1152,7 +1274,7 @@ func (x *LimitsPolicy) String() string {
 func (*LimitsPolicy) ProtoMessage() {}
 
 func (x *LimitsPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[16]
+	mi := &file_roost_v1_capsule_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1165,7 +1287,7 @@ func (x *LimitsPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LimitsPolicy.ProtoReflect.Descriptor instead.
 func (*LimitsPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{16}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LimitsPolicy) GetDeadlineSeconds() *Limit {
@@ -1211,7 +1333,7 @@ type ResourcesPolicy struct {
 
 func (x *ResourcesPolicy) Reset() {
 	*x = ResourcesPolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[17]
+	mi := &file_roost_v1_capsule_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1223,7 +1345,7 @@ func (x *ResourcesPolicy) String() string {
 func (*ResourcesPolicy) ProtoMessage() {}
 
 func (x *ResourcesPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[17]
+	mi := &file_roost_v1_capsule_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1236,7 +1358,7 @@ func (x *ResourcesPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourcesPolicy.ProtoReflect.Descriptor instead.
 func (*ResourcesPolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{17}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ResourcesPolicy) GetCgroupMemoryBytes() *Limit {
@@ -1344,7 +1466,7 @@ type InferencePolicy struct {
 
 func (x *InferencePolicy) Reset() {
 	*x = InferencePolicy{}
-	mi := &file_roost_v1_capsule_proto_msgTypes[18]
+	mi := &file_roost_v1_capsule_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1356,7 +1478,7 @@ func (x *InferencePolicy) String() string {
 func (*InferencePolicy) ProtoMessage() {}
 
 func (x *InferencePolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_capsule_proto_msgTypes[18]
+	mi := &file_roost_v1_capsule_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1369,7 +1491,7 @@ func (x *InferencePolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InferencePolicy.ProtoReflect.Descriptor instead.
 func (*InferencePolicy) Descriptor() ([]byte, []int) {
-	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{18}
+	return file_roost_v1_capsule_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *InferencePolicy) GetUpstream() string {
@@ -1413,7 +1535,7 @@ const file_roost_v1_capsule_proto_rawDesc = "" +
 	"\x0fExplainResponse\x127\n" +
 	"\vexplanation\x18\x01 \x01(\v2\x15.roost.v1.ExplanationR\vexplanation\x12\x1d\n" +
 	"\n" +
-	"oci_config\x18\x02 \x01(\tR\tociConfig\"\xbc\x03\n" +
+	"oci_config\x18\x02 \x01(\tR\tociConfig\"\xea\x03\n" +
 	"\vExplanation\x12.\n" +
 	"\acapsule\x18\x01 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x12?\n" +
 	"\vcontainment\x18\x02 \x01(\v2\x1d.roost.v1.ContainmentDecisionR\vcontainment\x12(\n" +
@@ -1427,15 +1549,26 @@ const file_roost_v1_capsule_proto_rawDesc = "" +
 	"executable\x12*\n" +
 	"\x05shell\x18\t \x03(\v2\x14.roost.v1.ShellEntryR\x05shell\x12)\n" +
 	"\x05start\x18\n" +
-	" \x01(\v2\x13.roost.v1.StartPathR\x05start\"7\n" +
+	" \x01(\v2\x13.roost.v1.StartPathR\x05start\x12,\n" +
+	"\x06system\x18\v \x01(\v2\x14.roost.v1.SystemViewR\x06system\"\x94\x01\n" +
+	"\n" +
+	"SystemView\x12\x12\n" +
+	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x14\n" +
+	"\x05files\x18\x02 \x03(\tR\x05files\x12\x14\n" +
+	"\x05trees\x18\x03 \x03(\tR\x05trees\x12\x18\n" +
+	"\amissing\x18\x04 \x03(\tR\amissing\x12\x16\n" +
+	"\x06digest\x18\x05 \x01(\tR\x06digest\x12\x14\n" +
+	"\x05holds\x18\x06 \x01(\tR\x05holds\"7\n" +
 	"\tStartPath\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"N\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"m\n" +
 	"\n" +
 	"ShellEntry\x12\x14\n" +
 	"\x05entry\x18\x01 \x01(\tR\x05entry\x12\x14\n" +
 	"\x05files\x18\x02 \x03(\tR\x05files\x12\x14\n" +
-	"\x05trees\x18\x03 \x03(\tR\x05trees\"R\n" +
+	"\x05trees\x18\x03 \x03(\tR\x05trees\x12\x1d\n" +
+	"\n" +
+	"read_trees\x18\x04 \x03(\tR\treadTrees\"R\n" +
 	"\n" +
 	"EnvVerdict\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -1474,12 +1607,13 @@ const file_roost_v1_capsule_proto_rawDesc = "" +
 	"\t_declared\"H\n" +
 	"\rNetworkPolicy\x12\x14\n" +
 	"\x05allow\x18\x01 \x03(\tR\x05allow\x12!\n" +
-	"\funix_sockets\x18\x02 \x01(\bR\vunixSockets\"\x85\x01\n" +
+	"\funix_sockets\x18\x02 \x01(\bR\vunixSockets\"\x9d\x01\n" +
 	"\x10FilesystemPolicy\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12!\n" +
 	"\fworkdir_exec\x18\x02 \x01(\bR\vworkdirExec\x12\x1b\n" +
 	"\tread_only\x18\x03 \x03(\tR\breadOnly\x12\x1b\n" +
-	"\thost_read\x18\x04 \x03(\tR\bhostRead\"#\n" +
+	"\thost_read\x18\x04 \x03(\tR\bhostRead\x12\x16\n" +
+	"\x06system\x18\x05 \x01(\tR\x06system\"#\n" +
 	"\vShellPolicy\x12\x14\n" +
 	"\x05allow\x18\x01 \x03(\tR\x05allow\"\xef\x01\n" +
 	"\vSpawnPolicy\x12\x14\n" +
@@ -1531,77 +1665,79 @@ func file_roost_v1_capsule_proto_rawDescGZIP() []byte {
 	return file_roost_v1_capsule_proto_rawDescData
 }
 
-var file_roost_v1_capsule_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_roost_v1_capsule_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_roost_v1_capsule_proto_goTypes = []any{
 	(*ExplainRequest)(nil),      // 0: roost.v1.ExplainRequest
 	(*ExplainResponse)(nil),     // 1: roost.v1.ExplainResponse
 	(*Explanation)(nil),         // 2: roost.v1.Explanation
-	(*StartPath)(nil),           // 3: roost.v1.StartPath
-	(*ShellEntry)(nil),          // 4: roost.v1.ShellEntry
-	(*EnvVerdict)(nil),          // 5: roost.v1.EnvVerdict
-	(*ContainmentDecision)(nil), // 6: roost.v1.ContainmentDecision
-	(*FloorSource)(nil),         // 7: roost.v1.FloorSource
-	(*Grant)(nil),               // 8: roost.v1.Grant
-	(*Policy)(nil),              // 9: roost.v1.Policy
-	(*Limit)(nil),               // 10: roost.v1.Limit
-	(*NetworkPolicy)(nil),       // 11: roost.v1.NetworkPolicy
-	(*FilesystemPolicy)(nil),    // 12: roost.v1.FilesystemPolicy
-	(*ShellPolicy)(nil),         // 13: roost.v1.ShellPolicy
-	(*SpawnPolicy)(nil),         // 14: roost.v1.SpawnPolicy
-	(*EnvPolicy)(nil),           // 15: roost.v1.EnvPolicy
-	(*LimitsPolicy)(nil),        // 16: roost.v1.LimitsPolicy
-	(*ResourcesPolicy)(nil),     // 17: roost.v1.ResourcesPolicy
-	(*InferencePolicy)(nil),     // 18: roost.v1.InferencePolicy
-	(*durationpb.Duration)(nil), // 19: google.protobuf.Duration
-	(*CapsuleRef)(nil),          // 20: roost.v1.CapsuleRef
-	(*Identity)(nil),            // 21: roost.v1.Identity
+	(*SystemView)(nil),          // 3: roost.v1.SystemView
+	(*StartPath)(nil),           // 4: roost.v1.StartPath
+	(*ShellEntry)(nil),          // 5: roost.v1.ShellEntry
+	(*EnvVerdict)(nil),          // 6: roost.v1.EnvVerdict
+	(*ContainmentDecision)(nil), // 7: roost.v1.ContainmentDecision
+	(*FloorSource)(nil),         // 8: roost.v1.FloorSource
+	(*Grant)(nil),               // 9: roost.v1.Grant
+	(*Policy)(nil),              // 10: roost.v1.Policy
+	(*Limit)(nil),               // 11: roost.v1.Limit
+	(*NetworkPolicy)(nil),       // 12: roost.v1.NetworkPolicy
+	(*FilesystemPolicy)(nil),    // 13: roost.v1.FilesystemPolicy
+	(*ShellPolicy)(nil),         // 14: roost.v1.ShellPolicy
+	(*SpawnPolicy)(nil),         // 15: roost.v1.SpawnPolicy
+	(*EnvPolicy)(nil),           // 16: roost.v1.EnvPolicy
+	(*LimitsPolicy)(nil),        // 17: roost.v1.LimitsPolicy
+	(*ResourcesPolicy)(nil),     // 18: roost.v1.ResourcesPolicy
+	(*InferencePolicy)(nil),     // 19: roost.v1.InferencePolicy
+	(*durationpb.Duration)(nil), // 20: google.protobuf.Duration
+	(*CapsuleRef)(nil),          // 21: roost.v1.CapsuleRef
+	(*Identity)(nil),            // 22: roost.v1.Identity
 }
 var file_roost_v1_capsule_proto_depIdxs = []int32{
-	19, // 0: roost.v1.ExplainRequest.deadline:type_name -> google.protobuf.Duration
+	20, // 0: roost.v1.ExplainRequest.deadline:type_name -> google.protobuf.Duration
 	2,  // 1: roost.v1.ExplainResponse.explanation:type_name -> roost.v1.Explanation
-	20, // 2: roost.v1.Explanation.capsule:type_name -> roost.v1.CapsuleRef
-	6,  // 3: roost.v1.Explanation.containment:type_name -> roost.v1.ContainmentDecision
-	9,  // 4: roost.v1.Explanation.policy:type_name -> roost.v1.Policy
-	8,  // 5: roost.v1.Explanation.grants:type_name -> roost.v1.Grant
-	21, // 6: roost.v1.Explanation.identity:type_name -> roost.v1.Identity
-	5,  // 7: roost.v1.Explanation.env:type_name -> roost.v1.EnvVerdict
-	4,  // 8: roost.v1.Explanation.shell:type_name -> roost.v1.ShellEntry
-	3,  // 9: roost.v1.Explanation.start:type_name -> roost.v1.StartPath
-	7,  // 10: roost.v1.ContainmentDecision.sources:type_name -> roost.v1.FloorSource
-	11, // 11: roost.v1.Policy.network:type_name -> roost.v1.NetworkPolicy
-	12, // 12: roost.v1.Policy.filesystem:type_name -> roost.v1.FilesystemPolicy
-	13, // 13: roost.v1.Policy.shell:type_name -> roost.v1.ShellPolicy
-	14, // 14: roost.v1.Policy.spawn:type_name -> roost.v1.SpawnPolicy
-	15, // 15: roost.v1.Policy.env:type_name -> roost.v1.EnvPolicy
-	16, // 16: roost.v1.Policy.limits:type_name -> roost.v1.LimitsPolicy
-	17, // 17: roost.v1.Policy.resources:type_name -> roost.v1.ResourcesPolicy
-	18, // 18: roost.v1.Policy.inference:type_name -> roost.v1.InferencePolicy
-	10, // 19: roost.v1.SpawnPolicy.max_depth:type_name -> roost.v1.Limit
-	10, // 20: roost.v1.SpawnPolicy.max_children:type_name -> roost.v1.Limit
-	10, // 21: roost.v1.SpawnPolicy.max_total_children:type_name -> roost.v1.Limit
-	10, // 22: roost.v1.LimitsPolicy.deadline_seconds:type_name -> roost.v1.Limit
-	10, // 23: roost.v1.LimitsPolicy.memory_bytes:type_name -> roost.v1.Limit
-	10, // 24: roost.v1.LimitsPolicy.wasm_fuel:type_name -> roost.v1.Limit
-	10, // 25: roost.v1.ResourcesPolicy.cgroup_memory_bytes:type_name -> roost.v1.Limit
-	10, // 26: roost.v1.ResourcesPolicy.cgroup_pids_max:type_name -> roost.v1.Limit
-	10, // 27: roost.v1.ResourcesPolicy.cgroup_cpu_percent:type_name -> roost.v1.Limit
-	10, // 28: roost.v1.ResourcesPolicy.max_open_files:type_name -> roost.v1.Limit
-	10, // 29: roost.v1.ResourcesPolicy.max_file_size_bytes:type_name -> roost.v1.Limit
-	10, // 30: roost.v1.ResourcesPolicy.cpu_seconds:type_name -> roost.v1.Limit
-	10, // 31: roost.v1.ResourcesPolicy.max_processes:type_name -> roost.v1.Limit
-	10, // 32: roost.v1.ResourcesPolicy.memory_bytes:type_name -> roost.v1.Limit
-	10, // 33: roost.v1.ResourcesPolicy.workdir_max_bytes:type_name -> roost.v1.Limit
-	10, // 34: roost.v1.ResourcesPolicy.workdir_max_inodes:type_name -> roost.v1.Limit
-	10, // 35: roost.v1.ResourcesPolicy.log_max_bytes:type_name -> roost.v1.Limit
-	10, // 36: roost.v1.ResourcesPolicy.endpoint_max_connections:type_name -> roost.v1.Limit
-	10, // 37: roost.v1.ResourcesPolicy.egress_max_bytes:type_name -> roost.v1.Limit
-	0,  // 38: roost.v1.CapsuleService.Explain:input_type -> roost.v1.ExplainRequest
-	1,  // 39: roost.v1.CapsuleService.Explain:output_type -> roost.v1.ExplainResponse
-	39, // [39:40] is the sub-list for method output_type
-	38, // [38:39] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	21, // 2: roost.v1.Explanation.capsule:type_name -> roost.v1.CapsuleRef
+	7,  // 3: roost.v1.Explanation.containment:type_name -> roost.v1.ContainmentDecision
+	10, // 4: roost.v1.Explanation.policy:type_name -> roost.v1.Policy
+	9,  // 5: roost.v1.Explanation.grants:type_name -> roost.v1.Grant
+	22, // 6: roost.v1.Explanation.identity:type_name -> roost.v1.Identity
+	6,  // 7: roost.v1.Explanation.env:type_name -> roost.v1.EnvVerdict
+	5,  // 8: roost.v1.Explanation.shell:type_name -> roost.v1.ShellEntry
+	4,  // 9: roost.v1.Explanation.start:type_name -> roost.v1.StartPath
+	3,  // 10: roost.v1.Explanation.system:type_name -> roost.v1.SystemView
+	8,  // 11: roost.v1.ContainmentDecision.sources:type_name -> roost.v1.FloorSource
+	12, // 12: roost.v1.Policy.network:type_name -> roost.v1.NetworkPolicy
+	13, // 13: roost.v1.Policy.filesystem:type_name -> roost.v1.FilesystemPolicy
+	14, // 14: roost.v1.Policy.shell:type_name -> roost.v1.ShellPolicy
+	15, // 15: roost.v1.Policy.spawn:type_name -> roost.v1.SpawnPolicy
+	16, // 16: roost.v1.Policy.env:type_name -> roost.v1.EnvPolicy
+	17, // 17: roost.v1.Policy.limits:type_name -> roost.v1.LimitsPolicy
+	18, // 18: roost.v1.Policy.resources:type_name -> roost.v1.ResourcesPolicy
+	19, // 19: roost.v1.Policy.inference:type_name -> roost.v1.InferencePolicy
+	11, // 20: roost.v1.SpawnPolicy.max_depth:type_name -> roost.v1.Limit
+	11, // 21: roost.v1.SpawnPolicy.max_children:type_name -> roost.v1.Limit
+	11, // 22: roost.v1.SpawnPolicy.max_total_children:type_name -> roost.v1.Limit
+	11, // 23: roost.v1.LimitsPolicy.deadline_seconds:type_name -> roost.v1.Limit
+	11, // 24: roost.v1.LimitsPolicy.memory_bytes:type_name -> roost.v1.Limit
+	11, // 25: roost.v1.LimitsPolicy.wasm_fuel:type_name -> roost.v1.Limit
+	11, // 26: roost.v1.ResourcesPolicy.cgroup_memory_bytes:type_name -> roost.v1.Limit
+	11, // 27: roost.v1.ResourcesPolicy.cgroup_pids_max:type_name -> roost.v1.Limit
+	11, // 28: roost.v1.ResourcesPolicy.cgroup_cpu_percent:type_name -> roost.v1.Limit
+	11, // 29: roost.v1.ResourcesPolicy.max_open_files:type_name -> roost.v1.Limit
+	11, // 30: roost.v1.ResourcesPolicy.max_file_size_bytes:type_name -> roost.v1.Limit
+	11, // 31: roost.v1.ResourcesPolicy.cpu_seconds:type_name -> roost.v1.Limit
+	11, // 32: roost.v1.ResourcesPolicy.max_processes:type_name -> roost.v1.Limit
+	11, // 33: roost.v1.ResourcesPolicy.memory_bytes:type_name -> roost.v1.Limit
+	11, // 34: roost.v1.ResourcesPolicy.workdir_max_bytes:type_name -> roost.v1.Limit
+	11, // 35: roost.v1.ResourcesPolicy.workdir_max_inodes:type_name -> roost.v1.Limit
+	11, // 36: roost.v1.ResourcesPolicy.log_max_bytes:type_name -> roost.v1.Limit
+	11, // 37: roost.v1.ResourcesPolicy.endpoint_max_connections:type_name -> roost.v1.Limit
+	11, // 38: roost.v1.ResourcesPolicy.egress_max_bytes:type_name -> roost.v1.Limit
+	0,  // 39: roost.v1.CapsuleService.Explain:input_type -> roost.v1.ExplainRequest
+	1,  // 40: roost.v1.CapsuleService.Explain:output_type -> roost.v1.ExplainResponse
+	40, // [40:41] is the sub-list for method output_type
+	39, // [39:40] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_capsule_proto_init() }
@@ -1610,15 +1746,15 @@ func file_roost_v1_capsule_proto_init() {
 		return
 	}
 	file_roost_v1_session_proto_init()
-	file_roost_v1_capsule_proto_msgTypes[10].OneofWrappers = []any{}
-	file_roost_v1_capsule_proto_msgTypes[18].OneofWrappers = []any{}
+	file_roost_v1_capsule_proto_msgTypes[11].OneofWrappers = []any{}
+	file_roost_v1_capsule_proto_msgTypes[19].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_capsule_proto_rawDesc), len(file_roost_v1_capsule_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
