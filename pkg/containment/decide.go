@@ -80,7 +80,7 @@ func Decide(p *manifest.Policy, sources []FloorSource, catalog Catalog) Decision
 	// An executable workdir keeps the class: the kernel boundary holds the session, and the
 	// exec allowlist is policy inside it.
 	if p.Filesystem.WorkdirExec && d.Floor >= manifest.Scoped {
-		d.Mechanism += "; filesystem.workdir_exec: its workdir and scratch directories may exec, everything else holds"
+		d.Mechanism += "; filesystem.workdir_exec: its workdir and scratch directories may exec, and so may memfds; everything else holds"
 	}
 	return d
 }

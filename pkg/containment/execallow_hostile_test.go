@@ -49,9 +49,10 @@ func capsulePath(class manifest.Class, capsule, name string) string {
 }
 
 // execAllowRun starts a session of class with the capsule directory capsule, running argv
-// under the capabilities caps; adjust, when set, changes the spec last. A refused start
-// returns its StartError; otherwise the session's exit and stdout and stderr.
-func execAllowRun(t *testing.T, class manifest.Class, caps, capsule string, argv []string, adjust func(*containment.Spec)) (containment.ExitInfo, string, *containment.StartError) {
+// under the capabilities caps, by a runtime made with opts; adjust, when set, changes the
+// spec last. A refused start returns its StartError; otherwise the session's exit and
+// stdout and stderr.
+func execAllowRun(t *testing.T, class manifest.Class, caps, capsule string, argv []string, adjust func(*containment.Spec), opts ...containment.Option) (containment.ExitInfo, string, *containment.StartError) {
 	t.Helper()
 	testkit.NeedRoot(t)
 	var rt interface {
@@ -65,10 +66,10 @@ func execAllowRun(t *testing.T, class manifest.Class, caps, capsule string, argv
 	s.CapsuleDir = capsule
 	switch class {
 	case manifest.Sealed:
-		rt, err = kit.NewSealedRuntime(testkit.ReachableDir(t), kit.Init(t), kit.IDs(), kit.Sealer(t))
+		rt, err = kit.NewSealedRuntime(testkit.ReachableDir(t), kit.Init(t), kit.IDs(), append([]containment.Option{kit.Sealer(t)}, opts...)...)
 		s.Env = []string{"PATH=/usr/bin:/bin", "HOME=/work"}
 	case manifest.Scoped:
-		rt, err = kit.NewScopedRuntime(testkit.ReachableDir(t), kit.Init(t), kit.IDs())
+		rt, err = kit.NewScopedRuntime(testkit.ReachableDir(t), kit.Init(t), kit.IDs(), opts...)
 	default:
 		t.Fatalf("class %s", class)
 	}

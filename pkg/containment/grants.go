@@ -261,9 +261,9 @@ func sealedGrants(p *manifest.Policy) []Grant {
 	if p.Network.UnixSockets {
 		unix = [2]string{Enforced, "allowed; in a sealed root, with its own network namespace, the only sockets to reach are the session's own"}
 	}
-	exec := [2]string{Enforced, "/work, /tmp, /dev/shm and /root are mounted noexec and never on the allowlist: nothing the session writes executes"}
+	exec := [2]string{Enforced, "/work, /tmp, /dev/shm and /root are mounted noexec and never on the allowlist: nothing the session writes executes; " + memfdExec("roost, from the host, before the session starts,")}
 	if p.Filesystem.WorkdirExec {
-		exec = [2]string{Enforced, "/work, /tmp, /dev/shm and /root execute what the session puts there; the rest of the root only the allowlist; the user namespace, namespaces, seccomp and cgroup hold whatever runs"}
+		exec = [2]string{Enforced, "/work, /tmp, /dev/shm and /root execute what the session puts there, and so may a memfd (its pid namespace keeps the host's vm.memfd_noexec); the rest of the root only the allowlist; the user namespace, namespaces, seccomp and cgroup hold whatever runs"}
 	}
 	referee := "the session's endpoint, inside its own network namespace, referees every spawn (spawn.allow, depth, live children, then the child's envelope); roostd's socket is absent from the root"
 	return with(with(with(with(common, netnsInference), egress(p)), spawnGrants(Enforced, referee)), hold{
@@ -340,9 +340,20 @@ func spawnGrants(enforcement, referee string) hold {
 
 func scopedWorkdirExec(p *manifest.Policy) [2]string {
 	if p.Filesystem.WorkdirExec {
-		return [2]string{Enforced, "its workdir, TMPDIR, home and /dev/shm execute what the session puts there; the rest of the host only the allowlist; its uid, Landlock's reads and writes, seccomp and cgroup hold whatever runs"}
+		return [2]string{Enforced, "its workdir, TMPDIR, home and /dev/shm execute what the session puts there, and so may a memfd (its pid namespace keeps the host's vm.memfd_noexec); the rest of the host only the allowlist; its uid, Landlock's reads and writes, seccomp and cgroup hold whatever runs"}
 	}
-	return [2]string{Enforced, "nothing the session writes executes: its workdir, TMPDIR, home and /dev/shm are never on the allowlist and are mounted noexec in its own mount namespace, so not even the dynamic loader maps a program from them"}
+	return [2]string{Enforced, "nothing the session writes executes: its workdir, TMPDIR, home and /dev/shm are never on the allowlist and are mounted noexec in its own mount namespace, so not even the dynamic loader maps a program from them; " + memfdExec("roost-exec, before it drops root,")}
+}
+
+// memfdExec says how a scoped or sealed session without workdir_exec keeps a memfd, which
+// lives on no mount Landlock or noexec reaches, from running a copy of any program; setter
+// is who sets the sysctl where the kernel has it.
+func memfdExec(setter string) string {
+	why := MemfdNoExecWhy()
+	if why == "" {
+		return "nor does a memfd: " + setter + " sets vm.memfd_noexec=2 in its pid namespace (no namespace below it can lower that), so every memfd is made non-executable and sealed so (running one fails with EACCES, by execveat(AT_EMPTY_PATH) or /proc/self/fd alike) and memfd_create(MFD_EXEC) fails with EACCES"
+	}
+	return "memfds are held only in part: " + why + ", so seccomp makes memfd_create(MFD_EXEC) and execveat(AT_EMPTY_PATH) fail with EACCES, but a memfd run by its /proc/self/fd path still executes"
 }
 
 // Executable lists, in words, what a session's program of class may execute.

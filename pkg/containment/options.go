@@ -15,6 +15,9 @@ type Options struct {
 	// Sealer, for the sealed runtime, starts its containers; nil: the runtime's own
 	// process does.
 	Sealer *sealer.Client
+	// NoMemfdSysctl has a scoped or sealed runtime leave vm.memfd_noexec alone where the
+	// kernel has it, and hold memfds with seccomp as where it has not (WithoutMemfdSysctl).
+	NoMemfdSysctl bool
 }
 
 // WithSealer has a sealed runtime start its containers through roost-sealer (see package

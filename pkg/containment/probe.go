@@ -56,6 +56,9 @@ type Host struct {
 	// AppArmor says the AppArmor LSM is enabled; its userns restriction needs it.
 	AppArmor bool
 	Root     bool
+	// MemfdNoExecWhy is why vm.memfd_noexec cannot keep memfds from executing in scoped
+	// and sealed sessions, "" when it can (see MemfdNoExecWhy).
+	MemfdNoExecWhy string
 }
 
 // Probe reads the host's facts.
@@ -79,6 +82,7 @@ func Probe() Host {
 	h.UnprivilegedUserNSClone = readKnob("/proc/sys/kernel/unprivileged_userns_clone")
 	h.AppArmorRestrictUserNS = readKnob("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
 	h.AppArmor = readKnob("/sys/module/apparmor/parameters/enabled") == "Y"
+	h.MemfdNoExecWhy = MemfdNoExecWhy()
 	return h
 }
 
@@ -175,7 +179,7 @@ func (h Host) Checks() []Check {
 	} else {
 		out = append(out, Check{Name: "seccomp", Status: "warn", Detail: "not offered by the kernel", Hint: "boot a kernel with CONFIG_SECCOMP_FILTER=y"})
 	}
-	out = append(out, cgroupCheck(h.Cgroups), h.cgroupParentCheck(), h.systemdDriverCheck())
+	out = append(out, cgroupCheck(h.Cgroups), h.cgroupParentCheck(), h.systemdDriverCheck(), h.memfdCheck())
 	if seccomp.Built {
 		out = append(out, Check{Name: "seccomp in roostd", Status: "ok", Detail: "built with libseccomp (the seccomp build tag)"})
 	} else {
@@ -229,6 +233,23 @@ func (h Host) cgroupParentCheck() Check {
 	c.Detail = fmt.Sprintf("%s (%s driver): %s", h.CgroupParent, h.CgroupDriver, h.CgroupParentWhy)
 	if h.CgroupParentHint != "" {
 		c.Status, c.Hint = "warn", h.CgroupParentHint
+	}
+	return c
+}
+
+// memfdCheck says which mechanism keeps memfds from executing in a scoped or sealed session
+// without filesystem.workdir_exec: a memfd is on no mount Landlock or noexec reaches, so a
+// copy of any program in one would run past the exec allowlist.
+func (h Host) memfdCheck() Check {
+	if h.MemfdNoExecWhy == "" {
+		return Check{Name: "memfd exec", Status: "ok",
+			Detail: "vm.memfd_noexec=2 in each session's pid namespace (kernel 6.3+): no memfd executes in a scoped or sealed session without filesystem.workdir_exec"}
+	}
+	c := Check{Name: "memfd exec", Status: "warn",
+		Detail: h.MemfdNoExecWhy + ": seccomp refuses memfd_create(MFD_EXEC) and execveat(AT_EMPTY_PATH) in scoped and sealed sessions without filesystem.workdir_exec, but a memfd run by its /proc/self/fd path still executes, past the exec allowlist",
+		Hint:   "boot a kernel of 6.3 or later"}
+	if !strings.HasPrefix(h.MemfdNoExecWhy, "this kernel has no") {
+		c.Hint = "run roostd as host root with /proc/sys writable (not in a container that mounts it read-only, nor in a user namespace)"
 	}
 	return c
 }

@@ -112,7 +112,7 @@ func TestProbeReportsCgroups(t *testing.T) {
 	for _, c := range h.Checks() {
 		names = append(names, c.Name)
 	}
-	if !slices.Contains(names, "cgroup parent") || !slices.Contains(names, "systemd cgroup driver") {
+	if !slices.Contains(names, "cgroup parent") || !slices.Contains(names, "systemd cgroup driver") || !slices.Contains(names, "memfd exec") {
 		t.Errorf("checks %v", names)
 	}
 	c, err := cgroups.New(cgroups.Config{Parent: "/roost-report"})
@@ -128,5 +128,35 @@ func TestProbeReportsCgroups(t *testing.T) {
 		if c.Name == "cgroup parent" && (c.Status != "warn" || c.Hint != h.CgroupParentHint || !strings.HasPrefix(c.Detail, "/roost-report (cgroupfs driver): ")) {
 			t.Errorf("check %+v", c)
 		}
+	}
+}
+
+// Doctor says which mechanism keeps memfds from executing here, and on a kernel without
+// vm.memfd_noexec what the seccomp fallback leaves.
+func TestMemfdCheck(t *testing.T) {
+	memfd := func(h containment.Host) containment.Check {
+		for _, c := range h.Checks() {
+			if c.Name == "memfd exec" {
+				return c
+			}
+		}
+		t.Fatalf("no memfd exec check")
+		return containment.Check{}
+	}
+	h := containment.Probe()
+	if _, err := os.Stat("/proc/sys/vm/memfd_noexec"); err != nil && h.MemfdNoExecWhy == "" {
+		t.Errorf("the probe finds vm.memfd_noexec usable where stat says %v", err)
+	}
+	h.MemfdNoExecWhy = ""
+	if c := memfd(h); c.Status != "ok" || !strings.Contains(c.Detail, "vm.memfd_noexec=2 in each session's pid namespace") {
+		t.Errorf("with the sysctl: %+v", c)
+	}
+	h.MemfdNoExecWhy = "this kernel has no vm.memfd_noexec (before 6.3)"
+	if c := memfd(h); c.Status != "warn" || !strings.Contains(c.Detail, "/proc/self/fd") || !strings.Contains(c.Detail, "seccomp") || !strings.Contains(c.Hint, "6.3") {
+		t.Errorf("without it: %+v", c)
+	}
+	h.MemfdNoExecWhy = "roostd cannot write /proc/sys/vm/memfd_noexec (read-only file system)"
+	if c := memfd(h); c.Status != "warn" || !strings.HasPrefix(c.Detail, h.MemfdNoExecWhy) || !strings.Contains(c.Hint, "/proc/sys writable") {
+		t.Errorf("unwritable: %+v", c)
 	}
 }

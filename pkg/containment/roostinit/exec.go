@@ -107,6 +107,13 @@ func execMain() {
 			fail("roost-exec: working directory %s: %v", spec.Dir, err)
 		}
 	}
+	// Before the uid switch, which takes the privilege the sysctl needs; for a joined
+	// command the namespace has it already, and writing it again changes nothing.
+	if spec.MemfdNoExec {
+		if err := SetMemfdNoExec(); err != nil {
+			fail("roost-exec: vm.memfd_noexec in the session's pid namespace: %v", err)
+		}
+	}
 	if spec.NoNewPrivileges || spec.User != nil {
 		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 			fail("roost-exec: no_new_privs: %v", err)

@@ -65,6 +65,10 @@ func Run(args []string) bool {
 			execMain()
 			os.Exit(127)
 		}
+		// Started in a sealed container's pid namespace from the host (SetMemfdNoExecIn).
+		if len(args) == 3 && args[1] == MemfdArg {
+			os.Exit(memfdMain(args[2]))
+		}
 		os.Exit(initMain())
 	case ExecName:
 		execMain()

@@ -84,6 +84,11 @@ type ExecSpec struct {
 	// it writes there in exit.json. Without Report the program gets no such descriptor, and
 	// OutcomeFDEnv is taken out of its environment.
 	Report bool `json:"report,omitempty"`
+	// MemfdNoExec sets vm.memfd_noexec to 2 in roost-exec's pid namespace, the session's,
+	// before the program (see SetMemfdNoExec): no memfd made there executes. It needs host
+	// root, which a scoped session's roost-exec is until it drops it; a sealed one's never
+	// is (the host sets it for a sealed container: SetMemfdNoExecIn).
+	MemfdNoExec bool `json:"memfd_noexec,omitempty"`
 }
 
 // Mounts is what a scoped session's private mount namespace changes in the host's view.

@@ -19,7 +19,7 @@ func (r *Runtime) Exec(ctx context.Context, spec containment.Spec, proc containm
 	if !ok {
 		return nil, fmt.Errorf("session %s: not a process of this runtime", spec.SessionID)
 	}
-	es, err := scopedExecSpec(spec, user, r.TmpDir(spec.SessionID))
+	es, err := r.execSpec(spec, user, r.TmpDir(spec.SessionID))
 	if err != nil {
 		return nil, err
 	}

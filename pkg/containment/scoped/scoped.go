@@ -35,13 +35,18 @@ type Runtime struct {
 	tmp string
 	// rehearsal is the id range rehearsals run as: one no session is ever given.
 	rehearsal containment.IDs
+	// memfdSysctl says roost-exec sets vm.memfd_noexec in the session's pid namespace
+	// (kernel 6.3 and later), where the policy needs it; without it the seccomp filter
+	// holds what it can.
+	memfdSysctl bool
 }
 
 // NewRuntime starts sessions under the roost-init binary at init and keeps their
 // temporary directories under stateDir. containment.WithCgroups says where their cgroups
 // go.
 func NewRuntime(stateDir, init string, rehearsal containment.IDs, opts ...containment.Option) (*Runtime, error) {
-	r := &Runtime{plain: containment.NewProcessRuntime(init, opts...), tmp: TmpRoot(stateDir), rehearsal: rehearsal}
+	r := &Runtime{plain: containment.NewProcessRuntime(init, opts...), tmp: TmpRoot(stateDir), rehearsal: rehearsal,
+		memfdSysctl: containment.ApplyOptions(opts).MemfdSysctl()}
 	// Others may pass through to a TMPDIR they own, never list the sessions'.
 	if err := os.MkdirAll(r.tmp, 0o711); err != nil {
 		return nil, err
@@ -125,7 +130,7 @@ func (r *Runtime) Start(ctx context.Context, spec containment.Spec) (_ containme
 	if err != nil {
 		return nil, err
 	}
-	exec, err := scopedExecSpec(spec, user, tmp)
+	exec, err := r.execSpec(spec, user, tmp)
 	if err != nil {
 		return nil, err
 	}
@@ -143,10 +148,10 @@ func (r *Runtime) Start(ctx context.Context, spec containment.Spec) (_ containme
 // roost-exec's to make.
 const namespaces = syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC
 
-// scopedExecSpec is what roost-exec applies before a scoped session's program, and before
+// execSpec is what roost-exec applies before a scoped session's program, and before
 // every command roostctl exec runs in one; tmp is the session's TMPDIR.
-func scopedExecSpec(spec containment.Spec, user *roostinit.User, tmp string) (roostinit.ExecSpec, error) {
-	bpf, err := scopedSeccomp(spec.Policy)
+func (r *Runtime) execSpec(spec containment.Spec, user *roostinit.User, tmp string) (roostinit.ExecSpec, error) {
+	bpf, err := scopedSeccomp(spec.Policy, r.memfdSysctl)
 	if err != nil {
 		return roostinit.ExecSpec{}, err
 	}
@@ -161,15 +166,19 @@ func scopedExecSpec(spec containment.Spec, user *roostinit.User, tmp string) (ro
 		NetNS:            spec.NetNS,
 		NewNetNS:         spec.NetNS == "",
 		Report:           spec.Runner != "",
+		// roost-init, pid 1 of the session's pid namespace, is born as host root: so is
+		// roost-exec, its child there, until it becomes the session's uid.
+		MemfdNoExec: !spec.Policy.Filesystem.WorkdirExec && r.memfdSysctl,
 	}
 	exec.Landlock, exec.Mounts = scopedExec(spec, tmp)
 	return exec, nil
 }
 
-// scopedSeccomp is the sealed profile for the session's policy, compiled.
-func scopedSeccomp(p *manifest.Policy) ([]byte, error) {
+// scopedSeccomp is the sealed profile for the session's policy, compiled; memfdSysctl says
+// vm.memfd_noexec holds memfds, so the filter need not.
+func scopedSeccomp(p *manifest.Policy, memfdSysctl bool) ([]byte, error) {
 	spec := &specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{}}}
-	profile, err := seccomp.Profile(spec, p.Network.UnixSockets)
+	profile, err := seccomp.Profile(spec, containment.SeccompOptions(p, memfdSysctl))
 	if err != nil {
 		return nil, err
 	}

@@ -231,7 +231,7 @@ func TestReportThroughScopedExec(t *testing.T) {
 	s.Policy = testkit.Policy(t, "capabilities: {containment: scoped, shell: {allow: [ls]}}")
 	s.CapsuleDir = t.TempDir()
 	tmp := testkit.ReachableDir(t)
-	bpf, err := scoped.SeccompOf(s.Policy)
+	bpf, err := scoped.SeccompOf(s.Policy, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -73,6 +73,9 @@ type Layout struct {
 	// System, when set, is the view of the system trees the root has in place of the host's
 	// /usr (filesystem.system: allowlist).
 	System *containment.SystemView
+	// MemfdSysctl says the kernel has vm.memfd_noexec, which Init sets in the container's
+	// pid namespace (see MemfdAnnotation); without it the seccomp filter holds what it can.
+	MemfdSysctl bool
 }
 
 // systemTops are the system trees a sealed root may hold: /usr, and on a host whose /bin,
@@ -210,13 +213,28 @@ func OCISpec(l Layout, p *manifest.Policy) (*specs.Spec, error) {
 			ReadonlyPaths: present(example.Linux.ReadonlyPaths),
 		},
 	}
-	filter, err := seccomp.Profile(spec, p.Network.UnixSockets)
+	filter, err := seccomp.Profile(spec, containment.SeccompOptions(p, l.MemfdSysctl))
 	if err != nil {
 		return nil, err
 	}
 	spec.Linux.Seccomp = filter
+	if !p.Filesystem.WorkdirExec && l.MemfdSysctl {
+		spec.Annotations = map[string]string{MemfdAnnotation: "2"}
+	}
 	return spec, nil
 }
+
+// MemfdAnnotation, at "2" in a sealed spec, says vm.memfd_noexec is 2 in the container's
+// pid namespace, set from the host once the container is made and before its init runs
+// anything of the session's (see roostinit.SetMemfdNoExecIn): no memfd executes there.
+// Nothing in the container could set it, root there being no host root and holding no
+// capability. It is in the spec, rather than a choice where the container starts, so that
+// a sandbox made ahead has it exactly when its session would (the fit compares it) and
+// explain --oci shows it; another OCI runtime ignores it.
+const MemfdAnnotation = "dev.roost.memfd-noexec"
+
+// memfdNoExec says whether the container of spec s must have vm.memfd_noexec set.
+func memfdNoExec(s *specs.Spec) bool { return s.Annotations[MemfdAnnotation] == "2" }
 
 func (l Layout) cgroupsPath() string {
 	if l.CgroupsPath != "" {

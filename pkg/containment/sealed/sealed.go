@@ -49,6 +49,10 @@ type Runtime struct {
 	cg *cgroups.Sessions
 	// sealer starts the containers when set; nil: this process does.
 	sealer *sealer.Client
+	// memfdSysctl says vm.memfd_noexec is set in the containers' pid namespaces from the
+	// host (kernel 6.3 and later), where the policy needs it (see MemfdAnnotation); without
+	// it the seccomp filter holds what it can.
+	memfdSysctl bool
 	// fits keeps Fits's verdicts by policy.
 	fitsMu sync.Mutex
 	fits   map[string]error
@@ -60,12 +64,13 @@ type Runtime struct {
 func NewRuntime(stateDir, init string, rehearsal containment.IDs, opts ...containment.Option) (*Runtime, error) {
 	o := containment.ApplyOptions(opts)
 	r := &Runtime{
-		containers: filepath.Join(stateDir, "containers"),
-		roots:      filepath.Join(stateDir, "roots"),
-		init:       init,
-		rehearsal:  rehearsal,
-		cg:         o.Cgroups,
-		sealer:     o.Sealer,
+		containers:  filepath.Join(stateDir, "containers"),
+		roots:       filepath.Join(stateDir, "roots"),
+		init:        init,
+		rehearsal:   rehearsal,
+		cg:          o.Cgroups,
+		sealer:      o.Sealer,
+		memfdSysctl: o.MemfdSysctl(),
 	}
 	if err := os.MkdirAll(r.containers, 0o700); err != nil {
 		return nil, err
@@ -162,6 +167,7 @@ func (r *Runtime) Layout(sessionID, workdir, capsuleDir string) Layout {
 		Init:        r.init,
 		MergedUsr:   r.merged,
 		EtcBinds:    r.etcBinds,
+		MemfdSysctl: r.memfdSysctl,
 	}
 }
 
@@ -221,7 +227,7 @@ func (r *Runtime) Start(ctx context.Context, spec containment.Spec) (_ containme
 	// put the init in the session's cgroup before it runs roost-init, so no gate is lost.
 	handed := make(chan error, 1)
 	go func() { handed <- io.HandSpec(containment.InitSpec(spec, sealedExecSpec(spec))) }()
-	container, proc, initPID, err := r.run(ctx, id, config, io)
+	container, proc, initPID, err := r.run(ctx, id, config, memfdNoExec(ociSpec), io)
 	if err != nil {
 		return nil, err
 	}
@@ -310,10 +316,11 @@ func (r *Runtime) started(c *libcontainer.Container, proc *libcontainer.Process,
 }
 
 // run creates the container and starts roost-init in it with io's descriptors: through
-// roost-sealer when the runtime has one, else from this process. proc is the init when this
-// process started it (and must reap it); nil when roost-sealer did, which reaps it itself.
-// extra follows the session id in roost-init's arguments.
-func (r *Runtime) run(ctx context.Context, id string, config *configs.Config, io *containment.InitIO, extra ...string) (_ *libcontainer.Container, proc *libcontainer.Process, initPID int, err error) {
+// roost-sealer when the runtime has one, else from this process; with memfd, once
+// vm.memfd_noexec is 2 in its pid namespace. proc is the init when this process started it
+// (and must reap it); nil when roost-sealer did, which reaps it itself. extra follows the
+// session id in roost-init's arguments.
+func (r *Runtime) run(ctx context.Context, id string, config *configs.Config, memfd bool, io *containment.InitIO, extra ...string) (_ *libcontainer.Container, proc *libcontainer.Process, initPID int, err error) {
 	// Noted before libcontainer makes it: a crash before its state is written leaves a
 	// cgroup Release still finds.
 	cg := r.Cgroups()
@@ -325,10 +332,16 @@ func (r *Runtime) run(ctx context.Context, id string, config *configs.Config, io
 		return nil, nil, 0, err
 	}
 	initArgs, initEnv := append([]string{initPath, containment.InitTag(id)}, extra...), []string{"PATH=" + containment.DefaultPath}
+	// The container's init waits to exec roost-init until the sysctl is set: nothing of the
+	// session's runs in its pid namespace before.
+	helper := ""
+	if memfd {
+		helper = r.init
+	}
 	var container *libcontainer.Container
 	if r.sealer != nil {
 		initPID, err = r.sealer.Run(ctx, sealer.Request{Root: r.containers, ID: id, Config: config,
-			Args: initArgs, Env: initEnv, Cwd: "/"}, io.ChildFiles())
+			Args: initArgs, Env: initEnv, Cwd: "/", MemfdHelper: helper}, io.ChildFiles())
 		io.Started()
 		if err != nil {
 			return nil, nil, 0, err
@@ -342,12 +355,12 @@ func (r *Runtime) run(ctx context.Context, id string, config *configs.Config, io
 		return nil, nil, 0, fmt.Errorf("creating the container: %w", err)
 	}
 	proc = &libcontainer.Process{Args: initArgs, Env: initEnv, Cwd: "/", ExtraFiles: io.ChildFiles(), Init: true}
-	err = container.Run(proc)
+	initPID, err = sealer.Run(container, proc, helper)
 	io.Started()
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("starting the container: %w", err)
-	}
-	if initPID, err = proc.Pid(); err != nil {
+		if initPID != 0 {
+			_, _ = proc.Wait()
+		}
 		return nil, nil, 0, err
 	}
 	return container, proc, initPID, nil

@@ -120,7 +120,7 @@ func (r *Runtime) Prepare(ctx context.Context, shape WarmShape, id string, ids c
 	if err != nil {
 		return nil, err
 	}
-	container, proc, initPID, err := r.run(ctx, id, config, io, roostinit.WarmArg)
+	container, proc, initPID, err := r.run(ctx, id, config, memfdNoExec(spec), io, roostinit.WarmArg)
 	if err != nil {
 		io.Close()
 		return nil, err
@@ -235,6 +235,7 @@ func (e *NotWarmError) Error() string {
 	for _, c := range []struct{ prefix, what string }{
 		{"linux.seccomp", "seccomp filter (network.unix_sockets)"},
 		{"process.rlimits", "rlimits, which a session can only lower (resources.max_open_files, max_file_size_bytes, cpu_seconds, max_processes)"},
+		{"annotations", "memfd setting (vm.memfd_noexec, which filesystem.workdir_exec leaves at the host's)"},
 		{"mounts[/dev/shm]", "noexec trees (filesystem.workdir_exec)"},
 		{"mounts", "root (filesystem.host_read, a WASM runner)"},
 		{"root", "root (filesystem.host_read, a WASM runner)"},

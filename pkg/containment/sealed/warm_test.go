@@ -160,10 +160,16 @@ func TestWarmRefusesOtherShapes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// workdir_exec changes the noexec mounts, and first how memfds are held: by the
+	// annotation that sets vm.memfd_noexec, or where the kernel lacks it by seccomp.
+	memfd := "annotations"
+	if !containment.MemfdNoExec() {
+		memfd = "linux.seccomp"
+	}
 	for caps, field := range map[string]string{
 		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, network: {unix_sockets: true}}":         "linux.seccomp",
 		"capabilities: {containment: sealed, resources: {max_open_files: 900000}}":                                                                                  "process.rlimits[RLIMIT_NOFILE]",
-		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {workdir_exec: true}}":      "mounts",
+		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {workdir_exec: true}}":      memfd,
 		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {host_read: [/usr/share]}}": "mounts",
 	} {
 		err := rt.Fits(sealed.DefaultWarmShape(), testkit.Policy(t, caps), false)

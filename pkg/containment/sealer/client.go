@@ -176,6 +176,10 @@ func (c *Client) Run(ctx context.Context, req Request, files []*os.File) (int, e
 	if reply.PID <= 0 {
 		return 0, errors.New("roost-sealer answered without the init's pid")
 	}
+	if req.MemfdHelper != "" && !reply.MemfdNoExec {
+		// The caller releases the container: its session must not run so.
+		return 0, errors.New("roost-sealer started the container without setting vm.memfd_noexec in its pid namespace: it is older than roostd; install the roost-sealer built with it")
+	}
 	return reply.PID, nil
 }
 

@@ -40,12 +40,19 @@ type Request struct {
 	Args []string `json:"args"`
 	Env  []string `json:"env"`
 	Cwd  string   `json:"cwd"`
+	// MemfdHelper, when set, is roost-init's path on the host, through which vm.memfd_noexec
+	// is set to 2 in the container's pid namespace (roostinit.SetMemfdNoExecIn) once the
+	// container is made and before its init runs anything of the session's.
+	MemfdHelper string `json:"memfd_helper,omitempty"`
 }
 
 // Reply is the init's host pid, or why the container could not be started.
 type Reply struct {
 	PID   int    `json:"pid,omitempty"`
 	Error string `json:"error,omitempty"`
+	// MemfdNoExec says vm.memfd_noexec was set as Request.MemfdHelper asked: a roost-sealer
+	// older than the field would start the container without it.
+	MemfdNoExec bool `json:"memfd_noexec,omitempty"`
 }
 
 // maxMessage bounds a request or reply: a configuration with a seccomp filter is tens of

@@ -12,6 +12,8 @@ import (
 	"github.com/opencontainers/runc/libcontainer/exeseal"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
+
+	"roost.dev/roost/pkg/containment/roostinit"
 )
 
 // ControlFD is the descriptor roost-sealer is started with: its end of roostd's control
@@ -119,14 +121,40 @@ func start(req Request, files []*os.File) (Reply, *libcontainer.Process) {
 		ExtraFiles: files,
 		Init:       true,
 	}
-	if err := c.Run(proc); err != nil {
-		return Reply{Error: "starting the container: " + err.Error()}, nil
+	pid, err := Run(c, proc, req.MemfdHelper)
+	if err != nil {
+		if pid == 0 {
+			return Reply{Error: err.Error()}, nil
+		}
+		return Reply{Error: err.Error()}, proc
+	}
+	return Reply{PID: pid, MemfdNoExec: req.MemfdHelper != ""}, proc
+}
+
+// Run starts the container's init proc and lets it run its program, as c.Run does; with
+// memfdHelper (roost-init's host path) it sets vm.memfd_noexec=2 in the container's pid
+// namespace between the two, while the init waits to exec, so that nothing of the
+// session's runs there before. It returns the init's pid, and 0 when there is no init to
+// reap; on an error the init has been killed.
+func Run(c *libcontainer.Container, proc *libcontainer.Process, memfdHelper string) (int, error) {
+	if err := c.Start(proc); err != nil {
+		return 0, fmt.Errorf("starting the container: %w", err)
 	}
 	pid, err := proc.Pid()
 	if err != nil {
-		return Reply{Error: "starting the container: " + err.Error()}, proc
+		return 0, fmt.Errorf("starting the container: %w", err)
 	}
-	return Reply{PID: pid}, proc
+	if memfdHelper != "" {
+		if err := roostinit.SetMemfdNoExecIn(memfdHelper, pid); err != nil {
+			_ = proc.Signal(syscall.SIGKILL)
+			return pid, fmt.Errorf("vm.memfd_noexec in the container's pid namespace: %w", err)
+		}
+	}
+	if err := c.Exec(); err != nil {
+		_ = proc.Signal(syscall.SIGKILL)
+		return pid, fmt.Errorf("starting the container: %w", err)
+	}
+	return pid, nil
 }
 
 // RunFromSealedCopy re-executes the running binary from a sealed memfd copy of itself,

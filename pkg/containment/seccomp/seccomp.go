@@ -10,14 +10,26 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Profile is moby's default profile for the spec's capability set, plus roost's own
-// rule: without network.unix_sockets, socket(AF_UNIX, ...) fails with EACCES, and so does
-// every AF_UNIX socketpair but a stream or seqpacket one (see unixPairs).
+// Options are the rules of roost's own a profile takes or leaves, by the session's policy
+// and the host.
+type Options struct {
+	// UnixSockets (network.unix_sockets) allows AF_UNIX sockets; without it socket(AF_UNIX,
+	// ...) fails with EACCES, and so does every AF_UNIX socketpair but a stream or seqpacket
+	// one (see unixPairs).
+	UnixSockets bool
+	// NoMemfdExec refuses, with EACCES, memfd_create with MFD_EXEC and execveat with
+	// AT_EMPTY_PATH (see denyMemfdExec): what holds memfds where the kernel has no
+	// vm.memfd_noexec (before 6.3), for a session without filesystem.workdir_exec.
+	NoMemfdExec bool
+}
+
+// Profile is moby's default profile for the spec's capability set, plus roost's own rules:
+// no new namespaces, no ptrace, and those o takes.
 //
 // A syscall restricted by argument must not also be allowed outright (an unconditional
 // allow wins), so the AF_UNIX rule first takes socket, socketpair and socketcall out of the
 // profile's unconditional and domain-range rules, then puts back exactly what stays allowed.
-func Profile(spec *specs.Spec, unixSockets bool) (*specs.LinuxSeccomp, error) {
+func Profile(spec *specs.Spec, o Options) (*specs.LinuxSeccomp, error) {
 	profile, err := mobyseccomp.GetDefaultProfile(spec)
 	if err != nil {
 		return nil, err
@@ -30,7 +42,10 @@ func Profile(spec *specs.Spec, unixSockets bool) (*specs.LinuxSeccomp, error) {
 	}
 	restrictUnshare(profile)
 	denyTracing(profile)
-	if unixSockets {
+	if o.NoMemfdExec {
+		denyMemfdExec(profile)
+	}
+	if o.UnixSockets {
 		return profile, nil
 	}
 	var domains []uint64
@@ -165,6 +180,50 @@ func denyTracing(profile *specs.LinuxSeccomp) {
 		}
 	}
 	profile.Syscalls = slices.DeleteFunc(profile.Syscalls, func(sc specs.LinuxSyscall) bool { return len(sc.Names) == 0 })
+}
+
+// memfdExecFlags are the flags denyMemfdExec refuses, by syscall: the argument and the
+// bit. MFD_EXEC asks for an executable memfd; AT_EMPTY_PATH runs the file a descriptor
+// holds, the only way to run a memfd but through /proc/self/fd.
+var memfdExecFlags = []struct {
+	name  string
+	index uint
+	flag  uint64
+}{
+	{"memfd_create", 1, unix.MFD_EXEC},
+	{"execveat", 4, unix.AT_EMPTY_PATH},
+}
+
+// denyMemfdExec makes memfd_create with MFD_EXEC and execveat with AT_EMPTY_PATH fail with
+// EACCES, as they do under vm.memfd_noexec=2, for kernels that lack it. It leaves a gap
+// the sysctl does not: a memfd made without MFD_EXEC is executable on those kernels, and
+// execve("/proc/self/fd/N") runs it, a path no filter reads. fexecve(3) of an allowed
+// program fails with it too (glibc's is execveat with AT_EMPTY_PATH).
+//
+// Each bit is tested alone (the kernel reads the flags as an int, the filter all 64 bits:
+// only a mask holds whatever the high bits say), in two rules that split the argument
+// between them: libseccomp refuses overlapping rules of different actions.
+func denyMemfdExec(profile *specs.LinuxSeccomp) {
+	names := map[string]bool{}
+	for _, f := range memfdExecFlags {
+		names[f.name] = true
+	}
+	for i := range profile.Syscalls {
+		sc := &profile.Syscalls[i]
+		if sc.Action == specs.ActAllow {
+			sc.Names = slices.DeleteFunc(slices.Clone(sc.Names), func(n string) bool { return names[n] })
+		}
+	}
+	profile.Syscalls = slices.DeleteFunc(profile.Syscalls, func(sc specs.LinuxSyscall) bool { return len(sc.Names) == 0 })
+	eacces := uint(unix.EACCES)
+	for _, f := range memfdExecFlags {
+		profile.Syscalls = append(profile.Syscalls,
+			specs.LinuxSyscall{Names: []string{f.name}, Action: specs.ActAllow,
+				Args: []specs.LinuxSeccompArg{{Index: f.index, Value: f.flag, ValueTwo: 0, Op: specs.OpMaskedEqual}}},
+			specs.LinuxSyscall{Names: []string{f.name}, Action: specs.ActErrno, ErrnoRet: &eacces,
+				Args: []specs.LinuxSeccompArg{{Index: f.index, Value: f.flag, ValueTwo: f.flag, Op: specs.OpMaskedEqual}}},
+		)
+	}
 }
 
 // socketDomains lists the address families one argument comparison of the profile allows.
