@@ -151,7 +151,7 @@ demo: deps build
 
 ## bench: the benchmarks whose numbers the README quotes.
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 2s ./pkg/manifest/ ./pkg/session/ ./pkg/server/ ./pkg/spawn/ ./pkg/ledger/ ./pkg/workdir/ ./pkg/containment/idsweep/
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./pkg/manifest/ ./pkg/session/ ./pkg/server/ ./pkg/spawn/ ./pkg/ledger/ ./pkg/workdir/ ./pkg/containment/idsweep/ ./pkg/containment/sysview/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 60s -fuzzminimizetime 5s ./pkg/manifest/
@@ -169,6 +169,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseStatus -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/idsweep/
 	$(GO) test -run '^$$' -fuzz FuzzParseClaim -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/idsweep/
 	$(GO) test -run '^$$' -fuzz FuzzOpenTreeResolvesAsTheKernel -fuzztime 20s -fuzzminimizetime 5s ./pkg/artifact/
+	$(GO) test -run '^$$' -fuzz FuzzLdCache -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/sysview/
+	$(GO) test -run '^$$' -fuzz FuzzDynamic -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/sysview/
 
 tools: $(TOOLS)/buf $(TOOLS)/staticcheck $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc $(TOOLS)/grpcurl
 
