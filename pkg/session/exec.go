@@ -53,7 +53,11 @@ func (m *Manager) Exec(ctx context.Context, id string, opts containment.ExecOpti
 		return nil, err
 	}
 	// The program's own start, rebuilt as launch built it.
-	t := exec.Target{Session: rec.ID, RecordsDir: rec.RecordsDir, Spec: m.launchSpec(rec, class, man, policy, l.ep), Proc: l.proc, Runtime: rt}
+	s, err := m.launchSpec(rec, class, man, policy, l.ep)
+	if err != nil {
+		return nil, err
+	}
+	t := exec.Target{Session: rec.ID, RecordsDir: rec.RecordsDir, Spec: s, Proc: l.proc, Runtime: rt}
 	return exec.Start(ctx, t, m.reg, m.cfg.Logger, opts)
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"roost.dev/roost/pkg/containment/sealed"
+	"roost.dev/roost/pkg/containment/sysview"
 	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/session/delegate"
 	"roost.dev/roost/pkg/session/plan"
@@ -220,7 +221,10 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *store.Record, 
 		}
 		l.ep = ep
 	}
-	spec := m.launchSpec(rec, class, man, policy, l.ep)
+	spec, err := m.launchSpec(rec, class, man, policy, l.ep)
+	if err != nil {
+		return nil, err
+	}
 	var explanation []byte
 	_ = m.reg.View(func(tx *store.Tx) (err error) {
 		explanation, err = tx.Explanation(rec.ID)
@@ -237,8 +241,9 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *store.Record, 
 	return runtime.Start(context.WithoutCancel(ctx), spec)
 }
 
-// launchSpec builds the program's start from the manifest recorded at staging.
-func (m *Manager) launchSpec(rec *store.Record, class manifest.Class, man *manifest.Manifest, policy *manifest.Policy, ep spawn.Endpoint) containment.Spec {
+// launchSpec builds the program's start from the manifest recorded at staging, with the
+// session's view of the host's system trees.
+func (m *Manager) launchSpec(rec *store.Record, class manifest.Class, man *manifest.Manifest, policy *manifest.Policy, ep spawn.Endpoint) (containment.Spec, error) {
 	// What of roostd's environment reaches the session (see plan.HostVariables).
 	hostEnv, _ := plan.HostVariables(policy.Env.Allow, m.cfg.EnvPassthrough, m.cfg.HostEnv)
 	roost := map[string]string{}
@@ -250,9 +255,40 @@ func (m *Manager) launchSpec(rec *store.Record, class manifest.Class, man *manif
 	}
 	m.accounts.InferenceEnv(policy, ep, roost["ROOST_CREDENTIAL"], roost)
 	delegate.Env(policy, ep, roost)
-	return spec.Build(spec.Input{
+	s := spec.Build(spec.Input{
 		Record: rec, Class: class, Manifest: man, Policy: policy,
 		Home: m.trees.Home(rec.ID), Children: m.trees.ChildrenDirs(rec, class, policy),
 		HostEnv: hostEnv, Roost: roost, NetNS: netns, Wasm: m.cfg.Wasm,
 	})
+	view, err := m.systemView(rec, class, man, policy, &s)
+	if err != nil {
+		return s, &containment.StartError{Msg: fmt.Sprintf("session %s: its view of the system trees (filesystem.system): %v", rec.ID, err)}
+	}
+	s.System = view
+	return s, nil
+}
+
+// systemView is the part of the host's system trees the session sees: the closure of what
+// its allowlist may run, worked out from what its stage recorded, and for a sealed root the
+// view built from it (once per closure, shared by every session with the same one). nil is
+// all of them: a class without an exec allowlist, filesystem.system: full, or a session
+// staged before its shell.allow was recorded, whose names roost-exec looks up at launch.
+func (m *Manager) systemView(rec *store.Record, class manifest.Class, man *manifest.Manifest, policy *manifest.Policy, s *containment.Spec) (*containment.SystemView, error) {
+	if !plan.Viewed(class, policy) || (rec.Shell == nil && len(policy.Shell.Allow) > 0) {
+		return nil, nil
+	}
+	path := man.Env["PATH"]
+	c, err := sysview.Resolve(plan.SystemWant(plan.SystemInput{
+		Command: rec.Command, Path: path, Shell: rec.Shell, CapsuleDir: rec.Capsule.Root(), Runner: s.Runner, Policy: policy,
+	}), sysview.Options{Path: path, Cache: m.planner.SystemCache()})
+	if err != nil {
+		return nil, err
+	}
+	v := &containment.SystemView{Files: c.Files, Trees: c.Trees, Digest: c.Digest}
+	if class == manifest.Sealed {
+		if v.Dir, err = m.views.View(c); err != nil {
+			return nil, err
+		}
+	}
+	return v, nil
 }

@@ -12,6 +12,7 @@ import (
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 
+	"roost.dev/roost/pkg/containment/sysview"
 	"roost.dev/roost/pkg/session/account"
 	"roost.dev/roost/pkg/session/delegate"
 	"roost.dev/roost/pkg/session/dirs"
@@ -173,7 +174,9 @@ type Manager struct {
 	// egress holds the proxies sessions' endpoints carry (none without Config.Egress).
 	egress *delegate.Egress
 
-	planner  *plan.Planner
+	planner *plan.Planner
+	// views builds sealed sessions' views of the system trees, one per closure.
+	views    *sysview.Builder
 	journal  *journal
 	ranges   *ranges.Keeper
 	runtimes runtimes
@@ -326,6 +329,7 @@ func Open(cfg Config) (*Manager, error) {
 	}()
 	m.planner = plan.New(plan.Config{Artifacts: cfg.Artifacts, Catalog: cfg.Catalog, DaemonFloor: cfg.DaemonFloor, AllowRoot: cfg.AllowRoot,
 		HostPaths: cfg.HostPaths, EnvPassthrough: cfg.EnvPassthrough, HostEnv: cfg.HostEnv})
+	m.views = sysview.NewBuilder(m.trees.Views())
 	limits, _ := cfg.Observer.(LimitObserver)
 	m.journal = &journal{reg: m.reg, log: cfg.Logger, limits: limits}
 	m.lifeline = lifeline{reg: m.reg, live: &m.live, ctx: ctx, wg: &m.wg, log: cfg.Logger,
@@ -339,6 +343,7 @@ func Open(cfg Config) (*Manager, error) {
 	scoped, _ := cfg.Runtimes[manifest.Scoped].(interface{ TmpDir(string) string })
 	m.trees = dirs.Dirs{State: cfg.StateDir, IDs: cfg.IDs, Group: m.reg.parentGroup, Scoped: scoped,
 		Save: func(rec *store.Record) error { return m.reg.update(func(tx *store.Tx) error { return tx.Save(rec) }) }}
+	m.views = sysview.NewBuilder(m.trees.Views())
 	m.guard = guard.Guard{Interval: cfg.GuardInterval, Logger: cfg.Logger,
 		Trees: guard.Trees{Home: m.trees.Home, Tmp: m.trees.Tmp, Children: m.trees.Children, List: m.reg.all}}
 	m.egress = delegate.NewEgress(cfg.Egress, cfg.Observer, m.trees.Records, cfg.Logger)

@@ -172,7 +172,7 @@ func (m *Manager) stage(p *plan.Plan, opts StageOptions) (*store.Record, error) 
 		Workdir:      workdir,
 		OwnsWorkdir:  owns,
 		RecordsDir:   m.trees.Records(id),
-		Command:      command(p.Ref.Root(), p.Manifest.Run),
+		Command:      plan.Command(p.Ref.Root(), p.Manifest.Run),
 		Deadline:     time.Duration(p.Policy.Limits.DeadlineSeconds.Value) * time.Second,
 		WorkdirLimit: p.Policy.Resources.WorkdirMaxBytes.Value,
 		Shell:        p.Shell,
@@ -214,20 +214,6 @@ func (m *Manager) stage(p *plan.Plan, opts StageOptions) (*store.Record, error) 
 	m.cfg.Logger.Info("session staged", "session", rec.ID, "name", rec.Name, "capsule", rec.Capsule.Name+"@"+rec.Capsule.Version, "class", rec.Achieved,
 		"declared", rec.Declared, "parent", rec.ParentID, "workdir", rec.Workdir)
 	return rec, nil
-}
-
-// command is the program's command line: run.command (or run.wasm's module) then run.args.
-// A program named by a relative path with a slash (bin/agent) lives in the capsule directory,
-// as a module always does.
-func command(capsuleDir string, run manifest.Run) []string {
-	if run.Wasm != "" {
-		return append([]string{filepath.Join(capsuleDir, run.Wasm)}, run.Args...)
-	}
-	argv := append(append([]string{}, run.Command...), run.Args...)
-	if !filepath.IsAbs(argv[0]) && strings.Contains(argv[0], "/") {
-		argv[0] = filepath.Join(capsuleDir, argv[0])
-	}
-	return argv
 }
 
 func checkWorkdir(dir string) error {

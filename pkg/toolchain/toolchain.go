@@ -313,7 +313,9 @@ func pythonPreset() (Entry, error) {
 	}
 	// sys.path as the interpreter has it: its standard library, lib-dynload, and the
 	// site-packages directories pip is imported from.
-	paths, err := askAll(files[0], "-I", "-c", "import sys; print('\\n'.join(p for p in sys.path if p))")
+	// ensurepip (python3 -m venv) installs pip from the wheels where the distribution keeps
+	// them (WHEEL_PKG_DIR), when it set one.
+	paths, err := askAll(files[0], "-I", "-c", "import sys, sysconfig; print('\\n'.join([p for p in sys.path if p] + [sysconfig.get_config_var('WHEEL_PKG_DIR') or '']))")
 	if err != nil {
 		return Entry{}, err
 	}

@@ -239,7 +239,7 @@ asyncio.run(main())
 PY
 .venv/bin/python aio.py
 cat > pool.py <<'PY'
-import multiprocessing, os
+import multiprocessing, os, time
 
 def start(barrier):
     # Every worker is up before any task runs, so the tasks spread over them however
@@ -247,6 +247,9 @@ def start(barrier):
     barrier.wait(60)
 
 def square(n):
+    # Long enough that one worker cannot take every task before the others, woken by the
+    # same barrier, are scheduled on a loaded host.
+    time.sleep(0.01)
     return n * n, os.getpid()
 
 if __name__ == "__main__":

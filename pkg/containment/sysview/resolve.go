@@ -93,8 +93,8 @@ type Closure struct {
 	ids map[string]fileID
 }
 
-// DataTrees are the directories of data glibc and the common libraries read at run time,
-// included whole where present: time zones, compiled locales, terminfo, CA certificates,
+// DataTrees are the directories (and the one file) of data glibc and the common libraries
+// read at run time, included whole where present: time zones, compiled locales, terminfo, CA certificates,
 // OpenSSL's directory, libmagic's database.
 func DataTrees() []string {
 	return []string{
@@ -105,6 +105,9 @@ func DataTrees() []string {
 		"/usr/share/ca-certificates",
 		"/usr/lib/ssl",
 		"/usr/share/misc",
+		// A file, which /etc/os-release links to: what Python's platform and pip's distro
+		// read to name the system.
+		"/usr/lib/os-release",
 	}
 }
 
@@ -468,6 +471,10 @@ func (r *resolver) addTree(p, why string) (string, error) {
 // addDataTree adds p if it is a directory on this host.
 func (r *resolver) addDataTree(p, why string) bool {
 	n, err := r.resolve(p)
+	if err == nil && n.mode.IsRegular() {
+		r.addFile(n.canon, why)
+		return false
+	}
 	if err != nil || !n.mode.IsDir() {
 		return false
 	}
@@ -961,14 +968,11 @@ func (r *resolver) scanDir(dir string, exec bool) error {
 func (r *resolver) scanFile(p string, info *fileInfo, exec bool) error {
 	switch info.kind {
 	case kindScript:
-		if !exec {
-			return nil
-		}
-		if info.interp == "" {
-			r.skipped = append(r.skipped, p+": its #! line names no interpreter")
-			return nil
-		}
-		return r.followScript(p, info, 0)
+		// A script in a tree runs only when its interpreter is on the allowlist in its own
+		// right: the exec rules give a tree's scripts no interpreter (git-core's perl and
+		// sh scripts need @shell or perl named). Following them would bring perl into every
+		// @git session's view, where the ELF loader would run it.
+		return nil
 	case kindELF:
 		o := info.elf
 		if o.bad != "" {

@@ -54,7 +54,13 @@ const (
 	RecordsDir  = "records"
 	HomesDir    = "home"
 	ChildrenDir = "children"
+	// ViewsDir holds sealed sessions' views of the system trees, one per closure (see
+	// package sysview); a view is links to the host's files, never the session's.
+	ViewsDir = "views"
 )
+
+// Views is where sealed sessions' views of the system trees are built.
+func (t Dirs) Views() string { return filepath.Join(t.State, ViewsDir) }
 
 // Records is the session's records directory.
 func (t Dirs) Records(id string) string { return filepath.Join(t.State, RecordsDir, id) }

@@ -33,6 +33,7 @@ func (pl *Planner) Explain(p *Plan, start func(class manifest.Class) *roostv1.St
 		e.Grants = append(e.Grants, &roostv1.Grant{Key: g.Key, Value: g.Value, Enforcement: g.Enforcement, Mechanism: g.Mechanism})
 	}
 	e.Start = start(class)
+	e.System = pl.System(p, class, Command(p.Ref.Root(), p.Manifest.Run))
 	e.Identity = &roostv1.Identity{Size: config.IDsPerSession, HostRoot: pl.HostRoot(p)}
 	if e.Identity.HostRoot {
 		e.Identity.Size = 0

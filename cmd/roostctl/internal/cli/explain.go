@@ -198,6 +198,9 @@ func printExplanation(out io.Writer, e *roostv1.Explanation, width int) {
 		}
 		field(out, label, fmt.Sprintf("%s → %s", sh.GetEntry(), strings.Join(what, " ")), width)
 	}
+	if sv := e.GetSystem(); sv != nil {
+		printSystem(out, sv, width)
+	}
 	for i, v := range e.GetEnv() {
 		label := ""
 		if i == 0 {
@@ -253,5 +256,25 @@ func printGrants(out io.Writer, e *roostv1.Explanation, width int) {
 			}
 			fmt.Fprintln(out, head+line)
 		}
+	}
+}
+
+// printSystem shows what of the host's system trees the program sees: the mode, what it
+// holds against, and the closure, trees first.
+func printSystem(out io.Writer, sv *roostv1.SystemView, width int) {
+	head := sv.GetMode()
+	if sv.GetDigest() != "" {
+		head += fmt.Sprintf(" — %d files, %d trees (view %.12s)", len(sv.GetFiles()), len(sv.GetTrees()), sv.GetDigest())
+	}
+	field(out, "system", head, width)
+	field(out, "", "holds against "+sv.GetHolds(), width)
+	for _, t := range sv.GetTrees() {
+		field(out, "", t+"/ (tree)", width)
+	}
+	for _, f := range sv.GetFiles() {
+		field(out, "", f, width)
+	}
+	for _, m := range sv.GetMissing() {
+		field(out, "", "missing: "+m, width)
 	}
 }

@@ -1,0 +1,147 @@
+package plan
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
+	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/containment/sysview"
+	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/toolchain"
+)
+
+// SystemInput is what a session's view of the host's system trees is worked out from.
+type SystemInput struct {
+	// Command is the session's command as recorded: a capsule's file on its host path, an
+	// absolute path, or a name looked up on Path.
+	Command []string
+	Path    string
+	// Shell is what its shell.allow resolved to; CapsuleDir where its capsule's files are on
+	// the host (shell.allow names them beneath toolchain.CapsuleView).
+	Shell      []toolchain.Entry
+	CapsuleDir string
+	// Runner is roost-wasm on the host, for a WASM session: it runs, the module does not.
+	Runner string
+	Policy *manifest.Policy
+}
+
+// SystemWant is what a session's allowlist asks of the host's system trees: its program (or
+// a WASM session's runner), what shell.allow resolved to, the module trees its Node scripts
+// load from, and the operator's host_read beneath the system trees.
+func SystemWant(in SystemInput) sysview.Want {
+	var w sysview.Want
+	host := func(p string) string {
+		if rest, ok := strings.CutPrefix(p, toolchain.CapsuleView+"/"); ok && in.CapsuleDir != "" {
+			return filepath.Join(in.CapsuleDir, rest)
+		}
+		return p
+	}
+	file := func(p string) {
+		w.Files = append(w.Files, p)
+		// A script of a Node package (claude, codex, npm) loads the packages beside it.
+		if dir := toolchain.ModulesDir(p); dir != "" {
+			w.ReadTrees = append(w.ReadTrees, dir)
+		}
+	}
+	switch {
+	case in.Runner != "":
+		file(in.Runner)
+	case len(in.Command) > 0:
+		if prog := lookPath(in.Command[0], in.Path); prog != "" {
+			file(prog)
+		}
+	}
+	for _, e := range in.Shell {
+		for _, f := range e.Files {
+			file(host(f))
+		}
+		for _, t := range e.Trees {
+			w.ExecTrees = append(w.ExecTrees, host(t))
+		}
+		w.ReadTrees = append(w.ReadTrees, e.ReadTrees...)
+	}
+	if in.Policy != nil {
+		for _, h := range in.Policy.Filesystem.HostRead {
+			if inSystemTrees(h) {
+				w.ReadTrees = append(w.ReadTrees, h)
+			}
+		}
+	}
+	return w
+}
+
+// lookPath finds a command's program as the session will: a path as it is, a name on path.
+func lookPath(name, path string) string {
+	if strings.Contains(name, "/") {
+		return name
+	}
+	if path == "" {
+		path = containment.DefaultPath
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			continue
+		}
+		p := filepath.Join(dir, name)
+		if info, err := os.Stat(p); err == nil && info.Mode().IsRegular() && info.Mode().Perm()&0o111 != 0 {
+			return p
+		}
+	}
+	return ""
+}
+
+// systemTrees are the host trees a session's view cuts down: what programs are made of.
+var systemTrees = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt"}
+
+func inSystemTrees(p string) bool {
+	for _, t := range systemTrees {
+		if p == t || strings.HasPrefix(p, t+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// System is what of the host's system trees a session of the plan would see, as explain
+// shows it: the closure of its allowlist (worked out here, as its launch will) or, with
+// filesystem.system: full, all of them.
+func (pl *Planner) System(p *Plan, class manifest.Class, argv []string) *roostv1.SystemView {
+	sv := &roostv1.SystemView{Mode: p.Policy.Filesystem.System, Holds: containment.SystemHolds(class, &p.Policy)}
+	if sv.Mode == "" {
+		sv.Mode = manifest.SystemAllowlist
+	}
+	if !Viewed(class, &p.Policy) {
+		return sv
+	}
+	c, err := sysview.Resolve(SystemWant(SystemInput{
+		Command: argv, Path: p.Manifest.Env["PATH"], Shell: p.Shell, CapsuleDir: p.Ref.Root(), Policy: &p.Policy,
+	}), sysview.Options{Path: p.Manifest.Env["PATH"], Cache: pl.system})
+	if err != nil {
+		sv.Missing = append(sv.Missing, "the closure cannot be worked out: "+err.Error())
+		return sv
+	}
+	sv.Files, sv.Trees, sv.Missing, sv.Digest = c.Files, c.Trees, c.Missing, c.Digest
+	return sv
+}
+
+// Viewed says whether a session of class with policy p sees only its allowlist's closure
+// of the system trees: a contained one whose capsule does not ask for all of them.
+func Viewed(class manifest.Class, p *manifest.Policy) bool {
+	return (class == manifest.Scoped || class == manifest.Sealed) && p.Filesystem.System != manifest.SystemFull
+}
+
+// Command is the program's command line: run.command (or run.wasm's module) then run.args.
+// A program named by a relative path with a slash (bin/agent) lives in the capsule directory,
+// as a module always does.
+func Command(capsuleDir string, run manifest.Run) []string {
+	if run.Wasm != "" {
+		return append([]string{filepath.Join(capsuleDir, run.Wasm)}, run.Args...)
+	}
+	argv := append(append([]string{}, run.Command...), run.Args...)
+	if !filepath.IsAbs(argv[0]) && strings.Contains(argv[0], "/") {
+		argv[0] = filepath.Join(capsuleDir, argv[0])
+	}
+	return argv
+}
