@@ -84,6 +84,15 @@ type ExecSpec struct {
 	// it writes there in exit.json. Without Report the program gets no such descriptor, and
 	// OutcomeFDEnv is taken out of its environment.
 	Report bool `json:"report,omitempty"`
+	// Refusals, when set with Landlock, has the execs the allowlist refuses recorded in the
+	// records directory (records.RefusalsFile): roost-exec installs a seccomp listener on
+	// execve and execveat for the program and everything it starts, and roost-init serves
+	// it. Only the program's own process tree: a command roostctl exec starts is not
+	// roost-init's to watch, and gets none.
+	Refusals *Refusals `json:"refusals,omitempty"`
+	// WatchFD is roost-exec's descriptor of the socket the listener goes to: roost-init
+	// sets it on the spec it hands on, never roostd.
+	WatchFD int `json:"watch_fd,omitempty"`
 }
 
 // Mounts is what a scoped session's private mount namespace changes in the host's view.

@@ -161,6 +161,9 @@ func scopedExecSpec(spec containment.Spec, user *roostinit.User, tmp string) (ro
 		NetNS:            spec.NetNS,
 		NewNetNS:         spec.NetNS == "",
 		Report:           spec.Runner != "",
+		// The allowlist's refusals are recorded, a scoped session's view being the host's:
+		// a name missing there is missing, no refusal.
+		Refusals: &roostinit.Refusals{},
 	}
 	exec.Landlock, exec.Mounts = scopedExec(spec, tmp)
 	return exec, nil
