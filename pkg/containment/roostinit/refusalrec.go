@@ -25,8 +25,8 @@ type refusalRecorder struct {
 	dir int
 	now func() time.Time
 
+	// mu guards the counts; add holds it while an exec waits, so no write happens under it.
 	mu      sync.Mutex
-	fd      int // -1 until the first line
 	entries map[refusalKey]*refusalEntry
 	// dirty lists, in order, the entries with counts not yet written.
 	dirty   []*refusalEntry
@@ -35,7 +35,11 @@ type refusalRecorder struct {
 	more     int64
 	full     bool
 	finished bool
-	lastErr  error
+
+	// writeMu guards the file.
+	writeMu sync.Mutex
+	fd      int // -1 until the first line
+	lastErr error
 
 	wake chan struct{}
 	stop chan struct{}
@@ -121,6 +125,11 @@ func (r *refusalRecorder) flusher() {
 
 // flush writes a line for each entry with counts pending, in one write.
 func (r *refusalRecorder) flush() {
+	r.write(r.take())
+}
+
+// take turns the pending counts into lines, holding them to the bytes bound.
+func (r *refusalRecorder) take() []byte {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var buf []byte
@@ -144,16 +153,18 @@ func (r *refusalRecorder) flush() {
 		e.pending = 0
 	}
 	r.dirty = r.dirty[:0]
+	// Counted as written whether or not the disk takes it: the bound is on what is tried.
+	r.written += int64(len(buf))
+	return buf
+}
+
+// write appends buf to the file, opening it on first use.
+func (r *refusalRecorder) write(buf []byte) {
 	if len(buf) == 0 {
 		return
 	}
-	// Counted as written whether or not the disk took it: the bound is on what is tried.
-	r.written += int64(len(buf))
-	r.write(buf)
-}
-
-// write appends buf to the file, opening it on first use. The caller holds r.mu.
-func (r *refusalRecorder) write(buf []byte) {
+	r.writeMu.Lock()
+	defer r.writeMu.Unlock()
 	if r.fd < 0 {
 		fd, err := unix.Openat(r.dir, records.RefusalsFile, unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 		if err != nil {
@@ -167,7 +178,8 @@ func (r *refusalRecorder) write(buf []byte) {
 	}
 }
 
-// note says in init.log why refusals were lost, once per kind of failure.
+// note says in init.log why refusals were lost, once per kind of failure. The caller holds
+// r.writeMu.
 func (r *refusalRecorder) note(err error) {
 	if r.lastErr != nil && r.lastErr.Error() == err.Error() {
 		return
@@ -185,16 +197,21 @@ func (r *refusalRecorder) finish() {
 	default:
 	}
 	close(r.stop)
-	r.flush()
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.finished = true
-	if r.more > 0 {
-		data, err := json.Marshal(records.ExecRefusal{Time: r.now().UTC(), More: r.more})
-		if err == nil {
-			r.write(append(data, '\n'))
+	r.mu.Unlock()
+	buf := r.take()
+	r.mu.Lock()
+	more := r.more
+	r.mu.Unlock()
+	if more > 0 {
+		if data, err := json.Marshal(records.ExecRefusal{Time: r.now().UTC(), More: more}); err == nil {
+			buf = append(append(buf, data...), '\n')
 		}
 	}
+	r.write(buf)
+	r.writeMu.Lock()
+	defer r.writeMu.Unlock()
 	if r.fd >= 0 {
 		unix.Close(r.fd)
 		r.fd = -1

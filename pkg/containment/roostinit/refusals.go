@@ -515,13 +515,15 @@ func serve(listener int, j *execJudge, sink refusalSink) {
 		if refusal != nil && !stillWaiting(listener, n.ID) {
 			refusal = nil
 		}
-		resp := seccompNotifResp{ID: n.ID, Flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
-		// ENOENT: it died meanwhile.
-		_ = notifIoctl(listener, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
+		// Counted before the exec goes on: once it does, the session may end, and with it
+		// the recorder, before this goroutine runs again.
 		if refusal != nil {
 			refusal.Time = time.Now().UTC()
 			sink.add(*refusal)
 		}
+		resp := seccompNotifResp{ID: n.ID, Flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
+		// ENOENT: it died meanwhile.
+		_ = notifIoctl(listener, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
 	}
 }
 
