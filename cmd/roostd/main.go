@@ -80,12 +80,13 @@ type options struct {
 
 // The metrics hear session starts, recoveries, spawn decisions and the ledger's charges.
 var (
-	_ session.Observer       = (*metrics.Metrics)(nil)
-	_ delegate.SpawnObserver = (*metrics.Metrics)(nil)
-	_ session.LimitObserver  = (*metrics.Metrics)(nil)
-	_ ranges.Observer        = (*metrics.Metrics)(nil)
-	_ retention.Observer     = (*metrics.Metrics)(nil)
-	_ ledger.Observer        = (*metrics.Metrics)(nil)
+	_ session.Observer            = (*metrics.Metrics)(nil)
+	_ delegate.SpawnObserver      = (*metrics.Metrics)(nil)
+	_ session.LimitObserver       = (*metrics.Metrics)(nil)
+	_ session.ExecRefusalObserver = (*metrics.Metrics)(nil)
+	_ ranges.Observer             = (*metrics.Metrics)(nil)
+	_ retention.Observer          = (*metrics.Metrics)(nil)
+	_ ledger.Observer             = (*metrics.Metrics)(nil)
 )
 
 func parseFlags(args []string) (*options, error) {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/internal/testkit"
@@ -54,6 +55,14 @@ func capsulePath(class manifest.Class, capsule, name string) string {
 // stdout and stderr.
 func execAllowRun(t *testing.T, class manifest.Class, caps, capsule string, argv []string, adjust func(*containment.Spec), opts ...containment.Option) (containment.ExitInfo, string, *containment.StartError) {
 	t.Helper()
+	info, out, _, se := execAllowRunFor(t, class, caps, capsule, argv, adjust, 0, opts...)
+	return info, out, se
+}
+
+// execAllowRunFor is execAllowRun waiting up to wait for the session's end (0: the kit's
+// usual bound), and also returning its records directory; opts make its runtime.
+func execAllowRunFor(t *testing.T, class manifest.Class, caps, capsule string, argv []string, adjust func(*containment.Spec), wait time.Duration, opts ...containment.Option) (containment.ExitInfo, string, string, *containment.StartError) {
+	t.Helper()
 	testkit.NeedRoot(t)
 	var rt interface {
 		Start(context.Context, containment.Spec) (containment.Process, error)
@@ -86,14 +95,27 @@ func execAllowRun(t *testing.T, class manifest.Class, caps, capsule string, argv
 		if !errors.As(err, &se) {
 			t.Fatalf("%s start failed, but not as a refused program: %v", class, err)
 		}
-		return containment.ExitInfo{}, "", se
+		return containment.ExitInfo{}, "", s.RecordsDir, se
 	}
-	info := testkit.WaitDone(t, p)
+	var info containment.ExitInfo
+	if wait == 0 {
+		info = testkit.WaitDone(t, p)
+	} else {
+		select {
+		case <-p.Done():
+		case <-time.After(wait):
+			testkit.KillAndWait(t, p)
+			t.Fatalf("session did not end within %s", wait)
+		}
+		if info, err = p.Exit(); err != nil {
+			t.Fatalf("Exit: %v", err)
+		}
+	}
 	if err := rt.Release(s.SessionID); err != nil {
 		t.Errorf("release: %v", err)
 	}
 	out := testkit.ReadFile(t, filepath.Join(s.RecordsDir, containment.StdoutFile)) + testkit.ReadFile(t, filepath.Join(s.RecordsDir, containment.StderrFile))
-	return info, out, nil
+	return info, out, s.RecordsDir, nil
 }
 
 // setPath gives the session path as its PATH.

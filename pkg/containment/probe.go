@@ -15,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -44,6 +45,9 @@ type Host struct {
 	SystemdDriverWhy string
 	// Seccomp says the kernel offers seccomp filters.
 	Seccomp bool
+	// SeccompUserNotif says a seccomp filter may hand a call to a listener
+	// (SECCOMP_RET_USER_NOTIF): what records the execs sessions' allowlists refuse.
+	SeccompUserNotif bool
 	// UserNamespaces is the user.max_user_namespaces limit; 0 when user namespaces are off.
 	UserNamespaces int
 	// UnprivilegedUserNSClone is Debian's kernel.unprivileged_userns_clone, "" when the
@@ -78,6 +82,9 @@ func Probe() Host {
 	if data, err := os.ReadFile("/proc/self/status"); err == nil {
 		h.Seccomp = bytes.Contains(data, []byte("\nSeccomp:"))
 	}
+	action := uint32(unix.SECCOMP_RET_USER_NOTIF)
+	_, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_GET_ACTION_AVAIL, 0, uintptr(unsafe.Pointer(&action)))
+	h.SeccompUserNotif = errno == 0
 	h.UserNamespaces, _ = strconv.Atoi(readKnob("/proc/sys/user/max_user_namespaces"))
 	h.UnprivilegedUserNSClone = readKnob("/proc/sys/kernel/unprivileged_userns_clone")
 	h.AppArmorRestrictUserNS = readKnob("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
@@ -179,7 +186,7 @@ func (h Host) Checks() []Check {
 	} else {
 		out = append(out, Check{Name: "seccomp", Status: "warn", Detail: "not offered by the kernel", Hint: "boot a kernel with CONFIG_SECCOMP_FILTER=y"})
 	}
-	out = append(out, cgroupCheck(h.Cgroups), h.cgroupParentCheck(), h.systemdDriverCheck(), h.memfdCheck())
+	out = append(out, h.execRefusalsCheck(), cgroupCheck(h.Cgroups), h.cgroupParentCheck(), h.systemdDriverCheck(), h.memfdCheck())
 	if seccomp.Built {
 		out = append(out, Check{Name: "seccomp in roostd", Status: "ok", Detail: "built with libseccomp (the seccomp build tag)"})
 	} else {
@@ -189,6 +196,32 @@ func (h Host) Checks() []Check {
 	// User namespaces are not a check here: doctor reports them with the mapping roostd
 	// actually tried (MapUserNS) and the ids it owns (IDConflicts).
 	return out
+}
+
+// landlockAuditABI is the Landlock ABI (Linux 6.15) from which the kernel can log Landlock's
+// denials itself, through the audit subsystem.
+const landlockAuditABI = 7
+
+// execRefusalsCheck says what records the execs a session's exec allowlist refuses.
+func (h Host) execRefusalsCheck() Check {
+	c := Check{Name: "exec refusals", Status: "ok"}
+	audit := "the kernel offers it"
+	if h.LandlockABI < landlockAuditABI {
+		audit = "the kernel has none"
+	}
+	audit = fmt.Sprintf("; Landlock audit (ABI %d, Linux 6.15): %s — it would report through the host's audit subsystem, which roost does not turn on", landlockAuditABI, audit)
+	switch {
+	case h.LandlockABI == 0:
+		c.Status, c.Detail = "warn", "not recorded: without Landlock no session has an exec allowlist"
+		return c
+	case !h.SeccompUserNotif:
+		c.Status, c.Detail = "warn", "not recorded: the kernel offers no seccomp user notification (SECCOMP_RET_USER_NOTIF); Landlock refuses them unseen"+audit
+		c.Hint = "boot a kernel with CONFIG_SECCOMP_FILTER=y (5.5 or later)"
+		return c
+	}
+	c.Detail = "seccomp user notification on execve/execveat in each session, observed only — Landlock decides; " +
+		"scoped and sealed sessions' own processes (not commands roostctl exec starts), in each session's trace.jsonl, its events and roost_exec_refused_total" + audit
+	return c
 }
 
 func cgroupCheck(layout string) Check {

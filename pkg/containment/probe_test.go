@@ -160,3 +160,35 @@ func TestMemfdCheck(t *testing.T) {
 		t.Errorf("unwritable: %+v", c)
 	}
 }
+
+// Doctor says how refused execs are recorded here, and whether the kernel's own Landlock
+// audit (ABI 7, Linux 6.15) exists, which roost does not turn on.
+func TestChecksSayHowExecRefusalsAreRecorded(t *testing.T) {
+	h := containment.Probe()
+	var check *containment.Check
+	for _, c := range h.Checks() {
+		if c.Name == "exec refusals" {
+			check = &c
+		}
+	}
+	if check == nil {
+		t.Fatal("no exec refusals check")
+	}
+	t.Logf("%+v", *check)
+	wants := []string{"seccomp user notification on execve/execveat in each session, observed only — Landlock decides", "Landlock audit"}
+	if h.LandlockABI == 0 {
+		wants = []string{"not recorded", "Landlock"}
+	}
+	for _, w := range wants {
+		if !strings.Contains(check.Detail, w) {
+			t.Errorf("the check %q lacks %q", check.Detail, w)
+		}
+	}
+	audit := "the kernel offers it"
+	if h.LandlockABI < 7 {
+		audit = "the kernel has none"
+	}
+	if h.LandlockABI > 0 && !strings.Contains(check.Detail, audit) {
+		t.Errorf("the check %q does not say %q (Landlock ABI %d)", check.Detail, audit, h.LandlockABI)
+	}
+}

@@ -30,8 +30,11 @@ type Metrics struct {
 	overruns  *prometheus.CounterVec
 	refusals  *prometheus.CounterVec
 	limits    *prometheus.CounterVec
-	pruned    prometheus.Counter
-	compacted prometheus.Counter
+	// execRefused counts the execs sessions' allowlists refused, by class: the paths are the
+	// sessions' choice, and in their traces.
+	execRefused *prometheus.CounterVec
+	pruned      prometheus.Counter
+	compacted   prometheus.Counter
 	// egressConns and egressBytes count sessions' egress proxies' work; no host label: the
 	// destinations are the sessions' choice, and in the trace.
 	egressConns *prometheus.CounterVec
@@ -99,6 +102,10 @@ func New(states []string, count func() map[string]int) *Metrics {
 			Name: "roost_limit_hits_total",
 			Help: "Times a session met one of its bounds, by limit (endpoint_connections, log_bytes, workdir_bytes, workdir_inodes, children_total, disk_full, …): a refusal or a cut.",
 		}, []string{"limit"}),
+		execRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "roost_exec_refused_total",
+			Help: "Execs a session's exec allowlist refused (shell.allow, Landlock; a noexec mount; a system program absent from a sealed root), by containment class.",
+		}, []string{"class"}),
 		pruned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "roost_sessions_pruned_total",
 			Help: "Ended sessions removed by retention (roostd --retain-ended, --retain-for) and roostctl prune.",
@@ -137,7 +144,7 @@ func New(states []string, count func() map[string]int) *Metrics {
 	m.registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.starts, m.startTime, m.recovered, m.spawns, m.spawnTime, m.tokens, m.tokensOld, m.overruns, m.refusals, m.limits, m.pruned, m.compacted,
+		m.starts, m.startTime, m.recovered, m.spawns, m.spawnTime, m.tokens, m.tokensOld, m.overruns, m.refusals, m.limits, m.execRefused, m.pruned, m.compacted,
 		m.egressConns, m.egressBytes, m.hookRuns, m.hookTime, m.rangeSweeps, m.rangeSweepTime,
 		&stateCollector{states: states, count: count, desc: prometheus.NewDesc(
 			"roost_sessions", "Sessions in the registry, by state.", []string{"state"}, nil)},
@@ -217,6 +224,11 @@ func (m *Metrics) HookRan(hook, result string, took time.Duration) {
 
 // LimitHit counts a session meeting one of its bounds.
 func (m *Metrics) LimitHit(limit string) { m.limits.WithLabelValues(limit).Inc() }
+
+// ExecRefused counts n execs a session of class had refused by its exec allowlist.
+func (m *Metrics) ExecRefused(class string, n int64) {
+	m.execRefused.WithLabelValues(class).Add(float64(n))
+}
 
 // Refused counts an admission refused at a ceiling.
 func (m *Metrics) Refused(r *ledger.Refusal) {

@@ -47,7 +47,23 @@ type Trace struct {
 	Egress *Egress `json:"egress,omitempty"`
 	// ExecID names a command roostctl exec ran in the session (exec_start, exec_end).
 	ExecID string `json:"exec_id,omitempty"`
+	// An exec the allowlist refused (exec_refused, see ExecRefusal): the file as named and
+	// where it led, argv[0], the program that tried, why, and how many times (since the
+	// previous record of the same path and program).
+	Path     string `json:"path,omitempty"`
+	Resolved string `json:"resolved,omitempty"`
+	Argv0    string `json:"argv0,omitempty"`
+	Program  string `json:"program,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+	Count    int64  `json:"count,omitempty"`
 }
+
+// Refused-exec trace event types: one record per line roost-init wrote (TraceExecRefused),
+// and the one that says the trace holds no more of them (TraceExecRefusedCapped).
+const (
+	TraceExecRefused       = "exec_refused"
+	TraceExecRefusedCapped = "exec_refused_capped"
+)
 
 // EgressTrace is one egress record in the session's trace.
 type EgressTrace struct {

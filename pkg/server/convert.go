@@ -56,6 +56,9 @@ func SessionProto(r *store.Record) *roostv1.Session {
 	if st := session.LogStats(r); st != nil {
 		s.Stdout, s.Stderr = logStatsProto(st.MaxBytes, st.Stdout), logStatsProto(st.MaxBytes, st.Stderr)
 	}
+	if st := session.ExecRefusals(r); st != nil {
+		s.ExecRefused = &roostv1.ExecRefusals{Count: st.Count, RecentPaths: st.Recent}
+	}
 	return s
 }
 

@@ -22,11 +22,13 @@ type LimitObserver interface {
 // journal notes in the registry what happens to a session besides its transitions: the
 // bounds it meets, the cuts of its output, the operator's hooks that judged it.
 type journal struct {
-	reg    registry
-	log    *slog.Logger
-	limits LimitObserver // nil for none
-	// cutsMu orders the notes of which log cuts were reported (records.NewCuts).
-	cutsMu sync.Mutex
+	reg     registry
+	log     *slog.Logger
+	limits  LimitObserver       // nil for none
+	refused ExecRefusalObserver // nil for none
+	// cutsMu orders the notes of which log cuts were reported (records.NewCuts);
+	// refusalsMu those of which refused execs were (records.NewRefusals).
+	cutsMu, refusalsMu sync.Mutex
 }
 
 // LimitHit records that a session met one of its bounds: an event (limit: detail) and a
@@ -70,9 +72,16 @@ func (j *journal) logCuts(id, recordsDir string) {
 	}
 }
 
-// watchLogs reports the session's output cuts every interval until done closes or ctx
-// ends.
-func (j *journal) watchLogs(ctx context.Context, id, recordsDir string, interval time.Duration, done <-chan struct{}) {
+// readRecords reports what roost-init recorded of the session since the last call: its
+// output's cuts and the execs its allowlist refused.
+func (j *journal) readRecords(rec *store.Record) {
+	j.logCuts(rec.ID, rec.RecordsDir)
+	j.execRefusals(rec.ID, rec.RecordsDir, rec.Achieved)
+}
+
+// watchLogs reports the session's output cuts and refused execs every interval until done
+// closes or ctx ends.
+func (j *journal) watchLogs(ctx context.Context, rec *store.Record, interval time.Duration, done <-chan struct{}) {
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
 	for {
@@ -82,7 +91,7 @@ func (j *journal) watchLogs(ctx context.Context, id, recordsDir string, interval
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
-			j.logCuts(id, recordsDir)
+			j.readRecords(rec)
 		}
 	}
 }

@@ -67,7 +67,7 @@ func (m *Manager) recoverOne(rec *store.Record) string {
 	// whatever roost-init is still doing.
 	info, err := containment.ReadExit(rec.RecordsDir)
 	if err == nil {
-		m.journal.logCuts(rec.ID, rec.RecordsDir)
+		m.journal.readRecords(rec)
 		status, code, detail := outcome.Classify(rec, info, nil)
 		m.finish(l, rec, status, code, detail, info.EndedAt)
 		return RecoveredExited

@@ -39,10 +39,11 @@ func (m *Manager) supervise(l *liveSession, rec *store.Record, proc containment.
 	guarded := *rec
 	m.wg.Add(1)
 	go m.guardWorkdir(l, &guarded, proc.Done())
+	watched := *rec
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		m.journal.watchLogs(m.ctx, rec.ID, rec.RecordsDir, m.cfg.GuardInterval, proc.Done())
+		m.journal.watchLogs(m.ctx, &watched, m.cfg.GuardInterval, proc.Done())
 	}()
 	m.wg.Add(1)
 	go func() {
@@ -231,7 +232,7 @@ func (m *Manager) recordEnd(id string, l *liveSession, info containment.ExitInfo
 	if ended.IsZero() {
 		ended = time.Now().UTC()
 	}
-	m.journal.logCuts(rec.ID, rec.RecordsDir)
+	m.journal.readRecords(rec)
 	m.finish(l, rec, status, code, detail, ended)
 }
 

@@ -122,8 +122,9 @@ func execMain() {
 	// Landlock's rules are built while still root: they name paths by opening them, and
 	// the session's uid may not be able to walk to each (its limits come from Landlock and
 	// DAC together, not from what it can name).
+	var allowed *execRuleSet
 	if spec.Landlock != nil {
-		if err := applyLandlock(spec.Landlock, path, envValue(spec.Env, "PATH")); err != nil {
+		if allowed, err = applyLandlock(spec.Landlock, path, envValue(spec.Env, "PATH")); err != nil {
 			fail("roost-exec: Landlock: %v", err)
 		}
 	}
@@ -150,6 +151,16 @@ func execMain() {
 	}
 	if err := closeOnExecFrom(first); err != nil {
 		fail("roost-exec: closing inherited descriptors: %v", err)
+	}
+	// The listener comes before the session's own filter, which need not allow seccomp(2)
+	// to what it confines; the program and all it starts inherit both. A joined command is
+	// not roost-init's child, and roost-init gives it no socket.
+	if spec.WatchFD > 0 && spec.Join == nil {
+		if spec.Refusals != nil && spec.Landlock != nil {
+			watchExecs(spec.WatchFD, allowed, *spec.Refusals)
+		} else {
+			unix.Close(spec.WatchFD)
+		}
 	}
 	if len(spec.Seccomp) > 0 {
 		if err := loadSeccomp(spec.Seccomp); err != nil {

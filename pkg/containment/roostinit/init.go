@@ -130,10 +130,12 @@ func initMain() int {
 		return 1
 	}
 	var pump *logPump
+	var watch *execWatch
 	fail := func(msg string) int {
 		if early != nil {
 			early.abandon()
 		}
+		watch.finish()
 		info := ExitInfo{Code: 127, StartError: msg, EndedAt: time.Now().UTC()}
 		if pump != nil {
 			st := pump.finish(drainGrace)
@@ -178,6 +180,7 @@ func initMain() int {
 	pump = pipes
 	roostExec := early
 	early = nil // hand reaps it when it fails; fail must not abandon it again
+	watch = roostExec.watch
 	pid, startErr := roostExec.hand(spec.Exec)
 	pump.closeChildEnds()
 	outcome.started()
@@ -228,6 +231,8 @@ func initMain() int {
 	// gone nobody holds the output pipes, and the pump drains what is left in them: the
 	// output and its counts are complete before exit.json says the session ended.
 	reapAll(pid)
+	// Before exit.json: roostd reads the last refusals once it sees the end.
+	watch.finish()
 	st := pump.finish(drainGrace)
 	info.Logs = &st
 	info.Report = outcome.finish(drainGrace)
@@ -267,8 +272,8 @@ func ownOutput(records int) {
 
 // initThreads is how many OS threads roost-init makes before the program starts: more than
 // its goroutines ever block in system calls at once (wait4, the two streams' writes, logs.json,
-// exit.json, a forwarded signal).
-const initThreads = 8
+// exit.json, a forwarded signal, the exec listener's wait and its refusals' writes).
+const initThreads = 10
 
 // prewarmThreads makes the Go runtime start n OS threads now, while the session's pids allow
 // it. The runtime starts a thread whenever one blocks in a system call and another goroutine
@@ -324,6 +329,8 @@ type pendingExec struct {
 	pid   int
 	specW *os.File
 	errR  *os.File
+	// watch receives the exec listener, if roost-exec is asked to install one (hand).
+	watch *execWatch
 }
 
 // spawnExec starts roost-exec in a new process group in dir, its stdout and stderr the
@@ -350,6 +357,15 @@ func spawnExec(pump *logPump, dir string, newNS bool, report *os.File) (*pending
 		errW.Close()
 		return nil, err
 	}
+	watch, watchChild, err := newExecWatch(initRecordsFD)
+	if err != nil {
+		specR.Close()
+		specW.Close()
+		errR.Close()
+		errW.Close()
+		devnull.Close()
+		return nil, err
+	}
 	stdout, stderr := pump.childFDs()
 	attr := &syscall.ProcAttr{
 		Dir:   dir,
@@ -357,9 +373,12 @@ func spawnExec(pump *logPump, dir string, newNS bool, report *os.File) (*pending
 		Files: []uintptr{devnull.Fd(), uintptr(stdout), uintptr(stderr), specR.Fd(), errW.Fd()},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	}
+	// execReportFD, or closed in the child (-1), so the socket is always execWatchFD.
+	reportFD := ^uintptr(0)
 	if report != nil {
-		attr.Files = append(attr.Files, report.Fd())
+		reportFD = report.Fd()
 	}
+	attr.Files = append(attr.Files, reportFD, watchChild.Fd())
 	if newNS {
 		// Its own mount namespace, with every mount private: nothing roost-exec mounts
 		// there reaches the host, or roost-init.
@@ -373,17 +392,26 @@ func spawnExec(pump *logPump, dir string, newNS bool, report *os.File) (*pending
 	devnull.Close()
 	specR.Close()
 	errW.Close()
+	// Held by roost-exec alone from here, the socket reads EOF once it execs or ends.
+	watchChild.Close()
 	if err != nil {
 		specW.Close()
 		errR.Close()
+		unix.Close(watch.sock)
 		return nil, err
 	}
-	return &pendingExec{pid: pid, specW: specW, errR: errR}, nil
+	// Served from now: roost-exec's own exec of the program is the listener's first.
+	go watch.run()
+	return &pendingExec{pid: pid, specW: specW, errR: errR, watch: watch}, nil
 }
 
 // hand gives roost-exec its spec and returns the program's pid once exec succeeded, or why
 // the program could not start.
 func (e *pendingExec) hand(spec ExecSpec) (int, string) {
+	spec.WatchFD = 0
+	if spec.Refusals != nil && spec.Landlock != nil {
+		spec.WatchFD = execWatchFD
+	}
 	data, _ := json.Marshal(spec)
 	_, werr := e.specW.Write(data)
 	e.specW.Close()

@@ -71,37 +71,41 @@ const (
 // locked its OS thread and execs from it: the program inherits that thread's domain, and
 // roost-exec's other threads end at the exec. Restricting every thread instead (go-landlock's
 // Restrict, through libpsx on kernels before Landlock's TSYNC) signals each of them in turn
-// (`go test -bench LandlockRestrict ./pkg/containment/roostinit/`).
-func applyLandlock(l *Landlock, program, path string) error {
-	cfg, rules, err := landlockRules(l, program, path)
+// (`go test -bench LandlockRestrict ./pkg/containment/roostinit/`). It returns what the
+// exec rules hold, for the exec listener to judge by; nil when the kernel has no Landlock
+// and nothing is enforced.
+func applyLandlock(l *Landlock, program, path string) (*execRuleSet, error) {
+	cfg, rules, set, err := landlockRules(l, program, path)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	fd, flags, err := cfg.NewRulesetFD(rules...)
 	if err != nil || fd < 0 {
-		return err
+		return nil, err
 	}
 	defer unix.Close(fd)
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fmt.Errorf("no_new_privs: %w", err)
+		return nil, fmt.Errorf("no_new_privs: %w", err)
 	}
 	if err := ll.LandlockRestrictSelf(fd, flags); err != nil {
-		return fmt.Errorf("landlock_restrict_self: %w", err)
+		return nil, fmt.Errorf("landlock_restrict_self: %w", err)
 	}
-	return nil
+	return set, nil
 }
 
-// landlockRules is the session's Landlock ruleset: what it handles, and the rules.
-func landlockRules(l *Landlock, program, path string) (landlock.Config, []landlock.Rule, error) {
+// landlockRules is the session's Landlock ruleset: what it handles, and the rules; set is
+// what its exec rules hold.
+func landlockRules(l *Landlock, program, path string) (_ landlock.Config, _ []landlock.Rule, set *execRuleSet, _ error) {
 	execs, err := execRules(l, program, path)
 	if err != nil {
-		return landlock.Config{}, nil, err
+		return landlock.Config{}, nil, nil, err
 	}
 	rules := []landlock.Rule{landlock.PathAccess(ll.AccessFSExecute, execs...)}
 	trees, err := execTrees(l)
 	if err != nil {
-		return landlock.Config{}, nil, err
+		return landlock.Config{}, nil, nil, err
 	}
+	set = &execRuleSet{files: execs, trees: append(slices.Clone(trees), l.WritableExec...)}
 	if len(trees) > 0 {
 		rules = append(rules, landlock.PathAccess(ll.AccessFSExecute, trees...))
 	}
@@ -135,7 +139,7 @@ func landlockRules(l *Landlock, program, path string) (landlock.Config, []landlo
 	// domain, so a program running as root on the host's view cannot signal roostd or any
 	// other root process (a same-uid kill needs no capability).
 	cfg := landlock.Config{HandledAccessFS: handled, Scoped: ll.ScopeSignal | ll.ScopeAbstractUnixSocket}
-	return cfg.BestEffort(), rules, nil
+	return cfg.BestEffort(), rules, set, nil
 }
 
 // maxInterpreterDepth bounds the chain of interpreters followed (a script's interpreter a

@@ -89,6 +89,15 @@ type ExecSpec struct {
 	// root, which a scoped session's roost-exec is until it drops it; a sealed one's never
 	// is (the host sets it for a sealed container: SetMemfdNoExecIn).
 	MemfdNoExec bool `json:"memfd_noexec,omitempty"`
+	// Refusals, when set with Landlock, has the execs the allowlist refuses recorded in the
+	// records directory (records.RefusalsFile): roost-exec installs a seccomp listener on
+	// execve and execveat for the program and everything it starts, and roost-init serves
+	// it. Only the program's own process tree: a command roostctl exec starts is not
+	// roost-init's to watch, and gets none.
+	Refusals *Refusals `json:"refusals,omitempty"`
+	// WatchFD is roost-exec's descriptor of the socket the listener goes to: roost-init
+	// sets it on the spec it hands on, never roostd.
+	WatchFD int `json:"watch_fd,omitempty"`
 }
 
 // Mounts is what a scoped session's private mount namespace changes in the host's view.

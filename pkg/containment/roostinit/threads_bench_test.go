@@ -41,12 +41,12 @@ func TestThreadsHelper(t *testing.T) {
 	var err error
 	switch mode {
 	case "landlock-thread":
-		err = applyLandlock(l, "/usr/bin/true", "/usr/bin")
+		_, err = applyLandlock(l, "/usr/bin/true", "/usr/bin")
 	case "landlock-all":
 		// What applyLandlock did before: the same ruleset on every thread, through libpsx.
 		var cfg landlock.Config
 		var rules []landlock.Rule
-		if cfg, rules, err = landlockRules(l, "/usr/bin/true", "/usr/bin"); err == nil {
+		if cfg, rules, _, err = landlockRules(l, "/usr/bin/true", "/usr/bin"); err == nil {
 			err = cfg.Restrict(rules...)
 		}
 	case "uid-thread":

@@ -169,6 +169,9 @@ func (r *Runtime) execSpec(spec containment.Spec, user *roostinit.User, tmp stri
 		// roost-init, pid 1 of the session's pid namespace, is born as host root: so is
 		// roost-exec, its child there, until it becomes the session's uid.
 		MemfdNoExec: !spec.Policy.Filesystem.WorkdirExec && r.memfdSysctl,
+		// The allowlist's refusals are recorded, a scoped session's view being the host's:
+		// a name missing there is missing, no refusal.
+		Refusals: &roostinit.Refusals{},
 	}
 	exec.Landlock, exec.Mounts = scopedExec(spec, tmp)
 	return exec, nil

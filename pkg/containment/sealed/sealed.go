@@ -369,10 +369,11 @@ func (r *Runtime) run(ctx context.Context, id string, config *configs.Config, me
 // sealedExecSpec is what roost-exec applies inside a sealed root before the session's
 // program, and before every command roostctl exec runs there. Inside the root the program
 // runs at /work, its command from the sealed view. Landlock holds the exec allowlist: the
-// program, shell.allow, and their interpreters.
+// program, shell.allow, and their interpreters. Its refusals are recorded; a system
+// program missing from the root may be one too, the root holding what the allowlist needs.
 func sealedExecSpec(spec containment.Spec) roostinit.ExecSpec {
 	return roostinit.ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: Work, Rlimits: spec.Rlimits,
-		Landlock: sealedLandlock(spec), Report: spec.Runner != ""}
+		Landlock: sealedLandlock(spec), Report: spec.Runner != "", Refusals: &roostinit.Refusals{Absent: true}}
 }
 
 // sealedLandlock is the exec allowlist inside a sealed root. What the session can write

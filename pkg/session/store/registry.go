@@ -481,6 +481,9 @@ const (
 	// EventExec records a command roostctl exec ran in a session: its start, or why it
 	// could not start, and its end. The detail names the exec's id and its command.
 	EventExec = "session.exec"
+	// EventExecRefused records an exec the session's allowlist refused: the detail names
+	// the file, the program that tried, why, and how many times.
+	EventExecRefused = "session.exec_refused"
 )
 
 func eventFor(s State) string { return "session." + strings.ToLower(string(s)) }

@@ -72,7 +72,10 @@ type Session struct {
 	// Whether the session started in a sandbox roostd made ahead of it (roostd --warm-pool):
 	// the same container, namespaces, cgroup and seccomp filter a cold start makes, made
 	// before the session was launched and used by it alone.
-	Warm          bool `protobuf:"varint,25,opt,name=warm,proto3" json:"warm,omitempty"`
+	Warm bool `protobuf:"varint,25,opt,name=warm,proto3" json:"warm,omitempty"`
+	// The execs the session's exec allowlist refused (scoped and sealed sessions; its own
+	// process tree, not commands roostctl exec started); absent when none was.
+	ExecRefused   *ExecRefusals `protobuf:"bytes,26,opt,name=exec_refused,json=execRefused,proto3" json:"exec_refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -282,6 +285,71 @@ func (x *Session) GetWarm() bool {
 	return false
 }
 
+func (x *Session) GetExecRefused() *ExecRefusals {
+	if x != nil {
+		return x.ExecRefused
+	}
+	return nil
+}
+
+// ExecRefusals counts the execs a session's exec allowlist refused: a program not on it, a
+// file on a noexec mount, a system program absent from a sealed root. roost-init observes
+// each exec (a seccomp listener; Landlock decides) and the session's trace.jsonl records
+// each refusal with the program that tried.
+type ExecRefusals struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every refused exec reported so far.
+	Count int64 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	// The newest distinct paths refused, as the programs named them, newest last.
+	RecentPaths   []string `protobuf:"bytes,2,rep,name=recent_paths,json=recentPaths,proto3" json:"recent_paths,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecRefusals) Reset() {
+	*x = ExecRefusals{}
+	mi := &file_roost_v1_session_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecRefusals) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecRefusals) ProtoMessage() {}
+
+func (x *ExecRefusals) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecRefusals.ProtoReflect.Descriptor instead.
+func (*ExecRefusals) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ExecRefusals) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *ExecRefusals) GetRecentPaths() []string {
+	if x != nil {
+		return x.RecentPaths
+	}
+	return nil
+}
+
 // WasmRun is a WASM session's module, as roost's runner runs it.
 type WasmRun struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -299,7 +367,7 @@ type WasmRun struct {
 
 func (x *WasmRun) Reset() {
 	*x = WasmRun{}
-	mi := &file_roost_v1_session_proto_msgTypes[1]
+	mi := &file_roost_v1_session_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -311,7 +379,7 @@ func (x *WasmRun) String() string {
 func (*WasmRun) ProtoMessage() {}
 
 func (x *WasmRun) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[1]
+	mi := &file_roost_v1_session_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -324,7 +392,7 @@ func (x *WasmRun) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WasmRun.ProtoReflect.Descriptor instead.
 func (*WasmRun) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{1}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *WasmRun) GetModule() string {
@@ -372,7 +440,7 @@ type Egress struct {
 
 func (x *Egress) Reset() {
 	*x = Egress{}
-	mi := &file_roost_v1_session_proto_msgTypes[2]
+	mi := &file_roost_v1_session_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -384,7 +452,7 @@ func (x *Egress) String() string {
 func (*Egress) ProtoMessage() {}
 
 func (x *Egress) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[2]
+	mi := &file_roost_v1_session_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -397,7 +465,7 @@ func (x *Egress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Egress.ProtoReflect.Descriptor instead.
 func (*Egress) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{2}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Egress) GetConnections() int64 {
@@ -454,7 +522,7 @@ type LogStats struct {
 
 func (x *LogStats) Reset() {
 	*x = LogStats{}
-	mi := &file_roost_v1_session_proto_msgTypes[3]
+	mi := &file_roost_v1_session_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -466,7 +534,7 @@ func (x *LogStats) String() string {
 func (*LogStats) ProtoMessage() {}
 
 func (x *LogStats) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[3]
+	mi := &file_roost_v1_session_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -479,7 +547,7 @@ func (x *LogStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogStats.ProtoReflect.Descriptor instead.
 func (*LogStats) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{3}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *LogStats) GetWrittenBytes() int64 {
@@ -528,7 +596,7 @@ type Identity struct {
 
 func (x *Identity) Reset() {
 	*x = Identity{}
-	mi := &file_roost_v1_session_proto_msgTypes[4]
+	mi := &file_roost_v1_session_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -540,7 +608,7 @@ func (x *Identity) String() string {
 func (*Identity) ProtoMessage() {}
 
 func (x *Identity) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[4]
+	mi := &file_roost_v1_session_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -553,7 +621,7 @@ func (x *Identity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Identity.ProtoReflect.Descriptor instead.
 func (*Identity) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{4}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Identity) GetUid() uint32 {
@@ -603,7 +671,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_roost_v1_session_proto_msgTypes[5]
+	mi := &file_roost_v1_session_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -615,7 +683,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[5]
+	mi := &file_roost_v1_session_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -628,7 +696,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{5}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Usage) GetMemoryBytes() int64 {
@@ -697,7 +765,7 @@ type CapsuleRef struct {
 
 func (x *CapsuleRef) Reset() {
 	*x = CapsuleRef{}
-	mi := &file_roost_v1_session_proto_msgTypes[6]
+	mi := &file_roost_v1_session_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -709,7 +777,7 @@ func (x *CapsuleRef) String() string {
 func (*CapsuleRef) ProtoMessage() {}
 
 func (x *CapsuleRef) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[6]
+	mi := &file_roost_v1_session_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -722,7 +790,7 @@ func (x *CapsuleRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapsuleRef.ProtoReflect.Descriptor instead.
 func (*CapsuleRef) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{6}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CapsuleRef) GetName() string {
@@ -773,7 +841,7 @@ type ContainmentState struct {
 
 func (x *ContainmentState) Reset() {
 	*x = ContainmentState{}
-	mi := &file_roost_v1_session_proto_msgTypes[7]
+	mi := &file_roost_v1_session_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -785,7 +853,7 @@ func (x *ContainmentState) String() string {
 func (*ContainmentState) ProtoMessage() {}
 
 func (x *ContainmentState) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[7]
+	mi := &file_roost_v1_session_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -798,7 +866,7 @@ func (x *ContainmentState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainmentState.ProtoReflect.Descriptor instead.
 func (*ContainmentState) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{7}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ContainmentState) GetDeclared() string {
@@ -829,7 +897,7 @@ type Spend struct {
 
 func (x *Spend) Reset() {
 	*x = Spend{}
-	mi := &file_roost_v1_session_proto_msgTypes[8]
+	mi := &file_roost_v1_session_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -841,7 +909,7 @@ func (x *Spend) String() string {
 func (*Spend) ProtoMessage() {}
 
 func (x *Spend) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[8]
+	mi := &file_roost_v1_session_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -854,7 +922,7 @@ func (x *Spend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Spend.ProtoReflect.Descriptor instead.
 func (*Spend) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{8}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Spend) GetTokens() int64 {
@@ -899,7 +967,7 @@ type StageRequest struct {
 
 func (x *StageRequest) Reset() {
 	*x = StageRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[9]
+	mi := &file_roost_v1_session_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -911,7 +979,7 @@ func (x *StageRequest) String() string {
 func (*StageRequest) ProtoMessage() {}
 
 func (x *StageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[9]
+	mi := &file_roost_v1_session_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -924,7 +992,7 @@ func (x *StageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageRequest.ProtoReflect.Descriptor instead.
 func (*StageRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{9}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StageRequest) GetCapsule() string {
@@ -971,7 +1039,7 @@ type StageResponse struct {
 
 func (x *StageResponse) Reset() {
 	*x = StageResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[10]
+	mi := &file_roost_v1_session_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -983,7 +1051,7 @@ func (x *StageResponse) String() string {
 func (*StageResponse) ProtoMessage() {}
 
 func (x *StageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[10]
+	mi := &file_roost_v1_session_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -996,7 +1064,7 @@ func (x *StageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageResponse.ProtoReflect.Descriptor instead.
 func (*StageResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{10}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StageResponse) GetSession() *Session {
@@ -1015,7 +1083,7 @@ type LaunchRequest struct {
 
 func (x *LaunchRequest) Reset() {
 	*x = LaunchRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[11]
+	mi := &file_roost_v1_session_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +1095,7 @@ func (x *LaunchRequest) String() string {
 func (*LaunchRequest) ProtoMessage() {}
 
 func (x *LaunchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[11]
+	mi := &file_roost_v1_session_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +1108,7 @@ func (x *LaunchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LaunchRequest.ProtoReflect.Descriptor instead.
 func (*LaunchRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{11}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LaunchRequest) GetId() string {
@@ -1059,7 +1127,7 @@ type LaunchResponse struct {
 
 func (x *LaunchResponse) Reset() {
 	*x = LaunchResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[12]
+	mi := &file_roost_v1_session_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1071,7 +1139,7 @@ func (x *LaunchResponse) String() string {
 func (*LaunchResponse) ProtoMessage() {}
 
 func (x *LaunchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[12]
+	mi := &file_roost_v1_session_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1084,7 +1152,7 @@ func (x *LaunchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LaunchResponse.ProtoReflect.Descriptor instead.
 func (*LaunchResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{12}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LaunchResponse) GetSession() *Session {
@@ -1103,7 +1171,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[13]
+	mi := &file_roost_v1_session_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1115,7 +1183,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[13]
+	mi := &file_roost_v1_session_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1128,7 +1196,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{13}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetRequest) GetId() string {
@@ -1147,7 +1215,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[14]
+	mi := &file_roost_v1_session_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1159,7 +1227,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[14]
+	mi := &file_roost_v1_session_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1172,7 +1240,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{14}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetResponse) GetSession() *Session {
@@ -1192,7 +1260,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[15]
+	mi := &file_roost_v1_session_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1204,7 +1272,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[15]
+	mi := &file_roost_v1_session_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1217,7 +1285,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{15}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListRequest) GetAll() bool {
@@ -1236,7 +1304,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[16]
+	mi := &file_roost_v1_session_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1248,7 +1316,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[16]
+	mi := &file_roost_v1_session_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1261,7 +1329,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{16}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListResponse) GetSessions() []*Session {
@@ -1280,7 +1348,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[17]
+	mi := &file_roost_v1_session_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1292,7 +1360,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[17]
+	mi := &file_roost_v1_session_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1305,7 +1373,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{17}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WaitRequest) GetId() string {
@@ -1324,7 +1392,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[18]
+	mi := &file_roost_v1_session_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1336,7 +1404,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[18]
+	mi := &file_roost_v1_session_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1349,7 +1417,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{18}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WaitResponse) GetSession() *Session {
@@ -1373,7 +1441,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[19]
+	mi := &file_roost_v1_session_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1385,7 +1453,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[19]
+	mi := &file_roost_v1_session_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1398,7 +1466,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{19}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StopRequest) GetId() string {
@@ -1431,7 +1499,7 @@ type StopResponse struct {
 
 func (x *StopResponse) Reset() {
 	*x = StopResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[20]
+	mi := &file_roost_v1_session_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1443,7 +1511,7 @@ func (x *StopResponse) String() string {
 func (*StopResponse) ProtoMessage() {}
 
 func (x *StopResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[20]
+	mi := &file_roost_v1_session_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1456,7 +1524,7 @@ func (x *StopResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopResponse.ProtoReflect.Descriptor instead.
 func (*StopResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{20}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StopResponse) GetSession() *Session {
@@ -1477,7 +1545,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[21]
+	mi := &file_roost_v1_session_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1489,7 +1557,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[21]
+	mi := &file_roost_v1_session_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1502,7 +1570,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{21}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *KillRequest) GetId() string {
@@ -1528,7 +1596,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[22]
+	mi := &file_roost_v1_session_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1540,7 +1608,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[22]
+	mi := &file_roost_v1_session_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1553,7 +1621,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{22}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *KillResponse) GetSession() *Session {
@@ -1572,7 +1640,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[23]
+	mi := &file_roost_v1_session_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1584,7 +1652,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[23]
+	mi := &file_roost_v1_session_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1597,7 +1665,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{23}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -1616,7 +1684,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[24]
+	mi := &file_roost_v1_session_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1628,7 +1696,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[24]
+	mi := &file_roost_v1_session_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +1709,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{24}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PauseResponse) GetSession() *Session {
@@ -1660,7 +1728,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[25]
+	mi := &file_roost_v1_session_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1672,7 +1740,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[25]
+	mi := &file_roost_v1_session_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1685,7 +1753,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{25}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -1704,7 +1772,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[26]
+	mi := &file_roost_v1_session_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1716,7 +1784,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[26]
+	mi := &file_roost_v1_session_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1729,7 +1797,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{26}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ResumeResponse) GetSession() *Session {
@@ -1751,7 +1819,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[27]
+	mi := &file_roost_v1_session_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +1831,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[27]
+	mi := &file_roost_v1_session_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +1844,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{27}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RemoveRequest) GetId() string {
@@ -1801,7 +1869,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[28]
+	mi := &file_roost_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1813,7 +1881,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[28]
+	mi := &file_roost_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1826,7 +1894,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{28}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 type LogsRequest struct {
@@ -1850,7 +1918,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[29]
+	mi := &file_roost_v1_session_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1862,7 +1930,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[29]
+	mi := &file_roost_v1_session_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1875,7 +1943,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{29}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *LogsRequest) GetId() string {
@@ -1946,7 +2014,7 @@ type LogsResponse struct {
 
 func (x *LogsResponse) Reset() {
 	*x = LogsResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[30]
+	mi := &file_roost_v1_session_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1958,7 +2026,7 @@ func (x *LogsResponse) String() string {
 func (*LogsResponse) ProtoMessage() {}
 
 func (x *LogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[30]
+	mi := &file_roost_v1_session_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1971,7 +2039,7 @@ func (x *LogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
 func (*LogsResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{30}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *LogsResponse) GetStream() string {
@@ -2017,7 +2085,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[31]
+	mi := &file_roost_v1_session_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2029,7 +2097,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[31]
+	mi := &file_roost_v1_session_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2042,7 +2110,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{31}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *EventsRequest) GetSince() uint64 {
@@ -2075,7 +2143,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[32]
+	mi := &file_roost_v1_session_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2087,7 +2155,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[32]
+	mi := &file_roost_v1_session_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2100,7 +2168,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{32}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *EventsResponse) GetEvent() *Event {
@@ -2122,7 +2190,7 @@ type PruneRequest struct {
 
 func (x *PruneRequest) Reset() {
 	*x = PruneRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[33]
+	mi := &file_roost_v1_session_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2134,7 +2202,7 @@ func (x *PruneRequest) String() string {
 func (*PruneRequest) ProtoMessage() {}
 
 func (x *PruneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[33]
+	mi := &file_roost_v1_session_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2147,7 +2215,7 @@ func (x *PruneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneRequest.ProtoReflect.Descriptor instead.
 func (*PruneRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{33}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PruneRequest) GetUntil() *durationpb.Duration {
@@ -2181,7 +2249,7 @@ type PruneResponse struct {
 
 func (x *PruneResponse) Reset() {
 	*x = PruneResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[34]
+	mi := &file_roost_v1_session_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2193,7 +2261,7 @@ func (x *PruneResponse) String() string {
 func (*PruneResponse) ProtoMessage() {}
 
 func (x *PruneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[34]
+	mi := &file_roost_v1_session_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2206,7 +2274,7 @@ func (x *PruneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneResponse.ProtoReflect.Descriptor instead.
 func (*PruneResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{34}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PruneResponse) GetRemoved() []*PrunedSession {
@@ -2260,7 +2328,7 @@ type PrunedSession struct {
 
 func (x *PrunedSession) Reset() {
 	*x = PrunedSession{}
-	mi := &file_roost_v1_session_proto_msgTypes[35]
+	mi := &file_roost_v1_session_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2272,7 +2340,7 @@ func (x *PrunedSession) String() string {
 func (*PrunedSession) ProtoMessage() {}
 
 func (x *PrunedSession) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[35]
+	mi := &file_roost_v1_session_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2285,7 +2353,7 @@ func (x *PrunedSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrunedSession.ProtoReflect.Descriptor instead.
 func (*PrunedSession) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{35}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PrunedSession) GetId() string {
@@ -2351,7 +2419,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_roost_v1_session_proto_msgTypes[36]
+	mi := &file_roost_v1_session_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2363,7 +2431,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[36]
+	mi := &file_roost_v1_session_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2376,7 +2444,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{36}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Event) GetSeq() uint64 {
@@ -2450,7 +2518,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[37]
+	mi := &file_roost_v1_session_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2462,7 +2530,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[37]
+	mi := &file_roost_v1_session_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2475,7 +2543,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{37}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -2572,7 +2640,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_roost_v1_session_proto_msgTypes[38]
+	mi := &file_roost_v1_session_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2584,7 +2652,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[38]
+	mi := &file_roost_v1_session_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2597,7 +2665,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{38}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ExecStart) GetId() string {
@@ -2659,7 +2727,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_roost_v1_session_proto_msgTypes[39]
+	mi := &file_roost_v1_session_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2671,7 +2739,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[39]
+	mi := &file_roost_v1_session_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2684,7 +2752,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{39}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *TerminalSize) GetRows() uint32 {
@@ -2716,7 +2784,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[40]
+	mi := &file_roost_v1_session_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2728,7 +2796,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[40]
+	mi := &file_roost_v1_session_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2741,7 +2809,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{40}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
@@ -2827,7 +2895,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_roost_v1_session_proto_msgTypes[41]
+	mi := &file_roost_v1_session_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2839,7 +2907,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[41]
+	mi := &file_roost_v1_session_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2852,7 +2920,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{41}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ExecStarted) GetExecId() string {
@@ -2881,7 +2949,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_roost_v1_session_proto_msgTypes[42]
+	mi := &file_roost_v1_session_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2893,7 +2961,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[42]
+	mi := &file_roost_v1_session_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2906,7 +2974,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{42}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -2927,7 +2995,7 @@ var File_roost_v1_session_proto protoreflect.FileDescriptor
 
 const file_roost_v1_session_proto_rawDesc = "" +
 	"\n" +
-	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc3\a\n" +
+	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfe\a\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
 	"\acapsule\x18\x02 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x12\x14\n" +
@@ -2959,9 +3027,13 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x06egress\x18\x16 \x01(\v2\x10.roost.v1.EgressR\x06egress\x12%\n" +
 	"\x04wasm\x18\x17 \x01(\v2\x11.roost.v1.WasmRunR\x04wasm\x12\x12\n" +
 	"\x04name\x18\x18 \x01(\tR\x04name\x12\x12\n" +
-	"\x04warm\x18\x19 \x01(\bR\x04warmB\f\n" +
+	"\x04warm\x18\x19 \x01(\bR\x04warm\x129\n" +
+	"\fexec_refused\x18\x1a \x01(\v2\x16.roost.v1.ExecRefusalsR\vexecRefusedB\f\n" +
 	"\n" +
-	"_exit_code\"i\n" +
+	"_exit_code\"G\n" +
+	"\fExecRefusals\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\x03R\x05count\x12!\n" +
+	"\frecent_paths\x18\x02 \x03(\tR\vrecentPaths\"i\n" +
 	"\aWasmRun\x12\x16\n" +
 	"\x06module\x18\x01 \x01(\tR\x06module\x12\x16\n" +
 	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x18\n" +
@@ -3166,126 +3238,128 @@ func file_roost_v1_session_proto_rawDescGZIP() []byte {
 	return file_roost_v1_session_proto_rawDescData
 }
 
-var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_roost_v1_session_proto_goTypes = []any{
 	(*Session)(nil),               // 0: roost.v1.Session
-	(*WasmRun)(nil),               // 1: roost.v1.WasmRun
-	(*Egress)(nil),                // 2: roost.v1.Egress
-	(*LogStats)(nil),              // 3: roost.v1.LogStats
-	(*Identity)(nil),              // 4: roost.v1.Identity
-	(*Usage)(nil),                 // 5: roost.v1.Usage
-	(*CapsuleRef)(nil),            // 6: roost.v1.CapsuleRef
-	(*ContainmentState)(nil),      // 7: roost.v1.ContainmentState
-	(*Spend)(nil),                 // 8: roost.v1.Spend
-	(*StageRequest)(nil),          // 9: roost.v1.StageRequest
-	(*StageResponse)(nil),         // 10: roost.v1.StageResponse
-	(*LaunchRequest)(nil),         // 11: roost.v1.LaunchRequest
-	(*LaunchResponse)(nil),        // 12: roost.v1.LaunchResponse
-	(*GetRequest)(nil),            // 13: roost.v1.GetRequest
-	(*GetResponse)(nil),           // 14: roost.v1.GetResponse
-	(*ListRequest)(nil),           // 15: roost.v1.ListRequest
-	(*ListResponse)(nil),          // 16: roost.v1.ListResponse
-	(*WaitRequest)(nil),           // 17: roost.v1.WaitRequest
-	(*WaitResponse)(nil),          // 18: roost.v1.WaitResponse
-	(*StopRequest)(nil),           // 19: roost.v1.StopRequest
-	(*StopResponse)(nil),          // 20: roost.v1.StopResponse
-	(*KillRequest)(nil),           // 21: roost.v1.KillRequest
-	(*KillResponse)(nil),          // 22: roost.v1.KillResponse
-	(*PauseRequest)(nil),          // 23: roost.v1.PauseRequest
-	(*PauseResponse)(nil),         // 24: roost.v1.PauseResponse
-	(*ResumeRequest)(nil),         // 25: roost.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 26: roost.v1.ResumeResponse
-	(*RemoveRequest)(nil),         // 27: roost.v1.RemoveRequest
-	(*RemoveResponse)(nil),        // 28: roost.v1.RemoveResponse
-	(*LogsRequest)(nil),           // 29: roost.v1.LogsRequest
-	(*LogsResponse)(nil),          // 30: roost.v1.LogsResponse
-	(*EventsRequest)(nil),         // 31: roost.v1.EventsRequest
-	(*EventsResponse)(nil),        // 32: roost.v1.EventsResponse
-	(*PruneRequest)(nil),          // 33: roost.v1.PruneRequest
-	(*PruneResponse)(nil),         // 34: roost.v1.PruneResponse
-	(*PrunedSession)(nil),         // 35: roost.v1.PrunedSession
-	(*Event)(nil),                 // 36: roost.v1.Event
-	(*ExecRequest)(nil),           // 37: roost.v1.ExecRequest
-	(*ExecStart)(nil),             // 38: roost.v1.ExecStart
-	(*TerminalSize)(nil),          // 39: roost.v1.TerminalSize
-	(*ExecResponse)(nil),          // 40: roost.v1.ExecResponse
-	(*ExecStarted)(nil),           // 41: roost.v1.ExecStarted
-	(*ExecExit)(nil),              // 42: roost.v1.ExecExit
-	(*timestamppb.Timestamp)(nil), // 43: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 44: google.protobuf.Duration
+	(*ExecRefusals)(nil),          // 1: roost.v1.ExecRefusals
+	(*WasmRun)(nil),               // 2: roost.v1.WasmRun
+	(*Egress)(nil),                // 3: roost.v1.Egress
+	(*LogStats)(nil),              // 4: roost.v1.LogStats
+	(*Identity)(nil),              // 5: roost.v1.Identity
+	(*Usage)(nil),                 // 6: roost.v1.Usage
+	(*CapsuleRef)(nil),            // 7: roost.v1.CapsuleRef
+	(*ContainmentState)(nil),      // 8: roost.v1.ContainmentState
+	(*Spend)(nil),                 // 9: roost.v1.Spend
+	(*StageRequest)(nil),          // 10: roost.v1.StageRequest
+	(*StageResponse)(nil),         // 11: roost.v1.StageResponse
+	(*LaunchRequest)(nil),         // 12: roost.v1.LaunchRequest
+	(*LaunchResponse)(nil),        // 13: roost.v1.LaunchResponse
+	(*GetRequest)(nil),            // 14: roost.v1.GetRequest
+	(*GetResponse)(nil),           // 15: roost.v1.GetResponse
+	(*ListRequest)(nil),           // 16: roost.v1.ListRequest
+	(*ListResponse)(nil),          // 17: roost.v1.ListResponse
+	(*WaitRequest)(nil),           // 18: roost.v1.WaitRequest
+	(*WaitResponse)(nil),          // 19: roost.v1.WaitResponse
+	(*StopRequest)(nil),           // 20: roost.v1.StopRequest
+	(*StopResponse)(nil),          // 21: roost.v1.StopResponse
+	(*KillRequest)(nil),           // 22: roost.v1.KillRequest
+	(*KillResponse)(nil),          // 23: roost.v1.KillResponse
+	(*PauseRequest)(nil),          // 24: roost.v1.PauseRequest
+	(*PauseResponse)(nil),         // 25: roost.v1.PauseResponse
+	(*ResumeRequest)(nil),         // 26: roost.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 27: roost.v1.ResumeResponse
+	(*RemoveRequest)(nil),         // 28: roost.v1.RemoveRequest
+	(*RemoveResponse)(nil),        // 29: roost.v1.RemoveResponse
+	(*LogsRequest)(nil),           // 30: roost.v1.LogsRequest
+	(*LogsResponse)(nil),          // 31: roost.v1.LogsResponse
+	(*EventsRequest)(nil),         // 32: roost.v1.EventsRequest
+	(*EventsResponse)(nil),        // 33: roost.v1.EventsResponse
+	(*PruneRequest)(nil),          // 34: roost.v1.PruneRequest
+	(*PruneResponse)(nil),         // 35: roost.v1.PruneResponse
+	(*PrunedSession)(nil),         // 36: roost.v1.PrunedSession
+	(*Event)(nil),                 // 37: roost.v1.Event
+	(*ExecRequest)(nil),           // 38: roost.v1.ExecRequest
+	(*ExecStart)(nil),             // 39: roost.v1.ExecStart
+	(*TerminalSize)(nil),          // 40: roost.v1.TerminalSize
+	(*ExecResponse)(nil),          // 41: roost.v1.ExecResponse
+	(*ExecStarted)(nil),           // 42: roost.v1.ExecStarted
+	(*ExecExit)(nil),              // 43: roost.v1.ExecExit
+	(*timestamppb.Timestamp)(nil), // 44: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 45: google.protobuf.Duration
 }
 var file_roost_v1_session_proto_depIdxs = []int32{
-	6,  // 0: roost.v1.Session.capsule:type_name -> roost.v1.CapsuleRef
-	7,  // 1: roost.v1.Session.containment:type_name -> roost.v1.ContainmentState
-	43, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	43, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
-	43, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
-	8,  // 5: roost.v1.Session.spend:type_name -> roost.v1.Spend
-	43, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
-	5,  // 7: roost.v1.Session.usage:type_name -> roost.v1.Usage
-	4,  // 8: roost.v1.Session.identity:type_name -> roost.v1.Identity
-	3,  // 9: roost.v1.Session.stdout:type_name -> roost.v1.LogStats
-	3,  // 10: roost.v1.Session.stderr:type_name -> roost.v1.LogStats
-	2,  // 11: roost.v1.Session.egress:type_name -> roost.v1.Egress
-	1,  // 12: roost.v1.Session.wasm:type_name -> roost.v1.WasmRun
-	44, // 13: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
-	0,  // 14: roost.v1.StageResponse.session:type_name -> roost.v1.Session
-	0,  // 15: roost.v1.LaunchResponse.session:type_name -> roost.v1.Session
-	0,  // 16: roost.v1.GetResponse.session:type_name -> roost.v1.Session
-	0,  // 17: roost.v1.ListResponse.sessions:type_name -> roost.v1.Session
-	0,  // 18: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
-	44, // 19: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
-	0,  // 20: roost.v1.StopResponse.session:type_name -> roost.v1.Session
-	0,  // 21: roost.v1.KillResponse.session:type_name -> roost.v1.Session
-	0,  // 22: roost.v1.PauseResponse.session:type_name -> roost.v1.Session
-	0,  // 23: roost.v1.ResumeResponse.session:type_name -> roost.v1.Session
-	43, // 24: roost.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
-	43, // 25: roost.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
-	36, // 26: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
-	44, // 27: roost.v1.PruneRequest.until:type_name -> google.protobuf.Duration
-	35, // 28: roost.v1.PruneResponse.removed:type_name -> roost.v1.PrunedSession
-	35, // 29: roost.v1.PruneResponse.kept:type_name -> roost.v1.PrunedSession
-	6,  // 30: roost.v1.PrunedSession.capsule:type_name -> roost.v1.CapsuleRef
-	43, // 31: roost.v1.PrunedSession.ended_at:type_name -> google.protobuf.Timestamp
-	43, // 32: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
-	38, // 33: roost.v1.ExecRequest.start:type_name -> roost.v1.ExecStart
-	39, // 34: roost.v1.ExecRequest.resize:type_name -> roost.v1.TerminalSize
-	39, // 35: roost.v1.ExecStart.size:type_name -> roost.v1.TerminalSize
-	41, // 36: roost.v1.ExecResponse.started:type_name -> roost.v1.ExecStarted
-	42, // 37: roost.v1.ExecResponse.exit:type_name -> roost.v1.ExecExit
-	9,  // 38: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
-	11, // 39: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
-	13, // 40: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
-	15, // 41: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
-	17, // 42: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
-	19, // 43: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
-	21, // 44: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
-	23, // 45: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
-	25, // 46: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
-	27, // 47: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
-	29, // 48: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
-	31, // 49: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
-	33, // 50: roost.v1.SessionService.Prune:input_type -> roost.v1.PruneRequest
-	37, // 51: roost.v1.SessionService.Exec:input_type -> roost.v1.ExecRequest
-	10, // 52: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
-	12, // 53: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
-	14, // 54: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
-	16, // 55: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
-	18, // 56: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
-	20, // 57: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
-	22, // 58: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
-	24, // 59: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
-	26, // 60: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
-	28, // 61: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
-	30, // 62: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
-	32, // 63: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
-	34, // 64: roost.v1.SessionService.Prune:output_type -> roost.v1.PruneResponse
-	40, // 65: roost.v1.SessionService.Exec:output_type -> roost.v1.ExecResponse
-	52, // [52:66] is the sub-list for method output_type
-	38, // [38:52] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	7,  // 0: roost.v1.Session.capsule:type_name -> roost.v1.CapsuleRef
+	8,  // 1: roost.v1.Session.containment:type_name -> roost.v1.ContainmentState
+	44, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	44, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
+	44, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
+	9,  // 5: roost.v1.Session.spend:type_name -> roost.v1.Spend
+	44, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
+	6,  // 7: roost.v1.Session.usage:type_name -> roost.v1.Usage
+	5,  // 8: roost.v1.Session.identity:type_name -> roost.v1.Identity
+	4,  // 9: roost.v1.Session.stdout:type_name -> roost.v1.LogStats
+	4,  // 10: roost.v1.Session.stderr:type_name -> roost.v1.LogStats
+	3,  // 11: roost.v1.Session.egress:type_name -> roost.v1.Egress
+	2,  // 12: roost.v1.Session.wasm:type_name -> roost.v1.WasmRun
+	1,  // 13: roost.v1.Session.exec_refused:type_name -> roost.v1.ExecRefusals
+	45, // 14: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
+	0,  // 15: roost.v1.StageResponse.session:type_name -> roost.v1.Session
+	0,  // 16: roost.v1.LaunchResponse.session:type_name -> roost.v1.Session
+	0,  // 17: roost.v1.GetResponse.session:type_name -> roost.v1.Session
+	0,  // 18: roost.v1.ListResponse.sessions:type_name -> roost.v1.Session
+	0,  // 19: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
+	45, // 20: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
+	0,  // 21: roost.v1.StopResponse.session:type_name -> roost.v1.Session
+	0,  // 22: roost.v1.KillResponse.session:type_name -> roost.v1.Session
+	0,  // 23: roost.v1.PauseResponse.session:type_name -> roost.v1.Session
+	0,  // 24: roost.v1.ResumeResponse.session:type_name -> roost.v1.Session
+	44, // 25: roost.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
+	44, // 26: roost.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
+	37, // 27: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
+	45, // 28: roost.v1.PruneRequest.until:type_name -> google.protobuf.Duration
+	36, // 29: roost.v1.PruneResponse.removed:type_name -> roost.v1.PrunedSession
+	36, // 30: roost.v1.PruneResponse.kept:type_name -> roost.v1.PrunedSession
+	7,  // 31: roost.v1.PrunedSession.capsule:type_name -> roost.v1.CapsuleRef
+	44, // 32: roost.v1.PrunedSession.ended_at:type_name -> google.protobuf.Timestamp
+	44, // 33: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
+	39, // 34: roost.v1.ExecRequest.start:type_name -> roost.v1.ExecStart
+	40, // 35: roost.v1.ExecRequest.resize:type_name -> roost.v1.TerminalSize
+	40, // 36: roost.v1.ExecStart.size:type_name -> roost.v1.TerminalSize
+	42, // 37: roost.v1.ExecResponse.started:type_name -> roost.v1.ExecStarted
+	43, // 38: roost.v1.ExecResponse.exit:type_name -> roost.v1.ExecExit
+	10, // 39: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
+	12, // 40: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
+	14, // 41: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
+	16, // 42: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
+	18, // 43: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
+	20, // 44: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
+	22, // 45: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
+	24, // 46: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
+	26, // 47: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
+	28, // 48: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
+	30, // 49: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
+	32, // 50: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
+	34, // 51: roost.v1.SessionService.Prune:input_type -> roost.v1.PruneRequest
+	38, // 52: roost.v1.SessionService.Exec:input_type -> roost.v1.ExecRequest
+	11, // 53: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
+	13, // 54: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
+	15, // 55: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
+	17, // 56: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
+	19, // 57: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
+	21, // 58: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
+	23, // 59: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
+	25, // 60: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
+	27, // 61: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
+	29, // 62: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
+	31, // 63: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
+	33, // 64: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
+	35, // 65: roost.v1.SessionService.Prune:output_type -> roost.v1.PruneResponse
+	41, // 66: roost.v1.SessionService.Exec:output_type -> roost.v1.ExecResponse
+	53, // [53:67] is the sub-list for method output_type
+	39, // [39:53] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_session_proto_init() }
@@ -3294,15 +3368,15 @@ func file_roost_v1_session_proto_init() {
 		return
 	}
 	file_roost_v1_session_proto_msgTypes[0].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[29].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[36].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[37].OneofWrappers = []any{
+	file_roost_v1_session_proto_msgTypes[30].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[37].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[38].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_roost_v1_session_proto_msgTypes[40].OneofWrappers = []any{
+	file_roost_v1_session_proto_msgTypes[41].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
@@ -3314,7 +3388,7 @@ func file_roost_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_session_proto_rawDesc), len(file_roost_v1_session_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   43,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

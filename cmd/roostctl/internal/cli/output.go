@@ -188,6 +188,13 @@ func printSession(w io.Writer, s *roostv1.Session) {
 	if w := s.GetWasm(); w != nil {
 		row("wasm", fmt.Sprintf("%s (sha256 %s) in roost-wasm, %s", w.GetModule(), w.GetSha256(), w.GetRuntime()))
 	}
+	if x := s.GetExecRefused(); x != nil {
+		out := fmt.Sprintf("%d refused by the exec allowlist", x.GetCount())
+		if p := x.GetRecentPaths(); len(p) > 0 {
+			out += ", the newest: " + strings.Join(p, ", ")
+		}
+		row("execs", out+" (roostctl events, trace.jsonl)")
+	}
 	if e := s.GetEgress(); e != nil {
 		out := fmt.Sprintf("%d connection(s), %d denied; %s up, %s down", e.GetConnections(), e.GetDenied(), bytesIEC(e.GetBytesUp()), bytesIEC(e.GetBytesDown()))
 		if e.GetActive() > 0 {
