@@ -149,15 +149,17 @@ func TestHostileLoaderRunsHostProgram(t *testing.T) {
 // ld.so on a copy of an allowed program in the session's own trees (its workdir, /tmp): the
 // copy's mapping fails, since those are mounted noexec.
 func TestHostileLoaderRunsCopy(t *testing.T) {
-	for name, dir := range map[string]string{"workdir": "$PWD", "tmp": "${TMPDIR:-/tmp}"} {
-		script := `cp /usr/bin/true ` + dir + `/copy && ` + loader(t) + ` ` + dir + `/copy && echo ran copy`
+	// The host's /tmp, where the unconfined control writes, is shared: a directory of the
+	// session's own there.
+	for name, dir := range map[string]string{"workdir": "$PWD", "tmp": "${TMPDIR:-/tmp}/loader.$$"} {
+		script := `mkdir -p ` + dir + ` && cp /usr/bin/true ` + dir + `/copy && ` + loader(t) + ` ` + dir + `/copy && echo ran copy`
 		for _, class := range execAllowClasses {
 			t.Run(class.String()+"_"+name, func(t *testing.T) {
-				expectLoader(t, loaderRun(t, class, `shell: {allow: [cp, "true"]}`, script), "ran copy", "failed to map segment")
+				expectLoader(t, loaderRun(t, class, `shell: {allow: [cp, mkdir, "true"]}`, script), "ran copy", "failed to map segment")
 			})
 		}
 		t.Run("unconfined_"+name, func(t *testing.T) {
-			expectLoader(t, loaderRun(t, manifest.Unconfined, `shell: {allow: [cp, "true"]}`, script), "ran copy", "")
+			expectLoader(t, loaderRun(t, manifest.Unconfined, `shell: {allow: [cp, mkdir, "true"]}`, script), "ran copy", "")
 		})
 	}
 }

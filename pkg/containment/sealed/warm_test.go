@@ -167,10 +167,12 @@ func TestWarmRefusesOtherShapes(t *testing.T) {
 		memfd = "linux.seccomp"
 	}
 	for caps, field := range map[string]string{
-		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, network: {unix_sockets: true}}":         "linux.seccomp",
-		"capabilities: {containment: sealed, resources: {max_open_files: 900000}}":                                                                                  "process.rlimits[RLIMIT_NOFILE]",
-		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {workdir_exec: true}}":      memfd,
-		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {host_read: [/usr/share]}}": "mounts",
+		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, network: {unix_sockets: true}}":    "linux.seccomp",
+		"capabilities: {containment: sealed, resources: {max_open_files: 900000}}":                                                                             "process.rlimits[RLIMIT_NOFILE]",
+		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {workdir_exec: true}}": memfd,
+		// host_read beneath /usr is part of the session's view of the system trees, which it
+		// brings when it claims a sandbox; one elsewhere is a mount the sandbox is made with.
+		"capabilities: {containment: sealed, shell: {allow: [awk, sort, grep, cat, stat, ls, find, hostname, ipcmk, ipcs]}, filesystem: {host_read: [/srv]}}": "mounts",
 	} {
 		err := rt.Fits(sealed.DefaultWarmShape(), testkit.Policy(t, caps), false)
 		var nw *sealed.NotWarmError
