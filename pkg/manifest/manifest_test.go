@@ -250,6 +250,7 @@ func TestErrors(t *testing.T) {
 		{"roost env", head + "env:\n  ROOST_SESSION_ID: x\n", `env.ROOST_SESSION_ID: "ROOST_SESSION_ID": ROOST_* variables are set by roost`},
 		{"env structure", head + "env:\n  A: [1]\n", `env.A: expected a value, got a list`},
 		{"bad env name", head + "env:\n  1A: x\n", `"1A" is not a variable name`},
+		{"filesystem.system", head + "capabilities:\n  filesystem:\n    system: some\n", `capabilities.filesystem.system: "some": expected "allowlist"`},
 		{"on_exhausted", head + "inference:\n  on_exhausted: retry\n", `inference.on_exhausted: "retry": expected "fail" or "wait"`},
 		{"inference zero", head + "inference:\n  max_session_tokens: 0\n", `inference.max_session_tokens: must be greater than 0`},
 		{"alias", "name: &n hello\nversion: 0.1.0\nrun: {command: [x]}\ncapabilities:\n  shell:\n    allow: [*n]\n", `aliases are not supported`},
