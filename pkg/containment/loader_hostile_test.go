@@ -1,14 +1,12 @@
 package containment_test
 
 import (
-	"context"
 	"debug/elf"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"roost.dev/roost/pkg/containment"
-	"roost.dev/roost/pkg/containment/internal/testkit"
 	"roost.dev/roost/pkg/containment/sysview"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/toolchain"
@@ -88,21 +86,7 @@ func loaderRun(t *testing.T, class manifest.Class, caps, script string) string {
 		}
 		return out
 	}
-	testkit.NeedRoot(t)
-	s := kit.Spec(t, argv...)
-	s.SessionID = "ses_" + strings.ReplaceAll(strings.ToLower(t.Name()), "/", "_")
-	s.Class = manifest.Unconfined
-	s.Policy = testkit.Policy(t, "capabilities: {containment: unconfined, "+caps+"}")
-	rt := kit.NewProcessRuntime(kit.Init(t))
-	p, err := rt.Start(context.Background(), s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testkit.WaitDone(t, p)
-	if err := rt.Release(s.SessionID); err != nil {
-		t.Errorf("release: %v", err)
-	}
-	return testkit.ReadFile(t, filepath.Join(s.RecordsDir, containment.StdoutFile)) + testkit.ReadFile(t, filepath.Join(s.RecordsDir, containment.StderrFile))
+	return unconfinedRun(t, caps, "", argv)
 }
 
 // The errno a class's view answers a file of the system trees outside it with: absent from

@@ -73,11 +73,22 @@ func memfdRunWith(t *testing.T, class manifest.Class, caps, capsule string, opts
 // where nothing holds them and every attempt runs its copy.
 func memfdUnconfined(t *testing.T, capsule string, attempts ...string) string {
 	t.Helper()
+	return unconfinedRun(t, "", capsule, memfdProbe(manifest.Unconfined, capsule, attempts...))
+}
+
+// unconfinedRun runs argv in an unconfined session with the capabilities caps and the
+// capsule directory capsule (either may be empty), and returns what it printed: the
+// hostile tests' positive control.
+func unconfinedRun(t *testing.T, caps, capsule string, argv []string) string {
+	t.Helper()
 	testkit.NeedRoot(t)
-	s := kit.Spec(t, memfdProbe(manifest.Unconfined, capsule, attempts...)...)
+	s := kit.Spec(t, argv...)
 	s.SessionID = "ses_" + strings.ReplaceAll(strings.ToLower(t.Name()), "/", "_")
 	s.Class = manifest.Unconfined
-	s.Policy = testkit.Policy(t, "capabilities: {containment: unconfined}")
+	if caps != "" {
+		caps = ", " + caps
+	}
+	s.Policy = testkit.Policy(t, "capabilities: {containment: unconfined"+caps+"}")
 	s.CapsuleDir = capsule
 	rt := kit.NewProcessRuntime(kit.Init(t))
 	p, err := rt.Start(context.Background(), s)

@@ -17,6 +17,8 @@ import (
 	"github.com/landlock-lsm/go-landlock/landlock"
 	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
 	"golang.org/x/sys/unix"
+
+	"roost.dev/roost/pkg/containment/sysview"
 )
 
 // Landlock is what roost-exec confines with Landlock before it execs the program. Rules are
@@ -452,7 +454,7 @@ func interpreters(file string) ([]interpreter, error) {
 	}
 	head = head[:n]
 	if rest, ok := bytes.CutPrefix(head[:min(n, scriptHead)], []byte("#!")); ok {
-		name, arg := shebang(rest)
+		name, arg := sysview.Shebang(rest)
 		if name == "" {
 			return nil, errors.New("its #! line names no interpreter")
 		}
@@ -541,23 +543,4 @@ func elfInterpreter(fd int, head []byte) (name string, ok bool) {
 		return name, true
 	}
 	return "", false
-}
-
-// shebang splits a #! line (what follows the #!) as the kernel does: the interpreter runs
-// to the first space, tab or NUL; the rest of the line, trimmed, is its one argument.
-func shebang(line []byte) (name, arg string) {
-	if i := bytes.IndexByte(line, '\n'); i >= 0 {
-		line = line[:i]
-	}
-	spaceTab := func(r rune) bool { return r == ' ' || r == '\t' }
-	line = bytes.TrimFunc(line, spaceTab)
-	end := bytes.IndexFunc(line, func(r rune) bool { return spaceTab(r) || r == 0 })
-	if end < 0 {
-		return string(line), ""
-	}
-	name = string(line[:end])
-	if line[end] != 0 {
-		arg = string(bytes.TrimLeftFunc(line[end:], spaceTab))
-	}
-	return name, arg
 }

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"roost.dev/roost/pkg/containment/sysview"
 )
 
 // roost-exec reads the head of every file bound for the exec allowlist, as root, and a
@@ -31,7 +33,7 @@ func FuzzInterpreters(f *testing.F) {
 		}
 		got, err := interpreters(file)
 		if rest, ok := bytes.CutPrefix(data, []byte("#!")); ok {
-			name, _ := shebang(rest[:min(len(rest), scriptHead-2)])
+			name, _ := sysview.Shebang(rest[:min(len(rest), scriptHead-2)])
 			switch {
 			case name == "" && err == nil:
 				t.Fatalf("an empty #! line was accepted: %q", data)

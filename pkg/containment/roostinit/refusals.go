@@ -12,6 +12,8 @@ import (
 	"time"
 	"unsafe"
 
+	"roost.dev/roost/pkg/containment/sysview"
+
 	"golang.org/x/sys/unix"
 	"roost.dev/roost/pkg/records"
 )
@@ -359,7 +361,7 @@ func (j *execJudge) shebang(fd int) string {
 	if !ok {
 		return ""
 	}
-	name, _ := shebang(rest)
+	name, _ := sysview.Shebang(rest)
 	return name
 }
 

@@ -113,7 +113,7 @@ func readFile(dirfd int, name string, withID bool) (*fileInfo, error) {
 	switch {
 	case bytes.HasPrefix(head, []byte("#!")):
 		info.kind = kindScript
-		info.interp, info.arg = shebang(head[2:min(n, scriptHead)])
+		info.interp, info.arg = Shebang(head[2:min(n, scriptHead)])
 	case isELF(head):
 		info.kind = kindELF
 		o, err := parseELF(fdReader(fd), head)
@@ -125,9 +125,9 @@ func readFile(dirfd int, name string, withID bool) (*fileInfo, error) {
 	return info, nil
 }
 
-// shebang splits a #! line (what follows the #!) as the kernel does: the interpreter runs
+// Shebang splits a #! line (what follows the #!) as the kernel does: the interpreter runs
 // to the first space, tab or NUL; the rest of the line, trimmed, is its one argument.
-func shebang(line []byte) (name, arg string) {
+func Shebang(line []byte) (name, arg string) {
 	if i := bytes.IndexByte(line, '\n'); i >= 0 {
 		line = line[:i]
 	}
