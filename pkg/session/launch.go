@@ -278,15 +278,25 @@ func (m *Manager) systemView(rec *store.Record, class manifest.Class, man *manif
 		return nil, nil
 	}
 	path := man.Env["PATH"]
-	c, err := sysview.Resolve(plan.SystemWant(plan.SystemInput{
+	want := plan.SystemWant(plan.SystemInput{
 		Command: rec.Command, Path: path, Shell: rec.Shell, CapsuleDir: rec.Capsule.Root(), Runner: s.Runner, Policy: policy,
-	}), sysview.Options{Path: path, Cache: m.planner.SystemCache()})
+	})
+	c, err := m.planner.Closure(want, path, false)
 	if err != nil {
 		return nil, err
 	}
 	v := &containment.SystemView{Files: c.Files, Trees: c.Trees, Digest: c.Digest}
 	if class == manifest.Sealed {
-		if v.Dir, err = m.views.View(c); err != nil {
+		v.Dir, err = m.views.View(c)
+		if errors.Is(err, sysview.ErrReplaced) {
+			// A package upgraded since the closure was worked out: work it out again.
+			if c, err = m.planner.Closure(want, path, true); err != nil {
+				return nil, err
+			}
+			v = &containment.SystemView{Files: c.Files, Trees: c.Trees, Digest: c.Digest}
+			v.Dir, err = m.views.View(c)
+		}
+		if err != nil {
 			return nil, err
 		}
 	}

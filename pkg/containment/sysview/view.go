@@ -47,6 +47,10 @@ const (
 	tmpPrefix = ".tmp-"
 )
 
+// ErrReplaced is a file of a closure the host has replaced since it was resolved: resolve
+// again.
+var ErrReplaced = errors.New("replaced on the host since it was resolved")
+
 func digestLock(digest string) string { return "." + digest + ".lock" }
 
 func validDigest(s string) bool {
@@ -273,7 +277,7 @@ func place(src, dst string, id fileID, known bool) error {
 			return err
 		}
 		if got := idOf(&st); got.dev != id.dev || got.ino != id.ino {
-			return errors.New("replaced on the host since it was resolved")
+			return ErrReplaced
 		}
 		return nil
 	}

@@ -2,6 +2,7 @@ package sysview
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -239,7 +240,7 @@ func TestViewRefusesAClosureTheHostNoLongerMatches(t *testing.T) {
 	}
 	dir := t.TempDir()
 	_, err = NewBuilder(dir).View(c)
-	if err == nil || !strings.Contains(err.Error(), "libc.so.6: replaced on the host") {
+	if !errors.Is(err, ErrReplaced) || !strings.Contains(err.Error(), "libc.so.6: replaced on the host") {
 		t.Fatalf("got %v, want an error saying libc.so.6 was replaced", err)
 	}
 	ents, _ := os.ReadDir(dir)

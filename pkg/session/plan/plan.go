@@ -83,18 +83,16 @@ type Planner struct {
 	cfg Config
 	// tools resolves shell.allow entries, toolchain presets among them, on this host.
 	tools *toolchain.Resolver
-	// system keeps what working out closures read of the host's files.
-	system *sysview.Cache
+	// system keeps what working out closures read of the host's files; closures the
+	// closures worked out lately.
+	system   *sysview.Cache
+	closures closures
 }
 
 // New plans with what cfg says of the host.
 func New(cfg Config) *Planner {
 	return &Planner{cfg: cfg, tools: toolchain.NewResolver(), system: sysview.NewCache()}
 }
-
-// SystemCache is what working out sessions' closures has read of the host's files, shared
-// by explain and launches.
-func (pl *Planner) SystemCache() *sysview.Cache { return pl.system }
 
 // Tools resolves shell.allow entries on this host (a launch of a session staged before they
 // were recorded resolves them then).

@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"time"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/pkg/containment"
@@ -115,9 +117,9 @@ func (pl *Planner) System(p *Plan, class manifest.Class, argv []string) *roostv1
 	if !Viewed(class, &p.Policy) {
 		return sv
 	}
-	c, err := sysview.Resolve(SystemWant(SystemInput{
+	c, err := pl.Closure(SystemWant(SystemInput{
 		Command: argv, Path: p.Manifest.Env["PATH"], Shell: p.Shell, CapsuleDir: p.Ref.Root(), Policy: &p.Policy,
-	}), sysview.Options{Path: p.Manifest.Env["PATH"], Cache: pl.system})
+	}), p.Manifest.Env["PATH"], false)
 	if err != nil {
 		sv.Missing = append(sv.Missing, "the closure cannot be worked out: "+err.Error())
 		return sv
@@ -144,4 +146,49 @@ func Command(capsuleDir string, run manifest.Run) []string {
 		argv[0] = filepath.Join(capsuleDir, argv[0])
 	}
 	return argv
+}
+
+// closureTTL is how long a closure worked out serves the launches that ask the same of the
+// system trees: working one out again reads every file it holds (a millisecond for a
+// program alone, several for @python @git @gcc), which a warm start cannot pay each time.
+// A package upgraded meanwhile reaches the sessions launched after it.
+const closureTTL = 30 * time.Second
+
+// maxClosuresKept bounds the closures remembered: past it, the memory starts over.
+const maxClosuresKept = 256
+
+type closureEntry struct {
+	c  *sysview.Closure
+	at time.Time
+}
+
+// closures remembers the closures worked out lately, by what was asked.
+type closures struct {
+	mu      sync.Mutex
+	entries map[string]closureEntry
+}
+
+// Closure is the closure of w on this host, path where its #!/usr/bin/env scripts' programs
+// are looked up: worked out afresh when fresh says so, or none asked the same within
+// closureTTL.
+func (pl *Planner) Closure(w sysview.Want, path string, fresh bool) (*sysview.Closure, error) {
+	key := strings.Join(w.Files, "\x00") + "\x01" + strings.Join(w.ExecTrees, "\x00") + "\x01" + strings.Join(w.ReadTrees, "\x00") + "\x01" + path
+	now := time.Now()
+	pl.closures.mu.Lock()
+	e, ok := pl.closures.entries[key]
+	pl.closures.mu.Unlock()
+	if ok && !fresh && now.Sub(e.at) < closureTTL {
+		return e.c, nil
+	}
+	c, err := sysview.Resolve(w, sysview.Options{Path: path, Cache: pl.system})
+	if err != nil {
+		return nil, err
+	}
+	pl.closures.mu.Lock()
+	defer pl.closures.mu.Unlock()
+	if pl.closures.entries == nil || len(pl.closures.entries) >= maxClosuresKept {
+		pl.closures.entries = map[string]closureEntry{}
+	}
+	pl.closures.entries[key] = closureEntry{c: c, at: now}
+	return c, nil
 }
