@@ -100,7 +100,10 @@ func roostInit(b *testing.B) string {
 			return
 		}
 		initPath = filepath.Join(dir, "roost-init")
-		out, err := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", initPath, "roost.dev/roost/cmd/roost-init").CombinedOutput()
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", initPath, "roost.dev/roost/cmd/roost-init")
+		// Static, as make build makes it: a sealed root holds no library for it.
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		out, err := cmd.CombinedOutput()
 		if err != nil {
 			initErr = fmt.Errorf("building roost-init: %v\n%s", err, out)
 		}

@@ -280,6 +280,7 @@ func (m *Manager) systemView(rec *store.Record, class manifest.Class, man *manif
 	path := man.Env["PATH"]
 	want := plan.SystemWant(plan.SystemInput{
 		Command: rec.Command, Path: path, Shell: rec.Shell, CapsuleDir: rec.Capsule.Root(), Runner: s.Runner, Policy: policy,
+		ReadTreesOf: m.planner.Tools().ReadTreesOf,
 	})
 	c, err := m.planner.Closure(want, path, false)
 	if err != nil {

@@ -91,18 +91,70 @@ func (r *Resolver) Resolve(entries []string, path, capsuleDir string) ([]Entry, 
 }
 
 func (r *Resolver) resolve(entry, path string) (Entry, error) {
+	var e Entry
+	var err error
 	switch {
 	case strings.HasPrefix(entry, "@"):
 		return r.preset(entry)
 	case filepath.IsAbs(entry):
-		return resolvePath(entry)
+		e, err = resolvePath(entry)
 	default:
-		file, err := lookPath(entry, path)
-		if err != nil {
-			return Entry{}, err
-		}
-		return Entry{Entry: entry, Files: []string{file}}, nil
+		var file string
+		file, err = lookPath(entry, path)
+		e = Entry{Entry: entry, Files: []string{file}}
 	}
+	if err != nil {
+		return Entry{}, err
+	}
+	for _, f := range e.Files {
+		e.ReadTrees = append(e.ReadTrees, r.ReadTreesOf(f)...)
+	}
+	return e, nil
+}
+
+// presetOf names the preset a program of this name may belong to: an interpreter or
+// compiler named alone (python3, node) still needs what its toolchain reads.
+func presetOf(name string) string {
+	switch {
+	case strings.HasPrefix(name, "python"), strings.HasPrefix(name, "pip"):
+		return "@python"
+	case name == "node", name == "npm", name == "npx", name == "corepack":
+		return "@node"
+	case name == "git":
+		return "@git"
+	case name == "go", name == "gofmt":
+		return "@go"
+	case name == "gcc", name == "cc", name == "g++", name == "c++", name == "cpp":
+		return "@gcc"
+	}
+	return ""
+}
+
+// ReadTreesOf is what a toolchain's program reads that it does not execute (its preset's
+// ReadTrees) when file is one of a preset's programs, resolved: python3 named alone reads
+// the standard library as @python's does. nil for any other file.
+func (r *Resolver) ReadTreesOf(file string) []string {
+	name := presetOf(filepath.Base(file))
+	if name == "" {
+		return nil
+	}
+	e, err := r.preset(name)
+	if err != nil {
+		return nil
+	}
+	real, err := filepath.EvalSymlinks(file)
+	if err != nil {
+		return nil
+	}
+	for _, f := range e.Files {
+		if f == file || f == real {
+			return e.ReadTrees
+		}
+		if rf, err := filepath.EvalSymlinks(f); err == nil && rf == real {
+			return e.ReadTrees
+		}
+	}
+	return nil
 }
 
 // resolvePath resolves an absolute entry: a file that executes, or a directory.

@@ -109,16 +109,19 @@ func TestExecSealed(t *testing.T) {
 	if res := d.ctl("exec", "-w", "/work/escape", id, "--", "cat", "host-secret"); res.code != 127 || res.stdout != "" || !strings.Contains(res.stderr, "chdir /work/escape: no such file or directory") {
 		t.Errorf("-w through a symlink reached the host, or failed otherwise than ENOENT: %+v", res)
 	}
-	// The exec allowlist holds: id is not in shell.allow.
+	// The exec allowlist holds: id is not in shell.allow, so not even in the session's view
+	// of the system trees (filesystem.system: allowlist), and not found.
 	res := d.ctl("exec", id, "--", "id")
-	if res.code != 126 || !strings.Contains(res.stderr, "refused by shell.allow") || res.stdout != "" {
+	if res.code != 127 || !strings.Contains(res.stderr, `command "id" not found`) || res.stdout != "" {
 		t.Errorf("a command outside shell.allow: %+v", res)
 	}
-	// Not even through the allowed shell.
-	// The shell runs (sh -c above did); its exec of id is what fails, EACCES from the
-	// allowlist.
-	if res := d.ctl("exec", id, "--", "sh", "-c", "id"); res.code != 126 || res.stdout != "" || res.stderr != "sh: 1: id: Permission denied\n" {
+	// Not even through the allowed shell, which runs (sh -c above did) and finds no id.
+	if res := d.ctl("exec", id, "--", "sh", "-c", "id"); res.code != 127 || res.stdout != "" || res.stderr != "sh: 1: id: not found\n" {
 		t.Errorf("a command outside shell.allow, through sh: %+v", res)
+	}
+	// By its path, the same: the file is absent from the root.
+	if res := d.ctl("exec", id, "--", "/usr/bin/id"); res.code != 127 || res.stdout != "" {
+		t.Errorf("a command outside shell.allow, by its path: %+v", res)
 	}
 	if res := d.ctl("exec", id, "--", "no-such-command"); res.code != 127 || !strings.Contains(res.stderr, "not found") {
 		t.Errorf("a missing command: %+v", res)

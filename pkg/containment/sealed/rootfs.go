@@ -57,7 +57,10 @@ func composeRoot(dir string, l Layout) error {
 			return err
 		}
 	}
-	dirs := []string{"usr", "opt", "proc", "dev", "tmp", "work", "capsule", "etc", ".roost", "run", "root"}
+	dirs := []string{"usr", "proc", "dev", "tmp", "work", "capsule", "etc", ".roost", "run", "root"}
+	if viewHasOpt(l) {
+		dirs = append(dirs, "opt")
+	}
 	for _, e := range l.EtcBinds {
 		dirs = append(dirs, strings.TrimPrefix(e, "/"))
 	}
@@ -110,6 +113,16 @@ func composeRoot(dir string, l Layout) error {
 		}
 	}
 	return nil
+}
+
+// viewHasOpt says whether the session's view of the system trees holds some of /opt: its
+// root then needs a mount point for it, which the shared root has not.
+func viewHasOpt(l Layout) bool {
+	if l.System == nil {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(l.System.Dir, "opt"))
+	return err == nil
 }
 
 // mountPoint makes, in the root at dir, what host path h is bound over: a directory, or an

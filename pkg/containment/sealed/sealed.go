@@ -2,6 +2,7 @@ package sealed
 
 import (
 	"context"
+	"debug/elf"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -63,6 +64,9 @@ type Runtime struct {
 // sessions' cgroups go.
 func NewRuntime(stateDir, init string, rehearsal containment.IDs, opts ...containment.Option) (*Runtime, error) {
 	o := containment.ApplyOptions(opts)
+	if err := staticInit(init); err != nil {
+		return nil, err
+	}
 	r := &Runtime{
 		containers:  filepath.Join(stateDir, "containers"),
 		roots:       filepath.Join(stateDir, "roots"),
@@ -88,6 +92,23 @@ func NewRuntime(stateDir, init string, rehearsal containment.IDs, opts ...contai
 		return nil, fmt.Errorf("composing the sealed root: %w", err)
 	}
 	return r, nil
+}
+
+// staticInit refuses a roost-init that needs a dynamic loader: a sealed root holds of the
+// host's /usr only the session's view of it, and a sandbox made ahead none until its session
+// claims it, so roost-init, which starts first, must need nothing of it.
+func staticInit(init string) error {
+	f, err := elf.Open(init)
+	if err != nil {
+		return fmt.Errorf("roost-init %s: %w", init, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("roost-init %s is dynamically linked; a sealed root holds none of the host's libraries for it: build it static (CGO_ENABLED=0, as make build does)", init)
+		}
+	}
+	return nil
 }
 
 // prepareRoot makes the shared root for this daemon's sessions. It is named by its content
@@ -266,7 +287,7 @@ func (r *Runtime) Start(ctx context.Context, spec containment.Spec) (_ containme
 // ownRoot gives the container id a root composed for it when its layout reads host trees,
 // which need mount points the shared root has not (Release removes it).
 func (r *Runtime) ownRoot(id string, layout *Layout) error {
-	if len(layout.HostRead) == 0 {
+	if len(layout.HostRead) == 0 && !viewHasOpt(*layout) {
 		return nil
 	}
 	layout.Rootfs = filepath.Join(r.roots, id)

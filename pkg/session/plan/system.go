@@ -27,6 +27,9 @@ type SystemInput struct {
 	// Runner is roost-wasm on the host, for a WASM session: it runs, the module does not.
 	Runner string
 	Policy *manifest.Policy
+	// ReadTreesOf is what a toolchain's program reads beyond itself (toolchain's
+	// Resolver.ReadTreesOf): a command of python3 alone reads its standard library.
+	ReadTreesOf func(file string) []string
 }
 
 // SystemWant is what a session's allowlist asks of the host's system trees: its program (or
@@ -53,6 +56,9 @@ func SystemWant(in SystemInput) sysview.Want {
 	case len(in.Command) > 0:
 		if prog := lookPath(in.Command[0], in.Path); prog != "" {
 			file(prog)
+			if in.ReadTreesOf != nil {
+				w.ReadTrees = append(w.ReadTrees, in.ReadTreesOf(prog)...)
+			}
 		}
 	}
 	for _, e := range in.Shell {
@@ -119,6 +125,7 @@ func (pl *Planner) System(p *Plan, class manifest.Class, argv []string) *roostv1
 	}
 	c, err := pl.Closure(SystemWant(SystemInput{
 		Command: argv, Path: p.Manifest.Env["PATH"], Shell: p.Shell, CapsuleDir: p.Ref.Root(), Policy: &p.Policy,
+		ReadTreesOf: pl.tools.ReadTreesOf,
 	}), p.Manifest.Env["PATH"], false)
 	if err != nil {
 		sv.Missing = append(sv.Missing, "the closure cannot be worked out: "+err.Error())
