@@ -27,7 +27,7 @@ func TestCodingAgentCLIs(t *testing.T) {
 	d := newDaemon(t)
 	for _, c := range []struct{ name, caps, script, want string }{
 		{"claude", `  shell: {allow: ["` + claude + `"]}` + "\n", claude + " --version\n", "(Claude Code)"},
-		{"codex", `  shell: {allow: ["@node", "` + vendors[0] + `"]}` + "\n", codex + " --version\n", "codex-cli "},
+		{"codex", `  shell: {allow: ["@node", "` + codex + `", "` + vendors[0] + `"]}` + "\n", codex + " --version\n", "codex-cli "},
 	} {
 		for _, class := range []string{"sealed", "scoped"} {
 			t.Run(c.name+"/"+class, func(t *testing.T) {
