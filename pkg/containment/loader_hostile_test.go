@@ -70,7 +70,7 @@ func withSystemView(t *testing.T, views string) func(*containment.Spec) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.System = &containment.SystemView{Dir: dir, Files: c.Files, Trees: c.Trees, Digest: c.Digest}
+		s.System = &containment.SystemView{Dir: dir, Files: c.Files, Trees: c.Trees, Linked: c.Linked, Digest: c.Digest}
 	}
 }
 

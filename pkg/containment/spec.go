@@ -122,6 +122,9 @@ type SystemView struct {
 	// Files are the closure's files and Trees the directories it holds whole, on the host's
 	// paths: what a scoped session's Landlock rules let it read of the system trees.
 	Files, Trees []string
+	// Linked are the Trees Dir holds itself (the data every program reads): a sealed root
+	// mounts the others onto Dir's directories for them.
+	Linked []string
 	// Digest names the closure: sessions with the same one share Dir.
 	Digest string
 }

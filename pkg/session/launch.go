@@ -286,7 +286,7 @@ func (m *Manager) systemView(rec *store.Record, class manifest.Class, man *manif
 	if err != nil {
 		return nil, err
 	}
-	v := &containment.SystemView{Files: c.Files, Trees: c.Trees, Digest: c.Digest}
+	v := &containment.SystemView{Files: c.Files, Trees: c.Trees, Linked: c.Linked, Digest: c.Digest}
 	if class == manifest.Sealed {
 		v.Dir, err = m.views.View(c)
 		if errors.Is(err, sysview.ErrReplaced) {
@@ -294,7 +294,7 @@ func (m *Manager) systemView(rec *store.Record, class manifest.Class, man *manif
 			if c, err = m.planner.Closure(want, path, true); err != nil {
 				return nil, err
 			}
-			v = &containment.SystemView{Files: c.Files, Trees: c.Trees, Digest: c.Digest}
+			v = &containment.SystemView{Files: c.Files, Trees: c.Trees, Linked: c.Linked, Digest: c.Digest}
 			v.Dir, err = m.views.View(c)
 		}
 		if err != nil {

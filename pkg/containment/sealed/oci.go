@@ -114,9 +114,12 @@ func systemMounts(l Layout) []specs.Mount {
 		}
 	}
 	if l.System != nil {
-		// Sorted, parents first: a tree inside another is never one (the closure keeps
-		// neither), but the order is the spec's, and explain --oci prints it.
+		// The trees the allowlist asked for; the view holds the data trees itself, so a
+		// sandbox made ahead attaches one mount for a plain capsule's view.
 		for _, t := range l.System.Trees {
+			if slices.Contains(l.System.Linked, t) {
+				continue
+			}
 			out = append(out, specs.Mount{Destination: t, Type: "bind", Source: t, Options: ro})
 		}
 	}

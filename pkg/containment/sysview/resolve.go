@@ -71,6 +71,11 @@ type Closure struct {
 	// Trees are directories included whole, sorted, none inside another: the exec and read
 	// trees, glibc's gconv modules and the data trees present on this host.
 	Trees []string
+	// Linked are the Trees no Want named (the data trees, gconv): small, read by every
+	// program and rarely changed, a view holds their files itself (links, as Files), so a
+	// session's root mounts only the trees its allowlist asked for. Their contents are as
+	// they were when the view was built; the digest covers only their roots.
+	Linked []string
 	// Outside are the files and trees the closure reaches outside the system trees, sorted.
 	Outside []string
 	// Missing are what a file asks for and this host does not have, as "what (why)": a
@@ -285,6 +290,9 @@ type resolver struct {
 
 	files   map[string]bool // canonical, System and not
 	trees   map[string]bool // canonical, System and not
+	// asked are the trees Want names (an exec or read tree): the data trees among them are
+	// mounted, not copied into a view.
+	asked map[string]bool
 	links   map[string]string
 	why     map[string]string
 	missing map[string]bool
@@ -320,6 +328,7 @@ func newResolver(o Options) *resolver {
 		execABIs:   map[abi]bool{},
 		files:      map[string]bool{},
 		trees:      map[string]bool{},
+		asked:      map[string]bool{},
 		links:      map[string]string{},
 		why:        map[string]string{},
 		missing:    map[string]bool{},
@@ -464,6 +473,7 @@ func (r *resolver) addTree(p, why string) (string, error) {
 		return "", fmt.Errorf("%s %s is not a directory", why, p)
 	}
 	r.trees[n.canon] = true
+	r.asked[n.canon] = true
 	r.note(n.canon, why)
 	return n.canon, nil
 }
@@ -1110,6 +1120,9 @@ func (r *resolver) closure() *Closure {
 	for _, t := range trees {
 		if len(c.Trees) == 0 || !beneath(t, c.Trees[len(c.Trees)-1]) {
 			c.Trees = append(c.Trees, t)
+			if !r.asked[t] {
+				c.Linked = append(c.Linked, t)
+			}
 		}
 	}
 	in := func(p string) bool {

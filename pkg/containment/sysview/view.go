@@ -214,6 +214,11 @@ func populate(c *Closure, tmp string) error {
 			return err
 		}
 	}
+	for _, t := range c.Linked {
+		if err := linkTree(root+t, tmp+t, &mk, t); err != nil {
+			return fmt.Errorf("%s: %w", t, err)
+		}
+	}
 	for _, f := range c.Files {
 		if inTree(f) {
 			continue
@@ -235,6 +240,41 @@ func populate(c *Closure, tmp string) error {
 		}
 		if err := os.Symlink(target, tmp+l); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// linkTree puts the host's tree src (at dir in the view) into the view at dst: its
+// directories made, its files linked (or copied, as place does), its symlinks as they
+// read. Anything else (a socket, a device) is left out.
+func linkTree(src, dst string, mk *dirMaker, dir string) error {
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		s, d, v := src+"/"+e.Name(), dst+"/"+e.Name(), dir+"/"+e.Name()
+		switch t := e.Type(); {
+		case t.IsDir():
+			if err := mk.all(v); err != nil {
+				return err
+			}
+			if err := linkTree(s, d, mk, v); err != nil {
+				return err
+			}
+		case t.IsRegular():
+			if err := place(s, d, fileID{}, false); err != nil {
+				return fmt.Errorf("%s: %w", v, err)
+			}
+		case t&os.ModeSymlink != 0:
+			target, err := os.Readlink(s)
+			if err != nil {
+				return err
+			}
+			if err := os.Symlink(target, d); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -116,8 +116,19 @@ func TestViewLayout(t *testing.T) {
 			t.Errorf("/%s, a merged-/usr link the session's root has, is in the view (%v)", top, err)
 		}
 	}
+	if len(c.Linked) == 0 {
+		t.Errorf("no data tree is linked into the view: %q", c.Trees)
+	}
 	for _, tr := range c.Trees {
 		ents, err := os.ReadDir(filepath.Join(view, tr))
+		if slices.Contains(c.Linked, tr) {
+			// A data tree: the view holds its files, the same inodes as the host's.
+			host, _ := os.ReadDir(filepath.Join(c.Root, tr))
+			if err != nil || len(ents) != len(host) {
+				t.Errorf("linked tree %s in the view: %d entries, %v; the host has %d", tr, len(ents), err, len(host))
+			}
+			continue
+		}
 		if err != nil || len(ents) != 0 {
 			t.Errorf("tree %s in the view: %d entries, %v; want an empty directory", tr, len(ents), err)
 		}
