@@ -288,11 +288,11 @@ type resolver struct {
 	loaderDirs map[abi]string
 	execABIs   map[abi]bool
 
-	files   map[string]bool // canonical, System and not
-	trees   map[string]bool // canonical, System and not
+	files map[string]bool // canonical, System and not
+	trees map[string]bool // canonical, System and not
 	// asked are the trees Want names (an exec or read tree): the data trees among them are
 	// mounted, not copied into a view.
-	asked map[string]bool
+	asked   map[string]bool
 	links   map[string]string
 	why     map[string]string
 	missing map[string]bool
