@@ -58,7 +58,7 @@ rust-wasi:
 
 ## test: everything CI checks: formatting, vet, staticcheck, the API lint and freshness of the
 ## generated code, unit tests (with the race detector) and the end-to-end tests.
-test: lint unit e2e install-check
+test: lint unit e2e demo install-check
 
 unit: deps rust-wasi
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/e2e)

@@ -69,7 +69,7 @@ printf 'name: typo\nversion: 0.1.0\nrun:\n  command: [/bin/true]\ncapabilities:\
 expect 125 ./bin/roostctl run "$typo"
 compile=$state/compile
 mkdir -p "$compile"
-printf 'name: compile\nversion: 0.1.0\nrun:\n  command: [/bin/sh, -c, "cp /usr/bin/echo /work/myecho && /work/myecho a program the session wrote runs, and the sealed root still holds it"]\ncapabilities:\n  containment: sealed\n  filesystem:\n    workdir_exec: true\n  shell:\n    allow: [cp]\n' >"$compile/capsule.yaml"
+printf 'name: compile\nversion: 0.1.0\nrun:\n  command: [/bin/sh, -c, "cp /bin/sh /work/mysh && /work/mysh -c \\"echo a program the session wrote runs, and the sealed root still holds it\\""]\ncapabilities:\n  containment: sealed\n  filesystem:\n    workdir_exec: true\n  shell:\n    allow: [cp]\n' >"$compile/capsule.yaml"
 expect 0 ./bin/roostctl run "$compile"
 expect 0 ./bin/roostctl run examples/sealed
 step ./bin/roostctl ps --all --filter capsule=sealed --format '{{short .id}} {{.capsule.name}} warm={{.warm}}'
