@@ -72,7 +72,7 @@ func SystemWant(in SystemInput) sysview.Want {
 	}
 	if in.Policy != nil {
 		for _, h := range in.Policy.Filesystem.HostRead {
-			if inSystemTrees(h) {
+			if sysview.System(h) {
 				w.ReadTrees = append(w.ReadTrees, h)
 			}
 		}
@@ -98,18 +98,6 @@ func lookPath(name, path string) string {
 		}
 	}
 	return ""
-}
-
-// systemTrees are the host trees a session's view cuts down: what programs are made of.
-var systemTrees = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt"}
-
-func inSystemTrees(p string) bool {
-	for _, t := range systemTrees {
-		if p == t || strings.HasPrefix(p, t+"/") {
-			return true
-		}
-	}
-	return false
 }
 
 // System is what of the host's system trees a session of the plan would see, as explain
