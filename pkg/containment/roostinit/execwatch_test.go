@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"roost.dev/roost/internal/testenv"
+
 	"golang.org/x/sys/unix"
 	"roost.dev/roost/pkg/records"
 )
@@ -119,9 +121,7 @@ func (c *collected) add(r records.ExecRefusal) {
 // returns the helper's output once it has ended.
 func watchedHelper(t testing.TB, mode string, rules watchHello, sink refusalSink, served func(listener int)) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the listener reads the helper's memory and descriptors through /proc")
-	}
+	testenv.NeedRoot(t, "the listener reads the helper's memory and descriptors through /proc")
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -193,7 +193,7 @@ func idOf(t testing.TB, path string) fileID {
 // is reported, named as the process named it, with the program that tried.
 func TestExecJudgeVerdicts(t *testing.T) {
 	if _, err := os.Stat("/usr/bin/python3"); err != nil {
-		t.Skip("needs python3")
+		testenv.Need(t, "/usr/bin/python3", err)
 	}
 	tree := t.TempDir()
 	write := func(name, content string, mode os.FileMode) string {
