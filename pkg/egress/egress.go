@@ -89,6 +89,12 @@ type Resolver interface {
 	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
 }
 
+// HostAddrs says whether an address is configured on one of the host's interfaces.
+// *hostaddr.Set is one.
+type HostAddrs interface {
+	Contains(netip.Addr) bool
+}
+
 // Dialer opens a connection; it is only ever given an IP address and port. *net.Dialer is
 // one.
 type Dialer interface {
@@ -106,6 +112,10 @@ type Config struct {
 	// MaxConnectionsPerSession bounds a session's concurrent tunnels and forwarded
 	// requests; 0 means DefaultMaxConnections.
 	MaxConnectionsPerSession int
+	// HostAddrs are the addresses of roostd's own network namespace's interfaces
+	// (pkg/hostaddr follows them). They are the host's own, as loopback is: refused unless
+	// PermitCIDRs holds them, even to an IP-literal rule. Nil means none but the fixed ones.
+	HostAddrs HostAddrs
 	// Resolver resolves names not in Hosts; nil means net.DefaultResolver.
 	Resolver Resolver
 	// Dialer dials the decided addresses; nil means a net.Dialer with DefaultDialTimeout.
