@@ -20,6 +20,7 @@ import (
 	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/endpoint"
 	"roost.dev/roost/pkg/gateway"
+	"roost.dev/roost/pkg/hostaddr"
 	"roost.dev/roost/pkg/ledger"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/metrics"
@@ -220,6 +221,25 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 			_ = hooksRun.Close(ctx)
 		})
 	}
+	// The proxy dials from roostd's network namespace: every address its interfaces hold
+	// is the host's own, refused to sessions as loopback is.
+	hostNS, err := hostaddr.Current()
+	if err != nil {
+		return nil, fmt.Errorf("host addresses: %w", err)
+	}
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	hostAddrs, err := hostaddr.Watch(watchCtx, hostNS, log)
+	if err != nil {
+		stopWatch()
+		hostNS.Close()
+		return nil, fmt.Errorf("host addresses: %w", err)
+	}
+	d.release = append(d.release, func() {
+		stopWatch()
+		<-hostAddrs.Done()
+		hostNS.Close()
+	})
+	log.Info("egress treats the host's interface addresses as the host's own (refused unless egress.permit_cidrs names them), followed as they change", "addresses", fmt.Sprint(hostAddrs.Addrs()))
 	if n, err := liveInRegistry(stateDir); err == nil {
 		sm.status(fmt.Sprintf("recovering %d session%s", n, plural(n)))
 		log.Info("recovering sessions", "live_in_registry", n)
@@ -252,7 +272,7 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 		Hooks:           sessionHooks,
 		SessionView:     server.SessionProto,
 		Egress: &egress.Config{Hosts: cfg.Egress.HostAddrs(), PermitCIDRs: cfg.Egress.Prefixes(),
-			MaxConnectionsPerSession: cfg.Egress.MaxConnectionsPerSession},
+			MaxConnectionsPerSession: cfg.Egress.MaxConnectionsPerSession, HostAddrs: hostAddrs},
 	})
 	if err != nil {
 		return nil, err

@@ -258,8 +258,8 @@ func (s *Session) admit(ctx context.Context, f *flow, proto string, t target) (d
 		// only the operator opens: a capsule's manifest must not reach roostd's loopback
 		// services or the cloud's metadata service.
 		a := t.ip.Unmap()
-		if what, own := hostOwn(a); own && !s.p.permitted(a) {
-			return decision{}, &denial{ReasonSpecialAddress, fmt.Sprintf("egress to %s refused: %s is the host's own (%s); a network.allow entry cannot open it, only roostd's egress.permit_cidrs", dest, a, what), 0}
+		if what, own := s.p.hostOwn(a); own && !s.p.permitted(a) {
+			return decision{}, &denial{ReasonSpecialAddress, fmt.Sprintf("egress to %s refused: %s is the host's own (%s); a network.allow entry cannot open it, only roostd's egress.permit_cidrs naming it (%s)", dest, a, what, netip.PrefixFrom(a, a.BitLen())), 0}
 		}
 		return decision{rule: rule, addrs: []netip.AddrPort{netip.AddrPortFrom(t.ip, uint16(t.port))}}, nil
 	}
@@ -269,9 +269,15 @@ func (s *Session) admit(ctx context.Context, f *flow, proto string, t target) (d
 	}
 	var keep []netip.AddrPort
 	var dropped []string
+	hostsOwn := false
 	for _, a := range addrs {
 		a = a.Unmap()
-		if what, special := s.p.classify(a); special && !s.p.permitted(a) {
+		what, special := s.p.classify(a)
+		if !special && s.p.hostAddrs.Contains(a) {
+			// A public address of the host's own interface is the host's all the same.
+			what, special, hostsOwn = hostAddrWhat, true, true
+		}
+		if special && !s.p.permitted(a) {
 			dropped = append(dropped, fmt.Sprintf("%s (%s)", a, what))
 			continue
 		}
@@ -285,7 +291,11 @@ func (s *Session) admit(ctx context.Context, f *flow, proto string, t target) (d
 		if len(dropped) == 1 {
 			why = strings.Replace(dropped[0], " (", " is a special-purpose address (", 1)
 		}
-		return decision{}, &denial{ReasonSpecialAddress, fmt.Sprintf("egress to %s refused: %s; only an IP-literal rule or roostd's egress.permit_cidrs opens it", dest, why), 0}
+		opens := "only an IP-literal rule or roostd's egress.permit_cidrs opens it"
+		if hostsOwn {
+			opens = "only roostd's egress.permit_cidrs opens the host's own addresses"
+		}
+		return decision{}, &denial{ReasonSpecialAddress, fmt.Sprintf("egress to %s refused: %s; %s", dest, why, opens), 0}
 	}
 	return decision{rule: rule, addrs: keep}, nil
 }
@@ -372,16 +382,28 @@ var hostOwnRanges = []struct {
 	{netip.MustParsePrefix("fd00:ec2::254/128"), "a cloud metadata service"},
 }
 
-// hostOwn says whether a is one of the host's own addresses, and what it is.
-func hostOwn(a netip.Addr) (string, bool) {
+// hostAddrWhat is what an address configured on one of roostd's interfaces is.
+const hostAddrWhat = "an address of roostd's host, configured on one of its network interfaces, where services bound to 0.0.0.0 answer"
+
+// hostOwn says whether a is one of the host's own addresses, and what it is: a fixed
+// range, or an address an interface of roostd's network namespace holds now.
+func (p *Proxy) hostOwn(a netip.Addr) (string, bool) {
 	a = a.Unmap().WithZone("")
 	for _, r := range hostOwnRanges {
 		if r.prefix.Contains(a) {
 			return r.what, true
 		}
 	}
+	if p.hostAddrs.Contains(a) {
+		return hostAddrWhat, true
+	}
 	return "", false
 }
+
+// noHostAddrs is HostAddrs when the operator's Config has none.
+type noHostAddrs struct{}
+
+func (noHostAddrs) Contains(netip.Addr) bool { return false }
 
 // classify says whether a is special-purpose, and what it is.
 func (p *Proxy) classify(a netip.Addr) (string, bool) {

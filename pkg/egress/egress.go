@@ -161,22 +161,25 @@ type Proxy struct {
 	permit   []netip.Prefix
 	special  []specialRange
 	maxConns int
-	resolver Resolver
-	dialer   Dialer
-	audit    Auditor
-	log      *slog.Logger
+	// hostAddrs are the addresses of roostd's interfaces, followed; never nil.
+	hostAddrs HostAddrs
+	resolver  Resolver
+	dialer    Dialer
+	audit     Auditor
+	log       *slog.Logger
 }
 
 // New returns a proxy; audit and log may be nil.
 func New(cfg Config, audit Auditor, log *slog.Logger) *Proxy {
 	p := &Proxy{
-		hosts:    make(map[string]netip.Addr, len(cfg.Hosts)),
-		special:  specialRanges(),
-		maxConns: cfg.MaxConnectionsPerSession,
-		resolver: cfg.Resolver,
-		dialer:   cfg.Dialer,
-		audit:    audit,
-		log:      log,
+		hosts:     make(map[string]netip.Addr, len(cfg.Hosts)),
+		special:   specialRanges(),
+		maxConns:  cfg.MaxConnectionsPerSession,
+		hostAddrs: cfg.HostAddrs,
+		resolver:  cfg.Resolver,
+		dialer:    cfg.Dialer,
+		audit:     audit,
+		log:       log,
 	}
 	// A copy with names as the normaliser spells them: the caller's map may change later.
 	for name, a := range cfg.Hosts {
@@ -191,6 +194,9 @@ func New(cfg Config, audit Auditor, log *slog.Logger) *Proxy {
 	}
 	if p.maxConns <= 0 {
 		p.maxConns = DefaultMaxConnections
+	}
+	if p.hostAddrs == nil {
+		p.hostAddrs = noHostAddrs{}
 	}
 	if p.resolver == nil {
 		p.resolver = net.DefaultResolver

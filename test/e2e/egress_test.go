@@ -587,3 +587,40 @@ print("flooded")
 		t.Errorf("inspect does not count every refusal:\n%s", insp)
 	}
 }
+
+// An address of roostd's own interfaces is the host's, as loopback is: a capsule's
+// IP-literal rule naming it reaches nothing, even when the address was added after roostd
+// started (roostd follows its interfaces). The address is outside the config's
+// permit_cidrs; the service listening there is bound to every address, as a host's are.
+// web.test through the same proxy is the positive control.
+func TestEgressHostAddressRefused(t *testing.T) {
+	n := newTestNet(t)
+	inetServers(t, n, "hostaddr\n")
+	d := egressDaemon(t, n)
+	const added = "10.214.0.1"
+	ns := filepath.Base(n.daemon)
+	run(t, "ip", "-n", ns, "addr", "add", added+"/32", "dev", "lo")
+	ln := listenIn(t, n.daemon, ":0")
+	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "roostd's host\n") }))
+	port := ln.Addr().(*net.TCPAddr).Port
+	// Control: the service answers on the address, from roostd's namespace.
+	if out, err := exec.Command("nsenter", "--net="+n.daemon, "curl", "-sS", "--noproxy", "*", fmt.Sprintf("http://%s:%d/", added, port)).CombinedOutput(); err != nil || string(out) != "roostd's host\n" {
+		t.Fatalf("the host service on %s: %v %s", added, err, out)
+	}
+	script := fmt.Sprintf(`set +e
+for u in http://web.test/hello http://%s:%d/ http://%s:%d/; do
+  echo "$u: $(curl -s -o /dev/null -w '%%{http_code} [%%header{x-roost-denied}]' --max-time 20 "$u")"
+done`, added, port, daemonAddr, port)
+	// daemonAddr is inside the config's permit_cidrs: the operator opened it.
+	dir := capsule(t, "hostaddr", script, egressCaps("scoped", "web.test", fmt.Sprintf(`"%s:%d"`, added, port), fmt.Sprintf(`"%s:%d"`, daemonAddr, port)))
+	out := d.ctlWithin(2*time.Minute, "run", dir).stdout
+	for _, want := range []string{
+		"http://web.test/hello: 200 []",
+		fmt.Sprintf("http://%s:%d/: 403 [special_address]", added, port),
+		fmt.Sprintf("http://%s:%d/: 200 []", daemonAddr, port),
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("want %q in:\n%s", want, out)
+		}
+	}
+}
