@@ -49,6 +49,8 @@ type daemon struct {
 	artifacts *artifact.Store
 	spend     *ledger.Ledger
 	sessions  *session.Manager
+	// control bounds the control API (the config's control section).
+	control config.Control
 	// release undoes each part in the order the parts were made; close runs it backwards,
 	// as the defers of one function would.
 	release []func()
@@ -298,6 +300,7 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 		log.Info("retaining ended sessions", "bounds", keep.String())
 	}
 	d.stateDir, d.trees, d.group, d.pool, d.init, d.cgs = stateDir, trees, group, pool, init, cgs
+	d.control = cfg.Control
 	d.assess, d.catalog = assess, catalog
 	d.mtr, d.artifacts, d.spend, d.sessions = mtr, artifacts, spend, sessions
 	assembled = true

@@ -27,6 +27,7 @@ type Config struct {
 	Sessions  Sessions  `yaml:"sessions"`
 	Env       Env       `yaml:"env"`
 	Egress    Egress    `yaml:"egress"`
+	Control   Control   `yaml:"control"`
 	// Hooks are the operator's WASM hooks (pkg/hooks runs them), in the order they run.
 	Hooks []Hook `yaml:"hooks"`
 }
@@ -177,6 +178,86 @@ func (e *Egress) check(file string) error {
 		return fmt.Errorf("%s: egress.max_connections_per_session: %d: must be more than 0", file, e.MaxConnectionsPerSession)
 	case e.MaxConnectionsPerSession == 0:
 		e.MaxConnectionsPerSession = DefaultEgressConnections
+	}
+	return nil
+}
+
+// Control bounds roostd's control API (the gRPC service on its socket), so that no
+// client — a dashboard following every session, a script that forgets its followers —
+// can take the daemon's goroutines and memory; the operator's ps, stop and rm are unary
+// calls, which no stream bound holds back.
+type Control struct {
+	// MaxStreams bounds the streams (followers of logs and events, exec, health watches)
+	// open at once, all clients together; DefaultControlMaxStreams when 0.
+	MaxStreams int `yaml:"max_streams"`
+	// MaxStreamsPerClient bounds one client's: a process, by the peer credentials of its
+	// connections, however many it opens; DefaultControlMaxStreamsPerClient when 0.
+	MaxStreamsPerClient int `yaml:"max_streams_per_client"`
+	// MaxRecvMessageBytes bounds a message roostd receives; DefaultControlMaxRecvMessageBytes
+	// when 0.
+	MaxRecvMessageBytes int `yaml:"max_recv_message_bytes"`
+	// MaxSendMessageBytes bounds a message roostd sends; DefaultControlMaxSendMessageBytes
+	// when 0.
+	MaxSendMessageBytes int `yaml:"max_send_message_bytes"`
+	// StreamSendTimeoutSeconds is how long a stream's client may leave a message unread
+	// before roostd ends the stream (ResourceExhausted) rather than hold it;
+	// DefaultControlStreamSendTimeoutSeconds when 0.
+	StreamSendTimeoutSeconds int `yaml:"stream_send_timeout_seconds"`
+}
+
+// Control's defaults. A follower costs about 45 KiB of roostd's memory (20,000 took
+// 0.9 GB), so the total bounds that to some 45 MiB; the per-client bound leaves a busy
+// dashboard room and others the rest. Messages: roost's requests are small, and a client's
+// default receive bound (gRPC's 4 MiB) is what roostd sends at most.
+const (
+	DefaultControlMaxStreams               = 1024
+	DefaultControlMaxStreamsPerClient      = 256
+	DefaultControlMaxRecvMessageBytes      = 1 << 20
+	DefaultControlMaxSendMessageBytes      = 4 << 20
+	DefaultControlStreamSendTimeoutSeconds = 30
+	// maxControlMessageBytes is gRPC's own ceiling (a message's length is 32 bits).
+	maxControlMessageBytes = 1<<31 - 1
+)
+
+// StreamSendTimeout is stream_send_timeout_seconds as a duration.
+func (c *Control) StreamSendTimeout() time.Duration {
+	return time.Duration(c.StreamSendTimeoutSeconds) * time.Second
+}
+
+// WithDefaults is c with every unset bound at its default.
+func (c Control) WithDefaults() Control {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&c.MaxStreams, DefaultControlMaxStreams)
+	def(&c.MaxStreamsPerClient, DefaultControlMaxStreamsPerClient)
+	def(&c.MaxRecvMessageBytes, DefaultControlMaxRecvMessageBytes)
+	def(&c.MaxSendMessageBytes, DefaultControlMaxSendMessageBytes)
+	def(&c.StreamSendTimeoutSeconds, DefaultControlStreamSendTimeoutSeconds)
+	return c
+}
+
+func (c *Control) check(file string) error {
+	for _, f := range []struct {
+		name string
+		v    int
+		max  int
+	}{
+		{"max_streams", c.MaxStreams, 1 << 20},
+		{"max_streams_per_client", c.MaxStreamsPerClient, 1 << 20},
+		{"max_recv_message_bytes", c.MaxRecvMessageBytes, maxControlMessageBytes},
+		{"max_send_message_bytes", c.MaxSendMessageBytes, maxControlMessageBytes},
+		{"stream_send_timeout_seconds", c.StreamSendTimeoutSeconds, 3600},
+	} {
+		if f.v < 0 || f.v > f.max {
+			return fmt.Errorf("%s: control.%s: %d: expected 1 to %d (0 or unset for the default)", file, f.name, f.v, f.max)
+		}
+	}
+	*c = c.WithDefaults()
+	if c.MaxStreamsPerClient > c.MaxStreams {
+		return fmt.Errorf("%s: control.max_streams_per_client: %d: must be at most control.max_streams (%d)", file, c.MaxStreamsPerClient, c.MaxStreams)
 	}
 	return nil
 }
@@ -463,6 +544,9 @@ func Parse(data []byte, file string) (*Config, error) {
 		return nil, err
 	}
 	if err := c.Egress.check(file); err != nil {
+		return nil, err
+	}
+	if err := c.Control.check(file); err != nil {
 		return nil, err
 	}
 	if err := checkHooks(file, c.Hooks); err != nil {

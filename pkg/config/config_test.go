@@ -248,3 +248,32 @@ func TestHooks(t *testing.T) {
 		}
 	}
 }
+
+// The control API's bounds take their defaults unset, and a bad one is refused naming it.
+func TestControl(t *testing.T) {
+	c, err := Parse(nil, "roostd.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Control{MaxStreams: DefaultControlMaxStreams, MaxStreamsPerClient: DefaultControlMaxStreamsPerClient,
+		MaxRecvMessageBytes: DefaultControlMaxRecvMessageBytes, MaxSendMessageBytes: DefaultControlMaxSendMessageBytes,
+		StreamSendTimeoutSeconds: DefaultControlStreamSendTimeoutSeconds}
+	if c.Control != want {
+		t.Fatalf("defaults: %+v, want %+v", c.Control, want)
+	}
+	c, err = Parse([]byte("control:\n  max_streams: 10\n  max_streams_per_client: 3\n  stream_send_timeout_seconds: 2\n"), "roostd.yaml")
+	if err != nil || c.Control.MaxStreams != 10 || c.Control.MaxStreamsPerClient != 3 || c.Control.StreamSendTimeout().Seconds() != 2 || c.Control.MaxRecvMessageBytes != DefaultControlMaxRecvMessageBytes {
+		t.Fatalf("%+v %v", c.Control, err)
+	}
+	for src, want := range map[string]string{
+		"control:\n  max_streams: -1\n":                             "control.max_streams: -1",
+		"control:\n  max_streams: 4\n  max_streams_per_client: 5\n": "control.max_streams_per_client: 5: must be at most control.max_streams (4)",
+		"control:\n  max_recv_message_bytes: 4294967296\n":          "control.max_recv_message_bytes",
+		"control:\n  stream_send_timeout_seconds: 86400\n":          "control.stream_send_timeout_seconds: 86400",
+		"control:\n  max_stream: 1\n":                               "field max_stream not found",
+	} {
+		if _, err := Parse([]byte(src), "roostd.yaml"); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v (want %q)", src, err, want)
+		}
+	}
+}

@@ -20,14 +20,19 @@ var shuttingDown = status.Error(codes.Unavailable, "roostd is shutting down; res
 
 // streamSet is a server's streaming RPCs in flight. A follower of logs or events never
 // ends on its own, so GracefulStop would wait for it forever; Shutdown ends them first.
+//
+// It also holds the streams to their bounds: all clients together, and each client's.
 type streamSet struct {
 	mu       sync.Mutex
 	draining bool
 	live     map[*streamEntry]struct{}
+	bounds   streamBounds
+	byClient map[clientID]int
 }
 
 type streamEntry struct {
 	cancel context.CancelCauseFunc
+	client clientID
 	// health marks a health watcher: it is ended last, once it has had a moment to send
 	// the NOT_SERVING that SetNotServing queued for it (a watcher hears it before its end).
 	health bool
@@ -39,26 +44,35 @@ const healthWatch = "/grpc.health.v1.Health/Watch"
 // healthWatchGrace is how long health watchers are left to send NOT_SERVING.
 const healthWatchGrace = 100 * time.Millisecond
 
-// track registers a stream; it returns the context its handler runs under and a release.
-// When the set is draining already the stream is refused (ok false).
-func newStreamSet() *streamSet { return &streamSet{live: map[*streamEntry]struct{}{}} }
+func newStreamSet(bounds streamBounds) *streamSet {
+	return &streamSet{live: map[*streamEntry]struct{}{}, bounds: bounds, byClient: map[clientID]int{}}
+}
 
-func (s *streamSet) track(parent context.Context, method string) (ctx context.Context, release func(), ok bool) {
-	ctx, cancel := context.WithCancelCause(parent)
-	e := &streamEntry{cancel: cancel, health: method == healthWatch}
+// track registers a stream of client's; it returns the context its handler runs under and
+// a release. When the set is draining already the stream is refused with shuttingDown,
+// and past a bound with a ResourceExhausted error naming it.
+func (s *streamSet) track(parent context.Context, method string, client clientID) (ctx context.Context, release func(), err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.draining {
-		cancel(errShuttingDown)
-		return ctx, func() {}, false
+		return parent, func() {}, shuttingDown
 	}
+	if mine := s.byClient[client]; len(s.live) >= s.bounds.total || mine >= s.bounds.perClient {
+		return parent, func() {}, s.bounds.refusal(client, len(s.live), mine)
+	}
+	ctx, cancel := context.WithCancelCause(parent)
+	e := &streamEntry{cancel: cancel, client: client, health: method == healthWatch}
 	s.live[e] = struct{}{}
+	s.byClient[client]++
 	return ctx, func() {
 		s.mu.Lock()
 		delete(s.live, e)
+		if s.byClient[client]--; s.byClient[client] == 0 {
+			delete(s.byClient, client)
+		}
 		s.mu.Unlock()
 		cancel(nil)
-	}, true
+	}, nil
 }
 
 // drain ends every stream in flight but health watchers, and every one that starts from

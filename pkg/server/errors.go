@@ -70,10 +70,10 @@ func unaryInterceptor(log *slog.Logger) grpc.UnaryServerInterceptor {
 func streamInterceptor(log *slog.Logger, streams *streamSet) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
 		defer recoverPanic(log, info.FullMethod, &err)
-		ctx, release, ok := streams.track(ss.Context(), info.FullMethod)
+		ctx, release, err := streams.track(ss.Context(), info.FullMethod, clientOf(ss.Context()))
 		defer release()
-		if !ok {
-			return shuttingDown
+		if err != nil {
+			return ToStatus(err)
 		}
 		err = handler(srv, &drainedStream{ServerStream: ss, ctx: ctx})
 		// Ended by Shutdown, not by its client or its own end: say so with the code

@@ -3,6 +3,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -61,6 +62,9 @@ type Config struct {
 	// IDs is the block of host ids sessions run as, which doctor checks can be mapped and
 	// is held by nobody else; the default block when zero.
 	IDs store.IDPool
+	// Limits bound streams, messages and unread sends (the operator's control section);
+	// each unset one takes its default.
+	Limits config.Control
 }
 
 // Server is roostd's gRPC server: roost's services, the standard health service
@@ -90,12 +94,20 @@ const (
 // New returns a gRPC server with every roost service registered, health reporting
 // NOT_SERVING for all of them (and for the server as a whole, "") until SetServing.
 func New(cfg Config) *Server {
+	limits := cfg.Limits.WithDefaults()
+	if cfg.Logger != nil {
+		cfg.Logger.Info("control API bounds", "max_streams", limits.MaxStreams, "max_streams_per_client", limits.MaxStreamsPerClient,
+			"max_recv_message_bytes", limits.MaxRecvMessageBytes, "max_send_message_bytes", limits.MaxSendMessageBytes,
+			"stream_send_timeout", limits.StreamSendTimeout().String())
+	}
 	unary := []grpc.UnaryServerInterceptor{unaryInterceptor(cfg.Logger)}
-	streams := newStreamSet()
+	streams := newStreamSet(streamBounds{total: limits.MaxStreams, perClient: limits.MaxStreamsPerClient})
 	stream := []grpc.StreamServerInterceptor{streamInterceptor(cfg.Logger, streams)}
 	opts := []grpc.ServerOption{
-		// Bound what one request may carry; roost's requests are small.
-		grpc.MaxRecvMsgSize(1 << 20),
+		// Bound what one message may carry, each way: roost's requests are small, and
+		// what roostd sends stays within a client's default receive bound.
+		grpc.MaxRecvMsgSize(limits.MaxRecvMessageBytes),
+		grpc.MaxSendMsgSize(limits.MaxSendMessageBytes),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: MinPingInterval, PermitWithoutStream: true}),
 		// No MaxConnectionAge: a follower's stream lives as long as its operator wants it.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: ServerPingAfter, Timeout: ServerPingTimeout}),
@@ -111,7 +123,7 @@ func New(cfg Config) *Server {
 	}
 	opts = append(opts, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
 	srv := grpc.NewServer(opts...)
-	roostv1.RegisterSessionServiceServer(srv, &sessionService{m: cfg.Sessions})
+	roostv1.RegisterSessionServiceServer(srv, &sessionService{m: cfg.Sessions, sendTimeout: limits.StreamSendTimeout()})
 	roostv1.RegisterCapsuleServiceServer(srv, &capsuleService{m: cfg.Sessions})
 	roostv1.RegisterSystemServiceServer(srv, &systemService{cfg: cfg})
 	roostv1.RegisterArtifactServiceServer(srv, &artifactService{store: cfg.Artifacts})
@@ -154,6 +166,8 @@ func (s *Server) SetNotServing() {
 type sessionService struct {
 	roostv1.UnimplementedSessionServiceServer
 	m *session.Manager
+	// sendTimeout is how long a follower's message may wait unread before the stream ends.
+	sendTimeout time.Duration
 }
 
 var _ roostv1.SessionServiceServer = (*sessionService)(nil)
@@ -346,8 +360,12 @@ func (s *sessionService) Logs(req *roostv1.LogsRequest, stream grpc.ServerStream
 	if err != nil {
 		return err
 	}
-	return s.m.Logs(stream.Context(), req.GetId(), opts, func(c records.LogChunk) error {
-		return stream.Send(logChunkProto(c))
+	return sendBounded(s.sendTimeout, stream.Send, func(send func(*roostv1.LogsResponse) error) error {
+		return s.m.Logs(stream.Context(), req.GetId(), opts, func(c records.LogChunk) error {
+			// The reader reuses its buffer, and the chunk is sent after this returns.
+			c.Data = bytes.Clone(c.Data)
+			return send(logChunkProto(c))
+		})
 	})
 }
 
@@ -356,8 +374,10 @@ func (s *sessionService) Events(req *roostv1.EventsRequest, stream grpc.ServerSt
 	if since == 0 && req.GetFromOldestKept() {
 		since = s.m.OldestKeptEvent()
 	}
-	return s.m.Events(stream.Context(), since, req.GetFollow(), func(ev store.Event) error {
-		return stream.Send(&roostv1.EventsResponse{Event: EventProto(&ev)})
+	return sendBounded(s.sendTimeout, stream.Send, func(send func(*roostv1.EventsResponse) error) error {
+		return s.m.Events(stream.Context(), since, req.GetFollow(), func(ev store.Event) error {
+			return send(&roostv1.EventsResponse{Event: EventProto(&ev)})
+		})
 	})
 }
 
