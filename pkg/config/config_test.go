@@ -43,6 +43,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("inference:\n  upstreams:\n    - name: a\n      format: openai\n      url: http://x\n      api_key_file: /k\n"))
 	f.Add([]byte("sessions:\n  allow_root: [a, b]\n  ids:\n    first: 65536\n    slots: 2\nenv:\n  passthrough: [LANG]\n"))
 	f.Add([]byte("sessions:\n  ids:\n    first: 4294901760\n    slots: 1\n"))
+	f.Add([]byte("control:\n  max_streams: 8\n  max_streams_per_client: 9\n  stream_send_timeout_seconds: -1\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := Parse(data, "fuzz.yaml")
 		if err != nil {

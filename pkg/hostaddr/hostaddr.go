@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -34,14 +35,17 @@ const resubscribeEvery = time.Second
 // Set is the addresses configured on one network namespace's interfaces, kept current
 // until the context Watch was given ends. Its methods are safe for concurrent use.
 type Set struct {
-	mu sync.RWMutex
+	mu sync.Mutex
 	// addrs holds each address with the interfaces (by index) holding it: the same
 	// address may sit on two, and leaves the set only when the last lets go.
 	addrs map[netip.Addr]map[int]struct{}
-	ns    netns.NsHandle
-	h     *netlink.Handle
-	log   *slog.Logger
-	done  chan struct{}
+	// now is addrs' keys, made afresh on every change: every egress decision reads it,
+	// changes are rare, and a read takes no lock.
+	now  atomic.Pointer[map[netip.Addr]struct{}]
+	ns   netns.NsHandle
+	h    *netlink.Handle
+	log  *slog.Logger
+	done chan struct{}
 }
 
 // Current is the network namespace of the calling goroutine's thread, which is every
@@ -116,6 +120,7 @@ func (s *Set) subscribe() (chan netlink.AddrUpdate, chan struct{}, error) {
 	}
 	s.mu.Lock()
 	s.addrs = fresh
+	s.publish()
 	s.mu.Unlock()
 	return updates, stop, nil
 }
@@ -165,14 +170,22 @@ func (s *Set) apply(u netlink.AddrUpdate) {
 	defer s.mu.Unlock()
 	if u.NewAddr {
 		add(s.addrs, ip, u.LinkIndex)
-		return
-	}
-	if links := s.addrs[ip]; links != nil {
+	} else if links := s.addrs[ip]; links != nil {
 		delete(links, u.LinkIndex)
 		if len(links) == 0 {
 			delete(s.addrs, ip)
 		}
 	}
+	s.publish()
+}
+
+// publish makes addrs what readers see; s.mu is held.
+func (s *Set) publish() {
+	now := make(map[netip.Addr]struct{}, len(s.addrs))
+	for a := range s.addrs {
+		now[a] = struct{}{}
+	}
+	s.now.Store(&now)
 }
 
 func add(m map[netip.Addr]map[int]struct{}, ip netip.Addr, link int) {
@@ -193,21 +206,17 @@ func addrOf(ip []byte) (netip.Addr, bool) {
 
 // Contains says whether a is configured on one of the namespace's interfaces.
 func (s *Set) Contains(a netip.Addr) bool {
-	a = a.Unmap().WithZone("")
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	_, ok := s.addrs[a]
+	_, ok := (*s.now.Load())[a.Unmap().WithZone("")]
 	return ok
 }
 
 // Addrs is the set now, sorted: for roostd's log and doctor.
 func (s *Set) Addrs() []netip.Addr {
-	s.mu.RLock()
-	out := make([]netip.Addr, 0, len(s.addrs))
-	for a := range s.addrs {
+	now := *s.now.Load()
+	out := make([]netip.Addr, 0, len(now))
+	for a := range now {
 		out = append(out, a)
 	}
-	s.mu.RUnlock()
 	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
 	return out
 }

@@ -440,3 +440,28 @@ func BenchmarkListWithFollowers(b *testing.B) {
 		})
 	}
 }
+
+// Messages are bounded both ways: a request past control.max_recv_message_bytes and an
+// answer past control.max_send_message_bytes are ResourceExhausted, and the calls within
+// them (the positive controls) are served.
+func TestMessageBounds(t *testing.T) {
+	ls := serveLimited(t, config.Control{MaxRecvMessageBytes: 4096, MaxSendMessageBytes: 4096})
+	c := roostv1.NewSessionServiceClient(ls.conn(t))
+	ctx := context.Background()
+	id := stageOne(t, c, "")
+	if _, err := c.Get(ctx, &roostv1.GetRequest{Id: id}); err != nil {
+		t.Fatalf("a small request and answer: %v", err)
+	}
+	_, err := c.Get(ctx, &roostv1.GetRequest{Id: strings.Repeat("x", 8192)})
+	if st, _ := status.FromError(err); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "larger than max") {
+		t.Fatalf("an 8 KiB request: %v", err)
+	}
+	// Enough sessions that their list is past 4 KiB.
+	for range 20 {
+		stageOne(t, c, "")
+	}
+	_, err = c.List(ctx, &roostv1.ListRequest{})
+	if st, _ := status.FromError(err); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "larger than max") {
+		t.Fatalf("a list past 4 KiB: %v", err)
+	}
+}
