@@ -46,6 +46,10 @@ type Set struct {
 	h    *netlink.Handle
 	log  *slog.Logger
 	done chan struct{}
+	// rcvbuf is the notification socket's buffer; relists counts the lists made afresh
+	// after the notifications ended on their own.
+	rcvbuf  int
+	relists atomic.Int64
 }
 
 // Current is the network namespace of the calling goroutine's thread, which is every
@@ -63,6 +67,10 @@ func Current() (netns.NsHandle, error) {
 // Watch lists the addresses of ns's interfaces and follows them until ctx ends. ns must
 // stay open while the watch runs (the caller closes it after Done). log may be nil.
 func Watch(ctx context.Context, ns netns.NsHandle, log *slog.Logger) (*Set, error) {
+	return watch(ctx, ns, log, receiveBuffer)
+}
+
+func watch(ctx context.Context, ns netns.NsHandle, log *slog.Logger, rcvbuf int) (*Set, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -70,7 +78,7 @@ func Watch(ctx context.Context, ns netns.NsHandle, log *slog.Logger) (*Set, erro
 	if err != nil {
 		return nil, fmt.Errorf("opening rtnetlink in the network namespace: %w", err)
 	}
-	s := &Set{addrs: map[netip.Addr]map[int]struct{}{}, ns: ns, h: h, log: log, done: make(chan struct{})}
+	s := &Set{addrs: map[netip.Addr]map[int]struct{}{}, ns: ns, h: h, log: log, done: make(chan struct{}), rcvbuf: rcvbuf}
 	updates, stop, err := s.subscribe()
 	if err != nil {
 		h.Close()
@@ -92,7 +100,7 @@ func (s *Set) subscribe() (chan netlink.AddrUpdate, chan struct{}, error) {
 	ns := s.ns
 	err := netlink.AddrSubscribeWithOptions(updates, stop, netlink.AddrSubscribeOptions{
 		Namespace:              &ns,
-		ReceiveBufferSize:      receiveBuffer,
+		ReceiveBufferSize:      s.rcvbuf,
 		ReceiveBufferForceSize: true,
 		ErrorCallback: func(err error) {
 			select {
@@ -149,6 +157,7 @@ func (s *Set) follow(ctx context.Context, updates chan netlink.AddrUpdate, stop 
 		for {
 			var err error
 			if updates, stop, err = s.subscribe(); err == nil {
+				s.relists.Add(1)
 				break
 			}
 			s.log.Warn("host address notifications: subscribing again", "err", err)
