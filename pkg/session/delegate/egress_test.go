@@ -266,3 +266,153 @@ func (e *proxyEnv) closeSession(id string) *store.Record {
 	e.a.Close(rec)
 	return rec
 }
+
+// resources.egress_max_bytes holds across a restart after the trace's cap: the count is
+// read back from the checkpoint, not from the capped trace, and the next daemon's proxy
+// refuses from where the last one stopped. Positive control: what the trace alone holds
+// is far less than what was carried.
+func TestBudgetSurvivesRestartPastTraceCap(t *testing.T) {
+	e := newProxyEnv(t)
+	const budget = 300000
+	p := e.policy(4096, budget)
+	s := e.open("s1", p)
+	e.serve(s)
+	// Fill the allowed part of the trace (3 KiB less the note's room) with small requests,
+	// then carry most of the budget past the cap.
+	for range 20 {
+		if code, _ := e.get(10); code != http.StatusOK {
+			t.Fatalf("a small request: %d", code)
+		}
+	}
+	if code, n := e.get(200000); code != http.StatusOK || n != 200000 {
+		t.Fatalf("the download within the budget: %d, %d bytes", code, n)
+	}
+	used := s.Totals().Used
+	lines, _ := e.trace()
+	var traced int64
+	capped := false
+	for _, l := range lines {
+		traced += l.BytesDown
+		capped = capped || l.EventType == records.TraceEgressCapped
+	}
+	if !capped || traced >= 100000 {
+		t.Fatalf("the trace is not past its cap (capped %v, it holds %d bytes down)", capped, traced)
+	}
+	// The interval's checkpoint, then the daemon dies: nothing more is written.
+	e.a.Flush()
+	_ = e.srv.Close()
+	s.Close()
+
+	e.a = e.daemon()
+	carried := ReadCarried(e.dir, slog.New(slog.DiscardHandler))
+	if carried.Totals.Used != used || carried.Totals.Connections != 21 || !carried.AllowedCapped {
+		t.Fatalf("read back %+v (capped %v); the session had used %d bytes over 21 requests", carried.Totals, carried.AllowedCapped, used)
+	}
+	s2 := e.a.Open("s1", p, carried)
+	t.Cleanup(s2.Close)
+	e.serve(s2)
+	if got := s2.Totals().Used; got != used {
+		t.Fatalf("the next daemon's proxy begins at %d bytes used, want %d", got, used)
+	}
+	// 100000 bytes of the budget are left, less what the small requests carried: the next
+	// download is cut there, and then nothing more passes.
+	left := budget - used
+	if _, n := e.get(200000); int64(n) > left {
+		t.Errorf("the download after the restart carried %d bytes; %d were left", n, left)
+	}
+	if code, _ := e.get(10); code != http.StatusForbidden {
+		t.Errorf("a request past the budget after the restart: %d, want 403", code)
+	}
+	if got := s2.Totals().Used; got > budget {
+		t.Errorf("the session used %d bytes of a budget of %d", got, budget)
+	}
+}
+
+// A checkpoint that is not one (corrupt, truncated, out of range, a link) is warned
+// about and the trace alone is used; one that is whole is used.
+func TestCarriedCheckpointUnreadable(t *testing.T) {
+	good := checkpoint{Version: checkpointVersion, Connections: 3, BytesDown: 5000, Used: 9000,
+		Refused: []checkpointRefusal{{EgressRefusal: store.EgressRefusal{Host: "x.test", Port: 443, Reason: "not_allowed", Count: 7}, Traced: 1}}}
+	whole, err := json.Marshal(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trace := `{"event_type":"egress","session_id":"s1","proto":"http","host":"web.test","port":80,"decision":"allowed","bytes_up":10,"bytes_down":1000,"duration_ms":1}
+{"event_type":"egress_refused","session_id":"s1","host":"x.test","port":443,"reason":"not_allowed","count":2,"total":2}
+`
+	for _, c := range []struct {
+		name  string
+		write func(dir string)
+		// used and denied are what must be read back; warned says a warning is due.
+		used, denied int64
+		warned       bool
+	}{
+		{"whole", func(dir string) { writeFile(t, dir, records.EgressFile, whole) }, 9000, 7, false},
+		{"none", func(string) {}, 1010, 2, false},
+		{"truncated", func(dir string) { writeFile(t, dir, records.EgressFile, whole[:len(whole)/2]) }, 1010, 2, true},
+		{"not JSON", func(dir string) { writeFile(t, dir, records.EgressFile, []byte("\x00\xff garbage")) }, 1010, 2, true},
+		{"negative", func(dir string) {
+			writeFile(t, dir, records.EgressFile, []byte(`{"version":1,"used":-5000000}`))
+		}, 1010, 2, true},
+		{"traced past count", func(dir string) {
+			writeFile(t, dir, records.EgressFile, []byte(`{"version":1,"used":1,"refused":[{"host":"a","reason":"r","count":1,"traced":2}]}`))
+		}, 1010, 2, true},
+		{"another version", func(dir string) { writeFile(t, dir, records.EgressFile, []byte(`{"version":99,"used":9000}`)) }, 1010, 2, true},
+		{"too long", func(dir string) {
+			writeFile(t, dir, records.EgressFile, append([]byte(`{"version":1,"used":9000,"x":"`), append(make([]byte, maxCheckpointBytes), '"', '}')...))
+		}, 1010, 2, true},
+		{"a link", func(dir string) {
+			writeFile(t, dir, "elsewhere.json", whole)
+			if err := os.Symlink(filepath.Join(dir, "elsewhere.json"), filepath.Join(dir, records.EgressFile)); err != nil {
+				t.Fatal(err)
+			}
+		}, 1010, 2, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeFile(t, dir, records.TraceFile, []byte(trace))
+			c.write(dir)
+			var logged strings.Builder
+			got := ReadCarried(dir, slog.New(slog.NewTextHandler(&logged, nil)))
+			if got.Totals.Used != c.used || got.Totals.Denied != c.denied {
+				t.Errorf("read back used %d, denied %d; want %d, %d", got.Totals.Used, got.Totals.Denied, c.used, c.denied)
+			}
+			if warned := strings.Contains(logged.String(), "level=WARN"); warned != c.warned {
+				t.Errorf("warned %v, want %v: %s", warned, c.warned, logged.String())
+			}
+		})
+	}
+}
+
+func writeFile(t *testing.T, dir, name string, data []byte) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The checkpoint reader takes any bytes without a panic, and what it accepts holds no
+// negative count and no more counters than are kept.
+func FuzzParseCheckpoint(f *testing.F) {
+	f.Add([]byte(`{"version":1,"connections":3,"used":9000,"refused":[{"host":"x.test","port":443,"reason":"not_allowed","count":7,"traced":1}]}`))
+	f.Add([]byte(`{"version":1,"used":-1}`))
+	f.Add([]byte(`{"version":1,"refused":null}`))
+	f.Add([]byte(`{"version":1,"refused":[{"count":1,"traced":2}]}`))
+	f.Add([]byte(`{`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var c checkpoint
+		if parseCheckpoint(data, &c) != nil {
+			return
+		}
+		if c.Used < 0 || c.Denied < 0 || c.Connections < 0 || c.BytesUp < 0 || c.BytesDown < 0 || len(c.Refused) > maxRefusalKeys+maxOverflowKeys {
+			t.Fatalf("accepted %+v", c)
+		}
+		rs := newRefusals()
+		for _, r := range c.Refused {
+			rs.merge(r.EgressRefusal, r.Traced)
+		}
+		if len(rs.keys) > maxRefusalKeys+maxOverflowKeys+1 {
+			t.Fatalf("%d counters from %d entries", len(rs.keys), len(c.Refused))
+		}
+	})
+}

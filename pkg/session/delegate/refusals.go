@@ -168,4 +168,3 @@ func truncate(s string, n int) string {
 	}
 	return s[:n]
 }
-
