@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -295,7 +296,11 @@ func (a *Egress) Close(rec *store.Record) {
 	delete(a.live, rec.ID)
 	a.mu.Unlock()
 	if e == nil {
-		if a.proxy != nil && rec.RecordsDir != "" && rec.Egress == nil {
+		// Only a session that had a proxy has a checkpoint: no other's trace is read.
+		if a.proxy == nil || rec.RecordsDir == "" || rec.Egress != nil {
+			return
+		}
+		if _, err := os.Lstat(filepath.Join(rec.RecordsDir, records.EgressFile)); err == nil {
 			if t := ReadCarried(rec.RecordsDir, a.log).Totals; !t.IsZero() {
 				rec.Egress = &t
 			}

@@ -326,6 +326,17 @@ func TestBudgetSurvivesRestartPastTraceCap(t *testing.T) {
 	if got := s2.Totals().Used; got > budget {
 		t.Errorf("the session used %d bytes of a budget of %d", got, budget)
 	}
+	// Its end keeps the count in the record; so does an end recorded by a daemon that never
+	// opened its proxy (it ended while none ran), from the checkpoint.
+	final := s2.Totals().Used
+	if rec := e.closeSession("s1"); rec.Egress == nil || rec.Egress.Used != final || rec.Egress.Connections != 22 {
+		t.Errorf("the record at the end: %+v, want %d used over 22 requests", rec.Egress, final)
+	}
+	rec := &store.Record{ID: "s1", RecordsDir: e.dir}
+	e.daemon().Close(rec)
+	if rec.Egress == nil || rec.Egress.Used != final {
+		t.Errorf("the record of an end no daemon saw: %+v, want %d used", rec.Egress, final)
+	}
 }
 
 // A checkpoint that is not one (corrupt, truncated, out of range, a link) is warned
@@ -415,4 +426,51 @@ func FuzzParseCheckpoint(f *testing.F) {
 			t.Fatalf("%d counters from %d entries", len(rs.keys), len(c.Refused))
 		}
 	})
+}
+
+// BenchmarkAuditRefusal is what one refused connection costs the auditor once its key is
+// known: a counter, no write.
+func BenchmarkAuditRefusal(b *testing.B) {
+	a, _ := benchEgress(b)
+	r := egress.Record{Time: time.Now(), Proto: egress.ProtoConnect, Host: "h.test", Port: 443, Decision: egress.Denied,
+		Reason: egress.ReasonNotAllowed, Detail: "egress to h.test:443 refused: no network.allow rule names it"}
+	for b.Loop() {
+		a.Egress("s1", r)
+	}
+}
+
+// BenchmarkAuditAllowed is what one allowed connection's record costs: a trace line.
+func BenchmarkAuditAllowed(b *testing.B) {
+	a, _ := benchEgress(b)
+	r := egress.Record{Time: time.Now(), Proto: egress.ProtoHTTP, Host: "web.test", Port: 80, Addr: "127.0.0.1:80", Decision: egress.Allowed,
+		Rule: "web.test", BytesDown: 100}
+	for b.Loop() {
+		a.Egress("s1", r)
+	}
+}
+
+// BenchmarkCheckpoint is one interval's checkpoint of a session with its counters full.
+func BenchmarkCheckpoint(b *testing.B) {
+	a, dir := benchEgress(b)
+	for i := range maxRefusalKeys + 10 {
+		a.Egress("s1", egress.Record{Time: time.Now(), Proto: egress.ProtoConnect, Host: fmt.Sprintf("h%d.test", i), Port: 443,
+			Decision: egress.Denied, Reason: egress.ReasonNotAllowed, Detail: "egress refused: no network.allow rule names it"})
+	}
+	e := a.lookup("s1")
+	cp := e.snapshot()
+	for b.Loop() {
+		if err := writeCheckpoint(dir, cp); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func benchEgress(b *testing.B) (*Egress, string) {
+	dir := b.TempDir()
+	a := NewEgress(&egress.Config{Resolver: noDNS{}, Dialer: &loopbackDialer{}}, nil, func(string) string { return dir }, slog.New(slog.DiscardHandler))
+	p := &manifest.Policy{}
+	p.Resources.LogMaxBytes.Value = 1 << 40
+	s := a.Open("s1", p, Carried{})
+	b.Cleanup(s.Close)
+	return a, dir
 }
