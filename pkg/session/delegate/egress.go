@@ -45,6 +45,9 @@ type liveEgress struct {
 	refusals                  *refusals
 	// saved is the checkpoint last written, to write one only when something changed.
 	saved checkpoint
+	// flushMu serialises flushes (the interval's, the end's, the daemon's release): they
+	// share the checkpoint's temporary file.
+	flushMu sync.Mutex
 }
 
 // traceBudgets splits resources.log_max_bytes between the egress records: three quarters
@@ -233,6 +236,8 @@ func (a *Egress) appendTrace(e *liveEgress, lines []byte) {
 // flush writes the session's changed refusal counters to its trace and, when anything
 // changed since the last one, its checkpoint.
 func (a *Egress) flush(e *liveEgress) {
+	e.flushMu.Lock()
+	defer e.flushMu.Unlock()
 	e.mu.Lock()
 	data := e.refusalRecords(time.Now().UTC())
 	e.mu.Unlock()
