@@ -83,11 +83,46 @@ type EgressTrace struct {
 	DurationMS int64     `json:"duration_ms"`
 }
 
-// Egress-related trace event types.
+// EgressRefusedTrace is one egress_refused record: the refusals of one (host, port,
+// reason) since its previous record. A session's refusals are folded into such counters
+// so that they cannot evict its allowed connections from the trace.
+type EgressRefusedTrace struct {
+	EventType string    `json:"event_type"`
+	SessionID string    `json:"session_id"`
+	Timestamp time.Time `json:"timestamp"` // when the record was written
+	Proto     string    `json:"proto,omitempty"`
+	// Host is the destination as normalised, EgressOverflowHost for the refusals of hosts
+	// past the number of keys kept.
+	Host   string `json:"host"`
+	Port   int    `json:"port"`
+	Reason string `json:"reason"`
+	// Count is the refusals since the key's previous record, Total all of them so far.
+	Count int64 `json:"count"`
+	Total int64 `json:"total"`
+	// First and Last are the key's first and newest refusal.
+	First time.Time `json:"first"`
+	Last  time.Time `json:"last"`
+	// Detail is one refusal's sentence, as a sample.
+	Detail string `json:"detail,omitempty"`
+}
+
+// EgressOverflowHost stands for every host past the number of refusal keys a session keeps.
+const EgressOverflowHost = "*"
+
+// Egress-related trace event types: an allowed connection or request (or, in traces
+// written before refusals were folded, a refused one), the note that the trace takes no
+// more of them, a (host, port, reason)'s refusals, and the note that it takes no more of
+// those.
 const (
-	TraceEgress       = "egress"
-	TraceEgressCapped = "egress_trace_capped"
+	TraceEgress              = "egress"
+	TraceEgressCapped        = "egress_trace_capped"
+	TraceEgressRefused       = "egress_refused"
+	TraceEgressRefusedCapped = "egress_refused_capped"
 )
+
+// EgressFile is the checkpoint of what a session's egress proxy carried, kept outside the
+// capped trace so that resources.egress_max_bytes holds across a restart.
+const EgressFile = "egress.json"
 
 // Egress is what a session's egress proxy carried, at its end.
 type Egress struct {
@@ -95,6 +130,8 @@ type Egress struct {
 	Denied      int64 `json:"denied,omitempty"`
 	BytesUp     int64 `json:"bytes_up,omitempty"`
 	BytesDown   int64 `json:"bytes_down,omitempty"`
+	// Used is what counted against resources.egress_max_bytes.
+	Used int64 `json:"used,omitempty"`
 }
 
 // AppendTrace appends one record. A session_end already present (written by a

@@ -93,7 +93,13 @@ func timestamp(t time.Time) *timestamppb.Timestamp {
 
 // EgressProto is what a session's egress proxy carried, with active connections open now.
 func EgressProto(t store.EgressTotals, active int) *roostv1.Egress {
-	return &roostv1.Egress{Connections: t.Connections, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown, Active: int32(active)}
+	out := &roostv1.Egress{Connections: t.Connections, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown, Active: int32(active),
+		UsedBytes: t.Used}
+	for _, r := range t.Refused {
+		out.Refused = append(out.Refused, &roostv1.EgressRefusal{Host: r.Host, Port: int32(r.Port), Reason: r.Reason, Count: r.Count,
+			First: timestamp(r.First), Last: timestamp(r.Last), Detail: r.Detail, Proto: r.Proto})
+	}
+	return out
 }
 
 // logOptions reads a LogsRequest.

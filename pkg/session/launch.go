@@ -210,7 +210,7 @@ func (m *Manager) start(ctx context.Context, l *liveSession, rec *store.Record, 
 	if m.cfg.Endpoints != nil {
 		var proxy *egress.Session
 		if hasNetNS(class) {
-			proxy = m.egress.Open(rec.ID, policy, store.EgressTotals{}, 0)
+			proxy = m.egress.Open(rec.ID, policy, delegate.Carried{})
 		}
 		ep, err := m.cfg.Endpoints.Open(rec.ID, hasNetNS(class), 0, int(policy.Resources.EndpointMaxConnections.Value), m.backend, proxy)
 		if err != nil {

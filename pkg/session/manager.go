@@ -368,6 +368,12 @@ func Open(cfg Config) (*Manager, error) {
 		defer m.wg.Done()
 		m.ranges.Run(ctx)
 	}()
+	// The sessions' refusal counters and egress checkpoints, written at intervals.
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.egress.Run(ctx, delegate.FlushInterval)
+	}()
 	if cfg.WarmPool > 0 || len(cfg.WarmCapsules) > 0 {
 		rt, ok := cfg.Runtimes[manifest.Sealed].(warmpool.Runtime)
 		if !ok {

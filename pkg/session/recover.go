@@ -138,8 +138,7 @@ func (m *Manager) reopenEndpoint(l *liveSession, rec *store.Record, class manife
 	}
 	var proxy *egress.Session
 	if policy, err := l.policyOf(m.reg, rec); err == nil && netns {
-		before, traced := delegate.Traced(rec.RecordsDir)
-		proxy = m.egress.Open(rec.ID, policy, before, traced)
+		proxy = m.egress.Open(rec.ID, policy, delegate.ReadCarried(rec.RecordsDir, m.cfg.Logger))
 	}
 	ep, err := m.cfg.Endpoints.Open(rec.ID, netns, rec.EndpointPort, maxConns, m.backend, proxy)
 	if err != nil {

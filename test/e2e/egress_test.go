@@ -247,8 +247,13 @@ type egressRecord struct {
 	Detail    string `json:"detail"`
 	BytesUp   int64  `json:"bytes_up"`
 	BytesDown int64  `json:"bytes_down"`
+	// Count is how many connections the record stands for: 1 for an egress record, the
+	// refusals since the previous one of its key for an egress_refused one.
+	Count int64 `json:"count"`
 }
 
+// egressTrace is the egress records of a session's trace: each allowed connection, and the
+// refusal counters' records (as denied, with their counts).
 func egressTrace(t *testing.T, recordsDir string) []egressRecord {
 	t.Helper()
 	f, err := os.Open(filepath.Join(recordsDir, "trace.jsonl"))
@@ -261,7 +266,15 @@ func egressTrace(t *testing.T, recordsDir string) []egressRecord {
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	for sc.Scan() {
 		var r egressRecord
-		if json.Unmarshal(sc.Bytes(), &r) == nil && r.EventType == "egress" {
+		if json.Unmarshal(sc.Bytes(), &r) != nil {
+			continue
+		}
+		switch r.EventType {
+		case "egress":
+			r.Count = 1
+			out = append(out, r)
+		case "egress_refused":
+			r.Decision = "denied"
 			out = append(out, r)
 		}
 	}
@@ -372,7 +385,7 @@ func TestEgress(t *testing.T) {
 			byReason := map[string]int{}
 			for _, r := range recs {
 				if r.Decision == "denied" {
-					byReason[r.Reason]++
+					byReason[r.Reason] += int(r.Count)
 				}
 				if r.Decision == "allowed" && (r.Addr == "" || !strings.HasPrefix(r.Addr, inetAddr+":")) {
 					t.Errorf("an allowed connection went to %q: %+v", r.Addr, r)
@@ -413,7 +426,7 @@ func TestEgress(t *testing.T) {
 		if r.Decision == "allowed" {
 			allowed++
 		} else {
-			denied++
+			denied += float64(r.Count)
 		}
 		up += float64(r.BytesUp)
 		down += float64(r.BytesDown)
@@ -546,20 +559,39 @@ get third 10
 	}
 }
 
-// A session flooding its proxy with refused connections cannot grow its trace past
-// resources.log_max_bytes: the records stop with a note, the counts go on.
-func TestEgressTraceBounded(t *testing.T) {
+// A session's own refusals cannot evict its allowed connections from the trace: 10,000
+// refused CONNECTs (to 20 names) interleaved with 11 allowed requests, on a trace cap of
+// 256 KiB the refusals alone would fill ten times over, leave every allowed request in the
+// trace; the refusals are folded into egress_refused records that account for each one,
+// and inspect shows both. (Before the counters the trace held the first few allowed
+// requests and then egress_trace_capped.)
+func TestEgressAllowedOutliveRefusals(t *testing.T) {
 	n := newTestNet(t)
+	inetServers(t, n, "refusals\n")
 	d := egressDaemon(t, n)
-	const attempts = 3000
+	const attempts, allowed, names = 10000, 11, 20
 	script := fmt.Sprintf(`import socket
-for i in range(%d):
+def get():
     s = socket.create_connection(("127.0.0.1", 7700))
-    s.sendall(b"CONNECT other.test:443 HTTP/1.1\r\nHost: other.test:443\r\n\r\n")
+    s.sendall(b"GET http://web.test/hello HTTP/1.1\r\nHost: web.test\r\nConnection: close\r\n\r\n")
+    data = b""
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        data += b
+    s.close()
+    assert data.startswith(b"HTTP/1.1 200") and data.endswith(b"hello from web.test\n"), data
+for i in range(%[1]d):
+    if i %% 1000 == 0:
+        get()
+    s = socket.create_connection(("127.0.0.1", 7700))
+    s.sendall(b"CONNECT h%%d.test:443 HTTP/1.1\r\nHost: h%%d.test:443\r\n\r\n" %% (i %% %[2]d, i %% %[2]d))
     assert s.recv(64).startswith(b"HTTP/1.1 403"), i
     s.close()
+get()
 print("flooded")
-`, attempts)
+`, attempts, names)
 	dir := capsule(t, "flood", "exec python3 -c '"+script+"'", egressCaps("sealed", "web.test")+"  resources:\n    log_max_bytes: 262144\n")
 	capsYAML, _ := os.ReadFile(filepath.Join(dir, "capsule.yaml"))
 	if err := os.WriteFile(filepath.Join(dir, "capsule.yaml"), []byte(strings.Replace(string(capsYAML), "allow: [curl, cat, rm, \"@git\"]", "allow: [\"@python\"]", 1)), 0o644); err != nil {
@@ -574,17 +606,129 @@ print("flooded")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The egress records stop at the bound; the rest of the trace is the start's grants
-	// and the end.
+	// The egress records stay within the bound; the rest of the trace is the start's
+	// grants and the end.
 	if info.Size() > 262144+64<<10 {
 		t.Errorf("trace.jsonl grew to %d bytes; egress records are bounded by 262144", info.Size())
 	}
-	data, _ := os.ReadFile(filepath.Join(s.RecordsDir, "trace.jsonl"))
-	if !strings.Contains(string(data), `"event_type":"egress_trace_capped"`) {
-		t.Errorf("no note that the trace stopped taking egress records")
+	var gotAllowed, gotRefused int64
+	perName := map[string]int64{}
+	for _, r := range egressTrace(t, s.RecordsDir) {
+		switch {
+		case r.Decision == "allowed" && r.Host == "web.test" && r.BytesDown == int64(len(webBody)):
+			gotAllowed++
+		case r.Decision == "denied" && r.Reason == "not_allowed" && r.Port == 443:
+			gotRefused += r.Count
+			perName[r.Host] += r.Count
+		default:
+			t.Errorf("an egress record the session did not make: %+v", r)
+		}
 	}
-	if insp := d.ok("inspect", s.ID); !strings.Contains(insp, fmt.Sprintf("0 connection(s), %d denied", attempts)) {
-		t.Errorf("inspect does not count every refusal:\n%s", insp)
+	if gotAllowed != allowed {
+		t.Errorf("the trace holds %d of the %d allowed requests", gotAllowed, allowed)
+	}
+	if gotRefused != attempts || len(perName) != names || perName["h0.test"] != attempts/names {
+		t.Errorf("the trace accounts for %d of %d refusals: %v", gotRefused, attempts, perName)
+	}
+	insp := d.ok("inspect", s.ID)
+	if !strings.Contains(insp, fmt.Sprintf("%d connection(s), %d denied", allowed, attempts)) ||
+		!regexp.MustCompile(`refused:\s+500× h\d+\.test:443: not_allowed, last `).MatchString(insp) {
+		t.Errorf("inspect does not show the allowed connections and the refusals by host:\n%s", insp)
+	}
+	var js struct {
+		Egress struct {
+			Connections string `json:"connections"`
+			Denied      string `json:"denied"`
+			Refused     []struct {
+				Host   string `json:"host"`
+				Port   int    `json:"port"`
+				Reason string `json:"reason"`
+				Count  string `json:"count"`
+			} `json:"refused"`
+		} `json:"egress"`
+	}
+	if err := json.Unmarshal([]byte(d.ok("inspect", "--json", s.ID)), &js); err != nil {
+		t.Fatal(err)
+	}
+	if e := js.Egress; e.Connections != strconv.Itoa(allowed) || e.Denied != strconv.Itoa(attempts) || len(e.Refused) != names ||
+		e.Refused[0].Count != strconv.Itoa(attempts/names) || e.Refused[0].Port != 443 || e.Refused[0].Reason != "not_allowed" {
+		t.Errorf("inspect --json egress: %+v", e)
+	}
+}
+
+// resources.egress_max_bytes holds across a daemon crash after the trace's cap: the trace
+// stops taking records at its cap (here after a few small requests), the download past it
+// is in the checkpoint only, and after a kill -9 and a restart the budget goes on from
+// there — the next download is cut where it ran out and the one after is refused — rather
+// than from what the capped trace holds.
+func TestEgressBudgetSurvivesRestartPastTraceCap(t *testing.T) {
+	n := newTestNet(t)
+	inetServers(t, n, "budget\n")
+	d := egressDaemon(t, n)
+	script := `set +e
+get() { curl -s -o /dev/null -w "$1: %{http_code} %{size_download} [%header{x-roost-denied}]" --max-time 20 "http://web.test/bytes/$2"; echo " exit=$?"; }
+for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do get small 10 >/dev/null; done
+get first 200000
+while [ ! -e go ]; do sleep 0.05; done
+get second 200000
+get third 10
+`
+	dir := capsule(t, "budget", script, egressCaps("sealed", "web.test")+"  resources:\n    egress_max_bytes: 300000\n    log_max_bytes: 4096\n")
+	id := strings.TrimSpace(d.ok("run", "--detach", dir))
+	s := d.inspect(id)
+	// The trace is capped before the download: what it holds is far less than what the
+	// session carried.
+	waitFor(t, "the trace's cap", func() bool {
+		data, _ := os.ReadFile(filepath.Join(s.RecordsDir, "trace.jsonl"))
+		return strings.Contains(string(data), `"event_type":"egress_trace_capped"`)
+	})
+	// The checkpoint (written every 10 s) holds the download.
+	waitFor(t, "the checkpoint of the download", func() bool {
+		var cp struct {
+			Used int64 `json:"used"`
+		}
+		data, err := os.ReadFile(filepath.Join(s.RecordsDir, "egress.json"))
+		return err == nil && json.Unmarshal(data, &cp) == nil && cp.Used >= 200000
+	})
+	var traced int64
+	for _, r := range egressTrace(t, s.RecordsDir) {
+		traced += r.BytesUp + r.BytesDown
+	}
+	if traced >= 100000 {
+		t.Fatalf("the trace holds %d bytes carried; the test needs the download past its cap", traced)
+	}
+	d.kill9()
+	d.start()
+	if err := os.WriteFile(filepath.Join(s.Workdir, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d.ctlWithin(time.Minute, "wait", id)
+	out := d.ok("logs", id)
+	if !strings.Contains(out, "first: 200 200000 [] exit=0") {
+		t.Fatalf("the first download, within the bound:\n%s", out)
+	}
+	// 100000 bytes of the budget were left, less the small requests' 200: the second is
+	// cut there (give or take one buffer), the third refused.
+	second := regexp.MustCompile(`second: 200 (\d+) \[\] exit=(\d+)`).FindStringSubmatch(out)
+	if second == nil {
+		t.Fatalf("the second download:\n%s", out)
+	}
+	if got, _ := strconv.Atoi(second[1]); got > 100000+64<<10 || second[2] == "0" {
+		t.Errorf("the second download carried %s bytes and exited %s; the budget left 100000 and it must be cut", second[1], second[2])
+	}
+	if !regexp.MustCompile(`third: 403 \d+ \[egress_max_bytes\] exit=0`).MatchString(out) {
+		t.Errorf("a connection past the budget after the restart was not refused:\n%s", out)
+	}
+	var js struct {
+		Egress struct {
+			UsedBytes string `json:"used_bytes"`
+		} `json:"egress"`
+	}
+	if err := json.Unmarshal([]byte(d.ok("inspect", "--json", id)), &js); err != nil {
+		t.Fatal(err)
+	}
+	if used, _ := strconv.Atoi(js.Egress.UsedBytes); used < 290000 || used > 300000 {
+		t.Errorf("inspect --json egress.used_bytes %q; the session used its budget of 300000", js.Egress.UsedBytes)
 	}
 }
 

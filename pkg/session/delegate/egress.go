@@ -7,7 +7,8 @@ package delegate
 // share the host's network: no proxy, network.allow is advisory there.
 
 import (
-	"bufio"
+	"bytes"
+	"context"
 	"encoding/json"
 	"log/slog"
 	"os"
@@ -25,23 +26,53 @@ import (
 
 // liveEgress is a running session's proxy and what the trace holds of it.
 type liveEgress struct {
+	id    string
+	dir   string
 	proxy *egress.Session
-	// before is what earlier daemons' proxies carried for the session (read from its trace
-	// at recovery).
+	// before is what earlier daemons' proxies carried for the session (read back at
+	// recovery from its checkpoint and its trace).
 	before store.EgressTotals
-	// traced counts the bytes of egress records in the trace; past traceMax the trace
-	// stops taking them (the totals still count), so no session can fill the disk with
-	// connection attempts.
-	mu       sync.Mutex
-	traced   int64
-	traceMax int64
-	capped   bool
+
+	mu sync.Mutex
+	// The trace takes allowed records up to allowedMax bytes and refusal records up to
+	// refusedMax (see traceBudgets); past either it stops taking them, with a note, and
+	// the counts go on, so no session can fill the disk with connection attempts, nor
+	// evict its allowed connections with refused ones.
+	tracedAllowed, allowedMax int64
+	tracedRefused, refusedMax int64
+	allowedCapped             bool
+	refusedCapped             bool
+	refusals                  *refusals
+	// saved is the checkpoint last written, to write one only when something changed.
+	saved checkpoint
+	// flushMu serialises flushes (the interval's, the end's, the daemon's release): they
+	// share the checkpoint's temporary file.
+	flushMu sync.Mutex
 }
+
+// traceBudgets splits resources.log_max_bytes between the egress records: three quarters
+// for allowed connections, which are one record each and are the audit trail, a quarter
+// for refusals, which are folded into per-(host, port, reason) counters and so need few
+// records however many refusals there are.
+func traceBudgets(logMax int64) (allowed, refused int64) {
+	refused = logMax / 4
+	return logMax - refused, refused
+}
+
+// noteRoom is kept in each part of the trace for the note that it is full, so the note too
+// stays within resources.log_max_bytes.
+const noteRoom = 512
 
 // totals is everything the session's proxy carried.
 func (e *liveEgress) totals() store.EgressTotals {
 	t := e.proxy.Totals()
-	return e.before.Add(store.EgressTotals{Connections: t.Connections, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown})
+	out := e.before.Add(store.EgressTotals{Connections: t.Connections, Denied: t.Denied, BytesUp: t.BytesUp, BytesDown: t.BytesDown})
+	// The proxy's count began at what the session had used before.
+	out.Used = t.Used
+	e.mu.Lock()
+	out.Refused = e.refusals.top(store.MaxEgressRefusals)
+	e.mu.Unlock()
+	return out
 }
 
 // EgressObserver hears every connection or request of a session's proxy, for metrics.
@@ -74,14 +105,23 @@ func NewEgress(cfg *egress.Config, obs EgressObserver, records func(sessionID st
 }
 
 // Open gives a session in a network namespace of its own its proxy; before is what it
-// carried under earlier daemons, tracedBytes the size of the egress records its trace
-// already holds (see Traced). Nil when roostd has no proxy.
-func (a *Egress) Open(sessionID string, p *manifest.Policy, before store.EgressTotals, tracedBytes int64) *egress.Session {
+// carried under earlier daemons (see Carried; the zero Carried for a new session). Nil
+// when roostd has no proxy.
+func (a *Egress) Open(sessionID string, p *manifest.Policy, before Carried) *egress.Session {
 	if a.proxy == nil {
 		return nil
 	}
-	e := &liveEgress{before: before, traced: tracedBytes, traceMax: p.Resources.LogMaxBytes.Value}
-	e.proxy = a.proxy.Session(sessionID, p.Network.Allow, p.Resources.EgressMaxBytes.Value, before.BytesUp+before.BytesDown)
+	allowedMax, refusedMax := traceBudgets(p.Resources.LogMaxBytes.Value)
+	e := &liveEgress{id: sessionID, dir: a.records(sessionID), before: before.Totals,
+		tracedAllowed: before.TracedAllowed, allowedMax: allowedMax, allowedCapped: before.AllowedCapped,
+		tracedRefused: before.TracedRefused, refusedMax: refusedMax, refusedCapped: before.RefusedCapped,
+		refusals: before.refusals}
+	if e.refusals == nil {
+		e.refusals = newRefusals()
+	}
+	e.before.Refused = nil
+	e.proxy = a.proxy.Session(sessionID, p.Network.Allow, p.Resources.EgressMaxBytes.Value, before.used())
+	e.saved = e.snapshot()
 	a.mu.Lock()
 	a.live[sessionID] = e
 	a.mu.Unlock()
@@ -110,14 +150,27 @@ func Env(p *manifest.Policy, ep spawn.Endpoint, env map[string]string) {
 	env["NO_PROXY"], env["no_proxy"] = "127.0.0.1,localhost", "127.0.0.1,localhost"
 }
 
-// Egress records one connection or request of a session's proxy: in the session's trace
-// (until its egress records reach resources.log_max_bytes) and in the metrics.
+// Egress records one connection or request of a session's proxy: in the metrics, and in
+// the session's trace — an allowed one as its own record (until they reach their part of
+// resources.log_max_bytes), a refused one in its (host, port, reason) counter, whose first
+// refusal is written at once and the rest at intervals (Run) and at the end.
 func (a *Egress) Egress(sessionID string, r egress.Record) {
 	if a.obs != nil {
 		a.obs.Egress(r.Decision, r.BytesUp, r.BytesDown)
 	}
 	e := a.lookup(sessionID)
 	if e == nil {
+		return
+	}
+	if r.Decision != egress.Allowed {
+		e.mu.Lock()
+		first := e.refusals.note(r)
+		var data []byte
+		if first {
+			data = e.refusalRecords(time.Now().UTC())
+		}
+		e.mu.Unlock()
+		a.appendTrace(e, data)
 		return
 	}
 	data, err := json.Marshal(records.EgressTrace{EventType: records.TraceEgress, SessionID: sessionID, Timestamp: r.Time.UTC(),
@@ -127,78 +180,157 @@ func (a *Egress) Egress(sessionID string, r egress.Record) {
 		return
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.capped {
+	if e.allowedCapped {
+		e.mu.Unlock()
 		return
 	}
-	if e.traced+int64(len(data))+1 > e.traceMax {
-		e.capped = true
+	if e.tracedAllowed+int64(len(data))+1 > e.allowedMax-noteRoom {
+		e.allowedCapped = true
 		note, _ := json.Marshal(records.Trace{EventType: records.TraceEgressCapped, SessionID: sessionID, Timestamp: time.Now().UTC(),
-			Detail: "the trace holds no more egress records: they reached resources.log_max_bytes; inspect and the metrics still count every connection"})
+			Detail: "the trace holds no more allowed egress records: they reached their part (three quarters) of resources.log_max_bytes; inspect and the metrics still count every connection"})
 		data = note
 	}
-	e.traced += int64(len(data)) + 1
-	if err := records.AppendLine(filepath.Join(a.records(sessionID), records.TraceFile), data, false); err != nil {
-		a.log.Warn("writing the trace", "session", sessionID, "err", err)
+	e.tracedAllowed += int64(len(data)) + 1
+	e.mu.Unlock()
+	a.appendTrace(e, data)
+}
+
+// refusalRecords renders the refusal counters changed since their last record, within
+// the refusals' part of the trace; the caller holds e.mu and appends what it returns.
+func (e *liveEgress) refusalRecords(now time.Time) []byte {
+	if e.refusedCapped {
+		return nil
+	}
+	var out []byte
+	for _, c := range e.refusals.changed() {
+		data, err := json.Marshal(records.EgressRefusedTrace{EventType: records.TraceEgressRefused, SessionID: e.id, Timestamp: now,
+			Proto: c.Proto, Host: c.Host, Port: c.Port, Reason: c.Reason, Count: c.Count - c.traced, Total: c.Count,
+			First: c.First, Last: c.Last, Detail: c.Detail})
+		if err != nil {
+			continue
+		}
+		if e.tracedRefused+int64(len(data))+1 > e.refusedMax-noteRoom {
+			e.refusedCapped = true
+			note, _ := json.Marshal(records.Trace{EventType: records.TraceEgressRefusedCapped, SessionID: e.id, Timestamp: now,
+				Detail: "the trace holds no more egress refusal records: they reached their part (a quarter) of resources.log_max_bytes; inspect still counts every refusal by host and reason"})
+			e.tracedRefused += int64(len(note)) + 1
+			return append(out, append(note, '\n')...)
+		}
+		e.tracedRefused += int64(len(data)) + 1
+		c.traced = c.Count
+		out = append(out, append(data, '\n')...)
+	}
+	return out
+}
+
+// appendTrace appends lines (each ending in a newline) to the session's trace in one write.
+func (a *Egress) appendTrace(e *liveEgress, lines []byte) {
+	if len(lines) == 0 {
+		return
+	}
+	if err := records.AppendLine(filepath.Join(e.dir, records.TraceFile), bytes.TrimSuffix(lines, []byte("\n")), false); err != nil {
+		a.log.Warn("writing the trace", "session", e.id, "err", err)
 	}
 }
 
-// Traced reads back from a session's trace what its proxies carried, and how many
-// bytes of egress records the trace holds.
-func Traced(recordsDir string) (store.EgressTotals, int64) {
-	var t store.EgressTotals
-	var traced int64
-	f, err := os.Open(filepath.Join(recordsDir, records.TraceFile))
-	if err != nil {
-		return t, 0
+// flush writes the session's changed refusal counters to its trace and, when anything
+// changed since the last one, its checkpoint.
+func (a *Egress) flush(e *liveEgress) {
+	e.flushMu.Lock()
+	defer e.flushMu.Unlock()
+	e.mu.Lock()
+	data := e.refusalRecords(time.Now().UTC())
+	e.mu.Unlock()
+	a.appendTrace(e, data)
+	cp := e.snapshot()
+	e.mu.Lock()
+	same := cp.sameCounts(e.saved)
+	e.mu.Unlock()
+	if same {
+		return
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 16<<20)
-	for sc.Scan() {
-		line := sc.Bytes()
-		var r records.EgressTrace
-		if json.Unmarshal(line, &r) != nil || (r.EventType != records.TraceEgress && r.EventType != records.TraceEgressCapped) {
-			continue
-		}
-		traced += int64(len(line)) + 1
-		if r.EventType != records.TraceEgress {
-			continue
-		}
-		if r.Decision == egress.Allowed {
-			t.Connections++
-		} else {
-			t.Denied++
-		}
-		t.BytesUp += r.BytesUp
-		t.BytesDown += r.BytesDown
+	if err := writeCheckpoint(e.dir, cp); err != nil {
+		a.log.Warn("checkpointing the session's egress", "session", e.id, "err", err)
+		return
 	}
-	return t, traced
+	e.mu.Lock()
+	e.saved = cp
+	e.mu.Unlock()
 }
 
-// Close ends the session's proxy (its open connections are cut and recorded) and keeps its
-// totals in the record.
+// FlushInterval is how often Run writes the live sessions' refusal counters and checkpoints.
+const FlushInterval = 10 * time.Second
+
+// Run writes every live session's changed refusal counters and its checkpoint each
+// interval until ctx ends.
+func (a *Egress) Run(ctx context.Context, interval time.Duration) {
+	if a.proxy == nil {
+		return
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			a.Flush()
+		}
+	}
+}
+
+// Flush writes every live session's changed refusal counters and checkpoint now.
+func (a *Egress) Flush() {
+	a.mu.Lock()
+	live := make([]*liveEgress, 0, len(a.live))
+	for _, e := range a.live {
+		live = append(live, e)
+	}
+	a.mu.Unlock()
+	for _, e := range live {
+		a.flush(e)
+	}
+}
+
+// Close ends the session's proxy (its open connections are cut), writes its last refusal
+// counters and checkpoint, and keeps its totals in the record. A session this daemon held
+// no proxy for (it ended while no daemon ran) gets what its checkpoint and trace hold.
 func (a *Egress) Close(rec *store.Record) {
 	a.mu.Lock()
 	e := a.live[rec.ID]
 	delete(a.live, rec.ID)
 	a.mu.Unlock()
 	if e == nil {
+		// Only a session that had a proxy has a checkpoint: no other's trace is read.
+		if a.proxy == nil || rec.RecordsDir == "" || rec.Egress != nil {
+			return
+		}
+		if _, err := os.Lstat(filepath.Join(rec.RecordsDir, records.EgressFile)); err == nil {
+			if t := ReadCarried(rec.RecordsDir, a.log).Totals; !t.IsZero() {
+				rec.Egress = &t
+			}
+		}
 		return
 	}
 	e.proxy.Close()
-	if t := e.totals(); t != (store.EgressTotals{}) {
+	a.flush(e)
+	if t := e.totals(); !t.IsZero() {
 		rec.Egress = &t
 	}
 }
 
-// Release cuts every proxy without recording anything: the daemon is going, its sessions
-// stay, and the next daemon opens their proxies again.
+// Release cuts every proxy and checkpoints what each carried, recording no end: the
+// daemon is going, its sessions stay, and the next daemon opens their proxies again.
 func (a *Egress) Release() {
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	live := make([]*liveEgress, 0, len(a.live))
 	for _, e := range a.live {
+		live = append(live, e)
+	}
+	a.mu.Unlock()
+	for _, e := range live {
 		e.proxy.Close()
+		a.flush(e)
 	}
 }
 

@@ -138,7 +138,9 @@ func Trace(rec *store.Record) records.Trace {
 		ExitCode:   rec.ExitCode,
 		Detail:     rec.Detail,
 		Tokens:     &rec.Tokens, InputTokens: &rec.InputTokens, OutputTokens: &rec.OutputTokens,
-		Egress: (*records.Egress)(rec.Egress),
+	}
+	if e := rec.Egress; e != nil {
+		t.Egress = &records.Egress{Connections: e.Connections, Denied: e.Denied, BytesUp: e.BytesUp, BytesDown: e.BytesDown, Used: e.Used}
 	}
 	if !rec.StartedAt.IsZero() {
 		ms := rec.EndedAt.Sub(rec.StartedAt).Milliseconds()

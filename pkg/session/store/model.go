@@ -186,12 +186,38 @@ type EgressTotals struct {
 	// BytesUp and BytesDown are payload bytes to and from the destinations.
 	BytesUp   int64 `json:"bytes_up,omitempty"`
 	BytesDown int64 `json:"bytes_down,omitempty"`
+	// Used is what counted against resources.egress_max_bytes.
+	Used int64 `json:"used,omitempty"`
+	// Refused are the refusals by (host, port, reason), the most frequent first; at most
+	// MaxEgressRefusals of them.
+	Refused []EgressRefusal `json:"refused,omitempty"`
 }
 
-// Add is t and o together.
+// MaxEgressRefusals bounds the refusal keys a record keeps.
+const MaxEgressRefusals = 20
+
+// EgressRefusal counts a session's refused connections to one host and port for one reason.
+type EgressRefusal struct {
+	Proto  string    `json:"proto,omitempty"`
+	Host   string    `json:"host"`
+	Port   int       `json:"port,omitempty"`
+	Reason string    `json:"reason"`
+	Count  int64     `json:"count"`
+	First  time.Time `json:"first"`
+	Last   time.Time `json:"last"`
+	Detail string    `json:"detail,omitempty"`
+}
+
+// IsZero says whether the totals hold nothing.
+func (t EgressTotals) IsZero() bool {
+	return t.Connections == 0 && t.Denied == 0 && t.BytesUp == 0 && t.BytesDown == 0 && t.Used == 0 && len(t.Refused) == 0
+}
+
+// Add is t and o's counts together (Refused is not added: it is a ranking, kept whole by
+// whoever holds the counters).
 func (t EgressTotals) Add(o EgressTotals) EgressTotals {
 	return EgressTotals{Connections: t.Connections + o.Connections, Denied: t.Denied + o.Denied,
-		BytesUp: t.BytesUp + o.BytesUp, BytesDown: t.BytesDown + o.BytesDown}
+		BytesUp: t.BytesUp + o.BytesUp, BytesDown: t.BytesDown + o.BytesDown, Used: t.Used + o.Used}
 }
 
 // WasmRun is what a WASM session runs: its module and the compiled entry made at stage.

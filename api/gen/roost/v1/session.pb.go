@@ -433,7 +433,12 @@ type Egress struct {
 	BytesUp   int64 `protobuf:"varint,3,opt,name=bytes_up,json=bytesUp,proto3" json:"bytes_up,omitempty"`
 	BytesDown int64 `protobuf:"varint,4,opt,name=bytes_down,json=bytesDown,proto3" json:"bytes_down,omitempty"`
 	// Connections open now (live sessions only).
-	Active        int32 `protobuf:"varint,5,opt,name=active,proto3" json:"active,omitempty"`
+	Active int32 `protobuf:"varint,5,opt,name=active,proto3" json:"active,omitempty"`
+	// Bytes counted against resources.egress_max_bytes (kept across daemon restarts).
+	UsedBytes int64 `protobuf:"varint,6,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
+	// The refused connections by host, port and reason, the most frequent first (at most 20;
+	// host "*" stands for the hosts past the 256 a session's counters keep).
+	Refused       []*EgressRefusal `protobuf:"bytes,7,rep,name=refused,proto3" json:"refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -503,6 +508,124 @@ func (x *Egress) GetActive() int32 {
 	return 0
 }
 
+func (x *Egress) GetUsedBytes() int64 {
+	if x != nil {
+		return x.UsedBytes
+	}
+	return 0
+}
+
+func (x *Egress) GetRefused() []*EgressRefusal {
+	if x != nil {
+		return x.Refused
+	}
+	return nil
+}
+
+// EgressRefusal counts a session's refused connections to one host and port for one reason.
+type EgressRefusal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Host  string                 `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	Port  int32                  `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// The proxy's reason, as the X-Roost-Denied header names it (not_allowed, …).
+	Reason string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Count  int64                  `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	First  *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=first,proto3" json:"first,omitempty"`
+	Last   *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=last,proto3" json:"last,omitempty"`
+	// One refusal's sentence, as a sample.
+	Detail string `protobuf:"bytes,7,opt,name=detail,proto3" json:"detail,omitempty"`
+	// http, connect or socks: how the first one came.
+	Proto         string `protobuf:"bytes,8,opt,name=proto,proto3" json:"proto,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressRefusal) Reset() {
+	*x = EgressRefusal{}
+	mi := &file_roost_v1_session_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressRefusal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressRefusal) ProtoMessage() {}
+
+func (x *EgressRefusal) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressRefusal.ProtoReflect.Descriptor instead.
+func (*EgressRefusal) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *EgressRefusal) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *EgressRefusal) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *EgressRefusal) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *EgressRefusal) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *EgressRefusal) GetFirst() *timestamppb.Timestamp {
+	if x != nil {
+		return x.First
+	}
+	return nil
+}
+
+func (x *EgressRefusal) GetLast() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Last
+	}
+	return nil
+}
+
+func (x *EgressRefusal) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *EgressRefusal) GetProto() string {
+	if x != nil {
+		return x.Proto
+	}
+	return ""
+}
+
 // LogStats counts one output stream of a session. The records keep its first bytes (an
 // eighth of the cap, at most 1 MiB) and its newest; what lies between is dropped, and
 // `roostctl logs` marks the cut.
@@ -522,7 +645,7 @@ type LogStats struct {
 
 func (x *LogStats) Reset() {
 	*x = LogStats{}
-	mi := &file_roost_v1_session_proto_msgTypes[4]
+	mi := &file_roost_v1_session_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -534,7 +657,7 @@ func (x *LogStats) String() string {
 func (*LogStats) ProtoMessage() {}
 
 func (x *LogStats) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[4]
+	mi := &file_roost_v1_session_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -547,7 +670,7 @@ func (x *LogStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogStats.ProtoReflect.Descriptor instead.
 func (*LogStats) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{4}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LogStats) GetWrittenBytes() int64 {
@@ -596,7 +719,7 @@ type Identity struct {
 
 func (x *Identity) Reset() {
 	*x = Identity{}
-	mi := &file_roost_v1_session_proto_msgTypes[5]
+	mi := &file_roost_v1_session_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -608,7 +731,7 @@ func (x *Identity) String() string {
 func (*Identity) ProtoMessage() {}
 
 func (x *Identity) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[5]
+	mi := &file_roost_v1_session_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -621,7 +744,7 @@ func (x *Identity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Identity.ProtoReflect.Descriptor instead.
 func (*Identity) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{5}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Identity) GetUid() uint32 {
@@ -671,7 +794,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_roost_v1_session_proto_msgTypes[6]
+	mi := &file_roost_v1_session_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -683,7 +806,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[6]
+	mi := &file_roost_v1_session_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -696,7 +819,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{6}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Usage) GetMemoryBytes() int64 {
@@ -765,7 +888,7 @@ type CapsuleRef struct {
 
 func (x *CapsuleRef) Reset() {
 	*x = CapsuleRef{}
-	mi := &file_roost_v1_session_proto_msgTypes[7]
+	mi := &file_roost_v1_session_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -777,7 +900,7 @@ func (x *CapsuleRef) String() string {
 func (*CapsuleRef) ProtoMessage() {}
 
 func (x *CapsuleRef) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[7]
+	mi := &file_roost_v1_session_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -790,7 +913,7 @@ func (x *CapsuleRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapsuleRef.ProtoReflect.Descriptor instead.
 func (*CapsuleRef) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{7}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CapsuleRef) GetName() string {
@@ -841,7 +964,7 @@ type ContainmentState struct {
 
 func (x *ContainmentState) Reset() {
 	*x = ContainmentState{}
-	mi := &file_roost_v1_session_proto_msgTypes[8]
+	mi := &file_roost_v1_session_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -853,7 +976,7 @@ func (x *ContainmentState) String() string {
 func (*ContainmentState) ProtoMessage() {}
 
 func (x *ContainmentState) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[8]
+	mi := &file_roost_v1_session_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -866,7 +989,7 @@ func (x *ContainmentState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainmentState.ProtoReflect.Descriptor instead.
 func (*ContainmentState) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{8}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ContainmentState) GetDeclared() string {
@@ -897,7 +1020,7 @@ type Spend struct {
 
 func (x *Spend) Reset() {
 	*x = Spend{}
-	mi := &file_roost_v1_session_proto_msgTypes[9]
+	mi := &file_roost_v1_session_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -909,7 +1032,7 @@ func (x *Spend) String() string {
 func (*Spend) ProtoMessage() {}
 
 func (x *Spend) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[9]
+	mi := &file_roost_v1_session_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -922,7 +1045,7 @@ func (x *Spend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Spend.ProtoReflect.Descriptor instead.
 func (*Spend) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{9}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Spend) GetTokens() int64 {
@@ -967,7 +1090,7 @@ type StageRequest struct {
 
 func (x *StageRequest) Reset() {
 	*x = StageRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[10]
+	mi := &file_roost_v1_session_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -979,7 +1102,7 @@ func (x *StageRequest) String() string {
 func (*StageRequest) ProtoMessage() {}
 
 func (x *StageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[10]
+	mi := &file_roost_v1_session_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -992,7 +1115,7 @@ func (x *StageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageRequest.ProtoReflect.Descriptor instead.
 func (*StageRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{10}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StageRequest) GetCapsule() string {
@@ -1039,7 +1162,7 @@ type StageResponse struct {
 
 func (x *StageResponse) Reset() {
 	*x = StageResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[11]
+	mi := &file_roost_v1_session_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1051,7 +1174,7 @@ func (x *StageResponse) String() string {
 func (*StageResponse) ProtoMessage() {}
 
 func (x *StageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[11]
+	mi := &file_roost_v1_session_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1064,7 +1187,7 @@ func (x *StageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageResponse.ProtoReflect.Descriptor instead.
 func (*StageResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{11}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StageResponse) GetSession() *Session {
@@ -1083,7 +1206,7 @@ type LaunchRequest struct {
 
 func (x *LaunchRequest) Reset() {
 	*x = LaunchRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[12]
+	mi := &file_roost_v1_session_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1095,7 +1218,7 @@ func (x *LaunchRequest) String() string {
 func (*LaunchRequest) ProtoMessage() {}
 
 func (x *LaunchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[12]
+	mi := &file_roost_v1_session_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1108,7 +1231,7 @@ func (x *LaunchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LaunchRequest.ProtoReflect.Descriptor instead.
 func (*LaunchRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{12}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LaunchRequest) GetId() string {
@@ -1127,7 +1250,7 @@ type LaunchResponse struct {
 
 func (x *LaunchResponse) Reset() {
 	*x = LaunchResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[13]
+	mi := &file_roost_v1_session_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1139,7 +1262,7 @@ func (x *LaunchResponse) String() string {
 func (*LaunchResponse) ProtoMessage() {}
 
 func (x *LaunchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[13]
+	mi := &file_roost_v1_session_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1152,7 +1275,7 @@ func (x *LaunchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LaunchResponse.ProtoReflect.Descriptor instead.
 func (*LaunchResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{13}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LaunchResponse) GetSession() *Session {
@@ -1171,7 +1294,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[14]
+	mi := &file_roost_v1_session_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1183,7 +1306,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[14]
+	mi := &file_roost_v1_session_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1196,7 +1319,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{14}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetRequest) GetId() string {
@@ -1215,7 +1338,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[15]
+	mi := &file_roost_v1_session_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1227,7 +1350,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[15]
+	mi := &file_roost_v1_session_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1240,7 +1363,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{15}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetResponse) GetSession() *Session {
@@ -1260,7 +1383,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[16]
+	mi := &file_roost_v1_session_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1272,7 +1395,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[16]
+	mi := &file_roost_v1_session_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1285,7 +1408,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{16}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListRequest) GetAll() bool {
@@ -1304,7 +1427,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[17]
+	mi := &file_roost_v1_session_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1316,7 +1439,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[17]
+	mi := &file_roost_v1_session_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1329,7 +1452,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{17}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListResponse) GetSessions() []*Session {
@@ -1348,7 +1471,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[18]
+	mi := &file_roost_v1_session_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1360,7 +1483,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[18]
+	mi := &file_roost_v1_session_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1373,7 +1496,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{18}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WaitRequest) GetId() string {
@@ -1392,7 +1515,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[19]
+	mi := &file_roost_v1_session_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1404,7 +1527,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[19]
+	mi := &file_roost_v1_session_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1417,7 +1540,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{19}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WaitResponse) GetSession() *Session {
@@ -1441,7 +1564,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[20]
+	mi := &file_roost_v1_session_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1453,7 +1576,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[20]
+	mi := &file_roost_v1_session_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1466,7 +1589,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{20}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StopRequest) GetId() string {
@@ -1499,7 +1622,7 @@ type StopResponse struct {
 
 func (x *StopResponse) Reset() {
 	*x = StopResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[21]
+	mi := &file_roost_v1_session_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1511,7 +1634,7 @@ func (x *StopResponse) String() string {
 func (*StopResponse) ProtoMessage() {}
 
 func (x *StopResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[21]
+	mi := &file_roost_v1_session_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1524,7 +1647,7 @@ func (x *StopResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopResponse.ProtoReflect.Descriptor instead.
 func (*StopResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{21}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StopResponse) GetSession() *Session {
@@ -1545,7 +1668,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[22]
+	mi := &file_roost_v1_session_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1557,7 +1680,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[22]
+	mi := &file_roost_v1_session_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1570,7 +1693,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{22}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *KillRequest) GetId() string {
@@ -1596,7 +1719,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[23]
+	mi := &file_roost_v1_session_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1608,7 +1731,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[23]
+	mi := &file_roost_v1_session_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1621,7 +1744,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{23}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *KillResponse) GetSession() *Session {
@@ -1640,7 +1763,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[24]
+	mi := &file_roost_v1_session_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1652,7 +1775,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[24]
+	mi := &file_roost_v1_session_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1665,7 +1788,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{24}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -1684,7 +1807,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[25]
+	mi := &file_roost_v1_session_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1696,7 +1819,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[25]
+	mi := &file_roost_v1_session_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1709,7 +1832,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{25}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PauseResponse) GetSession() *Session {
@@ -1728,7 +1851,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[26]
+	mi := &file_roost_v1_session_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1740,7 +1863,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[26]
+	mi := &file_roost_v1_session_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1753,7 +1876,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{26}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -1772,7 +1895,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[27]
+	mi := &file_roost_v1_session_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1784,7 +1907,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[27]
+	mi := &file_roost_v1_session_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1797,7 +1920,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{27}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ResumeResponse) GetSession() *Session {
@@ -1819,7 +1942,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[28]
+	mi := &file_roost_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1831,7 +1954,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[28]
+	mi := &file_roost_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1844,7 +1967,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{28}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RemoveRequest) GetId() string {
@@ -1869,7 +1992,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[29]
+	mi := &file_roost_v1_session_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1881,7 +2004,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[29]
+	mi := &file_roost_v1_session_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1894,7 +2017,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{29}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{30}
 }
 
 type LogsRequest struct {
@@ -1918,7 +2041,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[30]
+	mi := &file_roost_v1_session_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1930,7 +2053,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[30]
+	mi := &file_roost_v1_session_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1943,7 +2066,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{30}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *LogsRequest) GetId() string {
@@ -2014,7 +2137,7 @@ type LogsResponse struct {
 
 func (x *LogsResponse) Reset() {
 	*x = LogsResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[31]
+	mi := &file_roost_v1_session_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2026,7 +2149,7 @@ func (x *LogsResponse) String() string {
 func (*LogsResponse) ProtoMessage() {}
 
 func (x *LogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[31]
+	mi := &file_roost_v1_session_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2039,7 +2162,7 @@ func (x *LogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
 func (*LogsResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{31}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *LogsResponse) GetStream() string {
@@ -2085,7 +2208,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[32]
+	mi := &file_roost_v1_session_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2097,7 +2220,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[32]
+	mi := &file_roost_v1_session_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2110,7 +2233,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{32}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *EventsRequest) GetSince() uint64 {
@@ -2143,7 +2266,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[33]
+	mi := &file_roost_v1_session_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2155,7 +2278,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[33]
+	mi := &file_roost_v1_session_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2168,7 +2291,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{33}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *EventsResponse) GetEvent() *Event {
@@ -2190,7 +2313,7 @@ type PruneRequest struct {
 
 func (x *PruneRequest) Reset() {
 	*x = PruneRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[34]
+	mi := &file_roost_v1_session_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2202,7 +2325,7 @@ func (x *PruneRequest) String() string {
 func (*PruneRequest) ProtoMessage() {}
 
 func (x *PruneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[34]
+	mi := &file_roost_v1_session_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2215,7 +2338,7 @@ func (x *PruneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneRequest.ProtoReflect.Descriptor instead.
 func (*PruneRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{34}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PruneRequest) GetUntil() *durationpb.Duration {
@@ -2249,7 +2372,7 @@ type PruneResponse struct {
 
 func (x *PruneResponse) Reset() {
 	*x = PruneResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[35]
+	mi := &file_roost_v1_session_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2261,7 +2384,7 @@ func (x *PruneResponse) String() string {
 func (*PruneResponse) ProtoMessage() {}
 
 func (x *PruneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[35]
+	mi := &file_roost_v1_session_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2274,7 +2397,7 @@ func (x *PruneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneResponse.ProtoReflect.Descriptor instead.
 func (*PruneResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{35}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PruneResponse) GetRemoved() []*PrunedSession {
@@ -2328,7 +2451,7 @@ type PrunedSession struct {
 
 func (x *PrunedSession) Reset() {
 	*x = PrunedSession{}
-	mi := &file_roost_v1_session_proto_msgTypes[36]
+	mi := &file_roost_v1_session_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2340,7 +2463,7 @@ func (x *PrunedSession) String() string {
 func (*PrunedSession) ProtoMessage() {}
 
 func (x *PrunedSession) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[36]
+	mi := &file_roost_v1_session_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2353,7 +2476,7 @@ func (x *PrunedSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrunedSession.ProtoReflect.Descriptor instead.
 func (*PrunedSession) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{36}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PrunedSession) GetId() string {
@@ -2419,7 +2542,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_roost_v1_session_proto_msgTypes[37]
+	mi := &file_roost_v1_session_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2431,7 +2554,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[37]
+	mi := &file_roost_v1_session_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2444,7 +2567,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{37}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Event) GetSeq() uint64 {
@@ -2518,7 +2641,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[38]
+	mi := &file_roost_v1_session_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2530,7 +2653,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[38]
+	mi := &file_roost_v1_session_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2543,7 +2666,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{38}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -2640,7 +2763,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_roost_v1_session_proto_msgTypes[39]
+	mi := &file_roost_v1_session_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2652,7 +2775,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[39]
+	mi := &file_roost_v1_session_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2665,7 +2788,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{39}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ExecStart) GetId() string {
@@ -2727,7 +2850,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_roost_v1_session_proto_msgTypes[40]
+	mi := &file_roost_v1_session_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2739,7 +2862,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[40]
+	mi := &file_roost_v1_session_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2752,7 +2875,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{40}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *TerminalSize) GetRows() uint32 {
@@ -2784,7 +2907,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[41]
+	mi := &file_roost_v1_session_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2796,7 +2919,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[41]
+	mi := &file_roost_v1_session_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2809,7 +2932,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{41}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
@@ -2895,7 +3018,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_roost_v1_session_proto_msgTypes[42]
+	mi := &file_roost_v1_session_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2907,7 +3030,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[42]
+	mi := &file_roost_v1_session_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2920,7 +3043,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{42}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ExecStarted) GetExecId() string {
@@ -2949,7 +3072,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_roost_v1_session_proto_msgTypes[43]
+	mi := &file_roost_v1_session_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2961,7 +3084,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[43]
+	mi := &file_roost_v1_session_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2974,7 +3097,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{43}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -3038,14 +3161,26 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x06module\x18\x01 \x01(\tR\x06module\x12\x16\n" +
 	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x18\n" +
 	"\aruntime\x18\x03 \x01(\tR\aruntime\x12\x14\n" +
-	"\x05cache\x18\x04 \x01(\tR\x05cache\"\x94\x01\n" +
+	"\x05cache\x18\x04 \x01(\tR\x05cache\"\xe6\x01\n" +
 	"\x06Egress\x12 \n" +
 	"\vconnections\x18\x01 \x01(\x03R\vconnections\x12\x16\n" +
 	"\x06denied\x18\x02 \x01(\x03R\x06denied\x12\x19\n" +
 	"\bbytes_up\x18\x03 \x01(\x03R\abytesUp\x12\x1d\n" +
 	"\n" +
 	"bytes_down\x18\x04 \x01(\x03R\tbytesDown\x12\x16\n" +
-	"\x06active\x18\x05 \x01(\x05R\x06active\"\x94\x01\n" +
+	"\x06active\x18\x05 \x01(\x05R\x06active\x12\x1d\n" +
+	"\n" +
+	"used_bytes\x18\x06 \x01(\x03R\tusedBytes\x121\n" +
+	"\arefused\x18\a \x03(\v2\x17.roost.v1.EgressRefusalR\arefused\"\xf5\x01\n" +
+	"\rEgressRefusal\x12\x12\n" +
+	"\x04host\x18\x01 \x01(\tR\x04host\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\x05R\x04port\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05count\x18\x04 \x01(\x03R\x05count\x120\n" +
+	"\x05first\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05first\x12.\n" +
+	"\x04last\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x04last\x12\x16\n" +
+	"\x06detail\x18\a \x01(\tR\x06detail\x12\x14\n" +
+	"\x05proto\x18\b \x01(\tR\x05proto\"\x94\x01\n" +
 	"\bLogStats\x12#\n" +
 	"\rwritten_bytes\x18\x01 \x01(\x03R\fwrittenBytes\x12#\n" +
 	"\rdropped_bytes\x18\x02 \x01(\x03R\fdroppedBytes\x12\x1b\n" +
@@ -3238,128 +3373,132 @@ func file_roost_v1_session_proto_rawDescGZIP() []byte {
 	return file_roost_v1_session_proto_rawDescData
 }
 
-var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_roost_v1_session_proto_goTypes = []any{
 	(*Session)(nil),               // 0: roost.v1.Session
 	(*ExecRefusals)(nil),          // 1: roost.v1.ExecRefusals
 	(*WasmRun)(nil),               // 2: roost.v1.WasmRun
 	(*Egress)(nil),                // 3: roost.v1.Egress
-	(*LogStats)(nil),              // 4: roost.v1.LogStats
-	(*Identity)(nil),              // 5: roost.v1.Identity
-	(*Usage)(nil),                 // 6: roost.v1.Usage
-	(*CapsuleRef)(nil),            // 7: roost.v1.CapsuleRef
-	(*ContainmentState)(nil),      // 8: roost.v1.ContainmentState
-	(*Spend)(nil),                 // 9: roost.v1.Spend
-	(*StageRequest)(nil),          // 10: roost.v1.StageRequest
-	(*StageResponse)(nil),         // 11: roost.v1.StageResponse
-	(*LaunchRequest)(nil),         // 12: roost.v1.LaunchRequest
-	(*LaunchResponse)(nil),        // 13: roost.v1.LaunchResponse
-	(*GetRequest)(nil),            // 14: roost.v1.GetRequest
-	(*GetResponse)(nil),           // 15: roost.v1.GetResponse
-	(*ListRequest)(nil),           // 16: roost.v1.ListRequest
-	(*ListResponse)(nil),          // 17: roost.v1.ListResponse
-	(*WaitRequest)(nil),           // 18: roost.v1.WaitRequest
-	(*WaitResponse)(nil),          // 19: roost.v1.WaitResponse
-	(*StopRequest)(nil),           // 20: roost.v1.StopRequest
-	(*StopResponse)(nil),          // 21: roost.v1.StopResponse
-	(*KillRequest)(nil),           // 22: roost.v1.KillRequest
-	(*KillResponse)(nil),          // 23: roost.v1.KillResponse
-	(*PauseRequest)(nil),          // 24: roost.v1.PauseRequest
-	(*PauseResponse)(nil),         // 25: roost.v1.PauseResponse
-	(*ResumeRequest)(nil),         // 26: roost.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 27: roost.v1.ResumeResponse
-	(*RemoveRequest)(nil),         // 28: roost.v1.RemoveRequest
-	(*RemoveResponse)(nil),        // 29: roost.v1.RemoveResponse
-	(*LogsRequest)(nil),           // 30: roost.v1.LogsRequest
-	(*LogsResponse)(nil),          // 31: roost.v1.LogsResponse
-	(*EventsRequest)(nil),         // 32: roost.v1.EventsRequest
-	(*EventsResponse)(nil),        // 33: roost.v1.EventsResponse
-	(*PruneRequest)(nil),          // 34: roost.v1.PruneRequest
-	(*PruneResponse)(nil),         // 35: roost.v1.PruneResponse
-	(*PrunedSession)(nil),         // 36: roost.v1.PrunedSession
-	(*Event)(nil),                 // 37: roost.v1.Event
-	(*ExecRequest)(nil),           // 38: roost.v1.ExecRequest
-	(*ExecStart)(nil),             // 39: roost.v1.ExecStart
-	(*TerminalSize)(nil),          // 40: roost.v1.TerminalSize
-	(*ExecResponse)(nil),          // 41: roost.v1.ExecResponse
-	(*ExecStarted)(nil),           // 42: roost.v1.ExecStarted
-	(*ExecExit)(nil),              // 43: roost.v1.ExecExit
-	(*timestamppb.Timestamp)(nil), // 44: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 45: google.protobuf.Duration
+	(*EgressRefusal)(nil),         // 4: roost.v1.EgressRefusal
+	(*LogStats)(nil),              // 5: roost.v1.LogStats
+	(*Identity)(nil),              // 6: roost.v1.Identity
+	(*Usage)(nil),                 // 7: roost.v1.Usage
+	(*CapsuleRef)(nil),            // 8: roost.v1.CapsuleRef
+	(*ContainmentState)(nil),      // 9: roost.v1.ContainmentState
+	(*Spend)(nil),                 // 10: roost.v1.Spend
+	(*StageRequest)(nil),          // 11: roost.v1.StageRequest
+	(*StageResponse)(nil),         // 12: roost.v1.StageResponse
+	(*LaunchRequest)(nil),         // 13: roost.v1.LaunchRequest
+	(*LaunchResponse)(nil),        // 14: roost.v1.LaunchResponse
+	(*GetRequest)(nil),            // 15: roost.v1.GetRequest
+	(*GetResponse)(nil),           // 16: roost.v1.GetResponse
+	(*ListRequest)(nil),           // 17: roost.v1.ListRequest
+	(*ListResponse)(nil),          // 18: roost.v1.ListResponse
+	(*WaitRequest)(nil),           // 19: roost.v1.WaitRequest
+	(*WaitResponse)(nil),          // 20: roost.v1.WaitResponse
+	(*StopRequest)(nil),           // 21: roost.v1.StopRequest
+	(*StopResponse)(nil),          // 22: roost.v1.StopResponse
+	(*KillRequest)(nil),           // 23: roost.v1.KillRequest
+	(*KillResponse)(nil),          // 24: roost.v1.KillResponse
+	(*PauseRequest)(nil),          // 25: roost.v1.PauseRequest
+	(*PauseResponse)(nil),         // 26: roost.v1.PauseResponse
+	(*ResumeRequest)(nil),         // 27: roost.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 28: roost.v1.ResumeResponse
+	(*RemoveRequest)(nil),         // 29: roost.v1.RemoveRequest
+	(*RemoveResponse)(nil),        // 30: roost.v1.RemoveResponse
+	(*LogsRequest)(nil),           // 31: roost.v1.LogsRequest
+	(*LogsResponse)(nil),          // 32: roost.v1.LogsResponse
+	(*EventsRequest)(nil),         // 33: roost.v1.EventsRequest
+	(*EventsResponse)(nil),        // 34: roost.v1.EventsResponse
+	(*PruneRequest)(nil),          // 35: roost.v1.PruneRequest
+	(*PruneResponse)(nil),         // 36: roost.v1.PruneResponse
+	(*PrunedSession)(nil),         // 37: roost.v1.PrunedSession
+	(*Event)(nil),                 // 38: roost.v1.Event
+	(*ExecRequest)(nil),           // 39: roost.v1.ExecRequest
+	(*ExecStart)(nil),             // 40: roost.v1.ExecStart
+	(*TerminalSize)(nil),          // 41: roost.v1.TerminalSize
+	(*ExecResponse)(nil),          // 42: roost.v1.ExecResponse
+	(*ExecStarted)(nil),           // 43: roost.v1.ExecStarted
+	(*ExecExit)(nil),              // 44: roost.v1.ExecExit
+	(*timestamppb.Timestamp)(nil), // 45: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 46: google.protobuf.Duration
 }
 var file_roost_v1_session_proto_depIdxs = []int32{
-	7,  // 0: roost.v1.Session.capsule:type_name -> roost.v1.CapsuleRef
-	8,  // 1: roost.v1.Session.containment:type_name -> roost.v1.ContainmentState
-	44, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	44, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
-	44, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
-	9,  // 5: roost.v1.Session.spend:type_name -> roost.v1.Spend
-	44, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
-	6,  // 7: roost.v1.Session.usage:type_name -> roost.v1.Usage
-	5,  // 8: roost.v1.Session.identity:type_name -> roost.v1.Identity
-	4,  // 9: roost.v1.Session.stdout:type_name -> roost.v1.LogStats
-	4,  // 10: roost.v1.Session.stderr:type_name -> roost.v1.LogStats
+	8,  // 0: roost.v1.Session.capsule:type_name -> roost.v1.CapsuleRef
+	9,  // 1: roost.v1.Session.containment:type_name -> roost.v1.ContainmentState
+	45, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	45, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
+	45, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
+	10, // 5: roost.v1.Session.spend:type_name -> roost.v1.Spend
+	45, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
+	7,  // 7: roost.v1.Session.usage:type_name -> roost.v1.Usage
+	6,  // 8: roost.v1.Session.identity:type_name -> roost.v1.Identity
+	5,  // 9: roost.v1.Session.stdout:type_name -> roost.v1.LogStats
+	5,  // 10: roost.v1.Session.stderr:type_name -> roost.v1.LogStats
 	3,  // 11: roost.v1.Session.egress:type_name -> roost.v1.Egress
 	2,  // 12: roost.v1.Session.wasm:type_name -> roost.v1.WasmRun
 	1,  // 13: roost.v1.Session.exec_refused:type_name -> roost.v1.ExecRefusals
-	45, // 14: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
-	0,  // 15: roost.v1.StageResponse.session:type_name -> roost.v1.Session
-	0,  // 16: roost.v1.LaunchResponse.session:type_name -> roost.v1.Session
-	0,  // 17: roost.v1.GetResponse.session:type_name -> roost.v1.Session
-	0,  // 18: roost.v1.ListResponse.sessions:type_name -> roost.v1.Session
-	0,  // 19: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
-	45, // 20: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
-	0,  // 21: roost.v1.StopResponse.session:type_name -> roost.v1.Session
-	0,  // 22: roost.v1.KillResponse.session:type_name -> roost.v1.Session
-	0,  // 23: roost.v1.PauseResponse.session:type_name -> roost.v1.Session
-	0,  // 24: roost.v1.ResumeResponse.session:type_name -> roost.v1.Session
-	44, // 25: roost.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
-	44, // 26: roost.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
-	37, // 27: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
-	45, // 28: roost.v1.PruneRequest.until:type_name -> google.protobuf.Duration
-	36, // 29: roost.v1.PruneResponse.removed:type_name -> roost.v1.PrunedSession
-	36, // 30: roost.v1.PruneResponse.kept:type_name -> roost.v1.PrunedSession
-	7,  // 31: roost.v1.PrunedSession.capsule:type_name -> roost.v1.CapsuleRef
-	44, // 32: roost.v1.PrunedSession.ended_at:type_name -> google.protobuf.Timestamp
-	44, // 33: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
-	39, // 34: roost.v1.ExecRequest.start:type_name -> roost.v1.ExecStart
-	40, // 35: roost.v1.ExecRequest.resize:type_name -> roost.v1.TerminalSize
-	40, // 36: roost.v1.ExecStart.size:type_name -> roost.v1.TerminalSize
-	42, // 37: roost.v1.ExecResponse.started:type_name -> roost.v1.ExecStarted
-	43, // 38: roost.v1.ExecResponse.exit:type_name -> roost.v1.ExecExit
-	10, // 39: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
-	12, // 40: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
-	14, // 41: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
-	16, // 42: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
-	18, // 43: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
-	20, // 44: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
-	22, // 45: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
-	24, // 46: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
-	26, // 47: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
-	28, // 48: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
-	30, // 49: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
-	32, // 50: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
-	34, // 51: roost.v1.SessionService.Prune:input_type -> roost.v1.PruneRequest
-	38, // 52: roost.v1.SessionService.Exec:input_type -> roost.v1.ExecRequest
-	11, // 53: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
-	13, // 54: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
-	15, // 55: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
-	17, // 56: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
-	19, // 57: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
-	21, // 58: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
-	23, // 59: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
-	25, // 60: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
-	27, // 61: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
-	29, // 62: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
-	31, // 63: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
-	33, // 64: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
-	35, // 65: roost.v1.SessionService.Prune:output_type -> roost.v1.PruneResponse
-	41, // 66: roost.v1.SessionService.Exec:output_type -> roost.v1.ExecResponse
-	53, // [53:67] is the sub-list for method output_type
-	39, // [39:53] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	4,  // 14: roost.v1.Egress.refused:type_name -> roost.v1.EgressRefusal
+	45, // 15: roost.v1.EgressRefusal.first:type_name -> google.protobuf.Timestamp
+	45, // 16: roost.v1.EgressRefusal.last:type_name -> google.protobuf.Timestamp
+	46, // 17: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
+	0,  // 18: roost.v1.StageResponse.session:type_name -> roost.v1.Session
+	0,  // 19: roost.v1.LaunchResponse.session:type_name -> roost.v1.Session
+	0,  // 20: roost.v1.GetResponse.session:type_name -> roost.v1.Session
+	0,  // 21: roost.v1.ListResponse.sessions:type_name -> roost.v1.Session
+	0,  // 22: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
+	46, // 23: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
+	0,  // 24: roost.v1.StopResponse.session:type_name -> roost.v1.Session
+	0,  // 25: roost.v1.KillResponse.session:type_name -> roost.v1.Session
+	0,  // 26: roost.v1.PauseResponse.session:type_name -> roost.v1.Session
+	0,  // 27: roost.v1.ResumeResponse.session:type_name -> roost.v1.Session
+	45, // 28: roost.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
+	45, // 29: roost.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
+	38, // 30: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
+	46, // 31: roost.v1.PruneRequest.until:type_name -> google.protobuf.Duration
+	37, // 32: roost.v1.PruneResponse.removed:type_name -> roost.v1.PrunedSession
+	37, // 33: roost.v1.PruneResponse.kept:type_name -> roost.v1.PrunedSession
+	8,  // 34: roost.v1.PrunedSession.capsule:type_name -> roost.v1.CapsuleRef
+	45, // 35: roost.v1.PrunedSession.ended_at:type_name -> google.protobuf.Timestamp
+	45, // 36: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
+	40, // 37: roost.v1.ExecRequest.start:type_name -> roost.v1.ExecStart
+	41, // 38: roost.v1.ExecRequest.resize:type_name -> roost.v1.TerminalSize
+	41, // 39: roost.v1.ExecStart.size:type_name -> roost.v1.TerminalSize
+	43, // 40: roost.v1.ExecResponse.started:type_name -> roost.v1.ExecStarted
+	44, // 41: roost.v1.ExecResponse.exit:type_name -> roost.v1.ExecExit
+	11, // 42: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
+	13, // 43: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
+	15, // 44: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
+	17, // 45: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
+	19, // 46: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
+	21, // 47: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
+	23, // 48: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
+	25, // 49: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
+	27, // 50: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
+	29, // 51: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
+	31, // 52: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
+	33, // 53: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
+	35, // 54: roost.v1.SessionService.Prune:input_type -> roost.v1.PruneRequest
+	39, // 55: roost.v1.SessionService.Exec:input_type -> roost.v1.ExecRequest
+	12, // 56: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
+	14, // 57: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
+	16, // 58: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
+	18, // 59: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
+	20, // 60: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
+	22, // 61: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
+	24, // 62: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
+	26, // 63: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
+	28, // 64: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
+	30, // 65: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
+	32, // 66: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
+	34, // 67: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
+	36, // 68: roost.v1.SessionService.Prune:output_type -> roost.v1.PruneResponse
+	42, // 69: roost.v1.SessionService.Exec:output_type -> roost.v1.ExecResponse
+	56, // [56:70] is the sub-list for method output_type
+	42, // [42:56] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_session_proto_init() }
@@ -3368,15 +3507,15 @@ func file_roost_v1_session_proto_init() {
 		return
 	}
 	file_roost_v1_session_proto_msgTypes[0].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[30].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[37].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[38].OneofWrappers = []any{
+	file_roost_v1_session_proto_msgTypes[31].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[38].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[39].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_roost_v1_session_proto_msgTypes[41].OneofWrappers = []any{
+	file_roost_v1_session_proto_msgTypes[42].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
@@ -3388,7 +3527,7 @@ func file_roost_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_session_proto_rawDesc), len(file_roost_v1_session_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   44,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -200,13 +201,45 @@ func printSession(w io.Writer, s *roostv1.Session) {
 		if e.GetActive() > 0 {
 			out += fmt.Sprintf("; %d open", e.GetActive())
 		}
+		if u := e.GetUsedBytes(); u > 0 {
+			out += fmt.Sprintf("; %s counted against egress_max_bytes", bytesIEC(u))
+		}
 		row("egress", out)
+		refused := e.GetRefused()
+		for i, r := range refused[:min(len(refused), refusedShown)] {
+			if i == 0 {
+				row("refused", egressRefusal(r))
+			} else {
+				fmt.Fprintf(w, "%-13s %s\n", "", egressRefusal(r))
+			}
+		}
+		if len(refused) > refusedShown {
+			fmt.Fprintf(w, "%-13s … %d more (inspect --json)\n", "", len(refused)-refusedShown)
+		}
 	}
 	if u := s.GetUsage(); u != nil {
 		row("memory", fmt.Sprintf("%s (peak %s)", bytesIEC(u.GetMemoryBytes()), bytesIEC(u.GetMemoryPeakBytes())))
 		row("cpu", fmt.Sprintf("%.2fs", u.GetCpuSeconds()))
 		row("pids", fmt.Sprint(u.GetPids()))
 	}
+}
+
+// refusedShown is how many refusal keys inspect lists (--json has every one the record keeps).
+const refusedShown = 5
+
+// egressRefusal is one refusal key as inspect lists it.
+func egressRefusal(r *roostv1.EgressRefusal) string {
+	host := r.GetHost()
+	if host == "*" {
+		host = "other hosts"
+	} else if r.GetPort() > 0 {
+		host = net.JoinHostPort(host, strconv.Itoa(int(r.GetPort())))
+	}
+	out := fmt.Sprintf("%d× %s: %s", r.GetCount(), host, r.GetReason())
+	if l := r.GetLast(); l != nil {
+		out += ", last " + l.AsTime().Local().Format(time.RFC3339)
+	}
+	return out
 }
 
 // logStats says what the records kept of one output stream; empty when it is not known.
