@@ -231,7 +231,7 @@ func TestFailedCallChargesInputEstimate(t *testing.T) {
 		t.Fatalf("%d %s", status, out)
 	}
 	// The body forwarded is the one the gateway re-encoded; the estimate is of that.
-	estimate := estimateTokens(r.fake.Requests()[0].Body)
+	estimate := estimateTokens(int64(len(r.fake.Requests()[0].Body)))
 	if s := r.spent(); s.Charged != estimate || s.OutputTokens != 0 || s.Reserved != 0 {
 		t.Fatalf("after a failed call: %+v (estimate %d)", s, estimate)
 	}
