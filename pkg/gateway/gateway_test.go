@@ -37,6 +37,7 @@ type rigOption func(*rigConfig)
 type rigConfig struct {
 	upstream config.Upstream
 	observer ledger.Observer
+	limits   Limits
 }
 
 func newRig(t *testing.T, format string, ceiling int64, caller Caller, opts ...rigOption) *rig {
@@ -63,7 +64,7 @@ func newRig(t *testing.T, format string, ceiling int64, caller Caller, opts ...r
 	if err := l.Register(ledger.Session{ID: "s1", Capsule: "agent", Ceiling: ceiling}); err != nil {
 		t.Fatal(err)
 	}
-	g := New([]config.Upstream{cfg.upstream}, l, nil)
+	g := New([]config.Upstream{cfg.upstream}, l, nil, WithLimits(cfg.limits))
 	caller.SessionID = "s1"
 	if caller.Upstream == "" {
 		caller.Upstream = "up"

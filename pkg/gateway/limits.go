@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"roost.dev/roost/pkg/config"
 )
 
 // Limits bound what the gateway holds for sessions at once.
@@ -21,10 +23,10 @@ type Limits struct {
 	MaxBody int64
 }
 
-// Defaults of Limits: room for eight of the largest calls at once, four a session.
+// Defaults of Limits: the configuration's, and the endpoint's bound on a model call's body.
 const (
-	DefaultBodyBytesInFlight = 256 << 20
-	DefaultCallsPerSession   = 4
+	DefaultBodyBytesInFlight = config.DefaultMaxBodyBytesInFlight
+	DefaultCallsPerSession   = config.DefaultMaxCallsPerSession
 	DefaultMaxBody           = 32 << 20
 )
 
