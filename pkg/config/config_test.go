@@ -35,8 +35,8 @@ func TestParse(t *testing.T) {
 		good + "    - name: openai\n      format: openai\n      url: http://x\n      api_key_file: /k\n": "declared twice",
 		"listen: x\n": "field listen not found",
 		"inference:\n  max_body_bytes_in_flight: -1\n": "inference.max_body_bytes_in_flight: -1: must be more than 0",
-		"inference:\n  max_calls_per_session: -3\n":   "inference.max_calls_per_session: -3: must be more than 0",
-		"inference:\n  max_calls_per_session: x\n":    "cannot unmarshal",
+		"inference:\n  max_calls_per_session: -3\n":    "inference.max_calls_per_session: -3: must be more than 0",
+		"inference:\n  max_calls_per_session: x\n":     "cannot unmarshal",
 	}
 	for src, want := range bad {
 		if _, err := Parse([]byte(src), "roostd.yaml"); err == nil || !strings.Contains(err.Error(), want) {
