@@ -126,8 +126,20 @@ func (g *Gateway) Formats() map[string]string {
 func (g *Gateway) Serve(w http.ResponseWriter, r *http.Request, c Caller, upstream, path string) {
 	format := g.formatFor(c, upstream)
 	fail := func(err error) {
-		if e := g.asAPIError(err); e != nil {
-			e.write(w, format)
+		e := g.asAPIError(err)
+		if e == nil {
+			return
+		}
+		e.write(w, format)
+		if e.status != http.StatusRequestEntityTooLarge && r.Method != http.MethodGet {
+			// A client that sends its whole body before it reads the answer (Python's
+			// http.client, httpx) would find the connection reset rather than the refusal
+			// if the body were left unread: read to its end (at most the largest body),
+			// keeping none of it.
+			if f, ok := w.(http.Flusher); ok {
+				f.Flush()
+			}
+			_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, g.limits.MaxBody))
 		}
 	}
 	u, err := g.check(c, upstream)

@@ -104,6 +104,11 @@ func TestCallsPerSessionBounded(t *testing.T) {
 	if roost["code"] != "session_calls_in_flight" || !strings.Contains(msg, "session s1 has 2 calls") || !strings.Contains(msg, "inference.max_calls_per_session") {
 		t.Fatalf("the refusal: %s", a.body)
 	}
+	// A client that sends its whole body before it reads (as Python's do) is answered the
+	// refusal too, not a reset connection: the gateway reads the body it refused to its end.
+	if status, _, out := r.raw("POST", "v1/chat/completions", string(chatOf(4<<20)), "Content-Type", "application/json"); status != http.StatusTooManyRequests || !strings.Contains(out, "session_calls_in_flight") {
+		t.Fatalf("the third call, sent whole before reading: %d %s", status, out)
+	}
 	if bytes, calls := r.gw.InFlight(); calls != 2 || bytes <= 0 {
 		t.Fatalf("in flight while two are held: %d bytes, %d calls", bytes, calls)
 	}
