@@ -24,3 +24,35 @@ func BenchmarkPrepare(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkMeterJSON meters a 31 MiB JSON answer, its usage at the end, as it passes in
+// 32 KiB reads (what the proxy's copy reads).
+func BenchmarkMeterJSON(b *testing.B) {
+	answer := []byte(`{"id":"x","choices":[{"message":{"content":"` + strings.Repeat("a\\\"", 31<<19) + `"}}],"usage":{"prompt_tokens":1,"completion_tokens":2}}`)
+	b.SetBytes(int64(len(answer)))
+	b.ReportAllocs()
+	for b.Loop() {
+		m := &meter{}
+		for p := answer; len(p) > 0; {
+			n := min(len(p), 32<<10)
+			m.Write(p[:n])
+			p = p[n:]
+		}
+		m.end()
+		if u, final := m.usage(); u == nil || !final || u.Output != 2 {
+			b.Fatalf("%+v %v", u, final)
+		}
+	}
+}
+
+// BenchmarkMeterPathological meters an answer of a million tiny usage members.
+func BenchmarkMeterPathological(b *testing.B) {
+	answer := []byte(`{` + strings.Repeat(`"usage":{},`, 1<<20) + `"usage":{"prompt_tokens":1}}`)
+	b.SetBytes(int64(len(answer)))
+	b.ReportAllocs()
+	for b.Loop() {
+		m := &meter{}
+		m.Write(answer)
+		m.end()
+	}
+}

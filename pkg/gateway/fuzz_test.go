@@ -27,6 +27,10 @@ func FuzzUsage(f *testing.F) {
 	f.Add([]byte("data: {\"usage\":{\"prompt_tokens\":-5,\"completion_tokens\":99999999999999999}}\n\ndata: [DONE]\n"), uint16(3))
 	f.Add([]byte(": c\r\ndata: {\"choices\":[],\r\ndata: \"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\r\n\r\ndata: [DONE]\r\r"), uint16(17))
 	f.Add([]byte("data: {\"usage\":{\"input_tokens\":9223372036854775807,\"cache_read_input_tokens\":9223372036854775807}}\n\n"), uint16(9))
+	f.Add([]byte(`{"us\u0061ge":{"prompt_tokens":2},"Usage":{"completion_tokens":3},"choices":[{"message":{"usage":{"prompt_tokens":99}}}]}`), uint16(11))
+	f.Add([]byte(`{"message":{"usage":{"input_tokens":4}},"message":{"usage":null},"response":{"x":{"usage":{"input_tokens":9}},"usage":{"output_tokens":1}}}`), uint16(30))
+	f.Add([]byte("data: {\"type\":\"message_delta\",\n\ndata: \"usage\":{\"output_tokens\":5}}\n\ndata:{\"choices\" : [ ] , \"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\r\n\r\n"), uint16(5))
+	f.Add([]byte(`{"choices":"[]","usage":{"prompt_tokens":"1"}} `), uint16(2))
 	f.Fuzz(func(t *testing.T, data []byte, cut uint16) {
 		for _, sse := range []bool{false, true} {
 			whole := &meter{sse: sse}
@@ -34,6 +38,15 @@ func FuzzUsage(f *testing.F) {
 			whole.end()
 			u, final := whole.usage()
 			check(t, u)
+
+			// Wherever the meter that kept the answer and decoded it with encoding/json
+			// could decode it, the scan reads the same.
+			ref := &refMeter{sse: sse}
+			ref.Write(data)
+			ref.end()
+			if ru, rf := ref.usage(); !ref.failed && (rf != final || (ru == nil) != (u == nil) || (u != nil && *ru != *u)) {
+				t.Fatalf("sse %v: scanned %+v %v, decoded whole %+v %v", sse, u, final, ru, rf)
+			}
 
 			at := int(cut) % (len(data) + 1)
 			split := &meter{sse: sse}
