@@ -146,9 +146,9 @@ type refUsageFields struct {
 
 type refCarrier struct {
 	Type     string          `json:"type"`
-	Usage    *refUsageFields    `json:"usage"`
-	Message  *refHolder    `json:"message"`
-	Response *refHolder    `json:"response"`
+	Usage    *refUsageFields `json:"usage"`
+	Message  *refHolder      `json:"message"`
+	Response *refHolder      `json:"response"`
 	Choices  json.RawMessage `json:"choices"`
 }
 
