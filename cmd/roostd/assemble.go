@@ -246,6 +246,10 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 		sm.status(fmt.Sprintf("recovering %d session%s", n, plural(n)))
 		log.Info("recovering sessions", "live_in_registry", n)
 	}
+	gw := gateway.New(cfg.Inference.Upstreams, &loggedLedger{Ledger: spend, sessions: sink, log: log}, log,
+		gateway.WithLimits(gateway.Limits{BodyBytesInFlight: cfg.Inference.MaxBodyBytesInFlight, CallsPerSession: cfg.Inference.MaxCallsPerSession}))
+	gl := gw.Limits()
+	log.Info("inference gateway", "max_body_bytes_in_flight", gl.BodyBytesInFlight, "max_calls_per_session", gl.CallsPerSession, "max_body_bytes", gl.MaxBody)
 	recoveryStarted := time.Now()
 	sessions, err = session.Open(session.Config{
 		StateDir:        stateDir,
@@ -261,7 +265,7 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 		WarmCapsules:    o.warmCapsules,
 		WarmPoolCPU:     o.warmPoolCPU,
 		Ledger:          spend,
-		Gateway:         gateway.New(cfg.Inference.Upstreams, &loggedLedger{Ledger: spend, sessions: sink, log: log}, log),
+		Gateway:         gw,
 		Observer:        mtr,
 		Logger:          log,
 		IDs:             pool,

@@ -319,7 +319,21 @@ type Env struct {
 // Inference declares the model upstreams the inference gateway may forward to.
 type Inference struct {
 	Upstreams []Upstream `yaml:"upstreams"`
+	// MaxBodyBytesInFlight bounds the request-body bytes the gateway holds for all sessions
+	// at once (DefaultMaxBodyBytesInFlight when 0): a call whose body would pass it is
+	// refused (503, retryable) before its body is read.
+	MaxBodyBytesInFlight int64 `yaml:"max_body_bytes_in_flight"`
+	// MaxCallsPerSession bounds one session's calls through the gateway at once
+	// (DefaultMaxCallsPerSession when 0): the next is refused (429, retryable).
+	MaxCallsPerSession int `yaml:"max_calls_per_session"`
 }
+
+// The gateway's bounds as shipped: room for eight of the largest calls (32 MiB, the
+// endpoint's bound) at once, four a session — so two sessions at their most leave room.
+const (
+	DefaultMaxBodyBytesInFlight = 256 << 20
+	DefaultMaxCallsPerSession   = 4
+)
 
 // Upstream is one model API.
 type Upstream struct {
@@ -556,6 +570,18 @@ func Parse(data []byte, file string) (*Config, error) {
 		if !envNameRE.MatchString(v) {
 			return nil, fmt.Errorf("%s: env.passthrough[%d]: %q is not a variable name", file, i, v)
 		}
+	}
+	switch inf := &c.Inference; {
+	case inf.MaxBodyBytesInFlight < 0:
+		return nil, fmt.Errorf("%s: inference.max_body_bytes_in_flight: %d: must be more than 0", file, inf.MaxBodyBytesInFlight)
+	case inf.MaxBodyBytesInFlight == 0:
+		inf.MaxBodyBytesInFlight = DefaultMaxBodyBytesInFlight
+	}
+	switch inf := &c.Inference; {
+	case inf.MaxCallsPerSession < 0:
+		return nil, fmt.Errorf("%s: inference.max_calls_per_session: %d: must be more than 0", file, inf.MaxCallsPerSession)
+	case inf.MaxCallsPerSession == 0:
+		inf.MaxCallsPerSession = DefaultMaxCallsPerSession
 	}
 	seen := map[string]bool{}
 	for i, u := range c.Inference.Upstreams {

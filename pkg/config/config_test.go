@@ -19,8 +19,13 @@ func TestParse(t *testing.T) {
 	if err != nil || len(c.Inference.Upstreams) != 1 || c.Inference.Upstreams[0].Format != "openai" {
 		t.Fatalf("%+v %v", c, err)
 	}
-	if c, err := Parse(nil, "empty.yaml"); err != nil || len(c.Inference.Upstreams) != 0 {
-		t.Fatalf("empty file: %v", err)
+	if c, err := Parse(nil, "empty.yaml"); err != nil || len(c.Inference.Upstreams) != 0 ||
+		c.Inference.MaxBodyBytesInFlight != DefaultMaxBodyBytesInFlight || c.Inference.MaxCallsPerSession != DefaultMaxCallsPerSession {
+		t.Fatalf("empty file: %+v %v", c, err)
+	}
+	if c, err := Parse([]byte("inference:\n  max_body_bytes_in_flight: 1048576\n  max_calls_per_session: 2\n"), "roostd.yaml"); err != nil ||
+		c.Inference.MaxBodyBytesInFlight != 1<<20 || c.Inference.MaxCallsPerSession != 2 {
+		t.Fatalf("the gateway's bounds: %+v %v", c, err)
 	}
 	bad := map[string]string{
 		"inference:\n  upstreams:\n    - name: a\n      formt: openai\n":                                 "field formt not found",
@@ -29,6 +34,9 @@ func TestParse(t *testing.T) {
 		strings.Replace(good, "/etc/roost/openai.key", "key", 1):                                         "api_key_file",
 		good + "    - name: openai\n      format: openai\n      url: http://x\n      api_key_file: /k\n": "declared twice",
 		"listen: x\n": "field listen not found",
+		"inference:\n  max_body_bytes_in_flight: -1\n": "inference.max_body_bytes_in_flight: -1: must be more than 0",
+		"inference:\n  max_calls_per_session: -3\n":    "inference.max_calls_per_session: -3: must be more than 0",
+		"inference:\n  max_calls_per_session: x\n":     "cannot unmarshal",
 	}
 	for src, want := range bad {
 		if _, err := Parse([]byte(src), "roostd.yaml"); err == nil || !strings.Contains(err.Error(), want) {

@@ -325,7 +325,7 @@ func TestAdmitsWorstCaseChargesBothChoices(t *testing.T) {
 	if s := r.spent(); s.InputTokens != 12 || s.OutputTokens != 60 || s.Charged != 72 || s.Reserved != 0 {
 		t.Errorf("ledger: %+v, want 12 + 2×30", s)
 	}
-	estimate := estimateTokens(r.fake.Requests()[0].Body)
+	estimate := estimateTokens(int64(len(r.fake.Requests()[0].Body)))
 	worst := estimate + 2*100
 	// One token short of the worst case: refused, though one choice would fit.
 	short := newRig(t, config.FormatOpenAI, worst-1, Caller{})

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -13,7 +12,9 @@ import (
 // call is one model call on its way through.
 type call struct {
 	route *route
-	body  []byte
+	// body is the request's body as it came; sent what is sent upstream (nil: body).
+	body []byte
+	sent pieces
 	// model is what the body names (after the declared one is filled in); label what the
 	// spend metrics count it as.
 	model, label string
@@ -25,24 +26,40 @@ type call struct {
 // reservation is what the call is admitted for.
 func (c *call) reservation() int64 { return min(c.input+c.output, ledger.MaxTokens) }
 
+// out is what is sent upstream.
+func (c *call) out() pieces {
+	if c.sent == nil {
+		return pieces{c.body}
+	}
+	return c.sent
+}
+
 // prepare reads a built-in route's JSON body: holds it to the capsule's declared model
 // (filling it in when the body names none), reads the call's worst case, makes a streamed
-// OpenAI call report its usage, and writes the body again from what was read — so a key
-// given twice reaches the upstream once, as the gateway read it.
+// OpenAI call report its usage, and, when it must, splices the body — so a key given
+// twice reaches the upstream once, as the gateway read it. Each member it reads is checked
+// for type: a wrong one is a 400 naming it.
 func (c *call) prepare(caller Caller, defaultOutput int64) error {
-	fields, err := parseObject(c.body)
+	if !json.Valid(c.body) {
+		// Decoding into nothing costs nothing and says what is wrong where.
+		err := json.Unmarshal(c.body, &struct{}{})
+		return invalid("the request body is not a JSON object: %v", err)
+	}
+	fields, err := parseObject(c.body, "")
 	if err != nil {
 		return err
 	}
-	if raw, ok := present(fields, "model"); ok {
-		if json.Unmarshal(raw, &c.model) != nil {
-			return invalid("model: expected a string, got %s", raw)
+	set, order := map[string][][]byte{}, []string(nil)
+	if raw, ok := fields.get("model"); ok {
+		if raw[0] != '"' || json.Unmarshal(raw, &c.model) != nil {
+			return invalid("model: expected a string, got %s", snippet(raw))
 		}
 	}
 	switch {
 	case caller.Model != "" && c.model == "":
 		c.model = caller.Model
-		fields["model"], _ = json.Marshal(caller.Model)
+		v, _ := json.Marshal(caller.Model)
+		set["model"], order = [][]byte{v}, append(order, "model")
 	case caller.Model != "" && c.model != caller.Model:
 		return &apiError{status: 403, code: "model_not_allowed",
 			msg: fmt.Sprintf("inference.model: the capsule declares %q; the request names %q", caller.Model, c.model)}
@@ -82,71 +99,87 @@ func (c *call) prepare(caller Caller, defaultOutput int64) error {
 		times = max(times, n)
 	}
 	if c.route.kind == kindCompletions {
-		times = mul(times, prompts(fields["prompt"]))
+		n, err := prompts(fields)
+		if err != nil {
+			return err
+		}
+		times = mul(times, n)
 	}
 	c.output = mul(limit, times)
 
-	var stream bool
-	_ = json.Unmarshal(fields["stream"], &stream)
-	if stream && (c.route.kind == kindChat || c.route.kind == kindCompletions) {
-		opts := map[string]json.RawMessage{}
-		_ = json.Unmarshal(fields["stream_options"], &opts)
-		opts["include_usage"] = json.RawMessage("true")
-		fields["stream_options"], _ = json.Marshal(opts)
+	stream := false
+	if raw, ok := fields.get("stream"); ok {
+		switch string(raw) {
+		case "true":
+			stream = true
+		case "false":
+		default:
+			return invalid("stream: expected a boolean, got %s", snippet(raw))
+		}
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(fields); err != nil {
-		return invalid("the request body cannot be re-encoded: %v", err)
+	if c.route.kind == kindChat || c.route.kind == kindCompletions {
+		v, err := streamOptions(fields, stream)
+		if err != nil {
+			return err
+		}
+		if v != nil {
+			set["stream_options"], order = v, append(order, "stream_options")
+		}
 	}
-	c.body = bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
-	c.input = estimateTokens(c.body)
+	if len(set) > 0 || !fields.unique() {
+		c.sent = fields.splice(set, order)
+	}
+	c.input = estimateTokens(c.out().size())
 	return nil
+}
+
+// streamOptions reads a chat or completions call's stream_options: an object when given;
+// null only when the call is not streamed, since a streamed one's must say include_usage —
+// the gateway's meter reads the usage chunk it asks for. It returns the value to send when
+// it must change (nil when it is sent as it came).
+func streamOptions(fields *object, stream bool) ([][]byte, error) {
+	raw, present := fields.get("stream_options")
+	switch {
+	case !present && fields.has("stream_options") && stream:
+		return nil, invalid("stream_options: expected an object, got null (a streamed call's must say include_usage; roost's gateway meters from it)")
+	case present && raw[0] != '{':
+		return nil, invalid("stream_options: expected an object, got %s", snippet(raw))
+	case !stream:
+		return nil, nil
+	case !present:
+		return [][]byte{[]byte(`{"include_usage":true}`)}, nil
+	}
+	opts, err := parseObject(raw, "stream_options")
+	if err != nil {
+		return nil, err
+	}
+	if v, _ := opts.get("include_usage"); string(v) == "true" && opts.unique() {
+		return nil, nil
+	}
+	kept := opts.splice(map[string][][]byte{"include_usage": {[]byte("true")}}, []string{"include_usage"})
+	return kept, nil
 }
 
 func invalid(format string, args ...any) error {
 	return &apiError{status: 400, code: "invalid_request", msg: fmt.Sprintf(format, args...)}
 }
 
-func parseObject(body []byte) (map[string]json.RawMessage, error) {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil {
-		return nil, invalid("the request body is not a JSON object: %v", err)
-	}
-	if fields == nil {
-		return nil, invalid("the request body is not a JSON object: null")
-	}
-	return fields, nil
-}
-
-// present is a member's value unless it is absent or null (the providers take null as
-// absent).
-func present(fields map[string]json.RawMessage, name string) (json.RawMessage, bool) {
-	v, ok := fields[name]
-	if !ok || string(bytes.TrimSpace(v)) == "null" {
-		return nil, false
-	}
-	return v, true
-}
-
 // count reads a member that counts tokens or answers: absent, null or below one is 0 (the
 // upstream refuses below one, or takes its default); a fraction counts as the next whole
 // number; a value that is not a number is refused rather than guessed at, since a lenient
 // upstream may take "50" for 50.
-func count(fields map[string]json.RawMessage, name string) (int64, error) {
-	raw, ok := present(fields, name)
+func count(fields *object, name string) (int64, error) {
+	raw, ok := fields.get(name)
 	if !ok {
 		return 0, nil
 	}
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || (raw[0] != '-' && (raw[0] < '0' || raw[0] > '9')) {
-		return 0, invalid("%s: expected a number, got %s", name, raw)
+	if raw[0] != '-' && (raw[0] < '0' || raw[0] > '9') {
+		return 0, invalid("%s: expected a number, got %s", name, snippet(raw))
 	}
 	f, err := strconv.ParseFloat(string(raw), 64)
 	switch {
 	case err != nil && !math.IsInf(f, 0):
-		return 0, invalid("%s: expected a number, got %s", name, raw)
+		return 0, invalid("%s: expected a number, got %s", name, snippet(raw))
 	case f < 1:
 		return 0, nil
 	case f >= ledger.MaxTokens:
@@ -156,16 +189,20 @@ func count(fields map[string]json.RawMessage, name string) (int64, error) {
 }
 
 // prompts is how many prompts a completions call's prompt holds: a list of strings or of
-// token lists is one prompt each, a string or one token list is one.
-func prompts(raw json.RawMessage) int64 {
-	var list []json.RawMessage
-	if json.Unmarshal(raw, &list) != nil || len(list) == 0 {
-		return 1
+// token lists is one prompt each; a string, one token list or none is one.
+func prompts(fields *object) (int64, error) {
+	raw, ok := fields.get("prompt")
+	switch {
+	case !ok || raw[0] == '"':
+		return 1, nil
+	case raw[0] != '[':
+		return 0, invalid("prompt: expected a string or a list, got %s", snippet(raw))
 	}
-	if first := bytes.TrimSpace(list[0]); len(first) > 0 && (first[0] == '-' || ('0' <= first[0] && first[0] <= '9')) {
-		return 1
+	n, first := elements(raw)
+	if n == 0 || first[0] == '-' || ('0' <= first[0] && first[0] <= '9') {
+		return 1, nil
 	}
-	return int64(len(list))
+	return n, nil
 }
 
 // mul multiplies counts no larger than ledger.MaxTokens, saturating there.
@@ -181,4 +218,4 @@ func mul(a, b int64) int64 {
 
 // estimateTokens estimates a request's input tokens from its size: about four bytes a
 // token for English text and JSON, rounded up. Settlement replaces it with the truth.
-func estimateTokens(body []byte) int64 { return int64(len(body)+3) / 4 }
+func estimateTokens(size int64) int64 { return (size + 3) / 4 }

@@ -113,6 +113,9 @@ func (e *apiError) openAIType() string {
 		return "insufficient_quota"
 	case e.status == http.StatusForbidden:
 		return "request_forbidden"
+	case e.status == http.StatusTooManyRequests:
+		// OpenAI's rate limits name what ran out: here, requests at once.
+		return "requests"
 	case e.status >= 500:
 		return "server_error"
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/url"
 	"path"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -26,6 +27,10 @@ func FuzzUsage(f *testing.F) {
 	f.Add([]byte("data: {\"usage\":{\"prompt_tokens\":-5,\"completion_tokens\":99999999999999999}}\n\ndata: [DONE]\n"), uint16(3))
 	f.Add([]byte(": c\r\ndata: {\"choices\":[],\r\ndata: \"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\r\n\r\ndata: [DONE]\r\r"), uint16(17))
 	f.Add([]byte("data: {\"usage\":{\"input_tokens\":9223372036854775807,\"cache_read_input_tokens\":9223372036854775807}}\n\n"), uint16(9))
+	f.Add([]byte(`{"us\u0061ge":{"prompt_tokens":2},"Usage":{"completion_tokens":3},"choices":[{"message":{"usage":{"prompt_tokens":99}}}]}`), uint16(11))
+	f.Add([]byte(`{"message":{"usage":{"input_tokens":4}},"message":{"usage":null},"response":{"x":{"usage":{"input_tokens":9}},"usage":{"output_tokens":1}}}`), uint16(30))
+	f.Add([]byte("data: {\"type\":\"message_delta\",\n\ndata: \"usage\":{\"output_tokens\":5}}\n\ndata:{\"choices\" : [ ] , \"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\r\n\r\n"), uint16(5))
+	f.Add([]byte(`{"choices":"[]","usage":{"prompt_tokens":"1"}} `), uint16(2))
 	f.Fuzz(func(t *testing.T, data []byte, cut uint16) {
 		for _, sse := range []bool{false, true} {
 			whole := &meter{sse: sse}
@@ -33,6 +38,15 @@ func FuzzUsage(f *testing.F) {
 			whole.end()
 			u, final := whole.usage()
 			check(t, u)
+
+			// Wherever the meter that kept the answer and decoded it with encoding/json
+			// could decode it, the scan reads the same.
+			ref := &refMeter{sse: sse}
+			ref.Write(data)
+			ref.end()
+			if ru, rf := ref.usage(); !ref.failed && (rf != final || (ru == nil) != (u == nil) || (u != nil && *ru != *u)) {
+				t.Fatalf("sse %v: scanned %+v %v, decoded whole %+v %v", sse, u, final, ru, rf)
+			}
 
 			at := int(cut) % (len(data) + 1)
 			split := &meter{sse: sse}
@@ -92,6 +106,10 @@ func FuzzPrepare(f *testing.F) {
 	f.Add([]byte(`{"model":"m","prompt":["a","b"],"n":3,"best_of":5,"max_tokens":1e300}`), uint8(2))
 	f.Add([]byte(`{"n":50,"n":1,"max_tokens":400.5,"stream":true,"stream_options":{"include_usage":false}}`), uint8(0))
 	f.Add([]byte(`{"model":"m","input":"<b>&</b>","max_output_tokens":"9"}`), uint8(1))
+	f.Add([]byte(`{"stream":true,"stream_options":null}`), uint8(0))
+	f.Add([]byte(` { "mod\u0065l" : "x" , "model":null, "stream" : true , "stream_options" : { "include_usage" : false , "x" : [1,{"a":"}"}] } } `), uint8(2))
+	f.Add([]byte(`{"prompt":[[1,2],[3]],"stream":true,"stream_options":{"include_usage":true,"include_usage":true},"n":2}`), uint8(2))
+	f.Add([]byte(`{"\ud800":1,"\udbff":2,"messages":[{"role":"user","content":"\"}"}]}`), uint8(0))
 	f.Fuzz(func(t *testing.T, body []byte, which uint8) {
 		routes := jsonRoutes()
 		rt := &routes[int(which)%len(routes)]
@@ -113,13 +131,15 @@ func FuzzPrepare(f *testing.F) {
 		var sent struct {
 			Model string `json:"model"`
 		}
-		if json.Unmarshal(c.body, &sent) != nil || sent.Model != "m" {
-			t.Fatalf("forwards %s", c.body)
+		out := c.out().join()
+		if int64(len(out)) != c.out().size() || json.Unmarshal(out, &sent) != nil || sent.Model != "m" {
+			t.Fatalf("forwards %s", out)
 		}
-		again := call{route: rt, body: c.body}
-		if err := again.prepare(Caller{Model: "m"}, 4096); err != nil || !bytes.Equal(again.body, c.body) || again.input != c.input || again.output != c.output {
-			t.Fatalf("prepared twice: %v\n%s\n%s", err, c.body, again.body)
+		again := call{route: rt, body: out}
+		if err := again.prepare(Caller{Model: "m"}, 4096); err != nil || !bytes.Equal(again.out().join(), out) || again.input != c.input || again.output != c.output {
+			t.Fatalf("prepared twice: %v\n%s\n%s", err, out, again.out().join())
 		}
+		sameMembers(t, rt, body, out)
 	})
 }
 
@@ -181,4 +201,66 @@ func FuzzRoute(f *testing.F) {
 			}
 		}
 	})
+}
+
+// sameMembers: out, the body forwarded for in, is one JSON object holding each name once,
+// and decodes to the members encoding/json reads of in (a name given twice is its last)
+// with the gateway's rewrite applied: the declared model filled in where none is named, a
+// streamed chat or completions call's stream_options saying include_usage.
+func sameMembers(t *testing.T, rt *route, in, out []byte) {
+	t.Helper()
+	var want, got map[string]json.RawMessage
+	if err := json.Unmarshal(in, &want); err != nil {
+		t.Fatalf("prepared a body encoding/json refuses: %v", err)
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("forwards %s: %v", out, err)
+	}
+	// A model named "" is none: the declared one is filled in.
+	var model string
+	if json.Unmarshal(want["model"], &model) != nil || model == "" {
+		want["model"] = json.RawMessage(`"m"`)
+	}
+	var stream bool
+	_ = json.Unmarshal(want["stream"], &stream)
+	if stream && (rt.kind == kindChat || rt.kind == kindCompletions) {
+		opts := map[string]json.RawMessage{}
+		_ = json.Unmarshal(want["stream_options"], &opts)
+		opts["include_usage"] = json.RawMessage("true")
+		want["stream_options"], _ = json.Marshal(opts)
+		onceEach(t, got["stream_options"])
+	}
+	onceEach(t, out)
+	if len(got) != len(want) {
+		t.Fatalf("forwards %d members of %d: %s for %s", len(got), len(want), out, in)
+	}
+	for name, w := range want {
+		var wv, gv any
+		_ = json.Unmarshal(w, &wv)
+		if err := json.Unmarshal(got[name], &gv); err != nil || !reflect.DeepEqual(wv, gv) {
+			t.Fatalf("member %q forwarded as %s, read as %s", name, got[name], w)
+		}
+	}
+}
+
+// onceEach: the JSON object raw names each member once.
+func onceEach(t *testing.T, raw []byte) {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		t.Fatalf("not an object: %s", raw)
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, _ := dec.Token()
+		name, _ := tok.(string)
+		if seen[name] {
+			t.Fatalf("%q given twice in %s", name, raw)
+		}
+		seen[name] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

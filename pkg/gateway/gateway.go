@@ -12,7 +12,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -62,6 +61,8 @@ type Gateway struct {
 	transport http.RoundTripper
 	log       *slog.Logger
 	now       func() time.Time
+	limits    Limits
+	inflight  inflight
 }
 
 // upstream is one configured upstream, ready to be called.
@@ -75,7 +76,7 @@ type upstream struct {
 }
 
 // New returns a gateway to the given upstreams, metering into l.
-func New(upstreams []config.Upstream, l Ledger, log *slog.Logger) *Gateway {
+func New(upstreams []config.Upstream, l Ledger, log *slog.Logger, opts ...Option) *Gateway {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -87,7 +88,13 @@ func New(upstreams []config.Upstream, l Ledger, log *slog.Logger) *Gateway {
 			TLSHandshakeTimeout:   10 * time.Second,
 			ResponseHeaderTimeout: 10 * time.Minute,
 			ForceAttemptHTTP2:     true,
-		}}
+		},
+		limits:   Limits{BodyBytesInFlight: DefaultBodyBytesInFlight, CallsPerSession: DefaultCallsPerSession, MaxBody: DefaultMaxBody},
+		inflight: inflight{calls: map[string]int{}},
+	}
+	for _, o := range opts {
+		o(g)
+	}
 	for _, u := range upstreams {
 		g.upstreams[u.Name] = newUpstream(u)
 	}
@@ -119,8 +126,20 @@ func (g *Gateway) Formats() map[string]string {
 func (g *Gateway) Serve(w http.ResponseWriter, r *http.Request, c Caller, upstream, path string) {
 	format := g.formatFor(c, upstream)
 	fail := func(err error) {
-		if e := g.asAPIError(err); e != nil {
-			e.write(w, format)
+		e := g.asAPIError(err)
+		if e == nil {
+			return
+		}
+		e.write(w, format)
+		if e.status != http.StatusRequestEntityTooLarge && r.Method != http.MethodGet {
+			// A client that sends its whole body before it reads the answer (Python's
+			// http.client, httpx) would find the connection reset rather than the refusal
+			// if the body were left unread: read to its end (at most the largest body),
+			// keeping none of it.
+			if f, ok := w.(http.Flusher); ok {
+				f.Flush()
+			}
+			_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, g.limits.MaxBody))
 		}
 	}
 	u, err := g.check(c, upstream)
@@ -133,9 +152,20 @@ func (g *Gateway) Serve(w http.ResponseWriter, r *http.Request, c Caller, upstre
 		fail(err)
 		return
 	}
+	leave, err := g.enter(c.SessionID)
+	if err != nil {
+		fail(err)
+		return
+	}
+	defer leave()
 	var body []byte
 	if r.Method != http.MethodGet {
-		if body, err = io.ReadAll(r.Body); err != nil {
+		// Reserved before it is read, held until the call ends (the proxy may send it
+		// again on a retried connection).
+		var held int64
+		body, held, err = g.readBody(r)
+		defer g.unreserve(held)
+		if err != nil {
 			fail(err)
 			return
 		}
@@ -185,10 +215,9 @@ func (g *Gateway) Serve(w http.ResponseWriter, r *http.Request, c Caller, upstre
 			out.URL, out.Host, out.Header = target, "", header
 			out.Trailer, out.TransferEncoding = nil, nil
 			out.Body, out.GetBody, out.ContentLength = nil, nil, 0
-			if len(cl.body) > 0 {
-				sent := cl.body
-				out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(sent)), int64(len(sent))
-				out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(sent)), nil }
+			if sent := cl.out(); sent.size() > 0 {
+				out.Body, out.ContentLength = sent.reader(), sent.size()
+				out.GetBody = func() (io.ReadCloser, error) { return sent.reader(), nil }
 			}
 		},
 		Transport:     g.transport,

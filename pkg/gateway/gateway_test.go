@@ -37,6 +37,7 @@ type rigOption func(*rigConfig)
 type rigConfig struct {
 	upstream config.Upstream
 	observer ledger.Observer
+	limits   Limits
 }
 
 func newRig(t *testing.T, format string, ceiling int64, caller Caller, opts ...rigOption) *rig {
@@ -63,7 +64,7 @@ func newRig(t *testing.T, format string, ceiling int64, caller Caller, opts ...r
 	if err := l.Register(ledger.Session{ID: "s1", Capsule: "agent", Ceiling: ceiling}); err != nil {
 		t.Fatal(err)
 	}
-	g := New([]config.Upstream{cfg.upstream}, l, nil)
+	g := New([]config.Upstream{cfg.upstream}, l, nil, WithLimits(cfg.limits))
 	caller.SessionID = "s1"
 	if caller.Upstream == "" {
 		caller.Upstream = "up"
@@ -231,7 +232,7 @@ func TestFailedCallChargesInputEstimate(t *testing.T) {
 		t.Fatalf("%d %s", status, out)
 	}
 	// The body forwarded is the one the gateway re-encoded; the estimate is of that.
-	estimate := estimateTokens(r.fake.Requests()[0].Body)
+	estimate := estimateTokens(int64(len(r.fake.Requests()[0].Body)))
 	if s := r.spent(); s.Charged != estimate || s.OutputTokens != 0 || s.Reserved != 0 {
 		t.Fatalf("after a failed call: %+v (estimate %d)", s, estimate)
 	}

@@ -7,11 +7,6 @@ import (
 	"roost.dev/roost/pkg/ledger"
 )
 
-// maxResponse bounds what the meter keeps of an answer to find its usage: a JSON answer
-// whole, one event of a stream. What passes the bound still reaches the caller; it is only
-// not read.
-const maxResponse = 64 << 20
-
 // meter reads the usage an answer reports as it passes through to the caller: OpenAI's
 // prompt_tokens/completion_tokens (chat, completions, embeddings) or input_tokens/
 // output_tokens (responses), Anthropic's input_tokens (plus cache reads and writes) and
@@ -20,19 +15,30 @@ const maxResponse = 64 << 20
 // last chat chunk, Anthropic's message_delta). Streams report running totals, so the largest
 // seen wins.
 //
+// It holds none of the answer: a JSON answer, and each event's data, is read by a scan as
+// it passes, keeping only the members above (each bounded), so an answer of any size costs
+// it a few small buffers.
+//
 // A stream is read as the Server-Sent Events specification says a client reads it: lines end
 // in CRLF, LF or CR; a line starting with ':' is a comment; an event's data is its data:
 // lines joined with newlines, dispatched at a blank line; an event the stream ends before
 // dispatching is dropped.
 type meter struct {
 	sse bool
-	// buf is a JSON answer so far, or a stream's line in progress; long is set when it
-	// passed maxResponse and is being skipped.
-	buf  []byte
-	long bool
-	// data is the stream's event being gathered; hasData that it has a data: line.
-	data    []byte
+	// scan reads a JSON answer, or the stream's event being gathered.
+	scan scan
+
+	// A stream's line in progress: field is its name so far (bounded), named that its ':'
+	// has passed, data that it is a data: line, space that its value's leading space may
+	// still be dropped, empty that it has no byte yet.
+	field        []byte
+	named, data  bool
+	space, empty bool
+	// hasData: the event has a data: line; done6 the first bytes of its data (to know
+	// "[DONE]") and dataLen their number.
 	hasData bool
+	head    [7]byte
+	dataLen int
 	// afterCR: the last byte was a CR, so a LF next ends no further line.
 	afterCR bool
 
@@ -42,6 +48,8 @@ type meter struct {
 	seen, final bool
 	// done: the stream said it ended ([DONE], message_stop, response.completed).
 	done bool
+	// started: a line began (the first line's state is set up on its first byte).
+	started bool
 }
 
 // usage is what the answer reported and whether that is its whole usage.
@@ -56,13 +64,12 @@ func (m *meter) usage() (*ledger.Usage, bool) {
 func (m *meter) Write(p []byte) (int, error) {
 	n := len(p)
 	if !m.sse {
-		if !m.long && len(m.buf)+len(p) > maxResponse {
-			m.long, m.buf = true, nil
-		}
-		if !m.long {
-			m.buf = append(m.buf, p...)
-		}
+		m.scan.write(p)
 		return n, nil
+	}
+	if !m.started {
+		m.started = true
+		m.newLine()
 	}
 	for len(p) > 0 {
 		if m.afterCR && p[0] == '\n' {
@@ -71,76 +78,116 @@ func (m *meter) Write(p []byte) (int, error) {
 			continue
 		}
 		m.afterCR = false
-		i := bytes.IndexAny(p, "\r\n")
+		i := indexEOL(p)
 		if i < 0 {
-			m.keep(p)
+			m.part(p)
 			break
 		}
-		m.keep(p[:i])
+		m.part(p[:i])
 		m.afterCR = p[i] == '\r'
 		p = p[i+1:]
-		if !m.long {
-			m.line(m.buf)
-		}
-		m.buf, m.long = m.buf[:0], false
+		m.endLine()
+		m.newLine()
 	}
 	return n, nil
 }
 
-// keep adds part of a line to the one in progress, dropping a line past maxResponse.
-func (m *meter) keep(p []byte) {
-	if m.long {
-		return
+func indexEOL(p []byte) int {
+	for i, c := range p {
+		if c == '\r' || c == '\n' {
+			return i
+		}
 	}
-	if len(m.buf)+len(p) > maxResponse {
-		m.long, m.buf = true, nil
-		return
-	}
-	m.buf = append(m.buf, p...)
+	return -1
 }
 
-// line is one whole line of a stream.
-func (m *meter) line(l []byte) {
-	if len(l) == 0 {
-		if m.hasData {
-			m.event(bytes.TrimSuffix(m.data, []byte("\n")))
+func (m *meter) newLine() {
+	m.field, m.named, m.data, m.space, m.empty = m.field[:0], false, false, false, true
+}
+
+// part is part of a line.
+func (m *meter) part(p []byte) {
+	if len(p) == 0 {
+		return
+	}
+	m.empty = false
+	if !m.named {
+		i := 0
+		for ; i < len(p) && p[i] != ':'; i++ {
 		}
-		m.data, m.hasData = m.data[:0], false
+		if len(m.field)+i <= len("data") {
+			m.field = append(m.field, p[:i]...)
+		} else {
+			m.field = append(m.field[:0], '!')
+		}
+		if i == len(p) {
+			return
+		}
+		m.named = true
+		if string(m.field) == "data" {
+			m.dataLine()
+			m.space = true
+		}
+		p = p[i+1:]
+	}
+	if !m.data || len(p) == 0 {
 		return
 	}
-	if l[0] == ':' {
-		return
+	if m.space {
+		m.space = false
+		if p[0] == ' ' {
+			p = p[1:]
+		}
 	}
-	field, value, found := bytes.Cut(l, []byte(":"))
-	if !found {
-		value = nil
+	m.value(p)
+}
+
+// dataLine is a data: line's start: the event's data so far is joined to it by a newline.
+func (m *meter) dataLine() {
+	if m.hasData {
+		m.value([]byte("\n"))
 	}
-	value = bytes.TrimPrefix(value, []byte(" "))
-	if string(field) != "data" {
-		return
+	m.hasData, m.data = true, true
+}
+
+// value is part of the event's data.
+func (m *meter) value(p []byte) {
+	if m.dataLen < len(m.head) {
+		copy(m.head[m.dataLen:], p)
 	}
-	if len(m.data)+len(value)+1 > maxResponse {
-		// Too big to read: the event is dropped whole.
-		m.data, m.hasData = m.data[:0], false
-		return
+	m.dataLen += len(p)
+	m.scan.write(p)
+}
+
+// endLine is a whole line's end: a blank one dispatches the event; a data line with no
+// ':' has an empty value.
+func (m *meter) endLine() {
+	switch {
+	case m.empty:
+		if m.hasData {
+			m.event()
+		}
+		m.scan.reset()
+		m.hasData, m.dataLen = false, 0
+	case !m.named && string(m.field) == "data":
+		m.dataLine()
 	}
-	m.data = append(append(m.data, value...), '\n')
-	m.hasData = true
 }
 
 // end is the answer's end: a JSON answer is read now; a stream's undispatched event is
 // dropped.
 func (m *meter) end() {
-	if !m.sse && !m.long {
-		var c usageCarrier
-		if json.Unmarshal(m.buf, &c) == nil {
-			for _, u := range []*usageFields{c.Usage, holderUsage(c.Message), holderUsage(c.Response)} {
-				m.add(u)
-			}
-			m.final = m.seen
-		}
+	if m.sse || !m.scan.end() {
+		return
 	}
-	m.buf = nil
+	c, ok := m.scan.carrier()
+	if !ok {
+		return
+	}
+	for _, u := range []*usageFields{c.Usage, holderUsage(c.Message), holderUsage(c.Response)} {
+		m.add(u)
+	}
+	m.final = m.seen
 }
 
 type usageFields struct {
@@ -152,16 +199,18 @@ type usageFields struct {
 	CacheReadInputTokens     int64  `json:"cache_read_input_tokens"`
 }
 
+// usageCarrier is what the meter reads of a JSON answer or event: the members the scan
+// keeps.
 type usageCarrier struct {
-	Type     string          `json:"type"`
-	Usage    *usageFields    `json:"usage"`
-	Message  *usageHolder    `json:"message"`
-	Response *usageHolder    `json:"response"`
-	Choices  json.RawMessage `json:"choices"`
+	Type     string
+	Usage    *usageFields
+	Message  *usageHolder
+	Response *usageHolder
+	Choices  json.RawMessage
 }
 
 type usageHolder struct {
-	Usage *usageFields `json:"usage"`
+	Usage *usageFields
 }
 
 func holderUsage(h *usageHolder) *usageFields {
@@ -171,14 +220,17 @@ func holderUsage(h *usageHolder) *usageFields {
 	return h.Usage
 }
 
-// event is one dispatched event's data.
-func (m *meter) event(data []byte) {
-	if string(data) == "[DONE]" {
+// event is one dispatched event, its data read by the scan.
+func (m *meter) event() {
+	if m.dataLen == len("[DONE]") && string(m.head[:m.dataLen]) == "[DONE]" {
 		m.done = true
 		return
 	}
-	var c usageCarrier
-	if json.Unmarshal(data, &c) != nil {
+	if !m.scan.end() {
+		return
+	}
+	c, ok := m.scan.carrier()
+	if !ok {
 		return
 	}
 	switch c.Type {
