@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"roost.dev/roost/pkg/config"
+	"roost.dev/roost/pkg/fdbudget"
 	"roost.dev/roost/pkg/ledger"
 )
 
@@ -60,8 +61,19 @@ type Gateway struct {
 	upstreams map[string]*upstream
 	ledger    Ledger
 	transport http.RoundTripper
-	log       *slog.Logger
-	now       func() time.Time
+	// fds is roostd's descriptor budget; a call holds a slot of its session's share for
+	// its upstream socket while it lasts. Nil for none.
+	fds *fdbudget.Budget
+	log *slog.Logger
+	now func() time.Time
+}
+
+// Option tunes a Gateway.
+type Option func(*Gateway)
+
+// WithDescriptors has every call take a slot of b for its session while it lasts.
+func WithDescriptors(b *fdbudget.Budget) Option {
+	return func(g *Gateway) { g.fds = b }
 }
 
 // upstream is one configured upstream, ready to be called.
@@ -75,13 +87,16 @@ type upstream struct {
 }
 
 // New returns a gateway to the given upstreams, metering into l.
-func New(upstreams []config.Upstream, l Ledger, log *slog.Logger) *Gateway {
+func New(upstreams []config.Upstream, l Ledger, log *slog.Logger, opts ...Option) *Gateway {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	g := &Gateway{upstreams: map[string]*upstream{}, ledger: l, log: log, now: time.Now,
 		transport: &http.Transport{
-			Proxy:                 nil,
+			Proxy: nil,
+			// Idle connections are no call's and so in no session's share: few, within
+			// the descriptor budget's reserve.
+			MaxIdleConns:          32,
 			MaxIdleConnsPerHost:   32,
 			IdleConnTimeout:       90 * time.Second,
 			TLSHandshakeTimeout:   10 * time.Second,
@@ -90,6 +105,9 @@ func New(upstreams []config.Upstream, l Ledger, log *slog.Logger) *Gateway {
 		}}
 	for _, u := range upstreams {
 		g.upstreams[u.Name] = newUpstream(u)
+	}
+	for _, o := range opts {
+		o(g)
 	}
 	return g
 }
@@ -132,6 +150,14 @@ func (g *Gateway) Serve(w http.ResponseWriter, r *http.Request, c Caller, upstre
 	if err != nil {
 		fail(err)
 		return
+	}
+	if g.fds != nil {
+		slot, err := g.fds.Acquire(c.SessionID, fdbudget.Gateway)
+		if err != nil {
+			fail(&apiError{status: http.StatusServiceUnavailable, code: "connections", retry: true, msg: "roost: " + err.Error()})
+			return
+		}
+		defer slot.Release()
 	}
 	var body []byte
 	if r.Method != http.MethodGet {
