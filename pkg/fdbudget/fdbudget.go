@@ -138,6 +138,9 @@ type Refused struct {
 }
 
 func (r *Refused) Error() string {
+	if r.Scope == ScopeShare && r.Owner == Followers {
+		return fmt.Sprintf("descriptor budget: readers of sessions' logs together hold their share of %d of roostd's descriptors (sessions.descriptors_per_session); end a follower (roostctl logs -f) and ask again", r.Max)
+	}
 	if r.Scope == ScopeShare {
 		return fmt.Sprintf("descriptor budget: %s holds its share of %d of roostd's descriptors (sessions.descriptors_per_session); no %s slot is left for it", r.Owner, r.Max, r.Use)
 	}
