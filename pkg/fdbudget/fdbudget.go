@@ -53,9 +53,11 @@ func Uses() []Use {
 	return out
 }
 
-// Followers is the owner log followers' slots are counted under: they are the operator's,
-// not a session's, and share one share between them so a crowd of them cannot take what
-// sessions need.
+// Followers is the owner log followers' slots are counted under. They are the operator's,
+// not a session's (roostctl run and logs -f read through one): their slots come out of the
+// reserve, checked against their share alone and never against (nor counted in) the
+// sessions' total, so the operator can follow a session while sessions hold every slot
+// theirs, and a crowd of followers cannot take what sessions need.
 const Followers = "roostd:followers"
 
 // Reserve is how many descriptors of an open-file limit of nofile are kept out of the
@@ -156,12 +158,15 @@ type Slot struct {
 	count *int64
 	owner string
 	use   Use
+	// reserved is a slot of the reserve's (Followers'), not in the sessions' total.
+	reserved bool
 }
 
-// Acquire takes a slot for owner's use, checked against owner's share and the total. An
-// owner of "" is checked against the total only.
+// Acquire takes a slot for owner's use, checked against owner's share and the total (a
+// Followers slot against its share only). An owner of "" is checked against the total only.
 func (b *Budget) Acquire(owner string, u Use) (Slot, error) {
-	if b.held.Add(1) > b.total {
+	reserved := owner == Followers
+	if !reserved && b.held.Add(1) > b.total {
 		b.held.Add(-1)
 		return Slot{}, &Refused{Owner: ownerName(owner), Use: u, Scope: ScopeTotal, Max: b.total}
 	}
@@ -178,14 +183,16 @@ func (b *Budget) Acquire(owner string, u Use) (Slot, error) {
 				delete(b.owners, owner)
 			}
 			b.mu.Unlock()
-			b.held.Add(-1)
+			if !reserved {
+				b.held.Add(-1)
+			}
 			return Slot{}, &Refused{Owner: owner, Use: u, Scope: ScopeShare, Max: b.share}
 		}
 		*count++
 		b.mu.Unlock()
 	}
 	b.uses[u].Add(1)
-	return Slot{b: b, count: count, owner: owner, use: u}, nil
+	return Slot{b: b, count: count, owner: owner, use: u, reserved: reserved}, nil
 }
 
 // AcquireTotal takes a slot counted under owner but checked against the total only: for a
@@ -223,7 +230,9 @@ func (s Slot) Release() {
 		s.b.mu.Unlock()
 	}
 	s.b.uses[s.use].Add(-1)
-	s.b.held.Add(-1)
+	if !s.reserved {
+		s.b.held.Add(-1)
+	}
 }
 
 // Valid says whether the slot holds anything (it came from a successful Acquire).
@@ -232,9 +241,11 @@ func (s Slot) Valid() bool { return s.b != nil }
 // Stats is the budget and what it holds now.
 type Stats struct {
 	// Limit is the open-file limit the budget was made from; Reserve what is kept out of
-	// it; Total what owners may hold together; Share what one owner may.
-	Limit, Reserve  uint64
-	Total, Share    int64
+	// it; Total what sessions may hold together; Share what one owner may.
+	Limit, Reserve uint64
+	Total, Share   int64
+	// Held is what sessions hold of the total (Followers' slots are the reserve's: see
+	// ByUse).
 	Held            int64
 	ByUse           map[string]int64
 	Owners, AtShare int

@@ -2,6 +2,7 @@ package fdbudget
 
 import (
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 
@@ -92,6 +93,20 @@ func TestShareAndTotal(t *testing.T) {
 	}
 	if st := b.Stats(); st.Held != 768 {
 		t.Errorf("held past the total: %+v", st)
+	}
+
+	// Followers are the operator's: out of the reserve, within their own share only.
+	for i := range 10 {
+		if _, err := b.Acquire(Followers, Follower); err != nil {
+			t.Fatalf("follower slot %d with the sessions' total held: %v", i, err)
+		}
+	}
+	_, err = b.Acquire(Followers, Follower)
+	if !errors.As(err, &r) || r.Scope != ScopeShare || r.Owner != Followers || !strings.Contains(err.Error(), "readers of sessions' logs") {
+		t.Fatalf("the 11th follower slot of a share of 10: %v", err)
+	}
+	if st := b.Stats(); st.Held != 768 || st.ByUse["follower"] != 10 {
+		t.Errorf("followers' slots counted in the sessions' total: %+v", st)
 	}
 }
 
