@@ -523,7 +523,7 @@ func checkDescriptors(st fdbudget.Stats) containment.Check {
 		c.Status = "warn"
 	}
 	if c.Status != "ok" {
-		c.Hint = "sessions' connections are refused (503, X-Roost-Denied: connections) while the budget is held: raise roostd's open-file limit (LimitNOFILE; deploy/systemd/roostd.service sets 1048576), lower sessions.descriptors_per_session, or stop sessions (roostctl ps shows them)"
+		c.Hint = "sessions' connections are refused (503, X-Roost-Denied: connections) while the budget is held: raise roostd's open-file limit (LimitNOFILE; deploy/systemd/roostd.service sets 1048576) or stop sessions (roostctl ps shows them); sessions.descriptors_per_session bounds what one session may take"
 	}
 	return c
 }

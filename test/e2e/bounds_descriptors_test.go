@@ -173,6 +173,24 @@ func TestBoundsDescriptors(t *testing.T) {
 		t.Errorf("%d connections established, %d descriptors: past the budget of 768", okAll, okAll*2)
 	}
 
+	// The metric counts what is held: an upstream socket per established connection, an
+	// endpoint connection for each of those and each refused one still open.
+	held := func(m, use string) int {
+		v := regexp.MustCompile(`(?m)^roost_descriptors\{use="` + use + `"\} (\d+)$`).FindStringSubmatch(m)
+		if v == nil {
+			t.Fatalf("no roost_descriptors{use=%q}:\n%s", use, grepLines(m, "roost_descriptors"))
+		}
+		n, _ := strconv.Atoi(v[1])
+		return n
+	}
+	m := scrape(t, d)
+	if up, ep := held(m, "upstream"), held(m, "endpoint"); up != okAll || ep < okAll+refusedAll {
+		t.Errorf("roost_descriptors: upstream %d, endpoint %d; %d established, %d refused", up, ep, okAll, refusedAll)
+	}
+	if !strings.Contains(m, `roost_descriptors_budget{bound="total"} 768`) {
+		t.Errorf("roost_descriptors_budget:\n%s", grepLines(m, "roost_descriptors_budget"))
+	}
+
 	// Everything held: the operator's commands work.
 	start := time.Now()
 	if res := d.ctl("ps"); res.code != 0 {
@@ -187,12 +205,27 @@ func TestBoundsDescriptors(t *testing.T) {
 	}
 	if res := d.ctl("doctor"); res.code != 0 || !strings.Contains(res.stdout, "descriptors") {
 		t.Errorf("roostctl doctor does not show the descriptor budget: exit %d:\n%s%s", res.code, res.stdout, res.stderr)
+	} else {
+		t.Logf("doctor: %s", grepLines(res.stdout, "descriptors"))
+	}
+	if res := d.ctl("rm", ids[0]); res.code != 0 {
+		t.Errorf("roostctl rm while sessions hold their share: exit %d: %s", res.code, res.stderr)
 	}
 	if strings.Contains(d.log.String(), "too many open files") {
 		t.Errorf("roostd ran out of descriptors:\n%s", tail(d.log.String(), 30))
 	}
 	for _, wd := range workdirs {
 		_ = os.WriteFile(filepath.Join(wd, "release"), nil, 0o644)
+	}
+	// Every slot comes back once the sessions let go.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		m := scrape(t, d)
+		if held(m, "upstream") == 0 && held(m, "endpoint") == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slots still held after every session let go:\n%s", grepLines(m, "roost_descriptors{"))
+		}
 	}
 }
 
