@@ -19,6 +19,7 @@ import (
 	sealedrt "roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/endpoint"
+	"roost.dev/roost/pkg/fdbudget"
 	"roost.dev/roost/pkg/gateway"
 	"roost.dev/roost/pkg/hostaddr"
 	"roost.dev/roost/pkg/ledger"
@@ -51,6 +52,8 @@ type daemon struct {
 	sessions  *session.Manager
 	// control bounds the control API (the config's control section).
 	control config.Control
+	// fds is the descriptor budget every holder of a descriptor for a session takes from.
+	fds *fdbudget.Budget
 	// release undoes each part in the order the parts were made; close runs it backwards,
 	// as the defers of one function would.
 	release []func()
@@ -198,13 +201,16 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 	if err != nil {
 		return nil, fmt.Errorf("credential key: %w", err)
 	}
-	// All sessions' endpoints together stay below the open-file limit by a reserve, so the
+	// Everything roostd holds for sessions (endpoint connections, egress sockets, model
+	// calls, log readers' files) stays below the open-file limit by a reserve, so the
 	// control socket, the registry and recovery always find a descriptor.
 	var nofile syscall.Rlimit
 	_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &nofile)
-	budget := endpoint.ConnectionBudget(nofile.Cur)
-	log.Info("session endpoints", "max_connections_all_sessions", budget, "open_file_limit", nofile.Cur)
-	endpoints, err := endpoint.New(keys, filepath.Join(stateDir, "netns"), log, endpoint.WithMaxConnections(budget))
+	fds := fdbudget.New(nofile.Cur, cfg.Sessions.DescriptorsPerSession)
+	st := fds.Stats()
+	log.Info("descriptor budget", "open_file_limit", st.Limit, "reserve", st.Reserve, "all_sessions", st.Total, "per_session", st.Share)
+	mtr.WatchDescriptors(fds.Stats)
+	endpoints, err := endpoint.New(keys, filepath.Join(stateDir, "netns"), log, endpoint.WithBudget(fds))
 	if err != nil {
 		return nil, fmt.Errorf("session endpoints: %w", err)
 	}
@@ -247,7 +253,8 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 		log.Info("recovering sessions", "live_in_registry", n)
 	}
 	gw := gateway.New(cfg.Inference.Upstreams, &loggedLedger{Ledger: spend, sessions: sink, log: log}, log,
-		gateway.WithLimits(gateway.Limits{BodyBytesInFlight: cfg.Inference.MaxBodyBytesInFlight, CallsPerSession: cfg.Inference.MaxCallsPerSession}))
+		gateway.WithLimits(gateway.Limits{BodyBytesInFlight: cfg.Inference.MaxBodyBytesInFlight, CallsPerSession: cfg.Inference.MaxCallsPerSession}),
+		gateway.WithDescriptors(fds))
 	gl := gw.Limits()
 	log.Info("inference gateway", "max_body_bytes_in_flight", gl.BodyBytesInFlight, "max_calls_per_session", gl.CallsPerSession, "max_body_bytes", gl.MaxBody)
 	recoveryStarted := time.Now()
@@ -266,6 +273,7 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 		WarmPoolCPU:     o.warmPoolCPU,
 		Ledger:          spend,
 		Gateway:         gw,
+		Descriptors:     fds,
 		Observer:        mtr,
 		Logger:          log,
 		IDs:             pool,
@@ -278,7 +286,7 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 		Hooks:           sessionHooks,
 		SessionView:     server.SessionProto,
 		Egress: &egress.Config{Hosts: cfg.Egress.HostAddrs(), PermitCIDRs: cfg.Egress.Prefixes(),
-			MaxConnectionsPerSession: cfg.Egress.MaxConnectionsPerSession, HostAddrs: hostAddrs},
+			MaxConnectionsPerSession: cfg.Egress.MaxConnectionsPerSession, HostAddrs: hostAddrs, Descriptors: fds},
 	})
 	if err != nil {
 		return nil, err
@@ -306,7 +314,7 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 	d.stateDir, d.trees, d.group, d.pool, d.init, d.cgs = stateDir, trees, group, pool, init, cgs
 	d.control = cfg.Control
 	d.assess, d.catalog = assess, catalog
-	d.mtr, d.artifacts, d.spend, d.sessions = mtr, artifacts, spend, sessions
+	d.mtr, d.artifacts, d.spend, d.sessions, d.fds = mtr, artifacts, spend, sessions, fds
 	assembled = true
 	return d, nil
 }

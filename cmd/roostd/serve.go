@@ -38,9 +38,10 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 	defer os.Remove(o.socket)
 	sm.status("starting: opening the control socket")
 	srv := server.New(server.Config{Sessions: d.sessions, Artifacts: d.artifacts, Ledger: d.spend, Assess: d.assess, StateDir: d.stateDir, SessionTrees: d.trees, StartedAt: time.Now(), Logger: log,
-		IDs:    d.pool,
-		Limits: d.control,
-		Peers:  &server.PeerPolicy{Group: d.group, Sessions: server.NewSessionProcs(d.init, d.cgs.Parents())}})
+		IDs:         d.pool,
+		Limits:      d.control,
+		Descriptors: d.fds,
+		Peers:       &server.PeerPolicy{Group: d.group, Sessions: server.NewSessionProcs(d.init, d.cgs.Parents())}})
 
 	var metricsSrv *http.Server
 	if o.metricsAddr != "" {

@@ -274,6 +274,13 @@ type Sessions struct {
 	// may ask to read with filesystem.host_read: bound read-only into a sealed root,
 	// readable by a scoped session's Landlock rules.
 	HostPaths []string `yaml:"host_paths"`
+	// DescriptorsPerSession is the most descriptors roostd holds for one session besides
+	// its endpoint connections (which resources.endpoint_max_connections bounds): its
+	// egress sockets, pooled ones included, and its model calls. 0 derives it from roostd's
+	// open-file limit at start: a sixteenth of what the limit leaves sessions after the
+	// operator's reserve (fdbudget.DefaultShare), so one runaway session leaves the others
+	// fifteen-sixteenths.
+	DescriptorsPerSession int64 `yaml:"descriptors_per_session"`
 }
 
 // IDRange is a block of host uids (and the same gids) that roostd owns: no user of the host
@@ -474,6 +481,9 @@ var (
 )
 
 func (s *Sessions) check(file string) error {
+	if s.DescriptorsPerSession < 0 {
+		return fmt.Errorf("%s: sessions.descriptors_per_session: %d: must be more than 0 (or 0 for a sixteenth of what roostd's open-file limit leaves sessions)", file, s.DescriptorsPerSession)
+	}
 	for i, n := range s.AllowRoot {
 		if !capsuleNameRE.MatchString(n) {
 			return fmt.Errorf("%s: sessions.allow_root[%d]: %q is not a capsule name ([a-z0-9][a-z0-9-]*)", file, i, n)

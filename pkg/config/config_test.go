@@ -75,6 +75,12 @@ func TestSessionsAndEnv(t *testing.T) {
 	if c.Sessions.IDs.First != DefaultFirstID || c.Sessions.IDs.Slots != DefaultIDSlots || c.Sessions.AllowRoot[0] != "builder" || len(c.Env.Passthrough) != 2 {
 		t.Fatalf("%+v", c)
 	}
+	if c.Sessions.DescriptorsPerSession != 0 {
+		t.Fatalf("descriptors_per_session unset: %d, want 0 (derived at start)", c.Sessions.DescriptorsPerSession)
+	}
+	if c, err := Parse([]byte("sessions:\n  descriptors_per_session: 200\n"), "roostd.yaml"); err != nil || c.Sessions.DescriptorsPerSession != 200 {
+		t.Fatalf("descriptors_per_session: 200: %v %+v", err, c)
+	}
 	// Spawns leave the operator an eighth of the sessions' ranges; a tree takes at most 256.
 	if c.Sessions.IDs.Spawns != 3582 || c.Sessions.IDs.PerTree != 256 {
 		t.Fatalf("range bounds %+v", c.Sessions.IDs)
@@ -86,6 +92,7 @@ func TestSessionsAndEnv(t *testing.T) {
 		"sessions:\n  ids:\n    slots: 10\n    spawns: 9\n": "sessions.ids.spawns: 9: must be below the 9 ranges",
 		"env:\n  passthrough: [\"A=B\"]\n":                  "env.passthrough[0]",
 		"sessions:\n  alow_root: [x]\n":                     "field alow_root not found",
+		"sessions:\n  descriptors_per_session: -1\n":        "sessions.descriptors_per_session: -1",
 	} {
 		if _, err := Parse([]byte(src), "roostd.yaml"); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v (want %q)", src, err, want)

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/net/proxy"
+
+	"roost.dev/roost/pkg/fdbudget"
 )
 
 const benchBytes = 100 << 20
@@ -58,7 +60,7 @@ func connectDial(proxyAddr string) func(ctx context.Context, network, addr strin
 func BenchmarkEgress(b *testing.B) {
 	srv := blobServer(b)
 	port := portOf(b, srv.URL)
-	e := newEnv(b, permitLoopback(), []string{"web.test"}, 0, 0)
+	e := newEnv(b, benchConfig(), []string{"web.test"}, 0, 0)
 	socks, err := proxy.SOCKS5("tcp", e.addr, nil, proxy.Direct)
 	if err != nil {
 		b.Fatal(err)
@@ -100,7 +102,7 @@ func BenchmarkEgress(b *testing.B) {
 // connect for reference. It reports p50 and p99 in microseconds.
 func BenchmarkEgressConnectSetup(b *testing.B) {
 	port := echoServer(b, "tcp", "127.0.0.1:0")
-	e := newEnv(b, permitLoopback(), []string{"web.test"}, 0, 0)
+	e := newEnv(b, benchConfig(), []string{"web.test"}, 0, 0)
 	dest := fmt.Sprintf("web.test:%d", port)
 	socks, err := proxy.SOCKS5("tcp", e.addr, nil, proxy.Direct)
 	if err != nil {
@@ -134,4 +136,12 @@ func BenchmarkEgressConnectSetup(b *testing.B) {
 			b.ReportMetric(q(0.99), "p99-µs")
 		})
 	}
+}
+
+// benchConfig is the proxy as roostd runs it: every upstream socket takes a slot of a
+// descriptor budget.
+func benchConfig() Config {
+	cfg := permitLoopback()
+	cfg.Descriptors = fdbudget.New(1<<20, 0)
+	return cfg
 }

@@ -30,6 +30,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"roost.dev/roost/pkg/fdbudget"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -79,6 +80,9 @@ const (
 	ReasonBadRequest       = "bad_request"
 	// ReasonSessionClosed: the session was closed (it is ending) when the request came.
 	ReasonSessionClosed = "session_closed"
+	// ReasonConnections: roostd's descriptor budget had no slot for the upstream socket
+	// (the session held its share, or all sessions the daemon's total).
+	ReasonConnections = "connections"
 )
 
 // DeniedHeader names the reason on a refused HTTP request or CONNECT.
@@ -120,6 +124,9 @@ type Config struct {
 	Resolver Resolver
 	// Dialer dials the decided addresses; nil means a net.Dialer with DefaultDialTimeout.
 	Dialer Dialer
+	// Descriptors is roostd's descriptor budget: every upstream socket takes a slot of it
+	// for its session, for as long as it is open (idle in the pool too). Nil for none.
+	Descriptors *fdbudget.Budget
 }
 
 // Record is one audit record: a CONNECT tunnel, a SOCKS5 connection or a forwarded HTTP
@@ -165,6 +172,7 @@ type Proxy struct {
 	hostAddrs HostAddrs
 	resolver  Resolver
 	dialer    Dialer
+	fds       *fdbudget.Budget
 	audit     Auditor
 	log       *slog.Logger
 }
@@ -178,6 +186,7 @@ func New(cfg Config, audit Auditor, log *slog.Logger) *Proxy {
 		hostAddrs: cfg.HostAddrs,
 		resolver:  cfg.Resolver,
 		dialer:    cfg.Dialer,
+		fds:       cfg.Descriptors,
 		audit:     audit,
 		log:       log,
 	}

@@ -38,7 +38,7 @@ func denialStatus(reason string) int {
 		return http.StatusBadRequest
 	case ReasonUnresolvable, ReasonDialFailed:
 		return http.StatusBadGateway
-	case ReasonSessionClosed:
+	case ReasonSessionClosed, ReasonConnections:
 		return http.StatusServiceUnavailable
 	default:
 		return http.StatusForbidden
@@ -95,7 +95,10 @@ func (s *Session) serveConnect(w http.ResponseWriter, r *http.Request) {
 	upstream, addr, err := s.dial(ctx, d)
 	f.setAddr(addr)
 	if err != nil {
-		den := &denial{ReasonDialFailed, dialDetail(t, addr, err), 0}
+		den := refusedSlot(t, err)
+		if den == nil {
+			den = &denial{ReasonDialFailed, dialDetail(t, addr, err), 0}
+		}
 		refuse(w, f, den)
 		return
 	}
@@ -151,13 +154,15 @@ type forward struct {
 
 // initForward makes the session's transport and reverse proxy. The transport dials only
 // the addresses decided for the request (never a name), chains through no proxy (not the
-// daemon's HTTP_PROXY), and leaves bodies as they are (no transparent gzip).
+// daemon's HTTP_PROXY), and leaves bodies as they are (no transparent gzip). Its idle
+// connections hold descriptor slots of the session's share: few, and given back when the
+// session's next dial finds its share held.
 func (s *Session) initForward() {
 	s.transport = &http.Transport{
 		Proxy:                  nil,
 		DialContext:            s.dialForward,
 		DisableCompression:     true,
-		MaxIdleConns:           32,
+		MaxIdleConns:           8,
 		MaxIdleConnsPerHost:    4,
 		IdleConnTimeout:        30 * time.Second,
 		ExpectContinueTimeout:  time.Second,
@@ -308,6 +313,10 @@ func (s *Session) forwardError(w http.ResponseWriter, r *http.Request, err error
 	cut := f.rec.Reason == ReasonEgressMaxBytes
 	f.mu.Unlock()
 	switch {
+	case dialed && refusedSlot(fw.t, dialErr) != nil:
+		d := refusedSlot(fw.t, dialErr)
+		f.fail(d.reason, d.detail)
+		writeDenial(w, f, d)
 	case dialed && dialErr != nil:
 		f.setAddr(addr)
 		d := &denial{ReasonDialFailed, dialDetail(fw.t, addr, dialErr), 0}

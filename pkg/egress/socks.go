@@ -211,6 +211,10 @@ func (s *Session) ServeSOCKS(conn net.Conn) {
 	upstream, addr, err := s.dial(ctx, d)
 	f.setAddr(addr)
 	if err != nil {
+		if den := refusedSlot(req.t, err); den != nil {
+			fail(socksReply(socksCode(den)), den)
+			return
+		}
 		fail(socksReply(socksDialReply(err)), &denial{ReasonDialFailed, dialDetail(req.t, addr, err), 0})
 		return
 	}

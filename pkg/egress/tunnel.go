@@ -8,14 +8,74 @@ import (
 	"net"
 	"sync"
 	"syscall"
+
+	"roost.dev/roost/pkg/fdbudget"
 )
 
 // errBudget ends a copy whose session ran out of egress bytes.
 var errBudget = errors.New("egress byte budget spent (resources.egress_max_bytes)")
 
 // dial connects to the decided addresses in order, never to a name. It returns the last
-// address tried with the error when all fail.
+// address tried with the error when all fail. The connection holds a slot of roostd's
+// descriptor budget until it is closed; with none to be had the error is a
+// *fdbudget.Refused and nothing is dialled.
 func (s *Session) dial(ctx context.Context, d decision) (net.Conn, string, error) {
+	slot, err := s.slot()
+	if err != nil {
+		return nil, "", err
+	}
+	c, last, err := s.dialAddrs(ctx, d)
+	if err != nil {
+		slot.Release()
+		return nil, last, err
+	}
+	if !slot.Valid() {
+		return c, last, nil
+	}
+	return &slotConn{Conn: c, slot: slot}, last, nil
+}
+
+// slot takes an upstream descriptor slot for the session. Refused, it first gives back
+// the session's idle pooled connections, whose slots are its own, and tries once more.
+func (s *Session) slot() (fdbudget.Slot, error) {
+	if s.p.fds == nil {
+		return fdbudget.Slot{}, nil
+	}
+	slot, err := s.p.fds.Acquire(s.id, fdbudget.Upstream)
+	if err != nil {
+		s.transport.CloseIdleConnections()
+		slot, err = s.p.fds.Acquire(s.id, fdbudget.Upstream)
+	}
+	return slot, err
+}
+
+// refusedSlot is the denial for a dial the descriptor budget refused; nil when err is not
+// such a refusal.
+func refusedSlot(t target, err error) *denial {
+	var r *fdbudget.Refused
+	if !errors.As(err, &r) {
+		return nil
+	}
+	return &denial{ReasonConnections, fmt.Sprintf("egress to %s refused: %v", hostPort(t.host, t.port), r), socksFailure}
+}
+
+// slotConn gives its descriptor slot back when closed.
+type slotConn struct {
+	net.Conn
+	slot fdbudget.Slot
+	once sync.Once
+}
+
+func (c *slotConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.slot.Release)
+	return err
+}
+
+func (c *slotConn) CloseWrite() error { return closeWrite(c.Conn) }
+
+// dialAddrs dials d's addresses in order.
+func (s *Session) dialAddrs(ctx context.Context, d decision) (net.Conn, string, error) {
 	var errs []error
 	last := ""
 	for _, ap := range d.addrs {

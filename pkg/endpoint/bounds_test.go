@@ -31,21 +31,6 @@ func TestLimitNames(t *testing.T) {
 	}
 }
 
-func TestConnectionBudget(t *testing.T) {
-	for nofile, want := range map[uint64]int{
-		100:     50,
-		300:     150,
-		512:     256,
-		1024:    768,
-		20000:   17500,
-		1 << 20: 917504,
-	} {
-		if got := endpoint.ConnectionBudget(nofile); got != want {
-			t.Errorf("ConnectionBudget(%d) = %d, want %d", nofile, got, want)
-		}
-	}
-}
-
 // openWith starts a loopback endpoint for id on eps, holding at most maxConns (0: the
 // default) connections.
 func openWith(t *testing.T, eps *endpoint.Endpoints, id string, maxConns int, d *fakeDelegator) *fixture {

@@ -29,6 +29,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"roost.dev/roost/pkg/egress"
+	"roost.dev/roost/pkg/fdbudget"
 	"roost.dev/roost/pkg/spawn"
 )
 
@@ -71,21 +72,28 @@ type Endpoints struct {
 	readHeaderTimeout, readTimeout, idleTimeout time.Duration
 	maxHeaderBytes                              int
 	reportEvery                                 time.Duration
-	// global bounds every endpoint's connections together; nil for no bound.
-	global *gate
+	// budget is roostd's descriptor budget, which every endpoint connection takes a slot
+	// of; nil for no bound.
+	budget *fdbudget.Budget
 }
 
 // Option tunes Endpoints.
 type Option func(*Endpoints)
 
-// WithMaxConnections bounds all endpoints' connections together (the daemon-wide cap);
-// 0 or less lifts the bound. Without it the bound is ConnectionBudget of the process's
-// open-file limit when New runs.
+// WithBudget takes every endpoint connection's descriptor from b, the budget roostd's other
+// holders of descriptors for sessions share. Without it (or WithMaxConnections) the
+// endpoints have a budget of their own from the process's open-file limit when New runs.
+func WithBudget(b *fdbudget.Budget) Option {
+	return func(e *Endpoints) { e.budget = b }
+}
+
+// WithMaxConnections bounds all endpoints' connections together at n, with a budget of
+// their own; 0 or less lifts the bound.
 func WithMaxConnections(n int) Option {
 	return func(e *Endpoints) {
-		e.global = nil
+		e.budget = nil
 		if n > 0 {
-			e.global = &gate{max: int64(n)}
+			e.budget = fdbudget.Sized(int64(n), 0)
 		}
 	}
 }
@@ -107,7 +115,7 @@ func New(keys *spawn.Keys, netnsDir string, log *slog.Logger, opts ...Option) (*
 	}
 	var lim unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil && lim.Cur != unix.RLIM_INFINITY {
-		e.global = &gate{max: int64(ConnectionBudget(lim.Cur))}
+		e.budget = fdbudget.New(lim.Cur, 0)
 	}
 	for _, o := range opts {
 		o(e)
@@ -117,14 +125,19 @@ func New(keys *spawn.Keys, netnsDir string, log *slog.Logger, opts ...Option) (*
 
 // MaxConnections is the cap on all endpoints' connections together; 0 for none.
 func (e *Endpoints) MaxConnections() int {
-	if e.global == nil {
+	if e.budget == nil {
 		return 0
 	}
-	return int(e.global.max)
+	return int(e.budget.Total())
 }
 
 // Connections is how many connections all endpoints together hold now.
-func (e *Endpoints) Connections() int { return int(e.global.Held()) }
+func (e *Endpoints) Connections() int {
+	if e.budget == nil {
+		return 0
+	}
+	return int(e.budget.InUse(fdbudget.Endpoint))
+}
 
 // Endpoint is one session's listener.
 type Endpoint struct {
@@ -191,7 +204,7 @@ func (e *Endpoints) Open(sessionID string, netns bool, port, maxConns int, d spa
 			d.LimitHit(sessionID, LimitConnections, detail)
 		}}
 	ep.conns = &gate{max: int64(maxConns)}
-	ln = &limitListener{Listener: ln, session: ep.conns, global: e.global, refused: refused}
+	ln = &limitListener{Listener: ln, id: sessionID, session: ep.conns, budget: e.budget, refused: refused}
 	h := &handler{id: sessionID, keys: e.keys, d: d, log: e.log}
 	if netns && proxy != nil {
 		// A connection opening with SOCKS5's version byte goes to the proxy; the rest are

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"roost.dev/roost/pkg/fdbudget"
 )
 
 // LimitConnections is the bound an endpoint reports when it refuses a connection, as
@@ -50,8 +52,12 @@ func (g *gate) Held() int64 {
 }
 
 // limitListener hands the HTTP server a connection only while the session holds fewer
-// than its cap and all endpoints together fewer than the daemon's. A connection past
-// either is closed the moment it is accepted, before a byte of it is read, and counted.
+// than its cap and roostd's descriptor budget has a slot for it. A connection past either
+// is closed the moment it is accepted, before a byte of it is read, and counted.
+//
+// The slot is checked against the budget's total, not the session's share: the endpoint's
+// own cap bounds a session's connections, the share is left for what the session opens
+// through them, and a refusal there can be said on the connection that asked.
 //
 // It closes rather than blocks (as netutil.LimitListener does): a listener that stops
 // accepting leaves the flood in the kernel's accept queue, where the client sees its
@@ -60,8 +66,10 @@ func (g *gate) Held() int64 {
 // holds no descriptor for it.
 type limitListener struct {
 	net.Listener
-	session, global *gate
-	refused         *refusals
+	id      string
+	session *gate
+	budget  *fdbudget.Budget
+	refused *refusals
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
@@ -70,17 +78,22 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		switch {
-		case !l.session.acquire():
+		if !l.session.acquire() {
 			abort(c)
 			l.refused.add(false)
-		case !l.global.acquire():
-			l.session.release()
-			abort(c)
-			l.refused.add(true)
-		default:
-			return &heldConn{Conn: c, l: l}, nil
+			continue
 		}
+		var slot fdbudget.Slot
+		if l.budget != nil {
+			var err error
+			if slot, err = l.budget.AcquireTotal(l.id, fdbudget.Endpoint); err != nil {
+				l.session.release()
+				abort(c)
+				l.refused.add(true)
+				continue
+			}
+		}
+		return &heldConn{Conn: c, l: l, slot: slot}, nil
 	}
 }
 
@@ -97,6 +110,7 @@ func abort(c net.Conn) {
 type heldConn struct {
 	net.Conn
 	l    *limitListener
+	slot fdbudget.Slot
 	once sync.Once
 }
 
@@ -104,7 +118,7 @@ func (c *heldConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {
 		c.l.session.release()
-		c.l.global.release()
+		c.slot.Release()
 	})
 	return err
 }
@@ -160,20 +174,9 @@ func (r *refusals) flush() {
 		parts = append(parts, fmt.Sprintf("%d connection(s) refused: the session's endpoint held its cap of %d (resources.endpoint_max_connections)", session, r.sessionMax))
 	}
 	if global > 0 {
-		parts = append(parts, fmt.Sprintf("%d connection(s) refused: all sessions' endpoints together held the daemon's global cap of %d (its open-file limit less a reserve)", global, r.globalMax))
+		parts = append(parts, fmt.Sprintf("%d connection(s) refused: all sessions together held the daemon's global descriptor budget of %d (its open-file limit less a reserve for the operator)", global, r.globalMax))
 	}
 	if len(parts) > 0 {
 		r.report(strings.Join(parts, "; "))
 	}
-}
-
-// ConnectionBudget is how many connections all endpoints together may hold under an
-// open-file limit of nofile: the limit less a reserve of an eighth (at least 256, at most
-// half) left for the control socket, the registry, sessions' logs and recovery.
-func ConnectionBudget(nofile uint64) int {
-	reserve := max(nofile/8, 256)
-	if reserve > nofile/2 {
-		reserve = nofile / 2
-	}
-	return int(min(nofile-reserve, 1<<31-1))
 }

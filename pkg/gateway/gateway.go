@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"roost.dev/roost/pkg/config"
+	"roost.dev/roost/pkg/fdbudget"
 	"roost.dev/roost/pkg/ledger"
 )
 
@@ -63,6 +64,14 @@ type Gateway struct {
 	now       func() time.Time
 	limits    Limits
 	inflight  inflight
+	// fds is roostd's descriptor budget; a call holds a slot of its session's share for
+	// its upstream socket while it lasts. Nil for none.
+	fds *fdbudget.Budget
+}
+
+// WithDescriptors has every call take a slot of b for its session while it lasts.
+func WithDescriptors(b *fdbudget.Budget) Option {
+	return func(g *Gateway) { g.fds = b }
 }
 
 // upstream is one configured upstream, ready to be called.
@@ -82,7 +91,10 @@ func New(upstreams []config.Upstream, l Ledger, log *slog.Logger, opts ...Option
 	}
 	g := &Gateway{upstreams: map[string]*upstream{}, ledger: l, log: log, now: time.Now,
 		transport: &http.Transport{
-			Proxy:                 nil,
+			Proxy: nil,
+			// Idle connections are no call's and so in no session's share: few, within
+			// the descriptor budget's reserve.
+			MaxIdleConns:          32,
 			MaxIdleConnsPerHost:   32,
 			IdleConnTimeout:       90 * time.Second,
 			TLSHandshakeTimeout:   10 * time.Second,
@@ -92,11 +104,11 @@ func New(upstreams []config.Upstream, l Ledger, log *slog.Logger, opts ...Option
 		limits:   Limits{BodyBytesInFlight: DefaultBodyBytesInFlight, CallsPerSession: DefaultCallsPerSession, MaxBody: DefaultMaxBody},
 		inflight: inflight{calls: map[string]int{}},
 	}
-	for _, o := range opts {
-		o(g)
-	}
 	for _, u := range upstreams {
 		g.upstreams[u.Name] = newUpstream(u)
+	}
+	for _, o := range opts {
+		o(g)
 	}
 	return g
 }
@@ -158,6 +170,14 @@ func (g *Gateway) Serve(w http.ResponseWriter, r *http.Request, c Caller, upstre
 		return
 	}
 	defer leave()
+	if g.fds != nil {
+		slot, err := g.fds.Acquire(c.SessionID, fdbudget.Gateway)
+		if err != nil {
+			fail(&apiError{status: http.StatusServiceUnavailable, code: "connections", retry: true, msg: "roost: " + err.Error()})
+			return
+		}
+		defer slot.Release()
+	}
 	var body []byte
 	if r.Method != http.MethodGet {
 		// Reserved before it is read, held until the call ends (the proxy may send it

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"roost.dev/roost/pkg/fdbudget"
 	"roost.dev/roost/pkg/ledger"
 	"roost.dev/roost/pkg/manifest"
 )
@@ -167,6 +168,33 @@ func (m *Metrics) WatchWarmPool(ready func() int) {
 		Name: "roost_warm_sandboxes",
 		Help: "Sealed sandboxes made ahead of their sessions and waiting for one (roostd --warm-pool).",
 	}, func() float64 { return float64(ready()) }))
+}
+
+// WatchDescriptors reports roostd's descriptor budget at each scrape: the slots held by use
+// (endpoint, upstream, gateway, follower) and the budget's bounds (open_file_limit,
+// reserve, total, share).
+func (m *Metrics) WatchDescriptors(stats func() fdbudget.Stats) {
+	m.registry.MustRegister(&descriptorCollector{stats: stats,
+		held:   prometheus.NewDesc("roost_descriptors", "Descriptors roostd holds on sessions' behalf, by use: endpoint (connections to sessions' endpoints), upstream (egress sockets: tunnels, SOCKS, forwarded requests, idle pooled), gateway (model calls), follower (log readers' files).", []string{"use"}, nil),
+		bounds: prometheus.NewDesc("roost_descriptors_budget", "roostd's descriptor budget, by bound: open_file_limit (RLIMIT_NOFILE), reserve (kept for the operator), total (what sessions may hold together), share (what one session may hold besides its endpoint connections).", []string{"bound"}, nil),
+	})
+}
+
+type descriptorCollector struct {
+	stats        func() fdbudget.Stats
+	held, bounds *prometheus.Desc
+}
+
+func (c *descriptorCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.held; ch <- c.bounds }
+
+func (c *descriptorCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.stats()
+	for _, u := range fdbudget.Uses() {
+		ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, float64(st.ByUse[u.String()]), u.String())
+	}
+	for bound, v := range map[string]float64{"open_file_limit": float64(st.Limit), "reserve": float64(st.Reserve), "total": float64(st.Total), "share": float64(st.Share)} {
+		ch <- prometheus.MustNewConstMetric(c.bounds, prometheus.GaugeValue, v, bound)
+	}
 }
 
 // IDRangeStates are the states roost_id_ranges reports.

@@ -35,6 +35,7 @@ import (
 	"roost.dev/roost/pkg/artifact"
 	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/fdbudget"
 	"roost.dev/roost/pkg/ledger"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/session"
@@ -65,6 +66,8 @@ type Config struct {
 	// Limits bound streams, messages and unread sends (the operator's control section);
 	// each unset one takes its default.
 	Limits config.Control
+	// Descriptors is roostd's descriptor budget, which doctor reports; nil for none.
+	Descriptors *fdbudget.Budget
 }
 
 // Server is roostd's gRPC server: roost's services, the standard health service
@@ -497,6 +500,9 @@ func (s *systemService) Doctor(ctx context.Context, _ *roostv1.DoctorRequest) (*
 	if s.cfg.Sessions != nil {
 		checks = append(checks, s.checkRanges())
 	}
+	if s.cfg.Descriptors != nil {
+		checks = append(checks, checkDescriptors(s.cfg.Descriptors.Stats()))
+	}
 	for _, c := range checks {
 		resp.Checks = append(resp.Checks, &roostv1.HostCheck{Name: c.Name, Status: c.Status, Detail: c.Detail, Hint: c.Hint})
 	}
@@ -518,6 +524,27 @@ func (s *systemService) checkTrees() containment.Check {
 	}
 	c.Status = "ok"
 	c.Detail = "setuid bits and device nodes are ignored in " + strings.Join(trees, ", ")
+	return c
+}
+
+// checkDescriptors is doctor's word on the descriptor budget: its bounds, what each use
+// holds, and how near the total it is.
+func checkDescriptors(st fdbudget.Stats) containment.Check {
+	var uses []string
+	for _, u := range fdbudget.Uses() {
+		uses = append(uses, fmt.Sprintf("%s %d", u, st.ByUse[u.String()]))
+	}
+	c := containment.Check{Name: "descriptors", Status: "ok",
+		Detail: fmt.Sprintf("%s; %d held (%s); %d session(s) at their share", st, st.Held, strings.Join(uses, ", "), st.AtShare)}
+	switch {
+	case st.Total > 0 && st.Held >= st.Total:
+		c.Status = "fail"
+	case st.Total > 0 && st.Held*10 >= st.Total*8:
+		c.Status = "warn"
+	}
+	if c.Status != "ok" {
+		c.Hint = "sessions' connections are refused (503, X-Roost-Denied: connections) while the budget is held: raise roostd's open-file limit (LimitNOFILE; deploy/systemd/roostd.service sets 1048576) or stop sessions (roostctl ps shows them); sessions.descriptors_per_session bounds what one session may take"
+	}
 	return c
 }
 

@@ -2,8 +2,10 @@ package session
 
 import (
 	"context"
+	"fmt"
 	"time"
 
+	"roost.dev/roost/pkg/fdbudget"
 	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/session/store"
 )
@@ -19,6 +21,17 @@ func (m *Manager) Logs(ctx context.Context, id string, opts records.LogOptions, 
 	rec, err := m.Get(id)
 	if err != nil {
 		return err
+	}
+	// A reader holds a file of each stream open; a crowd of followers must not take the
+	// descriptors sessions and the operator need.
+	if b := m.cfg.Descriptors; b != nil {
+		for range logFiles {
+			slot, err := b.Acquire(fdbudget.Followers, fdbudget.Follower)
+			if err != nil {
+				return fmt.Errorf("the logs of %s: %w", id, err)
+			}
+			defer slot.Release()
+		}
 	}
 	r, err := records.NewLogReader(rec.RecordsDir, opts, send)
 	if err != nil {
@@ -53,6 +66,9 @@ func (m *Manager) Logs(ctx context.Context, id string, opts records.LogOptions, 
 		}
 	}
 }
+
+// logFiles is how many files a log reader holds open at once: one per stream.
+const logFiles = 2
 
 // logPoll is how often a follower looks for new output while the session runs: output goes
 // from roost-init straight to files, so there is nothing to be woken by.

@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/errdefs"
+
+	"roost.dev/roost/pkg/fdbudget"
 	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/session/store"
 )
@@ -163,5 +166,71 @@ func TestLogsTailStopsAtItsEnd(t *testing.T) {
 	}
 	if got[records.Stdout] != "b\n" || got[records.Stderr] != "y\n" {
 		t.Fatalf("tail 1 sent %q and %q, want %q and %q", got[records.Stdout], got[records.Stderr], "b\n", "y\n")
+	}
+}
+
+// Log readers hold descriptors of roostd's budget, one per stream, all of them under one
+// share (fdbudget.Followers): past it a reader is refused (ResourceExhausted, naming the
+// budget) while the running ones go on, and a reader that ends gives its slots back.
+func TestLogsFollowersBudget(t *testing.T) {
+	cfg := testConfig(stateDir(t), &recorder{})
+	fds := fdbudget.Sized(100, 4)
+	cfg.Descriptors = fds
+	m, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	rec := run(t, m, StageOptions{Capsule: capsule(t, `echo up; sleep 30`, "")})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	follow := func(ctx context.Context) chan error {
+		done := make(chan error, 1)
+		go func() {
+			done <- m.Logs(ctx, rec.ID, records.LogOptions{Follow: true}, func(records.LogChunk) error { return nil })
+		}()
+		return done
+	}
+	first := follow(ctx)
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	second := follow(ctx2)
+	for deadline := time.Now().Add(5 * time.Second); fds.Held(fdbudget.Followers) < 4; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("two followers hold %d slots, want 4", fds.Held(fdbudget.Followers))
+		}
+	}
+	err = m.Logs(context.Background(), rec.ID, records.LogOptions{Follow: true}, func(records.LogChunk) error { return nil })
+	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "readers of sessions' logs together hold their share of 4") || !strings.Contains(err.Error(), rec.ID) {
+		t.Fatalf("a third follower past the share: %v", err)
+	}
+	if n := fds.InUse(fdbudget.Follower); n != 4 {
+		t.Fatalf("a refused follower left %d follower slots held, want 4", n)
+	}
+	cancel2()
+	if err := <-second; err == nil {
+		t.Fatal("a cancelled follower returned nil")
+	}
+	if n := fds.Held(fdbudget.Followers); n != 2 {
+		t.Fatalf("a follower that ended left %d slots held, want 2", n)
+	}
+	third := follow(ctx)
+	for deadline := time.Now().Add(5 * time.Second); fds.Held(fdbudget.Followers) < 4; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a follower in the freed place: %d slots held, want 4", fds.Held(fdbudget.Followers))
+		}
+	}
+	// The session's end ends its followers.
+	if _, err := m.Kill(context.Background(), rec.ID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-first; err != nil {
+		t.Errorf("a follower at the session's end: %v", err)
+	}
+	if err := <-third; err != nil {
+		t.Errorf("a follower at the session's end: %v", err)
+	}
+	if st := fds.Stats(); st.Held != 0 {
+		t.Fatalf("after every follower ended: %+v", st)
 	}
 }

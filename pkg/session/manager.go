@@ -30,6 +30,7 @@ import (
 	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/egress"
+	"roost.dev/roost/pkg/fdbudget"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/spawn"
 )
@@ -136,6 +137,9 @@ type Config struct {
 	// Egress is how sessions in a network namespace of their own reach the outside
 	// (roostd's egress block); nil for not at all.
 	Egress *egress.Config
+	// Descriptors is roostd's descriptor budget: a reader of a session's logs holds a
+	// slot of it (fdbudget.Followers) per open file. Nil for none.
+	Descriptors *fdbudget.Budget
 	// EnvPassthrough is the operator's list of host variables a capsule's env.allow may
 	// draw from (roostd's env.passthrough); nothing else of HostEnv reaches a session.
 	EnvPassthrough []string

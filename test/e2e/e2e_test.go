@@ -80,8 +80,11 @@ type daemon struct {
 	args []string
 	// netns, when set, is a network namespace roostd runs in (nsenter --net).
 	netns string
-	cmd   *exec.Cmd
-	log   *bytes.Buffer
+	// nofile, when set, is roostd's open-file limit, soft and hard (prlimit sets it before
+	// roostd's first instruction, so no descriptor is opened under another).
+	nofile uint64
+	cmd    *exec.Cmd
+	log    *bytes.Buffer
 }
 
 func freePort(t *testing.T) string {
@@ -163,6 +166,9 @@ func (d *daemon) start() {
 	d.t.Helper()
 	d.log = &bytes.Buffer{}
 	argv := append([]string{filepath.Join(binDir, "roostd"), "--state-dir", d.stateDir, "--socket", d.socket, "--metrics-addr", d.metricsAddr}, d.args...)
+	if d.nofile != 0 {
+		argv = append([]string{"prlimit", fmt.Sprintf("--nofile=%d:%d", d.nofile, d.nofile), "--"}, argv...)
+	}
 	if d.netns != "" {
 		argv = append([]string{"nsenter", "--net=" + d.netns}, argv...)
 	}
