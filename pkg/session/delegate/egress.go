@@ -81,7 +81,10 @@ func (a *Egress) Open(sessionID string, p *manifest.Policy, before store.EgressT
 		return nil
 	}
 	e := &liveEgress{before: before, traced: tracedBytes, traceMax: p.Resources.LogMaxBytes.Value}
-	e.proxy = a.proxy.Session(sessionID, p.Network.Allow, p.Resources.EgressMaxBytes.Value, before.BytesUp+before.BytesDown)
+	e.proxy = a.proxy.Session(sessionID, p.Network.Allow, egress.Limits{
+		MaxBytes: p.Resources.EgressMaxBytes.Value, UsedBytes: before.BytesUp + before.BytesDown,
+		BytesPerSec: p.Resources.EgressBytesPerSec.Value,
+	})
 	a.mu.Lock()
 	a.live[sessionID] = e
 	a.mu.Unlock()
