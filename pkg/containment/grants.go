@@ -213,7 +213,7 @@ func plainGrants(class manifest.Class, p *manifest.Policy, asRoot bool) []Grant 
 		"containment":                    containment,
 		"network.allow":                  {Advisory, noKernel + " (no network namespace); the program reaches whatever the host reaches"},
 		"resources.egress_max_bytes":     {NotApplicable, "this class has no egress proxy: the program reaches the network directly"},
-		"resources.egress_bytes_per_sec": {NotApplicable, "this class has no egress proxy: the program reaches the network directly"},
+		"resources.egress_bytes_per_sec": {NotApplicable, "nothing paces the program's traffic: it shares the host's link as any host process does"},
 		"network.unix_sockets":           {Advisory, noKernel + " (no seccomp filter)"},
 		"filesystem.scope":               {Advisory, noKernel + " (no Landlock, no mount confinement)"},
 		"filesystem.workdir_exec":        {Advisory, noKernel},

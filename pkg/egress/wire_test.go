@@ -11,6 +11,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"roost.dev/roost/pkg/manifest"
 )
 
 // padSize is the header block each way in the wire tests: what issue 28 moved past a
@@ -240,4 +243,177 @@ func TestWireHeadersSOCKS(t *testing.T) {
 			t.Fatalf("totals %+v", tot)
 		}
 	})
+}
+
+// sinkServer reads every connection to its end, adding what it read to got.
+func sinkServer(t testing.TB, got *atomic.Int64) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				n, _ := io.Copy(io.Discard, c)
+				got.Add(n)
+			}()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// A session's share (resources.egress_bytes_per_sec) bounds what it moves each way, over
+// all its connections together, whatever the protocol; a share declared above the
+// operator's ceiling gets the ceiling. The bound is a rate, so this test times: it
+// checks only the floor the bucket guarantees (a tenth of a second of burst, then the
+// rate), never an upper bound.
+func TestShareBoundsRate(t *testing.T) {
+	const share = 4 << 20
+	const n = 4 << 20
+	// The bucket starts full: a tenth of a second of the rate passes at once.
+	floor := time.Duration(n-share/10) * time.Second / share * 8 / 10
+	stream := streamServer(t)
+	web := webServer(t)
+	var sunk atomic.Int64
+	sink := sinkServer(t, &sunk)
+	upload := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		k, _ := io.Copy(io.Discard, r.Body)
+		fmt.Fprint(w, k)
+	}))
+	t.Cleanup(upload.Close)
+
+	shaped := func(t *testing.T, cfg Config, declared int64) *env {
+		return newEnvLimits(t, cfg, []string{"web.test"}, Limits{BytesPerSec: declared})
+	}
+	down := func(t *testing.T, r io.Reader, want int64) {
+		t.Helper()
+		if got, err := io.CopyN(io.Discard, r, want); err != nil || got != want {
+			t.Fatalf("read %d of %d: %v", got, want, err)
+		}
+	}
+	connect := func(t *testing.T, e *env, port int) (net.Conn, *bufio.Reader) {
+		c, br, res := e.connect(fmt.Sprintf("web.test:%d", port))
+		if res.StatusCode != 200 {
+			t.Fatal(res.Status)
+		}
+		return c, br
+	}
+	cases := []struct {
+		name string
+		run  func(t *testing.T, e *env)
+	}{
+		{"connect down", func(t *testing.T, e *env) {
+			c, br := connect(t, e, stream)
+			_, _ = c.Write([]byte("g"))
+			down(t, br, n)
+		}},
+		{"two tunnels share one bucket", func(t *testing.T, e *env) {
+			errs := make(chan error, 2)
+			for range 2 {
+				c, br := connect(t, e, stream)
+				_, _ = c.Write([]byte("g"))
+				go func() {
+					_, err := io.CopyN(io.Discard, br, n/2)
+					errs <- err
+				}()
+			}
+			for range 2 {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+		}},
+		{"socks down", func(t *testing.T, e *env) {
+			c, code := e.socks(socksDomain("web.test", stream))
+			if code != 0 {
+				t.Fatalf("SOCKS5 reply %#x", code)
+			}
+			_, _ = c.Write([]byte("g"))
+			down(t, c, n)
+		}},
+		{"forward down", func(t *testing.T, e *env) {
+			res, err := e.client().Get(fmt.Sprintf("http://web.test:%d/stream", portOf(t, web.URL)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer res.Body.Close()
+			down(t, res.Body, n)
+		}},
+		{"connect up", func(t *testing.T, e *env) {
+			before := sunk.Load()
+			c, _ := connect(t, e, sink)
+			if _, err := c.Write(make([]byte, n)); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.(*net.TCPConn).CloseWrite()
+			deadline := time.Now().Add(30 * time.Second)
+			for sunk.Load()-before < n {
+				if time.Now().After(deadline) {
+					t.Fatalf("the destination got %d of %d bytes", sunk.Load()-before, n)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}},
+		{"forward up", func(t *testing.T, e *env) {
+			res, err := e.client().Post(fmt.Sprintf("http://web.test:%d/", portOf(t, upload.URL)), "application/octet-stream", strings.NewReader(strings.Repeat("u", n)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if string(b) != fmt.Sprint(n) {
+				t.Fatalf("the destination got %q of %d bytes", b, n)
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			for _, v := range []struct {
+				name     string
+				cfg      Config
+				declared int64
+			}{
+				{"declared", permitLoopback(), share},
+				// A session cannot raise its share past the operator's ceiling.
+				{"above the ceiling", func() Config { c := permitLoopback(); c.MaxBytesPerSecPerSession = share; return c }(), 1 << 40},
+			} {
+				e := shaped(t, v.cfg, v.declared)
+				start := time.Now()
+				tc.run(t, e)
+				if took := time.Since(start); took < floor {
+					t.Errorf("%s: %d bytes in %v at a share of %d bytes/s: at least %v", v.name, n, took, share, floor)
+				}
+			}
+		})
+	}
+}
+
+// The share a session gets: what it declared, else the default, never above the ceiling.
+func TestShareOf(t *testing.T) {
+	open := New(Config{}, nil, nil)
+	capped := New(Config{MaxBytesPerSecPerSession: 1 << 20}, nil, nil)
+	for _, c := range []struct {
+		p        *Proxy
+		declared int64
+		want     int64
+	}{
+		{open, 0, manifest.DefaultEgressBytesPerSec},
+		{open, 5, 5},
+		{open, 1 << 40, 1 << 40},
+		{capped, 0, 1 << 20},
+		{capped, 1 << 10, 1 << 10},
+		{capped, 1 << 30, 1 << 20},
+	} {
+		if got := c.p.shareOf(c.declared); got != c.want {
+			t.Errorf("shareOf(%d) = %d, want %d", c.declared, got, c.want)
+		}
+	}
 }
