@@ -126,6 +126,7 @@ func values(p *manifest.Policy) [][2]string {
 		{"resources.log_max_bytes", limit(r.LogMaxBytes)},
 		{"resources.endpoint_max_connections", limit(r.EndpointMaxConnections)},
 		{"resources.egress_max_bytes", orNoBound(r.EgressMaxBytes)},
+		{"resources.egress_bytes_per_sec", limit(r.EgressBytesPerSec)},
 		{"inference.upstream", orNone(p.Inference.Upstream)},
 		{"inference.model", orNone(p.Inference.Model)},
 		{"inference.max_session_tokens", tokens},
@@ -182,7 +183,8 @@ func egress(p *manifest.Policy) hold {
 	if p.Resources.EgressMaxBytes.Declared != nil {
 		max = [2]string{Enforced, "the session's proxy refuses new connections and cuts open ones once the bytes it carried up and down together reach it"}
 	}
-	return hold{"network.allow": allow, "resources.egress_max_bytes": max}
+	rate := [2]string{Enforced, "the session's proxy paces what it carries to this many bytes a second each way, one token bucket per direction for all its connections (roostd's egress.max_bytes_per_sec_per_session caps it)"}
+	return hold{"network.allow": allow, "resources.egress_max_bytes": max, "resources.egress_bytes_per_sec": rate}
 }
 
 var workdirGuard = [2]string{Enforced, "roostd measures the workdir every 2s (allocated blocks, links not followed) and stops the session once past it"}
@@ -208,22 +210,23 @@ func plainGrants(class manifest.Class, p *manifest.Policy, asRoot bool) []Grant 
 		containment = [2]string{Enforced, "the class this session runs under: a plain process tree as host root, which roostd's sessions.allow_root allows for this capsule"}
 	}
 	return with(with(common, spawnGrants(Advisory, referee)), hold{
-		"containment":                   containment,
-		"network.allow":                 {Advisory, noKernel + " (no network namespace); the program reaches whatever the host reaches"},
-		"resources.egress_max_bytes":    {NotApplicable, "this class has no egress proxy: the program reaches the network directly"},
-		"network.unix_sockets":          {Advisory, noKernel + " (no seccomp filter)"},
-		"filesystem.scope":              {Advisory, noKernel + " (no Landlock, no mount confinement)"},
-		"filesystem.workdir_exec":       {Advisory, noKernel},
-		"filesystem.read_only":          {Advisory, noKernel},
-		"filesystem.host_read":          {NotApplicable, "the host is readable as its uid allows: this class has no Landlock"},
-		"filesystem.system":             {NotApplicable, "the host's system trees are readable as its uid allows, and run as its uid may: this class has no exec allowlist"},
-		"shell.allow":                   {Advisory, noKernel + " (no exec allowlist)"},
-		"resources.cgroup_memory_bytes": {Advisory, noKernel + " (its cgroup sets no limits)"},
-		"resources.cgroup_pids_max":     {Advisory, "not enforced, as cgroup_memory_bytes"},
-		"resources.cgroup_cpu_percent":  {Advisory, "not enforced, as cgroup_memory_bytes"},
-		"resources.max_processes":       nproc,
-		"resources.memory_bytes":        memoryBytes(class, p),
-		"resources.workdir_max_bytes":   workdirGuard,
+		"containment":                    containment,
+		"network.allow":                  {Advisory, noKernel + " (no network namespace); the program reaches whatever the host reaches"},
+		"resources.egress_max_bytes":     {NotApplicable, "this class has no egress proxy: the program reaches the network directly"},
+		"resources.egress_bytes_per_sec": {NotApplicable, "nothing paces the program's traffic: it shares the host's link as any host process does"},
+		"network.unix_sockets":           {Advisory, noKernel + " (no seccomp filter)"},
+		"filesystem.scope":               {Advisory, noKernel + " (no Landlock, no mount confinement)"},
+		"filesystem.workdir_exec":        {Advisory, noKernel},
+		"filesystem.read_only":           {Advisory, noKernel},
+		"filesystem.host_read":           {NotApplicable, "the host is readable as its uid allows: this class has no Landlock"},
+		"filesystem.system":              {NotApplicable, "the host's system trees are readable as its uid allows, and run as its uid may: this class has no exec allowlist"},
+		"shell.allow":                    {Advisory, noKernel + " (no exec allowlist)"},
+		"resources.cgroup_memory_bytes":  {Advisory, noKernel + " (its cgroup sets no limits)"},
+		"resources.cgroup_pids_max":      {Advisory, "not enforced, as cgroup_memory_bytes"},
+		"resources.cgroup_cpu_percent":   {Advisory, "not enforced, as cgroup_memory_bytes"},
+		"resources.max_processes":        nproc,
+		"resources.memory_bytes":         memoryBytes(class, p),
+		"resources.workdir_max_bytes":    workdirGuard,
 	}).grants(p)
 }
 

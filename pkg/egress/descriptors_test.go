@@ -63,7 +63,7 @@ func TestDescriptorShare(t *testing.T) {
 
 	// Another session, on the same budget, is within its own share.
 	cfg.Dialer = e.dialer
-	other := New(cfg, nil, nil).Session("s2", rules(t, "web.test"), 0, 0)
+	other := New(cfg, nil, nil).Session("s2", rules(t, "web.test"), Limits{})
 	addr := serveSession(t, other)
 	oc, err := net.Dial("tcp", addr)
 	if err != nil {

@@ -13,7 +13,13 @@
 //
 // Each connection (a CONNECT tunnel, a SOCKS5 connection) or forwarded HTTP request ends
 // in exactly one Record to the Auditor: denied ones at once, allowed ones when they end,
-// with the bytes each way. Bodies are never logged or audited.
+// with the bytes each way as they crossed (headers and handshakes included). Bodies are
+// never logged or audited.
+//
+// A session's bytes are bounded twice: in total (resources.egress_max_bytes, counted on
+// the wire, see wire.go) and in rate (resources.egress_bytes_per_sec, a token bucket each
+// way shared by the session's connections), so one session cannot take the whole link
+// from the others.
 package egress
 
 import (
@@ -31,6 +37,9 @@ import (
 	"time"
 
 	"roost.dev/roost/pkg/fdbudget"
+
+	"golang.org/x/time/rate"
+
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -120,6 +129,9 @@ type Config struct {
 	// (pkg/hostaddr follows them). They are the host's own, as loopback is: refused unless
 	// PermitCIDRs holds them, even to an IP-literal rule. Nil means none but the fixed ones.
 	HostAddrs HostAddrs
+	// MaxBytesPerSecPerSession is the most a session's bandwidth share may be, each way,
+	// whatever its resources.egress_bytes_per_sec says; 0 for no ceiling.
+	MaxBytesPerSecPerSession int64
 	// Resolver resolves names not in Hosts; nil means net.DefaultResolver.
 	Resolver Resolver
 	// Dialer dials the decided addresses; nil means a net.Dialer with DefaultDialTimeout.
@@ -145,8 +157,12 @@ type Record struct {
 	// short (ReasonEgressMaxBytes when the budget ran out mid-way); "" otherwise.
 	Reason string
 	// Detail is a sentence naming host, port and why, for the session's log and the client.
-	Detail             string
-	BytesUp, BytesDown int64 // payload bytes to and from the destination (no HTTP headers)
+	Detail string
+	// BytesUp and BytesDown are the bytes that crossed each way: for a forwarded request
+	// everything written to and read from the destination's socket (request line,
+	// headers, chunk framing, bodies; status line, headers, bodies), for a tunnel its
+	// CONNECT head and 200 or its SOCKS5 handshake and everything it carried.
+	BytesUp, BytesDown int64
 	Duration           time.Duration
 }
 
@@ -170,6 +186,7 @@ type Proxy struct {
 	maxConns int
 	// hostAddrs are the addresses of roostd's interfaces, followed; never nil.
 	hostAddrs HostAddrs
+	maxRate   int64
 	resolver  Resolver
 	dialer    Dialer
 	fds       *fdbudget.Budget
@@ -184,6 +201,7 @@ func New(cfg Config, audit Auditor, log *slog.Logger) *Proxy {
 		special:   specialRanges(),
 		maxConns:  cfg.MaxConnectionsPerSession,
 		hostAddrs: cfg.HostAddrs,
+		maxRate:   max(cfg.MaxBytesPerSecPerSession, 0),
 		resolver:  cfg.Resolver,
 		dialer:    cfg.Dialer,
 		fds:       cfg.Descriptors,
@@ -229,6 +247,8 @@ type Session struct {
 	rules    []manifest.NetRule
 	maxBytes int64
 	maxConns int
+	// upRate and downRate are the session's bandwidth share, one bucket each way.
+	upRate, downRate *rate.Limiter
 
 	// used is up+down bytes including what the session used before a restart; it is what
 	// the budget is checked against.
@@ -247,21 +267,35 @@ type Session struct {
 	conns  map[io.Closer]struct{}
 }
 
-// Session returns the egress of session id with its network.allow rules, its egress byte
-// budget maxBytes (0 for none) of which usedBytes are already spent (after a restart).
-func (p *Proxy) Session(id string, rules []manifest.NetRule, maxBytes int64, usedBytes int64) *Session {
+// Limits are what bound one session's bytes.
+type Limits struct {
+	// MaxBytes is resources.egress_max_bytes: the bytes up and down together the session
+	// may move, counted on the wire; 0 for no bound.
+	MaxBytes int64
+	// UsedBytes is what the session already moved under earlier daemons.
+	UsedBytes int64
+	// BytesPerSec is resources.egress_bytes_per_sec, the session's share each way; 0
+	// means manifest.DefaultEgressBytesPerSec. Config.MaxBytesPerSecPerSession caps it.
+	BytesPerSec int64
+}
+
+// Session returns the egress of session id with its network.allow rules and its limits.
+func (p *Proxy) Session(id string, rules []manifest.NetRule, lim Limits) *Session {
 	ctx, cancel := context.WithCancel(context.Background())
+	share := p.shareOf(lim.BytesPerSec)
 	s := &Session{
 		p:        p,
 		id:       id,
 		rules:    append([]manifest.NetRule(nil), rules...),
-		maxBytes: max(maxBytes, 0),
+		maxBytes: max(lim.MaxBytes, 0),
 		maxConns: p.maxConns,
+		upRate:   newLimiter(share),
+		downRate: newLimiter(share),
 		ctx:      ctx,
 		cancel:   cancel,
 		conns:    make(map[io.Closer]struct{}),
 	}
-	s.used.Store(max(usedBytes, 0))
+	s.used.Store(max(lim.UsedBytes, 0))
 	s.initForward()
 	return s
 }
@@ -271,7 +305,8 @@ type Totals struct {
 	// Connections counts allowed connections and requests that have ended; Denied the
 	// refused ones.
 	Connections, Denied int64
-	// BytesUp and BytesDown are payload bytes carried by this Session.
+	// BytesUp and BytesDown are the bytes this Session moved each way, as they crossed
+	// (Record.BytesUp and BytesDown summed, headers and handshakes included).
 	BytesUp, BytesDown int64
 	// Used is what counts against resources.egress_max_bytes: the bytes carried plus the
 	// usedBytes the Session began with. It is what to keep across a restart.
@@ -423,7 +458,7 @@ func (f *flow) fail(reason, detail string) {
 	f.mu.Unlock()
 }
 
-// count adds n payload bytes one way to the flow and the session.
+// count adds n bytes one way to the flow and the session.
 func (f *flow) count(n int, up bool) {
 	if n <= 0 {
 		return

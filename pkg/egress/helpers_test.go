@@ -145,6 +145,12 @@ func rules(t testing.TB, entries ...string) []manifest.NetRule {
 // does. The Dialer and Resolver are the test's guards unless cfg sets others.
 func newEnv(t testing.TB, cfg Config, allow []string, maxBytes, used int64) *env {
 	t.Helper()
+	return newEnvLimits(t, cfg, allow, Limits{MaxBytes: maxBytes, UsedBytes: used})
+}
+
+// newEnvLimits is newEnv with the session's Limits as given.
+func newEnvLimits(t testing.TB, cfg Config, allow []string, lim Limits) *env {
+	t.Helper()
 	e := &env{t: t, rec: newRecorder(), dialer: &guardDialer{t: t}}
 	if cfg.Dialer == nil {
 		cfg.Dialer = e.dialer
@@ -154,7 +160,7 @@ func newEnv(t testing.TB, cfg Config, allow []string, maxBytes, used int64) *env
 		cfg.Resolver = e.res
 	}
 	e.p = New(cfg, e.rec, nil)
-	e.s = e.p.Session("s1", rules(t, allow...), maxBytes, used)
+	e.s = e.p.Session("s1", rules(t, allow...), lim)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

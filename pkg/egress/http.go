@@ -74,6 +74,9 @@ func badRequest(err error) *denial {
 	return &denial{ReasonBadRequest, "egress request refused: " + strings.TrimPrefix(err.Error(), errBadRequest.Error()+": "), 0}
 }
 
+// connectEstablished is a CONNECT's answer once its tunnel is up.
+const connectEstablished = "HTTP/1.1 200 Connection established\r\n\r\n"
+
 // serveConnect decides and dials a CONNECT's destination, then hijacks the connection
 // and carries the tunnel.
 func (s *Session) serveConnect(w http.ResponseWriter, r *http.Request) {
@@ -92,9 +95,16 @@ func (s *Session) serveConnect(w http.ResponseWriter, r *http.Request) {
 		refuse(w, f, den)
 		return
 	}
+	// The head and the 200 are bytes too: reserved before the dial, given back if none.
+	head := requestHeadSize(r)
+	if !s.charge(head, len(connectEstablished)) {
+		refuse(w, f, &denial{ReasonEgressMaxBytes, f.budgetDetail() + fmt.Sprintf("; the CONNECT's %d-byte head does not fit what is left", head), 0})
+		return
+	}
 	upstream, addr, err := s.dial(ctx, d)
 	f.setAddr(addr)
 	if err != nil {
+		s.refund(head + len(connectEstablished))
 		den := refusedSlot(t, err)
 		if den == nil {
 			den = &denial{ReasonDialFailed, dialDetail(t, addr, err), 0}
@@ -102,9 +112,11 @@ func (s *Session) serveConnect(w http.ResponseWriter, r *http.Request) {
 		refuse(w, f, den)
 		return
 	}
+	f.count(head, true)
 	rc := http.NewResponseController(w)
 	client, brw, err := rc.Hijack()
 	if err != nil {
+		s.refund(len(connectEstablished))
 		_ = upstream.Close()
 		f.fail(ReasonBadRequest, fmt.Sprintf("egress to %s refused: the connection cannot be taken over for a tunnel: %v", hostPort(t.host, t.port), err))
 		f.finish()
@@ -114,7 +126,10 @@ func (s *Session) serveConnect(w http.ResponseWriter, r *http.Request) {
 	// The server's read and write deadlines are for requests; a tunnel lasts as long as
 	// its two ends keep it.
 	_ = client.SetDeadline(time.Time{})
-	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+	n, err := io.WriteString(client, connectEstablished)
+	s.refund(len(connectEstablished) - n)
+	f.count(n, false)
+	if err != nil {
 		_ = client.Close()
 		_ = upstream.Close()
 		f.finish()
@@ -188,6 +203,11 @@ func (s *Session) dialForward(ctx context.Context, network, addr string) (net.Co
 	if network != "tcp" || addr != fw.auth {
 		return nil, fmt.Errorf("egress: dial of %s %s, decided for %s", network, addr, fw.auth)
 	}
+	if s.exhausted() {
+		// A retry of a request its budget cut: nothing more may cross.
+		fw.f.cut(ReasonEgressMaxBytes, fw.f.budgetDetail())
+		return nil, errBudget
+	}
 	c, last, err := s.dial(ctx, fw.d)
 	fw.mu.Lock()
 	fw.dialed, fw.addr = true, last
@@ -244,10 +264,14 @@ func (s *Session) serveForward(w http.ResponseWriter, r *http.Request) {
 	ctx = context.WithValue(ctx, forwardKey{}, fw)
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn: func(info httptrace.GotConnInfo) {
+			// A pooled socket counts for the request that has it now.
+			if u, ok := info.Conn.(flowUser); ok {
+				u.use(f)
+			}
 			f.setAddr(info.Conn.RemoteAddr().String())
 		},
 	})
-	// An upload may take longer than the endpoint's request timeout; the body is counted
+	// An upload may take longer than the endpoint's request timeout; it is counted
 	// against the budget, not the clock.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	s.rp.ServeHTTP(w, r.WithContext(ctx))
@@ -270,9 +294,6 @@ func (s *Session) rewrite(pr *httputil.ProxyRequest) {
 			delete(pr.Out.Header, k)
 		}
 	}
-	if pr.Out.Body != nil {
-		pr.Out.Body = &countedBody{ReadCloser: pr.Out.Body, f: fw.f, up: true}
-	}
 }
 
 // dialState says whether this request's dial happened, to what address, and how it
@@ -283,23 +304,13 @@ func (fw *forward) dialState() (bool, string, error) {
 	return fw.dialed, fw.addr, fw.err
 }
 
-// modifyResponse counts the response body (or, for a switched protocol, both ways of the
-// upgraded connection) against the budget.
+// modifyResponse drops what is for this hop only. (Bytes are counted on the upstream
+// socket, an upgraded connection's both ways too.)
 func (s *Session) modifyResponse(res *http.Response) error {
-	fw := res.Request.Context().Value(forwardKey{}).(*forward)
 	for k := range res.Header {
 		if strings.HasPrefix(k, "Proxy-") {
 			delete(res.Header, k)
 		}
-	}
-	if res.StatusCode == http.StatusSwitchingProtocols {
-		if rwc, ok := res.Body.(io.ReadWriteCloser); ok {
-			res.Body = &countedRWC{countedBody{ReadCloser: rwc, f: fw.f}, rwc}
-			return nil
-		}
-	}
-	if res.Body != nil {
-		res.Body = &countedBody{ReadCloser: res.Body, f: fw.f}
 	}
 	return nil
 }
@@ -339,45 +350,4 @@ func (s *Session) forwardError(w http.ResponseWriter, r *http.Request, err error
 			Port  int    `json:"port"`
 		}{fmt.Sprintf("egress to %s failed: the destination did not answer: %v", hostPort(fw.t.host, fw.t.port), err), fw.t.host, fw.t.port})
 	}
-}
-
-// countedBody counts a body one way, reserving budget for each read: once the budget is
-// spent it hands back what was left of it and then errBudget.
-type countedBody struct {
-	io.ReadCloser
-	f  *flow
-	up bool
-}
-
-func (b *countedBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if n > 0 {
-		k := b.f.s.take(n)
-		b.f.count(k, b.up)
-		if k < n {
-			b.f.cut(ReasonEgressMaxBytes, b.f.budgetDetail()+"; the transfer was cut when it reached the limit")
-			return k, errBudget
-		}
-	}
-	return n, err
-}
-
-// countedRWC counts an upgraded connection: reads down, writes up.
-type countedRWC struct {
-	countedBody
-	w io.Writer
-}
-
-func (c *countedRWC) Write(p []byte) (int, error) {
-	k := c.f.s.take(len(p))
-	n, err := c.w.Write(p[:k])
-	c.f.count(n, true)
-	if err != nil {
-		return n, err
-	}
-	if k < len(p) {
-		c.f.cut(ReasonEgressMaxBytes, c.f.budgetDetail()+"; the connection was cut when it reached the limit")
-		return n, errBudget
-	}
-	return n, nil
 }

@@ -223,11 +223,11 @@ func TestBudgetCutsForward(t *testing.T) {
 		t.Fatalf("client read %d bytes of a %d budget", n, budget)
 	}
 	rec := e.rec.next(t)
-	if rec.Decision != Allowed || rec.Reason != ReasonEgressMaxBytes || rec.BytesDown != budget {
+	if rec.Decision != Allowed || rec.Reason != ReasonEgressMaxBytes || rec.BytesUp+rec.BytesDown != budget {
 		t.Fatalf("record %+v", rec)
 	}
 	tot := e.s.Totals()
-	if tot.Used != budget || tot.BytesDown != budget {
+	if tot.Used != budget || tot.BytesUp+tot.BytesDown != budget {
 		t.Fatalf("totals %+v", tot)
 	}
 	r2, body := e.raw(fmt.Sprintf("GET http://web.test:%d/hello HTTP/1.1\r\nHost: x\r\n\r\n", port))
@@ -246,8 +246,12 @@ func TestBudgetCutsTunnels(t *testing.T) {
 	const budget = 3 << 20
 	// Half the budget was spent before a restart.
 	e := newEnv(t, permitLoopback(), []string{"web.test"}, budget, budget/2)
-	c1, br, res := e.connect(fmt.Sprintf("web.test:%d", port))
+	dest := fmt.Sprintf("web.test:%d", port)
+	c1, br, res := e.connect(dest)
 	c2, code := e.socks(socksDomain("web.test", port))
+	// The handshakes count: the CONNECT head and its 200, the SOCKS5 exchange.
+	handUp := int64(len(fmt.Sprintf("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", dest, dest)) + 3 + len(socksDomain("web.test", port)))
+	handDown := int64(len(connectEstablished) + 2 + 10)
 	if res.StatusCode != 200 || code != 0 {
 		t.Fatalf("%d %#x", res.StatusCode, code)
 	}
@@ -266,15 +270,16 @@ func TestBudgetCutsTunnels(t *testing.T) {
 	c1.Close()
 	c2.Close()
 	// Two bytes went up, one per tunnel; the rest of the budget came down.
-	if got := total.Load(); got != budget/2-2 {
-		t.Fatalf("clients read %d bytes; the budget left %d", got, budget/2-2)
+	left := budget/2 - 2 - handUp - handDown
+	if got := total.Load(); got != left {
+		t.Fatalf("clients read %d bytes; the budget left %d", got, left)
 	}
 	for range 2 {
 		if rec := e.rec.next(t); rec.Reason != ReasonEgressMaxBytes || rec.Decision != Allowed {
 			t.Fatalf("record %+v", rec)
 		}
 	}
-	if tot := e.s.Totals(); tot.Used != budget || tot.BytesDown != budget/2-2 || tot.BytesUp != 2 {
+	if tot := e.s.Totals(); tot.Used != budget || tot.BytesDown != left+handDown || tot.BytesUp != 2+handUp {
 		t.Fatalf("totals %+v", tot)
 	}
 }

@@ -174,7 +174,9 @@ func (s *Session) ServeSOCKS(conn net.Conn) {
 		_ = conn.Close()
 	}
 	_ = conn.SetDeadline(time.Now().Add(HandshakeTimeout))
-	noAuth, err := readSOCKSGreeting(conn)
+	// The handshake is bytes too: counted as read, charged once the request is admitted.
+	hand := &countingReader{r: conn}
+	noAuth, err := readSOCKSGreeting(hand)
 	if err != nil {
 		fail(nil, badRequest(err))
 		return
@@ -187,7 +189,7 @@ func (s *Session) ServeSOCKS(conn net.Conn) {
 		fail(nil, badRequest(fmt.Errorf("%w: answering the SOCKS5 greeting: %w", errBadRequest, err)))
 		return
 	}
-	req, code, err := readSOCKSRequest(conn)
+	req, code, err := readSOCKSRequest(hand)
 	if err != nil {
 		if req.t.host != "" {
 			f.setDest(req.t.host, req.t.port)
@@ -208,9 +210,17 @@ func (s *Session) ServeSOCKS(conn net.Conn) {
 		fail(socksReply(socksCode(den)), den)
 		return
 	}
+	// Up: what was read; down: the method reply and the reply to come.
+	reply := socksReply(socksSucceeded)
+	handDown := 2 + len(reply)
+	if !s.charge(hand.n, handDown) {
+		fail(socksReply(socksNotAllowed), &denial{ReasonEgressMaxBytes, f.budgetDetail() + fmt.Sprintf("; the %d-byte SOCKS5 handshake does not fit what is left", hand.n+handDown), 0})
+		return
+	}
 	upstream, addr, err := s.dial(ctx, d)
 	f.setAddr(addr)
 	if err != nil {
+		s.refund(hand.n + handDown)
 		if den := refusedSlot(req.t, err); den != nil {
 			fail(socksReply(socksCode(den)), den)
 			return
@@ -218,7 +228,9 @@ func (s *Session) ServeSOCKS(conn net.Conn) {
 		fail(socksReply(socksDialReply(err)), &denial{ReasonDialFailed, dialDetail(req.t, addr, err), 0})
 		return
 	}
-	if _, err := conn.Write(socksReply(socksSucceeded)); err != nil {
+	f.count(hand.n, true)
+	f.count(handDown, false)
+	if _, err := conn.Write(reply); err != nil {
 		_ = upstream.Close()
 		_ = conn.Close()
 		f.cut("", fmt.Sprintf("egress to %s ended: the client went away before the reply: %v", hostPort(req.t.host, req.t.port), err))

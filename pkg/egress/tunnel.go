@@ -113,16 +113,20 @@ func socksDialReply(err error) byte {
 	}
 }
 
-// copyCounted copies src to dst, reserving budget for every read before writing it. It
-// returns nil at src's EOF, errBudget when the budget ran out (having written exactly
-// what was left of it), or the error that ended it.
+// copyCounted copies src to dst, reserving budget for every read and waiting for the
+// session's share before writing it. It returns nil at src's EOF, errBudget when the
+// budget ran out (having written exactly what was left of it), or the error that ended
+// it.
 func (f *flow) copyCounted(dst io.Writer, src io.Reader, up bool) error {
-	buf := make([]byte, bufSize)
+	buf := f.s.readSize(make([]byte, bufSize))
 	for {
 		n, rerr := src.Read(buf)
 		if n > 0 {
 			k := f.s.take(n)
 			if k > 0 {
+				if err := f.s.pace(k, up); err != nil {
+					return err
+				}
 				w, werr := dst.Write(buf[:k])
 				f.count(w, up)
 				if werr != nil {
@@ -195,17 +199,3 @@ func (f *flow) tunnel(client net.Conn, clientR io.Reader, upstream net.Conn) {
 	go pipe(client, upstream, false)
 	wg.Wait()
 }
-
-// trackedConn takes itself out of the session's set when closed.
-type trackedConn struct {
-	net.Conn
-	s    *Session
-	once sync.Once
-}
-
-func (c *trackedConn) Close() error {
-	c.once.Do(func() { c.s.untrack(c) })
-	return c.Conn.Close()
-}
-
-func (c *trackedConn) CloseWrite() error { return closeWrite(c.Conn) }

@@ -75,7 +75,7 @@ func TestNetNSEndpointCarriesProxy(t *testing.T) {
 	px := egress.New(egress.Config{Hosts: map[string]netip.Addr{"dest.test": netip.MustParseAddr("127.0.0.1")},
 		PermitCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, audit, nil)
 	rule, _ := manifest.ParseNetRule(fmt.Sprintf("dest.test:%d", port))
-	session := px.Session(sessionID, []manifest.NetRule{rule}, 0, 0)
+	session := px.Session(sessionID, []manifest.NetRule{rule}, egress.Limits{})
 	defer session.Close()
 
 	eps, err := endpoint.New(newKeys(t), t.TempDir(), nil)

@@ -213,6 +213,7 @@ func (d *decoder) capabilities(n *yaml.Node, path string) *Capabilities {
 				{"log_max_bytes", set(&r.LogMaxBytes, d.positive)},
 				{"endpoint_max_connections", set(&r.EndpointMaxConnections, d.positive)},
 				{"egress_max_bytes", set(&r.EgressMaxBytes, d.positive)},
+				{"egress_bytes_per_sec", set(&r.EgressBytesPerSec, d.positive)},
 			})
 		}},
 	})

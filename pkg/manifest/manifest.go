@@ -109,6 +109,8 @@ type Resources struct {
 	EndpointMaxConnections *int64
 	// EgressMaxBytes bounds what the session's egress proxy carries, up and down together.
 	EgressMaxBytes *int64
+	// EgressBytesPerSec is the session's bandwidth share through its egress proxy, each way.
+	EgressBytesPerSec *int64
 }
 
 // Ref is the capsule's name@version.

@@ -82,6 +82,7 @@ capabilities:
     max_processes: 7
     memory_bytes: 8
     workdir_max_bytes: 9
+    egress_bytes_per_sec: 10
 `
 	m := mustParse(t, src)
 	if m.Name != "hello" || m.Version != "1.2.3-rc.1+build.5" || m.Ref() != "hello@1.2.3-rc.1+build.5" {
@@ -111,8 +112,8 @@ capabilities:
 		t.Fatalf("spawn: %+v", p.Spawn)
 	}
 	r := p.Resources
-	got := []int64{r.CgroupMemoryBytes.Value, r.CgroupPidsMax.Value, r.CgroupCPUPercent.Value, r.MaxOpenFiles.Value, r.MaxFileSizeBytes.Value, r.CPUSeconds.Value, r.MaxProcesses.Value, r.MemoryBytes.Value, r.WorkdirMaxBytes.Value}
-	if !reflect.DeepEqual(got, []int64{1, 2, 3, 4, 5, 6, 7, 8, 9}) {
+	got := []int64{r.CgroupMemoryBytes.Value, r.CgroupPidsMax.Value, r.CgroupCPUPercent.Value, r.MaxOpenFiles.Value, r.MaxFileSizeBytes.Value, r.CPUSeconds.Value, r.MaxProcesses.Value, r.MemoryBytes.Value, r.WorkdirMaxBytes.Value, r.EgressBytesPerSec.Value}
+	if !reflect.DeepEqual(got, []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}) {
 		t.Fatalf("resources: %v", got)
 	}
 	if p.Limits.DeadlineSeconds.Value != 60 || p.Limits.MemoryBytes.Value != 1024 {
@@ -166,19 +167,20 @@ func TestDefaultsFilledAndDeclaredKept(t *testing.T) {
 		got  Limit
 		want int64
 	}{
-		"limits.deadline_seconds":       {p.Limits.DeadlineSeconds, DefaultDeadlineSeconds},
-		"limits.memory_bytes":           {p.Limits.MemoryBytes, DefaultWasmMemoryBytes},
-		"resources.cgroup_memory_bytes": {p.Resources.CgroupMemoryBytes, DefaultCgroupMemoryBytes},
-		"resources.cgroup_pids_max":     {p.Resources.CgroupPidsMax, DefaultCgroupPidsMax},
-		"resources.cgroup_cpu_percent":  {p.Resources.CgroupCPUPercent, DefaultCgroupCPUPercent},
-		"resources.max_open_files":      {p.Resources.MaxOpenFiles, DefaultMaxOpenFiles},
-		"resources.max_file_size_bytes": {p.Resources.MaxFileSizeBytes, DefaultMaxFileSizeBytes},
-		"resources.cpu_seconds":         {p.Resources.CPUSeconds, DefaultCPUSeconds},
-		"resources.max_processes":       {p.Resources.MaxProcesses, DefaultMaxProcesses},
-		"resources.memory_bytes":        {p.Resources.MemoryBytes, DefaultMemoryBytes},
-		"resources.workdir_max_bytes":   {p.Resources.WorkdirMaxBytes, DefaultWorkdirMaxBytes},
-		"spawn.max_depth":               {p.Spawn.MaxDepth, DefaultSpawnMaxDepth},
-		"spawn.max_children":            {p.Spawn.MaxChildren, DefaultSpawnMaxChildren},
+		"limits.deadline_seconds":        {p.Limits.DeadlineSeconds, DefaultDeadlineSeconds},
+		"limits.memory_bytes":            {p.Limits.MemoryBytes, DefaultWasmMemoryBytes},
+		"resources.cgroup_memory_bytes":  {p.Resources.CgroupMemoryBytes, DefaultCgroupMemoryBytes},
+		"resources.cgroup_pids_max":      {p.Resources.CgroupPidsMax, DefaultCgroupPidsMax},
+		"resources.cgroup_cpu_percent":   {p.Resources.CgroupCPUPercent, DefaultCgroupCPUPercent},
+		"resources.max_open_files":       {p.Resources.MaxOpenFiles, DefaultMaxOpenFiles},
+		"resources.max_file_size_bytes":  {p.Resources.MaxFileSizeBytes, DefaultMaxFileSizeBytes},
+		"resources.cpu_seconds":          {p.Resources.CPUSeconds, DefaultCPUSeconds},
+		"resources.max_processes":        {p.Resources.MaxProcesses, DefaultMaxProcesses},
+		"resources.memory_bytes":         {p.Resources.MemoryBytes, DefaultMemoryBytes},
+		"resources.workdir_max_bytes":    {p.Resources.WorkdirMaxBytes, DefaultWorkdirMaxBytes},
+		"resources.egress_bytes_per_sec": {p.Resources.EgressBytesPerSec, DefaultEgressBytesPerSec},
+		"spawn.max_depth":                {p.Spawn.MaxDepth, DefaultSpawnMaxDepth},
+		"spawn.max_children":             {p.Spawn.MaxChildren, DefaultSpawnMaxChildren},
 	}
 	for key, c := range defaults {
 		if c.got.Value != c.want || c.got.Declared != nil {
@@ -226,6 +228,7 @@ func TestErrors(t *testing.T) {
 		{"empty command", "name: a\nversion: 0.1.0\nrun: {command: []}\n", `run.command: must name a program`},
 		{"wasm escapes", "name: a\nversion: 0.1.0\nrun: {wasm: ../x.wasm}\n", `run.wasm: "../x.wasm" climbs out`},
 		{"zero limit", head + "capabilities:\n  resources:\n    max_open_files: 0\n", `capsule.yaml:7:21: capabilities.resources.max_open_files: must be greater than 0`},
+		{"zero share", head + "capabilities:\n  resources:\n    egress_bytes_per_sec: 0\n", `capabilities.resources.egress_bytes_per_sec: must be greater than 0`},
 		{"negative limit", head + "capabilities:\n  limits:\n    deadline_seconds: -5\n", `capabilities.limits.deadline_seconds: must be greater than 0`},
 		{"string limit", head + "capabilities:\n  limits:\n    deadline_seconds: \"60\"\n", `deadline_seconds: expected a whole number, got a string`},
 		{"float limit", head + "capabilities:\n  resources:\n    cpu_seconds: 1.5\n", `cpu_seconds: expected a whole number, got a number`},

@@ -28,9 +28,14 @@ const (
 	DefaultWorkdirMaxInodes = 1_000_000
 	DefaultLogMaxBytes      = 64 << 20
 	DefaultEndpointMaxConns = 64
-	DefaultSpawnMaxDepth    = 3
-	DefaultSpawnMaxChildren = 4
-	DefaultSpawnMaxTotal    = 64
+	// resources.egress_bytes_per_sec is a session's share of the link, each way. 32 MiB/s
+	// is a quarter of a 1 Gbit/s link: three sessions pulling as fast as they can still
+	// leave a fourth its share, and a 1 GiB download takes half a minute. A session that
+	// needs more declares it, up to roostd's egress.max_bytes_per_sec_per_session.
+	DefaultEgressBytesPerSec = 32 << 20
+	DefaultSpawnMaxDepth     = 3
+	DefaultSpawnMaxChildren  = 4
+	DefaultSpawnMaxTotal     = 64
 )
 
 // What inference.on_exhausted may say.
@@ -153,6 +158,8 @@ type ResourcesPolicy struct {
 	// EgressMaxBytes bounds what the session's egress proxy carries, up and down together;
 	// Value 0 when undeclared: no bound.
 	EgressMaxBytes Limit
+	// EgressBytesPerSec is the session's bandwidth share through its egress proxy, each way.
+	EgressBytesPerSec Limit
 }
 
 // InferencePolicy is the inference block resolved.
@@ -252,6 +259,7 @@ func Lower(m *Manifest) Policy {
 		LogMaxBytes:            resolve(r.LogMaxBytes, DefaultLogMaxBytes),
 		EndpointMaxConnections: resolve(r.EndpointMaxConnections, DefaultEndpointMaxConns),
 		EgressMaxBytes:         resolve(r.EgressMaxBytes, 0),
+		EgressBytesPerSec:      resolve(r.EgressBytesPerSec, DefaultEgressBytesPerSec),
 	}
 
 	p.Inference.OnExhausted = OnExhaustedFail

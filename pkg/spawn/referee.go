@@ -189,6 +189,7 @@ func envelope(p Parent, c Child) error {
 		{"capabilities.resources.workdir_max_inodes", cr.WorkdirMaxInodes, pr.WorkdirMaxInodes},
 		{"capabilities.resources.log_max_bytes", cr.LogMaxBytes, pr.LogMaxBytes},
 		{"capabilities.resources.endpoint_max_connections", cr.EndpointMaxConnections, pr.EndpointMaxConnections},
+		{"capabilities.resources.egress_bytes_per_sec", cr.EgressBytesPerSec, pr.EgressBytesPerSec},
 		{"capabilities.spawn.max_total_children", cp.Spawn.MaxTotalChildren, pp.Spawn.MaxTotalChildren},
 		{"capabilities.limits.memory_bytes", cp.Limits.MemoryBytes, pp.Limits.MemoryBytes},
 		{"capabilities.limits.deadline_seconds", cp.Limits.DeadlineSeconds, pp.Limits.DeadlineSeconds},

@@ -84,6 +84,7 @@ var ceilings = [][2]string{
 	{"resources.max_processes", "107"},
 	{"resources.memory_bytes", "1000008"},
 	{"resources.workdir_max_bytes", "1000009"},
+	{"resources.egress_bytes_per_sec", "1000012"},
 	{"limits.memory_bytes", "1000010"},
 	{"limits.deadline_seconds", "111"},
 }

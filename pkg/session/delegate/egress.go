@@ -120,7 +120,10 @@ func (a *Egress) Open(sessionID string, p *manifest.Policy, before Carried) *egr
 		e.refusals = newRefusals()
 	}
 	e.before.Refused = nil
-	e.proxy = a.proxy.Session(sessionID, p.Network.Allow, p.Resources.EgressMaxBytes.Value, before.used())
+	e.proxy = a.proxy.Session(sessionID, p.Network.Allow, egress.Limits{
+		MaxBytes: p.Resources.EgressMaxBytes.Value, UsedBytes: before.used(),
+		BytesPerSec: p.Resources.EgressBytesPerSec.Value,
+	})
 	e.saved = e.snapshot()
 	a.mu.Lock()
 	a.live[sessionID] = e
