@@ -286,7 +286,8 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 		Hooks:           sessionHooks,
 		SessionView:     server.SessionProto,
 		Egress: &egress.Config{Hosts: cfg.Egress.HostAddrs(), PermitCIDRs: cfg.Egress.Prefixes(),
-			MaxConnectionsPerSession: cfg.Egress.MaxConnectionsPerSession, HostAddrs: hostAddrs, Descriptors: fds},
+			MaxConnectionsPerSession: cfg.Egress.MaxConnectionsPerSession, MaxBytesPerSecPerSession: cfg.Egress.MaxBytesPerSecPerSession,
+			HostAddrs: hostAddrs, Descriptors: fds},
 	})
 	if err != nil {
 		return nil, err

@@ -134,6 +134,9 @@ type Egress struct {
 	// MaxConnectionsPerSession bounds each session's open egress connections together;
 	// DefaultEgressConnections when 0.
 	MaxConnectionsPerSession int `yaml:"max_connections_per_session"`
+	// MaxBytesPerSecPerSession is the most bandwidth share (each way) any session gets,
+	// whatever its resources.egress_bytes_per_sec declares; 0 for no ceiling.
+	MaxBytesPerSecPerSession int64 `yaml:"max_bytes_per_sec_per_session"`
 }
 
 // DefaultEgressConnections is egress.max_connections_per_session's default.
@@ -178,6 +181,9 @@ func (e *Egress) check(file string) error {
 		return fmt.Errorf("%s: egress.max_connections_per_session: %d: must be more than 0", file, e.MaxConnectionsPerSession)
 	case e.MaxConnectionsPerSession == 0:
 		e.MaxConnectionsPerSession = DefaultEgressConnections
+	}
+	if e.MaxBytesPerSecPerSession < 0 {
+		return fmt.Errorf("%s: egress.max_bytes_per_sec_per_session: %d: must be 0 (no ceiling) or more", file, e.MaxBytesPerSecPerSession)
 	}
 	return nil
 }

@@ -193,6 +193,7 @@ func TestEgress(t *testing.T) {
 		"egress:\n  hosts: {\"a b\": 10.0.0.1}\n":        `egress.hosts: "a b" is not a host name`,
 		"egress:\n  permit_cidrs: [10.0.0.1]\n":          `egress.permit_cidrs[0]: "10.0.0.1" is not a CIDR prefix`,
 		"egress:\n  max_connections_per_session: -1\n":   "egress.max_connections_per_session: -1",
+		"egress:\n  max_bytes_per_sec_per_session: -1\n": "egress.max_bytes_per_sec_per_session: -1: must be 0",
 		"egress:\n  max_connections_per_session: many\n": "cannot unmarshal",
 	}
 	for src, want := range bad {
