@@ -37,6 +37,9 @@ func TestMain(m *testing.M) {
 	if containment.RunHelper(os.Args) {
 		return
 	}
+	if sock := os.Getenv(streamClientEnv); sock != "" {
+		os.Exit(streamClient(sock))
+	}
 	os.Exit(m.Run())
 }
 
