@@ -36,10 +36,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"roost.dev/roost/pkg/fdbudget"
-
 	"golang.org/x/time/rate"
 
+	"roost.dev/roost/pkg/fdbudget"
 	"roost.dev/roost/pkg/manifest"
 )
 

@@ -265,8 +265,8 @@ func (s *Session) serveForward(w http.ResponseWriter, r *http.Request) {
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn: func(info httptrace.GotConnInfo) {
 			// A pooled socket counts for the request that has it now.
-			if u, ok := info.Conn.(flowUser); ok {
-				u.use(f)
+			if tc, ok := info.Conn.(*trackedConn); ok {
+				tc.use(f)
 			}
 			f.setAddr(info.Conn.RemoteAddr().String())
 		},
@@ -323,11 +323,11 @@ func (s *Session) forwardError(w http.ResponseWriter, r *http.Request, err error
 	f.mu.Lock()
 	cut := f.rec.Reason == ReasonEgressMaxBytes
 	f.mu.Unlock()
+	slotDenial := refusedSlot(fw.t, dialErr)
 	switch {
-	case dialed && refusedSlot(fw.t, dialErr) != nil:
-		d := refusedSlot(fw.t, dialErr)
-		f.fail(d.reason, d.detail)
-		writeDenial(w, f, d)
+	case dialed && slotDenial != nil:
+		f.fail(slotDenial.reason, slotDenial.detail)
+		writeDenial(w, f, slotDenial)
 	case dialed && dialErr != nil:
 		f.setAddr(addr)
 		d := &denial{ReasonDialFailed, dialDetail(fw.t, addr, dialErr), 0}

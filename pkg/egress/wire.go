@@ -133,23 +133,16 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// flowUser is a connection that counts for whichever flow uses it now: a pooled
-// upstream socket serves one forwarded request after another.
-type flowUser interface {
-	use(f *flow)
-}
-
 // trackedConn is an upstream socket the forward transport dialled: it meters every byte
-// against the session's budget and share, counts it for the request using it, and takes
-// itself out of the session's set when closed.
+// against the session's budget and share, counts it for the request using it now (a pooled
+// socket serves one forwarded request after another), and takes itself out of the
+// session's set when closed.
 type trackedConn struct {
 	net.Conn
 	s    *Session
 	cur  atomic.Pointer[flow]
 	once sync.Once
 }
-
-var _ flowUser = (*trackedConn)(nil)
 
 func (c *trackedConn) use(f *flow) { c.cur.Store(f) }
 

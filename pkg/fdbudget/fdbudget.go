@@ -195,8 +195,8 @@ func (b *Budget) Acquire(owner string, u Use) (Slot, error) {
 	return Slot{b: b, count: count, owner: owner, use: u, reserved: reserved}, nil
 }
 
-// AcquireTotal takes a slot counted under owner but checked against the total only: for a
-// descriptor that has a per-owner cap of its own (an endpoint's connections have
+// AcquireTotal takes a slot checked against the total only, not owner's share (owner only
+// names who asked, in a refusal): for a descriptor that has a per-owner cap of its own (an endpoint's connections have
 // resources.endpoint_max_connections), so that the owner's share is left for what it
 // opens through them and a refusal can be said on the connection that asked.
 func (b *Budget) AcquireTotal(owner string, u Use) (Slot, error) {

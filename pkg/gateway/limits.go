@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"net/http"
@@ -167,9 +166,12 @@ func (g *Gateway) readBody(r *http.Request) ([]byte, int64, error) {
 	if size > g.limits.MaxBody {
 		return nil, held, tooBig()
 	}
-	if len(parts) <= 1 {
-		// One chunk, held whole.
-		return bytes.Join(parts, nil), held, nil
+	switch len(parts) {
+	case 0:
+		return nil, held, nil
+	case 1:
+		// One chunk, held as it was read (a join would copy it).
+		return parts[0], held, nil
 	}
 	if err := g.reserve(size); err != nil {
 		return nil, held, err

@@ -34,7 +34,7 @@ type meter struct {
 	field        []byte
 	named, data  bool
 	space, empty bool
-	// hasData: the event has a data: line; done6 the first bytes of its data (to know
+	// hasData: the event has a data: line; head the first bytes of its data (to know
 	// "[DONE]") and dataLen their number.
 	hasData bool
 	head    [7]byte
@@ -78,7 +78,7 @@ func (m *meter) Write(p []byte) (int, error) {
 			continue
 		}
 		m.afterCR = false
-		i := indexEOL(p)
+		i := bytes.IndexAny(p, "\r\n")
 		if i < 0 {
 			m.part(p)
 			break
@@ -90,15 +90,6 @@ func (m *meter) Write(p []byte) (int, error) {
 		m.newLine()
 	}
 	return n, nil
-}
-
-func indexEOL(p []byte) int {
-	for i, c := range p {
-		if c == '\r' || c == '\n' {
-			return i
-		}
-	}
-	return -1
 }
 
 func (m *meter) newLine() {

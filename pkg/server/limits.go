@@ -41,7 +41,7 @@ type streamBounds struct {
 	total, perClient int
 }
 
-// errStreamBound is a stream refused by a bound; the message names the bound and its
+// refusal is why a stream of c is refused by a bound; the message names the bound and its
 // setting, so the operator knows what to raise and the client what to end.
 func (b streamBounds) refusal(c clientID, total, mine int) error {
 	if mine >= b.perClient {

@@ -284,15 +284,20 @@ func (a *Egress) Run(ctx context.Context, interval time.Duration) {
 
 // Flush writes every live session's changed refusal counters and checkpoint now.
 func (a *Egress) Flush() {
+	for _, e := range a.lives() {
+		a.flush(e)
+	}
+}
+
+// lives is the live sessions' egress now, for work done outside a.mu (a flush writes files).
+func (a *Egress) lives() []*liveEgress {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	live := make([]*liveEgress, 0, len(a.live))
 	for _, e := range a.live {
 		live = append(live, e)
 	}
-	a.mu.Unlock()
-	for _, e := range live {
-		a.flush(e)
-	}
+	return live
 }
 
 // Close ends the session's proxy (its open connections are cut), writes its last refusal
@@ -325,13 +330,7 @@ func (a *Egress) Close(rec *store.Record) {
 // Release cuts every proxy and checkpoints what each carried, recording no end: the
 // daemon is going, its sessions stay, and the next daemon opens their proxies again.
 func (a *Egress) Release() {
-	a.mu.Lock()
-	live := make([]*liveEgress, 0, len(a.live))
-	for _, e := range a.live {
-		live = append(live, e)
-	}
-	a.mu.Unlock()
-	for _, e := range live {
+	for _, e := range a.lives() {
 		e.proxy.Close()
 		a.flush(e)
 	}
