@@ -61,16 +61,34 @@ func TestBoundsRetention(t *testing.T) {
 		}
 	}
 
-	res := d.ctl("events", "--since", "0")
-	m := regexp.MustCompile(`^roostctl: events before (\d+) were compacted away \(by roostd --retain-ended 5, with the sessions it removed\); the oldest kept is (\d+): use --since (\d+) or later\n$`).FindStringSubmatch(res.stderr)
-	if res.code != 1 || m == nil || m[1] != m[2] || res.stdout != "" {
-		t.Fatalf("events --since 0 after compaction: %+v", res)
-	}
-	since, _ := strconv.Atoi(m[3])
-	kept := d.events(since)
-	if len(kept) == 0 || kept[0].Seq != m[1] {
-		t.Fatalf("events --since %d: %+v", since, kept)
-	}
+	// The pass that removed the last of the fifteen compacts the log after the removal ps
+	// shows: wait for the window to start at a kept session's events.
+	compacted := regexp.MustCompile(`^roostctl: events before (\d+) were compacted away \(by roostd --retain-ended 5, with the sessions it removed\); the oldest kept is (\d+): use --since (\d+) or later\n$`)
+	var kept []event
+	waitFor(t, "the event log compacted to the kept sessions", func() bool {
+		res := d.ctl("events", "--since", "0")
+		m := compacted.FindStringSubmatch(res.stderr)
+		if res.code != 1 || m == nil || m[1] != m[2] || res.stdout != "" {
+			t.Fatalf("events --since 0 after compaction: %+v", res)
+		}
+		res = d.ctl("events", "--json", "--since", m[3])
+		if res.code != 0 {
+			return false // compacted again between the two reads
+		}
+		kept = kept[:0]
+		sc := bufio.NewScanner(strings.NewReader(res.stdout))
+		for sc.Scan() {
+			var ev event
+			if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+				t.Fatalf("event line %q: %v", sc.Text(), err)
+			}
+			kept = append(kept, ev)
+		}
+		if len(kept) == 0 || kept[0].Seq != m[1] {
+			t.Fatalf("events --since %s: %+v", m[3], kept)
+		}
+		return slices.Contains(ids[15:], kept[0].SessionID)
+	})
 	for _, ev := range kept {
 		// The window holds the kept sessions' events and the latest removals.
 		if !slices.Contains(ids[15:], ev.SessionID) && ev.Type != "session.removed" {
