@@ -183,6 +183,17 @@ func ruleAdmits(r manifest.NetRule, proto string) (port int, ok bool) {
 	}
 }
 
+// Covers says whether a rule of the session's network.allow names host, a name as a
+// resolver is asked it, on any port or scheme: the names the session's resolver answers
+// (pkg/resolver). An address, or a name the proxy would refuse to read, covers nothing.
+func (s *Session) Covers(host string) bool {
+	h, ip, err := normaliseHost(host)
+	if err != nil || ip.IsValid() {
+		return false
+	}
+	return slices.ContainsFunc(s.rules, func(r manifest.NetRule) bool { return r.Matches(h) })
+}
+
 // match finds the first rule admitting proto to t.
 func (s *Session) match(proto string, t target) (manifest.NetRule, *denial) {
 	var ports []int

@@ -4,7 +4,8 @@
 // which listener accepted; there it also carries the session's egress proxy (HTTP forward
 // requests, CONNECT and SOCKS5), which needs no credential for that reason. A session without
 // a namespace gets a port of its own on host loopback, where its credential alone says who
-// calls, and no proxy.
+// calls, and no proxy. Beside a namespace's listener roostd serves the session's resolver
+// (pkg/resolver) on resolver.Addr, opened in the same namespace and closed with the listener.
 package endpoint
 
 import (
@@ -30,6 +31,7 @@ import (
 
 	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/fdbudget"
+	"roost.dev/roost/pkg/resolver"
 	"roost.dev/roost/pkg/spawn"
 )
 
@@ -145,7 +147,9 @@ type Endpoint struct {
 	netns string
 	port  int
 	srv   *http.Server
-	once  sync.Once
+	// dns is the session's resolver; nil without a namespace.
+	dns  *resolver.Responder
+	once sync.Once
 	// conns counts the connections the endpoint holds.
 	conns *gate
 }
@@ -171,8 +175,9 @@ func (e *Endpoints) Credential(sessionID string) string { return e.keys.Mint(ses
 func (e *Endpoints) NetNSPath(sessionID string) string { return filepath.Join(e.netns, sessionID) }
 
 // Open starts a session's endpoint. With netns it makes (or, after a restart, re-enters)
-// the session's network namespace, pinned at NetNSPath, and listens on SealedAddr inside
-// it; otherwise it listens on host loopback at port (0: any free port). The endpoint holds
+// the session's network namespace, pinned at NetNSPath, listens on SealedAddr inside it
+// and serves the session's resolver at resolver.Addr there, answering the names proxy's
+// network.allow covers (none when proxy is nil); otherwise it listens on host loopback at port (0: any free port). The endpoint holds
 // at most maxConns connections at once (DefaultMaxConnections when 0 or less); one past
 // that, or past the cap of all endpoints together, is closed unread and reported to d as
 // LimitConnections, at most once per report interval. In a namespace the endpoint carries
@@ -183,8 +188,16 @@ func (e *Endpoints) Open(sessionID string, netns bool, port, maxConns int, d spa
 	var err error
 	if netns {
 		ep.netns = e.NetNSPath(sessionID)
-		ln, err = listenInNetNS(ep.netns, SealedAddr)
+		var dns net.PacketConn
+		ln, dns, err = listenInNetNS(ep.netns, SealedAddr, resolver.Addr)
 		ep.url = "http://" + SealedAddr
+		if err == nil {
+			var covers func(string) bool
+			if proxy != nil {
+				covers = proxy.Covers
+			}
+			ep.dns = resolver.Serve(dns, resolver.Config{Covers: covers})
+		}
 	} else {
 		ln, err = net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if err == nil {
@@ -224,9 +237,12 @@ func (e *Endpoints) Open(sessionID string, netns bool, port, maxConns int, d spa
 	return ep, nil
 }
 
-// Close stops the listener; Release also unpins the namespace.
+// Close stops the listener and the resolver; Release also unpins the namespace.
 func (ep *Endpoint) Close() {
 	ep.once.Do(func() {
+		if ep.dns != nil {
+			ep.dns.Close()
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		if err := ep.srv.Shutdown(ctx); err != nil {
@@ -306,37 +322,39 @@ func (e *Endpoints) Pinned() ([]string, error) {
 	return ids, nil
 }
 
-// listenInNetNS listens on addr inside the network namespace pinned at path, making and
-// pinning a new one (loopback up) when there is none. The socket keeps its namespace after
-// the thread returns to the host's. The work runs on a goroutine of its own, locked to its
+// listenInNetNS listens on addr (TCP) and dnsAddr (UDP) inside the network namespace pinned
+// at path, making and pinning a new one (loopback up) when there is none. The sockets keep
+// their namespace after the thread returns to the host's. The work runs on a goroutine of its own, locked to its
 // thread: should the way back to the host's namespace fail, that thread ends with the
 // goroutine instead of serving anything else from the session's namespace.
-func listenInNetNS(path, addr string) (net.Listener, error) {
+func listenInNetNS(path, addr, dnsAddr string) (net.Listener, net.PacketConn, error) {
 	type result struct {
 		ln  net.Listener
+		dns net.PacketConn
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread()
-		ln, err, back := enterAndListen(path, addr)
+		ln, dns, err, back := enterAndListen(path, addr, dnsAddr)
 		if back {
 			runtime.UnlockOSThread()
 		}
-		done <- result{ln, err}
+		done <- result{ln, dns, err}
 	}()
 	r := <-done
-	return r.ln, r.err
+	return r.ln, r.dns, r.err
 }
 
 // enterAndListen does listenInNetNS's work on a locked thread; back says the thread is in
 // the host's namespace again.
-func enterAndListen(path, addr string) (_ net.Listener, _ error, back bool) {
+func enterAndListen(path, addr, dnsAddr string) (_ net.Listener, _ net.PacketConn, _ error, back bool) {
 	host, err := os.Open("/proc/thread-self/ns/net")
 	if err != nil {
-		return nil, err, true
+		return nil, nil, err, true
 	}
 	defer host.Close()
+	var dns net.PacketConn
 	ln, err := func() (net.Listener, error) {
 		if existing, err := os.Open(path); err == nil {
 			err = unix.Setns(int(existing.Fd()), unix.CLONE_NEWNET)
@@ -347,15 +365,24 @@ func enterAndListen(path, addr string) (_ net.Listener, _ error, back bool) {
 		} else if err := makeNetNS(path); err != nil {
 			return nil, err
 		}
-		return net.Listen("tcp", addr)
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		if dns, err = net.ListenPacket("udp", dnsAddr); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("the session's resolver: %w", err)
+		}
+		return ln, nil
 	}()
 	if serr := unix.Setns(int(host.Fd()), unix.CLONE_NEWNET); serr != nil {
 		if ln != nil {
 			ln.Close()
+			dns.Close()
 		}
-		return nil, fmt.Errorf("returning to the host network namespace: %w", serr), false
+		return nil, nil, fmt.Errorf("returning to the host network namespace: %w", serr), false
 	}
-	return ln, err, true
+	return ln, dns, err, true
 }
 
 // makeNetNS moves this thread into a new network namespace, brings its loopback up and

@@ -7,8 +7,8 @@ import (
 )
 
 // privateMounts changes this process's mount namespace, one roost-init made private for it:
-// its pid namespace's procfs over /proc, a tmpfs of its own over /dev/shm, and noexec binds
-// of the trees the session writes.
+// its pid namespace's procfs over /proc, a tmpfs of its own over /dev/shm, noexec binds of
+// the trees the session writes and its own /etc/resolv.conf.
 func privateMounts(m *Mounts) error {
 	if m.Proc {
 		// A procfs shows the pid namespace of whoever mounts it: the session's, of which
@@ -32,7 +32,21 @@ func privateMounts(m *Mounts) error {
 			return fmt.Errorf("%s noexec: %w", dir, err)
 		}
 	}
+	if m.ResolvConf != "" {
+		if err := bindReadOnly(m.ResolvConf, "/etc/resolv.conf"); err != nil {
+			return fmt.Errorf("the session's /etc/resolv.conf: %w", err)
+		}
+	}
 	return nil
+}
+
+// bindReadOnly binds the file src over dst (over what dst links to: mount follows it),
+// read-only.
+func bindReadOnly(src, dst string) error {
+	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+		return err
+	}
+	return unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
 }
 
 // remountNoExec binds dir over itself and remounts the bind noexec, keeping the flags the

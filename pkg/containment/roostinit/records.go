@@ -113,6 +113,10 @@ type Mounts struct {
 	// Proc mounts a procfs of the program's pid namespace over /proc (roost-init is born in
 	// one of the session's own): the host's lists every process on it.
 	Proc bool `json:"proc,omitempty"`
+	// ResolvConf is a file bound read-only over /etc/resolv.conf (over what it links to,
+	// when it is a link): the host's names nameservers the session's network namespace
+	// cannot reach, this one the session's own resolver.
+	ResolvConf string `json:"resolv_conf,omitempty"`
 }
 
 // User is a host uid and gid.

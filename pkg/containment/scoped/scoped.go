@@ -19,11 +19,13 @@ import (
 	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/containment/seccomp"
 	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/resolver"
 )
 
 // Runtime runs scoped sessions: the program keeps the host's view of files, held by
 // what a process can be held with there, in a network namespace of its own (the session's
-// pinned one, where its endpoint listens; else a new one, loopback only) and pid and IPC
+// pinned one, where its endpoint and resolver listen, /etc/resolv.conf naming the resolver;
+// else a new one, loopback only) and pid and IPC
 // namespaces of its own, roost-init their pid 1, with a /proc of its own. roost-exec, before
 // it execs the program, joins the session's cgroup (memory, pids, cpu) and network
 // namespace, sets no_new_privs, applies Landlock (the host readable, only the workdir or its
@@ -33,6 +35,8 @@ type Runtime struct {
 	plain *containment.ProcessRuntime
 	// tmp holds each session's private temporary directory (TMPDIR).
 	tmp string
+	// resolvConf is the file bound over every session's /etc/resolv.conf.
+	resolvConf string
 	// rehearsal is the id range rehearsals run as: one no session is ever given.
 	rehearsal containment.IDs
 	// memfdSysctl says roost-exec sets vm.memfd_noexec in the session's pid namespace
@@ -46,10 +50,13 @@ type Runtime struct {
 // go.
 func NewRuntime(stateDir, init string, rehearsal containment.IDs, opts ...containment.Option) (*Runtime, error) {
 	r := &Runtime{plain: containment.NewProcessRuntime(init, opts...), tmp: TmpRoot(stateDir), rehearsal: rehearsal,
-		memfdSysctl: containment.ApplyOptions(opts).MemfdSysctl()}
+		resolvConf: filepath.Join(stateDir, "resolv.conf"), memfdSysctl: containment.ApplyOptions(opts).MemfdSysctl()}
 	// Others may pass through to a TMPDIR they own, never list the sessions'.
 	if err := os.MkdirAll(r.tmp, 0o711); err != nil {
 		return nil, err
+	}
+	if err := os.WriteFile(r.resolvConf, []byte(resolver.ResolvConf), 0o644); err != nil {
+		return nil, fmt.Errorf("the sessions' resolv.conf: %w", err)
 	}
 	return r, os.Chmod(r.tmp, 0o711)
 }
@@ -174,6 +181,11 @@ func (r *Runtime) execSpec(spec containment.Spec, user *roostinit.User, tmp stri
 		Refusals: &roostinit.Refusals{},
 	}
 	exec.Landlock, exec.Mounts = scopedExec(spec, tmp)
+	// The host's resolv.conf names servers the session's namespace cannot reach; without
+	// one, resolvers ask 127.0.0.1, the session's own already.
+	if _, err := os.Stat("/etc/resolv.conf"); err == nil {
+		exec.Mounts.ResolvConf = r.resolvConf
+	}
 	return exec, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"roost.dev/roost/pkg/containment"
+	"roost.dev/roost/pkg/resolver"
 )
 
 // usrLinks are the top-level directories a merged-/usr host keeps as symlinks into /usr.
@@ -91,8 +92,8 @@ func composeRoot(dir string, l Layout) error {
 		"hostname":      "roost\n",
 		"hosts":         "127.0.0.1\tlocalhost roost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
 		"nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n",
-		// A sealed session has only loopback: names resolve from /etc/hosts alone.
-		"resolv.conf": "# a sealed session reaches the network only through roost\n",
+		// A sealed session has only loopback, and its own resolver there (pkg/resolver).
+		"resolv.conf": resolver.ResolvConf,
 	}
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(etc, name), []byte(content), 0o644); err != nil {
