@@ -25,7 +25,9 @@
 // What it costs: one socket and one goroutine per session, serving queries one at a time,
 // and a token bucket (Config.Rate, Config.Burst) checked before a datagram is even parsed:
 // past it queries are dropped unanswered, so a session flooding its resolver spends its own
-// retries and at most one goroutine of roostd's, never its neighbours' answers.
+// retries and at most one goroutine of roostd's, never its neighbours' answers. The socket
+// is not a slot of pkg/fdbudget: like the endpoint's listener it is one per session, fixed
+// at its start, where the budget bounds what a session can make roostd open as it runs.
 package resolver
 
 import (

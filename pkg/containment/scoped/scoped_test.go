@@ -19,12 +19,14 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"roost.dev/roost/internal/testenv"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/internal/testkit"
 	"roost.dev/roost/pkg/containment/roostinit"
 	"roost.dev/roost/pkg/containment/scoped"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/records"
+	"roost.dev/roost/pkg/resolver"
 )
 
 func TestScopedHoldsTheHostView(t *testing.T) {
@@ -129,6 +131,24 @@ cat /proc/net/dev`)
 	// Only lo: /proc/net/dev lists one interface.
 	if n := strings.Count(out, ":"); n != 2 || !strings.Contains(out, "lo:") {
 		t.Fatalf("interfaces other than lo:\n%s", out)
+	}
+}
+
+// A scoped session reads its own resolver's resolv.conf where the host's is (bound in its
+// mount namespace over the host's file, or what it links to), and the host's is untouched.
+func TestScopedResolvConf(t *testing.T) {
+	testkit.NeedRoot(t)
+	host, err := os.ReadFile("/etc/resolv.conf")
+	testenv.Need(t, "a host /etc/resolv.conf", err)
+	if string(host) == resolver.ResolvConf {
+		t.Fatal("the host's resolv.conf is already the session's: nothing here would tell them apart")
+	}
+	_, out, errOut, _ := kit.ScopedRun(t, "capabilities: {containment: scoped, shell: {allow: [cat]}}", "cat /etc/resolv.conf")
+	if out != resolver.ResolvConf {
+		t.Fatalf("the session's /etc/resolv.conf:\n%s\n%s\nwant:\n%s", out, errOut, resolver.ResolvConf)
+	}
+	if after, err := os.ReadFile("/etc/resolv.conf"); err != nil || string(after) != string(host) {
+		t.Fatalf("the host's resolv.conf changed: %q %v", after, err)
 	}
 }
 
