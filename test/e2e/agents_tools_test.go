@@ -69,6 +69,12 @@ func TestCodingAgentsRunTools(t *testing.T) {
 	cfg := filepath.Join(dir, "roostd.yaml")
 	os.WriteFile(cfg, []byte("inference:\n  upstreams:\n"+upstreams.String()), 0o600)
 	d := newDaemon(t, "--config", cfg)
+	// The examples name these upstreams and the CLIs where npm -g puts them: they stage.
+	for _, ex := range []string{"examples/claude-code", "examples/codex"} {
+		if out := d.ok("explain", ex); !strings.Contains(out, "achieved     sealed") {
+			t.Errorf("explain %s:\n%s", ex, out)
+		}
+	}
 
 	agents := []struct{ name, upstream, shell, top, script string }{
 		{"claude", "anthropic", `["bash", "` + claude + `"]`, agentEnv,
