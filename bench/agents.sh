@@ -30,7 +30,10 @@ cleanup() {
 		kill -TERM "$roostd_pid" 2>/dev/null
 		wait "$roostd_pid" 2>/dev/null
 	fi
-	[ -n "$fake_pid" ] && kill -TERM "$fake_pid" 2>/dev/null
+	if [ -n "$fake_pid" ]; then
+		kill -TERM "$fake_pid" 2>/dev/null
+		wait "$fake_pid" 2>/dev/null
+	fi
 	awk -v d="$tmp/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
 	rm -rf "$tmp"
 }
@@ -41,7 +44,9 @@ echo "== building"
 make build >/dev/null
 go build -o "$tmp/fakellm" ./bench/fakellm
 
-coproc FAKE { "$tmp/fakellm" --api-key sk-operator; }
+# exec: FAKE_PID is then the fake's own pid, which cleanup ends (a subshell's would leave the
+# fake running, holding whatever descriptors it inherited).
+coproc FAKE { exec "$tmp/fakellm" --api-key sk-operator; }
 fake_pid=$FAKE_PID
 read -r fake_url <&"${FAKE[0]}"
 echo sk-operator >"$tmp/llm.key"
