@@ -20,7 +20,7 @@ CONFDIR := /etc/roost
 DOCDIR  := $(PREFIX)/share/doc/roost
 INSTALL_BINS := roostd roostctl roost-init roost-sealer roost-wasm
 
-.PHONY: all deps rust-wasi sdk build man test unit e2e lint vet staticcheck fmt-check proto proto-check buf-lint demo bench fuzz tools clean install install-check buf-breaking api-baseline tidy-check deploy-check tracked-check
+.PHONY: all deps rust-wasi sdk agent-clis build man test unit e2e lint vet staticcheck fmt-check proto proto-check buf-lint demo bench fuzz tools clean install install-check buf-breaking api-baseline tidy-check deploy-check tracked-check
 
 all: build
 
@@ -72,7 +72,7 @@ unit: deps rust-wasi
 # tests of the runtimes.
 WARM_PACKAGES := ./pkg/containment/ ./pkg/containment/scoped/ ./pkg/containment/sealed/
 
-e2e: deps sdk $(TOOLS)/grpcurl
+e2e: deps sdk agent-clis $(TOOLS)/grpcurl
 	$(GO) test -count=1 ./test/e2e/
 	# The suites of sealed sessions again, against daemons keeping warm sandboxes.
 	ROOST_E2E_WARM_POOL=2 $(GO) test -count=1 -run '$(WARM_SUITES)' ./test/e2e/
@@ -95,6 +95,20 @@ $(SDK_DIR)/node_modules/.package-lock.json: $(SDK_DIR)/package.json $(SDK_DIR)/p
 		echo "warning: node $$(node --version): the pinned SDKs support Node 20 and later" >&2
 	cd $(SDK_DIR) && npm ci --no-audit --no-fund
 	@touch $@
+
+## agent-clis: the coding agents' CLIs that test/e2e runs as capsules (agents_*_test.go), at the
+## versions pinned here, installed with npm install -g (into the system trees, where an
+## operator's npm puts them) when missing or at another version.
+CLAUDE_CODE_VERSION := 2.1.197
+CODEX_VERSION       := 0.171.0
+
+agent-clis:
+	@[ "$$(claude --version 2>/dev/null)" = "$(CLAUDE_CODE_VERSION) (Claude Code)" ] || { \
+		echo "installing @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)"; \
+		npm install -g --no-fund --no-audit @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION) >/dev/null; }
+	@[ "$$(codex --version 2>/dev/null)" = "codex-cli $(CODEX_VERSION)" ] || { \
+		echo "installing @openai/codex@$(CODEX_VERSION)"; \
+		npm install -g --no-fund --no-audit @openai/codex@$(CODEX_VERSION) >/dev/null; }
 
 lint: deps fmt-check vet staticcheck buf-lint buf-breaking proto-check tidy-check deploy-check tracked-check
 

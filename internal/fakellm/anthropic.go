@@ -1,6 +1,7 @@
 package fakellm
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -78,12 +79,21 @@ type textBlock struct {
 	Text string `json:"text"`
 }
 
+// toolUseBlock is a tool call in a message's content.
+type toolUseBlock struct {
+	Type  string          `json:"type"`
+	ID    string          `json:"id"`
+	Name  string          `json:"name"`
+	Input json.RawMessage `json:"input"`
+}
+
 type message struct {
-	ID           string         `json:"id"`
-	Type         string         `json:"type"`
-	Role         string         `json:"role"`
-	Model        string         `json:"model"`
-	Content      []textBlock    `json:"content"`
+	ID    string `json:"id"`
+	Type  string `json:"type"`
+	Role  string `json:"role"`
+	Model string `json:"model"`
+	// Content holds textBlock and *toolUseBlock values.
+	Content      []any          `json:"content"`
 	StopReason   *string        `json:"stop_reason"`
 	StopSequence *string        `json:"stop_sequence"`
 	Usage        anthropicUsage `json:"usage"`
@@ -126,7 +136,7 @@ func anthropicAuth(w http.ResponseWriter, r *http.Request, cfg Config) bool {
 	return true
 }
 
-func serveMessages(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) {
+func (s *Server) serveMessages(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) {
 	if !anthropicAuth(w, r, cfg) {
 		return
 	}
@@ -182,24 +192,47 @@ func serveMessages(w http.ResponseWriter, r *http.Request, cfg Config, body []by
 		}
 	}
 
+	turn, offered, scripted := scriptTurn(cfg, f, anthropicResults)
+	if scripted {
+		turn, _ = unoffered(turn, offered)
+	} else {
+		turn = Turn{Text: cfg.reply()}
+	}
 	out, truncated := capped(cfg, maxTokens, true)
 	stop := "end_turn"
-	if truncated {
+	switch {
+	case truncated:
 		stop = "max_tokens"
+	case turn.Tool != "":
+		stop = "tool_use"
+	}
+	// The blocks the answer holds: its text, then the tool call it makes. A call cut short
+	// by max_tokens is not made; the text is what was said before the cut.
+	var content []any
+	if turn.Text != "" || turn.Tool == "" {
+		content = append(content, textBlock{Type: "text", Text: turn.Text})
+	}
+	var call *toolUseBlock
+	if turn.Tool != "" && !truncated {
+		call = &toolUseBlock{Type: "tool_use", ID: "toolu_01" + randID(22), Name: turn.Tool, Input: turn.Input}
+		content = append(content, call)
 	}
 	msg := message{
 		ID:      "msg_01" + randID(22),
 		Type:    "message",
 		Role:    "assistant",
 		Model:   model,
-		Content: []textBlock{{Type: "text", Text: cfg.reply()}},
+		Content: content,
 		Usage: anthropicUsage{
-			InputTokens:  cfg.InputTokens,
-			OutputTokens: out,
-			ServiceTier:  "standard",
+			InputTokens:          cfg.InputTokens,
+			CacheReadInputTokens: cfg.CachedTokens,
+			OutputTokens:         out,
+			ServiceTier:          "standard",
 		},
 		StopReason: &stop,
 	}
+	s.bill(Usage{InputTokens: cfg.InputTokens, OutputTokens: out, CachedTokens: cfg.CachedTokens,
+		Tokens: cfg.InputTokens + cfg.CachedTokens + out})
 	if !stream {
 		anthropicHeaders(w)
 		writeJSON(w, http.StatusOK, msg)
@@ -212,33 +245,55 @@ func serveMessages(w http.ResponseWriter, r *http.Request, cfg Config, body []by
 	// reason, the whole input usage and a token of output. The final output count arrives
 	// only in message_delta, and is cumulative, not an increment.
 	start := msg
-	start.Content = []textBlock{}
+	start.Content = []any{}
 	start.StopReason = nil
 	start.Usage.OutputTokens = 1
 	writeEvent(ev, "message_start", struct {
 		Type    string  `json:"type"`
 		Message message `json:"message"`
 	}{"message_start", start})
-	zero := 0
-	writeEvent(ev, "content_block_start", struct {
-		Type         string    `json:"type"`
-		Index        int       `json:"index"`
-		ContentBlock textBlock `json:"content_block"`
-	}{"content_block_start", zero, textBlock{Type: "text"}})
-	writeEvent(ev, "ping", struct {
-		Type string `json:"type"`
-	}{"ping"})
-	for _, part := range splitReply(cfg.reply()) {
-		writeEvent(ev, "content_block_delta", struct {
-			Type  string    `json:"type"`
-			Index int       `json:"index"`
-			Delta textBlock `json:"delta"`
-		}{"content_block_delta", zero, textBlock{Type: "text_delta", Text: part}})
+	type blockStart struct {
+		Type         string `json:"type"`
+		Index        int    `json:"index"`
+		ContentBlock any    `json:"content_block"`
 	}
-	writeEvent(ev, "content_block_stop", struct {
+	type blockDelta struct {
 		Type  string `json:"type"`
 		Index int    `json:"index"`
-	}{"content_block_stop", zero})
+		Delta any    `json:"delta"`
+	}
+	type blockStop struct {
+		Type  string `json:"type"`
+		Index int    `json:"index"`
+	}
+	for i, block := range content {
+		switch b := block.(type) {
+		case textBlock:
+			writeEvent(ev, "content_block_start", blockStart{"content_block_start", i, textBlock{Type: "text"}})
+			if i == 0 {
+				writeEvent(ev, "ping", struct {
+					Type string `json:"type"`
+				}{"ping"})
+			}
+			for _, part := range splitReply(b.Text) {
+				writeEvent(ev, "content_block_delta", blockDelta{"content_block_delta", i, textBlock{Type: "text_delta", Text: part}})
+			}
+		case *toolUseBlock:
+			// The call opens with an empty input; the input follows as pieces of its JSON
+			// text, the first of them empty, as the API sends them.
+			opening := *b
+			opening.Input = []byte("{}")
+			writeEvent(ev, "content_block_start", blockStart{"content_block_start", i, opening})
+			type inputDelta struct {
+				Type        string `json:"type"`
+				PartialJSON string `json:"partial_json"`
+			}
+			for _, part := range append([]string{""}, splitJSONText(string(b.Input))...) {
+				writeEvent(ev, "content_block_delta", blockDelta{"content_block_delta", i, inputDelta{"input_json_delta", part}})
+			}
+		}
+		writeEvent(ev, "content_block_stop", blockStop{"content_block_stop", i})
+	}
 	type stopDelta struct {
 		StopReason   string  `json:"stop_reason"`
 		StopSequence *string `json:"stop_sequence"`

@@ -7,11 +7,14 @@
 // message_start and message_delta, the Responses API in its final event): a fake that
 // simplified those shapes would let a gateway that misreads the real ones pass.
 //
-// Routes: POST /v1/chat/completions (honouring n), /v1/completions (n, best_of, a list of
-// prompts), /v1/responses and /v1/embeddings (OpenAI); POST /v1/messages and
-// /v1/messages/count_tokens (Anthropic); GET /v1/models and /v1/models/{id} in the shape of
-// the provider whose headers the request carries (Anthropic's anthropic-version or x-api-key,
-// else OpenAI's). Anything else is a 404 in the shape of the provider whose path it resembles.
+// Config.Script makes the Messages and Responses routes play a conversation with tool calls
+// (script.go), for running a coding agent's CLI against the fake.
+//
+// Routes: HEAD / (a connectivity probe); POST /v1/chat/completions (honouring n),
+// /v1/completions (n, best_of, a list of prompts), /v1/responses and /v1/embeddings
+// (OpenAI); POST /v1/messages and /v1/messages/count_tokens (Anthropic); GET /v1/models and
+// /v1/models/{id} in the shape of the provider whose headers the request carries
+// (Anthropic's anthropic-version or x-api-key, else OpenAI's). Anything else is a 404 in the shape of the provider whose path it resembles.
 package fakellm
 
 import (
@@ -49,6 +52,15 @@ type Config struct {
 	// Authentication is checked first, as the real services do, so a gateway that sends the
 	// wrong key is still told so.
 	Status int
+	// CachedTokens is the part of every answer's input read from the prompt cache, reported
+	// as each provider does (Anthropic's cache_read_input_tokens, besides InputTokens; OpenAI's
+	// cached_tokens, within it and at most it).
+	CachedTokens int
+	// Script, when set, is the main conversation's answers (see Turn): a Messages or
+	// Responses request that offers tools gets the turn after as many tool calls as its
+	// history holds results of. Requests without tools, and a conversation past the
+	// script's end, get Reply.
+	Script []Turn
 	// Models are what the models routes list, and the only ids they describe; empty lists
 	// DefaultModels and describes any id asked for.
 	Models []string
@@ -92,9 +104,10 @@ type Server struct {
 	done chan struct{}
 	once sync.Once
 
-	mu   sync.Mutex
-	cfg  Config
-	reqs []Request
+	mu     sync.Mutex
+	cfg    Config
+	reqs   []Request
+	billed Usage
 }
 
 // Start listens on 127.0.0.1:0 (real TCP, real net/http) and serves until Close.
@@ -176,16 +189,19 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	anthropic := r.Header.Get("anthropic-version") != "" || r.Header.Get("x-api-key") != ""
 	switch {
+	case r.Method == http.MethodHead && path == "":
+		// Claude Code's connectivity probe: the API answers it without a key.
+		w.WriteHeader(http.StatusOK)
 	case r.Method == http.MethodPost && path == "/v1/chat/completions":
-		serveChat(w, r, cfg, body)
+		s.serveChat(w, r, cfg, body)
 	case r.Method == http.MethodPost && path == "/v1/completions":
-		serveCompletions(w, r, cfg, body)
+		s.serveCompletions(w, r, cfg, body)
 	case r.Method == http.MethodPost && path == "/v1/responses":
-		serveResponses(w, r, cfg, body)
+		s.serveResponses(w, r, cfg, body)
 	case r.Method == http.MethodPost && path == "/v1/embeddings":
-		serveEmbeddings(w, r, cfg, body)
+		s.serveEmbeddings(w, r, cfg, body)
 	case r.Method == http.MethodPost && path == "/v1/messages":
-		serveMessages(w, r, cfg, body)
+		s.serveMessages(w, r, cfg, body)
 	case r.Method == http.MethodPost && path == "/v1/messages/count_tokens":
 		serveCountTokens(w, r, cfg, body)
 	case r.Method == http.MethodGet && (path == "/v1/models" || isModel && model != "" && !strings.Contains(model, "/")):

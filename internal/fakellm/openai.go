@@ -263,7 +263,7 @@ type rawNull struct{}
 
 func (rawNull) MarshalJSON() ([]byte, error) { return []byte("null"), nil }
 
-func serveChat(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) {
+func (s *Server) serveChat(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) {
 	p := openAIRequest(w, r, cfg, body)
 	if p == nil {
 		return
@@ -319,6 +319,7 @@ func serveChat(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) 
 	usage.PromptTokens = cfg.InputTokens
 	usage.CompletionTokens = n * out
 	usage.TotalTokens = cfg.InputTokens + n*out
+	s.bill(Usage{InputTokens: usage.PromptTokens, OutputTokens: usage.CompletionTokens, Tokens: usage.TotalTokens})
 
 	id := "chatcmpl-" + randID(29)
 	created := time.Now().Unix()
@@ -410,18 +411,29 @@ type outputItem struct {
 	Role    string       `json:"role"`
 }
 
+// functionCall is a call of one of the request's function tools among a response's output.
+type functionCall struct {
+	ID        string `json:"id"`
+	Type      string `json:"type"`
+	Status    string `json:"status"`
+	Arguments string `json:"arguments"`
+	CallID    string `json:"call_id"`
+	Name      string `json:"name"`
+}
+
 type response struct {
-	ID                 string         `json:"id"`
-	Object             string         `json:"object"`
-	CreatedAt          int64          `json:"created_at"`
-	Status             string         `json:"status"`
-	Background         bool           `json:"background"`
-	Error              any            `json:"error"`
-	IncompleteDetails  any            `json:"incomplete_details"`
-	Instructions       any            `json:"instructions"`
-	MaxOutputTokens    any            `json:"max_output_tokens"`
-	Model              string         `json:"model"`
-	Output             []outputItem   `json:"output"`
+	ID                string `json:"id"`
+	Object            string `json:"object"`
+	CreatedAt         int64  `json:"created_at"`
+	Status            string `json:"status"`
+	Background        bool   `json:"background"`
+	Error             any    `json:"error"`
+	IncompleteDetails any    `json:"incomplete_details"`
+	Instructions      any    `json:"instructions"`
+	MaxOutputTokens   any    `json:"max_output_tokens"`
+	Model             string `json:"model"`
+	// Output holds outputItem and functionCall values.
+	Output             []any          `json:"output"`
 	ParallelToolCalls  bool           `json:"parallel_tool_calls"`
 	PreviousResponseID any            `json:"previous_response_id"`
 	Reasoning          any            `json:"reasoning"`
@@ -446,15 +458,16 @@ type responseEvent struct {
 	ItemID         string      `json:"item_id,omitempty"`
 	OutputIndex    *int        `json:"output_index,omitempty"`
 	ContentIndex   *int        `json:"content_index,omitempty"`
-	Item           *outputItem `json:"item,omitempty"`
+	Item           any         `json:"item,omitempty"`
 	Part           *outputText `json:"part,omitempty"`
 	Delta          *string     `json:"delta,omitempty"`
 	Text           *string     `json:"text,omitempty"`
+	Arguments      *string     `json:"arguments,omitempty"`
 	// Logprobs is [] on the text events and absent elsewhere, as OpenAI sends it.
 	Logprobs []any `json:"logprobs,omitzero"`
 }
 
-func serveResponses(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) {
+func (s *Server) serveResponses(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) {
 	p := openAIRequest(w, r, cfg, body)
 	if p == nil {
 		return
@@ -478,16 +491,37 @@ func serveResponses(w http.ResponseWriter, r *http.Request, cfg Config, body []b
 		return
 	}
 
+	turn, offered, scripted := scriptTurn(cfg, p.f, responsesResults)
+	if scripted {
+		turn, _ = unoffered(turn, offered)
+	} else {
+		turn = Turn{Text: cfg.reply()}
+	}
 	out, truncated := capped(cfg, limit, limited)
 	status, incomplete := "completed", any(nil)
 	if truncated {
 		status = "incomplete"
 		incomplete = map[string]string{"reason": "max_output_tokens"}
 	}
+	cached := min(cfg.CachedTokens, cfg.InputTokens)
 	usage := &responseUsage{InputTokens: cfg.InputTokens, OutputTokens: out, TotalTokens: cfg.InputTokens + out}
-	text := cfg.reply()
-	part := outputText{Type: "output_text", Annotations: []any{}, Logprobs: []any{}, Text: text}
-	item := outputItem{ID: "msg_" + randID(48), Type: "message", Status: status, Content: []outputText{part}, Role: "assistant"}
+	usage.InputTokensDetails.CachedTokens = cached
+	s.bill(Usage{InputTokens: cfg.InputTokens, OutputTokens: out, CachedTokens: cached, Tokens: usage.TotalTokens})
+	// The output: the message, then the call it makes. A call cut short by
+	// max_output_tokens is not made.
+	var output []any
+	var item *outputItem
+	if turn.Text != "" || turn.Tool == "" {
+		part := outputText{Type: "output_text", Annotations: []any{}, Logprobs: []any{}, Text: turn.Text}
+		item = &outputItem{ID: "msg_" + randID(48), Type: "message", Status: status, Content: []outputText{part}, Role: "assistant"}
+		output = append(output, *item)
+	}
+	var call *functionCall
+	if turn.Tool != "" && !truncated {
+		call = &functionCall{ID: "fc_" + randID(48), Type: "function_call", Status: "completed",
+			Arguments: string(turn.Input), CallID: "call_" + randID(24), Name: turn.Tool}
+		output = append(output, *call)
+	}
 	resp := response{
 		ID:                "resp_" + randID(48),
 		Object:            "response",
@@ -496,7 +530,7 @@ func serveResponses(w http.ResponseWriter, r *http.Request, cfg Config, body []b
 		IncompleteDetails: incomplete,
 		Instructions:      instructions,
 		Model:             model,
-		Output:            []outputItem{item},
+		Output:            output,
 		ParallelToolCalls: true,
 		Reasoning:         map[string]any{"effort": nil, "summary": nil},
 		ServiceTier:       "default",
@@ -530,22 +564,40 @@ func serveResponses(w http.ResponseWriter, r *http.Request, cfg Config, body []b
 	// Until the last event the response is in progress: no output yet and no usage, which is
 	// what makes response.completed the only place a meter can read it.
 	pending := resp
-	pending.Status, pending.IncompleteDetails, pending.Output, pending.Usage = "in_progress", nil, []outputItem{}, nil
+	pending.Status, pending.IncompleteDetails, pending.Output, pending.Usage = "in_progress", nil, []any{}, nil
 	zero := ptr(0)
 	emit(responseEvent{Type: "response.created", Response: &pending})
 	emit(responseEvent{Type: "response.in_progress", Response: &pending})
-	emit(responseEvent{Type: "response.output_item.added", OutputIndex: zero,
-		Item: &outputItem{ID: item.ID, Type: "message", Status: "in_progress", Content: []outputText{}, Role: "assistant"}})
-	emit(responseEvent{Type: "response.content_part.added", ItemID: item.ID, OutputIndex: zero, ContentIndex: zero,
-		Part: &outputText{Type: "output_text", Annotations: []any{}, Logprobs: []any{}, Text: ""}})
-	for _, d := range splitReply(text) {
-		emit(responseEvent{Type: "response.output_text.delta", ItemID: item.ID, OutputIndex: zero, ContentIndex: zero,
-			Delta: ptr(d), Logprobs: []any{}})
+	index := 0
+	if item != nil {
+		at := ptr(index)
+		part := item.Content[0]
+		emit(responseEvent{Type: "response.output_item.added", OutputIndex: at,
+			Item: &outputItem{ID: item.ID, Type: "message", Status: "in_progress", Content: []outputText{}, Role: "assistant"}})
+		emit(responseEvent{Type: "response.content_part.added", ItemID: item.ID, OutputIndex: at, ContentIndex: zero,
+			Part: &outputText{Type: "output_text", Annotations: []any{}, Logprobs: []any{}, Text: ""}})
+		for _, d := range splitReply(part.Text) {
+			emit(responseEvent{Type: "response.output_text.delta", ItemID: item.ID, OutputIndex: at, ContentIndex: zero,
+				Delta: ptr(d), Logprobs: []any{}})
+		}
+		emit(responseEvent{Type: "response.output_text.done", ItemID: item.ID, OutputIndex: at, ContentIndex: zero,
+			Text: ptr(part.Text), Logprobs: []any{}})
+		emit(responseEvent{Type: "response.content_part.done", ItemID: item.ID, OutputIndex: at, ContentIndex: zero, Part: &part})
+		emit(responseEvent{Type: "response.output_item.done", OutputIndex: at, Item: item})
+		index++
 	}
-	emit(responseEvent{Type: "response.output_text.done", ItemID: item.ID, OutputIndex: zero, ContentIndex: zero,
-		Text: ptr(text), Logprobs: []any{}})
-	emit(responseEvent{Type: "response.content_part.done", ItemID: item.ID, OutputIndex: zero, ContentIndex: zero, Part: &part})
-	emit(responseEvent{Type: "response.output_item.done", OutputIndex: zero, Item: &item})
+	if call != nil {
+		// The call opens with no arguments; they follow in pieces of their JSON text.
+		at := ptr(index)
+		opening := *call
+		opening.Status, opening.Arguments = "in_progress", ""
+		emit(responseEvent{Type: "response.output_item.added", OutputIndex: at, Item: &opening})
+		for _, d := range splitJSONText(call.Arguments) {
+			emit(responseEvent{Type: "response.function_call_arguments.delta", ItemID: call.ID, OutputIndex: at, Delta: ptr(d)})
+		}
+		emit(responseEvent{Type: "response.function_call_arguments.done", ItemID: call.ID, OutputIndex: at, Arguments: ptr(call.Arguments)})
+		emit(responseEvent{Type: "response.output_item.done", OutputIndex: at, Item: call})
+	}
 	final := "response.completed"
 	if truncated {
 		// A response cut short by max_output_tokens ends in response.incomplete instead, with
@@ -579,7 +631,7 @@ type textCompletion struct {
 // serveCompletions answers the legacy completions API: n choices for each prompt (a string,
 // a token list, or a list of either), generated best_of times each, all of which count in
 // the usage.
-func serveCompletions(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) {
+func (s *Server) serveCompletions(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) {
 	p := openAIRequest(w, r, cfg, body)
 	if p == nil {
 		return
@@ -631,6 +683,7 @@ func serveCompletions(w http.ResponseWriter, r *http.Request, cfg Config, body [
 	}
 	usage := chatUsage{PromptTokens: cfg.InputTokens, CompletionTokens: prompts * bestOf * out}
 	usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
+	s.bill(Usage{InputTokens: usage.PromptTokens, OutputTokens: usage.CompletionTokens, Tokens: usage.TotalTokens})
 	c := textCompletion{ID: "cmpl-" + randID(29), Object: "text_completion", Created: time.Now().Unix(), Model: model, SystemFingerprint: systemFingerprint}
 	openAIHeaders(w)
 	if !stream {
@@ -667,7 +720,7 @@ const embeddingDimensions = 8
 
 // serveEmbeddings answers one embedding per input (a string, a token list, or a list of
 // either); the usage is input only.
-func serveEmbeddings(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) {
+func (s *Server) serveEmbeddings(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) {
 	p := openAIRequest(w, r, cfg, body)
 	if p == nil {
 		return
@@ -704,6 +757,7 @@ func serveEmbeddings(w http.ResponseWriter, r *http.Request, cfg Config, body []
 		}
 		data[i] = embedding{Object: "embedding", Index: i, Embedding: v}
 	}
+	s.bill(Usage{InputTokens: cfg.InputTokens, Tokens: cfg.InputTokens})
 	openAIHeaders(w)
 	writeJSON(w, http.StatusOK, struct {
 		Object string      `json:"object"`

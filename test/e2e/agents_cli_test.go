@@ -15,19 +15,11 @@ import (
 // libraries; Codex's node launcher, node, and the native binary it execs from its package.
 func TestCodingAgentCLIs(t *testing.T) {
 	claude, codex := agentCLI(t, "claude"), agentCLI(t, "codex")
-	// Codex's launcher runs the binary of its platform's package, beneath its own.
-	launcher, err := filepath.EvalSymlinks(codex)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vendors, _ := filepath.Glob(filepath.Join(filepath.Dir(filepath.Dir(launcher)), "node_modules", "@openai", "codex-linux-*", "vendor"))
-	if len(vendors) == 0 {
-		t.Fatalf("no vendor directory of a codex-linux-* package beneath %s", launcher)
-	}
+	vendor := codexVendor(t, codex)
 	d := newDaemon(t)
 	for _, c := range []struct{ name, caps, script, want string }{
 		{"claude", `  shell: {allow: ["` + claude + `"]}` + "\n", claude + " --version\n", "(Claude Code)"},
-		{"codex", `  shell: {allow: ["@node", "` + codex + `", "` + vendors[0] + `"]}` + "\n", codex + " --version\n", "codex-cli "},
+		{"codex", `  shell: {allow: ["@node", "` + codex + `", "` + vendor + `"]}` + "\n", codex + " --version\n", "codex-cli "},
 	} {
 		for _, class := range []string{"sealed", "scoped"} {
 			t.Run(c.name+"/"+class, func(t *testing.T) {
@@ -51,4 +43,19 @@ func agentCLI(t *testing.T, name string) string {
 		testenv.Need(t, name+" (.ci/run installs it with npm install -g)", err)
 	}
 	return p
+}
+
+// codexVendor is the vendor directory of Codex's platform package: its node launcher runs the
+// native binary there, beneath its own package.
+func codexVendor(t *testing.T, codex string) string {
+	t.Helper()
+	launcher, err := filepath.EvalSymlinks(codex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vendors, _ := filepath.Glob(filepath.Join(filepath.Dir(filepath.Dir(launcher)), "node_modules", "@openai", "codex-linux-*", "vendor"))
+	if len(vendors) == 0 {
+		t.Fatalf("no vendor directory of a codex-linux-* package beneath %s", launcher)
+	}
+	return vendors[0]
 }
