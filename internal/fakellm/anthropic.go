@@ -194,7 +194,7 @@ func serveMessages(w http.ResponseWriter, r *http.Request, cfg Config, body []by
 		Model:   model,
 		Content: []textBlock{{Type: "text", Text: cfg.reply()}},
 		Usage: anthropicUsage{
-			InputTokens:  cfg.InputTokens,
+			InputTokens:  cfg.input(body),
 			OutputTokens: out,
 			ServiceTier:  "standard",
 		},
@@ -285,7 +285,7 @@ func serveCountTokens(w http.ResponseWriter, r *http.Request, cfg Config, body [
 	anthropicHeaders(w)
 	writeJSON(w, http.StatusOK, struct {
 		InputTokens int `json:"input_tokens"`
-	}{cfg.InputTokens})
+	}{cfg.input(body)})
 }
 
 type anthropicModel struct {

@@ -316,9 +316,9 @@ func serveChat(w http.ResponseWriter, r *http.Request, cfg Config, body []byte) 
 		finish = "length"
 	}
 	var usage chatUsage
-	usage.PromptTokens = cfg.InputTokens
+	usage.PromptTokens = cfg.input(body)
 	usage.CompletionTokens = n * out
-	usage.TotalTokens = cfg.InputTokens + n*out
+	usage.TotalTokens = cfg.input(body) + n*out
 
 	id := "chatcmpl-" + randID(29)
 	created := time.Now().Unix()
@@ -484,7 +484,7 @@ func serveResponses(w http.ResponseWriter, r *http.Request, cfg Config, body []b
 		status = "incomplete"
 		incomplete = map[string]string{"reason": "max_output_tokens"}
 	}
-	usage := &responseUsage{InputTokens: cfg.InputTokens, OutputTokens: out, TotalTokens: cfg.InputTokens + out}
+	usage := &responseUsage{InputTokens: cfg.input(body), OutputTokens: out, TotalTokens: cfg.input(body) + out}
 	text := cfg.reply()
 	part := outputText{Type: "output_text", Annotations: []any{}, Logprobs: []any{}, Text: text}
 	item := outputItem{ID: "msg_" + randID(48), Type: "message", Status: status, Content: []outputText{part}, Role: "assistant"}
@@ -629,7 +629,7 @@ func serveCompletions(w http.ResponseWriter, r *http.Request, cfg Config, body [
 	if truncated {
 		finish = "length"
 	}
-	usage := chatUsage{PromptTokens: cfg.InputTokens, CompletionTokens: prompts * bestOf * out}
+	usage := chatUsage{PromptTokens: cfg.input(body), CompletionTokens: prompts * bestOf * out}
 	usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
 	c := textCompletion{ID: "cmpl-" + randID(29), Object: "text_completion", Created: time.Now().Unix(), Model: model, SystemFingerprint: systemFingerprint}
 	openAIHeaders(w)
@@ -710,7 +710,7 @@ func serveEmbeddings(w http.ResponseWriter, r *http.Request, cfg Config, body []
 		Data   []embedding `json:"data"`
 		Model  string      `json:"model"`
 		Usage  any         `json:"usage"`
-	}{"list", data, model, map[string]int{"prompt_tokens": cfg.InputTokens, "total_tokens": cfg.InputTokens}})
+	}{"list", data, model, map[string]int{"prompt_tokens": cfg.input(body), "total_tokens": cfg.input(body)}})
 }
 
 // fakeCreated is when every listed model was made: a fixed time, so listings compare equal.

@@ -53,7 +53,34 @@ type Caller struct {
 	// OnOverrun, when set, hears of a call whose reported usage was charged above what it
 	// was admitted for (the settlement's Charged above its Reserved).
 	OnOverrun func(ledger.Settlement)
+	// OnCall, when set, hears of every metered call once it is settled, on the call's own
+	// goroutine before its answer ends: it must not wait on the disk for long.
+	OnCall func(CallRecord)
 }
+
+// CallRecord is one metered call as it was admitted and charged.
+type CallRecord struct {
+	At       time.Time
+	Upstream string
+	// Route is the method and path as the route names them ("POST v1/messages").
+	Route string
+	// Model is the call's label in the spend metrics.
+	Model string
+	// Status is the upstream's HTTP status; 0 when it did not answer.
+	Status                       int
+	InputTokens, OutputTokens    int64
+	CacheReadTokens, CacheWriteTokens int64
+	Reserved, Charged            int64
+	Latency                      time.Duration
+	Streamed                     bool
+	// LoweredFrom and LoweredTo are the output cap per answer the call came with and the
+	// one the gateway lowered it to so that it fit its ceilings; zero when not lowered.
+	LoweredFrom, LoweredTo int64
+}
+
+// LoweredHeader is the response header that says the gateway lowered a call's output cap
+// to what its ceilings leave: "64000->12000", per answer.
+const LoweredHeader = "X-Roost-Max-Tokens-Lowered"
 
 // Gateway forwards sessions' model calls.
 type Gateway struct {
@@ -212,14 +239,16 @@ func (g *Gateway) Serve(w http.ResponseWriter, r *http.Request, c Caller, upstre
 	meter := &meter{}
 	status := 0
 	if rt.metered {
+		started := g.now()
 		res, err := g.admit(r.Context(), c, cl)
 		if err != nil {
 			fail(err)
 			return
 		}
+		cl.lower(res.Tokens)
 		// Deferred: the proxy ends the handler with a panic (http.ErrAbortHandler) when the
 		// answer is cut mid-copy, and the reservation must be settled even so.
-		defer g.settle(c, cl, res, meter, &status)
+		defer g.settle(c, u.Name, cl, res, meter, &status, started)
 	}
 	target := &url.URL{Scheme: u.base.Scheme, User: u.base.User, Host: u.base.Host, RawQuery: query.Encode()}
 	target.RawPath = strings.TrimSuffix(u.base.EscapedPath(), "/") + "/" + upPath
@@ -244,6 +273,9 @@ func (g *Gateway) Serve(w http.ResponseWriter, r *http.Request, c Caller, upstre
 		FlushInterval: -1,
 		ModifyResponse: func(resp *http.Response) error {
 			status = resp.StatusCode
+			if cl.lowered[0] > 0 {
+				resp.Header.Set(LoweredHeader, fmt.Sprintf("%d->%d", cl.lowered[0], cl.lowered[1]))
+			}
 			// The upstream's cookies are its own business with roostd, not the capsule's.
 			resp.Header.Del("Set-Cookie")
 			if rt.metered {
@@ -350,8 +382,11 @@ func outHeader(in http.Header, u *upstream, rt *route, key string) http.Header {
 	return out
 }
 
-// admit reserves the call's most; with on_exhausted: wait, a refusal at the machine's
-// ceiling holds the call until budget frees, the session's deadline or the caller leaves.
+// admit reserves the most the call could spend, or as much of it as the ceilings leave down
+// to its least (lower then fits the call to it). A refusal the session's own calls in
+// flight make holds the call until they settle, the session's deadline or the caller
+// leaves: it is not exhausted, only busy. With on_exhausted: wait, so does a refusal at the
+// machine's ceiling, until budget frees.
 func (g *Gateway) admit(ctx context.Context, c Caller, cl *call) (ledger.Reservation, error) {
 	var deadline <-chan time.Time
 	if !c.Deadline.IsZero() {
@@ -361,9 +396,13 @@ func (g *Gateway) admit(ctx context.Context, c Caller, cl *call) (ledger.Reserva
 	}
 	for {
 		changed := g.ledger.Changed()
-		res, err := g.ledger.Admit(ledger.Admission{SessionID: c.SessionID, Tokens: cl.reservation(), Model: cl.label})
+		res, err := g.ledger.Admit(ledger.Admission{SessionID: c.SessionID, Tokens: cl.reservation(), MinTokens: cl.least(), Model: cl.label})
 		var refusal *ledger.Refusal
-		if err == nil || !errors.As(err, &refusal) || refusal.Limit != ledger.LimitMachine || c.OnExhausted != "wait" {
+		if err == nil || !errors.As(err, &refusal) {
+			return res, err
+		}
+		busy := refusal.Limit != ledger.LimitMachine && !refusal.Latched
+		if !busy && (refusal.Limit != ledger.LimitMachine || c.OnExhausted != "wait") {
 			return res, err
 		}
 		select {
@@ -381,7 +420,7 @@ func (g *Gateway) admit(ctx context.Context, c Caller, cl *call) (ledger.Reserva
 // without reporting its whole usage (a stream cut short), the most it could have cost — or
 // what it did report, if that is more. What is charged is the truth even above the
 // reservation; then the overrun is told (Caller.OnOverrun) and logged.
-func (g *Gateway) settle(c Caller, cl *call, res ledger.Reservation, m *meter, status *int) {
+func (g *Gateway) settle(c Caller, upstream string, cl *call, res ledger.Reservation, m *meter, status *int, started time.Time) {
 	used, whole := m.usage()
 	switch {
 	case *status == 0 || *status >= 400:
@@ -404,6 +443,12 @@ func (g *Gateway) settle(c Caller, cl *call, res ledger.Reservation, m *meter, s
 		if c.OnOverrun != nil {
 			c.OnOverrun(s)
 		}
+	}
+	if c.OnCall != nil {
+		c.OnCall(CallRecord{At: started.UTC(), Upstream: upstream, Route: cl.route.String(), Model: cl.label, Status: *status,
+			InputTokens: s.InputTokens, OutputTokens: s.OutputTokens, CacheReadTokens: m.cacheRead, CacheWriteTokens: m.cacheWrite,
+			Reserved: s.Reserved, Charged: s.Charged, Latency: g.now().Sub(started), Streamed: m.sse,
+			LoweredFrom: cl.lowered[0], LoweredTo: cl.lowered[1]})
 	}
 }
 

@@ -181,7 +181,7 @@ func TestStreamedChatAsksForUsage(t *testing.T) {
 // numbers, and never reaches the upstream.
 func TestRefusedCallNeverLeaves(t *testing.T) {
 	r := newRig(t, config.FormatOpenAI, 100, Caller{})
-	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":40}`
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":50}`
 	if status, _, out := r.post("/v1/chat/completions", body); status != 200 {
 		t.Fatalf("first call: %d %s", status, out)
 	}
@@ -232,7 +232,7 @@ func TestFailedCallChargesInputEstimate(t *testing.T) {
 		t.Fatalf("%d %s", status, out)
 	}
 	// The body forwarded is the one the gateway re-encoded; the estimate is of that.
-	estimate := estimateTokens(int64(len(r.fake.Requests()[0].Body)))
+	estimate := estimateBody(r.fake.Requests()[0].Body)
 	if s := r.spent(); s.Charged != estimate || s.OutputTokens != 0 || s.Reserved != 0 {
 		t.Fatalf("after a failed call: %+v (estimate %d)", s, estimate)
 	}
