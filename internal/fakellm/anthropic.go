@@ -1,6 +1,7 @@
 package fakellm
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -159,6 +160,10 @@ func serveMessages(w http.ResponseWriter, r *http.Request, cfg Config, body []by
 	}
 	if maxTokens < 1 {
 		invalid("max_tokens: Input should be greater than or equal to 1")
+		return
+	}
+	if msg := thinkingError(f, maxTokens, r.Header.Get("Anthropic-Beta")); msg != "" {
+		invalid(msg)
 		return
 	}
 	if !f.has("messages") {
@@ -344,4 +349,27 @@ func serveAnthropicModels(w http.ResponseWriter, r *http.Request, cfg Config, id
 		FirstID *string          `json:"first_id"`
 		LastID  *string          `json:"last_id"`
 	}{data, len(page) < len(all), first, last})
+}
+
+// thinkingError is what Anthropic says of an enabled thinking budget it refuses: under
+// 1,024 tokens, or not below max_tokens — which interleaved thinking (a beta) allows, the
+// budget then spanning the turn's thinking blocks.
+func thinkingError(f fields, maxTokens int, beta string) string {
+	if !f.has("thinking") {
+		return ""
+	}
+	var th struct {
+		Type   string `json:"type"`
+		Budget int    `json:"budget_tokens"`
+	}
+	if json.Unmarshal(f["thinking"], &th) != nil || th.Type != "enabled" {
+		return ""
+	}
+	switch {
+	case th.Budget < 1024:
+		return "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
+	case th.Budget >= maxTokens && !strings.Contains(beta, "interleaved-thinking"):
+		return "`max_tokens` must be greater than `thinking.budget_tokens`."
+	}
+	return ""
 }

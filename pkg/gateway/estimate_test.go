@@ -1,8 +1,10 @@
 package gateway
 
-// estimateBody is the input estimate of a body sent as it is (one whose names are unique).
+// estimateBody is the input estimate of a body sent as it came.
 func estimateBody(b []byte) int64 {
-	e := estimator{}
-	e.value(b, skipSpace(b, 0), 0, false)
-	return e.tokens
+	fields, err := parseObject(b, "")
+	if err != nil {
+		panic(err)
+	}
+	return estimateSent(fields, nil, nil)
 }
