@@ -249,3 +249,58 @@ func TestClaudeCodeSpendsItsBudget(t *testing.T) {
 		})
 	}
 }
+
+// The ids agents send of their session, thread and request reach the upstream (which may
+// key its prompt cache on them), as claude 2.1.197 and codex send them; credentials and
+// hop-by-hop headers do not. The gateway's base URL answers a probe with 200.
+func TestAgentHeadersForwarded(t *testing.T) {
+	r := newRig(t, config.FormatOpenAI, 0, Caller{})
+	req, _ := http.NewRequest("POST", r.url+"/v1/responses", strings.NewReader(`{"model":"m","input":"hi"}`))
+	req.Header.Set("Authorization", "Bearer roost-placeholder")
+	friendly := map[string]string{"session_id": "s-1", "conversation_id": "c-1", "originator": "codex_cli_rs", "X-Claude-Code-Session-Id": "b24b",
+		"X-Client-Request-Id": "r-1", "Thread-Id": "t-1", "X-App": "cli", "Version": "0.171.0", "X-Stainless-Os": "Linux"}
+	hostile := map[string]string{"Chatgpt-Account-Id": "acct", "OpenAI-Organization": "org", "Cookie": "a=b", "Keep-Alive": "timeout=5", "Te": "trailers", "X-Api-Key": "k"}
+	for k, v := range friendly {
+		req.Header[k] = []string{v}
+	}
+	for k, v := range hostile {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d", resp.StatusCode)
+	}
+	h := r.fake.Requests()[0].Header
+	for k, v := range friendly {
+		if got := h.Get(k); got != v {
+			t.Errorf("the upstream saw %s %q, want %q", k, got, v)
+		}
+	}
+	for k := range hostile {
+		if got := h.Values(k); len(got) != 0 {
+			t.Errorf("the upstream saw %s %q", k, got)
+		}
+	}
+	for _, method := range []string{"HEAD", "GET"} {
+		req, _ := http.NewRequest(method, r.url+"/", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("%s /: %d", method, resp.StatusCode)
+		}
+	}
+	if n := len(r.fake.Requests()); n != 1 {
+		t.Errorf("the probes reached the upstream: %d requests", n)
+	}
+	// POST / names no route.
+	if status, _, out := r.post("/", `{}`); status != 400 || !strings.Contains(out, "invalid_path") {
+		t.Errorf("POST /: %d %s", status, out)
+	}
+}

@@ -324,5 +324,3 @@ func mul(a, b int64) int64 {
 	}
 	return min(a*b, ledger.MaxTokens)
 }
-
-

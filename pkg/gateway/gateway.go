@@ -67,12 +67,12 @@ type CallRecord struct {
 	// Model is the call's label in the spend metrics.
 	Model string
 	// Status is the upstream's HTTP status; 0 when it did not answer.
-	Status                       int
-	InputTokens, OutputTokens    int64
+	Status                            int
+	InputTokens, OutputTokens         int64
 	CacheReadTokens, CacheWriteTokens int64
-	Reserved, Charged            int64
-	Latency                      time.Duration
-	Streamed                     bool
+	Reserved, Charged                 int64
+	Latency                           time.Duration
+	Streamed                          bool
 	// LoweredFrom and LoweredTo are the output cap per answer the call came with and the
 	// one the gateway lowered it to so that it fit its ceilings; zero when not lowered.
 	LoweredFrom, LoweredTo int64
@@ -184,6 +184,15 @@ func (g *Gateway) Serve(w http.ResponseWriter, r *http.Request, c Caller, upstre
 	u, err := g.check(c, upstream)
 	if err != nil {
 		fail(err)
+		return
+	}
+	if path == "" && (r.Method == http.MethodHead || r.Method == http.MethodGet) {
+		// Clients probe their base URL before calling (claude sends HEAD /): it is there.
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		if r.Method == http.MethodGet {
+			fmt.Fprintf(w, "{\"upstream\":%q,\"format\":%q}\n", u.Name, u.Format)
+		}
 		return
 	}
 	rt, upPath, query, err := match(u.routes, r.Method, r.URL, path)
@@ -350,20 +359,27 @@ func modelOf(body []byte) string {
 	return b.Model
 }
 
-// forwardedHeaders are the caller's request headers passed upstream, besides the SDKs' own
-// X-Stainless-* (retry count, timeout, platform): what the providers read to serve the
-// call. Nothing that authenticates or attributes (Authorization, X-Api-Key, OpenAI-
-// Organization, OpenAI-Project, Cookie, …) nor proxy headers (Forwarded, X-Forwarded-*)
-// pass; the operator's key is set instead. Accept-Encoding does not pass either: the
-// transport asks for gzip itself and decompresses, so the meter reads plain text.
-var forwardedHeaders = []string{"Accept", "Content-Type", "User-Agent", "Anthropic-Version", "Anthropic-Beta", "Openai-Beta", "Idempotency-Key"}
+// forwardedHeaders are the caller's request headers passed upstream (lower case), besides
+// the SDKs' own X-Stainless-* (retry count, timeout, platform): what the providers read to
+// serve the call — versions and betas, and the ids agents send of their session, thread,
+// conversation and request (claude's x-claude-code-session-id, codex's session_id,
+// conversation_id and originator, …), which an upstream may key its prompt cache on.
+// Nothing that authenticates or attributes (Authorization, X-Api-Key, OpenAI-Organization,
+// OpenAI-Project, ChatGPT-Account-Id, Cookie, …) nor proxy or hop-by-hop headers
+// (Forwarded, X-Forwarded-*, Connection, …) pass; the operator's key is set instead.
+// Accept-Encoding does not pass either: the transport asks for gzip itself and
+// decompresses, so the meter reads plain text.
+var forwardedHeaders = []string{"accept", "content-type", "user-agent", "anthropic-version", "anthropic-beta", "openai-beta",
+	"idempotency-key", "x-app", "x-claude-code-session-id", "session-id", "session_id", "thread-id", "thread_id",
+	"conversation-id", "conversation_id", "x-client-request-id", "originator", "version"}
 
 func outHeader(in http.Header, u *upstream, rt *route, key string) http.Header {
 	out := http.Header{}
 	for k, vs := range in {
-		ck := http.CanonicalHeaderKey(k)
-		if slices.Contains(forwardedHeaders, ck) || strings.HasPrefix(ck, "X-Stainless-") {
-			out[ck] = slices.Clone(vs)
+		lk := strings.ToLower(k)
+		if slices.Contains(forwardedHeaders, lk) || strings.HasPrefix(lk, "x-stainless-") {
+			// Kept as the caller spelled it: session_id is no header Go would spell so.
+			out[k] = slices.Clone(vs)
 		}
 	}
 	if rt.jsonBody() {
