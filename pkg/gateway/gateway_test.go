@@ -22,7 +22,7 @@ const operatorKey = "sk-operator-secret"
 // rig is a gateway in front of a fake upstream, served on loopback as a session's endpoint
 // would serve it, metering into a real ledger.
 type rig struct {
-	t      *testing.T
+	t      testing.TB
 	fake   *fakellm.Server
 	ledger *ledger.Ledger
 	gw     *Gateway
@@ -40,7 +40,7 @@ type rigConfig struct {
 	limits   Limits
 }
 
-func newRig(t *testing.T, format string, ceiling int64, caller Caller, opts ...rigOption) *rig {
+func newRig(t testing.TB, format string, ceiling int64, caller Caller, opts ...rigOption) *rig {
 	t.Helper()
 	fake, err := fakellm.Start(fakellm.Config{APIKey: operatorKey, InputTokens: 12, OutputTokens: 30})
 	if err != nil {
