@@ -118,7 +118,7 @@ func valueTokens(v any) int {
 func textTokens(s string) int {
 	n := 0
 	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
+		r, _ := utf8.DecodeRuneInString(s[i:])
 		switch {
 		case isSpace(r):
 			j := i
@@ -171,7 +171,7 @@ func textTokens(s string) int {
 		default:
 			marks := 0
 			for i < len(s) {
-				r, size = utf8.DecodeRuneInString(s[i:])
+				r, size := utf8.DecodeRuneInString(s[i:])
 				if isSpace(r) || unicode.IsLetter(r) || ('0' <= r && r <= '9') {
 					break
 				}

@@ -304,3 +304,20 @@ func TestAgentHeadersForwarded(t *testing.T) {
 		t.Errorf("POST /: %d %s", status, out)
 	}
 }
+
+// FuzzEstimate feeds the input estimate any JSON object: it never panics, and it bounds
+// what fakellm's tokenizer bills for the same body.
+func FuzzEstimate(f *testing.F) {
+	f.Add(`{"messages":[{"role":"user","content":"hi \u00e9\n\t  x 12345"}],"tools":[{"name":"a","input_schema":{}}]}`)
+	f.Add(`{"system":"  \n\n   indented\\\"x","input":[{"type":"input_image","image_url":"data:image/png;base64,AAAA"}]}`)
+	f.Add(`{"prompt":["会话 🚀", 1, true, null, {"data":"QUJD"}]}`)
+	f.Fuzz(func(t *testing.T, body string) {
+		if !json.Valid([]byte(body)) || !strings.HasPrefix(strings.TrimLeft(body, " \t\r\n"), "{") {
+			return
+		}
+		est, billed := estimateBody([]byte(body)), int64(fakellm.CountTokens([]byte(body)))
+		if est < 1 || est < billed {
+			t.Fatalf("estimate %d, billed %d: %s", est, billed, body)
+		}
+	})
+}

@@ -23,8 +23,8 @@ import (
 // upstream adds are no less. Tool definitions are rendered into the prompt as JSON, so there
 // the JSON's punctuation counts as well, with a few tokens a tool and the tool-use system
 // prompt Anthropic adds (346 tokens as it documents; counted 512). An image or a document
-// sent inline (base64) is counted at the old four bytes a token with a floor of 1,600 (the
-// most Anthropic bills an image it resizes); OpenAI's low-detail images cost less.
+// block counts 1,600 (the most Anthropic bills an image it resizes), its data sent inline
+// (base64) four bytes a token more; OpenAI's low-detail images cost less.
 //
 // On the body Claude Code 2.1.197 sends (117 KB: its system prompt, 24 tools' schemas,
 // messages) the estimate is 1.18× what fakellm's tokenizer (CountTokens) bills, and 1.21×
@@ -36,7 +36,7 @@ const (
 	toolTokens = 8
 	// toolPromptTokens is the system prompt an upstream adds when tools are given.
 	toolPromptTokens = 512
-	// blobFloor is the least an inline image or document is counted.
+	// blobFloor is what an image or a document block is counted besides its data.
 	blobFloor = 1600
 )
 
@@ -75,7 +75,16 @@ func (e *estimator) member(name, b []byte, i, depth int, raw bool) int {
 		return e.tools(b, i)
 	case !raw && b[i] == '"' && (bytes.Equal(name, []byte("data")) || isDataURL(b[i:])):
 		end := skipString(b, i)
-		e.tokens += max((int64(end-i)+3)/4, blobFloor)
+		e.tokens += (int64(end-i) + 3) / 4
+		return end
+	case !raw && bytes.Equal(name, []byte("type")) && b[i] == '"':
+		end := skipString(b, i)
+		switch string(b[i+1 : end-1]) {
+		case "image", "image_url", "input_image", "document", "input_file":
+			// Its data may be elsewhere (a URL, a file id) or not show its pixels.
+			e.tokens += blobFloor
+		}
+		e.text(b[i+1 : end-1])
 		return end
 	}
 	return e.value(b, i, depth, raw)
