@@ -171,6 +171,10 @@ func (s *Server) serveMessages(w http.ResponseWriter, r *http.Request, cfg Confi
 		invalid("max_tokens: Input should be greater than or equal to 1")
 		return
 	}
+	if msg := thinkingError(f, maxTokens, r.Header.Get("Anthropic-Beta")); msg != "" {
+		invalid(msg)
+		return
+	}
 	if !f.has("messages") {
 		invalid("messages: Field required")
 		return
@@ -224,15 +228,15 @@ func (s *Server) serveMessages(w http.ResponseWriter, r *http.Request, cfg Confi
 		Model:   model,
 		Content: content,
 		Usage: anthropicUsage{
-			InputTokens:          cfg.InputTokens,
+			InputTokens:          cfg.input(body),
 			CacheReadInputTokens: cfg.CachedTokens,
 			OutputTokens:         out,
 			ServiceTier:          "standard",
 		},
 		StopReason: &stop,
 	}
-	s.bill(Usage{InputTokens: cfg.InputTokens, OutputTokens: out, CachedTokens: cfg.CachedTokens,
-		Tokens: cfg.InputTokens + cfg.CachedTokens + out})
+	s.bill(Usage{InputTokens: cfg.input(body), OutputTokens: out, CachedTokens: cfg.CachedTokens,
+		Tokens: cfg.input(body) + cfg.CachedTokens + out})
 	if !stream {
 		anthropicHeaders(w)
 		writeJSON(w, http.StatusOK, msg)
@@ -340,7 +344,7 @@ func serveCountTokens(w http.ResponseWriter, r *http.Request, cfg Config, body [
 	anthropicHeaders(w)
 	writeJSON(w, http.StatusOK, struct {
 		InputTokens int `json:"input_tokens"`
-	}{cfg.InputTokens})
+	}{cfg.input(body)})
 }
 
 type anthropicModel struct {
@@ -399,4 +403,27 @@ func serveAnthropicModels(w http.ResponseWriter, r *http.Request, cfg Config, id
 		FirstID *string          `json:"first_id"`
 		LastID  *string          `json:"last_id"`
 	}{data, len(page) < len(all), first, last})
+}
+
+// thinkingError is what Anthropic says of an enabled thinking budget it refuses: under
+// 1,024 tokens, or not below max_tokens — which interleaved thinking (a beta) allows, the
+// budget then spanning the turn's thinking blocks.
+func thinkingError(f fields, maxTokens int, beta string) string {
+	if !f.has("thinking") {
+		return ""
+	}
+	var th struct {
+		Type   string `json:"type"`
+		Budget int    `json:"budget_tokens"`
+	}
+	if json.Unmarshal(f["thinking"], &th) != nil || th.Type != "enabled" {
+		return ""
+	}
+	switch {
+	case th.Budget < 1024:
+		return "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
+	case th.Budget >= maxTokens && !strings.Contains(beta, "interleaved-thinking"):
+		return "`max_tokens` must be greater than `thinking.budget_tokens`."
+	}
+	return ""
 }

@@ -45,6 +45,9 @@ type Config struct {
 	APIKey string
 	// InputTokens and OutputTokens are the usage every successful answer reports.
 	InputTokens, OutputTokens int
+	// CountInput reports, instead of InputTokens, the input tokens counted from the
+	// request as a tokenizer would count them (CountTokens, in tokens.go).
+	CountInput bool
 	// Reply is the assistant text (default DefaultReply).
 	Reply string
 	// Status, when non-zero, makes every request that passes authentication fail with that HTTP
@@ -82,6 +85,14 @@ type Config struct {
 
 // DefaultModels are the models listed when Config.Models is empty.
 var DefaultModels = []string{"fake-small", "fake-large"}
+
+// input is the input tokens an answer to body reports.
+func (c Config) input(body []byte) int {
+	if c.CountInput {
+		return CountTokens(body)
+	}
+	return c.InputTokens
+}
 
 func (c Config) reply() string {
 	if c.Reply == "" {

@@ -316,9 +316,9 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request, cfg Config, b
 		finish = "length"
 	}
 	var usage chatUsage
-	usage.PromptTokens = cfg.InputTokens
+	usage.PromptTokens = cfg.input(body)
 	usage.CompletionTokens = n * out
-	usage.TotalTokens = cfg.InputTokens + n*out
+	usage.TotalTokens = cfg.input(body) + n*out
 	s.bill(Usage{InputTokens: usage.PromptTokens, OutputTokens: usage.CompletionTokens, Tokens: usage.TotalTokens})
 
 	id := "chatcmpl-" + randID(29)
@@ -503,10 +503,11 @@ func (s *Server) serveResponses(w http.ResponseWriter, r *http.Request, cfg Conf
 		status = "incomplete"
 		incomplete = map[string]string{"reason": "max_output_tokens"}
 	}
-	cached := min(cfg.CachedTokens, cfg.InputTokens)
-	usage := &responseUsage{InputTokens: cfg.InputTokens, OutputTokens: out, TotalTokens: cfg.InputTokens + out}
+	in := cfg.input(body)
+	cached := min(cfg.CachedTokens, in)
+	usage := &responseUsage{InputTokens: in, OutputTokens: out, TotalTokens: in + out}
 	usage.InputTokensDetails.CachedTokens = cached
-	s.bill(Usage{InputTokens: cfg.InputTokens, OutputTokens: out, CachedTokens: cached, Tokens: usage.TotalTokens})
+	s.bill(Usage{InputTokens: in, OutputTokens: out, CachedTokens: cached, Tokens: usage.TotalTokens})
 	// The output: the message, then the call it makes. A call cut short by
 	// max_output_tokens is not made.
 	var output []any
@@ -681,7 +682,7 @@ func (s *Server) serveCompletions(w http.ResponseWriter, r *http.Request, cfg Co
 	if truncated {
 		finish = "length"
 	}
-	usage := chatUsage{PromptTokens: cfg.InputTokens, CompletionTokens: prompts * bestOf * out}
+	usage := chatUsage{PromptTokens: cfg.input(body), CompletionTokens: prompts * bestOf * out}
 	usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
 	s.bill(Usage{InputTokens: usage.PromptTokens, OutputTokens: usage.CompletionTokens, Tokens: usage.TotalTokens})
 	c := textCompletion{ID: "cmpl-" + randID(29), Object: "text_completion", Created: time.Now().Unix(), Model: model, SystemFingerprint: systemFingerprint}
@@ -757,14 +758,14 @@ func (s *Server) serveEmbeddings(w http.ResponseWriter, r *http.Request, cfg Con
 		}
 		data[i] = embedding{Object: "embedding", Index: i, Embedding: v}
 	}
-	s.bill(Usage{InputTokens: cfg.InputTokens, Tokens: cfg.InputTokens})
+	s.bill(Usage{InputTokens: cfg.input(body), Tokens: cfg.input(body)})
 	openAIHeaders(w)
 	writeJSON(w, http.StatusOK, struct {
 		Object string      `json:"object"`
 		Data   []embedding `json:"data"`
 		Model  string      `json:"model"`
 		Usage  any         `json:"usage"`
-	}{"list", data, model, map[string]int{"prompt_tokens": cfg.InputTokens, "total_tokens": cfg.InputTokens}})
+	}{"list", data, model, map[string]int{"prompt_tokens": cfg.input(body), "total_tokens": cfg.input(body)}})
 }
 
 // fakeCreated is when every listed model was made: a fixed time, so listings compare equal.

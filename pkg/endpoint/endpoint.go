@@ -444,6 +444,10 @@ func (h *handler) routes() http.Handler {
 	mux.HandleFunc("/v1/inference/{upstream}/{path...}", func(w http.ResponseWriter, r *http.Request) {
 		h.d.Inference(w, r, h.id, r.PathValue("upstream"), r.PathValue("path"))
 	})
+	// The base URL itself, without its slash: what a client probes (claude's HEAD).
+	mux.HandleFunc("/v1/inference/{upstream}", func(w http.ResponseWriter, r *http.Request) {
+		h.d.Inference(w, r, h.id, r.PathValue("upstream"), "")
+	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if egress.IsProxyRequest(r) {
 			h.egress(w, r)

@@ -888,11 +888,16 @@ func TestSpendRoutes(t *testing.T) {
 	if r = f.do(t, "POST", "/v1/inference/openai/v1/chat/completions", f.cred, strings.NewReader(`{}`)); r.status != http.StatusTeapot {
 		t.Fatalf("inference: %d %s", r.status, r.body)
 	}
+	// The base URL without its slash reaches the gateway too, as the empty path.
+	if r = f.do(t, "HEAD", "/v1/inference/openai", f.cred, nil); r.status != http.StatusTeapot {
+		t.Fatalf("a probe of the base URL: %d %s", r.status, r.body)
+	}
 	want := []call{
 		{method: "Admit", session: sessionID, admit: spawn.AdmitRequest{Tokens: 600, RequestID: "call-1"}},
 		{method: "Settle", session: sessionID, settle: spawn.SettleRequest{Reservation: "rsv_1", InputTokens: 12, OutputTokens: 30}},
 		{method: "Spend", session: sessionID},
 		{method: "Inference", session: sessionID, child: "openai", path: "v1/chat/completions"},
+		{method: "Inference", session: sessionID, child: "openai", path: ""},
 	}
 	if calls := d.recorded(); !reflect.DeepEqual(calls, want) {
 		t.Fatalf("calls\n%+v\nwant\n%+v", calls, want)

@@ -256,14 +256,15 @@ func TestCallerCredentialsDropped(t *testing.T) {
 }
 
 // n, best_of and a list of prompts multiply what a call may produce: admission reserves the
-// product, so a call that could cross the ceiling never leaves.
+// product, and lowers the limit only as far as MinOutputTokens an answer, so a call whose
+// least could cross the ceiling never leaves.
 func TestAdmissionCountsEveryChoice(t *testing.T) {
 	for _, tc := range []struct{ name, path, body string }{
 		{"chat n", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":50,"max_tokens":400}`},
-		{"chat n, max_completion_tokens", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":3,"max_completion_tokens":400}`},
+		{"chat n, max_completion_tokens", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"n":5,"max_completion_tokens":400}`},
 		{"completions best_of", "/v1/completions", `{"model":"m","prompt":"hi","best_of":5,"n":1,"max_tokens":400}`},
 		{"completions n", "/v1/completions", `{"model":"m","prompt":"hi","n":4,"max_tokens":400}`},
-		{"completions prompts", "/v1/completions", `{"model":"m","prompt":["a","b","c"],"max_tokens":400}`},
+		{"completions prompts", "/v1/completions", `{"model":"m","prompt":["a","b","c","d"],"max_tokens":400}`},
 		{"chat n given twice, the last large", "/v1/chat/completions", `{"model":"m","n":1,"messages":[{"role":"user","content":"hi"}],"max_tokens":400,"n":50}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -325,7 +326,7 @@ func TestAdmitsWorstCaseChargesBothChoices(t *testing.T) {
 	if s := r.spent(); s.InputTokens != 12 || s.OutputTokens != 60 || s.Charged != 72 || s.Reserved != 0 {
 		t.Errorf("ledger: %+v, want 12 + 2×30", s)
 	}
-	estimate := estimateTokens(int64(len(r.fake.Requests()[0].Body)))
+	estimate := estimateBody(r.fake.Requests()[0].Body)
 	worst := estimate + 2*100
 	// One token short of the worst case: refused, though one choice would fit.
 	short := newRig(t, config.FormatOpenAI, worst-1, Caller{})
@@ -422,8 +423,8 @@ func TestStreamMultilineDataAndComments(t *testing.T) {
 // tell the SDKs whether to retry.
 func TestRefusalEnvelopes(t *testing.T) {
 	for _, tc := range []struct{ format, path, body, quota string }{
-		{config.FormatOpenAI, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":40}`, "insufficient_quota"},
-		{config.FormatAnthropic, "/v1/messages", `{"model":"c","max_tokens":40,"messages":[{"role":"user","content":"hi"}]}`, "rate_limit_error"},
+		{config.FormatOpenAI, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":50}`, "insufficient_quota"},
+		{config.FormatAnthropic, "/v1/messages", `{"model":"c","max_tokens":50,"messages":[{"role":"user","content":"hi"}]}`, "rate_limit_error"},
 	} {
 		t.Run(tc.format+" session", func(t *testing.T) {
 			r := newRig(t, tc.format, 100, Caller{})

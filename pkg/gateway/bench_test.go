@@ -1,8 +1,14 @@
 package gateway
 
 import (
+	"io"
+	"net/http"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"roost.dev/roost/pkg/config"
 )
 
 // largeBody is a chat call of about size bytes, most of them one message's content, that
@@ -55,4 +61,46 @@ func BenchmarkMeterPathological(b *testing.B) {
 		m.Write(answer)
 		m.end()
 	}
+}
+
+// BenchmarkStreamedCallLatency is what the gateway adds to a streamed call: each
+// iteration makes one streamed Anthropic call through the gateway (admission, splice,
+// metering, settlement into a real ledger on disk) and one straight to the fake, read to
+// their ends, and reports the p50 and p99 of each and of the difference.
+func BenchmarkStreamedCallLatency(b *testing.B) {
+	r := newRig(b, config.FormatAnthropic, 0, Caller{})
+	body := `{"model":"c","max_tokens":64000,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	call := func(url string, key bool) time.Duration {
+		req, _ := http.NewRequest("POST", url+"/v1/messages", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Anthropic-Version", "2023-06-01")
+		req.Header.Set("X-Api-Key", map[bool]string{true: operatorKey, false: "roost-placeholder"}[key])
+		start := time.Now()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("status %d", resp.StatusCode)
+		}
+		return time.Since(start)
+	}
+	var via, direct []time.Duration
+	for b.Loop() {
+		via = append(via, call(r.url, false))
+		direct = append(direct, call(r.fake.URL(), true))
+	}
+	pct := func(d []time.Duration, p float64) float64 {
+		s := slices.Clone(d)
+		slices.Sort(s)
+		return float64(s[min(len(s)-1, int(p*float64(len(s))))].Microseconds())
+	}
+	b.ReportMetric(pct(via, 0.5), "gateway-p50-µs")
+	b.ReportMetric(pct(via, 0.99), "gateway-p99-µs")
+	b.ReportMetric(pct(direct, 0.5), "direct-p50-µs")
+	b.ReportMetric(pct(direct, 0.99), "direct-p99-µs")
+	b.ReportMetric(pct(via, 0.5)-pct(direct, 0.5), "added-p50-µs")
+	b.ReportMetric(pct(via, 0.99)-pct(direct, 0.99), "added-p99-µs")
 }

@@ -18,13 +18,86 @@ type call struct {
 	// model is what the body names (after the declared one is filled in); label what the
 	// spend metrics count it as.
 	model, label string
-	// input is the input's tokens, estimated from the body's size; output the most the
-	// answer may hold, every choice counted. Admission reserves their sum.
+	// input is the input's tokens, estimated from the body (estimateInput); output the
+	// most the answer may hold, every choice counted. Admission reserves their sum.
 	input, output int64
+
+	// What prepare read, for lower to splice again: the body's members, the values it sets
+	// (in order), the output limits the body sets (limitNames, each at most perChoice
+	// tokens) or, when it sets none, the member that says the default (defaultName),
+	// how many answers of perChoice the call may produce, and a thinking budget the limit
+	// must stay above (0: none).
+	fields     *object
+	set        map[string][][]byte
+	order      []string
+	limitNames []string
+	defaulted  string
+	perChoice  int64
+	times      int64
+	thinking   int64
+	// lowered is the output cap per answer the call came with and the one it was lowered
+	// to; zero when it was not.
+	lowered [2]int64
 }
 
-// reservation is what the call is admitted for.
+// MinOutputTokens is the least output an answer is admitted with when its ceilings leave
+// less than its limit: the gateway lowers the call's limit down to this rather than refuse,
+// and refuses below it — an answer cut at a few tokens is no answer.
+const MinOutputTokens = 256
+
+// minThinkingTokens is the least thinking budget Anthropic takes; a limit must stay above
+// the budget, so a thinking call is lowered no further than this and one more.
+const minThinkingTokens = 1024
+
+// reservation is what the call is admitted for at most.
 func (c *call) reservation() int64 { return min(c.input+c.output, ledger.MaxTokens) }
+
+// least is the least the call can be admitted for: its input and MinOutputTokens an
+// answer (more for a thinking call), or everything when the call has no limit to lower.
+func (c *call) least() int64 {
+	if c.perChoice == 0 {
+		return c.reservation()
+	}
+	floor := int64(MinOutputTokens)
+	if c.thinking > 0 {
+		floor = minThinkingTokens + 1
+	}
+	return min(c.input+mul(min(floor, c.perChoice), c.times), c.reservation())
+}
+
+// lower fits the call to the tokens it was granted: when that is less than it asked, each
+// output limit the body sets above what fits (or, when it set none, the member naming the
+// default that was assumed) is lowered to it, and a thinking budget below it, in a splice
+// of the body as it came.
+func (c *call) lower(granted int64) {
+	if granted >= c.reservation() || c.perChoice == 0 {
+		return
+	}
+	per := (granted - c.input) / c.times
+	if per >= c.perChoice {
+		return
+	}
+	v := []byte(strconv.FormatInt(per, 10))
+	names := c.limitNames
+	if len(names) == 0 {
+		names = []string{c.defaulted}
+	}
+	for _, name := range names {
+		if _, ok := c.set[name]; !ok {
+			c.order = append(c.order, name)
+		}
+		c.set[name] = [][]byte{v}
+	}
+	if c.thinking >= per {
+		raw, _ := c.fields.get("thinking")
+		th, _ := parseObject(raw, "thinking")
+		c.set["thinking"] = th.splice(map[string][][]byte{"budget_tokens": {[]byte(strconv.FormatInt(per-1, 10))}}, []string{"budget_tokens"})
+		c.order = append(c.order, "thinking")
+	}
+	c.sent = c.fields.splice(c.set, c.order)
+	c.lowered = [2]int64{c.perChoice, per}
+	c.perChoice, c.output = per, mul(per, c.times)
+}
 
 // out is what is sent upstream.
 func (c *call) out() pieces {
@@ -85,10 +158,15 @@ func (c *call) prepare(caller Caller, defaultOutput int64) error {
 		if err != nil {
 			return err
 		}
+		if n > 0 {
+			c.limitNames = append(c.limitNames, name)
+		}
 		limit = max(limit, n)
 	}
 	if limit <= 0 && len(limits) > 0 {
 		limit = defaultOutput
+		// The newest of the route's names for its limit says the default once lowered.
+		c.defaulted = limits[0]
 	}
 	for _, name := range multipliers {
 		// best_of is how many completions are generated, n how many come back (n ≤ best_of).
@@ -106,6 +184,12 @@ func (c *call) prepare(caller Caller, defaultOutput int64) error {
 		times = mul(times, n)
 	}
 	c.output = mul(limit, times)
+	c.perChoice, c.times = limit, times
+	if c.route.kind == kindMessages {
+		if c.thinking, err = thinkingBudget(fields); err != nil {
+			return err
+		}
+	}
 
 	stream := false
 	if raw, ok := fields.get("stream"); ok {
@@ -129,8 +213,33 @@ func (c *call) prepare(caller Caller, defaultOutput int64) error {
 	if len(set) > 0 || !fields.unique() {
 		c.sent = fields.splice(set, order)
 	}
-	c.input = estimateTokens(c.out().size())
+	c.fields, c.set, c.order = fields, set, order
+	c.input = estimateSent(fields, set, order)
 	return nil
+}
+
+// thinkingBudget is an Anthropic call's thinking.budget_tokens when thinking is enabled
+// (0 when not): the output limit must stay above it, so lowering the limit lowers it too.
+func thinkingBudget(fields *object) (int64, error) {
+	raw, ok := fields.get("thinking")
+	if !ok {
+		return 0, nil
+	}
+	if raw[0] != '{' {
+		return 0, invalid("thinking: expected an object, got %s", snippet(raw))
+	}
+	th, err := parseObject(raw, "thinking")
+	if err != nil {
+		return 0, err
+	}
+	if t, _ := th.get("type"); string(t) != `"enabled"` {
+		return 0, nil
+	}
+	n, err := count(th, "budget_tokens")
+	if err != nil {
+		return 0, invalid("thinking.%v", err)
+	}
+	return n, nil
 }
 
 // streamOptions reads a chat or completions call's stream_options: an object when given;
@@ -215,7 +324,3 @@ func mul(a, b int64) int64 {
 	}
 	return min(a*b, ledger.MaxTokens)
 }
-
-// estimateTokens estimates a request's input tokens from its size: about four bytes a
-// token for English text and JSON, rounded up. Settlement replaces it with the truth.
-func estimateTokens(size int64) int64 { return (size + 3) / 4 }

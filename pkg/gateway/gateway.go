@@ -53,7 +53,34 @@ type Caller struct {
 	// OnOverrun, when set, hears of a call whose reported usage was charged above what it
 	// was admitted for (the settlement's Charged above its Reserved).
 	OnOverrun func(ledger.Settlement)
+	// OnCall, when set, hears of every metered call once it is settled, on the call's own
+	// goroutine before its answer ends: it must not wait on the disk for long.
+	OnCall func(CallRecord)
 }
+
+// CallRecord is one metered call as it was admitted and charged.
+type CallRecord struct {
+	At       time.Time
+	Upstream string
+	// Route is the method and path as the route names them ("POST v1/messages").
+	Route string
+	// Model is the call's label in the spend metrics.
+	Model string
+	// Status is the upstream's HTTP status; 0 when it did not answer.
+	Status                            int
+	InputTokens, OutputTokens         int64
+	CacheReadTokens, CacheWriteTokens int64
+	Reserved, Charged                 int64
+	Latency                           time.Duration
+	Streamed                          bool
+	// LoweredFrom and LoweredTo are the output cap per answer the call came with and the
+	// one the gateway lowered it to so that it fit its ceilings; zero when not lowered.
+	LoweredFrom, LoweredTo int64
+}
+
+// LoweredHeader is the response header that says the gateway lowered a call's output cap
+// to what its ceilings leave: "64000->12000", per answer.
+const LoweredHeader = "X-Roost-Max-Tokens-Lowered"
 
 // Gateway forwards sessions' model calls.
 type Gateway struct {
@@ -159,6 +186,15 @@ func (g *Gateway) Serve(w http.ResponseWriter, r *http.Request, c Caller, upstre
 		fail(err)
 		return
 	}
+	if path == "" && (r.Method == http.MethodHead || r.Method == http.MethodGet) {
+		// Clients probe their base URL before calling (claude sends HEAD /): it is there.
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		if r.Method == http.MethodGet {
+			fmt.Fprintf(w, "{\"upstream\":%q,\"format\":%q}\n", u.Name, u.Format)
+		}
+		return
+	}
 	rt, upPath, query, err := match(u.routes, r.Method, r.URL, path)
 	if err != nil {
 		fail(err)
@@ -212,14 +248,16 @@ func (g *Gateway) Serve(w http.ResponseWriter, r *http.Request, c Caller, upstre
 	meter := &meter{}
 	status := 0
 	if rt.metered {
+		started := g.now()
 		res, err := g.admit(r.Context(), c, cl)
 		if err != nil {
 			fail(err)
 			return
 		}
+		cl.lower(res.Tokens)
 		// Deferred: the proxy ends the handler with a panic (http.ErrAbortHandler) when the
 		// answer is cut mid-copy, and the reservation must be settled even so.
-		defer g.settle(c, cl, res, meter, &status)
+		defer g.settle(c, u.Name, cl, res, meter, &status, started)
 	}
 	target := &url.URL{Scheme: u.base.Scheme, User: u.base.User, Host: u.base.Host, RawQuery: query.Encode()}
 	target.RawPath = strings.TrimSuffix(u.base.EscapedPath(), "/") + "/" + upPath
@@ -244,6 +282,9 @@ func (g *Gateway) Serve(w http.ResponseWriter, r *http.Request, c Caller, upstre
 		FlushInterval: -1,
 		ModifyResponse: func(resp *http.Response) error {
 			status = resp.StatusCode
+			if cl.lowered[0] > 0 {
+				resp.Header.Set(LoweredHeader, fmt.Sprintf("%d->%d", cl.lowered[0], cl.lowered[1]))
+			}
 			// The upstream's cookies are its own business with roostd, not the capsule's.
 			resp.Header.Del("Set-Cookie")
 			if rt.metered {
@@ -318,20 +359,27 @@ func modelOf(body []byte) string {
 	return b.Model
 }
 
-// forwardedHeaders are the caller's request headers passed upstream, besides the SDKs' own
-// X-Stainless-* (retry count, timeout, platform): what the providers read to serve the
-// call. Nothing that authenticates or attributes (Authorization, X-Api-Key, OpenAI-
-// Organization, OpenAI-Project, Cookie, …) nor proxy headers (Forwarded, X-Forwarded-*)
-// pass; the operator's key is set instead. Accept-Encoding does not pass either: the
-// transport asks for gzip itself and decompresses, so the meter reads plain text.
-var forwardedHeaders = []string{"Accept", "Content-Type", "User-Agent", "Anthropic-Version", "Anthropic-Beta", "Openai-Beta", "Idempotency-Key"}
+// forwardedHeaders are the caller's request headers passed upstream (lower case), besides
+// the SDKs' own X-Stainless-* (retry count, timeout, platform): what the providers read to
+// serve the call — versions and betas, and the ids agents send of their session, thread,
+// conversation and request (claude's x-claude-code-session-id, codex's session_id,
+// conversation_id and originator, …), which an upstream may key its prompt cache on.
+// Nothing that authenticates or attributes (Authorization, X-Api-Key, OpenAI-Organization,
+// OpenAI-Project, ChatGPT-Account-Id, Cookie, …) nor proxy or hop-by-hop headers
+// (Forwarded, X-Forwarded-*, Connection, …) pass; the operator's key is set instead.
+// Accept-Encoding does not pass either: the transport asks for gzip itself and
+// decompresses, so the meter reads plain text.
+var forwardedHeaders = []string{"accept", "content-type", "user-agent", "anthropic-version", "anthropic-beta", "openai-beta",
+	"idempotency-key", "x-app", "x-claude-code-session-id", "session-id", "session_id", "thread-id", "thread_id",
+	"conversation-id", "conversation_id", "x-client-request-id", "originator", "version"}
 
 func outHeader(in http.Header, u *upstream, rt *route, key string) http.Header {
 	out := http.Header{}
 	for k, vs := range in {
-		ck := http.CanonicalHeaderKey(k)
-		if slices.Contains(forwardedHeaders, ck) || strings.HasPrefix(ck, "X-Stainless-") {
-			out[ck] = slices.Clone(vs)
+		lk := strings.ToLower(k)
+		if slices.Contains(forwardedHeaders, lk) || strings.HasPrefix(lk, "x-stainless-") {
+			// Kept as the caller spelled it: session_id is no header Go would spell so.
+			out[k] = slices.Clone(vs)
 		}
 	}
 	if rt.jsonBody() {
@@ -350,8 +398,11 @@ func outHeader(in http.Header, u *upstream, rt *route, key string) http.Header {
 	return out
 }
 
-// admit reserves the call's most; with on_exhausted: wait, a refusal at the machine's
-// ceiling holds the call until budget frees, the session's deadline or the caller leaves.
+// admit reserves the most the call could spend, or as much of it as the ceilings leave down
+// to its least (lower then fits the call to it). A refusal the session's own calls in
+// flight make holds the call until they settle, the session's deadline or the caller
+// leaves: it is not exhausted, only busy. With on_exhausted: wait, so does a refusal at the
+// machine's ceiling, until budget frees.
 func (g *Gateway) admit(ctx context.Context, c Caller, cl *call) (ledger.Reservation, error) {
 	var deadline <-chan time.Time
 	if !c.Deadline.IsZero() {
@@ -361,9 +412,13 @@ func (g *Gateway) admit(ctx context.Context, c Caller, cl *call) (ledger.Reserva
 	}
 	for {
 		changed := g.ledger.Changed()
-		res, err := g.ledger.Admit(ledger.Admission{SessionID: c.SessionID, Tokens: cl.reservation(), Model: cl.label})
+		res, err := g.ledger.Admit(ledger.Admission{SessionID: c.SessionID, Tokens: cl.reservation(), MinTokens: cl.least(), Model: cl.label})
 		var refusal *ledger.Refusal
-		if err == nil || !errors.As(err, &refusal) || refusal.Limit != ledger.LimitMachine || c.OnExhausted != "wait" {
+		if err == nil || !errors.As(err, &refusal) {
+			return res, err
+		}
+		busy := refusal.Limit != ledger.LimitMachine && !refusal.Latched
+		if !busy && (refusal.Limit != ledger.LimitMachine || c.OnExhausted != "wait") {
 			return res, err
 		}
 		select {
@@ -381,7 +436,7 @@ func (g *Gateway) admit(ctx context.Context, c Caller, cl *call) (ledger.Reserva
 // without reporting its whole usage (a stream cut short), the most it could have cost — or
 // what it did report, if that is more. What is charged is the truth even above the
 // reservation; then the overrun is told (Caller.OnOverrun) and logged.
-func (g *Gateway) settle(c Caller, cl *call, res ledger.Reservation, m *meter, status *int) {
+func (g *Gateway) settle(c Caller, upstream string, cl *call, res ledger.Reservation, m *meter, status *int, started time.Time) {
 	used, whole := m.usage()
 	switch {
 	case *status == 0 || *status >= 400:
@@ -404,6 +459,12 @@ func (g *Gateway) settle(c Caller, cl *call, res ledger.Reservation, m *meter, s
 		if c.OnOverrun != nil {
 			c.OnOverrun(s)
 		}
+	}
+	if c.OnCall != nil {
+		c.OnCall(CallRecord{At: started.UTC(), Upstream: upstream, Route: cl.route.String(), Model: cl.label, Status: *status,
+			InputTokens: s.InputTokens, OutputTokens: s.OutputTokens, CacheReadTokens: m.cacheRead, CacheWriteTokens: m.cacheWrite,
+			Reserved: s.Reserved, Charged: s.Charged, Latency: g.now().Sub(started), Streamed: m.sse,
+			LoweredFrom: cl.lowered[0], LoweredTo: cl.lowered[1]})
 	}
 }
 

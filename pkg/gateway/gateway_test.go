@@ -22,7 +22,7 @@ const operatorKey = "sk-operator-secret"
 // rig is a gateway in front of a fake upstream, served on loopback as a session's endpoint
 // would serve it, metering into a real ledger.
 type rig struct {
-	t      *testing.T
+	t      testing.TB
 	fake   *fakellm.Server
 	ledger *ledger.Ledger
 	gw     *Gateway
@@ -40,7 +40,7 @@ type rigConfig struct {
 	limits   Limits
 }
 
-func newRig(t *testing.T, format string, ceiling int64, caller Caller, opts ...rigOption) *rig {
+func newRig(t testing.TB, format string, ceiling int64, caller Caller, opts ...rigOption) *rig {
 	t.Helper()
 	fake, err := fakellm.Start(fakellm.Config{APIKey: operatorKey, InputTokens: 12, OutputTokens: 30})
 	if err != nil {
@@ -181,7 +181,7 @@ func TestStreamedChatAsksForUsage(t *testing.T) {
 // numbers, and never reaches the upstream.
 func TestRefusedCallNeverLeaves(t *testing.T) {
 	r := newRig(t, config.FormatOpenAI, 100, Caller{})
-	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":40}`
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":50}`
 	if status, _, out := r.post("/v1/chat/completions", body); status != 200 {
 		t.Fatalf("first call: %d %s", status, out)
 	}
@@ -232,7 +232,7 @@ func TestFailedCallChargesInputEstimate(t *testing.T) {
 		t.Fatalf("%d %s", status, out)
 	}
 	// The body forwarded is the one the gateway re-encoded; the estimate is of that.
-	estimate := estimateTokens(int64(len(r.fake.Requests()[0].Body)))
+	estimate := estimateBody(r.fake.Requests()[0].Body)
 	if s := r.spent(); s.Charged != estimate || s.OutputTokens != 0 || s.Reserved != 0 {
 		t.Fatalf("after a failed call: %+v (estimate %d)", s, estimate)
 	}

@@ -43,6 +43,9 @@ type meter struct {
 	afterCR bool
 
 	input, output int64
+	// cacheRead and cacheWrite are the parts of input an Anthropic answer says were read
+	// from and written to its prompt cache.
+	cacheRead, cacheWrite int64
 	// seen: some usage was reported; final: the answer's whole usage was (a JSON answer's,
 	// a stream's last).
 	seen, final bool
@@ -254,8 +257,9 @@ func (m *meter) add(u *usageFields) bool {
 		in = *u.PromptTokens
 	case u.InputTokens != nil:
 		// Each part is held to the ledger's bound before they are added, so no sum overflows.
-		in = min(*u.InputTokens, ledger.MaxTokens) + min(max(u.CacheCreationInputTokens, 0), ledger.MaxTokens) +
-			min(max(u.CacheReadInputTokens, 0), ledger.MaxTokens)
+		write, read := min(max(u.CacheCreationInputTokens, 0), ledger.MaxTokens), min(max(u.CacheReadInputTokens, 0), ledger.MaxTokens)
+		in = min(*u.InputTokens, ledger.MaxTokens) + write + read
+		m.cacheRead, m.cacheWrite = max(m.cacheRead, read), max(m.cacheWrite, write)
 	}
 	switch {
 	case u.CompletionTokens != nil:

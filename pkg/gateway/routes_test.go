@@ -58,7 +58,7 @@ func TestOverrunChargedAndTold(t *testing.T) {
 			if status, _, out := r.post(tc.path, tc.body, "Anthropic-Version", "2023-06-01"); status != 200 {
 				t.Fatalf("%d %s", status, out)
 			}
-			reserved := estimateTokens(int64(len(r.fake.Requests()[0].Body))) + 10
+			reserved := estimateBody(r.fake.Requests()[0].Body) + 10
 			if s := r.spent(); s.Charged != 42 || s.OutputTokens != 30 || s.Reserved != 0 {
 				t.Errorf("ledger: %+v, want the reported 12 + 30", s)
 			}

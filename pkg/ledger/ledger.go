@@ -269,8 +269,8 @@ func (l *Ledger) notify() {
 	l.changed = make(chan struct{})
 }
 
-// Changed returns a channel closed at the next change that may free budget: a settlement
-// below its reservation, a raised machine ceiling, a new day. Take it before checking.
+// Changed returns a channel closed at the next change that may free budget or settle a
+// refusal: a charge, a raised machine ceiling, a new day. Take it before checking.
 func (l *Ledger) Changed() <-chan struct{} {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -358,15 +358,26 @@ type Admission struct {
 	SessionID string
 	// RequestID makes the admission idempotent: the same id admits once.
 	RequestID string
-	Tokens    int64
-	Model     string
+	// Tokens is the most the call asks for. MinTokens, when set (1 to Tokens), is the least
+	// it can do with: the ledger then grants the most between the two that fits under every
+	// ceiling, deciding it under the same lock as the check, so concurrent admissions never
+	// see room another has taken. 0 asks for Tokens or nothing.
+	Tokens, MinTokens int64
+	Model             string
 }
 
-// Admit reserves tokens for a session's call, or refuses with a *Refusal naming the ceiling
-// it would cross. The reservation is on disk before Admit returns.
+// Admit reserves tokens for a session's call — Tokens, or less down to MinTokens when only
+// that fits (Reservation.Tokens says what was granted) — or refuses with a *Refusal naming
+// the ceiling the least would cross. The reservation is on disk before Admit returns.
 func (l *Ledger) Admit(req Admission) (Reservation, error) {
 	if req.Tokens <= 0 || req.Tokens > MaxTokens {
 		return Reservation{}, fmt.Errorf("tokens: %d: must be between 1 and %d: %w", req.Tokens, int64(MaxTokens), errdefs.ErrInvalidArgument)
+	}
+	if req.MinTokens < 0 || req.MinTokens > req.Tokens {
+		return Reservation{}, fmt.Errorf("min_tokens: %d: must be between 0 and tokens (%d): %w", req.MinTokens, req.Tokens, errdefs.ErrInvalidArgument)
+	}
+	if req.MinTokens == 0 {
+		req.MinTokens = req.Tokens
 	}
 	l.mu.Lock()
 	if l.broken != nil {
@@ -393,7 +404,8 @@ func (l *Ledger) Admit(req Admission) (Reservation, error) {
 			return Reservation{ID: s.ReservationID, SessionID: s.SessionID, RequestID: s.RequestID, Tokens: s.Reserved, Settled: s}, nil
 		}
 	}
-	if refusal, latch := l.check(a, req.Tokens); refusal != nil {
+	granted, refusal, latch := l.check(a, req.MinTokens, req.Tokens)
+	if refusal != nil {
 		l.mu.Unlock()
 		if l.obs != nil {
 			l.obs.Refused(refusal)
@@ -407,7 +419,7 @@ func (l *Ledger) Admit(req Admission) (Reservation, error) {
 	}
 	now := l.clock().UTC()
 	r := &reservation{id: newID("rsv_"), storedReservation: storedReservation{
-		Session: req.SessionID, RequestID: req.RequestID, Tokens: req.Tokens, Model: req.Model, Admitted: now, Expires: now.Add(l.ttl),
+		Session: req.SessionID, RequestID: req.RequestID, Tokens: granted, Model: req.Model, Admitted: now, Expires: now.Add(l.ttl),
 	}}
 	l.open[r.id] = r
 	if r.RequestID != "" {
@@ -449,29 +461,52 @@ func (l *Ledger) settledRequest(session, request string) *Settlement {
 	return s
 }
 
-// check decides an admission of tokens against every ceiling, in order: the session's own,
-// each ancestor's from the nearest, the machine's for today. A refusal of the session or
-// an ancestor latches (the budget can only shrink); the machine's is judged afresh each
-// time. The caller holds l.mu.
-func (l *Ledger) check(a *account, tokens int64) (*Refusal, bool) {
+// check decides an admission of least to most tokens against every ceiling, in order: the
+// session's own, each ancestor's from the nearest, the machine's for today. It grants the
+// most that fits under all of them, or refuses at the first where not even the least does.
+//
+// A refusal of the session or an ancestor latches (the budget can only shrink) when the
+// least exceeds what is left of the ceiling after what is charged alone: no release of an
+// open reservation can make it fit. One that only the open reservations make is judged
+// afresh, as the machine's always is — else a call in flight that took the last of the
+// room would end the session's spending for good. The caller holds l.mu.
+func (l *Ledger) check(a *account, least, most int64) (int64, *Refusal, bool) {
 	if a.Latched != nil {
 		r := *a.Latched
-		r.Used, r.Requested = l.used(a, r), tokens
-		return &r, false
+		r.Used, r.Requested, r.Latched = l.used(a, r), least, true
+		return 0, &r, false
 	}
-	if a.Ceiling > 0 && a.SubtreeCharged+a.subReserved+tokens > a.Ceiling {
-		return &Refusal{Limit: LimitSession, Ceiling: a.Ceiling, Used: a.SubtreeCharged + a.subReserved, Requested: tokens}, true
+	room := most
+	fit := func(limit string, ceiling, charged, reserved int64) *Refusal {
+		left := ceiling - charged - reserved
+		if left < least {
+			return &Refusal{Limit: limit, Ceiling: ceiling, Used: charged + reserved, Requested: least}
+		}
+		room = min(room, left)
+		return nil
+	}
+	if a.Ceiling > 0 {
+		if r := fit(LimitSession, a.Ceiling, a.SubtreeCharged, a.subReserved); r != nil {
+			r.Latched = a.SubtreeCharged+least > a.Ceiling
+			return 0, r, r.Latched
+		}
 	}
 	for _, id := range a.Ancestors {
 		anc := l.accounts[id]
-		if anc != nil && anc.Ceiling > 0 && anc.SubtreeCharged+anc.subReserved+tokens > anc.Ceiling {
-			return &Refusal{Limit: LimitAncestor + " " + id, Ceiling: anc.Ceiling, Used: anc.SubtreeCharged + anc.subReserved, Requested: tokens}, true
+		if anc == nil || anc.Ceiling <= 0 {
+			continue
+		}
+		if r := fit(LimitAncestor+" "+id, anc.Ceiling, anc.SubtreeCharged, anc.subReserved); r != nil {
+			r.Latched = anc.SubtreeCharged+least > anc.Ceiling
+			return 0, r, r.Latched
 		}
 	}
-	if l.ceiling > 0 && l.day.charged+l.reserved+tokens > l.ceiling {
-		return &Refusal{Limit: LimitMachine, Ceiling: l.ceiling, Used: l.day.charged + l.reserved, Requested: tokens}, false
+	if l.ceiling > 0 {
+		if r := fit(LimitMachine, l.ceiling, l.day.charged, l.reserved); r != nil {
+			return 0, r, false
+		}
 	}
-	return nil, false
+	return room, nil, false
 }
 
 // used is what now counts against a latched refusal's ceiling. The caller holds l.mu.
@@ -605,9 +640,9 @@ func (l *Ledger) apply(r *reservation, reason string, u *Usage) Settlement {
 	l.day.charged += s.Charged
 	l.day.sessions[r.Session] += s.Charged
 	l.day.capsules[a.Capsule] += s.Charged
-	if s.Charged < r.Tokens {
-		l.notify()
-	}
+	// Any charge may change a waiter's verdict: budget freed below the reservation, or a
+	// refusal the reservation made that its charge now makes for good.
+	l.notify()
 	return s
 }
 

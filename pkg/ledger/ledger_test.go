@@ -65,8 +65,10 @@ func refusal(t *testing.T, err error, limit string) *Refusal {
 	return r
 }
 
-// 64 admitters hold what they are granted: the grants never sum past the ceiling, and
-// every refusal was right (what was left could not hold it).
+// 64 admitters hold what they are granted, each asking for a range (the most it would use,
+// the least it can do with) or for a fixed amount: the grants never sum past the ceiling,
+// each is within what was asked, and every refusal was right — not even its least fitted in
+// what was left. Nothing is settled, so nothing is charged and no refusal latches.
 func TestConcurrentAdmittersNeverOver(t *testing.T) {
 	for _, limit := range []string{LimitMachine, LimitSession, LimitAncestor} {
 		t.Run(limit, func(t *testing.T) {
@@ -94,14 +96,21 @@ func TestConcurrentAdmittersNeverOver(t *testing.T) {
 					defer wg.Done()
 					rng := rand.New(rand.NewPCG(uint64(w), 7))
 					for range 20 {
-						n := 1 + rng.Int64N(200)
-						_, err := l.Admit(Admission{SessionID: "s", Tokens: n})
+						most := 1 + rng.Int64N(400)
+						least := int64(0)
+						if w%2 == 0 {
+							least = 1 + rng.Int64N(most)
+						}
+						r, err := l.Admit(Admission{SessionID: "s", Tokens: most, MinTokens: least})
 						switch {
 						case err == nil:
-							granted.Add(n)
+							if r.Tokens > most || r.Tokens < max(least, 1) || (least == 0 && r.Tokens != most) {
+								t.Errorf("asked %d..%d, granted %d", least, most, r.Tokens)
+							}
+							granted.Add(r.Tokens)
 						case errdefs.IsResourceExhausted(err):
 							mu.Lock()
-							refused = append(refused, n)
+							refused = append(refused, max(least, most*int64(1-min(least, 1))))
 							mu.Unlock()
 						default:
 							t.Error(err)
@@ -114,25 +123,24 @@ func TestConcurrentAdmittersNeverOver(t *testing.T) {
 				t.Fatalf("granted %d tokens under a ceiling of %d", granted.Load(), ceiling)
 			}
 			if len(refused) == 0 {
-				t.Fatal("64×20 requests of up to 200 tokens fit under 10,000")
+				t.Fatal("64×20 requests of up to 400 tokens fit under 10,000")
 			}
-			// Used only grows while everything is held, so a refusal stays justified. A
-			// session's or an ancestor's refusal latches: only the first need have been
-			// too big, and then everything after it is refused.
-			justified := 0
+			// Used only grows while everything is held, so a refusal stays justified.
 			for _, n := range refused {
-				if granted.Load()+n > ceiling {
-					justified++
-				} else if limit == LimitMachine {
+				if granted.Load()+n <= ceiling {
 					t.Errorf("refused %d tokens with %d of %d granted", n, granted.Load(), ceiling)
 				}
 			}
-			if justified == 0 {
-				t.Errorf("no refusal was needed: %d of %d granted, refused %v", granted.Load(), ceiling, refused)
+			// The ranges took what was left: the room ends smaller than the least asked.
+			if left := ceiling - granted.Load(); left >= 400 {
+				t.Errorf("%d tokens left unused though ranges down to one token were asked for", left)
 			}
 			s, _ := l.Session("s")
 			if s.Reserved != granted.Load() {
 				t.Errorf("the session holds %d reserved, %d were granted", s.Reserved, granted.Load())
+			}
+			if s.Latched != nil {
+				t.Errorf("a refusal made by open reservations latched: %+v", s.Latched)
 			}
 		})
 	}
@@ -251,13 +259,25 @@ func TestSessionRefusalLatchesMachineDoesNot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Refused while the 40 are held, but not latched: settling them can free the room.
 	refusal(t, errOf(l.Admit(Admission{SessionID: "capped", Tokens: 20})), LimitSession)
+	if s, _ := l.Session("capped"); s.Latched != nil {
+		t.Fatalf("a refusal made by an open reservation latched: %+v", s.Latched)
+	}
 	if _, err := l.Settle("capped", r.ID, Usage{Input: 1}); err != nil {
 		t.Fatal(err)
 	}
-	// 1 used of 50, yet the session stays refused: its refusal latched.
-	got := refusal(t, errOf(l.Admit(Admission{SessionID: "capped", Tokens: 20})), LimitSession)
-	if got.Used != 1 || got.Requested != 20 || got.Ceiling != 50 {
+	r, err = l.Admit(Admission{SessionID: "capped", Tokens: 20})
+	if err != nil {
+		t.Fatalf("20 of the 49 left: %v", err)
+	}
+	if _, err := l.Settle("capped", r.ID, Usage{Input: 20}); err != nil {
+		t.Fatal(err)
+	}
+	// 21 charged: 30 more can never fit, so the refusal latches.
+	refusal(t, errOf(l.Admit(Admission{SessionID: "capped", Tokens: 30})), LimitSession)
+	got := refusal(t, errOf(l.Admit(Admission{SessionID: "capped", Tokens: 5})), LimitSession)
+	if got.Used != 21 || got.Requested != 5 || got.Ceiling != 50 {
 		t.Errorf("latched refusal: %+v", got)
 	}
 	if s, _ := l.Session("capped"); s.Latched == nil {
@@ -265,7 +285,8 @@ func TestSessionRefusalLatchesMachineDoesNot(t *testing.T) {
 	}
 
 	register(t, l, "free", "", 0)
-	big, err := l.Admit(Admission{SessionID: "free", Tokens: 90})
+	// 21 of the machine's 100 are charged to "capped".
+	big, err := l.Admit(Admission{SessionID: "free", Tokens: 70})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -520,5 +541,57 @@ func TestUnreadDayFailsClosed(t *testing.T) {
 	}
 	if d, err := l.Report(""); err != nil || d.Date != "2026-03-02" || d.Charged != 91 || d.Reserved != 5 {
 		t.Errorf("the day once read: %+v %v", d, err)
+	}
+}
+
+// A range is granted the most that fits at the tightest ceiling — the session's, an
+// ancestor's or the machine's — and refused, at that ceiling, only when its least does not
+// fit; a least that could never fit after what is charged latches, one that open
+// reservations alone keep out does not.
+func TestAdmitRange(t *testing.T) {
+	l := open(t, filepath.Join(t.TempDir(), File), nil, ptr(1000))
+	register(t, l, "p", "", 300)
+	register(t, l, "s", "p", 500)
+	register(t, l, "other", "", 0)
+	held, err := l.Admit(Admission{SessionID: "other", Tokens: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The parent's 300 is the tightest.
+	r, err := l.Admit(Admission{SessionID: "s", Tokens: 1000, MinTokens: 10})
+	if err != nil || r.Tokens != 300 {
+		t.Fatalf("granted %d (%v), want the parent's 300", r.Tokens, err)
+	}
+	got := refusal(t, errOf(l.Admit(Admission{SessionID: "s", Tokens: 1000, MinTokens: 1})), "ancestor p")
+	if got.Requested != 1 || got.Used != 300 {
+		t.Errorf("refusal: %+v", got)
+	}
+	if _, err := l.Settle("s", r.ID, Usage{Input: 100}); err != nil {
+		t.Fatal(err)
+	}
+	// 200 left at the parent, 100 at the machine (600 held, 100 charged).
+	r, err = l.Admit(Admission{SessionID: "s", Tokens: 1000, MinTokens: 50})
+	if err != nil || r.Tokens != 200 {
+		t.Fatalf("granted %d (%v), want the parent's 200", r.Tokens, err)
+	}
+	refusal(t, errOf(l.Admit(Admission{SessionID: "other", Tokens: 200, MinTokens: 150})), LimitMachine)
+	r2, err := l.Admit(Admission{SessionID: "other", Tokens: 200, MinTokens: 10})
+	if err != nil || r2.Tokens != 100 {
+		t.Fatalf("granted %d (%v), want the machine's 100", r2.Tokens, err)
+	}
+	if _, err := l.Settle("s", r.ID, Usage{Input: 150}); err != nil {
+		t.Fatal(err)
+	}
+	// 250 charged under the parent's 300: 60 can never fit, and the refusal latches.
+	refusal(t, errOf(l.Admit(Admission{SessionID: "s", Tokens: 100, MinTokens: 60})), "ancestor p")
+	if s, _ := l.Session("s"); s.Latched == nil {
+		t.Error("a least that cannot fit after the charges did not latch")
+	}
+	_, _ = l.Settle("other", held.ID, Usage{})
+	_, _ = l.Settle("other", r2.ID, Usage{})
+	for _, bad := range []Admission{{SessionID: "other", Tokens: 10, MinTokens: 11}, {SessionID: "other", Tokens: 10, MinTokens: -1}} {
+		if _, err := l.Admit(bad); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%+v: %v, want invalid argument", bad, err)
+		}
 	}
 }

@@ -13,13 +13,16 @@ const (
 )
 
 // Refusal is an admission refused at a ceiling: which one ("session", "ancestor <id>" or
-// "machine"), its value, what is used (charged and reserved) and what was requested.
-// It classifies as resource exhausted.
+// "machine"), its value, what is used (charged and reserved) and what was requested (the
+// least the admission could do with). Latched says the session will be refused at that
+// ceiling from now on: what is charged alone leaves too little. It classifies as resource
+// exhausted.
 type Refusal struct {
 	Limit     string `json:"limit"`
 	Ceiling   int64  `json:"ceiling"`
 	Used      int64  `json:"used"`
 	Requested int64  `json:"requested"`
+	Latched   bool   `json:"latched,omitempty"`
 }
 
 func (r *Refusal) Error() string {

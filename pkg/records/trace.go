@@ -193,3 +193,35 @@ func traceEnded(path string) bool {
 
 // traceTail is how much of a trace's end traceEnded reads.
 const traceTail = 256 << 10
+
+// Inference call trace event types: one metered gateway call (CallTrace), and the note
+// that the trace takes no more of them.
+const (
+	TraceInferenceCall       = "inference_call"
+	TraceInferenceCallCapped = "inference_call_capped"
+)
+
+// CallTrace is one inference_call record: a metered gateway call as it was admitted and
+// charged.
+type CallTrace struct {
+	EventType string    `json:"event_type"`
+	SessionID string    `json:"session_id"`
+	Timestamp time.Time `json:"timestamp"` // when the call was admitted
+	Upstream  string    `json:"upstream"`
+	Route     string    `json:"route"`
+	Model     string    `json:"model,omitempty"`
+	// Status is the upstream's HTTP status; 0 when it did not answer.
+	Status           int   `json:"status"`
+	InputTokens      int64 `json:"input_tokens"`
+	OutputTokens     int64 `json:"output_tokens"`
+	CacheReadTokens  int64 `json:"cache_read_tokens,omitempty"`
+	CacheWriteTokens int64 `json:"cache_write_tokens,omitempty"`
+	Reserved         int64 `json:"reserved"`
+	Charged          int64 `json:"charged"`
+	LatencyMS        int64 `json:"latency_ms"`
+	Streamed         bool  `json:"streamed"`
+	// LoweredFrom and LoweredTo are the output cap per answer the call came with and the
+	// one the gateway lowered it to, to fit the session's ceilings.
+	LoweredFrom int64 `json:"lowered_from,omitempty"`
+	LoweredTo   int64 `json:"lowered_to,omitempty"`
+}

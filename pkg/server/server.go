@@ -130,7 +130,13 @@ func New(cfg Config) *Server {
 	roostv1.RegisterCapsuleServiceServer(srv, &capsuleService{m: cfg.Sessions})
 	roostv1.RegisterSystemServiceServer(srv, &systemService{cfg: cfg})
 	roostv1.RegisterArtifactServiceServer(srv, &artifactService{store: cfg.Artifacts})
-	roostv1.RegisterSpendServiceServer(srv, &spendService{ledger: cfg.Ledger})
+	roostv1.RegisterSpendServiceServer(srv, &spendService{ledger: cfg.Ledger, recordsDir: func(id string) (string, error) {
+		rec, err := cfg.Sessions.Get(id)
+		if err != nil {
+			return "", err
+		}
+		return rec.RecordsDir, nil
+	}})
 	s := &Server{Server: srv, health: health.NewServer(), streams: streams}
 	for name := range srv.GetServiceInfo() {
 		s.services = append(s.services, name)

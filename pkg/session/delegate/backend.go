@@ -114,8 +114,9 @@ type Config struct {
 
 // Backend is everything a session's endpoint serves.
 type Backend struct {
-	s   Sessions
-	cfg Config
+	s     Sessions
+	cfg   Config
+	calls callTraces
 }
 
 var _ spawn.Backend = (*Backend)(nil)
@@ -125,7 +126,7 @@ func New(s Sessions, cfg Config) *Backend {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Backend{s: s, cfg: cfg}
+	return &Backend{s: s, cfg: cfg, calls: callTraces{sessions: map[string]*callTrace{}}}
 }
 
 // LimitHit records a bound the session's endpoint held it to.

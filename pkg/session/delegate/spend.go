@@ -84,5 +84,6 @@ func (b *Backend) Inference(w http.ResponseWriter, r *http.Request, id, upstream
 		SessionID: id, Upstream: p.Inference.Upstream, Model: p.Inference.Model,
 		OnExhausted: p.Inference.OnExhausted, Deadline: rec.DeadlineAt,
 		OnOverrun: func(s ledger.Settlement) { b.spendOverrun(id, s) },
+		OnCall:    func(c gateway.CallRecord) { b.traceCall(id, rec.RecordsDir, p.Resources.LogMaxBytes.Value, c) },
 	}, upstream, path)
 }

@@ -22,6 +22,262 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type ListCallsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCallsRequest) Reset() {
+	*x = ListCallsRequest{}
+	mi := &file_roost_v1_spend_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCallsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCallsRequest) ProtoMessage() {}
+
+func (x *ListCallsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_spend_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCallsRequest.ProtoReflect.Descriptor instead.
+func (*ListCallsRequest) Descriptor() ([]byte, []int) {
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ListCallsRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+type ListCallsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Calls []*InferenceCall       `protobuf:"bytes,1,rep,name=calls,proto3" json:"calls,omitempty"`
+	// The trace took no more calls past its part of resources.log_max_bytes.
+	Capped        bool `protobuf:"varint,2,opt,name=capped,proto3" json:"capped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCallsResponse) Reset() {
+	*x = ListCallsResponse{}
+	mi := &file_roost_v1_spend_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCallsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCallsResponse) ProtoMessage() {}
+
+func (x *ListCallsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_spend_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCallsResponse.ProtoReflect.Descriptor instead.
+func (*ListCallsResponse) Descriptor() ([]byte, []int) {
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ListCallsResponse) GetCalls() []*InferenceCall {
+	if x != nil {
+		return x.Calls
+	}
+	return nil
+}
+
+func (x *ListCallsResponse) GetCapped() bool {
+	if x != nil {
+		return x.Capped
+	}
+	return false
+}
+
+// InferenceCall is one metered gateway call as it was admitted and charged.
+type InferenceCall struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	At       *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	Upstream string                 `protobuf:"bytes,2,opt,name=upstream,proto3" json:"upstream,omitempty"`
+	Route    string                 `protobuf:"bytes,3,opt,name=route,proto3" json:"route,omitempty"`
+	Model    string                 `protobuf:"bytes,4,opt,name=model,proto3" json:"model,omitempty"`
+	// The upstream's HTTP status; 0 when it did not answer.
+	Status           int32 `protobuf:"varint,5,opt,name=status,proto3" json:"status,omitempty"`
+	InputTokens      int64 `protobuf:"varint,6,opt,name=input_tokens,json=inputTokens,proto3" json:"input_tokens,omitempty"`
+	OutputTokens     int64 `protobuf:"varint,7,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
+	CacheReadTokens  int64 `protobuf:"varint,8,opt,name=cache_read_tokens,json=cacheReadTokens,proto3" json:"cache_read_tokens,omitempty"`
+	CacheWriteTokens int64 `protobuf:"varint,9,opt,name=cache_write_tokens,json=cacheWriteTokens,proto3" json:"cache_write_tokens,omitempty"`
+	Reserved         int64 `protobuf:"varint,10,opt,name=reserved,proto3" json:"reserved,omitempty"`
+	Charged          int64 `protobuf:"varint,11,opt,name=charged,proto3" json:"charged,omitempty"`
+	LatencyMs        int64 `protobuf:"varint,12,opt,name=latency_ms,json=latencyMs,proto3" json:"latency_ms,omitempty"`
+	Streamed         bool  `protobuf:"varint,13,opt,name=streamed,proto3" json:"streamed,omitempty"`
+	// The output cap per answer the call came with and the one it was lowered to (0: not).
+	LoweredFrom   int64 `protobuf:"varint,14,opt,name=lowered_from,json=loweredFrom,proto3" json:"lowered_from,omitempty"`
+	LoweredTo     int64 `protobuf:"varint,15,opt,name=lowered_to,json=loweredTo,proto3" json:"lowered_to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InferenceCall) Reset() {
+	*x = InferenceCall{}
+	mi := &file_roost_v1_spend_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InferenceCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InferenceCall) ProtoMessage() {}
+
+func (x *InferenceCall) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_spend_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InferenceCall.ProtoReflect.Descriptor instead.
+func (*InferenceCall) Descriptor() ([]byte, []int) {
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *InferenceCall) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *InferenceCall) GetUpstream() string {
+	if x != nil {
+		return x.Upstream
+	}
+	return ""
+}
+
+func (x *InferenceCall) GetRoute() string {
+	if x != nil {
+		return x.Route
+	}
+	return ""
+}
+
+func (x *InferenceCall) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *InferenceCall) GetStatus() int32 {
+	if x != nil {
+		return x.Status
+	}
+	return 0
+}
+
+func (x *InferenceCall) GetInputTokens() int64 {
+	if x != nil {
+		return x.InputTokens
+	}
+	return 0
+}
+
+func (x *InferenceCall) GetOutputTokens() int64 {
+	if x != nil {
+		return x.OutputTokens
+	}
+	return 0
+}
+
+func (x *InferenceCall) GetCacheReadTokens() int64 {
+	if x != nil {
+		return x.CacheReadTokens
+	}
+	return 0
+}
+
+func (x *InferenceCall) GetCacheWriteTokens() int64 {
+	if x != nil {
+		return x.CacheWriteTokens
+	}
+	return 0
+}
+
+func (x *InferenceCall) GetReserved() int64 {
+	if x != nil {
+		return x.Reserved
+	}
+	return 0
+}
+
+func (x *InferenceCall) GetCharged() int64 {
+	if x != nil {
+		return x.Charged
+	}
+	return 0
+}
+
+func (x *InferenceCall) GetLatencyMs() int64 {
+	if x != nil {
+		return x.LatencyMs
+	}
+	return 0
+}
+
+func (x *InferenceCall) GetStreamed() bool {
+	if x != nil {
+		return x.Streamed
+	}
+	return false
+}
+
+func (x *InferenceCall) GetLoweredFrom() int64 {
+	if x != nil {
+		return x.LoweredFrom
+	}
+	return 0
+}
+
+func (x *InferenceCall) GetLoweredTo() int64 {
+	if x != nil {
+		return x.LoweredTo
+	}
+	return 0
+}
+
 type GetDayRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// YYYY-MM-DD (UTC); empty for today.
@@ -32,7 +288,7 @@ type GetDayRequest struct {
 
 func (x *GetDayRequest) Reset() {
 	*x = GetDayRequest{}
-	mi := &file_roost_v1_spend_proto_msgTypes[0]
+	mi := &file_roost_v1_spend_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -44,7 +300,7 @@ func (x *GetDayRequest) String() string {
 func (*GetDayRequest) ProtoMessage() {}
 
 func (x *GetDayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_spend_proto_msgTypes[0]
+	mi := &file_roost_v1_spend_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -57,7 +313,7 @@ func (x *GetDayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDayRequest.ProtoReflect.Descriptor instead.
 func (*GetDayRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_spend_proto_rawDescGZIP(), []int{0}
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *GetDayRequest) GetDay() string {
@@ -76,7 +332,7 @@ type GetDayResponse struct {
 
 func (x *GetDayResponse) Reset() {
 	*x = GetDayResponse{}
-	mi := &file_roost_v1_spend_proto_msgTypes[1]
+	mi := &file_roost_v1_spend_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -88,7 +344,7 @@ func (x *GetDayResponse) String() string {
 func (*GetDayResponse) ProtoMessage() {}
 
 func (x *GetDayResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_spend_proto_msgTypes[1]
+	mi := &file_roost_v1_spend_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -101,7 +357,7 @@ func (x *GetDayResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDayResponse.ProtoReflect.Descriptor instead.
 func (*GetDayResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_spend_proto_rawDescGZIP(), []int{1}
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GetDayResponse) GetDay() *DayLedger {
@@ -131,7 +387,7 @@ type DayLedger struct {
 
 func (x *DayLedger) Reset() {
 	*x = DayLedger{}
-	mi := &file_roost_v1_spend_proto_msgTypes[2]
+	mi := &file_roost_v1_spend_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -143,7 +399,7 @@ func (x *DayLedger) String() string {
 func (*DayLedger) ProtoMessage() {}
 
 func (x *DayLedger) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_spend_proto_msgTypes[2]
+	mi := &file_roost_v1_spend_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -156,7 +412,7 @@ func (x *DayLedger) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DayLedger.ProtoReflect.Descriptor instead.
 func (*DayLedger) Descriptor() ([]byte, []int) {
-	return file_roost_v1_spend_proto_rawDescGZIP(), []int{2}
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DayLedger) GetDate() string {
@@ -236,7 +492,7 @@ type DaySession struct {
 
 func (x *DaySession) Reset() {
 	*x = DaySession{}
-	mi := &file_roost_v1_spend_proto_msgTypes[3]
+	mi := &file_roost_v1_spend_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -248,7 +504,7 @@ func (x *DaySession) String() string {
 func (*DaySession) ProtoMessage() {}
 
 func (x *DaySession) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_spend_proto_msgTypes[3]
+	mi := &file_roost_v1_spend_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -261,7 +517,7 @@ func (x *DaySession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DaySession.ProtoReflect.Descriptor instead.
 func (*DaySession) Descriptor() ([]byte, []int) {
-	return file_roost_v1_spend_proto_rawDescGZIP(), []int{3}
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DaySession) GetSessionId() string {
@@ -309,7 +565,7 @@ type DayCapsule struct {
 
 func (x *DayCapsule) Reset() {
 	*x = DayCapsule{}
-	mi := &file_roost_v1_spend_proto_msgTypes[4]
+	mi := &file_roost_v1_spend_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -321,7 +577,7 @@ func (x *DayCapsule) String() string {
 func (*DayCapsule) ProtoMessage() {}
 
 func (x *DayCapsule) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_spend_proto_msgTypes[4]
+	mi := &file_roost_v1_spend_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -334,7 +590,7 @@ func (x *DayCapsule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DayCapsule.ProtoReflect.Descriptor instead.
 func (*DayCapsule) Descriptor() ([]byte, []int) {
-	return file_roost_v1_spend_proto_rawDescGZIP(), []int{4}
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DayCapsule) GetCapsule() string {
@@ -360,7 +616,7 @@ type SetMachineLimitRequest struct {
 
 func (x *SetMachineLimitRequest) Reset() {
 	*x = SetMachineLimitRequest{}
-	mi := &file_roost_v1_spend_proto_msgTypes[5]
+	mi := &file_roost_v1_spend_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -372,7 +628,7 @@ func (x *SetMachineLimitRequest) String() string {
 func (*SetMachineLimitRequest) ProtoMessage() {}
 
 func (x *SetMachineLimitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_spend_proto_msgTypes[5]
+	mi := &file_roost_v1_spend_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -385,7 +641,7 @@ func (x *SetMachineLimitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetMachineLimitRequest.ProtoReflect.Descriptor instead.
 func (*SetMachineLimitRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_spend_proto_rawDescGZIP(), []int{5}
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SetMachineLimitRequest) GetTokens() int64 {
@@ -405,7 +661,7 @@ type SetMachineLimitResponse struct {
 
 func (x *SetMachineLimitResponse) Reset() {
 	*x = SetMachineLimitResponse{}
-	mi := &file_roost_v1_spend_proto_msgTypes[6]
+	mi := &file_roost_v1_spend_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -417,7 +673,7 @@ func (x *SetMachineLimitResponse) String() string {
 func (*SetMachineLimitResponse) ProtoMessage() {}
 
 func (x *SetMachineLimitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_spend_proto_msgTypes[6]
+	mi := &file_roost_v1_spend_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -430,7 +686,7 @@ func (x *SetMachineLimitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetMachineLimitResponse.ProtoReflect.Descriptor instead.
 func (*SetMachineLimitResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_spend_proto_rawDescGZIP(), []int{6}
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SetMachineLimitResponse) GetPrevious() int64 {
@@ -451,7 +707,32 @@ var File_roost_v1_spend_proto protoreflect.FileDescriptor
 
 const file_roost_v1_spend_proto_rawDesc = "" +
 	"\n" +
-	"\x14roost/v1/spend.proto\x12\broost.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"!\n" +
+	"\x14roost/v1/spend.proto\x12\broost.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"1\n" +
+	"\x10ListCallsRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"Z\n" +
+	"\x11ListCallsResponse\x12-\n" +
+	"\x05calls\x18\x01 \x03(\v2\x17.roost.v1.InferenceCallR\x05calls\x12\x16\n" +
+	"\x06capped\x18\x02 \x01(\bR\x06capped\"\xf0\x03\n" +
+	"\rInferenceCall\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1a\n" +
+	"\bupstream\x18\x02 \x01(\tR\bupstream\x12\x14\n" +
+	"\x05route\x18\x03 \x01(\tR\x05route\x12\x14\n" +
+	"\x05model\x18\x04 \x01(\tR\x05model\x12\x16\n" +
+	"\x06status\x18\x05 \x01(\x05R\x06status\x12!\n" +
+	"\finput_tokens\x18\x06 \x01(\x03R\vinputTokens\x12#\n" +
+	"\routput_tokens\x18\a \x01(\x03R\foutputTokens\x12*\n" +
+	"\x11cache_read_tokens\x18\b \x01(\x03R\x0fcacheReadTokens\x12,\n" +
+	"\x12cache_write_tokens\x18\t \x01(\x03R\x10cacheWriteTokens\x12\x1a\n" +
+	"\breserved\x18\n" +
+	" \x01(\x03R\breserved\x12\x18\n" +
+	"\acharged\x18\v \x01(\x03R\acharged\x12\x1d\n" +
+	"\n" +
+	"latency_ms\x18\f \x01(\x03R\tlatencyMs\x12\x1a\n" +
+	"\bstreamed\x18\r \x01(\bR\bstreamed\x12!\n" +
+	"\flowered_from\x18\x0e \x01(\x03R\vloweredFrom\x12\x1d\n" +
+	"\n" +
+	"lowered_to\x18\x0f \x01(\x03R\tloweredTo\"!\n" +
 	"\rGetDayRequest\x12\x10\n" +
 	"\x03day\x18\x01 \x01(\tR\x03day\"7\n" +
 	"\x0eGetDayResponse\x12%\n" +
@@ -482,10 +763,11 @@ const file_roost_v1_spend_proto_rawDesc = "" +
 	"\x06tokens\x18\x01 \x01(\x03R\x06tokens\"M\n" +
 	"\x17SetMachineLimitResponse\x12\x1a\n" +
 	"\bprevious\x18\x01 \x01(\x03R\bprevious\x12\x16\n" +
-	"\x06tokens\x18\x02 \x01(\x03R\x06tokens2\xa3\x01\n" +
+	"\x06tokens\x18\x02 \x01(\x03R\x06tokens2\xe9\x01\n" +
 	"\fSpendService\x12;\n" +
 	"\x06GetDay\x12\x17.roost.v1.GetDayRequest\x1a\x18.roost.v1.GetDayResponse\x12V\n" +
-	"\x0fSetMachineLimit\x12 .roost.v1.SetMachineLimitRequest\x1a!.roost.v1.SetMachineLimitResponseB*Z(roost.dev/roost/api/gen/roost/v1;roostv1b\x06proto3"
+	"\x0fSetMachineLimit\x12 .roost.v1.SetMachineLimitRequest\x1a!.roost.v1.SetMachineLimitResponse\x12D\n" +
+	"\tListCalls\x12\x1a.roost.v1.ListCallsRequest\x1a\x1b.roost.v1.ListCallsResponseB*Z(roost.dev/roost/api/gen/roost/v1;roostv1b\x06proto3"
 
 var (
 	file_roost_v1_spend_proto_rawDescOnce sync.Once
@@ -499,31 +781,38 @@ func file_roost_v1_spend_proto_rawDescGZIP() []byte {
 	return file_roost_v1_spend_proto_rawDescData
 }
 
-var file_roost_v1_spend_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_roost_v1_spend_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_roost_v1_spend_proto_goTypes = []any{
-	(*GetDayRequest)(nil),           // 0: roost.v1.GetDayRequest
-	(*GetDayResponse)(nil),          // 1: roost.v1.GetDayResponse
-	(*DayLedger)(nil),               // 2: roost.v1.DayLedger
-	(*DaySession)(nil),              // 3: roost.v1.DaySession
-	(*DayCapsule)(nil),              // 4: roost.v1.DayCapsule
-	(*SetMachineLimitRequest)(nil),  // 5: roost.v1.SetMachineLimitRequest
-	(*SetMachineLimitResponse)(nil), // 6: roost.v1.SetMachineLimitResponse
-	(*timestamppb.Timestamp)(nil),   // 7: google.protobuf.Timestamp
+	(*ListCallsRequest)(nil),        // 0: roost.v1.ListCallsRequest
+	(*ListCallsResponse)(nil),       // 1: roost.v1.ListCallsResponse
+	(*InferenceCall)(nil),           // 2: roost.v1.InferenceCall
+	(*GetDayRequest)(nil),           // 3: roost.v1.GetDayRequest
+	(*GetDayResponse)(nil),          // 4: roost.v1.GetDayResponse
+	(*DayLedger)(nil),               // 5: roost.v1.DayLedger
+	(*DaySession)(nil),              // 6: roost.v1.DaySession
+	(*DayCapsule)(nil),              // 7: roost.v1.DayCapsule
+	(*SetMachineLimitRequest)(nil),  // 8: roost.v1.SetMachineLimitRequest
+	(*SetMachineLimitResponse)(nil), // 9: roost.v1.SetMachineLimitResponse
+	(*timestamppb.Timestamp)(nil),   // 10: google.protobuf.Timestamp
 }
 var file_roost_v1_spend_proto_depIdxs = []int32{
-	2, // 0: roost.v1.GetDayResponse.day:type_name -> roost.v1.DayLedger
-	7, // 1: roost.v1.DayLedger.resets_at:type_name -> google.protobuf.Timestamp
-	3, // 2: roost.v1.DayLedger.sessions:type_name -> roost.v1.DaySession
-	4, // 3: roost.v1.DayLedger.capsules:type_name -> roost.v1.DayCapsule
-	0, // 4: roost.v1.SpendService.GetDay:input_type -> roost.v1.GetDayRequest
-	5, // 5: roost.v1.SpendService.SetMachineLimit:input_type -> roost.v1.SetMachineLimitRequest
-	1, // 6: roost.v1.SpendService.GetDay:output_type -> roost.v1.GetDayResponse
-	6, // 7: roost.v1.SpendService.SetMachineLimit:output_type -> roost.v1.SetMachineLimitResponse
-	6, // [6:8] is the sub-list for method output_type
-	4, // [4:6] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	2,  // 0: roost.v1.ListCallsResponse.calls:type_name -> roost.v1.InferenceCall
+	10, // 1: roost.v1.InferenceCall.at:type_name -> google.protobuf.Timestamp
+	5,  // 2: roost.v1.GetDayResponse.day:type_name -> roost.v1.DayLedger
+	10, // 3: roost.v1.DayLedger.resets_at:type_name -> google.protobuf.Timestamp
+	6,  // 4: roost.v1.DayLedger.sessions:type_name -> roost.v1.DaySession
+	7,  // 5: roost.v1.DayLedger.capsules:type_name -> roost.v1.DayCapsule
+	3,  // 6: roost.v1.SpendService.GetDay:input_type -> roost.v1.GetDayRequest
+	8,  // 7: roost.v1.SpendService.SetMachineLimit:input_type -> roost.v1.SetMachineLimitRequest
+	0,  // 8: roost.v1.SpendService.ListCalls:input_type -> roost.v1.ListCallsRequest
+	4,  // 9: roost.v1.SpendService.GetDay:output_type -> roost.v1.GetDayResponse
+	9,  // 10: roost.v1.SpendService.SetMachineLimit:output_type -> roost.v1.SetMachineLimitResponse
+	1,  // 11: roost.v1.SpendService.ListCalls:output_type -> roost.v1.ListCallsResponse
+	9,  // [9:12] is the sub-list for method output_type
+	6,  // [6:9] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_spend_proto_init() }
@@ -537,7 +826,7 @@ func file_roost_v1_spend_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_spend_proto_rawDesc), len(file_roost_v1_spend_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -21,6 +21,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	SpendService_GetDay_FullMethodName          = "/roost.v1.SpendService/GetDay"
 	SpendService_SetMachineLimit_FullMethodName = "/roost.v1.SpendService/SetMachineLimit"
+	SpendService_ListCalls_FullMethodName       = "/roost.v1.SpendService/ListCalls"
 )
 
 // SpendServiceClient is the client API for SpendService service.
@@ -34,6 +35,8 @@ type SpendServiceClient interface {
 	GetDay(ctx context.Context, in *GetDayRequest, opts ...grpc.CallOption) (*GetDayResponse, error)
 	// SetMachineLimit sets the machine's tokens per UTC day, at once and durably (0: none).
 	SetMachineLimit(ctx context.Context, in *SetMachineLimitRequest, opts ...grpc.CallOption) (*SetMachineLimitResponse, error)
+	// ListCalls returns a session's metered inference calls as its trace records them.
+	ListCalls(ctx context.Context, in *ListCallsRequest, opts ...grpc.CallOption) (*ListCallsResponse, error)
 }
 
 type spendServiceClient struct {
@@ -64,6 +67,16 @@ func (c *spendServiceClient) SetMachineLimit(ctx context.Context, in *SetMachine
 	return out, nil
 }
 
+func (c *spendServiceClient) ListCalls(ctx context.Context, in *ListCallsRequest, opts ...grpc.CallOption) (*ListCallsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListCallsResponse)
+	err := c.cc.Invoke(ctx, SpendService_ListCalls_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SpendServiceServer is the server API for SpendService service.
 // All implementations must embed UnimplementedSpendServiceServer
 // for forward compatibility.
@@ -75,6 +88,8 @@ type SpendServiceServer interface {
 	GetDay(context.Context, *GetDayRequest) (*GetDayResponse, error)
 	// SetMachineLimit sets the machine's tokens per UTC day, at once and durably (0: none).
 	SetMachineLimit(context.Context, *SetMachineLimitRequest) (*SetMachineLimitResponse, error)
+	// ListCalls returns a session's metered inference calls as its trace records them.
+	ListCalls(context.Context, *ListCallsRequest) (*ListCallsResponse, error)
 	mustEmbedUnimplementedSpendServiceServer()
 }
 
@@ -90,6 +105,9 @@ func (UnimplementedSpendServiceServer) GetDay(context.Context, *GetDayRequest) (
 }
 func (UnimplementedSpendServiceServer) SetMachineLimit(context.Context, *SetMachineLimitRequest) (*SetMachineLimitResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetMachineLimit not implemented")
+}
+func (UnimplementedSpendServiceServer) ListCalls(context.Context, *ListCallsRequest) (*ListCallsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListCalls not implemented")
 }
 func (UnimplementedSpendServiceServer) mustEmbedUnimplementedSpendServiceServer() {}
 func (UnimplementedSpendServiceServer) testEmbeddedByValue()                      {}
@@ -148,6 +166,24 @@ func _SpendService_SetMachineLimit_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SpendService_ListCalls_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListCallsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SpendServiceServer).ListCalls(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SpendService_ListCalls_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SpendServiceServer).ListCalls(ctx, req.(*ListCallsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SpendService_ServiceDesc is the grpc.ServiceDesc for SpendService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -162,6 +198,10 @@ var SpendService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetMachineLimit",
 			Handler:    _SpendService_SetMachineLimit_Handler,
+		},
+		{
+			MethodName: "ListCalls",
+			Handler:    _SpendService_ListCalls_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

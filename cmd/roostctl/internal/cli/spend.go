@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -13,18 +14,40 @@ import (
 )
 
 func (a *app) spendCommand() *cobra.Command {
-	var asJSON bool
-	var day string
+	var asJSON, calls bool
+	var day, session string
 	cmd := &cobra.Command{
 		Use:   "spend",
-		Short: "Show the token ledger of a day",
+		Short: "Show the token ledger of a day, or a session's model calls",
 		Long: `spend shows the token ledger for one UTC day (today unless --day): the machine's
-ceiling, what sessions were charged and what they hold reserved, per session and per capsule.`,
+ceiling, what sessions were charged and what they hold reserved, per session and per capsule.
+
+With --session ID --calls it lists the session's metered model calls as its trace records
+them: when, route, model, status, input/output/cache tokens, reserved and charged, latency,
+whether streamed, and the output cap when the gateway lowered it to fit the session's
+ceilings (LOWERED 64000->12000). The trace keeps a quarter of resources.log_max_bytes of
+them; past that it says so, and the day's ledger still counts every token.`,
+		Example: `  roostctl spend
+  roostctl spend --session 7f3a9c --calls
+  roostctl spend --session 7f3a9c --calls --json`,
 		Args: exactArgs(0, "no arguments (set-limit is a subcommand)"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if calls != (session != "") {
+				return usageError{fmt.Errorf("--calls and --session ID go together: the calls of one session")}
+			}
 			conn, err := a.connect()
 			if err != nil {
 				return err
+			}
+			if calls {
+				resp, err := roostv1.NewSpendServiceClient(conn).ListCalls(cmd.Context(), &roostv1.ListCallsRequest{SessionId: session})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(cmd.OutOrStdout(), resp)
+				}
+				return printCalls(cmd.OutOrStdout(), resp)
 			}
 			resp, err := roostv1.NewSpendServiceClient(conn).GetDay(cmd.Context(), &roostv1.GetDayRequest{Day: day})
 			if err != nil {
@@ -69,8 +92,32 @@ ceiling, what sessions were charged and what they hold reserved, per session and
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the day's ledger as JSON")
 	cmd.Flags().StringVar(&day, "day", "", "the UTC day, YYYY-MM-DD (default today)")
+	cmd.Flags().StringVar(&session, "session", "", "the session whose calls --calls lists")
+	cmd.Flags().BoolVar(&calls, "calls", false, "list the session's metered model calls (with --session)")
 	cmd.AddCommand(a.setLimitCommand())
 	return cmd
+}
+
+// printCalls is a session's calls as a table.
+func printCalls(out io.Writer, resp *roostv1.ListCallsResponse) error {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "AT\tROUTE\tMODEL\tSTATUS\tINPUT\tOUTPUT\tCACHE R/W\tRESERVED\tCHARGED\tLATENCY\tSTREAM\tLOWERED")
+	for _, c := range resp.GetCalls() {
+		lowered := "-"
+		if c.GetLoweredFrom() > 0 {
+			lowered = fmt.Sprintf("%d->%d", c.GetLoweredFrom(), c.GetLoweredTo())
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d/%d\t%d\t%d\t%dms\t%v\t%s\n", c.GetAt().AsTime().Format(time.RFC3339), c.GetRoute(), c.GetModel(),
+			c.GetStatus(), c.GetInputTokens(), c.GetOutputTokens(), c.GetCacheReadTokens(), c.GetCacheWriteTokens(), c.GetReserved(), c.GetCharged(),
+			c.GetLatencyMs(), c.GetStreamed(), lowered)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if resp.GetCapped() {
+		fmt.Fprintln(out, "\nthe trace holds no more calls: they reached their part of resources.log_max_bytes; roostctl spend still counts every token")
+	}
+	return nil
 }
 
 func limitOrNone(n int64) string {
