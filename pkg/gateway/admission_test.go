@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,7 +104,12 @@ func TestLowersToWhatFits(t *testing.T) {
 			input := estimateBody([]byte(tc.body))
 			var mu sync.Mutex
 			var calls []CallRecord
-			r := newRig(t, tc.format, input+tc.room, Caller{OnCall: func(c CallRecord) { mu.Lock(); calls = append(calls, c); mu.Unlock() }}, withDefault)
+			// A Messages call is admitted for its upstream's count when it does not fit.
+			admitted := input
+			if tc.format == config.FormatAnthropic {
+				admitted = countedMargin(input)
+			}
+			r := newRig(t, tc.format, admitted+tc.room, Caller{OnCall: func(c CallRecord) { mu.Lock(); calls = append(calls, c); mu.Unlock() }}, withDefault)
 			r.fake.SetConfig(fakellm.Config{APIKey: operatorKey, InputTokens: int(input), OutputTokens: 100000})
 			status, h, out := r.post(tc.path, tc.body, "Anthropic-Version", "2023-06-01")
 			if tc.per == 0 {
@@ -111,10 +117,10 @@ func TestLowersToWhatFits(t *testing.T) {
 					t.Fatalf("%d %v %s", status, h, out)
 				}
 				_, roost := envelope(t, tc.format, out, map[string]string{config.FormatOpenAI: "insufficient_quota", config.FormatAnthropic: "rate_limit_error"}[tc.format])
-				if roost["limit"] != "session" || roost["requested"].(float64) <= float64(input+tc.room) || roost["latched"] != true {
+				if roost["limit"] != "session" || roost["requested"].(float64) <= float64(admitted+tc.room) || roost["latched"] != true {
 					t.Errorf("the refusal: %s", out)
 				}
-				r.nothingUpstream()
+				r.noModelCall()
 				return
 			}
 			if status != 200 {
@@ -127,7 +133,8 @@ func TestLowersToWhatFits(t *testing.T) {
 			if got, want := h.Get(LoweredHeader), from+"->"+strconv.FormatInt(tc.per, 10); got != want {
 				t.Errorf("%s: %q, want %q", LoweredHeader, got, want)
 			}
-			sent := string(r.fake.Requests()[0].Body)
+			reqs := r.fake.Requests()
+			sent := string(reqs[len(reqs)-1].Body)
 			for _, want := range tc.sent {
 				if !strings.Contains(sent, want) {
 					t.Errorf("the upstream saw %s, want %s in it", sent, want)
@@ -135,11 +142,8 @@ func TestLowersToWhatFits(t *testing.T) {
 			}
 			// The answers filled their caps: the ceiling is met to the token, not crossed.
 			s := r.spent()
-			if s.Charged != input+tc.room-tc.room%max(1, tc.room/tc.per) && s.Charged > input+tc.room {
-				t.Errorf("charged %d under a ceiling of %d", s.Charged, input+tc.room)
-			}
-			if s.Charged > input+tc.room || s.Reserved != 0 {
-				t.Errorf("ledger %+v under a ceiling of %d", s, input+tc.room)
+			if s.Charged > admitted+tc.room || s.Reserved != 0 {
+				t.Errorf("ledger %+v under a ceiling of %d", s, admitted+tc.room)
 			}
 			mu.Lock()
 			defer mu.Unlock()
@@ -320,4 +324,71 @@ func FuzzEstimate(f *testing.F) {
 			t.Fatalf("estimate %d, billed %d: %s", est, billed, body)
 		}
 	})
+}
+
+// A Messages call whose worst case does not fit is admitted for the upstream's own count of
+// its input (messages/count_tokens), not the estimate: Claude Code's 80 KB calls, billed 1,500
+// input tokens apiece, spend a 20,000-token session down to less than one more call's least,
+// where the estimate (some 25,000 tokens of input) would have refused the first. The count
+// asks with only the members count_tokens takes.
+func TestCountsInputNearTheCeiling(t *testing.T) {
+	const budget, billed = 20_000, 1500
+	var mu sync.Mutex
+	var calls []CallRecord
+	r := newRig(t, config.FormatAnthropic, budget, Caller{OnCall: func(c CallRecord) { mu.Lock(); calls = append(calls, c); mu.Unlock() }})
+	r.fake.SetConfig(fakellm.Config{APIKey: operatorKey, InputTokens: billed, OutputTokens: billed})
+	body := claudeCodeBody(64000, 80<<10)
+	if est := estimateBody([]byte(body)); est <= budget {
+		t.Fatalf("the body's estimate is %d tokens: the test needs one above the budget", est)
+	}
+	n := 0
+	for ; ; n++ {
+		status, h, out := r.post("/v1/messages", body, "Anthropic-Version", "2023-06-01", "Anthropic-Beta", "claude-code-20250219")
+		if status == http.StatusTooManyRequests {
+			break
+		}
+		if status != 200 || h.Get(LoweredHeader) == "" {
+			t.Fatalf("call %d: %d %s: %s", n, status, h.Get(LoweredHeader), out)
+		}
+	}
+	s := r.spent()
+	least := countedMargin(billed) + minThinkingTokens + 1
+	t.Logf("%d calls, %d of %d charged, %d left; a call's least is %d", n, s.Charged, budget, budget-s.Charged, least)
+	if n == 0 || s.Charged > budget || budget-s.Charged >= least || s.Reserved != 0 {
+		t.Fatalf("%d calls, ledger %+v: refused with %d left, a call needing %d", n, s, budget-s.Charged, least)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, c := range calls {
+		if !c.InputCounted || c.InputTokens != billed || c.Charged > c.Reserved {
+			t.Errorf("call record %+v", c)
+		}
+	}
+	counts := 0
+	for _, req := range r.fake.Requests() {
+		if !strings.HasSuffix(req.Path, "/count_tokens") {
+			continue
+		}
+		counts++
+		var members map[string]json.RawMessage
+		if err := json.Unmarshal(req.Body, &members); err != nil {
+			t.Fatal(err)
+		}
+		for name := range members {
+			if !slices.Contains(countedFields, name) {
+				t.Errorf("the count was sent %s", name)
+			}
+		}
+		for _, name := range []string{"model", "system", "messages", "tools", "thinking"} {
+			if _, ok := members[name]; !ok {
+				t.Errorf("the count was not sent %s", name)
+			}
+		}
+		if req.Header.Get("X-Api-Key") != operatorKey || req.Header.Get("Anthropic-Beta") != "claude-code-20250219" {
+			t.Errorf("the count's headers: %v", req.Header)
+		}
+	}
+	if counts != n+1 {
+		t.Errorf("%d counts for %d calls and a refusal", counts, n)
+	}
 }

@@ -59,6 +59,17 @@ func (r *rig) nothingUpstream() {
 	}
 }
 
+// noModelCall fails the test if a model call reached the upstream: a count of its input
+// (messages/count_tokens, free) may have, when its ceilings left less than its worst case.
+func (r *rig) noModelCall() {
+	r.t.Helper()
+	for _, req := range r.fake.Requests() {
+		if !strings.HasSuffix(req.Path, "/count_tokens") {
+			r.t.Fatalf("the upstream saw %s %s", req.Method, req.Path)
+		}
+	}
+}
+
 // openAIEnvelope is OpenAI's error body, with roost's detail beside it.
 type openAIEnvelope struct {
 	Error *struct {

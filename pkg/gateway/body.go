@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"unicode/utf8"
 )
 
@@ -129,6 +130,37 @@ func (o *object) splice(set map[string][][]byte, order []string) [][]byte {
 		key, _ := json.Marshal(name)
 		out = append(out, append(key, ':'))
 		out = append(out, set[name]...)
+	}
+	return append(out, []byte("}"))
+}
+
+// subset is o with only the members names lists, in o's order, each once as o reads it and
+// with set's value in place of its own: pieces of o's bytes and of set's, copied nowhere.
+func (o *object) subset(names []string, set map[string][][]byte) [][]byte {
+	out := [][]byte{[]byte("{")}
+	for i, m := range o.members {
+		if o.last[m.name] != i || !slices.Contains(names, m.name) {
+			continue
+		}
+		if len(out) > 1 {
+			out = append(out, []byte(","))
+		}
+		if v, ok := set[m.name]; ok {
+			out = append(out, o.raw[m.start:m.value])
+			out = append(out, v...)
+			continue
+		}
+		out = append(out, o.raw[m.start:m.end])
+	}
+	for _, name := range names {
+		if v, ok := set[name]; ok && !o.has(name) {
+			if len(out) > 1 {
+				out = append(out, []byte(","))
+			}
+			key, _ := json.Marshal(name)
+			out = append(out, append(key, ':'))
+			out = append(out, v...)
+		}
 	}
 	return append(out, []byte("}"))
 }

@@ -38,6 +38,8 @@ type call struct {
 	// lowered is the output cap per answer the call came with and the one it was lowered
 	// to; zero when it was not.
 	lowered [2]int64
+	// counted says input is the upstream's count of the body (count.go), not the estimate.
+	counted bool
 }
 
 // MinOutputTokens is the least output an answer is admitted with when its ceilings leave

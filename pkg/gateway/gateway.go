@@ -37,6 +37,7 @@ type Ledger interface {
 	Admit(ledger.Admission) (ledger.Reservation, error)
 	Settle(sessionID, reservationID string, u ledger.Usage) (ledger.Settlement, error)
 	Changed() <-chan struct{}
+	Headroom(sessionID string) (int64, error)
 }
 
 var _ Ledger = (*ledger.Ledger)(nil)
@@ -76,6 +77,10 @@ type CallRecord struct {
 	// LoweredFrom and LoweredTo are the output cap per answer the call came with and the
 	// one the gateway lowered it to so that it fit its ceilings; zero when not lowered.
 	LoweredFrom, LoweredTo int64
+	// InputCounted says the call was admitted for its upstream's count of its input
+	// (messages/count_tokens), not the gateway's estimate: its ceilings left less than its
+	// worst case.
+	InputCounted bool
 }
 
 // LoweredHeader is the response header that says the gateway lowered a call's output cap
@@ -245,10 +250,22 @@ func (g *Gateway) Serve(w http.ResponseWriter, r *http.Request, c Caller, upstre
 	}
 	cl.label = u.label(c, cl.model)
 
+	target := &url.URL{Scheme: u.base.Scheme, User: u.base.User, Host: u.base.Host, RawQuery: query.Encode()}
+	target.RawPath = strings.TrimSuffix(u.base.EscapedPath(), "/") + "/" + upPath
+	target.Path, _ = url.PathUnescape(target.RawPath)
+	header := outHeader(r.Header, u, rt, strings.TrimSpace(string(key)))
+
 	meter := &meter{}
 	status := 0
 	if rt.metered {
 		started := g.now()
+		if cl.canCount(u.Format) {
+			// Counted only when it may change what is admitted: the worst case does not fit,
+			// and the least output would, were the input nothing.
+			if room, err := g.ledger.Headroom(c.SessionID); err == nil && room < cl.reservation() && room > cl.least()-cl.input {
+				g.countInput(r.Context(), target, header, cl)
+			}
+		}
 		res, err := g.admit(r.Context(), c, cl)
 		if err != nil {
 			fail(err)
@@ -259,11 +276,6 @@ func (g *Gateway) Serve(w http.ResponseWriter, r *http.Request, c Caller, upstre
 		// answer is cut mid-copy, and the reservation must be settled even so.
 		defer g.settle(c, u.Name, cl, res, meter, &status, started)
 	}
-	target := &url.URL{Scheme: u.base.Scheme, User: u.base.User, Host: u.base.Host, RawQuery: query.Encode()}
-	target.RawPath = strings.TrimSuffix(u.base.EscapedPath(), "/") + "/" + upPath
-	target.Path, _ = url.PathUnescape(target.RawPath)
-	header := outHeader(r.Header, u, rt, strings.TrimSpace(string(key)))
-
 	// httputil.ReverseProxy does the forwarding: hop-by-hop headers, 1xx answers,
 	// trailers, flushing a stream as each write arrives (FlushInterval -1), and a client
 	// that goes away cancelling the upstream call.
@@ -464,7 +476,7 @@ func (g *Gateway) settle(c Caller, upstream string, cl *call, res ledger.Reserva
 		c.OnCall(CallRecord{At: started.UTC(), Upstream: upstream, Route: cl.route.String(), Model: cl.label, Status: *status,
 			InputTokens: s.InputTokens, OutputTokens: s.OutputTokens, CacheReadTokens: m.cacheRead, CacheWriteTokens: m.cacheWrite,
 			Reserved: s.Reserved, Charged: s.Charged, Latency: g.now().Sub(started), Streamed: m.sse,
-			LoweredFrom: cl.lowered[0], LoweredTo: cl.lowered[1]})
+			LoweredFrom: cl.lowered[0], LoweredTo: cl.lowered[1], InputCounted: cl.counted})
 	}
 }
 

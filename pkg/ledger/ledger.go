@@ -509,6 +509,35 @@ func (l *Ledger) check(a *account, least, most int64) (int64, *Refusal, bool) {
 	return room, nil, false
 }
 
+// Headroom is the most an admission of the session could be granted now: what the
+// tightest of its ceilings (its own, each ancestor's, the machine's for today) leaves after
+// what is charged and reserved; MaxTokens when none binds, 0 when the session is latched.
+// It is a reading, not a promise: Admit decides again under its lock.
+func (l *Ledger) Headroom(sessionID string) (int64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	a, err := l.account(sessionID)
+	if err != nil {
+		return 0, err
+	}
+	if a.Latched != nil {
+		return 0, nil
+	}
+	room := int64(MaxTokens)
+	if a.Ceiling > 0 {
+		room = min(room, a.Ceiling-a.SubtreeCharged-a.subReserved)
+	}
+	for _, id := range a.Ancestors {
+		if anc := l.accounts[id]; anc != nil && anc.Ceiling > 0 {
+			room = min(room, anc.Ceiling-anc.SubtreeCharged-anc.subReserved)
+		}
+	}
+	if l.ceiling > 0 {
+		room = min(room, l.ceiling-l.day.charged-l.reserved)
+	}
+	return max(room, 0), nil
+}
+
 // used is what now counts against a latched refusal's ceiling. The caller holds l.mu.
 func (l *Ledger) used(a *account, r Refusal) int64 {
 	if id, ok := r.ancestor(); ok {

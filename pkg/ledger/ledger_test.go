@@ -595,3 +595,50 @@ func TestAdmitRange(t *testing.T) {
 		}
 	}
 }
+
+// Headroom is what Admit would grant at most: the tightest ceiling's room, after charges and
+// reservations; 0 once latched; none binding is MaxTokens.
+func TestHeadroom(t *testing.T) {
+	l := open(t, filepath.Join(t.TempDir(), File), nil, ptr(1000))
+	register(t, l, "p", "", 300)
+	register(t, l, "s", "p", 500)
+	register(t, l, "other", "", 0)
+	room := func(id string) int64 {
+		t.Helper()
+		n, err := l.Headroom(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if got := room("s"); got != 300 {
+		t.Errorf("s: %d, want the parent's 300", got)
+	}
+	held, err := l.Admit(Admission{SessionID: "other", Tokens: 900})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := room("s"); got != 100 {
+		t.Errorf("s: %d, want the machine's 100 (900 reserved)", got)
+	}
+	if r, err := l.Admit(Admission{SessionID: "s", Tokens: 1000, MinTokens: 1}); err != nil || r.Tokens != 100 {
+		t.Fatalf("granted %d (%v), want the 100 Headroom read", r.Tokens, err)
+	}
+	if got := room("other"); got != 0 {
+		t.Errorf("other: %d, want 0", got)
+	}
+	_, _ = l.Settle("other", held.ID, Usage{})
+	l2 := open(t, filepath.Join(t.TempDir(), File), nil, nil)
+	register(t, l2, "free", "", 0)
+	if n, err := l2.Headroom("free"); err != nil || n != MaxTokens {
+		t.Errorf("no ceiling: %d (%v), want MaxTokens", n, err)
+	}
+	if _, err := l.Headroom("nobody"); !errdefs.IsNotFound(err) {
+		t.Errorf("an unknown session: %v", err)
+	}
+	// A least the parent's 300 can never hold latches s.
+	refusal(t, errOf(l.Admit(Admission{SessionID: "s", Tokens: 1000, MinTokens: 400})), "ancestor p")
+	if got := room("s"); got != 0 {
+		t.Errorf("latched: %d, want 0", got)
+	}
+}

@@ -224,4 +224,7 @@ type CallTrace struct {
 	// one the gateway lowered it to, to fit the session's ceilings.
 	LoweredFrom int64 `json:"lowered_from,omitempty"`
 	LoweredTo   int64 `json:"lowered_to,omitempty"`
+	// InputCounted says the call was admitted for its upstream's count of its input, not
+	// the gateway's estimate (its ceilings left less than its worst case).
+	InputCounted bool `json:"input_counted,omitempty"`
 }

@@ -42,7 +42,7 @@ func (b *Backend) traceCall(id, dir string, logMax int64, c gateway.CallRecord) 
 	data, err := json.Marshal(records.CallTrace{EventType: records.TraceInferenceCall, SessionID: id, Timestamp: c.At,
 		Upstream: c.Upstream, Route: c.Route, Model: c.Model, Status: c.Status, InputTokens: c.InputTokens, OutputTokens: c.OutputTokens,
 		CacheReadTokens: c.CacheReadTokens, CacheWriteTokens: c.CacheWriteTokens, Reserved: c.Reserved, Charged: c.Charged,
-		LatencyMS: c.Latency.Milliseconds(), Streamed: c.Streamed, LoweredFrom: c.LoweredFrom, LoweredTo: c.LoweredTo})
+		LatencyMS: c.Latency.Milliseconds(), Streamed: c.Streamed, LoweredFrom: c.LoweredFrom, LoweredTo: c.LoweredTo, InputCounted: c.InputCounted})
 	if err != nil {
 		return
 	}
