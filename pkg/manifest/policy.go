@@ -246,12 +246,12 @@ func Lower(m *Manifest) Policy {
 	}
 	pids := resolve(r.CgroupPidsMax, DefaultCgroupPidsMax)
 	p.Resources = ResourcesPolicy{
-		CgroupMemoryBytes:      resolve(r.CgroupMemoryBytes, DefaultCgroupMemoryBytes),
-		CgroupPidsMax:          pids,
-		CgroupCPUPercent:       resolve(r.CgroupCPUPercent, DefaultCgroupCPUPercent),
-		MaxOpenFiles:           resolve(r.MaxOpenFiles, DefaultMaxOpenFiles),
-		MaxFileSizeBytes:       resolve(r.MaxFileSizeBytes, DefaultMaxFileSizeBytes),
-		CPUSeconds:             resolve(r.CPUSeconds, DefaultCPUSeconds),
+		CgroupMemoryBytes: resolve(r.CgroupMemoryBytes, DefaultCgroupMemoryBytes),
+		CgroupPidsMax:     pids,
+		CgroupCPUPercent:  resolve(r.CgroupCPUPercent, DefaultCgroupCPUPercent),
+		MaxOpenFiles:      resolve(r.MaxOpenFiles, DefaultMaxOpenFiles),
+		MaxFileSizeBytes:  resolve(r.MaxFileSizeBytes, DefaultMaxFileSizeBytes),
+		CPUSeconds:        resolve(r.CPUSeconds, DefaultCPUSeconds),
 		// One ceiling on processes, the cgroup's: pids.max counts the session's whole tree,
 		// and RLIMIT_NPROC (its uid's processes, which that tree holds) at the same number
 		// adds no lower one. A lower RLIMIT_NPROC failed make -j$(nproc) on a 128-core host
