@@ -23,9 +23,6 @@ import (
 // TaskFile is the task text's name in the session's records directory.
 const TaskFile = "task.md"
 
-// defaultPath is the PATH a program gets unless its manifest sets one.
-const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
 // Input is what a session's start is made of besides its record.
 type Input struct {
 	Record   *store.Record
@@ -162,12 +159,13 @@ func (v view) command(rec *store.Record) []string {
 	return argv
 }
 
-// environment is the program's whole environment: PATH and HOME defaults, the host
+// environment is the program's whole environment: PATH (with its presets' directories)
+// and HOME defaults, the host
 // variables that pass (see hostVariables), the manifest's literal env (which wins over
 // both), then roost's own ROOST_* variables, which nothing overrides. Sorted, so it is
 // reproducible.
 func environment(rec *store.Record, man *manifest.Manifest, host map[string]string, v view, roost map[string]string) []string {
-	env := map[string]string{"PATH": defaultPath, "HOME": v.home}
+	env := map[string]string{"PATH": toolchain.SessionPath("", rec.Shell), "HOME": v.home}
 	for k, v := range host {
 		env[k] = v
 	}
