@@ -113,6 +113,9 @@ type Mounts struct {
 	// Proc mounts a procfs of the program's pid namespace over /proc (roost-init is born in
 	// one of the session's own): the host's lists every process on it.
 	Proc bool `json:"proc,omitempty"`
+	// Passwd is a file bound read-only over /etc/passwd: the host's with an entry for the
+	// session's uid, which the host's lacks.
+	Passwd string `json:"passwd,omitempty"`
 }
 
 // User is a host uid and gid.
