@@ -147,7 +147,7 @@ func osRelease(host string) string {
 		if !ok || strings.HasPrefix(k, "#") {
 			continue
 		}
-		fields[k] = strings.Trim(v, `"'`)
+		fields[k] = unquote(v)
 	}
 	out := "NAME=\"roost\"\nID=roost\n"
 	if like := strings.TrimSpace(fields["ID"] + " " + fields["ID_LIKE"]); like != "" {
@@ -164,6 +164,22 @@ func osRelease(host string) string {
 		}
 	}
 	return out
+}
+
+// unquote is an os-release value as it reads: its quotes off, its escapes undone.
+func unquote(v string) string {
+	if len(v) < 2 || (v[0] != '"' && v[0] != '\'') || v[len(v)-1] != v[0] {
+		return v
+	}
+	v = v[1 : len(v)-1]
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		if v[i] == '\\' && i+1 < len(v) {
+			i++
+		}
+		b.WriteByte(v[i])
+	}
+	return b.String()
 }
 
 // quote is an os-release value: in double quotes when it holds more than letters, digits,
