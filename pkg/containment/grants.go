@@ -253,7 +253,7 @@ func scopedGrants(p *manifest.Policy) []Grant {
 		"resources.cgroup_memory_bytes": {Enforced, "cgroup memory limit, swap 0; the OOM killer ends the session (crashed, oom)"},
 		"resources.cgroup_pids_max":     {Enforced, "cgroup pids.max"},
 		"resources.cgroup_cpu_percent":  {Enforced, "cgroup cpu quota per 100ms period"},
-		"resources.max_processes":       {Enforced, "cgroup pids.max holds the count, and RLIMIT_NPROC against the session's own uid"},
+		"resources.max_processes":       maxProcesses(p, "uid"),
 		"resources.memory_bytes":        memoryBytes(manifest.Scoped, p),
 		"resources.workdir_max_bytes":   workdirGuard,
 	}).grants(p)
@@ -281,10 +281,20 @@ func sealedGrants(p *manifest.Policy) []Grant {
 		"resources.cgroup_memory_bytes": {Enforced, "cgroup memory limit, swap 0; the OOM killer ends the session (crashed, oom)"},
 		"resources.cgroup_pids_max":     {Enforced, "cgroup pids.max"},
 		"resources.cgroup_cpu_percent":  {Enforced, "cgroup cpu quota per 100ms period"},
-		"resources.max_processes":       {Enforced, "cgroup pids.max holds the count, and RLIMIT_NPROC against the session's own uid range"},
+		"resources.max_processes":       maxProcesses(p, "uid range"),
 		"resources.memory_bytes":        memoryBytes(manifest.Sealed, p),
 		"resources.workdir_max_bytes":   {Enforced, workdirGuard[1] + "; /tmp is a tmpfs of at most this size"},
 	}).grants(p)
+}
+
+// maxProcesses is how resources.max_processes is held where the session's cgroup holds
+// limits: undeclared, it is cgroup_pids_max, and pids.max, which counts the whole tree, is
+// the one ceiling; declared, RLIMIT_NPROC adds its own against the session's uids.
+func maxProcesses(p *manifest.Policy, uids string) [2]string {
+	if p.Resources.MaxProcesses.Declared == nil {
+		return [2]string{Enforced, "cgroup pids.max (resources.cgroup_pids_max, which it defaults to) holds the session's whole tree; RLIMIT_NPROC is set to the same number against the session's own " + uids + ", no lower ceiling"}
+	}
+	return [2]string{Enforced, "RLIMIT_NPROC against the session's own " + uids + ", beside cgroup pids.max, which holds the whole tree: the lower binds"}
 }
 
 // loaderNote says how far shell.allow holds against the ELF loader, which every dynamic

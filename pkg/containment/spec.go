@@ -107,6 +107,10 @@ type Spec struct {
 	// System, when set, is the part of the host's system trees the session sees
 	// (filesystem.system: allowlist); nil is all of them (filesystem.system: full).
 	System *SystemView
+	// Shell is the login shell the session's passwd entry names (a path in its view): what
+	// Codex and others run commands with, whatever SHELL says. "" leaves the passwd as the
+	// class has it.
+	Shell string
 }
 
 // SystemView is the part of the host's system trees (/usr, the /bin, /sbin, /lib* links,

@@ -161,6 +161,29 @@ func TestDenyShapes(t *testing.T) {
 	}
 }
 
+// max_processes follows cgroup_pids_max, declared or not, unless declared itself.
+func TestMaxProcessesFollowsPidsMax(t *testing.T) {
+	for _, c := range []struct {
+		resources string
+		want      int64
+		declared  bool
+	}{
+		{"", DefaultCgroupPidsMax, false},
+		{"{cgroup_pids_max: 1024}", 1024, false},
+		{"{cgroup_pids_max: 1024, max_processes: 300}", 300, true},
+		{"{max_processes: 300}", 300, true},
+	} {
+		src := head
+		if c.resources != "" {
+			src += "capabilities:\n  resources: " + c.resources + "\n"
+		}
+		got := Lower(mustParse(t, src)).Resources.MaxProcesses
+		if got.Value != c.want || (got.Declared != nil) != c.declared {
+			t.Errorf("resources %s: max_processes %+v, want %d (declared %v)", c.resources, got, c.want, c.declared)
+		}
+	}
+}
+
 func TestDefaultsFilledAndDeclaredKept(t *testing.T) {
 	p := Lower(mustParse(t, head))
 	defaults := map[string]struct {
@@ -175,7 +198,7 @@ func TestDefaultsFilledAndDeclaredKept(t *testing.T) {
 		"resources.max_open_files":       {p.Resources.MaxOpenFiles, DefaultMaxOpenFiles},
 		"resources.max_file_size_bytes":  {p.Resources.MaxFileSizeBytes, DefaultMaxFileSizeBytes},
 		"resources.cpu_seconds":          {p.Resources.CPUSeconds, DefaultCPUSeconds},
-		"resources.max_processes":        {p.Resources.MaxProcesses, DefaultMaxProcesses},
+		"resources.max_processes":        {p.Resources.MaxProcesses, DefaultCgroupPidsMax},
 		"resources.memory_bytes":         {p.Resources.MemoryBytes, DefaultMemoryBytes},
 		"resources.workdir_max_bytes":    {p.Resources.WorkdirMaxBytes, DefaultWorkdirMaxBytes},
 		"resources.egress_bytes_per_sec": {p.Resources.EgressBytesPerSec, DefaultEgressBytesPerSec},

@@ -17,7 +17,6 @@ const (
 	DefaultMaxOpenFiles      = 1024
 	DefaultMaxFileSizeBytes  = 4 << 30
 	DefaultCPUSeconds        = 3600
-	DefaultMaxProcesses      = 128
 	// resources.memory_bytes is RLIMIT_AS, which caps address space, not memory. V8 reserves
 	// a 4 GiB pointer cage and 10 GiB per WebAssembly memory (Node's own HTTP client is one),
 	// wasmtime 6 GiB per linear memory, the JVM a quarter of the host's RAM for its heap plus
@@ -245,14 +244,20 @@ func Lower(m *Manifest) Policy {
 	if c.Resources != nil {
 		r = *c.Resources
 	}
+	// max_processes defaults to cgroup_pids_max: one ceiling on processes, the cgroup's.
+	// pids.max counts the session's whole tree, and RLIMIT_NPROC (its uid's processes,
+	// which that tree holds) at the same number adds no lower one. A lower RLIMIT_NPROC
+	// failed make -j$(nproc) on a 128-core host (some 400 processes: make, gcc, cc1 and as
+	// per job) even with pids.max raised.
+	pids := resolve(r.CgroupPidsMax, DefaultCgroupPidsMax)
 	p.Resources = ResourcesPolicy{
 		CgroupMemoryBytes:      resolve(r.CgroupMemoryBytes, DefaultCgroupMemoryBytes),
-		CgroupPidsMax:          resolve(r.CgroupPidsMax, DefaultCgroupPidsMax),
+		CgroupPidsMax:          pids,
 		CgroupCPUPercent:       resolve(r.CgroupCPUPercent, DefaultCgroupCPUPercent),
 		MaxOpenFiles:           resolve(r.MaxOpenFiles, DefaultMaxOpenFiles),
 		MaxFileSizeBytes:       resolve(r.MaxFileSizeBytes, DefaultMaxFileSizeBytes),
 		CPUSeconds:             resolve(r.CPUSeconds, DefaultCPUSeconds),
-		MaxProcesses:           resolve(r.MaxProcesses, DefaultMaxProcesses),
+		MaxProcesses:           resolve(r.MaxProcesses, pids.Value),
 		MemoryBytes:            resolve(r.MemoryBytes, DefaultMemoryBytes),
 		WorkdirMaxBytes:        resolve(r.WorkdirMaxBytes, DefaultWorkdirMaxBytes),
 		WorkdirMaxInodes:       resolve(r.WorkdirMaxInodes, DefaultWorkdirMaxInodes),

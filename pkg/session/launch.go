@@ -24,6 +24,7 @@ import (
 	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/spawn"
+	"roost.dev/roost/pkg/toolchain"
 )
 
 // Launch starts a staged session and returns once its program runs, or once it has failed
@@ -277,7 +278,7 @@ func (m *Manager) systemView(rec *store.Record, class manifest.Class, man *manif
 	if !plan.Viewed(class, policy) || (rec.Shell == nil && len(policy.Shell.Allow) > 0) {
 		return nil, nil
 	}
-	path := man.Env["PATH"]
+	path := toolchain.SessionPath(man.Env["PATH"], rec.Shell)
 	want := plan.SystemWant(plan.SystemInput{
 		Command: rec.Command, Path: path, Shell: rec.Shell, CapsuleDir: rec.Capsule.Root(), Runner: s.Runner, Policy: policy,
 		ReadTreesOf: m.planner.Tools().ReadTreesOf,

@@ -304,6 +304,14 @@ func TestRefereeEnvelope(t *testing.T) {
 		refused(key+" above the parent's", base, base.with(key, fmt.Sprint(n+1)), key,
 			fmt.Sprintf("the child's %d is more than its parent's %d", n+1, n))
 		granted(key+" below the parent's", base, base.with(key, fmt.Sprint(n-1)))
+		if key == "resources.max_processes" {
+			// Left out, it is the child's cgroup_pids_max (102 here), within the parent's;
+			// and so it follows a pids.max raised past the parent's max_processes.
+			granted(key+" left to cgroup_pids_max", base, base.with(key, ""))
+			refused(key+" left to a cgroup_pids_max above it", base.with("resources.cgroup_pids_max", "200"),
+				base.with(key, "").with("resources.cgroup_pids_max", "150"), key, "the child's 150 is more than its parent's 107")
+			continue
+		}
 		// Left out, the child gets the default, far above every ceiling here.
 		refused(key+" left to the default", base, base.with(key, ""), key)
 	}

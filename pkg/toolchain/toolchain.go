@@ -40,6 +40,9 @@ type Entry struct {
 	// interpreter's library, a compiler's headers. A session's view of the system trees
 	// holds them (filesystem.system: allowlist).
 	ReadTrees []string `json:",omitempty"`
+	// Path are the directories of a preset's programs that DefaultPath lacks (go.dev's
+	// /usr/local/go/bin): a session that names the preset finds its programs on its PATH.
+	Path []string `json:",omitempty"`
 }
 
 // Resolver resolves entries. Presets are worked out once (asking a toolchain costs a process
@@ -255,8 +258,41 @@ func (r *Resolver) preset(name string) (Entry, error) {
 	e.Entry = name
 	slices.Sort(e.Files)
 	e.Files = slices.Compact(e.Files)
+	e.Path = offPath(e.Files)
 	r.presets[name] = e
 	return e, nil
+}
+
+// offPath lists the directories of files that DefaultPath lacks, in files' order, once each.
+func offPath(files []string) []string {
+	var out []string
+	for _, f := range files {
+		dir := filepath.Dir(f)
+		if !slices.Contains(filepath.SplitList(DefaultPath), dir) && !slices.Contains(out, dir) {
+			out = append(out, dir)
+		}
+	}
+	return out
+}
+
+// SessionPath is a session's PATH: declared, the manifest's env.PATH, which it keeps; or
+// DefaultPath, then the directories its presets' programs lie in off it (entries are what
+// its shell.allow resolved to).
+func SessionPath(declared string, entries []Entry) string {
+	if declared != "" {
+		return declared
+	}
+	path := DefaultPath
+	seen := map[string]bool{}
+	for _, e := range entries {
+		for _, dir := range e.Path {
+			if !seen[dir] {
+				seen[dir] = true
+				path += ":" + dir
+			}
+		}
+	}
+	return path
 }
 
 // PresetNames lists the presets, sorted.
@@ -421,8 +457,8 @@ const goInstall = "/usr/local/go/bin"
 // goPreset is the go command, gofmt, and the tool directory go build runs its compiler,
 // linker and vet from.
 func goPreset() (Entry, error) {
-	// go.dev's tarballs install to /usr/local/go, off the default PATH (a capsule using
-	// them puts /usr/local/go/bin on its own).
+	// go.dev's tarballs install to /usr/local/go, off the default PATH (a session naming
+	// @go gets /usr/local/go/bin on its own: see Entry.Path).
 	goBin, err := lookPath("go", DefaultPath+":"+goInstall)
 	if err != nil {
 		return Entry{}, fmt.Errorf("go: %v", err)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"roost.dev/roost/internal/testenv"
 	"roost.dev/roost/pkg/manifest"
 )
 
@@ -110,5 +111,41 @@ func TestResolveCapsuleEntries(t *testing.T) {
 	}
 	if _, err := r.Resolve([]string{"/capsule/missing.sh"}, "", capsule); err == nil || !strings.Contains(err.Error(), "/capsule/missing.sh") {
 		t.Fatalf("a missing capsule file: %v", err)
+	}
+}
+
+// A preset whose programs lie off DefaultPath puts their directory on the session's PATH;
+// one on it adds nothing, and a manifest's own PATH is kept as it is.
+func TestPresetPath(t *testing.T) {
+	goBin, err := lookPath("go", DefaultPath+":"+goInstall)
+	testenv.Need(t, "go", err)
+	r := NewResolver()
+	entries, err := r.Resolve([]string{"@go", "@shell"}, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	if dir := filepath.Dir(goBin); !slices.Contains(filepath.SplitList(DefaultPath), dir) {
+		want = []string{dir}
+	}
+	if !slices.Equal(entries[0].Path, want) || len(entries[1].Path) != 0 {
+		t.Fatalf("@go's Path %v, want %v; @shell's %v, want none", entries[0].Path, want, entries[1].Path)
+	}
+	path := SessionPath("", entries)
+	if got, _ := lookPath("go", path); got != goBin {
+		t.Errorf("go on the session's PATH %s is %q, want %s", path, got, goBin)
+	}
+	if !strings.HasPrefix(path, DefaultPath) {
+		t.Errorf("the session's PATH %s does not begin with the default", path)
+	}
+	if got := SessionPath("/opt/bin:/usr/bin", entries); got != "/opt/bin:/usr/bin" {
+		t.Errorf("a declared PATH became %s", got)
+	}
+}
+
+func TestOffPath(t *testing.T) {
+	got := offPath([]string{"/usr/bin/a", "/usr/local/go/bin/go", "/usr/local/go/bin/gofmt", "/opt/x/bin/y"})
+	if want := []string{"/usr/local/go/bin", "/opt/x/bin"}; !slices.Equal(got, want) {
+		t.Fatalf("offPath: %v, want %v", got, want)
 	}
 }

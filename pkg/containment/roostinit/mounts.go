@@ -7,8 +7,8 @@ import (
 )
 
 // privateMounts changes this process's mount namespace, one roost-init made private for it:
-// its pid namespace's procfs over /proc, a tmpfs of its own over /dev/shm, noexec binds of
-// the trees the session writes and its own /etc/resolv.conf.
+// its pid namespace's procfs over /proc, a tmpfs of its own over /dev/shm, its passwd over
+// the host's, its own /etc/resolv.conf, and noexec binds of the trees the session writes.
 func privateMounts(m *Mounts) error {
 	if m.Proc {
 		// A procfs shows the pid namespace of whoever mounts it: the session's, of which
@@ -27,6 +27,11 @@ func privateMounts(m *Mounts) error {
 			return fmt.Errorf("a private /dev/shm: %w", err)
 		}
 	}
+	if m.Passwd != "" {
+		if err := bindReadOnly(m.Passwd, "/etc/passwd"); err != nil {
+			return fmt.Errorf("the session's /etc/passwd: %w", err)
+		}
+	}
 	for _, dir := range m.NoExec {
 		if err := remountNoExec(dir); err != nil {
 			return fmt.Errorf("%s noexec: %w", dir, err)
@@ -40,13 +45,18 @@ func privateMounts(m *Mounts) error {
 	return nil
 }
 
-// bindReadOnly binds the file src over dst (over what dst links to: mount follows it),
-// read-only.
+// bindReadOnly binds file src over dst (over what dst links to: mount follows it),
+// read-only, noexec, nosuid and nodev, keeping the flags of the mount dst lies on.
 func bindReadOnly(src, dst string) error {
 	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
 		return err
 	}
-	return unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+	var st unix.Statfs_t
+	if err := unix.Statfs(dst, &st); err != nil {
+		return err
+	}
+	flags := uintptr(unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOEXEC|unix.MS_NOSUID|unix.MS_NODEV) | mountFlags(st.Flags)
+	return unix.Mount("", dst, "", flags, "")
 }
 
 // remountNoExec binds dir over itself and remounts the bind noexec, keeping the flags the

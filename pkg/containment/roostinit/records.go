@@ -117,6 +117,9 @@ type Mounts struct {
 	// when it is a link): the host's names nameservers the session's network namespace
 	// cannot reach, this one the session's own resolver.
 	ResolvConf string `json:"resolv_conf,omitempty"`
+	// Passwd is a file bound read-only over /etc/passwd: the host's with an entry for the
+	// session's uid, which the host's lacks.
+	Passwd string `json:"passwd,omitempty"`
 }
 
 // User is a host uid and gid.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -140,6 +141,9 @@ func (r *Runtime) Start(ctx context.Context, spec containment.Spec) (_ containme
 	exec, err := r.execSpec(spec, user, tmp)
 	if err != nil {
 		return nil, err
+	}
+	if exec.Mounts.Passwd, err = r.passwdFile(spec, user); err != nil {
+		return nil, fmt.Errorf("the session's passwd: %w", err)
 	}
 	p, err := r.plain.StartExec(ctx, spec, exec, cg, namespaces)
 	if err != nil {
@@ -298,10 +302,57 @@ func beneathAny(path string, dirs []string) bool {
 	return false
 }
 
-// Release removes the session's cgroup wherever it is (ending anything left in it) and its
-// temporary directory.
+// Release removes the session's cgroup wherever it is (ending anything left in it), its
+// temporary directory and its passwd.
 func (r *Runtime) Release(sessionID string) error {
-	return errors.Join(r.Cgroups().Remove(sessionID), os.RemoveAll(r.TmpDir(sessionID)))
+	err := os.Remove(r.passwdPath(sessionID))
+	if errors.Is(err, fs.ErrNotExist) {
+		err = nil
+	}
+	return errors.Join(r.Cgroups().Remove(sessionID), os.RemoveAll(r.TmpDir(sessionID)), err)
+}
+
+// passwdPath is where the session's passwd is: beside its TMPDIR, root's, not the session's.
+func (r *Runtime) passwdPath(sessionID string) string {
+	return filepath.Join(r.tmp, sessionID+".passwd")
+}
+
+// passwdFile writes the session's passwd: the host's, with an entry for the session's uid,
+// a uid of its own the host's has none for, naming its home and its login shell, so that
+// getpwuid finds it (Codex runs commands with the passwd shell; ssh, git and Python's
+// getpass.getuser ask it too). roost-exec binds it over /etc/passwd in the session's mount
+// namespace. "" for a session as host root, or a uid the host's passwd has.
+func (r *Runtime) passwdFile(spec containment.Spec, user *roostinit.User) (string, error) {
+	if user == nil {
+		return "", nil
+	}
+	host, err := os.ReadFile("/etc/passwd")
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return "", err
+	}
+	uid := strconv.FormatUint(uint64(user.UID), 10)
+	for _, line := range strings.Split(string(host), "\n") {
+		if f := strings.Split(line, ":"); len(f) > 2 && f[2] == uid {
+			return "", nil
+		}
+	}
+	home, shell := spec.Home, spec.Shell
+	if home == "" {
+		home = "/nonexistent"
+	}
+	if shell == "" {
+		shell = "/bin/sh"
+	}
+	content := string(host)
+	if content != "" && !strings.HasSuffix(content, "\n") {
+		content += "\n"
+	}
+	content += fmt.Sprintf("roost:x:%d:%d:roost session %s:%s:%s\n", user.UID, user.GID, spec.SessionID, home, shell)
+	file := r.passwdPath(spec.SessionID)
+	if err := os.WriteFile(file, []byte(content), 0o644); err != nil {
+		return "", err
+	}
+	return file, nil
 }
 
 // Held lists sessions that still have a temporary directory.

@@ -35,6 +35,9 @@ const (
 	TaskPath = "/run/roost/task.md"
 	// Home is a sealed session's HOME: root's home, as its passwd says.
 	Home = "/root"
+	// PasswdPath is the session's passwd, bound over the shared root's: its users' login
+	// shell is the session's (see Layout.Passwd).
+	PasswdPath = "/etc/passwd"
 )
 
 // Layout is where a sealed session's parts live on the host.
@@ -65,6 +68,9 @@ type Layout struct {
 	IDs containment.IDs
 	// Home is the session's home directory on the host, mounted at Home.
 	Home string
+	// Passwd is the passwd naming the session's login shell on the host (see
+	// Runtime.passwdFile), mounted at PasswdPath; "" keeps the shared root's.
+	Passwd string
 	// HostRead lists host trees bound read-only at the same paths (filesystem.host_read).
 	HostRead []string
 	// Runner and WasmModule, for a WASM session, are roost-wasm and the session's compiled
@@ -174,6 +180,9 @@ func OCISpec(l Layout, p *manifest.Policy) (*specs.Spec, error) {
 	// every session has it, with a task or without, so that a sandbox made before its
 	// session knows whether it will have one is the same sandbox.
 	mounts = append(mounts, specs.Mount{Destination: "/run", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "noexec", "mode=755", "size=1m"}})
+	if l.Passwd != "" {
+		mounts = append(mounts, specs.Mount{Destination: PasswdPath, Type: "bind", Source: l.Passwd, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+	}
 	if l.Task != "" {
 		mounts = append(mounts, specs.Mount{Destination: TaskPath, Type: "bind", Source: l.Task, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
 	}

@@ -87,7 +87,9 @@ func composeRoot(dir string, l Layout) error {
 	}
 	etc := filepath.Join(dir, "etc")
 	files := map[string]string{
-		"passwd":        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+		// A session binds its own over it (Layout.Passwd): this is what a rehearsal sees.
+		"passwd":        passwd("/bin/sh"),
+		"os-release":    osRelease(hostOSRelease()),
 		"group":         "root:x:0:\nnogroup:x:65534:\n",
 		"hostname":      "roost\n",
 		"hosts":         "127.0.0.1\tlocalhost roost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
@@ -114,6 +116,81 @@ func composeRoot(dir string, l Layout) error {
 		}
 	}
 	return nil
+}
+
+// passwd is a sealed root's user database, root's login shell shell. root, the user
+// namespace's, is the session's only user; nobody is whom an unmapped uid shows as.
+func passwd(shell string) string {
+	return "root:x:0:0:root:" + Home + ":" + shell + "\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+}
+
+// osReleaseFiles are where a host says what it is (os-release(5)): the first that exists.
+var osReleaseFiles = []string{"/etc/os-release", "/usr/lib/os-release"}
+
+// hostOSRelease is the host's os-release, "" when it has none.
+func hostOSRelease() string {
+	for _, f := range osReleaseFiles {
+		if data, err := os.ReadFile(f); err == nil {
+			return string(data)
+		}
+	}
+	return ""
+}
+
+// osRelease is a sealed root's /etc/os-release, made from the host's (host): the root is
+// roost's, not the distribution's (ID=roost), and is like the host's (ID_LIKE, the host's
+// ID and its own ID_LIKE), holding the host's release's programs, whose version fields it
+// keeps. A host without one gives a root that says only what it is.
+func osRelease(host string) string {
+	fields := map[string]string{}
+	for _, line := range strings.Split(host, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), "=")
+		if !ok || strings.HasPrefix(k, "#") {
+			continue
+		}
+		fields[k] = unquote(v)
+	}
+	out := "NAME=\"roost\"\nID=roost\n"
+	if like := strings.TrimSpace(fields["ID"] + " " + fields["ID_LIKE"]); like != "" {
+		out += "ID_LIKE=" + quote(like) + "\n"
+	}
+	pretty := "roost sealed session"
+	if p := fields["PRETTY_NAME"]; p != "" {
+		pretty += " on " + p
+	}
+	out += "PRETTY_NAME=" + quote(pretty) + "\n"
+	for _, k := range []string{"VERSION_ID", "VERSION", "VERSION_CODENAME", "BUILD_ID"} {
+		if v := fields[k]; v != "" {
+			out += k + "=" + quote(v) + "\n"
+		}
+	}
+	return out
+}
+
+// unquote is an os-release value as it reads: its quotes off, its escapes undone.
+func unquote(v string) string {
+	if len(v) < 2 || (v[0] != '"' && v[0] != '\'') || v[len(v)-1] != v[0] {
+		return v
+	}
+	v = v[1 : len(v)-1]
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		if v[i] == '\\' && i+1 < len(v) {
+			i++
+		}
+		b.WriteByte(v[i])
+	}
+	return b.String()
+}
+
+// quote is an os-release value: in double quotes when it holds more than letters, digits,
+// dots, dashes and underscores, with the characters os-release(5) escapes escaped.
+func quote(v string) string {
+	if strings.Trim(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == "" {
+		return v
+	}
+	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`, "`", "\\`", `$`, `\$`)
+	return `"` + r.Replace(v) + `"`
 }
 
 // viewHasOpt says whether the session's view of the system trees holds some of /opt: its

@@ -2,7 +2,9 @@ package sealed
 
 import (
 	"context"
+	"crypto/sha256"
 	"debug/elf"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -214,7 +216,10 @@ func (r *Runtime) Start(ctx context.Context, spec containment.Spec) (_ containme
 		return nil, errors.New("sealed start without a policy")
 	}
 	id := spec.SessionID
-	layout := r.sessionLayout(spec)
+	layout, err := r.sessionLayout(spec)
+	if err != nil {
+		return nil, err
+	}
 	if err := r.ownRoot(id, &layout); err != nil {
 		return nil, fmt.Errorf("composing the session's root: %w", err)
 	}
@@ -294,12 +299,52 @@ func (r *Runtime) ownRoot(id string, layout *Layout) error {
 	return composeRoot(layout.Rootfs, *layout)
 }
 
-func (r *Runtime) sessionLayout(spec containment.Spec) Layout {
+func (r *Runtime) sessionLayout(spec containment.Spec) (Layout, error) {
 	layout := r.Layout(spec.SessionID, spec.Dir, spec.CapsuleDir)
 	layout.NetNS, layout.Task, layout.IDs, layout.Home = spec.NetNS, spec.Task, spec.IDs, spec.Home
 	layout.Runner, layout.WasmModule, layout.HostRead = spec.Runner, spec.WasmModule, spec.Policy.Filesystem.HostRead
 	layout.System = spec.System
-	return layout
+	if spec.Shell != "" {
+		var err error
+		if layout.Passwd, err = r.passwdFile(spec.Shell); err != nil {
+			return Layout{}, fmt.Errorf("the session's passwd: %w", err)
+		}
+	}
+	return layout, nil
+}
+
+// passwdFile is a passwd whose users' login shell is shell, on the host, for a session's
+// root to bind at PasswdPath. One file per content, made once and never changed (a running
+// session has it bound) nor removed: sessions share the few shells there are.
+func (r *Runtime) passwdFile(shell string) (string, error) {
+	content := passwd(shell)
+	sum := sha256.Sum256([]byte(content))
+	dir := filepath.Join(r.roots, ".passwd")
+	file := filepath.Join(dir, hex.EncodeToString(sum[:8]))
+	if _, err := os.Stat(file); err == nil {
+		return file, nil
+	}
+	// The session's root passes through to it, as to the composed roots beside it.
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return "", err
+	}
+	tmp, err := os.CreateTemp(dir, ".new-")
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.WriteString(content); err != nil {
+		tmp.Close()
+		return "", err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return "", err
+	}
+	if err := tmp.Close(); err != nil {
+		return "", err
+	}
+	return file, os.Rename(tmp.Name(), file)
 }
 
 // sessionSpec is the session's OCI spec in layout, its workdir's subtrees checked to lie

@@ -79,9 +79,10 @@ const DefaultWarmShapeName = "a default capsule"
 // sessionMount says whether a mount of a sealed spec is the session's own, mounted into a
 // sandbox when a session claims it rather than when the sandbox is made.
 func sessionMount(dest string) bool {
-	// The system trees are the session's too: its view of them is its allowlist's.
+	// The system trees are the session's too: its view of them is its allowlist's; and so is
+	// its passwd, which names the login shell that view holds.
 	return dest == Work || strings.HasPrefix(dest, Work+"/") || dest == Capsule ||
-		dest == Home || dest == TaskPath || inSystemTrees(dest)
+		dest == Home || dest == TaskPath || dest == PasswdPath || inSystemTrees(dest)
 }
 
 // Prepare makes a sandbox of the shape for a session to come: id begins with WarmPrefix,
@@ -359,7 +360,12 @@ func (r *Runtime) StartWarm(ctx context.Context, sb *Sandbox, spec containment.S
 		_ = r.Discard(sb)
 		return nil, fmt.Errorf("session %s has ids %v, its sandbox %v", id, spec.IDs, sb.IDs)
 	}
-	full, err := r.sessionSpec(spec, r.sessionLayout(spec))
+	layout, err := r.sessionLayout(spec)
+	if err != nil {
+		_ = r.Discard(sb)
+		return nil, err
+	}
+	full, err := r.sessionSpec(spec, layout)
 	if err != nil {
 		_ = r.Discard(sb)
 		return nil, err

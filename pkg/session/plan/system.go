@@ -111,10 +111,11 @@ func (pl *Planner) System(p *Plan, class manifest.Class, argv []string) *roostv1
 	if !Viewed(class, &p.Policy) {
 		return sv
 	}
+	path := toolchain.SessionPath(p.Manifest.Env["PATH"], p.Shell)
 	c, err := pl.Closure(SystemWant(SystemInput{
-		Command: argv, Path: p.Manifest.Env["PATH"], Shell: p.Shell, CapsuleDir: p.Ref.Root(), Policy: &p.Policy,
+		Command: argv, Path: path, Shell: p.Shell, CapsuleDir: p.Ref.Root(), Policy: &p.Policy,
 		ReadTreesOf: pl.tools.ReadTreesOf,
-	}), p.Manifest.Env["PATH"], false)
+	}), path, false)
 	if err != nil {
 		sv.Missing = append(sv.Missing, "the closure cannot be worked out: "+err.Error())
 		return sv

@@ -1,8 +1,9 @@
 // Package spec makes a session's record, and the manifest it was staged with, into the
 // containment.Spec its runtime starts: the command line, the environment, what it may
 // run, and where the program finds its workdir, its capsule's files and its home (on the
-// host's paths, or inside a sealed root). It only computes: it opens nothing and starts
-// nothing, so launch and exec build the same start from the same record.
+// host's paths, or inside a sealed root). It only computes (it reads no more than where a
+// login shell's links lead): it opens nothing and starts nothing, so launch and exec build
+// the same start from the same record.
 package spec
 
 import (
@@ -22,9 +23,6 @@ import (
 
 // TaskFile is the task text's name in the session's records directory.
 const TaskFile = "task.md"
-
-// defaultPath is the PATH a program gets unless its manifest sets one.
-const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // Input is what a session's start is made of besides its record.
 type Input struct {
@@ -69,6 +67,8 @@ func Build(in Input) containment.Spec {
 	if rec.IDs != nil {
 		ids = containment.IDs(*rec.IDs)
 	}
+	exec, trees := view.paths(execFiles(rec)), view.paths(execTrees(rec))
+	shell := LoginShell(in.Manifest.Env["SHELL"], exec, trees)
 	argv := view.command(rec)
 	var runner, module string
 	if rec.Wasm != nil {
@@ -83,10 +83,10 @@ func Build(in Input) containment.Spec {
 		Root:       rec.HostRoot,
 		Children:   in.Children,
 		Home:       in.Home,
-		Exec:       view.paths(execFiles(rec)),
-		ExecTrees:  view.paths(execTrees(rec)),
+		Exec:       exec,
+		ExecTrees:  trees,
 		Argv:       argv,
-		Env:        environment(rec, in.Manifest, in.HostEnv, view, roost),
+		Env:        environment(rec, in.Manifest, in.HostEnv, view, shell, roost),
 		NetNS:      in.NetNS,
 		Task:       task,
 		Dir:        rec.Workdir,
@@ -96,6 +96,7 @@ func Build(in Input) containment.Spec {
 		Policy:     policy,
 		Runner:     runner,
 		WasmModule: module,
+		Shell:      shell,
 		// roost-init keeps each output stream within it.
 		LogMaxBytes: policy.Resources.LogMaxBytes.Value,
 	}
@@ -162,12 +163,13 @@ func (v view) command(rec *store.Record) []string {
 	return argv
 }
 
-// environment is the program's whole environment: PATH and HOME defaults, the host
+// environment is the program's whole environment: PATH (with its presets' directories)
+// and HOME defaults, the host
 // variables that pass (see hostVariables), the manifest's literal env (which wins over
 // both), then roost's own ROOST_* variables, which nothing overrides. Sorted, so it is
 // reproducible.
-func environment(rec *store.Record, man *manifest.Manifest, host map[string]string, v view, roost map[string]string) []string {
-	env := map[string]string{"PATH": defaultPath, "HOME": v.home}
+func environment(rec *store.Record, man *manifest.Manifest, host map[string]string, v view, shell string, roost map[string]string) []string {
+	env := map[string]string{"PATH": toolchain.SessionPath("", rec.Shell), "HOME": v.home, "SHELL": shell}
 	for k, v := range host {
 		env[k] = v
 	}
@@ -186,6 +188,47 @@ func environment(rec *store.Record, man *manifest.Manifest, host map[string]stri
 	}
 	slices.Sort(out)
 	return out
+}
+
+// bash is the login shell a session gets where it may run it: agents' tools write commands
+// for bash ([[ ]], arrays, pipefail) and run them with the passwd shell.
+const bash = "/bin/bash"
+
+// LoginShell is the login shell of a session that may exec exec (files) and what lies in
+// trees: a declared SHELL (env.SHELL) it may run, else bash where it may, else /bin/sh. A
+// declared shell is the capsule's word on what its commands are written for, so the passwd
+// agrees with it; one the session cannot run would fail every command run with it (127),
+// so it is left to SHELL alone.
+func LoginShell(declared string, exec, trees []string) string {
+	for _, sh := range []string{declared, bash} {
+		if filepath.IsAbs(sh) && mayRun(sh, exec, trees) {
+			return sh
+		}
+	}
+	return "/bin/sh"
+}
+
+// mayRun says whether path, resolved on the host, is one of exec or lies in one of trees:
+// what the session's allowlist lets it run, which its view holds.
+func mayRun(path string, exec, trees []string) bool {
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return false
+	}
+	for _, f := range exec {
+		if f == path || f == real {
+			return true
+		}
+		if r, err := filepath.EvalSymlinks(f); err == nil && r == real {
+			return true
+		}
+	}
+	for _, t := range trees {
+		if toolchain.Beneath(real, t) {
+			return true
+		}
+	}
+	return false
 }
 
 // wasmArgv is the runner's command line for a WASM session, in the program's view: the
