@@ -76,47 +76,53 @@ func newTestNet(t *testing.T) *testNet {
 	return &testNet{daemon: "/run/netns/" + d, inet: "/run/netns/" + i}
 }
 
-// listenIn listens on addr inside the network namespace at ns; the socket stays there.
-func listenIn(t *testing.T, ns, addr string) net.Listener {
-	t.Helper()
-	type result struct {
-		ln  net.Listener
-		err error
-	}
-	done := make(chan result, 1)
+// inNetNS runs fn on a thread in the network namespace at ns, then brings the thread back:
+// the sockets fn makes stay in ns.
+func inNetNS(ns string, fn func() error) error {
+	done := make(chan error, 1)
 	go func() {
 		// The thread is left locked (and so ends with the goroutine) if it cannot go back.
 		runtime.LockOSThread()
 		host, err := os.Open("/proc/thread-self/ns/net")
 		if err != nil {
-			done <- result{nil, err}
+			done <- err
 			return
 		}
 		defer host.Close()
 		target, err := os.Open(ns)
 		if err != nil {
-			done <- result{nil, err}
+			done <- err
 			return
 		}
 		defer target.Close()
 		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			done <- result{nil, err}
+			done <- err
 			return
 		}
-		ln, err := net.Listen("tcp", addr)
+		ferr := fn()
 		if err := unix.Setns(int(host.Fd()), unix.CLONE_NEWNET); err != nil {
-			done <- result{nil, err}
+			done <- err
 			return
 		}
 		runtime.UnlockOSThread()
-		done <- result{ln, err}
+		done <- ferr
 	}()
-	r := <-done
-	if r.err != nil {
-		t.Fatalf("listening on %s in %s: %v", addr, ns, r.err)
+	return <-done
+}
+
+// listenIn listens on addr inside the network namespace at ns; the socket stays there.
+func listenIn(t *testing.T, ns, addr string) net.Listener {
+	t.Helper()
+	var ln net.Listener
+	err := inNetNS(ns, func() (err error) {
+		ln, err = net.Listen("tcp", addr)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("listening on %s in %s: %v", addr, ns, err)
 	}
-	t.Cleanup(func() { r.ln.Close() })
-	return r.ln
+	t.Cleanup(func() { ln.Close() })
+	return ln
 }
 
 // testCA makes a CA and a certificate it signs for names; it returns the CA's PEM and the

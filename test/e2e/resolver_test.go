@@ -6,13 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
-	"golang.org/x/sys/unix"
 
 	"roost.dev/roost/internal/testenv"
 )
@@ -153,54 +151,26 @@ func TestResolverInSessions(t *testing.T) {
 // record; it returns the rcode and the first address.
 func dnsIn(t *testing.T, ns, name string) (dnsmessage.RCode, string) {
 	t.Helper()
-	type result struct {
-		c   net.Conn
-		err error
+	var c net.Conn
+	err := inNetNS(ns, func() (err error) {
+		c, err = net.Dial("udp", "127.0.0.1:53")
+		return err
+	})
+	if err != nil {
+		t.Fatalf("a socket to the resolver in %s: %v", ns, err)
 	}
-	done := make(chan result, 1)
-	go func() {
-		// The thread is left locked (and so ends with the goroutine) if it cannot go back.
-		runtime.LockOSThread()
-		host, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			done <- result{nil, err}
-			return
-		}
-		defer host.Close()
-		target, err := os.Open(ns)
-		if err != nil {
-			done <- result{nil, err}
-			return
-		}
-		defer target.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			done <- result{nil, err}
-			return
-		}
-		c, err := net.Dial("udp", "127.0.0.1:53")
-		if err := unix.Setns(int(host.Fd()), unix.CLONE_NEWNET); err != nil {
-			done <- result{nil, err}
-			return
-		}
-		runtime.UnlockOSThread()
-		done <- result{c, err}
-	}()
-	r := <-done
-	if r.err != nil {
-		t.Fatalf("a socket to the resolver in %s: %v", ns, r.err)
-	}
-	defer r.c.Close()
+	defer c.Close()
 	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: 7})
 	b.StartQuestions()
 	b.Question(dnsmessage.Question{Name: dnsmessage.MustNewName(name), Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET})
 	msg, _ := b.Finish()
 	// Only keeps a missing resolver from hanging the test; the error fails it.
-	r.c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := r.c.Write(msg); err != nil {
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write(msg); err != nil {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 512)
-	n, err := r.c.Read(buf)
+	n, err := c.Read(buf)
 	if err != nil {
 		t.Fatalf("the resolver in %s: %v", ns, err)
 	}
