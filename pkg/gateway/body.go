@@ -102,16 +102,31 @@ func (o *object) unique() bool { return len(o.last) == len(o.members) }
 // its own, each name once as o reads it: pieces of o's bytes and of set's, copied nowhere.
 // A value in set is one JSON value, pieces of it in order.
 func (o *object) splice(set map[string][][]byte, order []string) [][]byte {
+	return o.write(nil, set, order)
+}
+
+// subset is o with only the members names lists, written as splice writes them (set's
+// values in place of o's, and after them those of set's names o lacks).
+func (o *object) subset(names []string, set map[string][][]byte) [][]byte {
+	var order []string
+	for _, name := range names {
+		if _, ok := set[name]; ok {
+			order = append(order, name)
+		}
+	}
+	return o.write(names, set, order)
+}
+
+// write is splice, keeping only the members keep names (all of them when keep is nil).
+func (o *object) write(keep []string, set map[string][][]byte, order []string) [][]byte {
 	out := [][]byte{[]byte("{")}
-	first := true
 	comma := func() {
-		if !first {
+		if len(out) > 1 {
 			out = append(out, []byte(","))
 		}
-		first = false
 	}
 	for i, m := range o.members {
-		if o.last[m.name] != i {
+		if o.last[m.name] != i || keep != nil && !slices.Contains(keep, m.name) {
 			continue
 		}
 		comma()
@@ -130,37 +145,6 @@ func (o *object) splice(set map[string][][]byte, order []string) [][]byte {
 		key, _ := json.Marshal(name)
 		out = append(out, append(key, ':'))
 		out = append(out, set[name]...)
-	}
-	return append(out, []byte("}"))
-}
-
-// subset is o with only the members names lists, in o's order, each once as o reads it and
-// with set's value in place of its own: pieces of o's bytes and of set's, copied nowhere.
-func (o *object) subset(names []string, set map[string][][]byte) [][]byte {
-	out := [][]byte{[]byte("{")}
-	for i, m := range o.members {
-		if o.last[m.name] != i || !slices.Contains(names, m.name) {
-			continue
-		}
-		if len(out) > 1 {
-			out = append(out, []byte(","))
-		}
-		if v, ok := set[m.name]; ok {
-			out = append(out, o.raw[m.start:m.value])
-			out = append(out, v...)
-			continue
-		}
-		out = append(out, o.raw[m.start:m.end])
-	}
-	for _, name := range names {
-		if v, ok := set[name]; ok && !o.has(name) {
-			if len(out) > 1 {
-				out = append(out, []byte(","))
-			}
-			key, _ := json.Marshal(name)
-			out = append(out, append(key, ':'))
-			out = append(out, v...)
-		}
 	}
 	return append(out, []byte("}"))
 }
