@@ -108,7 +108,7 @@ func (s *spendService) ListCalls(ctx context.Context, req *roostv1.ListCallsRequ
 			out.Calls = append(out.Calls, &roostv1.InferenceCall{At: timestamppb.New(c.Timestamp), Upstream: c.Upstream, Route: c.Route,
 				Model: c.Model, Status: int32(c.Status), InputTokens: c.InputTokens, OutputTokens: c.OutputTokens,
 				CacheReadTokens: c.CacheReadTokens, CacheWriteTokens: c.CacheWriteTokens, Reserved: c.Reserved, Charged: c.Charged,
-				LatencyMs: c.LatencyMS, Streamed: c.Streamed, LoweredFrom: c.LoweredFrom, LoweredTo: c.LoweredTo})
+				LatencyMs: c.LatencyMS, Streamed: c.Streamed, LoweredFrom: c.LoweredFrom, LoweredTo: c.LoweredTo, InputCounted: c.InputCounted})
 		}
 	}
 	return out, sc.Err()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -106,6 +107,9 @@ func TestCodingAgentsRunTools(t *testing.T) {
 				t.Logf("agent.txt:\n%s", evidence)
 				checkEvidence(t, s, run.class, filepath.Join(s.Workdir, "agent.txt"), string(evidence))
 
+				if run.budget != "" {
+					checkCalls(t, d, s.ID, run.budget, a.name == "claude")
+				}
 				billed := fake.Billed()
 				want := billed.Tokens - before.Tokens
 				if got := d.inspectSpend(s.ID); got != int64(want) || want == 0 {
@@ -151,4 +155,44 @@ func checkEvidence(t *testing.T, s session, class, file, evidence string) {
 			t.Errorf("the tool's cgroup line %q is not the session's %s", l, cgroup)
 		}
 	}
+}
+
+// checkCalls holds a session's per-call records (roostctl spend --session ID --calls --json)
+// under a ceiling of budget tokens: every call answered 200 and was charged no more than it
+// was reserved, together no more than the budget; lowered, a call whose cap was lowered says
+// so (Claude Code asks for 64000 output tokens a call, which 20000 cannot hold).
+func checkCalls(t *testing.T, d *daemon, id, budget string, lowered bool) {
+	t.Helper()
+	var resp struct {
+		Calls []struct {
+			Status       int    `json:"status"`
+			Reserved     string `json:"reserved"`
+			Charged      string `json:"charged"`
+			LoweredFrom  string `json:"lowered_from"`
+			LoweredTo    string `json:"lowered_to"`
+			InputCounted bool   `json:"input_counted"`
+		} `json:"calls"`
+	}
+	out := d.ok("spend", "--session", id, "--calls", "--json")
+	if err := json.Unmarshal([]byte(out), &resp); err != nil || len(resp.Calls) == 0 {
+		t.Fatalf("spend --calls --json: %v\n%s", err, out)
+	}
+	ceiling, _ := strconv.ParseInt(budget, 10, 64)
+	var total int64
+	seen := false
+	for _, c := range resp.Calls {
+		reserved, _ := strconv.ParseInt(c.Reserved, 10, 64)
+		charged, _ := strconv.ParseInt(c.Charged, 10, 64)
+		total += charged
+		if c.Status != 200 || charged > reserved {
+			t.Errorf("a call: %+v", c)
+		}
+		if c.LoweredFrom != "0" && c.LoweredTo != "0" {
+			seen = true
+		}
+	}
+	if total > ceiling || lowered && !seen {
+		t.Errorf("calls charged %d under a ceiling of %d; a lowered cap recorded: %v\n%s", total, ceiling, seen, out)
+	}
+	t.Logf("%d calls, %d tokens charged under %d:\n%s", len(resp.Calls), total, ceiling, d.ok("spend", "--session", id, "--calls"))
 }

@@ -137,8 +137,11 @@ type InferenceCall struct {
 	LatencyMs        int64 `protobuf:"varint,12,opt,name=latency_ms,json=latencyMs,proto3" json:"latency_ms,omitempty"`
 	Streamed         bool  `protobuf:"varint,13,opt,name=streamed,proto3" json:"streamed,omitempty"`
 	// The output cap per answer the call came with and the one it was lowered to (0: not).
-	LoweredFrom   int64 `protobuf:"varint,14,opt,name=lowered_from,json=loweredFrom,proto3" json:"lowered_from,omitempty"`
-	LoweredTo     int64 `protobuf:"varint,15,opt,name=lowered_to,json=loweredTo,proto3" json:"lowered_to,omitempty"`
+	LoweredFrom int64 `protobuf:"varint,14,opt,name=lowered_from,json=loweredFrom,proto3" json:"lowered_from,omitempty"`
+	LoweredTo   int64 `protobuf:"varint,15,opt,name=lowered_to,json=loweredTo,proto3" json:"lowered_to,omitempty"`
+	// The call was admitted for its upstream's count of its input (messages/count_tokens),
+	// not the gateway's estimate: its ceilings left less than its worst case.
+	InputCounted  bool `protobuf:"varint,16,opt,name=input_counted,json=inputCounted,proto3" json:"input_counted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -276,6 +279,13 @@ func (x *InferenceCall) GetLoweredTo() int64 {
 		return x.LoweredTo
 	}
 	return 0
+}
+
+func (x *InferenceCall) GetInputCounted() bool {
+	if x != nil {
+		return x.InputCounted
+	}
+	return false
 }
 
 type GetDayRequest struct {
@@ -713,7 +723,7 @@ const file_roost_v1_spend_proto_rawDesc = "" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\"Z\n" +
 	"\x11ListCallsResponse\x12-\n" +
 	"\x05calls\x18\x01 \x03(\v2\x17.roost.v1.InferenceCallR\x05calls\x12\x16\n" +
-	"\x06capped\x18\x02 \x01(\bR\x06capped\"\xf0\x03\n" +
+	"\x06capped\x18\x02 \x01(\bR\x06capped\"\x95\x04\n" +
 	"\rInferenceCall\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1a\n" +
 	"\bupstream\x18\x02 \x01(\tR\bupstream\x12\x14\n" +
@@ -732,7 +742,8 @@ const file_roost_v1_spend_proto_rawDesc = "" +
 	"\bstreamed\x18\r \x01(\bR\bstreamed\x12!\n" +
 	"\flowered_from\x18\x0e \x01(\x03R\vloweredFrom\x12\x1d\n" +
 	"\n" +
-	"lowered_to\x18\x0f \x01(\x03R\tloweredTo\"!\n" +
+	"lowered_to\x18\x0f \x01(\x03R\tloweredTo\x12#\n" +
+	"\rinput_counted\x18\x10 \x01(\bR\finputCounted\"!\n" +
 	"\rGetDayRequest\x12\x10\n" +
 	"\x03day\x18\x01 \x01(\tR\x03day\"7\n" +
 	"\x0eGetDayResponse\x12%\n" +

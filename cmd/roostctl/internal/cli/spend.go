@@ -107,6 +107,9 @@ func printCalls(out io.Writer, resp *roostv1.ListCallsResponse) error {
 		if c.GetLoweredFrom() > 0 {
 			lowered = fmt.Sprintf("%d->%d", c.GetLoweredFrom(), c.GetLoweredTo())
 		}
+		if c.GetInputCounted() {
+			lowered += " (input counted upstream)"
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d/%d\t%d\t%d\t%dms\t%v\t%s\n", c.GetAt().AsTime().Format(time.RFC3339), c.GetRoute(), c.GetModel(),
 			c.GetStatus(), c.GetInputTokens(), c.GetOutputTokens(), c.GetCacheReadTokens(), c.GetCacheWriteTokens(), c.GetReserved(), c.GetCharged(),
 			c.GetLatencyMs(), c.GetStreamed(), lowered)
