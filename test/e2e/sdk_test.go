@@ -32,8 +32,10 @@ const (
 	sdkOutputTokens = 30
 	sdkCallTokens   = sdkInputTokens + sdkOutputTokens
 	// sdkCeiling is each capsule's inference.max_session_tokens: room for every call's worst
-	// case (its input and 64 output tokens), while the ceiling check asks for twice it.
-	sdkCeiling = 2000
+	// case (its input and 64 output tokens), while the ceiling check's call, asking for twice
+	// it, cannot be lowered to fit: its least (five answers of 256 tokens; an Anthropic
+	// thinking call's 1,025) is more than the whole ceiling.
+	sdkCeiling = 1000
 )
 
 // sdkCapsule is one SDK's capsule and what its run must show.

@@ -120,13 +120,15 @@ await metered('ceiling', 0, async (p) => {
     APIError: Anthropic.APIError,
     status: 429,
     counter,
-    call: () => c.messages.create({ model: MODEL, max_tokens: asked, messages }),
+    // Thinking: at least 1,025 output tokens, more than the whole ceiling, so the call is
+    // refused rather than lowered to fit.
+    call: () => c.messages.create({ model: MODEL, max_tokens: asked, thinking: { type: 'enabled', budget_tokens: 1024 }, messages }),
     texts: [],
     envelope,
     roostSeen: true,
   });
   if (got) {
-    ceilingDetail(p, apiMessage(got.err), got.roost, { ceiling: before.ceiling, used: before.charged, asked });
+    ceilingDetail(p, apiMessage(got.err), got.roost, { ceiling: before.ceiling, used: before.charged, asked: 1025 });
   }
 });
 

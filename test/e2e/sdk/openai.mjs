@@ -125,13 +125,15 @@ await metered('ceiling', 0, async (p) => {
     APIError: OpenAI.APIError,
     status: 429,
     counter,
-    call: () => c.chat.completions.create({ model: MODEL, messages, max_completion_tokens: asked }),
+    // Five answers of at least 256 tokens each: more than the whole ceiling, so the call is
+    // refused rather than lowered to fit.
+    call: () => c.chat.completions.create({ model: MODEL, messages, n: 5, max_completion_tokens: asked }),
     texts: [],
     envelope,
     roostSeen: false,
   });
   if (got) {
-    ceilingDetail(p, got.err.message, got.roost, { ceiling: before.ceiling, used: before.charged, asked });
+    ceilingDetail(p, got.err.message, got.roost, { ceiling: before.ceiling, used: before.charged, asked: 5 * 256 });
   }
 });
 
