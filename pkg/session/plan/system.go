@@ -132,7 +132,11 @@ func Viewed(class manifest.Class, p *manifest.Policy) bool {
 
 // Command is the program's command line: run.command (or run.wasm's module) then run.args.
 // A program named by a relative path with a slash (bin/agent) lives in the capsule directory,
-// as a module always does.
+// as a module always does. So does an argument after it that starts with ./ or ../ and names
+// a file or directory of the capsule (python3 ./app.py): the program's working directory is
+// the session's workdir, which does not hold the capsule's files, so read from there the
+// argument would name nothing. One that names nothing in the capsule (an output file, say)
+// or would lead out of it is the program's to read, from its workdir.
 func Command(capsuleDir string, run manifest.Run) []string {
 	if run.Wasm != "" {
 		return append([]string{filepath.Join(capsuleDir, run.Wasm)}, run.Args...)
@@ -141,7 +145,28 @@ func Command(capsuleDir string, run manifest.Run) []string {
 	if !filepath.IsAbs(argv[0]) && strings.Contains(argv[0], "/") {
 		argv[0] = filepath.Join(capsuleDir, argv[0])
 	}
+	for i := 1; i < len(argv); i++ {
+		if p, ok := inCapsule(capsuleDir, argv[i]); ok {
+			argv[i] = p
+		}
+	}
 	return argv
+}
+
+// inCapsule is arg as a path of the capsule directory, when it is written relative to the
+// current directory (./ or ../) and names something there without leading out of it.
+func inCapsule(capsuleDir, arg string) (string, bool) {
+	if capsuleDir == "" || !strings.HasPrefix(arg, "./") && !strings.HasPrefix(arg, "../") {
+		return "", false
+	}
+	p := filepath.Join(capsuleDir, arg)
+	if !strings.HasPrefix(p, filepath.Clean(capsuleDir)+"/") {
+		return "", false
+	}
+	if _, err := os.Lstat(p); err != nil {
+		return "", false
+	}
+	return p, true
 }
 
 // closureTTL is how long a closure worked out serves the launches that ask the same of the

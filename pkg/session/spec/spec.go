@@ -157,8 +157,12 @@ func (v view) paths(list []string) []string {
 // capsule directory moves with it.
 func (v view) command(rec *store.Record) []string {
 	argv := slices.Clone(rec.Command)
-	if rest, ok := strings.CutPrefix(argv[0], rec.Capsule.Root()+"/"); ok {
-		argv[0] = v.capsule + "/" + rest
+	// The program and the arguments staging found in the capsule (plan.Command) are where
+	// the session sees the capsule.
+	for i, arg := range argv {
+		if rest, ok := strings.CutPrefix(arg, rec.Capsule.Root()+"/"); ok {
+			argv[i] = v.capsule + "/" + rest
+		}
 	}
 	return argv
 }

@@ -63,3 +63,18 @@ func TestEnvironmentPathAndShell(t *testing.T) {
 		t.Errorf("environment not sorted: %v", env)
 	}
 }
+
+// The program and every argument staging found in the capsule are where a sealed session
+// sees it; others are left as they are.
+func TestCommandInTheView(t *testing.T) {
+	rec := &store.Record{Capsule: store.CapsuleRef{Dir: "/state/capsules/ab12"},
+		Command: []string{"/state/capsules/ab12/bin/run", "/state/capsules/ab12/app.py", "./out.txt", "/state/capsules/ab12x/y"}}
+	got := sealedView.command(rec)
+	want := []string{"/capsule/bin/run", "/capsule/app.py", "./out.txt", "/state/capsules/ab12x/y"}
+	if !slices.Equal(got, want) {
+		t.Errorf("command in the sealed view: %q, want %q", got, want)
+	}
+	if !slices.Equal(rec.Command, []string{"/state/capsules/ab12/bin/run", "/state/capsules/ab12/app.py", "./out.txt", "/state/capsules/ab12x/y"}) {
+		t.Errorf("the record's command was changed: %q", rec.Command)
+	}
+}
