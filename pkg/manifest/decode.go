@@ -192,7 +192,7 @@ func (d *decoder) capabilities(n *yaml.Node, path string) *Capabilities {
 						l.DeadlineSeconds = nil
 					}
 				}},
-				{"memory_bytes", set(&l.MemoryBytes, d.positive)},
+				{"memory_bytes", set(&l.MemoryBytes, d.size)},
 				{"wasm_fuel", set(&l.WasmFuel, d.positive)},
 			})
 		}},
@@ -200,20 +200,20 @@ func (d *decoder) capabilities(n *yaml.Node, path string) *Capabilities {
 			r := &Resources{}
 			c.Resources = r
 			d.mapping(n, p, []field{
-				{"cgroup_memory_bytes", set(&r.CgroupMemoryBytes, d.positive)},
+				{"cgroup_memory_bytes", set(&r.CgroupMemoryBytes, d.size)},
 				{"cgroup_pids_max", set(&r.CgroupPidsMax, d.positive)},
 				{"cgroup_cpu_percent", set(&r.CgroupCPUPercent, d.positive)},
 				{"max_open_files", set(&r.MaxOpenFiles, d.positive)},
-				{"max_file_size_bytes", set(&r.MaxFileSizeBytes, d.positive)},
+				{"max_file_size_bytes", set(&r.MaxFileSizeBytes, d.size)},
 				{"cpu_seconds", set(&r.CPUSeconds, d.positive)},
 				{"max_processes", set(&r.MaxProcesses, d.positive)},
-				{"memory_bytes", set(&r.MemoryBytes, d.positive)},
-				{"workdir_max_bytes", set(&r.WorkdirMaxBytes, d.positive)},
+				{"memory_bytes", set(&r.MemoryBytes, d.size)},
+				{"workdir_max_bytes", set(&r.WorkdirMaxBytes, d.size)},
 				{"workdir_max_inodes", set(&r.WorkdirMaxInodes, d.positive)},
-				{"log_max_bytes", set(&r.LogMaxBytes, d.positive)},
+				{"log_max_bytes", set(&r.LogMaxBytes, d.size)},
 				{"endpoint_max_connections", set(&r.EndpointMaxConnections, d.positive)},
-				{"egress_max_bytes", set(&r.EgressMaxBytes, d.positive)},
-				{"egress_bytes_per_sec", set(&r.EgressBytesPerSec, d.positive)},
+				{"egress_max_bytes", set(&r.EgressMaxBytes, d.size)},
+				{"egress_bytes_per_sec", set(&r.EgressBytesPerSec, d.size)},
 			})
 		}},
 	})

@@ -1,0 +1,61 @@
+package manifest
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Sizes in bytes are written as whole numbers or, as Kubernetes writes quantities, with a
+// unit: Ki, Mi, Gi, Ti, Pi, Ei are powers of 1024 (64Mi is 67,108,864), k, M, G, T, P, E
+// powers of 1000 (4G is 4,000,000,000). Nothing else is guessed at: 64mb, 4g or 1.5Gi are
+// refused naming the units there are, since docker's 4g (GiB) and a 4G (10^9) differ by 7 %.
+var sizeUnits = []struct {
+	suffix string
+	factor int64
+}{
+	{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"Ti", 1 << 40}, {"Pi", 1 << 50}, {"Ei", 1 << 60},
+	{"k", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}, {"P", 1e15}, {"E", 1e18},
+}
+
+// ErrSize is a size that does not read.
+var ErrSize = errors.New("expected a size in bytes: a whole number, or one with a unit (64Mi, 4Gi: powers of 1024; 64M, 4G: powers of 1000)")
+
+// ParseSize reads a size in bytes (see sizeUnits); it must be above 0 and fit in 64 bits.
+func ParseSize(s string) (int64, error) {
+	num, factor := s, int64(1)
+	for _, u := range sizeUnits {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			num, factor = n, u.factor
+			break
+		}
+	}
+	if num == "" || strings.TrimLeft(num, "0123456789") != "" {
+		return 0, fmt.Errorf("%w, got %q", ErrSize, s)
+	}
+	v, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || v > math.MaxInt64/factor {
+		return 0, fmt.Errorf("%q does not fit in 64 bits", s)
+	}
+	if v == 0 {
+		return 0, fmt.Errorf("must be greater than 0 (leave the key out for the default), got %q", s)
+	}
+	return v * factor, nil
+}
+
+// size reads a size in bytes: a whole number as positive reads it, or a string with a unit.
+func (d *decoder) size(n *yaml.Node, path string) *int64 {
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" {
+		return d.positive(n, path)
+	}
+	v, err := ParseSize(n.Value)
+	if err != nil {
+		d.fail(n, path, "%v", err)
+		return nil
+	}
+	return &v
+}
