@@ -3,10 +3,12 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -210,4 +212,21 @@ func TestTemplates(t *testing.T) {
 		}
 	}
 	d.ok("kill", live)
+
+	// logs --json: every line of either stream an object, the last one though no newline
+	// ended it.
+	d.ok("run", "--name", "talker", capsule(t, "talker", `printf 'a\nb\n'; printf c >&2`, ""))
+	lines := strings.Split(strings.TrimSuffix(d.ok("logs", "--json", "talker"), "\n"), "\n")
+	var got []string
+	for _, l := range lines {
+		var obj struct{ Stream, Time, Line string }
+		if err := json.Unmarshal([]byte(l), &obj); err != nil || obj.Time == "" {
+			t.Fatalf("logs --json line %q: %v, or no time", l, err)
+		}
+		got = append(got, obj.Stream+":"+obj.Line)
+	}
+	slices.Sort(got)
+	if want := []string{"stderr:c", "stdout:a", "stdout:b"}; !slices.Equal(got, want) {
+		t.Errorf("logs --json: %q, want %q", got, want)
+	}
 }

@@ -84,10 +84,8 @@ func Execute(args []string) int {
 		return exitOK
 	}
 	code, msg := a.classify(err)
-	// run exits with the program's own code, which may be 1 or 2: its own failures must
-	// not pass for the program's.
-	if cmd != nil && cmd.Name() == "run" && cmd.Parent() == root && (code == exitFailure || code == exitUsage) {
-		code = exitNoLaunch
+	if cmd != nil && cmd.Name() == "run" && cmd.Parent() == root {
+		code = runCode(err, code)
 	}
 	if msg != "" {
 		fmt.Fprintln(os.Stderr, "roostctl:", msg)
@@ -114,6 +112,17 @@ func (a *app) classify(err error) (int, string) {
 		return exitUsage, err.Error()
 	}
 	return code, a.describe(err)
+}
+
+// runCode is the exit code of run for err, classified as code. run exits with the
+// program's own code, which may be 1 or 2: run's own usage errors and failures are 125, so
+// they never pass for the program's. A code a session's end chose (an exitError) is kept.
+func runCode(err error, code int) int {
+	var ee *exitError
+	if code == exitUsage || code == exitFailure && !errors.As(err, &ee) {
+		return exitNoLaunch
+	}
+	return code
 }
 
 // usageError marks a mistake in how roostctl was called.

@@ -2,8 +2,14 @@ package cli
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 )
@@ -82,6 +88,57 @@ func TestUsageExitCodes(t *testing.T) {
 	} {
 		if got := Execute(c.args); got != c.want {
 			t.Errorf("roostctl %s: exit %d, want %d", strings.Join(c.args, " "), got, c.want)
+		}
+	}
+}
+
+// logs --json: one object per line of either stream, a line split across chunks whole, with
+// the time of its first byte; a line the stream ends without a newline comes at the end.
+func TestLogsJSONLines(t *testing.T) {
+	var out bytes.Buffer
+	p := &logPrinter{jsonOut: &out}
+	at := func(sec int64) *timestamppb.Timestamp { return timestamppb.New(time.Unix(sec, 0).UTC()) }
+	for _, r := range []*roostv1.LogsResponse{
+		{Stream: "stdout", Data: []byte("one\ntw"), Time: at(1)},
+		{Stream: "stderr", Data: []byte("err\xff\n"), Time: at(2)},
+		{Stream: "stdout", Data: []byte("o\nthree"), Time: at(3)},
+	} {
+		if err := p.print(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.flushJSON(); err != nil {
+		t.Fatal(err)
+	}
+	want := `{"stream":"stdout","time":"1970-01-01T00:00:01Z","line":"one"}
+{"stream":"stderr","time":"1970-01-01T00:00:02Z","line":"err` + "\uFFFD" + `"}
+{"stream":"stdout","time":"1970-01-01T00:00:01Z","line":"two"}
+{"stream":"stdout","time":"1970-01-01T00:00:03Z","line":"three"}
+`
+	if out.String() != want {
+		t.Errorf("printed:\n%s\nwant:\n%s", out.String(), want)
+	}
+}
+
+// A program that ended with 1 or 2 keeps its code through run, however it ended; only run's
+// own errors become 125.
+func TestRunCodeKeepsTheProgramsCode(t *testing.T) {
+	one := int32(1)
+	a := &app{}
+	for _, c := range []struct {
+		name string
+		err  error
+		want int
+	}{
+		{"terminated with 1", sessionExit(&roostv1.Session{Id: "ses_x", ExitStatus: "terminated", ExitCode: &one}), 1},
+		{"error with 1", sessionExit(&roostv1.Session{Id: "ses_x", ExitStatus: "error", ExitCode: &one}), 1},
+		{"run failed", errors.New("stream broke"), exitNoLaunch},
+		{"usage", usageError{errors.New("--nope")}, exitNoLaunch},
+		{"unreachable", status.Error(codes.Unavailable, "gone"), exitUnavailable},
+	} {
+		code, _ := a.classify(c.err)
+		if got := runCode(c.err, code); got != c.want {
+			t.Errorf("%s: run exits %d, want %d", c.name, got, c.want)
 		}
 	}
 }
