@@ -3,10 +3,12 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -50,8 +52,12 @@ func TestExitCodeTable(t *testing.T) {
 		{"failed operation on a live session", func() result { return d.ctl("pause", "nope") }, 1, "nope"},
 		{"unknown command", func() result { return d.ctl("lgs") }, 2, "did you mean"},
 		{"unknown flag", func() result { return d.ctl("ps", "--bogus") }, 2, "--bogus"},
-		{"bad flag value", func() result { return d.ctl("run", "--deadline", "abc", sleeper) }, 2, "--deadline"},
-		{"zero deadline", func() result { return d.ctl("run", "--deadline", "0s", sleeper) }, 2, "--deadline"},
+		{"run: bad flag value", func() result { return d.ctl("run", "--deadline", "abc", sleeper) }, 125, "--deadline"},
+		{"run: zero deadline", func() result { return d.ctl("run", "--deadline", "0s", sleeper) }, 125, "--deadline"},
+		{"run: unknown flag", func() result { return d.ctl("run", "--nope", sleeper) }, 125, "--nope"},
+		{"run: missing argument", func() result { return d.ctl("run") }, 125, "CAPSULE"},
+		{"bad flag value", func() result { return d.ctl("stage", "--deadline", "abc", sleeper) }, 2, "--deadline"},
+		{"unknown template key", func() result { return d.ctl("inspect", "-f", "{{.nmae}}", killed) }, 2, `"nmae"`},
 		{"sub-second deadline", func() result { return d.ctl("stage", "--deadline", "1500ms", sleeper) }, 2, "--deadline"},
 		{"missing argument", func() result { return d.ctl("wait") }, 2, "SESSION"},
 		{"unreachable: ps", func() result { return unreachable("ps") }, 69, "cannot reach roostd"},
@@ -178,5 +184,49 @@ func TestCompletion(t *testing.T) {
 		if out := d.ok("completion", shell); !strings.Contains(out, "__complete") {
 			t.Errorf("completion %s: no script:\n%.300s", shell, out)
 		}
+	}
+}
+
+// TestTemplates reads sessions of a real daemon through inspect -f and ps --format: the keys
+// are inspect --json's, a field a session has not reached yet prints as nothing, and a key
+// that is no field fails naming it.
+func TestTemplates(t *testing.T) {
+	d := newDaemon(t)
+	if res := d.ctl("run", "--name", "three", capsule(t, "three", "exit 3", "")); res.code != 3 {
+		t.Fatalf("run: exit %d, stderr %q", res.code, res.stderr)
+	}
+	live := strings.TrimSpace(d.ok("run", "--detach", capsule(t, "sleeper", "sleep 60", "")))
+	for args, want := range map[string]string{
+		"inspect -f {{.state}}/{{.exit_code}}/{{.capsule.name}} three":       "exited/3/three\n",
+		"inspect --format {{.state}}/{{.exit_code}} " + live:                 "running/\n",
+		"ps --filter status=exited --format {{.name}}":                       "three\n",
+		"ps --filter status=running,state=exited --format {{.capsule.name}}": "sleeper\nthree\n",
+	} {
+		if got := d.ok(strings.Fields(args)...); got != want {
+			t.Errorf("roostctl %s printed %q, want %q", args, got, want)
+		}
+	}
+	for _, args := range [][]string{{"ps", "--format", "{{.nmae}}"}, {"inspect", "-f", "{{.capsule.nmae}}", "three"}} {
+		if res := d.ctl(args...); res.code != 2 || !strings.Contains(res.stderr, `"nmae"`) || res.stdout != "" {
+			t.Errorf("roostctl %q: exit %d, stdout %q, stderr %q; want exit 2 naming nmae", args, res.code, res.stdout, res.stderr)
+		}
+	}
+	d.ok("kill", live)
+
+	// logs --json: every line of either stream an object, the last one though no newline
+	// ended it.
+	d.ok("run", "--name", "talker", capsule(t, "talker", `printf 'a\nb\n'; printf c >&2`, ""))
+	lines := strings.Split(strings.TrimSuffix(d.ok("logs", "--json", "talker"), "\n"), "\n")
+	var got []string
+	for _, l := range lines {
+		var obj struct{ Stream, Time, Line string }
+		if err := json.Unmarshal([]byte(l), &obj); err != nil || obj.Time == "" {
+			t.Fatalf("logs --json line %q: %v, or no time", l, err)
+		}
+		got = append(got, obj.Stream+":"+obj.Line)
+	}
+	slices.Sort(got)
+	if want := []string{"stderr:c", "stdout:a", "stdout:b"}; !slices.Equal(got, want) {
+		t.Errorf("logs --json: %q, want %q", got, want)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
+	"roost.dev/roost/pkg/version"
 )
 
 const defaultSocket = "/run/roost/roostd.sock"
@@ -36,8 +38,11 @@ const (
 	// through roost (its own codes are below 124 or 128+N).
 	exitUnavailable = 69
 	exitDeadline    = 124 // the session's deadline was reached
-	exitNoLaunch    = 125 // roost could not stage or launch the session
-	exitLost        = 255 // roost lost track of how the session ended
+	// exitNoLaunch is docker run's 125: roost could not stage or launch the session, or
+	// (for run, whose other codes are the program's) roostctl run itself was called wrongly
+	// or failed.
+	exitNoLaunch = 125
+	exitLost     = 255 // roost lost track of how the session ended
 )
 
 // exitError carries the code a command wants roostctl to exit with. A nil err exits
@@ -71,7 +76,7 @@ func Execute(args []string) int {
 	a := &app{}
 	root := a.rootCommand()
 	root.SetArgs(args)
-	err := root.ExecuteContext(context.Background())
+	cmd, err := root.ExecuteContextC(context.Background())
 	if a.conn != nil {
 		a.conn.Close()
 	}
@@ -79,6 +84,9 @@ func Execute(args []string) int {
 		return exitOK
 	}
 	code, msg := a.classify(err)
+	if cmd != nil && cmd.Name() == "run" && cmd.Parent() == root {
+		code = runCode(err, code)
+	}
 	if msg != "" {
 		fmt.Fprintln(os.Stderr, "roostctl:", msg)
 	}
@@ -104,6 +112,17 @@ func (a *app) classify(err error) (int, string) {
 		return exitUsage, err.Error()
 	}
 	return code, a.describe(err)
+}
+
+// runCode is the exit code of run for err, classified as code. run exits with the
+// program's own code, which may be 1 or 2: run's own usage errors and failures are 125, so
+// they never pass for the program's. A code a session's end chose (an exitError) is kept.
+func runCode(err error, code int) int {
+	var ee *exitError
+	if code == exitUsage || code == exitFailure && !errors.As(err, &ee) {
+		return exitNoLaunch
+	}
+	return code
 }
 
 // usageError marks a mistake in how roostctl was called.
@@ -165,8 +184,12 @@ session in its registry.`,
 			}
 			return usageError{errors.New(msg)}
 		},
-		RunE: func(cmd *cobra.Command, args []string) error { return cmd.Help() },
+		RunE:    func(cmd *cobra.Command, args []string) error { return cmd.Help() },
+		Version: version.Version,
 	}
+	// --version is the first line of roostctl version: this binary's, without asking roostd.
+	root.Flags().BoolP("version", "v", false, "print roostctl's version (roostctl version asks roostd's too)")
+	root.SetVersionTemplate(fmt.Sprintf("roostctl %s %s %s\n", version.Version, version.Commit, runtime.Version()))
 	root.PersistentFlags().StringVar(&a.socket, "socket", "", "roostd's control socket (default $ROOST_SOCKET, else "+defaultSocket+")")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddGroup(&cobra.Group{ID: "run", Title: "Running sessions:"}, &cobra.Group{ID: "inspect", Title: "Inspecting:"}, &cobra.Group{ID: "host", Title: "The daemon and host:"})

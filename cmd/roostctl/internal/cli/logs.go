@@ -3,11 +3,13 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -47,12 +49,17 @@ On a terminal, control characters in the output other than newline, tab and carr
 return (escape sequences that would set the clipboard or the window title, clear or move
 about the screen) are shown as text, \x1b for ESC; --raw passes them to the terminal as
 they are. Piped or redirected to a file, the output is always the session's bytes as they
-are.`,
+are.
+--json prints, to stdout, one JSON object a line for each line of either stream:
+{"stream":"stdout","time":"...","line":"..."}, line without its newline (bytes that are
+not UTF-8 become U+FFFD), time when its first byte was written (absent for sessions from
+before roost-init recorded times).`,
 		Example: `  roostctl logs ses_01a2                      # everything kept
   roostctl logs -f --tail 20 ses_01a2         # the last 20 lines of each stream, then follow
   roostctl logs --since 10m -t ses_01a2       # the last ten minutes, each line timed
   roostctl logs --since 2025-05-01T12:00:00Z ses_01a2
-  roostctl logs --raw ses_01a2                # colours and all, on a terminal`,
+  roostctl logs --raw ses_01a2                # colours and all, on a terminal
+  roostctl logs --json ses_01a2 | jq -r 'select(.stream == "stderr") | .line'`,
 		Args: exactArgs(1, "one SESSION"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("tail") && tail != "all" {
@@ -76,6 +83,7 @@ are.`,
 	cmd.Flags().StringVar(&tail, "tail", "all", "print only each stream's last `N` lines")
 	cmd.Flags().StringVar(&since, "since", "", "print only output written at or after `T`: RFC 3339, Unix seconds, or a duration before now")
 	cmd.Flags().BoolVarP(&o.timestamps, "timestamps", "t", false, "start each line with when it was written")
+	cmd.Flags().BoolVar(&o.json, "json", false, "print one JSON object per line of output, with its stream and time")
 	cmd.Flags().BoolVar(&o.raw, "raw", false, "on a terminal, pass control characters and escape sequences through rather than show them as text")
 	return cmd
 }
@@ -117,6 +125,8 @@ type logsOptions struct {
 	raw   bool
 	tail  *int64
 	since time.Time
+	// json prints each line as an object of its own, on stdout.
+	json bool
 }
 
 // copyLogs streams all of a session's output to stdout and stderr (with follow, until it
@@ -134,7 +144,7 @@ func (a *app) streamLogs(ctx context.Context, id string, o logsOptions, stdout, 
 	if err != nil {
 		return err
 	}
-	req := &roostv1.LogsRequest{Id: id, Follow: o.follow, Timestamps: o.timestamps, Tail: o.tail}
+	req := &roostv1.LogsRequest{Id: id, Follow: o.follow, Timestamps: o.timestamps || o.json, Tail: o.tail}
 	if !o.since.IsZero() {
 		req.Since = timestamppb.New(o.since)
 	}
@@ -153,10 +163,16 @@ func (a *app) streamLogs(ctx context.Context, id string, o logsOptions, stdout, 
 		_ = flushErr()
 	}()
 	p := &logPrinter{out: [2]io.Writer{out, errOut}, timestamps: o.timestamps}
+	if o.json {
+		p.jsonOut = stdout
+	}
 	var opts []grpc.CallOption
 	for {
 		err := p.copy(ctx, c, req, opts...)
 		if err == nil || !o.follow || status.Code(err) != codes.Unavailable {
+			if ferr := p.flushJSON(); err == nil && !errors.Is(ferr, syscall.EPIPE) {
+				err = ferr
+			}
 			return err
 		}
 		fmt.Fprintf(stderr, "roostctl: lost roostd (%s); resuming once it is back\n", status.Convert(err).Message())
@@ -182,6 +198,70 @@ type logPrinter struct {
 	// time of its own.
 	midLine [2]bool
 	buf     []byte
+	// jsonOut, when set, takes every line as a JSON object; partial holds, per stream, the
+	// start of a line not ended yet, and partialTime when its first byte was written.
+	jsonOut     io.Writer
+	partial     [2][]byte
+	partialTime [2]*timestamppb.Timestamp
+}
+
+// logLine is one line of logs --json.
+type logLine struct {
+	Stream string `json:"stream"`
+	Time   string `json:"time,omitempty"`
+	Line   string `json:"line"`
+}
+
+var streamNames = [2]string{"stdout", "stderr"}
+
+// printJSON writes each line data ends as an object; the rest waits for the next chunk of
+// its stream, or the end.
+func (p *logPrinter) printJSON(i int, data []byte, at *timestamppb.Timestamp) error {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	for len(data) > 0 {
+		if len(p.partial[i]) == 0 {
+			p.partialTime[i] = at
+		}
+		line, after, found := bytes.Cut(data, []byte{'\n'})
+		p.partial[i] = append(p.partial[i], line...)
+		data = after
+		if !found {
+			break
+		}
+		if err := enc.Encode(p.lineObject(i)); err != nil {
+			return err
+		}
+	}
+	_, err := p.jsonOut.Write(buf.Bytes())
+	return err
+}
+
+func (p *logPrinter) lineObject(i int) logLine {
+	l := logLine{Stream: streamNames[i], Line: strings.ToValidUTF8(string(p.partial[i]), "\uFFFD")}
+	if t := p.partialTime[i]; t != nil {
+		l.Time = t.AsTime().Format(time.RFC3339Nano)
+	}
+	p.partial[i], p.partialTime[i] = p.partial[i][:0], nil
+	return l
+}
+
+// flushJSON writes the lines a stream ended without a newline.
+func (p *logPrinter) flushJSON() error {
+	if p.jsonOut == nil {
+		return nil
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	for i := range p.partial {
+		if len(p.partial[i]) > 0 {
+			if err := enc.Encode(p.lineObject(i)); err != nil {
+				return err
+			}
+		}
+	}
+	_, err := p.jsonOut.Write(buf.Bytes())
+	return err
 }
 
 func (p *logPrinter) copy(ctx context.Context, c roostv1.SessionServiceClient, req *roostv1.LogsRequest, opts ...grpc.CallOption) error {
@@ -218,6 +298,9 @@ func (p *logPrinter) print(resp *roostv1.LogsResponse) error {
 	}
 	if len(data) == 0 {
 		return nil
+	}
+	if p.jsonOut != nil {
+		return p.printJSON(i, data, resp.GetTime())
 	}
 	out := data
 	if p.timestamps && resp.GetTime() != nil {

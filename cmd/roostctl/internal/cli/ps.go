@@ -14,6 +14,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 )
@@ -27,7 +29,7 @@ const shortIDLen = 12
 var sessionStates = []string{"staged", "launching", "running", "paused", "stopping", "exited"}
 
 // psFilterKeys are the keys --filter knows, each with what it matches.
-var psFilterKeys = []string{"capsule", "name", "parent", "state"}
+var psFilterKeys = []string{"capsule", "name", "parent", "state", "status"}
 
 func (a *app) psCommand() *cobra.Command {
 	var all, asJSON, quiet, tree, noTrunc bool
@@ -49,7 +51,8 @@ id prefix ("ses_" and 4 or more characters). --no-trunc shows full ids.
 --filter KEY=VALUE selects sessions; give it more than once, or comma-separated. Filters on
 one key widen the selection (any may match), on different keys narrow it (all must):
   state=STATE           staged, launching, running, paused, stopping or exited; a state
-                        filter lists ended sessions without --all
+                        filter lists ended sessions without --all; status=STATE
+                        is the same filter (docker's name for it)
   capsule=NAME[@VER]    the capsule's name, and its version when given
   parent=SESSION        the children of a session (a name, an id or a short id)
   name=GLOB             the session's name, as a shell pattern (* ? [a-z])
@@ -168,9 +171,9 @@ func parsePSFilters(args []string) (*psFilter, error) {
 				return nil, usageError{fmt.Errorf("--filter %q: give KEY=VALUE, KEY one of %s", kv, strings.Join(psFilterKeys, ", "))}
 			}
 			switch key {
-			case "state":
+			case "state", "status": // status as docker ps names it
 				if !slices.Contains(sessionStates, value) {
-					return nil, usageError{fmt.Errorf("--filter state=%s: not a state; the states are %s", value, strings.Join(sessionStates, ", "))}
+					return nil, usageError{fmt.Errorf("--filter %s=%s: not a state; the states are %s", key, value, strings.Join(sessionStates, ", "))}
 				}
 				if f.states == nil {
 					f.states = map[string]bool{}
@@ -286,7 +289,7 @@ func sessionTemplate(text string) (*template.Template, error) {
 		// Replaced per listing (executeTemplate); declared here so parsing knows it.
 		"short": func(string) string { return "" },
 	}
-	t, err := template.New("format").Funcs(funcs).Parse(text)
+	t, err := template.New("format").Option(templateOption).Funcs(funcs).Parse(text)
 	if err != nil {
 		return nil, usageError{fmt.Errorf("--format: %v", err)}
 	}
@@ -312,29 +315,74 @@ func executeTemplate(out io.Writer, t *template.Template, rows []*roostv1.Sessio
 	}})
 	var buf, line bytes.Buffer
 	for _, s := range rows {
-		data, err := marshal(s)
+		obj, err := templateObject(s)
 		if err != nil {
-			return err
-		}
-		var obj map[string]any
-		dec := json.NewDecoder(bytes.NewReader(data))
-		// Numbers stay as written (exit_code 3, not 3e+00).
-		dec.UseNumber()
-		if err := dec.Decode(&obj); err != nil {
 			return err
 		}
 		line.Reset()
 		if err := t.Execute(&line, obj); err != nil {
-			return fmt.Errorf("--format: %v", err)
+			return usageError{fmt.Errorf("--format: %w", err)}
 		}
-		// A key the object lacks (exit_code before the end) prints as nothing: text/template
-		// writes "<no value>" for a missing map key whatever its missingkey option.
+		// A field the object lacks (exit_code before the end) prints as nothing: text/template
+		// writes "<no value>" for a nil value.
 		buf.Write(bytes.ReplaceAll(line.Bytes(), []byte("<no value>"), nil))
 		buf.WriteByte('\n')
 	}
 	_, err := out.Write(buf.Bytes())
 	return err
 }
+
+// templateObject is m's JSON object for a template, with every field of m's type present:
+// protojson leaves out an unset message or optional field, and a template run with
+// missingkey=error must refuse only a key that is no field at all ({{.nmae}}).
+func templateObject(m proto.Message) (map[string]any, error) {
+	data, err := marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	var obj map[string]any
+	dec := json.NewDecoder(bytes.NewReader(data))
+	// Numbers stay as written (exit_code 3, not 3e+00).
+	dec.UseNumber()
+	if err := dec.Decode(&obj); err != nil {
+		return nil, err
+	}
+	addFields(obj, m.ProtoReflect().Descriptor(), 0)
+	return obj, nil
+}
+
+// addFields gives obj a nil value for each field of md it lacks, and an object of nils for
+// each message field, to a depth that ends a type that contains itself.
+func addFields(obj map[string]any, md protoreflect.MessageDescriptor, depth int) {
+	fields := md.Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		name := fd.TextName()
+		v, ok := obj[name]
+		if fd.Kind() == protoreflect.MessageKind && !fd.IsList() && !fd.IsMap() && !wellKnown(fd.Message()) {
+			sub, isObj := v.(map[string]any)
+			if !ok && depth < 4 {
+				sub, isObj = map[string]any{}, true
+				obj[name] = sub
+			}
+			if isObj {
+				addFields(sub, fd.Message(), depth+1)
+			}
+			continue
+		}
+		if !ok {
+			obj[name] = nil
+		}
+	}
+}
+
+// wellKnown is a message protojson writes as a value of its own (a timestamp as a string).
+func wellKnown(md protoreflect.MessageDescriptor) bool {
+	return md.ParentFile().Package() == "google.protobuf"
+}
+
+// templateOption makes a key that is no field an error naming it, not an empty column.
+const templateOption = "missingkey=error"
 
 // writeTable prints rows as aligned columns two spaces apart, with no trailing spaces (an
 // empty last cell would leave tabwriter's padding at the end of the line).

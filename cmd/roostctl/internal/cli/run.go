@@ -197,8 +197,9 @@ Ctrl-C (or SIGTERM to roostctl) stops the session: SIGTERM, then SIGKILL after 1
 second one kills it.
 
 Exit codes: the capsule's exit code; 124 its deadline was reached; 125 roost could not
-stage or launch it (the reason is on stderr); 128+N when signal N ended it (137 killed,
-143 stopped); 255 roost lost track of how it ended.
+stage or launch it, or run itself was called wrongly or failed (the reason is on stderr);
+128+N when signal N ended it (137 killed, 143 stopped); 255 roost lost track of how it
+ended; 69 roostd could not be reached.
 
 With --detach, run prints the session id and returns once the program runs. With --json,
 it prints the session record as JSON instead of the program's output (the final record,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"text/template"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -16,12 +17,32 @@ import (
 
 func (a *app) inspectCommand() *cobra.Command {
 	var asJSON bool
+	var format string
 	cmd := &cobra.Command{
 		Use:   "inspect SESSION",
 		Short: "Show one session's whole record",
-		Long:  `inspect shows a session's record. SESSION is its id or a unique prefix of it.`,
-		Args:  exactArgs(1, "one SESSION"),
+		Long: `inspect shows a session's record. SESSION is its name, its id or a unique prefix of it.
+
+--json (or --format json) prints the record as JSON; -f/--format TEMPLATE prints a Go
+template over that JSON object, with the functions ps --format has: -f '{{.state}}',
+-f '{{.capsule.name}} {{.exit_code}}'. A key that is no field of the record is an error.`,
+		Example: `  roostctl inspect -f '{{.state}}' web
+  roostctl inspect --json web | jq .usage`,
+		Args: exactArgs(1, "one SESSION"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if asJSON {
+				if cmd.Flags().Changed("format") && format != "json" {
+					return usageError{fmt.Errorf("--json and --format %q: give one (--json is --format json)", format)}
+				}
+				format = "json"
+			}
+			var tmpl *template.Template
+			if format != "" && format != "json" {
+				var err error
+				if tmpl, err = sessionTemplate(format); err != nil {
+					return err
+				}
+			}
 			c, err := a.sessions()
 			if err != nil {
 				return err
@@ -30,14 +51,19 @@ func (a *app) inspectCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp.GetSession())
+			s := resp.GetSession()
+			switch {
+			case format == "json":
+				return printJSON(cmd.OutOrStdout(), s)
+			case tmpl != nil:
+				return executeTemplate(cmd.OutOrStdout(), tmpl, []*roostv1.Session{s}, shortIDs([]*roostv1.Session{s}))
 			}
-			printSession(cmd.OutOrStdout(), resp.GetSession())
+			printSession(cmd.OutOrStdout(), s)
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the record as JSON")
+	cmd.Flags().StringVarP(&format, "format", "f", "", "print json, or a Go `TEMPLATE` over the JSON record, e.g. '{{.state}}'")
 	return cmd
 }
 
