@@ -84,6 +84,7 @@ var (
 	_ delegate.SpawnObserver      = (*metrics.Metrics)(nil)
 	_ session.LimitObserver       = (*metrics.Metrics)(nil)
 	_ session.ExecRefusalObserver = (*metrics.Metrics)(nil)
+	_ session.EndObserver         = (*metrics.Metrics)(nil)
 	_ ranges.Observer             = (*metrics.Metrics)(nil)
 	_ retention.Observer          = (*metrics.Metrics)(nil)
 	_ ledger.Observer             = (*metrics.Metrics)(nil)

@@ -14,6 +14,7 @@ import (
 	"roost.dev/roost/pkg/fdbudget"
 	"roost.dev/roost/pkg/ledger"
 	"roost.dev/roost/pkg/manifest"
+	"roost.dev/roost/pkg/session/store"
 )
 
 // Metrics holds roostd's collectors and hears session starts and recoveries.
@@ -31,6 +32,7 @@ type Metrics struct {
 	overruns  *prometheus.CounterVec
 	refusals  *prometheus.CounterVec
 	limits    *prometheus.CounterVec
+	ends      *prometheus.CounterVec
 	// execRefused counts the execs sessions' allowlists refused, by class: the paths are the
 	// sessions' choice, and in their traces.
 	execRefused *prometheus.CounterVec
@@ -103,6 +105,10 @@ func New(states []string, count func() map[string]int) *Metrics {
 			Name: "roost_limit_hits_total",
 			Help: "Times a session met one of its bounds, by limit (endpoint_connections, log_bytes, workdir_bytes, workdir_inodes, children_total, disk_full, …): a refusal or a cut.",
 		}, []string{"limit"}),
+		ends: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "roost_sessions_ended_total",
+			Help: "Session ends, once each as the registry records them, by containment class and status: the exit status (ok, error, crashed, terminated, deadline_reached, start_failed, lost), or oom for a crash by the kernel's OOM killer.",
+		}, []string{"class", "status"}),
 		execRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "roost_exec_refused_total",
 			Help: "Execs a session's exec allowlist refused (shell.allow, Landlock; a noexec mount; a system program absent from a sealed root), by containment class.",
@@ -145,11 +151,21 @@ func New(states []string, count func() map[string]int) *Metrics {
 	m.registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.starts, m.startTime, m.recovered, m.spawns, m.spawnTime, m.tokens, m.tokensOld, m.overruns, m.refusals, m.limits, m.execRefused, m.pruned, m.compacted,
+		m.starts, m.startTime, m.recovered, m.spawns, m.spawnTime, m.tokens, m.tokensOld, m.overruns, m.refusals, m.limits, m.ends, m.execRefused, m.pruned, m.compacted,
 		m.egressConns, m.egressBytes, m.hookRuns, m.hookTime, m.rangeSweeps, m.rangeSweepTime,
 		&stateCollector{states: states, count: count, desc: prometheus.NewDesc(
 			"roost_sessions", "Sessions in the registry, by state.", []string{"state"}, nil)},
 	)
+	// Every known series from the start, at zero, so that an alert on an increase sees the
+	// first one.
+	for _, l := range store.Limits {
+		m.limits.WithLabelValues(l)
+	}
+	for _, c := range manifest.Classes {
+		for _, st := range store.EndStatuses {
+			m.ends.WithLabelValues(c.String(), st)
+		}
+	}
 	return m
 }
 
@@ -252,6 +268,9 @@ func (m *Metrics) HookRan(hook, result string, took time.Duration) {
 
 // LimitHit counts a session meeting one of its bounds.
 func (m *Metrics) LimitHit(limit string) { m.limits.WithLabelValues(limit).Inc() }
+
+// SessionEnded counts one session end, by its record's class and end status.
+func (m *Metrics) SessionEnded(class, status string) { m.ends.WithLabelValues(class, status).Inc() }
 
 // ExecRefused counts n execs a session of class had refused by its exec allowlist.
 func (m *Metrics) ExecRefused(class string, n int64) {

@@ -19,6 +19,12 @@ type LimitObserver interface {
 	LimitHit(limit string)
 }
 
+// EndObserver hears every session end once, when the registry commits it, for metrics:
+// class is the record's EndClass, status its EndStatus.
+type EndObserver interface {
+	SessionEnded(class, status string)
+}
+
 // journal notes in the registry what happens to a session besides its transitions: the
 // bounds it meets, the cuts of its output, the operator's hooks that judged it.
 type journal struct {
@@ -26,6 +32,7 @@ type journal struct {
 	log     *slog.Logger
 	limits  LimitObserver       // nil for none
 	refused ExecRefusalObserver // nil for none
+	ends    EndObserver         // nil for none
 	// cutsMu orders the notes of which log cuts were reported (records.NewCuts);
 	// refusalsMu those of which refused execs were (records.NewRefusals).
 	cutsMu, refusalsMu sync.Mutex

@@ -336,7 +336,8 @@ func Open(cfg Config) (*Manager, error) {
 	m.views = sysview.NewBuilder(m.trees.Views())
 	limits, _ := cfg.Observer.(LimitObserver)
 	refused, _ := cfg.Observer.(ExecRefusalObserver)
-	m.journal = &journal{reg: m.reg, log: cfg.Logger, limits: limits, refused: refused}
+	ends, _ := cfg.Observer.(EndObserver)
+	m.journal = &journal{reg: m.reg, log: cfg.Logger, limits: limits, refused: refused, ends: ends}
 	m.lifeline = lifeline{reg: m.reg, live: &m.live, ctx: ctx, wg: &m.wg, log: cfg.Logger,
 		stop: func(l *liveSession, id, saw string) error {
 			return m.beginStop(l, id, store.EndParent, saw, cfg.StopGrace)

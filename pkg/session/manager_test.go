@@ -42,6 +42,7 @@ type recorder struct {
 	started   int
 	failed    int
 	recovered []string
+	ends      []string // class/status
 }
 
 func (r *recorder) SessionStarted(manifest.Class, time.Duration) {
@@ -56,6 +57,17 @@ func (r *recorder) SessionRecovered(o string) {
 	r.mu.Unlock()
 }
 func (r *recorder) Egress(string, int64, int64) {}
+func (r *recorder) SessionEnded(class, status string) {
+	r.mu.Lock()
+	r.ends = append(r.ends, class+"/"+status)
+	r.mu.Unlock()
+}
+
+func (r *recorder) endsSeen() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.ends)
+}
 
 // testPool is this package's tests' block of host ids, apart from roostd's and other
 // packages' tests', and (by the test process's pid) from another run of the same tests on

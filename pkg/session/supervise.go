@@ -260,6 +260,11 @@ func (m *Manager) finish(l *liveSession, rec *store.Record, status store.ExitSta
 			m.cfg.Logger.Error("recording end", "session", rec.ID, "err", err)
 			return
 		}
+		// Counted once the end commits, and only here: an end recorded before a restart is
+		// not live at the next start, so recovery never ends (or counts) it again.
+		if m.journal.ends != nil {
+			m.journal.ends.SessionEnded(rec.EndClass(), rec.EndStatus())
+		}
 		ended := []any{"session", rec.ID, "capsule", rec.Capsule.Name + "@" + rec.Capsule.Version, "class", rec.Achieved,
 			"status", string(rec.ExitStatus)}
 		if rec.ExitCode != nil {

@@ -50,7 +50,7 @@ func Classify(rec *store.Record, info containment.ExitInfo, exitErr error) (stor
 	case rec.EndRequest == store.EndKill && info.Signal != 0 && info.Signal == rec.EndSignal:
 		return store.StatusTerminated, &code, "killed by roostctl kill with " + SignalName(syscall.Signal(info.Signal))
 	case info.OOMKilled:
-		return store.StatusCrashed, &code, "oom"
+		return store.StatusCrashed, &code, store.DetailOOM
 	case rec.Wasm != nil && hasOutcome(info):
 		// The runner says how its guest ended when the code cannot: a trap, fuel, its own
 		// deadline. Only the runner writes there: the guest has no descriptor but its stdio.

@@ -13,3 +13,8 @@ const (
 
 // EventLimit is a session meeting one of its bounds: a refusal or a cut, with what it was.
 const EventLimit = "session.limit"
+
+// Limits lists every bound, so that each roost_limit_hits_total series exists, at zero,
+// before its first hit: an alert on it then sees an increase, not a series appearing.
+var Limits = []string{LimitEndpointConnections, LimitLogBytes, LimitWorkdirBytes, LimitWorkdirInodes,
+	LimitChildrenTotal, LimitDiskFull, LimitIDRanges}
