@@ -476,16 +476,26 @@ func (m *Manager) Status() Status {
 	return st
 }
 
-// Wait blocks until the session has ended and returns its final record.
+// Wait blocks until the session and every descendant have ended and returns the session's
+// final record. A parent's end only begins its children's (a child trapping TERM outlives
+// it by up to its grace), and a caller that goes on to remove the parent, or to read its
+// subtree's spend, needs the tree ended, as Stop and Kill answer.
 func (m *Manager) Wait(ctx context.Context, id string) (*store.Record, error) {
 	rec, err := m.Get(id)
 	if err != nil {
 		return nil, err
 	}
-	if rec, err = m.reg.waitFor(ctx, rec.ID, func(r *store.Record) bool { return r.State == store.Exited }); err == nil {
-		m.accounts.Fill(rec)
+	if _, err = m.reg.waitFor(ctx, rec.ID, func(r *store.Record) bool { return r.State == store.Exited }); err != nil {
+		return nil, err
 	}
-	return rec, err
+	if err := m.reg.waitSubtree(ctx, rec.ID); err != nil {
+		return nil, err
+	}
+	if rec, err = m.Get(rec.ID); err != nil {
+		return nil, err
+	}
+	m.accounts.Fill(rec)
+	return rec, nil
 }
 
 func (l *liveSession) stopTimers() {

@@ -86,9 +86,10 @@ func bwEnded(t *testing.T, d *daemon, dir, limit string, want ...string) session
 
 // 300,000 empty files: no bytes to speak of, but the host's inodes. Stopped at 10,000.
 func TestBoundsWorkdirInodeFlood(t *testing.T) {
-	d := newDaemon(t)
+	outer := newDaemon(t)
 	for _, class := range []string{"sealed", "scoped"} {
 		t.Run(class, func(t *testing.T) {
+			d := outer.in(t)
 			dir := capsule(t, "flood", `i=0; while [ $i -lt 300000 ]; do : > f$i; i=$((i+1)); done; echo made them all; sleep 10`,
 				bwCaps(class, "sleep", "  resources:\n    workdir_max_inodes: 10000\n"))
 			s := bwEnded(t, d, dir, "workdir_inodes", bwWhat(class, false)+" hold ", " files and directories, past resources.workdir_max_inodes (10000)")
@@ -106,9 +107,10 @@ while [ $i -lt 300 ]; do mkdir $n && cd -P $n || exit 9; i=$((i+1)); done
 head -c 8000000 /dev/urandom > big && echo wrote; sleep 10`
 
 func TestBoundsWorkdirDeepPath(t *testing.T) {
-	d := newDaemon(t)
+	outer := newDaemon(t)
 	for _, class := range []string{"sealed", "scoped"} {
 		t.Run(class, func(t *testing.T) {
+			d := outer.in(t)
 			dir := capsule(t, "deep", bwDeepScript, bwCaps(class, "mkdir, head, sleep", "  resources:\n    workdir_max_bytes: 4194304\n"))
 			s := bwEnded(t, d, dir, "workdir_bytes", bwWhat(class, false)+" grew to ", "past resources.workdir_max_bytes (4194304)")
 			// And rm takes it all, deep as it is.
@@ -130,13 +132,15 @@ func TestBoundsWorkdirScopedTmpdir(t *testing.T) {
 }
 
 // A child's workdir is charged to its parent: each writes 2.5 MB under a limit of 4 MiB, and
-// the parent is stopped for the two together; its child ends with it. rm of the parent
-// then takes the child: record, workdir, home and the parent's children/ directory.
+// the parent is stopped for the two together; its child ends with it, before the parent's
+// wait returns. rm of the parent then takes the child: record, workdir, home and the
+// parent's children/ directory.
 func TestBoundsWorkdirChildren(t *testing.T) {
-	d := newDaemon(t)
+	outer := newDaemon(t)
 	limit := "  resources:\n    workdir_max_bytes: 4194304\n"
 	for _, class := range []string{"sealed", "scoped"} {
 		t.Run(class, func(t *testing.T) {
+			d := outer.in(t)
 			d.push(capsule(t, "filler-"+class, `head -c 2500000 /dev/urandom > theirs && echo wrote; sleep 30`, bwCaps(class, "head, sleep", limit)))
 			parent := capsule(t, "parent-"+class, apiShell+`
 api -d '{"capsule":"filler-`+class+`","version":"0.1.0"}' "$ROOST_ENDPOINT/v1/spawn" > spawned.json
@@ -148,11 +152,9 @@ head -c 2500000 /dev/urandom > mine && echo wrote; sleep 30`,
 			if len(kids) != 1 {
 				t.Fatalf("%d children: %+v\nparent's logs: %s", len(kids), kids, d.ctl("logs", p.ID).stdout)
 			}
-			// The parent's end is recorded before the end it brings its child: wait for that.
-			d.ctlWithin(time.Minute, "wait", kids[0].ID)
 			c := d.inspect(kids[0].ID)
-			if c.ExitStatus != "terminated" || !strings.Contains(c.Detail, "its parent "+p.ID+" ended") {
-				t.Errorf("child: %s %q", c.ExitStatus, c.Detail)
+			if c.State != "exited" || c.ExitStatus != "terminated" || !strings.Contains(c.Detail, "its parent "+p.ID+" ended") {
+				t.Fatalf("child, once its parent's wait returned: %s %s %q", c.State, c.ExitStatus, c.Detail)
 			}
 			doomed := []string{p.Workdir, c.Workdir, c.RecordsDir, filepath.Join(d.stateDir, "home", p.ID), filepath.Join(d.stateDir, "home", c.ID)}
 			// Only a parent without a sealed root has a directory for its children's

@@ -162,6 +162,15 @@ func newDaemon(t *testing.T, args ...string) *daemon {
 	return d
 }
 
+// in is the daemon as a subtest sees it: its helpers fail the subtest, not the test that
+// made the daemon (t.Fatal of another test's t, from a subtest's goroutine, is refused).
+// It shares the running daemon; start and kill9 belong to the test that owns it.
+func (d *daemon) in(t *testing.T) *daemon {
+	c := *d
+	c.t = t
+	return &c
+}
+
 func (d *daemon) start() {
 	d.t.Helper()
 	d.log = &bytes.Buffer{}

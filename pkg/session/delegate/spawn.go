@@ -426,7 +426,7 @@ func (b *Backend) Child(parentID, childID string) (spawn.ChildInfo, error) {
 	return childInfo(parent, c), nil
 }
 
-// WaitChild blocks until the child has ended and returns its completion.
+// WaitChild blocks until the child and its own children have ended and returns its completion.
 func (b *Backend) WaitChild(ctx context.Context, parentID, childID string) (spawn.Completion, error) {
 	if _, _, err := b.ownChild(parentID, childID); err != nil {
 		return spawn.Completion{}, err

@@ -191,7 +191,8 @@ func (a *app) runCommand() *cobra.Command {
 		Use:   "run CAPSULE|NAME@VERSION",
 		Short: "Stage and launch a capsule, stream its output and exit with its exit code",
 		Long: `run stages and launches CAPSULE (a directory holding capsule.yaml), streams the
-program's stdout and stderr to roostctl's own, and exits when the session ends.
+program's stdout and stderr to roostctl's own, and exits when the session ends (and,
+for a parent, the children it spawned, stopped when it ends).
 
 Ctrl-C (or SIGTERM to roostctl) stops the session: SIGTERM, then SIGKILL after 10s; a
 second one kills it.

@@ -73,7 +73,9 @@ func (a *app) waitCommand() *cobra.Command {
 		Use:   "wait SESSION",
 		Short: "Block until a session ends; exit with its exit code",
 		Long: `wait blocks until SESSION has ended and exits as run would: the capsule's exit code,
-124 deadline reached, 125 never started, 255 lost.`,
+124 deadline reached, 125 never started, 255 lost.
+
+A parent's children are stopped when it ends; wait returns once they have ended too.`,
 		Args: exactArgs(1, "one SESSION"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.sessions()
