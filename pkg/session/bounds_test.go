@@ -380,7 +380,15 @@ func TestBoundsRemoveRefusesLiveDescendant(t *testing.T) {
 	}
 	child, _ := d.m.Get(res.SessionID)
 	waitFile(t, filepath.Join(child.Workdir, "up"))
-	waitEnd(t, d.m, parent.ID)
+	// The parent's own end, not Wait's: that waits for the child too.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if rec, err := d.m.Get(parent.ID); err != nil || !rec.State.Live() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the parent did not end")
+		}
+	}
 	err = d.m.Remove(parent.ID)
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), child.ID) || !strings.Contains(err.Error(), "--force") {
 		t.Fatalf("rm with a live child: %v", err)
