@@ -477,34 +477,21 @@ func (l *Ledger) check(a *account, least, most int64) (int64, *Refusal, bool) {
 		return 0, &r, false
 	}
 	room := most
-	fit := func(limit string, ceiling, charged, reserved int64) *Refusal {
+	var refusal *Refusal
+	l.ceilings(a, func(limit string, ceiling, charged, reserved int64) bool {
 		left := ceiling - charged - reserved
 		if left < least {
-			return &Refusal{Limit: limit, Ceiling: ceiling, Used: charged + reserved, Requested: least}
+			refusal = &Refusal{Limit: limit, Ceiling: ceiling, Used: charged + reserved, Requested: least}
+			// The machine's is judged afresh each time; a session's or an ancestor's latches
+			// when what is charged alone leaves no room for the least.
+			refusal.Latched = limit != LimitMachine && charged+least > ceiling
+			return false
 		}
 		room = min(room, left)
-		return nil
-	}
-	if a.Ceiling > 0 {
-		if r := fit(LimitSession, a.Ceiling, a.SubtreeCharged, a.subReserved); r != nil {
-			r.Latched = a.SubtreeCharged+least > a.Ceiling
-			return 0, r, r.Latched
-		}
-	}
-	for _, id := range a.Ancestors {
-		anc := l.accounts[id]
-		if anc == nil || anc.Ceiling <= 0 {
-			continue
-		}
-		if r := fit(LimitAncestor+" "+id, anc.Ceiling, anc.SubtreeCharged, anc.subReserved); r != nil {
-			r.Latched = anc.SubtreeCharged+least > anc.Ceiling
-			return 0, r, r.Latched
-		}
-	}
-	if l.ceiling > 0 {
-		if r := fit(LimitMachine, l.ceiling, l.day.charged, l.reserved); r != nil {
-			return 0, r, false
-		}
+		return true
+	})
+	if refusal != nil {
+		return 0, refusal, refusal.Latched
 	}
 	return room, nil, false
 }
@@ -524,18 +511,28 @@ func (l *Ledger) Headroom(sessionID string) (int64, error) {
 		return 0, nil
 	}
 	room := int64(MaxTokens)
-	if a.Ceiling > 0 {
-		room = min(room, a.Ceiling-a.SubtreeCharged-a.subReserved)
+	l.ceilings(a, func(_ string, ceiling, charged, reserved int64) bool {
+		room = min(room, ceiling-charged-reserved)
+		return true
+	})
+	return max(room, 0), nil
+}
+
+// ceilings calls fn with each ceiling an admission of a must fit, in order — the session's
+// own, each ancestor's from the nearest, the machine's for today — with what is charged and
+// reserved against it, until fn returns false. The caller holds l.mu.
+func (l *Ledger) ceilings(a *account, fn func(limit string, ceiling, charged, reserved int64) bool) {
+	if a.Ceiling > 0 && !fn(LimitSession, a.Ceiling, a.SubtreeCharged, a.subReserved) {
+		return
 	}
 	for _, id := range a.Ancestors {
-		if anc := l.accounts[id]; anc != nil && anc.Ceiling > 0 {
-			room = min(room, anc.Ceiling-anc.SubtreeCharged-anc.subReserved)
+		if anc := l.accounts[id]; anc != nil && anc.Ceiling > 0 && !fn(LimitAncestor+" "+id, anc.Ceiling, anc.SubtreeCharged, anc.subReserved) {
+			return
 		}
 	}
 	if l.ceiling > 0 {
-		room = min(room, l.ceiling-l.day.charged-l.reserved)
+		fn(LimitMachine, l.ceiling, l.day.charged, l.reserved)
 	}
-	return max(room, 0), nil
 }
 
 // used is what now counts against a latched refusal's ceiling. The caller holds l.mu.
