@@ -81,6 +81,32 @@ func Items(t testing.TB, page, section string) []Item {
 	return out
 }
 
+// Example is the first unfilled block (.nf to .fi) of the page's section, as it reads.
+func Example(t testing.TB, page, section string) string {
+	t.Helper()
+	data, err := os.ReadFile(Path(page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	in, nf := false, false
+	for _, line := range strings.Split(string(data), "\n") {
+		macro, args, _ := strings.Cut(line, " ")
+		switch {
+		case macro == ".SH":
+			in = unquote(args) == section
+		case in && macro == ".nf":
+			nf = true
+		case in && nf && macro == ".fi":
+			return strings.Join(out, "\n") + "\n"
+		case in && nf:
+			out = append(out, render(line))
+		}
+	}
+	t.Fatalf("%s has no example in section %s", page, section)
+	return ""
+}
+
 // render is a line of roff source as it reads: a macro's arguments (joined without spaces
 // for the alternating-font macros), font changes and escapes gone.
 func render(line string) string {

@@ -75,3 +75,12 @@ hooks:
 		}
 	}
 }
+
+// The error roostd.8 shows is the one roostd gives.
+func TestManPageError(t *testing.T) {
+	shown := strings.Join(strings.Fields(mantest.Example(t, "roostd.8", "CONFIGURATION")), " ")
+	_, err := Parse([]byte("sessions:\n  allow_root: []\n  descriptor_per_session: 3\n"), "/etc/roost/roostd.yaml")
+	if err == nil || err.Error() != shown {
+		t.Fatalf("roostd.8 shows\n%s\nParse says\n%v", shown, err)
+	}
+}

@@ -78,6 +78,18 @@ func knownKeys(t *testing.T, path []string) []string {
 	return nil
 }
 
+// The page's example is a manifest roost accepts.
+func TestManPageExample(t *testing.T) {
+	src := mantest.Example(t, "capsule.yaml.5", "EXAMPLES")
+	m, err := Parse([]byte(src), "capsule.yaml.5")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, src)
+	}
+	if m.Ref() != "hello@0.1.0" || len(m.Run.Command) != 3 || m.Run.Command[1] != "-c" {
+		t.Fatalf("read %+v from\n%s", m, src)
+	}
+}
+
 func TestManPageRenders(t *testing.T) {
 	mantest.Lint(t, mantest.Path("capsule.yaml.5"))
 }
