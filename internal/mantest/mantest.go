@@ -150,23 +150,29 @@ func splitArgs(s string) []string {
 
 func unquote(s string) string { return strings.Trim(s, `"`) }
 
-// Lint fails t when man (man --warnings -l) or groff (-man -ww -z) says anything on stderr
-// about the page at path, or fails on it.
+// Lint fails t when man (man --warnings -l), groff (-man -ww -z) or mandoc (-Tlint, at
+// warnings and above) says anything about the page at path, or fails on it.
 func Lint(t testing.TB, path string) {
 	t.Helper()
 	for _, tool := range [][]string{
 		{"man", "--warnings", "-l", path},
 		{"groff", "-man", "-ww", "-z", path},
+		{"mandoc", "-Tlint", "-W", "warning", path},
 	} {
 		_, err := exec.LookPath(tool[0])
 		testenv.Need(t, tool[0], err)
 		cmd := exec.Command(tool[0], tool[1:]...)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
+		// mandoc -Tlint says what it finds on stdout, the others on stderr; what they render
+		// goes nowhere (-z, -Tlint) or to stdout.
+		var said bytes.Buffer
+		cmd.Stderr = &said
+		if tool[0] == "mandoc" {
+			cmd.Stdout = &said
+		}
 		// man would page its output on a terminal.
 		cmd.Env = append(os.Environ(), "MANPAGER=cat", "PAGER=cat")
-		if err := cmd.Run(); err != nil || stderr.Len() > 0 {
-			t.Errorf("%s: %v\n%s", strings.Join(tool, " "), err, stderr.String())
+		if err := cmd.Run(); err != nil || said.Len() > 0 {
+			t.Errorf("%s: %v\n%s", strings.Join(tool, " "), err, said.String())
 		}
 	}
 }
