@@ -328,6 +328,8 @@ func TestDecodeErrors(t *testing.T) {
 		{"env:\n  passthrough: {LANG: 1}\n", "roostd.yaml:2: env.passthrough: expected a list of strings, got a mapping"},
 		{"sessions:\n  host_paths: [/opt, {a: b}]\n", "roostd.yaml:2: sessions.host_paths[1]: expected a string, got a mapping"},
 		{"inference:\n  upstreams: [x]\n", `roostd.yaml:2: inference.upstreams[0]: expected a mapping, got "x"`},
+		{up + "    - name: b\n      url: [http://x]\n", "roostd.yaml:8: inference.upstreams[1].url: expected a string, got a list"},
+		{"hooks:\n  - name: a\n    on: {stage: true}\n", "roostd.yaml:3: hooks[0].on: expected a string, got a mapping"},
 		{up + "      routes:\n        - {method: GET, path: x, metered: maybe}\n", `roostd.yaml:8: inference.upstreams[0].routes[0].metered: expected true or false, got "maybe"`},
 		{"- a\n- b\n", "roostd.yaml:1: expected a mapping, got a list"},
 		{"roostd\n", `roostd.yaml:1: expected a mapping, got "roostd"`},
