@@ -2,6 +2,9 @@ package cli
 
 import (
 	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -56,57 +59,104 @@ func TestDockerCommandHints(t *testing.T) {
 	}
 }
 
-// What the hints tell a user to type exists: each roostctl command, and the flags given
-// with it or with the command a flag hint is for.
-func TestDockerHintsNameWhatExists(t *testing.T) {
-	root := (&app{}).rootCommand()
-	root.InitDefaultHelpCmd()
-	check := func(where, text string, own *cobra.Command) {
-		t.Helper()
-		// Each clause on its own: "roostctl rm SESSION or roostctl prune", "ps -a | head".
-		for _, clause := range strings.FieldsFunc(text, func(r rune) bool { return r == ';' || r == '|' || r == ',' || r == '(' || r == ')' || r == ':' }) {
-			words := strings.Fields(clause)
-			cmd := own
-			for i, w := range words {
-				switch {
-				case w == "roostd":
-					cmd = nil // roostd's flags are its own
-				case w == "roostctl" && i+1 < len(words):
-					found, _, err := root.Find(words[i+1 : min(i+3, len(words))])
-					if err != nil || found == root {
-						t.Errorf("%s: %q: roostctl has no command %q", where, clause, words[i+1])
-						cmd = nil
-						continue
+// checkCommands holds what text tells a user to type to roostctl's command tree: each
+// roostctl command it names, and the flags given with it, or with own (the command a flag
+// hint is for) before any roostctl is named.
+func checkCommands(t *testing.T, root *cobra.Command, where, text string, own *cobra.Command) {
+	t.Helper()
+	// Each clause on its own: "roostctl rm SESSION or roostctl prune", "ps -a | head".
+	for _, clause := range strings.FieldsFunc(text, func(r rune) bool {
+		return r == '\n' || r == ';' || r == '|' || r == '&' || r == ',' || r == '(' || r == ')' || r == ':'
+	}) {
+		words := strings.Fields(clause)
+		cmd := own
+		for i, w := range words {
+			switch {
+			case w == "roostd", w == "--":
+				cmd = nil // roostd's flags are its own, and after -- come a command's
+			case w == "roostctl" && i+1 < len(words):
+				found, _, err := root.Find(words[i+1 : min(i+3, len(words))])
+				if err != nil || found == root {
+					t.Errorf("%s: %q: roostctl has no command %q", where, clause, words[i+1])
+					cmd = nil
+					continue
+				}
+				cmd = found
+			case strings.HasPrefix(w, "-") && cmd != nil:
+				name, _, _ := strings.Cut(w, "=")
+				var ok bool
+				if long, isLong := strings.CutPrefix(name, "--"); isLong {
+					ok = cmd.Flags().Lookup(long) != nil
+				} else if _, err := strconv.Atoi(name[1:]); err == nil {
+					ok = true // -2 is a number (head -2), not a flag
+				} else {
+					ok = true
+					for _, c := range name[1:] {
+						ok = ok && cmd.Flags().ShorthandLookup(string(c)) != nil
 					}
-					cmd = found
-				case strings.HasPrefix(w, "-") && w != "--" && cmd != nil:
-					name, _, _ := strings.Cut(w, "=")
-					var ok bool
-					if long, isLong := strings.CutPrefix(name, "--"); isLong {
-						ok = cmd.Flags().Lookup(long) != nil
-					} else if _, err := strconv.Atoi(name[1:]); err == nil {
-						ok = true // -2 is a number (head -2), not a flag
-					} else {
-						ok = true
-						for _, c := range name[1:] {
-							ok = ok && cmd.Flags().ShorthandLookup(string(c)) != nil
-						}
-					}
-					if !ok {
-						t.Errorf("%s: %q: %s has no flag %s", where, clause, cmd.CommandPath(), name)
-					}
+				}
+				if !ok {
+					t.Errorf("%s: %q: %s has no flag %s", where, clause, cmd.CommandPath(), name)
 				}
 			}
 		}
 	}
+}
+
+// What the hints tell a user to type exists.
+func TestDockerHintsNameWhatExists(t *testing.T) {
+	root := (&app{}).rootCommand()
 	for name, hints := range flagHints {
 		own, _, _ := root.Find([]string{name})
 		for spelt, hint := range hints {
-			check("roostctl "+name+" "+spelt, hint, own)
+			checkCommands(t, root, "roostctl "+name+" "+spelt, hint, own)
 		}
 	}
 	for name, hint := range commandHints {
-		check("roostctl "+name, hint, nil)
+		checkCommands(t, root, "roostctl "+name, hint, nil)
+	}
+	checkCommands(t, root, "roostctl run --help", dockerRunHelp, nil)
+}
+
+// docs/coming-from-docker.md names only commands and flags roostctl has, in its shell
+// blocks and in every roostctl command quoted in its text, and has a row for every docker
+// command roostctl has a hint for.
+func TestComingFromDockerMatchesCommands(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "..", "..", "..", "docs", "coming-from-docker.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := (&app{}).rootCommand()
+	root.InitDefaultCompletionCmd()
+	inShell, spans := false, 0
+	for n, line := range strings.Split(string(data), "\n") {
+		where := fmt.Sprintf("docs/coming-from-docker.md:%d", n+1)
+		switch {
+		case strings.HasPrefix(line, "```"):
+			// Only sh blocks are what to type; a console block shows what roostctl says.
+			inShell = line == "```sh"
+		case inShell:
+			if i := strings.Index(line, " #"); i >= 0 {
+				line = line[:i]
+			}
+			checkCommands(t, root, where, line, nil)
+		default:
+			quoted := strings.Split(line, "`")
+			for i := 1; i < len(quoted); i += 2 {
+				if strings.HasPrefix(quoted[i], "roostctl ") {
+					checkCommands(t, root, where, quoted[i], nil)
+					spans++
+				}
+			}
+		}
+	}
+	if spans < 20 {
+		t.Fatalf("found %d roostctl commands in the text; the table quotes more", spans)
+	}
+	for name := range commandHints {
+		if !strings.Contains(string(data), "`docker "+name) {
+			t.Errorf("docs/coming-from-docker.md has no row for docker %s", name)
+		}
 	}
 }
 
