@@ -60,7 +60,8 @@ const (
 		"root only for a capsule roostd's sessions.allow_root names; roostctl explain CAPSULE shows what it gets"
 )
 
-// flagHints are the other commands', by command name.
+// flagHints are the other commands', by command name (of roostctl's own commands, not
+// those below them: artifacts rm is not rm).
 var flagHints = map[string]map[string]string{
 	"run":   runFlagHints,
 	"stage": runFlagHints,
@@ -119,8 +120,15 @@ var commandHints = map[string]string{
 // flagError is roostctl's error for a flag it could not parse: a usage error, saying what to
 // use instead for a docker flag roost lacks.
 func flagError(cmd *cobra.Command, err error) error {
+	if !cmd.HasParent() {
+		// The root parses the flags of a command it does not have (roostctl build -t x .):
+		// what it lacks is the command. The words before the flag are its arguments so far.
+		if args := cmd.Flags().Args(); len(args) > 0 && commandHints[args[0]] != "" {
+			return unknownCommand(cmd, args[0])
+		}
+	}
 	var missing *pflag.NotExistError
-	if errors.As(err, &missing) {
+	if errors.As(err, &missing) && cmd.HasParent() && !cmd.Parent().HasParent() {
 		spelt := "--" + missing.GetSpecifiedName()
 		if missing.GetSpecifiedShortnames() != "" {
 			spelt = "-" + missing.GetSpecifiedName()

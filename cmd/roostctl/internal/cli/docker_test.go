@@ -36,6 +36,14 @@ func TestDockerFlagHints(t *testing.T) {
 	if code, msg := execute([]string{"run", "-it", "x"}); code != exitNoLaunch || !strings.Contains(msg, "docker's -i: "+runFlagHints["-i"]) {
 		t.Errorf("roostctl run -it x: exit %d, %q", code, msg)
 	}
+	// A flag of the docker command roostctl lacks: the command is what is missing.
+	if code, msg := execute([]string{"build", "-t", "web:1", "."}); code != exitUsage || !strings.Contains(msg, "docker's build: "+commandHints["build"]) {
+		t.Errorf("roostctl build -t web:1 .: exit %d, %q", code, msg)
+	}
+	// artifacts rm is not rm.
+	if code, msg := execute([]string{"artifacts", "rm", "-v", "x@1"}); code != exitUsage || strings.Contains(msg, "docker") {
+		t.Errorf("roostctl artifacts rm -v x@1: exit %d, %q", code, msg)
+	}
 	// A flag docker lacks too is told as it was.
 	if code, msg := execute([]string{"ps", "--bogus"}); code != exitUsage || msg != "unknown flag: --bogus" {
 		t.Errorf("roostctl ps --bogus: exit %d, %q", code, msg)
