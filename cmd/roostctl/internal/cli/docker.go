@@ -60,7 +60,7 @@ const (
 		"root only for a capsule roostd's sessions.allow_root names; roostctl explain CAPSULE shows what it gets"
 )
 
-// flagHints are the other commands', by command name (of roostctl's own commands, not
+// flagHints are each command's docker flags, by command name (of roostctl's own commands, not
 // those below them: artifacts rm is not rm).
 var flagHints = map[string]map[string]string{
 	"run":   runFlagHints,
