@@ -136,13 +136,19 @@ func TestComingFromDockerMatchesCommands(t *testing.T) {
 	}
 	root := (&app{}).rootCommand()
 	root.InitDefaultCompletionCmd()
-	inShell, spans := false, 0
+	inShell, inConsole, spans := false, false, 0
+	var said []string // a console block's lines: "$ roostctl ...", then what it says
 	for n, line := range strings.Split(string(data), "\n") {
 		where := fmt.Sprintf("docs/coming-from-docker.md:%d", n+1)
 		switch {
 		case strings.HasPrefix(line, "```"):
-			// Only sh blocks are what to type; a console block shows what roostctl says.
-			inShell = line == "```sh"
+			// sh blocks are what to type; a console block shows what roostctl says.
+			if inConsole {
+				checkSaid(t, where, said)
+			}
+			inShell, inConsole, said = line == "```sh", line == "```console", nil
+		case inConsole:
+			said = append(said, line)
 		case inShell:
 			if i := strings.Index(line, " #"); i >= 0 {
 				line = line[:i]
@@ -165,6 +171,20 @@ func TestComingFromDockerMatchesCommands(t *testing.T) {
 		if !strings.Contains(string(data), "`docker "+name) {
 			t.Errorf("docs/coming-from-docker.md has no row for docker %s", name)
 		}
+	}
+}
+
+// checkSaid runs a console block's command, which needs no roostd, and holds what it says
+// on stderr to the block's lines after it.
+func checkSaid(t *testing.T, where string, said []string) {
+	t.Helper()
+	args, ok := strings.CutPrefix(said[0], "$ roostctl ")
+	if !ok {
+		t.Fatalf("%s: a console block begins %q, not with a roostctl command", where, said[0])
+	}
+	_, msg := execute(strings.Fields(args))
+	if want := strings.Join(said[1:], "\n"); "roostctl: "+msg != want {
+		t.Errorf("%s: roostctl %s says\nroostctl: %s\nnot\n%s", where, args, msg, want)
 	}
 }
 
