@@ -164,7 +164,7 @@ proto-check: $(TOOLS)/buf $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
 demo: deps build
 	./scripts/demo.sh
 
-## bench: the benchmarks whose numbers the README quotes.
+## bench: the benchmarks whose numbers docs/performance.md quotes.
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./pkg/manifest/ ./pkg/session/ ./pkg/server/ ./pkg/spawn/ ./pkg/ledger/ ./pkg/workdir/ ./pkg/containment/idsweep/ ./pkg/containment/sysview/
 
@@ -205,16 +205,17 @@ $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc: go.mod go.sum
 ## install: roostd, roostctl, roost-init, roost-sealer and roost-wasm (from $(INSTALL_FROM): make build first) to
 ## $(DESTDIR)$(PREFIX)/bin, mode 0755; the systemd unit to $(DESTDIR)/lib/systemd/system with
 ## its paths under $(PREFIX); a default configuration (all comments) to
-## $(DESTDIR)/etc/roost/roostd.yaml unless one is there; README.md and docs/security.md to
-## $(DESTDIR)$(PREFIX)/share/doc/roost; roostctl's man pages to $(PREFIX)/share/man/man1 and
-## its bash completion to $(PREFIX)/share/bash-completion/completions; roostd.8 and
-## capsule.yaml.5 (man/) to $(PREFIX)/share/man/man8 and man5.
+## $(DESTDIR)/etc/roost/roostd.yaml unless one is there; README.md to
+## $(DESTDIR)$(PREFIX)/share/doc/roost, and docs/*.md to its docs/ (so the pages' links hold);
+## roostctl's man pages to $(PREFIX)/share/man/man1 and its bash completion to
+## $(PREFIX)/share/bash-completion/completions; roostd.8 and capsule.yaml.5 (man/) to
+## $(PREFIX)/share/man/man8 and man5.
 install:
 	@for b in $(INSTALL_BINS); do [ -f "$(INSTALL_FROM)/$$b" ] && [ -x "$(INSTALL_FROM)/$$b" ] || \
 		{ echo "install: $(INSTALL_FROM)/$$b is missing: run make build first (roost-wasm needs cgo: gcc)" >&2; exit 1; }; done
 	@ls $(INSTALL_FROM)/man/*.1 >/dev/null 2>&1 || \
 		{ echo "install: $(INSTALL_FROM)/man holds no man pages: run make build first" >&2; exit 1; }
-	install -d -m 0755 "$(DESTDIR)$(PREFIX)/bin" "$(DESTDIR)$(UNITDIR)" "$(DESTDIR)$(DOCDIR)"
+	install -d -m 0755 "$(DESTDIR)$(PREFIX)/bin" "$(DESTDIR)$(UNITDIR)" "$(DESTDIR)$(DOCDIR)/docs"
 	install -m 0755 $(addprefix $(INSTALL_FROM)/,$(INSTALL_BINS)) "$(DESTDIR)$(PREFIX)/bin/"
 	sed -e 's|/usr/local/bin/|$(PREFIX)/bin/|g' -e 's|/usr/local/share/doc/roost/|$(DOCDIR)/|g' \
 		deploy/systemd/roostd.service >"$(DESTDIR)$(UNITDIR)/.roostd.service.tmp"
@@ -231,7 +232,8 @@ install:
 		mv -n "$(DESTDIR)$(CONFDIR)/.roostd.yaml.tmp" "$(DESTDIR)$(CONFDIR)/roostd.yaml"; \
 		rm -f "$(DESTDIR)$(CONFDIR)/.roostd.yaml.tmp"; \
 	fi
-	install -m 0644 README.md docs/security.md "$(DESTDIR)$(DOCDIR)/"
+	install -m 0644 README.md "$(DESTDIR)$(DOCDIR)/"
+	install -m 0644 docs/*.md "$(DESTDIR)$(DOCDIR)/docs/"
 	install -d -m 0755 "$(DESTDIR)$(PREFIX)/share/man/man1" "$(DESTDIR)$(PREFIX)/share/bash-completion/completions"
 	install -m 0644 $(INSTALL_FROM)/man/*.1 "$(DESTDIR)$(PREFIX)/share/man/man1/"
 	install -d -m 0755 "$(DESTDIR)$(PREFIX)/share/man/man5" "$(DESTDIR)$(PREFIX)/share/man/man8"
@@ -259,7 +261,9 @@ install-check: $(if $(filter bin,$(INSTALL_FROM)),build)
 		done; \
 		unit="$$root$(UNITDIR)/roostd.service"; \
 		grep -q "^ExecStart=$$prefix/bin/roostd " "$$unit" || { echo "install-check: $$unit: ExecStart is not under $$prefix:" >&2; grep ExecStart "$$unit" >&2; exit 1; }; \
-		[ -f "$$root$(CONFDIR)/roostd.yaml" ] && [ -f "$$root$$prefix/share/doc/roost/README.md" ] && [ -f "$$root$$prefix/share/doc/roost/security.md" ] && \
+		for p in README.md docs/*.md; do [ -f "$$root$$prefix/share/doc/roost/$$p" ] || \
+			{ echo "install-check: $$p is not installed in $$root$$prefix/share/doc/roost" >&2; exit 1; }; done; \
+		[ -f "$$root$(CONFDIR)/roostd.yaml" ] && \
 			[ -f "$$root$$prefix/share/man/man1/roostctl-run.1" ] && [ -s "$$root$$prefix/share/bash-completion/completions/roostctl" ] || \
 			{ echo "install-check: the configuration or the docs are missing under $$root" >&2; exit 1; }; \
 		for page in man8/roostd.8 man5/capsule.yaml.5; do \

@@ -26,7 +26,7 @@ import (
 
 const defaultSocket = "/run/roost/roostd.sock"
 
-// Exit codes, one table for every command (the README's "Exit codes" repeats it). Commands
+// Exit codes, one table for every command (docs/cli.md's "Exit codes" repeats it). Commands
 // that report a session's end (run, wait, stop, kill) exit with the capsule's own code, or
 // one of the codes from 124 up; every other outcome is 0, 1, 2 or 69.
 const (
