@@ -16,9 +16,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// What each session of TestBoundsDescriptors asks for: tunnels CONNECT tunnels, forwarded
-// forwarded requests on keep-alive connections, and calls model calls (the gateway's
-// max_calls_per_session as the test configures it), early of them before the egress.
+// What each session of TestBoundsDescriptors asks for: CONNECT tunnels, forwarded requests
+// on keep-alive connections, and model calls up to the gateway's max_calls_per_session as
+// the test configures it, the early ones before the egress. The cap is set above the
+// early calls (the default, 4, would refuse the fifth with 429 before it asks for a
+// descriptor), so that the late calls meet the share, not the cap. Tunnels, forwarded and
+// calls fit resources.endpoint_max_connections (64).
 const (
 	boundsTunnels   = 32
 	boundsForwarded = 20
@@ -244,12 +247,15 @@ func waitFiles(t *testing.T, d *daemon, ids, dirs []string, name string) []strin
 // CONNECT tunnels, 20 forwarded requests on keep-alive connections waiting on their
 // answer) and 8 model calls through the gateway to an upstream that holds them, under a
 // roostd whose open-file limit is 1024: two descriptors in roostd for each, 1,080 in all.
-// On main (2f404c5), whose budget counted endpoint connections only, the proxied ones
-// alone ran roostd out of descriptors (accept4: too many open files) and roostctl ps
-// failed with 69. With one descriptor budget a session past its share, or past the
-// daemon's total, is refused — a proxied connection with 503 and X-Roost-Denied:
-// connections, a model call with 503 and code connections in the upstream's envelope —
-// and the operator's ps, run and stop go on working.
+// On main (2f404c5), whose budget counted endpoint connections only, 60 proxied
+// connections a session ran roostd out of descriptors (accept4: too many open files) and
+// roostctl ps failed with 69. With one descriptor budget a session past its share, or past
+// the daemon's total, is refused — a proxied connection with 503 and X-Roost-Denied:
+// connections, a model call with 503 and code connections in the upstream's envelope, a
+// connection to an endpoint once the total is spent with a reset at accept — and the
+// operator's ps, run and stop go on working. Without the gateway's slot (seen with its
+// Acquire skipped) the calls past the share reach the upstream and roostd holds 72
+// sockets the budget does not count.
 func TestBoundsDescriptors(t *testing.T) {
 	n := newTestNet(t)
 	holdServers(t, n)
