@@ -87,6 +87,7 @@ func Execute(args []string) int {
 	if cmd != nil && cmd.Name() == "run" && cmd.Parent() == root {
 		code = runCode(err, code)
 	}
+	code = programUsageCode(cmd, root, code)
 	if msg != "" {
 		fmt.Fprintln(os.Stderr, "roostctl:", msg)
 	}
