@@ -82,3 +82,23 @@ func TestOCINote(t *testing.T) {
 		t.Errorf("note for an unmet floor: %q", note)
 	}
 }
+
+// TestIsCapsuleRef: NAME@VERSION and a path that exists are capsules; anything else is a
+// session for roostd to resolve.
+func TestIsCapsuleRef(t *testing.T) {
+	dir := t.TempDir()
+	for arg, want := range map[string]bool{
+		"hello@0.1.0":            true,
+		dir:                      true,
+		dir + "/capsule.yaml":    false,
+		"web":                    false,
+		"ses_0193":               false,
+		"./no/such/capsule@1.0":  false,
+		"7f3a9c0d1e2f":           false,
+		dir + "/../" + "nothing": false,
+	} {
+		if got := isCapsuleRef(arg); got != want {
+			t.Errorf("isCapsuleRef(%q) = %v, want %v", arg, got, want)
+		}
+	}
+}
