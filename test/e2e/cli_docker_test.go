@@ -102,7 +102,7 @@ func TestEventsSinceTimes(t *testing.T) {
 // explanation explain CAPSULE gives; an argument that is neither says so of both.
 func TestExplainSession(t *testing.T) {
 	d := newDaemon(t)
-	dir := capsule(t, "explained", "sleep 60", "resources:\n  cgroup_pids_max: 17\n")
+	dir := capsule(t, "explained", "sleep 60", "capabilities:\n  resources:\n    cgroup_pids_max: 17\n")
 	id := strings.TrimSpace(d.ok("stage", "--name", "explained", dir))
 	t.Cleanup(func() { d.ctl("rm", "-f", id) })
 
