@@ -107,7 +107,7 @@ func TestExplainSession(t *testing.T) {
 	t.Cleanup(func() { d.ctl("rm", "-f", id) })
 
 	out := d.ok("explain", "explained")
-	for _, want := range []string{"session      " + id + " (explained)", "state        staged", "capsule      explained@0.1.0", "GRANT", "resources.cgroup_pids_max", "17"} {
+	for _, want := range []string{"session      " + id + " (explained)", "state        staged\n", "capsule      explained@0.1.0", "GRANT", "resources.cgroup_pids_max", "17"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("explain explained: no %q in\n%s", want, out)
 		}

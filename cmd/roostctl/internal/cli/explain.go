@@ -123,23 +123,25 @@ func (a *app) explainSession(cmd *cobra.Command, ref string, asJSON bool) error 
 	}
 	out := cmd.OutOrStdout()
 	width := explainWidth(out)
-	printSessionHead(out, resp.GetSession(), width)
+	printSessionHead(out, resp.GetSession(), resp.GetExplanation(), width)
 	printExplanation(out, resp.GetExplanation(), width)
 	return nil
 }
 
-// printSessionHead says which session an explanation is of, and what of it was decided at
-// stage beyond the capsule: its host ids.
-func printSessionHead(out io.Writer, s *roostv1.Session, width int) {
+// printSessionHead says which session an explanation e is of, and what of it stage decided
+// beyond the capsule: its host ids.
+func printSessionHead(out io.Writer, s *roostv1.Session, e *roostv1.Explanation, width int) {
 	head := s.GetId()
 	if s.GetName() != "" {
 		head += " (" + s.GetName() + ")"
 	}
 	field(out, "session", head, width)
-	field(out, "state", fmt.Sprintf("%s; staged %s, as explained below", outcome(s), s.GetCreatedAt().AsTime().Local().Format(time.RFC3339)), width)
+	field(out, "state", outcome(s), width)
+	field(out, "staged", s.GetCreatedAt().AsTime().Local().Format(time.RFC3339)+": what follows is what roostd decided and recorded then", width)
 	if id := s.GetIdentity(); id != nil && !id.GetHostRoot() && id.GetSize() > 0 {
+		// A sealed session's root maps the whole range; any other runs as its first id.
 		ids := fmt.Sprintf("uid and gid %d", id.GetUid())
-		if id.GetSize() > 1 {
+		if e.GetContainment().GetAchieved() == "sealed" {
 			ids = fmt.Sprintf("uids and gids %d-%d", id.GetUid(), id.GetUid()+id.GetSize()-1)
 		}
 		field(out, "host ids", ids, width)

@@ -102,3 +102,21 @@ func TestIsCapsuleRef(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionHead: explain SESSION names the session and its state, and the host ids stage
+// gave it: the range a sealed session's root maps, the one uid any other runs as.
+func TestSessionHead(t *testing.T) {
+	s := &roostv1.Session{Id: "ses_01", Name: "web", State: "staged", Identity: &roostv1.Identity{Uid: 1000, Gid: 1000, Size: 100}}
+	for class, want := range map[string]string{"sealed": "host ids     uids and gids 1000-1099\n", "scoped": "host ids     uid and gid 1000\n"} {
+		var out bytes.Buffer
+		printSessionHead(&out, s, &roostv1.Explanation{Containment: &roostv1.ContainmentDecision{Achieved: class}}, 100)
+		if !strings.HasPrefix(out.String(), "session      ses_01 (web)\nstate        staged\n") || !strings.Contains(out.String(), want) {
+			t.Errorf("%s:\n%s", class, out.String())
+		}
+	}
+	var out bytes.Buffer
+	printSessionHead(&out, &roostv1.Session{Id: "ses_01", State: "staged", Identity: &roostv1.Identity{HostRoot: true}}, &roostv1.Explanation{}, 100)
+	if strings.Contains(out.String(), "host ids") || !strings.HasPrefix(out.String(), "session      ses_01\n") {
+		t.Errorf("host root:\n%s", out.String())
+	}
+}
