@@ -37,7 +37,8 @@ build: deps
 
 ## man: roostctl's man pages, one per command, generated from its command tree into bin/man
 ## by make build (make install puts them under $(PREFIX)/share/man/man1). Dated by the last
-## commit, so the same tree gives the same pages.
+## commit, so the same tree gives the same pages. roostd.8 and capsule.yaml.5 are written in
+## man/; the tests of cmd/roostd, pkg/config and pkg/manifest hold them to the flags and keys.
 man: build
 
 ## deps: what building roostd needs beyond Go: libseccomp's headers, for libcontainer.
@@ -163,7 +164,7 @@ proto-check: $(TOOLS)/buf $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
 demo: deps build
 	./scripts/demo.sh
 
-## bench: the benchmarks whose numbers the README quotes.
+## bench: the benchmarks whose numbers docs/performance.md quotes.
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./pkg/manifest/ ./pkg/session/ ./pkg/server/ ./pkg/spawn/ ./pkg/ledger/ ./pkg/workdir/ ./pkg/containment/idsweep/ ./pkg/containment/sysview/
 
@@ -204,15 +205,17 @@ $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc: go.mod go.sum
 ## install: roostd, roostctl, roost-init, roost-sealer and roost-wasm (from $(INSTALL_FROM): make build first) to
 ## $(DESTDIR)$(PREFIX)/bin, mode 0755; the systemd unit to $(DESTDIR)/lib/systemd/system with
 ## its paths under $(PREFIX); a default configuration (all comments) to
-## $(DESTDIR)/etc/roost/roostd.yaml unless one is there; README.md and docs/security.md to
-## $(DESTDIR)$(PREFIX)/share/doc/roost; roostctl's man pages to $(PREFIX)/share/man/man1 and
-## its bash completion to $(PREFIX)/share/bash-completion/completions.
+## $(DESTDIR)/etc/roost/roostd.yaml unless one is there; README.md to
+## $(DESTDIR)$(PREFIX)/share/doc/roost, and docs/*.md to its docs/ (so the pages' links hold);
+## roostctl's man pages to $(PREFIX)/share/man/man1 and its bash completion to
+## $(PREFIX)/share/bash-completion/completions; roostd.8 and capsule.yaml.5 (man/) to
+## $(PREFIX)/share/man/man8 and man5.
 install:
 	@for b in $(INSTALL_BINS); do [ -f "$(INSTALL_FROM)/$$b" ] && [ -x "$(INSTALL_FROM)/$$b" ] || \
 		{ echo "install: $(INSTALL_FROM)/$$b is missing: run make build first (roost-wasm needs cgo: gcc)" >&2; exit 1; }; done
 	@ls $(INSTALL_FROM)/man/*.1 >/dev/null 2>&1 || \
 		{ echo "install: $(INSTALL_FROM)/man holds no man pages: run make build first" >&2; exit 1; }
-	install -d -m 0755 "$(DESTDIR)$(PREFIX)/bin" "$(DESTDIR)$(UNITDIR)" "$(DESTDIR)$(DOCDIR)"
+	install -d -m 0755 "$(DESTDIR)$(PREFIX)/bin" "$(DESTDIR)$(UNITDIR)" "$(DESTDIR)$(DOCDIR)/docs"
 	install -m 0755 $(addprefix $(INSTALL_FROM)/,$(INSTALL_BINS)) "$(DESTDIR)$(PREFIX)/bin/"
 	sed -e 's|/usr/local/bin/|$(PREFIX)/bin/|g' -e 's|/usr/local/share/doc/roost/|$(DOCDIR)/|g' \
 		deploy/systemd/roostd.service >"$(DESTDIR)$(UNITDIR)/.roostd.service.tmp"
@@ -229,19 +232,25 @@ install:
 		mv -n "$(DESTDIR)$(CONFDIR)/.roostd.yaml.tmp" "$(DESTDIR)$(CONFDIR)/roostd.yaml"; \
 		rm -f "$(DESTDIR)$(CONFDIR)/.roostd.yaml.tmp"; \
 	fi
-	install -m 0644 README.md docs/security.md "$(DESTDIR)$(DOCDIR)/"
+	install -m 0644 README.md "$(DESTDIR)$(DOCDIR)/"
+	install -m 0644 docs/*.md "$(DESTDIR)$(DOCDIR)/docs/"
 	install -d -m 0755 "$(DESTDIR)$(PREFIX)/share/man/man1" "$(DESTDIR)$(PREFIX)/share/bash-completion/completions"
 	install -m 0644 $(INSTALL_FROM)/man/*.1 "$(DESTDIR)$(PREFIX)/share/man/man1/"
+	install -d -m 0755 "$(DESTDIR)$(PREFIX)/share/man/man5" "$(DESTDIR)$(PREFIX)/share/man/man8"
+	install -m 0644 man/capsule.yaml.5 "$(DESTDIR)$(PREFIX)/share/man/man5/"
+	install -m 0644 man/roostd.8 "$(DESTDIR)$(PREFIX)/share/man/man8/"
 	$(INSTALL_FROM)/roostctl completion bash >"$(DESTDIR)$(PREFIX)/share/bash-completion/completions/roostctl"
 	@[ -n "$(DESTDIR)" ] || echo "installed; now: systemctl daemon-reload && systemctl enable --now roostd"
 
 ## install-check: make install into a temporary DESTDIR, with the default PREFIX and another:
 ## the layout, the modes, ExecStart under PREFIX, a second install keeping an edited
-## configuration, and systemd-analyze verify of the unit as installed (--root: the host's own
+## configuration, man -l rendering the installed roostd.8 and capsule.yaml.5 without a warning,
+## and systemd-analyze verify of the unit as installed (--root: the host's own
 ## units stand in for the target's sysinit.target and the like). With INSTALL_FROM set to other
 ## binaries (the e2e tests' own) it builds nothing.
 install-check: $(if $(filter bin,$(INSTALL_FROM)),build)
 	@command -v systemd-analyze >/dev/null || { echo "install-check: systemd-analyze is missing (apt-get install systemd)" >&2; exit 1; }
+	@command -v man >/dev/null || { echo "install-check: man is missing (apt-get install man-db)" >&2; exit 1; }
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; set -e; \
 	for prefix in /usr/local /opt/roost; do \
 		root="$$tmp/root$$(echo $$prefix | tr / -)"; \
@@ -252,16 +261,24 @@ install-check: $(if $(filter bin,$(INSTALL_FROM)),build)
 		done; \
 		unit="$$root$(UNITDIR)/roostd.service"; \
 		grep -q "^ExecStart=$$prefix/bin/roostd " "$$unit" || { echo "install-check: $$unit: ExecStart is not under $$prefix:" >&2; grep ExecStart "$$unit" >&2; exit 1; }; \
-		[ -f "$$root$(CONFDIR)/roostd.yaml" ] && [ -f "$$root$$prefix/share/doc/roost/README.md" ] && [ -f "$$root$$prefix/share/doc/roost/security.md" ] && \
+		for p in README.md docs/*.md; do [ -f "$$root$$prefix/share/doc/roost/$$p" ] || \
+			{ echo "install-check: $$p is not installed in $$root$$prefix/share/doc/roost" >&2; exit 1; }; done; \
+		[ -f "$$root$(CONFDIR)/roostd.yaml" ] && \
 			[ -f "$$root$$prefix/share/man/man1/roostctl-run.1" ] && [ -s "$$root$$prefix/share/bash-completion/completions/roostctl" ] || \
 			{ echo "install-check: the configuration or the docs are missing under $$root" >&2; exit 1; }; \
+		for page in man8/roostd.8 man5/capsule.yaml.5; do \
+			page="$$root$$prefix/share/man/$$page"; mode=$$(stat -c %a "$$page" 2>/dev/null) || mode=missing; \
+			[ "$$mode" = 644 ] || { echo "install-check: $$page: mode $$mode, want 644" >&2; exit 1; }; \
+			out=$$(MANPAGER=cat man --warnings -l "$$page" 2>&1 >/dev/null) && [ -z "$$out" ] || \
+				{ echo "$$out" >&2; echo "install-check: man -l $$page warned or failed" >&2; exit 1; }; \
+		done; \
 		echo "# the operator's own" >>"$$root$(CONFDIR)/roostd.yaml"; \
 		$(MAKE) --no-print-directory -s install DESTDIR="$$root" PREFIX="$$prefix" INSTALL_FROM="$(INSTALL_FROM)" >/dev/null; \
 		grep -q "^# the operator's own" "$$root$(CONFDIR)/roostd.yaml" || { echo "install-check: a second make install overwrote $(CONFDIR)/roostd.yaml" >&2; exit 1; }; \
 		cp -an /lib/systemd/system/. "$$root$(UNITDIR)/"; \
 		out=$$(systemd-analyze verify --root="$$root" --man=no --generators=no "$$unit" 2>&1) || { echo "$$out" >&2; echo "install-check: systemd-analyze verify failed" >&2; exit 1; }; \
 		[ -z "$$out" ] || { echo "$$out" >&2; echo "install-check: systemd-analyze verify warned" >&2; exit 1; }; \
-		echo "install-check: PREFIX=$$prefix: installed layout, modes, ExecStart, kept configuration, systemd-analyze verify: ok"; \
+		echo "install-check: PREFIX=$$prefix: installed layout, modes, ExecStart, man pages, kept configuration, systemd-analyze verify: ok"; \
 	done
 
 clean:

@@ -92,30 +92,7 @@ var (
 
 func parseFlags(args []string) (*options, error) {
 	o := &options{}
-	fs := pflag.NewFlagSet("roostd", pflag.ContinueOnError)
-	fs.StringVar(&o.stateDir, "state-dir", "/var/lib/roost", "directory for the registry, session records and workdirs")
-	fs.StringVar(&o.socket, "socket", "/run/roost/roostd.sock", "unix socket the control API listens on (mode 0660)")
-	fs.StringVar(&o.socketGroup, "socket-group", "", "group (NAME or GID) whose members may use the control socket besides root; default none")
-	fs.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1:9464", `HOST:PORT serving /metrics; "" disables`)
-	fs.StringVar(&o.configFile, "config", "", "YAML file with inference upstreams and other long settings")
-	fs.IntVar(&o.maxDepth, "max-depth", 3, "delegation depth allowed below a top-level session")
-	fs.IntVar(&o.maxConcurrent, "max-concurrent", 4, "live children per parent session")
-	fs.Int64Var(&o.machineTokens, "machine-tokens-per-day", 0, "machine-wide token ceiling per UTC day; 0 = none (when absent, the last one set is kept)")
-	fs.DurationVar(&o.reservationTTL, "reservation-ttl", ledger.DefaultTTL, "how long a token reservation stays open before it is charged in full")
-	fs.StringVar(&o.containment, "containment", "", "host-wide containment floor: unconfined, advisory, scoped or sealed")
-	fs.StringVar(&o.cgroupParent, "cgroup-parent", "", "where sessions' cgroups go: a cgroup path (cgroupfs) or a slice (systemd); default: beneath roostd's own cgroup when systemd delegates it in a leaf (DelegateSubgroup=supervisor), else /roost")
-	fs.StringVar(&o.cgroupDriver, "cgroup-driver", cgroups.DriverCgroupfs, "how sessions' cgroups are made: cgroupfs, or systemd (transient roost-<session>.scope units; needs systemd as PID 1)")
-	fs.IntVar(&o.warmPool, "warm-pool", 0, "sealed sandboxes to keep made ahead of their sessions, each used by one session and then ended; 0 = none")
-	warmCapsules := fs.StringArray("warm-pool-capsule", nil, "DIR=N: also keep N sealed sandboxes made for the capsule in DIR, for capsules whose seccomp variant, host_read, workdir_exec or rlimits a default one's sandbox lacks (repeatable)")
-	fs.Float64Var(&o.warmPoolCPU, "warm-pool-cpu", warmpool.DefaultCPU, "share of the wall clock (0-1] the warm pool's refill may spend making sandboxes")
-	fs.IntVar(&o.retainEnded, "retain-ended", 0, "keep at most this many ended sessions, removing those that ended first (as roostctl rm does) and their events; 0 = no bound")
-	fs.DurationVar(&o.retainFor, "retain-for", 0, "remove ended sessions that ended longer ago than this (e.g. 720h), and their events; 0 = no bound")
-	logLevel := fs.String("log-level", "info", "least severe log lines written: debug, info, warn or error")
-	fs.StringVar(&o.logFormat, "log-format", "text", "log line format on stderr: text (key=value) or json (one object per line)")
-	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
-	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "Usage: roostd [flags]\n\nroostd keeps roost's session registry and supervises sessions.\n\nFlags:\n%s", fs.FlagUsages())
-	}
+	fs, warmCapsules, logLevel := flagSet(o)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -156,6 +133,36 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--retain-for %s: must be 0 or more", o.retainFor)
 	}
 	return o, nil
+}
+
+// flagSet defines roostd's flags (man/roostd.8 describes each) on a new set, filling o; the
+// two read after parsing come back as they were given.
+func flagSet(o *options) (fs *pflag.FlagSet, warmCapsules *[]string, logLevel *string) {
+	fs = pflag.NewFlagSet("roostd", pflag.ContinueOnError)
+	fs.StringVar(&o.stateDir, "state-dir", "/var/lib/roost", "directory for the registry, session records and workdirs")
+	fs.StringVar(&o.socket, "socket", "/run/roost/roostd.sock", "unix socket the control API listens on (mode 0660)")
+	fs.StringVar(&o.socketGroup, "socket-group", "", "group (NAME or GID) whose members may use the control socket besides root; default none")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1:9464", `HOST:PORT serving /metrics; "" disables`)
+	fs.StringVar(&o.configFile, "config", "", "YAML file with inference upstreams and other long settings")
+	fs.IntVar(&o.maxDepth, "max-depth", 3, "delegation depth allowed below a top-level session")
+	fs.IntVar(&o.maxConcurrent, "max-concurrent", 4, "live children per parent session")
+	fs.Int64Var(&o.machineTokens, "machine-tokens-per-day", 0, "machine-wide token ceiling per UTC day; 0 = none (when absent, the last one set is kept)")
+	fs.DurationVar(&o.reservationTTL, "reservation-ttl", ledger.DefaultTTL, "how long a token reservation stays open before it is charged in full")
+	fs.StringVar(&o.containment, "containment", "", "host-wide containment floor: unconfined, advisory, scoped or sealed")
+	fs.StringVar(&o.cgroupParent, "cgroup-parent", "", "where sessions' cgroups go: a cgroup path (cgroupfs) or a slice (systemd); default: beneath roostd's own cgroup when systemd delegates it in a leaf (DelegateSubgroup=supervisor), else /roost")
+	fs.StringVar(&o.cgroupDriver, "cgroup-driver", cgroups.DriverCgroupfs, "how sessions' cgroups are made: cgroupfs, or systemd (transient roost-<session>.scope units; needs systemd as PID 1)")
+	fs.IntVar(&o.warmPool, "warm-pool", 0, "sealed sandboxes to keep made ahead of their sessions, each used by one session and then ended; 0 = none")
+	warmCapsules = fs.StringArray("warm-pool-capsule", nil, "DIR=N: also keep N sealed sandboxes made for the capsule in DIR, for capsules whose seccomp variant, host_read, workdir_exec or rlimits a default one's sandbox lacks (repeatable)")
+	fs.Float64Var(&o.warmPoolCPU, "warm-pool-cpu", warmpool.DefaultCPU, "share of the wall clock (0-1] the warm pool's refill may spend making sandboxes")
+	fs.IntVar(&o.retainEnded, "retain-ended", 0, "keep at most this many ended sessions, removing those that ended first (as roostctl rm does) and their events; 0 = no bound")
+	fs.DurationVar(&o.retainFor, "retain-for", 0, "remove ended sessions that ended longer ago than this (e.g. 720h), and their events; 0 = no bound")
+	logLevel = fs.String("log-level", "info", "least severe log lines written: debug, info, warn or error")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log line format on stderr: text (key=value) or json (one object per line)")
+	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "Usage: roostd [flags]\n\nroostd keeps roost's session registry and supervises sessions.\n\nFlags:\n%s", fs.FlagUsages())
+	}
+	return fs, warmCapsules, logLevel
 }
 
 // parseWarmCapsule reads one --warm-pool-capsule: DIR=N.

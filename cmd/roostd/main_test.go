@@ -187,3 +187,39 @@ func TestWarmPoolCapsuleFlag(t *testing.T) {
 		}
 	}
 }
+
+// A configuration error stops roostd at start with one line naming the file, the line and
+// the key path, and exit code 1, before roostd touches its state directory.
+func TestConfigErrorAtStart(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "roostd.yaml")
+	if err := os.WriteFile(file, []byte("sessions:\n  allow_root: []\n  descriptor_per_session: 3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stderr, err := os.Create(filepath.Join(dir, "stderr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := os.Stderr
+	os.Stderr = stderr
+	code := run([]string{"--config", file, "--state-dir", filepath.Join(dir, "state"), "--socket", filepath.Join(dir, "roostd.sock"), "--metrics-addr", "", "--log-format", "json"})
+	os.Stderr = saved
+	stderr.Close()
+	out, _ := os.ReadFile(stderr.Name())
+	if code != 1 {
+		t.Fatalf("exit %d, want 1:\n%s", code, out)
+	}
+	var errs []map[string]any
+	for _, l := range jsonLines(t, out) {
+		if l["level"] == "ERROR" {
+			errs = append(errs, l)
+		}
+	}
+	want := "--config: " + file + ":3: sessions.descriptor_per_session: unknown key (expected one of: allow_root, descriptors_per_session, host_paths, ids)"
+	if len(errs) != 1 || errs[0]["err"] != want || errs[0]["exit_code"] != float64(1) {
+		t.Fatalf("error lines %v, want one saying %q:\n%s", errs, want, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "state")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the state directory was made: %v", err)
+	}
+}

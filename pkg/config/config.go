@@ -3,10 +3,8 @@
 package config
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net/netip"
 	"net/url"
 	"os"
@@ -15,8 +13,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"go.yaml.in/yaml/v3"
 
 	"roost.dev/roost/pkg/manifest"
 )
@@ -564,11 +560,9 @@ func Load(path string) (*Config, error) {
 
 // Parse reads and validates a configuration; file names it in errors.
 func Parse(data []byte, file string) (*Config, error) {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
 	var c Config
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%s: %w", file, err)
+	if err := decodeFile(data, file, &c); err != nil {
+		return nil, err
 	}
 	if err := c.Sessions.check(file); err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -28,15 +29,15 @@ func TestParse(t *testing.T) {
 		t.Fatalf("the gateway's bounds: %+v %v", c, err)
 	}
 	bad := map[string]string{
-		"inference:\n  upstreams:\n    - name: a\n      formt: openai\n":                                 "field formt not found",
+		"inference:\n  upstreams:\n    - name: a\n      formt: openai\n":                                 "roostd.yaml:4: inference.upstreams[0].formt: unknown key (expected one of: api_key_file, default_max_output_tokens, format, models, name, routes, url)",
 		strings.Replace(good, "format: openai", "format: gemini", 1):                                     "format: \"gemini\"",
 		strings.Replace(good, "https://api.openai.com", "api", 1):                                        "url: \"api\"",
 		strings.Replace(good, "/etc/roost/openai.key", "key", 1):                                         "api_key_file",
 		good + "    - name: openai\n      format: openai\n      url: http://x\n      api_key_file: /k\n": "declared twice",
-		"listen: x\n": "field listen not found",
+		"listen: x\n": "roostd.yaml:1: listen: unknown key (expected one of: control, egress, env, hooks, inference, sessions)",
 		"inference:\n  max_body_bytes_in_flight: -1\n": "inference.max_body_bytes_in_flight: -1: must be more than 0",
 		"inference:\n  max_calls_per_session: -3\n":    "inference.max_calls_per_session: -3: must be more than 0",
-		"inference:\n  max_calls_per_session: x\n":     "cannot unmarshal",
+		"inference:\n  max_calls_per_session: x\n":     `roostd.yaml:2: inference.max_calls_per_session: expected an integer, got "x"`,
 	}
 	for src, want := range bad {
 		if _, err := Parse([]byte(src), "roostd.yaml"); err == nil || !strings.Contains(err.Error(), want) {
@@ -52,11 +53,15 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("sessions:\n  allow_root: [a, b]\n  ids:\n    first: 65536\n    slots: 2\nenv:\n  passthrough: [LANG]\n"))
 	f.Add([]byte("sessions:\n  ids:\n    first: 4294901760\n    slots: 1\n"))
 	f.Add([]byte("control:\n  max_streams: 8\n  max_streams_per_client: 9\n  stream_send_timeout_seconds: -1\n"))
+	f.Add([]byte("sessions:\n  ids: &a\n    first: x\n  <<: *a\n"))
+	f.Add([]byte("hooks:\n  - {name: a, on: stage}\n  - [b]\n---\n"))
+	f.Add([]byte("egress:\n  hosts: {a: [1], b: 2}\n  permit_cidrs: [10.0.0.0/8\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := Parse(data, "fuzz.yaml")
 		if err != nil {
-			if !strings.HasPrefix(err.Error(), "fuzz.yaml") {
-				t.Fatalf("error does not name the file: %v", err)
+			// roostd prints it as its one line at start.
+			if msg := err.Error(); !strings.HasPrefix(msg, "fuzz.yaml:") || strings.Contains(msg, "\n") {
+				t.Fatalf("error is not one line naming the file: %q", msg)
 			}
 			return
 		}
@@ -91,7 +96,7 @@ func TestSessionsAndEnv(t *testing.T) {
 		"sessions:\n  ids:\n    slots: 70000\n":             "pass the last uid",
 		"sessions:\n  ids:\n    slots: 10\n    spawns: 9\n": "sessions.ids.spawns: 9: must be below the 9 ranges",
 		"env:\n  passthrough: [\"A=B\"]\n":                  "env.passthrough[0]",
-		"sessions:\n  alow_root: [x]\n":                     "field alow_root not found",
+		"sessions:\n  alow_root: [x]\n":                     "roostd.yaml:2: sessions.alow_root: unknown key (expected one of: allow_root, descriptors_per_session, host_paths, ids)",
 		"sessions:\n  descriptors_per_session: -1\n":        "sessions.descriptors_per_session: -1",
 	} {
 		if _, err := Parse([]byte(src), "roostd.yaml"); err == nil || !strings.Contains(err.Error(), want) {
@@ -149,7 +154,7 @@ func TestUpstreamRoutes(t *testing.T) {
 		head + "      models: [a, a]\n":                                                                         `models[1]: "a" is listed twice`,
 		head + "      models: [other]\n":                                                                        `models[0]: "other" is the label`,
 		head + "      models: [\"\"]\n":                                                                         `models[0]: ""`,
-		head + "      routes:\n        - {method: POST, path: v1/x, metred: false}\n":                           "field metred not found",
+		head + "      routes:\n        - {method: POST, path: v1/x, metred: false}\n":                           "roostd.yaml:8: inference.upstreams[0].routes[0].metred: unknown key (expected one of: metered, method, path, query, tokens)",
 	} {
 		if _, err := Parse([]byte(src), "roostd.yaml"); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v (want %q)", src, err, want)
@@ -185,7 +190,7 @@ func TestEgress(t *testing.T) {
 		t.Errorf("max_connections_per_session: %d", c.Egress.MaxConnectionsPerSession)
 	}
 	bad := map[string]string{
-		"egress:\n  hostz: {}\n":                         "field hostz not found",
+		"egress:\n  hostz: {}\n":                         "roostd.yaml:2: egress.hostz: unknown key (expected one of: hosts, max_bytes_per_sec_per_session, max_connections_per_session, permit_cidrs)",
 		"egress:\n  hosts: {a.test: nowhere}\n":          `egress.hosts.a.test: "nowhere" is not an IP address`,
 		"egress:\n  hosts: {\"*.a.test\": 10.0.0.1}\n":   `egress.hosts: "*.a.test" is not a host name`,
 		"egress:\n  hosts: {\"a.test:80\": 10.0.0.1}\n":  `egress.hosts: "a.test:80" is not a host name`,
@@ -194,7 +199,7 @@ func TestEgress(t *testing.T) {
 		"egress:\n  permit_cidrs: [10.0.0.1]\n":          `egress.permit_cidrs[0]: "10.0.0.1" is not a CIDR prefix`,
 		"egress:\n  max_connections_per_session: -1\n":   "egress.max_connections_per_session: -1",
 		"egress:\n  max_bytes_per_sec_per_session: -1\n": "egress.max_bytes_per_sec_per_session: -1: must be 0",
-		"egress:\n  max_connections_per_session: many\n": "cannot unmarshal",
+		"egress:\n  max_connections_per_session: many\n": `roostd.yaml:2: egress.max_connections_per_session: expected an integer, got "many"`,
 	}
 	for src, want := range bad {
 		if _, err := Parse([]byte(src), "roostd.yaml"); err == nil || !strings.Contains(err.Error(), want) {
@@ -252,13 +257,13 @@ func TestHooks(t *testing.T) {
 		hook("name: h, on: stage, module: " + dir):                    `hooks[1].module: ` + dir + ` is not a regular file`,
 		hook(end + ", deadline_seconds: -1"):                          "hooks[1].deadline_seconds: -1: expected 1 to 600",
 		hook(end + ", deadline_seconds: 601"):                         "hooks[1].deadline_seconds: 601: expected 1 to 600",
-		hook(end + ", deadline_seconds: soon"):                        "cannot unmarshal",
+		hook(end + ", deadline_seconds: soon"):                        `roostd.yaml:3: hooks[1].deadline_seconds: expected an integer, got "soon"`,
 		hook(end + ", memory_bytes: -1"):                              "hooks[1].memory_bytes: -1: expected 1 to 4294967296 (4 GiB)",
 		hook(end + ", memory_bytes: 4294967297"):                      "hooks[1].memory_bytes: 4294967297: expected 1 to 4294967296",
 		hook(end + ", on_overflow: wait"):                             `hooks[1].on_overflow: "wait": expected drop or block`,
 		hook("name: h, on: stage, on_overflow: drop, module: " + mod): "hooks[1].on_overflow: a stage hook runs while its caller waits and has no queue",
-		hook(end + ", deadline: 5"):                                   "field deadline not found",
-		"hooks: {name: h}\n":                                          "cannot unmarshal",
+		hook(end + ", deadline: 5"):                                   "roostd.yaml:3: hooks[1].deadline: unknown key (expected one of: deadline_seconds, memory_bytes, module, name, on, on_overflow)",
+		"hooks: {name: h}\n":                                          "roostd.yaml:1: hooks: expected a list of mappings, got a mapping",
 	} {
 		if _, err := Parse([]byte(src), "roostd.yaml"); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v (want %q)", src, err, want)
@@ -287,10 +292,92 @@ func TestControl(t *testing.T) {
 		"control:\n  max_streams: 4\n  max_streams_per_client: 5\n": "control.max_streams_per_client: 5: must be at most control.max_streams (4)",
 		"control:\n  max_recv_message_bytes: 4294967296\n":          "control.max_recv_message_bytes",
 		"control:\n  stream_send_timeout_seconds: 86400\n":          "control.stream_send_timeout_seconds: 86400",
-		"control:\n  max_stream: 1\n":                               "field max_stream not found",
+		"control:\n  max_stream: 1\n":                               "roostd.yaml:2: control.max_stream: unknown key (expected one of: max_recv_message_bytes, max_send_message_bytes, max_streams, max_streams_per_client, stream_send_timeout_seconds)",
 	} {
 		if _, err := Parse([]byte(src), "roostd.yaml"); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v (want %q)", src, err, want)
 		}
+	}
+}
+
+// Every decode error names the file, the line, the key path and what belongs there.
+func TestDecodeErrors(t *testing.T) {
+	up := "inference:\n  upstreams:\n    - name: a\n      format: openai\n      url: http://x\n      api_key_file: /k\n"
+	for _, c := range []struct{ src, want string }{
+		// Unknown keys, at every level.
+		{"listen: x\n", "roostd.yaml:1: listen: unknown key (expected one of: control, egress, env, hooks, inference, sessions)"},
+		{"inference:\n  upstream: []\n", "roostd.yaml:2: inference.upstream: unknown key (expected one of: max_body_bytes_in_flight, max_calls_per_session, upstreams)"},
+		{up + "      key: x\n", "roostd.yaml:7: inference.upstreams[0].key: unknown key (expected one of: api_key_file, default_max_output_tokens, format, models, name, routes, url)"},
+		{up + "      routes:\n        - method: GET\n          paths: x\n", "roostd.yaml:9: inference.upstreams[0].routes[0].paths: unknown key (expected one of: metered, method, path, query, tokens)"},
+		{"sessions:\n  allow_root: []\n\n  descriptor_per_session: 3\n", "roostd.yaml:4: sessions.descriptor_per_session: unknown key (expected one of: allow_root, descriptors_per_session, host_paths, ids)"},
+		{"sessions:\n  ids:\n    start: 65536\n", "roostd.yaml:3: sessions.ids.start: unknown key (expected one of: first, per_tree, slots, spawns)"},
+		{"env:\n  pass: [LANG]\n", "roostd.yaml:2: env.pass: unknown key (expected one of: passthrough)"},
+		{"egress:\n  cidrs: []\n", "roostd.yaml:2: egress.cidrs: unknown key (expected one of: hosts, max_bytes_per_sec_per_session, max_connections_per_session, permit_cidrs)"},
+		{"control:\n  streams: 1\n", "roostd.yaml:2: control.streams: unknown key (expected one of: max_recv_message_bytes, max_send_message_bytes, max_streams, max_streams_per_client, stream_send_timeout_seconds)"},
+		{"hooks:\n  - name: a\n  - name: b\n    event: stage\n", "roostd.yaml:4: hooks[1].event: unknown key (expected one of: deadline_seconds, memory_bytes, module, name, on, on_overflow)"},
+		// Wrong types: a string for an integer, a list for a mapping, a mapping for a list.
+		{"sessions:\n  descriptors_per_session: many\n", `roostd.yaml:2: sessions.descriptors_per_session: expected an integer, got "many"`},
+		{"sessions:\n  ids:\n    first: -1\n", "roostd.yaml:3: sessions.ids.first: expected an integer from 0 to 4294967295, got -1"},
+		{"sessions:\n  ids:\n    slots: 4294967296\n", "roostd.yaml:3: sessions.ids.slots: expected an integer from 0 to 4294967295, got 4294967296"},
+		{"control:\n  max_streams: 1.5\n", "roostd.yaml:2: control.max_streams: expected an integer, got 1.5"},
+		{"sessions: [allow_root]\n", "roostd.yaml:1: sessions: expected a mapping, got a list"},
+		{"sessions:\n  ids: [1, 2]\n", "roostd.yaml:2: sessions.ids: expected a mapping, got a list"},
+		{"egress:\n  hosts: [a, b]\n", "roostd.yaml:2: egress.hosts: expected a mapping of strings, got a list"},
+		{"egress:\n  hosts:\n    a.test: [10.0.0.1]\n", "roostd.yaml:3: egress.hosts.a.test: expected a string, got a list"},
+		{"hooks:\n  name: a\n", "roostd.yaml:2: hooks: expected a list of mappings, got a mapping"},
+		{"env:\n  passthrough: {LANG: 1}\n", "roostd.yaml:2: env.passthrough: expected a list of strings, got a mapping"},
+		{"sessions:\n  host_paths: [/opt, {a: b}]\n", "roostd.yaml:2: sessions.host_paths[1]: expected a string, got a mapping"},
+		{"inference:\n  upstreams: [x]\n", `roostd.yaml:2: inference.upstreams[0]: expected a mapping, got "x"`},
+		{up + "    - name: b\n      url: [http://x]\n", "roostd.yaml:8: inference.upstreams[1].url: expected a string, got a list"},
+		{"hooks:\n  - name: a\n    on: {stage: true}\n", "roostd.yaml:3: hooks[0].on: expected a string, got a mapping"},
+		{up + "      routes:\n        - {method: GET, path: x, metered: maybe}\n", `roostd.yaml:8: inference.upstreams[0].routes[0].metered: expected true or false, got "maybe"`},
+		{"- a\n- b\n", "roostd.yaml:1: expected a mapping, got a list"},
+		{"roostd\n", `roostd.yaml:1: expected a mapping, got "roostd"`},
+		// A key twice, a second document, bad YAML.
+		{"control:\n  max_streams: 1\n  max_streams: 2\n", "roostd.yaml:3: control.max_streams: given twice (first on line 2)"},
+		{"env: {}\n---\nenv: {}\n", "roostd.yaml:2: roostd reads one YAML document; found a second one"},
+		{"sessions:\n  ids:\n    first: 1\n   slots: 2\n", "roostd.yaml:4: YAML syntax: did not find expected key"},
+		{"env:\n  passthrough: [LANG\n", "roostd.yaml:2: YAML syntax: did not find expected ',' or ']'"},
+		{"control: {max_streams: 1}}\n", "roostd.yaml:1: YAML syntax: did not find expected key"},
+		{"sessions:\n  allow_root: [a]\n  host_paths: 'x\n", "roostd.yaml:3: YAML syntax: found unexpected end of stream"},
+	} {
+		_, err := Parse([]byte(c.src), "roostd.yaml")
+		if err == nil || err.Error() != c.want {
+			t.Errorf("%q:\n got %v\nwant %s", c.src, err, c.want)
+		}
+	}
+}
+
+// What yaml itself accepts stays accepted: an empty file, comments alone, null blocks,
+// anchors and merge keys.
+func TestDecodeAccepts(t *testing.T) {
+	for _, src := range []string{"", "# nothing\n", "---\n", "sessions:\nenv: ~\n"} {
+		c, err := Parse([]byte(src), "roostd.yaml")
+		if err != nil {
+			t.Fatalf("%q: %v", src, err)
+		}
+		if !reflect.DeepEqual(c, Defaults()) {
+			t.Fatalf("%q: %+v, want the defaults", src, c)
+		}
+	}
+	c, err := Parse([]byte(`inference:
+  upstreams:
+    - &base {name: a, format: openai, url: "http://x", api_key_file: /k}
+    - <<: *base
+      name: b
+env:
+  passthrough: &vars [builder]
+sessions:
+  allow_root: *vars
+`), "roostd.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := c.Inference.Upstreams; len(u) != 2 || u[1].Name != "b" || u[1].URL != "http://x" || c.Sessions.AllowRoot[0] != "builder" {
+		t.Fatalf("anchors and merges: %+v", c)
+	}
+	if _, err := Parse([]byte("inference:\n  upstreams:\n    - <<: {nam: a}\n"), "roostd.yaml"); err == nil ||
+		err.Error() != "roostd.yaml:3: inference.upstreams[0].nam: unknown key (expected one of: api_key_file, default_max_output_tokens, format, models, name, routes, url)" {
+		t.Fatalf("a merged unknown key: %v", err)
 	}
 }

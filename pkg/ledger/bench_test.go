@@ -11,7 +11,7 @@ import (
 
 // BenchmarkAdmitSettle measures durable admit+settle pairs (each fsynced before it returns)
 // from 1, 8 and 64 concurrent clients: committed as roostd does (group), through bbolt's
-// Batch, and with one transaction per operation, for comparison. pairs/s is the figure the README quotes.
+// Batch, and with one transaction per operation, for comparison. pairs/s is the figure docs/performance.md quotes.
 func BenchmarkAdmitSettle(b *testing.B) {
 	for _, mode := range []CommitMode{CommitGroup, CommitBoltBatch, CommitTxPerOp} {
 		name := string(mode)

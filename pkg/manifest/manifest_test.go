@@ -3,11 +3,14 @@ package manifest
 import (
 	"errors"
 	"os"
+	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"go.yaml.in/yaml/v3"
 )
 
 const head = "name: hello\nversion: 0.1.0\nrun:\n  command: [/bin/true]\n"
@@ -383,15 +386,70 @@ func TestSizeBound(t *testing.T) {
 	}
 }
 
-// The reference manifest README.md shows is valid and declares every key.
+// referenceBlock is the manifest docs/capsule-yaml.md shows under "## Every key": its first
+// yaml block.
+func referenceBlock(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "..", "docs", "capsule-yaml.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(data), "\n## Every key\n")
+	if !ok {
+		t.Fatal(`docs/capsule-yaml.md has no "## Every key" section`)
+	}
+	_, block, ok := strings.Cut(section, "```yaml\n")
+	if !ok {
+		t.Fatal(`docs/capsule-yaml.md's "## Every key" shows no yaml block`)
+	}
+	block, _, _ = strings.Cut(block, "\n```")
+	return block + "\n"
+}
+
+// keyPaths lists every mapping key of a YAML document by its dotted path.
+func keyPaths(t *testing.T, src string) []string {
+	t.Helper()
+	var doc yaml.Node
+	if err := yaml.Unmarshal([]byte(src), &doc); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	var walk func(n *yaml.Node, prefix string)
+	walk = func(n *yaml.Node, prefix string) {
+		for _, c := range n.Content {
+			if n.Kind != yaml.MappingNode {
+				walk(c, prefix)
+			}
+		}
+		if n.Kind != yaml.MappingNode {
+			return
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			path := prefix + n.Content[i].Value
+			out = append(out, path)
+			walk(n.Content[i+1], path+".")
+		}
+	}
+	walk(&doc, "")
+	slices.Sort(out)
+	return out
+}
+
+// The reference manifests, the one docs/capsule-yaml.md shows and testdata/full.yaml, are
+// valid, declare every key and the same keys.
 func TestReferenceManifest(t *testing.T) {
 	data, err := os.ReadFile("testdata/full.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := mustParse(t, string(data))
-	p := Lower(m)
-	if p.Resources.WorkdirMaxBytes.Declared == nil || p.Spawn.MaxChildren.Declared == nil || p.Limits.MemoryBytes.Declared == nil {
-		t.Fatalf("reference manifest leaves keys undeclared: %+v", p)
+	doc := referenceBlock(t)
+	for name, src := range map[string]string{"testdata/full.yaml": string(data), "docs/capsule-yaml.md": doc} {
+		p := Lower(mustParse(t, src))
+		if p.Resources.WorkdirMaxBytes.Declared == nil || p.Spawn.MaxChildren.Declared == nil || p.Limits.MemoryBytes.Declared == nil {
+			t.Errorf("%s: reference manifest leaves keys undeclared: %+v", name, p)
+		}
+	}
+	if full, shown := keyPaths(t, string(data)), keyPaths(t, doc); !slices.Equal(full, shown) {
+		t.Errorf("docs/capsule-yaml.md shows the keys\n%v\ntestdata/full.yaml declares\n%v", shown, full)
 	}
 }

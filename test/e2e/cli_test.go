@@ -9,13 +9,43 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
 
-// TestExitCodeTable holds roostctl to the README's table of exit codes, one row each.
+// exitCodeTable is the first column of docs/cli.md's "## Exit codes" table: each code it
+// lists ("124", "128+N", "the capsule's own code").
+func exitCodeTable(t *testing.T) map[string]bool {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot(), "docs", "cli.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(data), "\n## Exit codes\n")
+	if !ok {
+		t.Fatal(`docs/cli.md has no "## Exit codes" section`)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	codes := map[string]bool{}
+	for _, line := range strings.Split(section, "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) < 3 || strings.HasPrefix(strings.TrimSpace(cells[1]), "---") || strings.TrimSpace(cells[1]) == "exit code" {
+			continue
+		}
+		codes[strings.Trim(strings.TrimSpace(cells[1]), "`")] = true
+	}
+	if len(codes) == 0 {
+		t.Fatal(`docs/cli.md's "## Exit codes" holds no table`)
+	}
+	return codes
+}
+
+// TestExitCodeTable holds roostctl to docs/cli.md's table of exit codes, one row each: every
+// code a row below meets is in the table, and every code of the table is met.
 func TestExitCodeTable(t *testing.T) {
+	table := exitCodeTable(t)
 	d := newDaemon(t)
 	sleeper := capsule(t, "sleeper", "sleep 60", "")
 	killed := strings.TrimSpace(d.ok("run", "--detach", sleeper))
@@ -48,6 +78,7 @@ func TestExitCodeTable(t *testing.T) {
 		{"not launched", func() result { return d.ctl("run", nostart) }, 125, "/no/such/program"},
 		{"killed: 128+SIGKILL", func() result { return d.ctl("wait", killed) }, 137, ""},
 		{"stopped: 128+SIGTERM", func() result { return d.ctl("wait", stopped) }, 143, ""},
+		{"any other command: stop of an ended session", func() result { return d.ctl("stop", killed) }, 0, ""},
 		{"failed operation", func() result { return d.ctl("wait", "nope") }, 1, `no session "nope"`},
 		{"failed operation on a live session", func() result { return d.ctl("pause", "nope") }, 1, "nope"},
 		{"unknown command", func() result { return d.ctl("lgs") }, 2, "did you mean"},
@@ -68,10 +99,28 @@ func TestExitCodeTable(t *testing.T) {
 		{"unreachable: wait", func() result { return unreachable("wait", "x") }, 69, "cannot reach roostd"},
 		{"unreachable: run", func() result { return unreachable("run", sleeper) }, 69, "cannot reach roostd"},
 	}
+	// 255 is a session roostd lost track of: nothing roostctl does here makes one.
+	met := map[string]bool{"255": true}
 	for _, row := range rows {
 		res := row.run()
 		if res.code != row.code || !strings.Contains(res.stderr, row.stderr) {
 			t.Errorf("%s: exit %d, stderr %q; want exit %d with %q", row.name, res.code, res.stderr, row.code, row.stderr)
+		}
+		key := strconv.Itoa(row.code)
+		switch {
+		case strings.HasPrefix(row.name, "capsule's"):
+			key = "the capsule's own code"
+		case row.code > 128 && row.code < 128+65:
+			key = "128+N"
+		}
+		if !table[key] {
+			t.Errorf("%s: exit %d is not in docs/cli.md's table (as %q)", row.name, row.code, key)
+		}
+		met[key] = true
+	}
+	for code := range table {
+		if !met[code] {
+			t.Errorf("docs/cli.md's table lists exit %q, which no row here meets", code)
 		}
 	}
 }

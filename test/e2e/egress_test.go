@@ -494,9 +494,15 @@ echo "wide: $(api -o /dev/null -w '%{http_code}' -d '{"capsule":"wide","version"
 // egressDaemon starts roostd in the test network's daemon namespace.
 func egressDaemon(t *testing.T, n *testNet) *daemon {
 	t.Helper()
+	return netDaemon(t, n, egressConfig(t))
+}
+
+// netDaemon is a roostd in n's daemon namespace with --config cfg.
+func netDaemon(t *testing.T, n *testNet, cfg string) *daemon {
+	t.Helper()
 	d := &daemon{t: t, netns: n.daemon}
 	state := stateDir(t)
-	d.stateDir, d.socket, d.metricsAddr, d.args = state, filepath.Join(state, "roostd.sock"), "127.0.0.1:9464", []string{"--config", egressConfig(t)}
+	d.stateDir, d.socket, d.metricsAddr, d.args = state, filepath.Join(state, "roostd.sock"), "127.0.0.1:9464", []string{"--config", cfg}
 	d.start()
 	t.Cleanup(func() {
 		for _, id := range strings.Fields(d.ctl("ps", "-q").stdout) {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -72,8 +73,9 @@ func TestStatsNoStream(t *testing.T) {
 	if st.WorkdirBytes < fileSize {
 		t.Fatalf("workdir %d bytes after a %d-byte file", st.WorkdirBytes, fileSize)
 	}
-	if st.CPUPercent != nil {
-		t.Fatalf("a first sample has a CPU %%: %v", *st.CPUPercent)
+	// --no-stream samples twice and shows the second: it has a CPU %.
+	if st.CPUPercent == nil {
+		t.Fatalf("stats --no-stream has no CPU %%: %+v", st)
 	}
 
 	// The table: the name, the ceiling beside the use, the pids' ceiling, the workdir.
@@ -82,10 +84,13 @@ func TestStatsNoStream(t *testing.T) {
 	if len(rows) != 2 || !strings.HasPrefix(rows[0], "SESSION") || !strings.Contains(rows[0], "MEM / LIMIT") {
 		t.Fatalf("stats --no-stream:\n%s", table)
 	}
-	for _, want := range []string{"hog-1", "hog@0.1.0", "/ 96.0 MiB", "/ 50", "2.9 MiB", "--"} {
+	for _, want := range []string{"hog-1", "hog@0.1.0", "/ 96.0 MiB", "/ 50", "2.9 MiB"} {
 		if !strings.Contains(rows[1], want) {
 			t.Errorf("row %q lacks %q", rows[1], want)
 		}
+	}
+	if cells := strings.Fields(rows[1]); len(cells) < 3 || !strings.HasSuffix(cells[2], "%") {
+		t.Errorf("row %q has no CPU %%", rows[1])
 	}
 	// Without SESSIONs: every live session, this one among them.
 	if all := d.ok("stats", "--no-stream"); !strings.Contains(all, "hog-1") {
@@ -196,5 +201,52 @@ func TestStatsStreamSeesTheEnd(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("stats did not end on Ctrl-C")
+	}
+}
+
+// stats --no-stream's CPU % is the rate between its two samples: a session spinning shows
+// a core's worth or near it (the host's other work takes some), an idle one near 0, in
+// JSON and in the table.
+func TestStatsNoStreamCPU(t *testing.T) {
+	d := newDaemon(t)
+	scoped := "capabilities:\n  containment: scoped\n  shell:\n    allow: [sleep]\n"
+	d.ok("run", "-d", "--name", "spin", capsule(t, "spin", "while :; do :; done", scoped))
+	d.ok("run", "-d", "--name", "idle", capsule(t, "idle", "sleep 300", scoped))
+	// Past the sessions' start, when sh and sleep are exec'd and loaded.
+	time.Sleep(time.Second)
+
+	cpu := map[string]float64{}
+	start := time.Now()
+	out := d.ok("stats", "--no-stream", "--json", "spin", "idle")
+	took := time.Since(start)
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var st statsLine
+		if err := json.Unmarshal([]byte(line), &st); err != nil {
+			t.Fatalf("%v: %s", err, line)
+		}
+		if st.CPUPercent == nil {
+			t.Fatalf("stats --no-stream --json without a CPU %%: %s", line)
+		}
+		cpu[st.Name] = *st.CPUPercent
+	}
+	t.Logf("stats --no-stream took %v: spin %.1f%%, idle %.1f%%", took, cpu["spin"], cpu["idle"])
+	if len(cpu) != 2 || cpu["spin"] < 30 || cpu["spin"] > 210 || cpu["idle"] > 5 {
+		t.Fatalf("CPU %% of a spinning and an idle session: %v", cpu)
+	}
+	if took < 500*time.Millisecond {
+		t.Fatalf("stats --no-stream took %v: not two samples 500 ms apart", took)
+	}
+
+	table := d.ok("stats", "--no-stream", "spin")
+	rows := strings.Split(strings.TrimSpace(table), "\n")
+	if len(rows) != 2 {
+		t.Fatalf("stats --no-stream spin:\n%s", table)
+	}
+	cells := strings.Fields(rows[1])
+	if len(cells) < 3 || !strings.HasSuffix(cells[2], "%") {
+		t.Fatalf("stats --no-stream spin shows no CPU %%:\n%s", table)
+	}
+	if p, err := strconv.ParseFloat(strings.TrimSuffix(cells[2], "%"), 64); err != nil || p < 30 {
+		t.Fatalf("stats --no-stream spin shows CPU %q:\n%s", cells[2], table)
 	}
 }

@@ -26,7 +26,7 @@ import (
 
 const defaultSocket = "/run/roost/roostd.sock"
 
-// Exit codes, one table for every command (the README's "Exit codes" repeats it). Commands
+// Exit codes, one table for every command (docs/cli.md's "Exit codes" repeats it). Commands
 // that report a session's end (run, wait, stop, kill) exit with the capsule's own code, or
 // one of the codes from 124 up; every other outcome is 0, 1, 2 or 69.
 const (
@@ -73,6 +73,15 @@ type app struct {
 
 // Execute runs roostctl with args (without the program name) and returns its exit code.
 func Execute(args []string) int {
+	code, msg := execute(args)
+	if msg != "" {
+		fmt.Fprintln(os.Stderr, "roostctl:", msg)
+	}
+	return code
+}
+
+// execute runs roostctl with args and returns its exit code and what to say on stderr.
+func execute(args []string) (int, string) {
 	a := &app{}
 	root := a.rootCommand()
 	root.SetArgs(args)
@@ -81,17 +90,14 @@ func Execute(args []string) int {
 		a.conn.Close()
 	}
 	if err == nil {
-		return exitOK
+		return exitOK, ""
 	}
 	code, msg := a.classify(err)
 	if cmd != nil && cmd.Name() == "run" && cmd.Parent() == root {
 		code = runCode(err, code)
 	}
 	code = programUsageCode(cmd, root, code)
-	if msg != "" {
-		fmt.Fprintln(os.Stderr, "roostctl:", msg)
-	}
-	return code
+	return code, msg
 }
 
 // classify is the one place an error becomes an exit code and the line that explains it.
@@ -179,11 +185,7 @@ session in its registry.`,
 			if len(args) == 0 {
 				return nil
 			}
-			msg := fmt.Sprintf("unknown command %q; see roostctl --help", args[0])
-			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
-				msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, " or "))
-			}
-			return usageError{errors.New(msg)}
+			return unknownCommand(cmd, args[0])
 		},
 		RunE:    func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 		Version: version.Version,
@@ -192,7 +194,7 @@ session in its registry.`,
 	root.Flags().BoolP("version", "v", false, "print roostctl's version (roostctl version asks roostd's too)")
 	root.SetVersionTemplate(fmt.Sprintf("roostctl %s %s %s\n", version.Version, version.Commit, runtime.Version()))
 	root.PersistentFlags().StringVar(&a.socket, "socket", "", "roostd's control socket (default $ROOST_SOCKET, else "+defaultSocket+")")
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetFlagErrorFunc(flagError)
 	root.AddGroup(&cobra.Group{ID: "run", Title: "Running sessions:"}, &cobra.Group{ID: "inspect", Title: "Inspecting:"}, &cobra.Group{ID: "host", Title: "The daemon and host:"})
 	for _, c := range []*cobra.Command{a.runCommand(), a.stageCommand(), a.launchCommand(), a.waitCommand(), a.stopCommand(), a.killCommand(), a.pauseCommand(), a.resumeCommand(), a.execCommand(), a.rmCommand(), a.pruneCommand(), a.pushCommand()} {
 		c.GroupID = "run"
@@ -210,6 +212,7 @@ session in its registry.`,
 	root.SetCompletionCommandGroupID("host")
 	root.SetUsageTemplate(usageTemplate)
 	a.completeArgs(root)
+	addDockerHelp(root)
 	return root
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -56,7 +57,7 @@ func (a *app) completeArgs(root *cobra.Command) {
 	walk = func(c *cobra.Command) {
 		if c.ValidArgsFunction == nil {
 			switch {
-			case strings.Contains(c.Use, " SESSION"):
+			case strings.Contains(c.Use, "SESSION"):
 				c.ValidArgsFunction = a.completeSessions
 			case strings.Contains(c.Use, " CAPSULE"):
 				c.ValidArgsFunction = a.completeCapsules
@@ -77,12 +78,32 @@ func completionContext() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 2*time.Second)
 }
 
-// completeSessions offers names, then ids, of the sessions a command can act on: exec,
-// logs -f, stop and the like take live ones, but every verb takes an ended one too, so all
-// are offered with their state as the description.
+// liveStates are the states of a session that has a process (or is about to, or is
+// ending): what stop and kill act on.
+var liveStates = []string{"launching", "running", "paused", "stopping"}
+
+// actsOn is the states of the sessions each verb can act on, as roostd decides them; a
+// verb not here (logs, inspect, wait, stats) takes a session in any state. rm's is without
+// --force, which takes any.
+var actsOn = map[string][]string{
+	"launch": {"staged"},
+	"stop":   liveStates,
+	"kill":   liveStates,
+	"pause":  {"running"},
+	"resume": {"paused"},
+	"exec":   {"running"},
+	"rm":     {"staged", "exited"},
+}
+
+// completeSessions offers names, then ids, of the sessions cmd can act on, each described
+// by its capsule and state; a verb that takes one SESSION is offered nothing once it has
+// one, and one that takes several is not offered again those already on the line.
 func (a *app) completeSessions(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
 	if cmd.Name() == "exec" && len(args) > 0 {
 		return nil, cobra.ShellCompDirectiveDefault
+	}
+	if len(args) > 0 && !strings.Contains(cmd.Use, "SESSION...") {
+		return nil, cobra.ShellCompDirectiveNoFileComp
 	}
 	c, err := a.sessions()
 	if err != nil {
@@ -94,8 +115,9 @@ func (a *app) completeSessions(cmd *cobra.Command, args []string, toComplete str
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}
+	force, _ := cmd.Flags().GetBool("force")
 	var out []cobra.Completion
-	for _, s := range resp.GetSessions() {
+	for _, s := range actedOn(cmd.Name(), force, resp.GetSessions(), args) {
 		desc := fmt.Sprintf("%s %s", s.GetCapsule().GetName(), s.GetState())
 		if n := s.GetName(); n != "" && strings.HasPrefix(n, toComplete) {
 			out = append(out, cobra.CompletionWithDesc(n, desc))
@@ -105,6 +127,50 @@ func (a *app) completeSessions(cmd *cobra.Command, args []string, toComplete str
 		}
 	}
 	return out, cobra.ShellCompDirectiveNoFileComp
+}
+
+// actedOn is those of list that verb can act on (rm with force is rm -f), but for those
+// named in given already (by name or id). rm without --force refuses a tree with a live
+// session in it, so an ended session with a live descendant is not offered either.
+func actedOn(verb string, force bool, list []*roostv1.Session, given []string) []*roostv1.Session {
+	states, some := actsOn[verb]
+	if verb == "rm" && force {
+		some = false
+	}
+	var liveBelow map[string]bool
+	if verb == "rm" && !force {
+		liveBelow = liveAncestors(list)
+	}
+	var out []*roostv1.Session
+	for _, s := range list {
+		switch {
+		case some && !slices.Contains(states, s.GetState()),
+			liveBelow[s.GetId()],
+			slices.Contains(given, s.GetId()),
+			s.GetName() != "" && slices.Contains(given, s.GetName()):
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// liveAncestors is the set of sessions of list with a live session below them.
+func liveAncestors(list []*roostv1.Session) map[string]bool {
+	parent := make(map[string]string, len(list))
+	for _, s := range list {
+		parent[s.GetId()] = s.GetParentId()
+	}
+	out := map[string]bool{}
+	for _, s := range list {
+		if !slices.Contains(liveStates, s.GetState()) {
+			continue
+		}
+		for p := parent[s.GetId()]; p != "" && !out[p]; p = parent[p] {
+			out[p] = true
+		}
+	}
+	return out
 }
 
 // completeArtifacts offers the pushed capsules' name@version.

@@ -47,18 +47,18 @@ func TestHelpFitsWidth(t *testing.T) {
 	})
 }
 
-// TestReadmeTourMatchesCommands reads the README's tour of roostctl as an operator would
+// TestCLITourMatchesCommands reads docs/cli.md's tour of roostctl as an operator would
 // copy from it: each roostctl line must name a command that exists, with flags it has, and
 // every command roostctl offers must appear there.
-func TestReadmeTourMatchesCommands(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join("..", "..", "..", "..", "README.md"))
+func TestCLITourMatchesCommands(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "..", "..", "..", "docs", "cli.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	text := string(data)
 	start := strings.Index(text, "## A tour of roostctl")
 	if start < 0 {
-		t.Fatal(`README.md has no "## A tour of roostctl" section`)
+		t.Fatal(`docs/cli.md has no "## A tour of roostctl" section`)
 	}
 	section := text[start+1:]
 	if end := strings.Index(section, "\n## "); end >= 0 {
@@ -87,7 +87,7 @@ func TestReadmeTourMatchesCommands(t *testing.T) {
 			}
 			cmd, rest, err := root.Find(words[1:])
 			if err != nil || cmd == root {
-				t.Errorf("README: %q: roostctl has no command %q", strings.TrimSpace(part), words[1])
+				t.Errorf("docs/cli.md: %q: roostctl has no command %q", strings.TrimSpace(part), words[1])
 				continue
 			}
 			seen[cmd.CommandPath()] = true
@@ -105,7 +105,7 @@ func TestReadmeTourMatchesCommands(t *testing.T) {
 					found = true // -1, a number, not a flag
 				}
 				if !found {
-					t.Errorf("README: %q: %s has no flag %s", strings.TrimSpace(part), cmd.CommandPath(), name)
+					t.Errorf("docs/cli.md: %q: %s has no flag %s", strings.TrimSpace(part), cmd.CommandPath(), name)
 				}
 			}
 		}
@@ -115,7 +115,7 @@ func TestReadmeTourMatchesCommands(t *testing.T) {
 			return
 		}
 		if !seen[c.CommandPath()] {
-			t.Errorf("README's tour of roostctl never shows %q", c.CommandPath())
+			t.Errorf("docs/cli.md's tour of roostctl never shows %q", c.CommandPath())
 		}
 	})
 }

@@ -2,6 +2,9 @@ package cli
 
 import (
 	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
@@ -39,8 +43,8 @@ or --dry-run; from a script (stdin not a terminal) it never asks. Sessions that 
 the question and the answer go too.
 
 --dry-run removes nothing and lists what would go. With --json it prints the whole answer:
-removed and kept sessions (id, capsule, ended_at, exit_status, bytes, kept_because), bytes,
-events_compacted.`,
+removed and kept sessions (id, name, capsule, ended_at, exit_status, bytes, kept_because),
+bytes, events_compacted. The real prune prints what it removed the same way.`,
 		Example: `  roostctl prune --dry-run
   roostctl prune --until 24h
   roostctl prune -f --json`,
@@ -57,9 +61,15 @@ events_compacted.`,
 			if until > 0 {
 				req.Until = durationpb.New(until)
 			}
+			// A pruned session's record carries no name: the list, read before anything goes,
+			// has it.
+			names, err := sessionNames(cmd.Context(), c)
+			if err != nil {
+				return err
+			}
 			out := cmd.OutOrStdout()
 			if !dryRun && !force && isTerminal(cmd.InOrStdin()) {
-				ok, err := a.confirmPrune(cmd, c, req)
+				ok, err := a.confirmPrune(cmd, c, req, names)
 				if err != nil || !ok {
 					return err
 				}
@@ -69,9 +79,9 @@ events_compacted.`,
 				return err
 			}
 			if asJSON {
-				return printJSON(out, resp)
+				return printPruneJSON(out, resp, names)
 			}
-			printPruned(out, resp.GetRemoved())
+			printPruned(out, resp.GetRemoved(), names)
 			n := len(resp.GetRemoved())
 			switch {
 			case dryRun:
@@ -80,7 +90,7 @@ events_compacted.`,
 				fmt.Fprintf(out, "removed %d ended %s, %s freed; %d %s compacted\n", n, plural(n, "session"), bytesIEC(resp.GetBytes()), resp.GetEventsCompacted(), plural(int(resp.GetEventsCompacted()), "event"))
 			}
 			for _, s := range resp.GetKept() {
-				fmt.Fprintf(cmd.ErrOrStderr(), "kept %s: %s\n", s.GetId(), s.GetKeptBecause())
+				fmt.Fprintf(cmd.ErrOrStderr(), "kept %s: %s\n", named(s.GetId(), names), s.GetKeptBecause())
 			}
 			return nil
 		},
@@ -92,24 +102,111 @@ events_compacted.`,
 	return cmd
 }
 
+// sessionNames maps the id of every session roostd holds that has a name to it.
+func sessionNames(ctx context.Context, c roostv1.SessionServiceClient) (map[string]string, error) {
+	resp, err := c.List(ctx, &roostv1.ListRequest{All: true})
+	if err != nil {
+		return nil, err
+	}
+	names := map[string]string{}
+	for _, s := range resp.GetSessions() {
+		if s.GetName() != "" {
+			names[s.GetId()] = s.GetName()
+		}
+	}
+	return names, nil
+}
+
+// named is a session's id with its name, when it has one: "ses_01j9… (build-1)".
+func named(id string, names map[string]string) string {
+	if n := names[id]; n != "" {
+		return fmt.Sprintf("%s (%s)", id, n)
+	}
+	return id
+}
+
 // printPruned lists sessions prune removed (or would remove).
-func printPruned(w io.Writer, list []*roostv1.PrunedSession) {
+func printPruned(w io.Writer, list []*roostv1.PrunedSession, names map[string]string) {
 	if len(list) == 0 {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SESSION\tCAPSULE\tENDED\tSTATUS\tSIZE")
+	fmt.Fprintln(tw, "SESSION\tNAME\tCAPSULE\tENDED\tSTATUS\tSIZE")
 	for _, s := range list {
-		fmt.Fprintf(tw, "%s\t%s@%s\t%s\t%s\t%s\n", s.GetId(), s.GetCapsule().GetName(), s.GetCapsule().GetVersion(), ago(s.GetEndedAt()), orDash(s.GetExitStatus()), bytesIEC(s.GetBytes()))
+		fmt.Fprintf(tw, "%s\t%s\t%s@%s\t%s\t%s\t%s\n", s.GetId(), orDash(names[s.GetId()]), s.GetCapsule().GetName(), s.GetCapsule().GetVersion(), ago(s.GetEndedAt()), orDash(s.GetExitStatus()), bytesIEC(s.GetBytes()))
 	}
 	tw.Flush()
+}
+
+// printPruneJSON writes resp as protojson, each removed and kept session with a "name"
+// after its "id" ("" for one without), keys in the proto's field order.
+func printPruneJSON(w io.Writer, resp *roostv1.PruneResponse, names map[string]string) error {
+	data, err := marshal(resp)
+	if err != nil {
+		return err
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(data, &top); err != nil {
+		return err
+	}
+	entry := (&roostv1.PrunedSession{}).ProtoReflect().Descriptor()
+	for key, list := range map[string][]*roostv1.PrunedSession{"removed": resp.GetRemoved(), "kept": resp.GetKept()} {
+		var entries []map[string]json.RawMessage
+		if err := json.Unmarshal(top[key], &entries); err != nil {
+			return err
+		}
+		var arr bytes.Buffer
+		arr.WriteByte('[')
+		for i, e := range entries {
+			name, _ := json.Marshal(names[list[i].GetId()])
+			e["name"] = name
+			if i > 0 {
+				arr.WriteByte(',')
+			}
+			writeOrdered(&arr, e, entry, "id", "name")
+		}
+		arr.WriteByte(']')
+		top[key] = arr.Bytes()
+	}
+	var buf bytes.Buffer
+	writeOrdered(&buf, top, resp.ProtoReflect().Descriptor(), "", "")
+	return writeIndented(w, buf.Bytes())
+}
+
+// writeOrdered writes obj as a JSON object with its keys in desc's field order, extra
+// right after the field after (none when extra is "").
+func writeOrdered(buf *bytes.Buffer, obj map[string]json.RawMessage, desc protoreflect.MessageDescriptor, after, extra string) {
+	buf.WriteByte('{')
+	first := true
+	put := func(key string) {
+		if !first {
+			buf.WriteByte(',')
+		}
+		first = false
+		k, _ := json.Marshal(key)
+		buf.Write(k)
+		buf.WriteByte(':')
+		buf.Write(obj[key])
+	}
+	fields := desc.Fields()
+	for i := range fields.Len() {
+		key := string(fields.Get(i).Name())
+		if _, ok := obj[key]; !ok {
+			continue
+		}
+		put(key)
+		if key == after && extra != "" {
+			put(extra)
+		}
+	}
+	buf.WriteByte('}')
 }
 
 // confirmPrune asks the person at the terminal whether to remove what a dry run of req
 // lists; true to go on. Nothing to remove needs no answer (prune still compacts the log and
 // collects capsule copies). Anything but y or yes is no, and no is not a failure: nothing
 // was asked of roostd that it refused.
-func (a *app) confirmPrune(cmd *cobra.Command, c roostv1.SessionServiceClient, req *roostv1.PruneRequest) (bool, error) {
+func (a *app) confirmPrune(cmd *cobra.Command, c roostv1.SessionServiceClient, req *roostv1.PruneRequest, names map[string]string) (bool, error) {
 	dry := proto.CloneOf(req)
 	dry.DryRun = true
 	resp, err := c.Prune(cmd.Context(), dry)
@@ -121,7 +218,7 @@ func (a *app) confirmPrune(cmd *cobra.Command, c roostv1.SessionServiceClient, r
 		return true, nil
 	}
 	stderr := cmd.ErrOrStderr()
-	printPruned(stderr, resp.GetRemoved())
+	printPruned(stderr, resp.GetRemoved(), names)
 	fmt.Fprintf(stderr, "Remove these %d ended %s (%s) with their records, for good? [y/N] ", n, plural(n, "session"), bytesIEC(resp.GetBytes()))
 	answer, _ := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
 	switch strings.ToLower(strings.TrimSpace(answer)) {

@@ -24,6 +24,10 @@ import (
 // roostd caches is at most two of them old.
 const statsInterval = time.Second
 
+// noStreamInterval is how far apart stats --no-stream's two samples are: long enough for a
+// cgroup's CPU time (counted in microseconds) to give a rate, short enough for a script.
+const noStreamInterval = 500 * time.Millisecond
+
 func (a *app) statsCommand() *cobra.Command {
 	var noStream, asJSON bool
 	var format string
@@ -33,11 +37,12 @@ func (a *app) statsCommand() *cobra.Command {
 		Long: `stats shows what live sessions use, as docker stats does: every live session, or the
 SESSIONs given (a name, a short id, an id or a unique id prefix). It samples every second;
 on a terminal it redraws one table in place, elsewhere it prints a new table each time.
---no-stream prints one table and exits. Ctrl-C ends it (exit 0).
+--no-stream samples twice, 500 ms apart, prints the second and exits: its CPU % is the rate
+between the two. Ctrl-C ends it (exit 0).
 
   SESSION      the session's name, else its short id (as ps shows it)
   CPU %        CPU time used between two samples, of one core (200% is two cores busy);
-               "--" on the first sample, which has nothing to compare with
+               "--" on a stream's first sample, which has nothing to compare with
   MEM / LIMIT  memory in use and its cgroup's ceiling (resources.cgroup_memory_bytes);
                MEM % is their ratio, "--" without a ceiling (advisory sessions have none)
   PIDS         processes and threads, and the cgroup's ceiling (resources.cgroup_pids_max)
@@ -51,7 +56,7 @@ SESSIONs, stats ends once all of them have. Usage comes from a session's cgroup:
 without one (a WASM or unconfined one where cgroups are not delegated) shows "--".
 
 --format json (or --json) prints one JSON object per session per sample, one a line:
-id, name, capsule, state, cpu_percent (null on the first sample), memory_bytes,
+id, name, capsule, state, cpu_percent (null on a stream's first sample), memory_bytes,
 memory_limit_bytes, memory_percent (null without a ceiling), pids, pids_limit,
 workdir_bytes, tokens, egress {bytes_up, bytes_down} when it carried anything, and read_at.
 Numbers are JSON numbers (these objects are roostctl's, not protojson).`,
@@ -86,6 +91,15 @@ Numbers are JSON numbers (these objects are roostctl's, not protojson).`,
 			}
 			out := cmd.OutOrStdout()
 			tty := format == "table" && !noStream && isTerminal(out)
+			if noStream {
+				err := w.prime(ctx)
+				if ctx.Err() != nil {
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+			}
 			for {
 				rows, err := w.sample(ctx)
 				if ctx.Err() != nil {
@@ -110,7 +124,7 @@ Numbers are JSON numbers (these objects are roostctl's, not protojson).`,
 			}
 		},
 	}
-	cmd.Flags().BoolVar(&noStream, "no-stream", false, "print one sample and exit")
+	cmd.Flags().BoolVar(&noStream, "no-stream", false, "print one sample (CPU % over 500 ms) and exit")
 	cmd.Flags().StringVar(&format, "format", "table", "table, or json (one object per session per sample)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "same as --format json")
 	return cmd
@@ -231,6 +245,22 @@ func (w *statsWatch) sample(ctx context.Context) ([]statsRow, error) {
 	}
 	w.seen = now
 	return w.rows(list), nil
+}
+
+// prime takes a sample that is not shown, then waits noStreamInterval, so that the next
+// sample has a CPU reading to compare with: stats --no-stream's CPU % is then the rate
+// over that interval, as docker stats --no-stream's is over its own two samples. The watch
+// is left as it was but for the readings: a named session that has ended is still shown.
+func (w *statsWatch) prime(ctx context.Context) error {
+	first := &statsWatch{c: w.c, named: w.named, ids: w.ids, prev: w.prev, seen: map[string]bool{}}
+	if _, err := first.sample(ctx); err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(noStreamInterval):
+	}
+	return nil
 }
 
 // rows turns sessions into rows, computing CPU % from each one's previous reading.
