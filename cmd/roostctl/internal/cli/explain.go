@@ -88,6 +88,16 @@ called SESSION. --oci, --containment and --deadline are for a capsule only.`,
 			return nil
 		},
 	}
+	// Set here, not by completeArgs's reading of Use: explain takes a capsule or a session,
+	// and completes both.
+	cmd.ValidArgsFunction = func(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		out, directive := a.completeCapsules(cmd, args, toComplete)
+		if len(args) == 0 {
+			sessions, _ := a.completeSessions(cmd, args, toComplete)
+			out = append(out, sessions...)
+		}
+		return out, directive
+	}
 	cmd.Flags().StringVar(&containment, "containment", "", "explain with this floor, as run --containment")
 	cmd.Flags().DurationVar(&deadline, "deadline", 0, "explain with this deadline, as run --deadline")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the explanation as JSON")

@@ -2,6 +2,8 @@ package cli
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -118,5 +120,27 @@ func TestSessionHead(t *testing.T) {
 	printSessionHead(&out, &roostv1.Session{Id: "ses_01", State: "staged", Identity: &roostv1.Identity{HostRoot: true}}, &roostv1.Explanation{}, 100)
 	if strings.Contains(out.String(), "host ids") || !strings.HasPrefix(out.String(), "session      ses_01\n") {
 		t.Errorf("host root:\n%s", out.String())
+	}
+}
+
+// TestExplainCompletes: explain takes a session as well as a capsule, and still completes
+// capsule directories.
+func TestExplainCompletes(t *testing.T) {
+	t.Setenv("ROOST_SOCKET", t.TempDir()+"/none.sock")
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "hello"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "hello", "capsule.yaml"), []byte("name: hello\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	cmd, _, err := (&app{}).rootCommand().Find([]string{"explain"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := cmd.ValidArgsFunction(cmd, nil, "he")
+	if len(got) != 1 || !strings.HasPrefix(string(got[0]), "hello\t") {
+		t.Fatalf("explain he<TAB>: %q, want the capsule hello", got)
 	}
 }
