@@ -424,6 +424,16 @@ type capsuleService struct {
 var _ roostv1.CapsuleServiceServer = (*capsuleService)(nil)
 
 func (s *capsuleService) Explain(ctx context.Context, req *roostv1.ExplainRequest) (*roostv1.ExplainResponse, error) {
+	if ref := req.GetSession(); ref != "" {
+		if req.GetCapsule() != "" || req.GetContainment() != "" || req.GetDeadline() != nil || req.GetOci() {
+			return nil, fmt.Errorf("session %q: a session is explained as it was staged; capsule, containment, deadline and oci are for explaining a capsule: %w", ref, errdefs.ErrInvalidArgument)
+		}
+		rec, e, err := s.m.Explained(ref)
+		if err != nil {
+			return nil, err
+		}
+		return &roostv1.ExplainResponse{Explanation: e, Session: SessionProto(rec)}, nil
+	}
 	opts, err := stageOptions(req.GetCapsule(), "", req.GetContainment(), req.GetDeadline())
 	if err != nil {
 		return nil, err

@@ -33,7 +33,12 @@ type ExplainRequest struct {
 	Deadline *durationpb.Duration `protobuf:"bytes,3,opt,name=deadline,proto3" json:"deadline,omitempty"`
 	// Also return the OCI runtime spec (config.json) a sealed session of the capsule runs
 	// with, with the paths a session would get.
-	Oci           bool `protobuf:"varint,4,opt,name=oci,proto3" json:"oci,omitempty"`
+	Oci bool `protobuf:"varint,4,opt,name=oci,proto3" json:"oci,omitempty"`
+	// A session (its name, id or a unique prefix of its id, as GetRequest.id) to explain
+	// instead of a capsule: the explanation recorded when it was staged, the same one its
+	// trace.jsonl records as session_start. capsule, containment, deadline and oci must then
+	// be unset.
+	Session       string `protobuf:"bytes,5,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -96,11 +101,20 @@ func (x *ExplainRequest) GetOci() bool {
 	return false
 }
 
+func (x *ExplainRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
 type ExplainResponse struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Explanation *Explanation           `protobuf:"bytes,1,opt,name=explanation,proto3" json:"explanation,omitempty"`
 	// The OCI runtime spec as JSON, when asked for with oci.
-	OciConfig     string `protobuf:"bytes,2,opt,name=oci_config,json=ociConfig,proto3" json:"oci_config,omitempty"`
+	OciConfig string `protobuf:"bytes,2,opt,name=oci_config,json=ociConfig,proto3" json:"oci_config,omitempty"`
+	// The session explained, when the request named one.
+	Session       *Session `protobuf:"bytes,3,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -147,6 +161,13 @@ func (x *ExplainResponse) GetOciConfig() string {
 		return x.OciConfig
 	}
 	return ""
+}
+
+func (x *ExplainResponse) GetSession() *Session {
+	if x != nil {
+		return x.Session
+	}
+	return nil
 }
 
 // Explanation is the effective grants of a capsule and how this host holds it. The same
@@ -1526,16 +1547,18 @@ var File_roost_v1_capsule_proto protoreflect.FileDescriptor
 
 const file_roost_v1_capsule_proto_rawDesc = "" +
 	"\n" +
-	"\x16roost/v1/capsule.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16roost/v1/session.proto\"\x95\x01\n" +
+	"\x16roost/v1/capsule.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16roost/v1/session.proto\"\xaf\x01\n" +
 	"\x0eExplainRequest\x12\x18\n" +
 	"\acapsule\x18\x01 \x01(\tR\acapsule\x12 \n" +
 	"\vcontainment\x18\x02 \x01(\tR\vcontainment\x125\n" +
 	"\bdeadline\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bdeadline\x12\x10\n" +
-	"\x03oci\x18\x04 \x01(\bR\x03oci\"i\n" +
+	"\x03oci\x18\x04 \x01(\bR\x03oci\x12\x18\n" +
+	"\asession\x18\x05 \x01(\tR\asession\"\x96\x01\n" +
 	"\x0fExplainResponse\x127\n" +
 	"\vexplanation\x18\x01 \x01(\v2\x15.roost.v1.ExplanationR\vexplanation\x12\x1d\n" +
 	"\n" +
-	"oci_config\x18\x02 \x01(\tR\tociConfig\"\xea\x03\n" +
+	"oci_config\x18\x02 \x01(\tR\tociConfig\x12+\n" +
+	"\asession\x18\x03 \x01(\v2\x11.roost.v1.SessionR\asession\"\xea\x03\n" +
 	"\vExplanation\x12.\n" +
 	"\acapsule\x18\x01 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x12?\n" +
 	"\vcontainment\x18\x02 \x01(\v2\x1d.roost.v1.ContainmentDecisionR\vcontainment\x12(\n" +
@@ -1688,56 +1711,58 @@ var file_roost_v1_capsule_proto_goTypes = []any{
 	(*ResourcesPolicy)(nil),     // 18: roost.v1.ResourcesPolicy
 	(*InferencePolicy)(nil),     // 19: roost.v1.InferencePolicy
 	(*durationpb.Duration)(nil), // 20: google.protobuf.Duration
-	(*CapsuleRef)(nil),          // 21: roost.v1.CapsuleRef
-	(*Identity)(nil),            // 22: roost.v1.Identity
+	(*Session)(nil),             // 21: roost.v1.Session
+	(*CapsuleRef)(nil),          // 22: roost.v1.CapsuleRef
+	(*Identity)(nil),            // 23: roost.v1.Identity
 }
 var file_roost_v1_capsule_proto_depIdxs = []int32{
 	20, // 0: roost.v1.ExplainRequest.deadline:type_name -> google.protobuf.Duration
 	2,  // 1: roost.v1.ExplainResponse.explanation:type_name -> roost.v1.Explanation
-	21, // 2: roost.v1.Explanation.capsule:type_name -> roost.v1.CapsuleRef
-	7,  // 3: roost.v1.Explanation.containment:type_name -> roost.v1.ContainmentDecision
-	10, // 4: roost.v1.Explanation.policy:type_name -> roost.v1.Policy
-	9,  // 5: roost.v1.Explanation.grants:type_name -> roost.v1.Grant
-	22, // 6: roost.v1.Explanation.identity:type_name -> roost.v1.Identity
-	6,  // 7: roost.v1.Explanation.env:type_name -> roost.v1.EnvVerdict
-	5,  // 8: roost.v1.Explanation.shell:type_name -> roost.v1.ShellEntry
-	4,  // 9: roost.v1.Explanation.start:type_name -> roost.v1.StartPath
-	3,  // 10: roost.v1.Explanation.system:type_name -> roost.v1.SystemView
-	8,  // 11: roost.v1.ContainmentDecision.sources:type_name -> roost.v1.FloorSource
-	12, // 12: roost.v1.Policy.network:type_name -> roost.v1.NetworkPolicy
-	13, // 13: roost.v1.Policy.filesystem:type_name -> roost.v1.FilesystemPolicy
-	14, // 14: roost.v1.Policy.shell:type_name -> roost.v1.ShellPolicy
-	15, // 15: roost.v1.Policy.spawn:type_name -> roost.v1.SpawnPolicy
-	16, // 16: roost.v1.Policy.env:type_name -> roost.v1.EnvPolicy
-	17, // 17: roost.v1.Policy.limits:type_name -> roost.v1.LimitsPolicy
-	18, // 18: roost.v1.Policy.resources:type_name -> roost.v1.ResourcesPolicy
-	19, // 19: roost.v1.Policy.inference:type_name -> roost.v1.InferencePolicy
-	11, // 20: roost.v1.SpawnPolicy.max_depth:type_name -> roost.v1.Limit
-	11, // 21: roost.v1.SpawnPolicy.max_children:type_name -> roost.v1.Limit
-	11, // 22: roost.v1.SpawnPolicy.max_total_children:type_name -> roost.v1.Limit
-	11, // 23: roost.v1.LimitsPolicy.deadline_seconds:type_name -> roost.v1.Limit
-	11, // 24: roost.v1.LimitsPolicy.memory_bytes:type_name -> roost.v1.Limit
-	11, // 25: roost.v1.LimitsPolicy.wasm_fuel:type_name -> roost.v1.Limit
-	11, // 26: roost.v1.ResourcesPolicy.cgroup_memory_bytes:type_name -> roost.v1.Limit
-	11, // 27: roost.v1.ResourcesPolicy.cgroup_pids_max:type_name -> roost.v1.Limit
-	11, // 28: roost.v1.ResourcesPolicy.cgroup_cpu_percent:type_name -> roost.v1.Limit
-	11, // 29: roost.v1.ResourcesPolicy.max_open_files:type_name -> roost.v1.Limit
-	11, // 30: roost.v1.ResourcesPolicy.max_file_size_bytes:type_name -> roost.v1.Limit
-	11, // 31: roost.v1.ResourcesPolicy.cpu_seconds:type_name -> roost.v1.Limit
-	11, // 32: roost.v1.ResourcesPolicy.max_processes:type_name -> roost.v1.Limit
-	11, // 33: roost.v1.ResourcesPolicy.memory_bytes:type_name -> roost.v1.Limit
-	11, // 34: roost.v1.ResourcesPolicy.workdir_max_bytes:type_name -> roost.v1.Limit
-	11, // 35: roost.v1.ResourcesPolicy.workdir_max_inodes:type_name -> roost.v1.Limit
-	11, // 36: roost.v1.ResourcesPolicy.log_max_bytes:type_name -> roost.v1.Limit
-	11, // 37: roost.v1.ResourcesPolicy.endpoint_max_connections:type_name -> roost.v1.Limit
-	11, // 38: roost.v1.ResourcesPolicy.egress_max_bytes:type_name -> roost.v1.Limit
-	0,  // 39: roost.v1.CapsuleService.Explain:input_type -> roost.v1.ExplainRequest
-	1,  // 40: roost.v1.CapsuleService.Explain:output_type -> roost.v1.ExplainResponse
-	40, // [40:41] is the sub-list for method output_type
-	39, // [39:40] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	21, // 2: roost.v1.ExplainResponse.session:type_name -> roost.v1.Session
+	22, // 3: roost.v1.Explanation.capsule:type_name -> roost.v1.CapsuleRef
+	7,  // 4: roost.v1.Explanation.containment:type_name -> roost.v1.ContainmentDecision
+	10, // 5: roost.v1.Explanation.policy:type_name -> roost.v1.Policy
+	9,  // 6: roost.v1.Explanation.grants:type_name -> roost.v1.Grant
+	23, // 7: roost.v1.Explanation.identity:type_name -> roost.v1.Identity
+	6,  // 8: roost.v1.Explanation.env:type_name -> roost.v1.EnvVerdict
+	5,  // 9: roost.v1.Explanation.shell:type_name -> roost.v1.ShellEntry
+	4,  // 10: roost.v1.Explanation.start:type_name -> roost.v1.StartPath
+	3,  // 11: roost.v1.Explanation.system:type_name -> roost.v1.SystemView
+	8,  // 12: roost.v1.ContainmentDecision.sources:type_name -> roost.v1.FloorSource
+	12, // 13: roost.v1.Policy.network:type_name -> roost.v1.NetworkPolicy
+	13, // 14: roost.v1.Policy.filesystem:type_name -> roost.v1.FilesystemPolicy
+	14, // 15: roost.v1.Policy.shell:type_name -> roost.v1.ShellPolicy
+	15, // 16: roost.v1.Policy.spawn:type_name -> roost.v1.SpawnPolicy
+	16, // 17: roost.v1.Policy.env:type_name -> roost.v1.EnvPolicy
+	17, // 18: roost.v1.Policy.limits:type_name -> roost.v1.LimitsPolicy
+	18, // 19: roost.v1.Policy.resources:type_name -> roost.v1.ResourcesPolicy
+	19, // 20: roost.v1.Policy.inference:type_name -> roost.v1.InferencePolicy
+	11, // 21: roost.v1.SpawnPolicy.max_depth:type_name -> roost.v1.Limit
+	11, // 22: roost.v1.SpawnPolicy.max_children:type_name -> roost.v1.Limit
+	11, // 23: roost.v1.SpawnPolicy.max_total_children:type_name -> roost.v1.Limit
+	11, // 24: roost.v1.LimitsPolicy.deadline_seconds:type_name -> roost.v1.Limit
+	11, // 25: roost.v1.LimitsPolicy.memory_bytes:type_name -> roost.v1.Limit
+	11, // 26: roost.v1.LimitsPolicy.wasm_fuel:type_name -> roost.v1.Limit
+	11, // 27: roost.v1.ResourcesPolicy.cgroup_memory_bytes:type_name -> roost.v1.Limit
+	11, // 28: roost.v1.ResourcesPolicy.cgroup_pids_max:type_name -> roost.v1.Limit
+	11, // 29: roost.v1.ResourcesPolicy.cgroup_cpu_percent:type_name -> roost.v1.Limit
+	11, // 30: roost.v1.ResourcesPolicy.max_open_files:type_name -> roost.v1.Limit
+	11, // 31: roost.v1.ResourcesPolicy.max_file_size_bytes:type_name -> roost.v1.Limit
+	11, // 32: roost.v1.ResourcesPolicy.cpu_seconds:type_name -> roost.v1.Limit
+	11, // 33: roost.v1.ResourcesPolicy.max_processes:type_name -> roost.v1.Limit
+	11, // 34: roost.v1.ResourcesPolicy.memory_bytes:type_name -> roost.v1.Limit
+	11, // 35: roost.v1.ResourcesPolicy.workdir_max_bytes:type_name -> roost.v1.Limit
+	11, // 36: roost.v1.ResourcesPolicy.workdir_max_inodes:type_name -> roost.v1.Limit
+	11, // 37: roost.v1.ResourcesPolicy.log_max_bytes:type_name -> roost.v1.Limit
+	11, // 38: roost.v1.ResourcesPolicy.endpoint_max_connections:type_name -> roost.v1.Limit
+	11, // 39: roost.v1.ResourcesPolicy.egress_max_bytes:type_name -> roost.v1.Limit
+	0,  // 40: roost.v1.CapsuleService.Explain:input_type -> roost.v1.ExplainRequest
+	1,  // 41: roost.v1.CapsuleService.Explain:output_type -> roost.v1.ExplainResponse
+	41, // [41:42] is the sub-list for method output_type
+	40, // [40:41] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_capsule_proto_init() }

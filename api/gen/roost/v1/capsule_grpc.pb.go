@@ -29,7 +29,8 @@ const (
 // CapsuleService answers questions about capsules without running them.
 type CapsuleServiceClient interface {
 	// Explain reads a capsule and returns its effective grants and the containment decision
-	// that Stage would make with the same options, without recording anything.
+	// that Stage would make with the same options, without recording anything; or, given a
+	// session, returns what that session was staged with, as recorded then.
 	Explain(ctx context.Context, in *ExplainRequest, opts ...grpc.CallOption) (*ExplainResponse, error)
 }
 
@@ -58,7 +59,8 @@ func (c *capsuleServiceClient) Explain(ctx context.Context, in *ExplainRequest, 
 // CapsuleService answers questions about capsules without running them.
 type CapsuleServiceServer interface {
 	// Explain reads a capsule and returns its effective grants and the containment decision
-	// that Stage would make with the same options, without recording anything.
+	// that Stage would make with the same options, without recording anything; or, given a
+	// session, returns what that session was staged with, as recorded then.
 	Explain(context.Context, *ExplainRequest) (*ExplainResponse, error)
 	mustEmbedUnimplementedCapsuleServiceServer()
 }

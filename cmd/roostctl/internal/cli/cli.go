@@ -40,7 +40,7 @@ const (
 	exitDeadline    = 124 // the session's deadline was reached
 	// exitNoLaunch is docker run's 125: roost could not stage or launch the session, or
 	// (for run, whose other codes are the program's) roostctl run itself was called wrongly
-	// or failed.
+	// or failed; wait's and exec's usage errors too (programUsageCode).
 	exitNoLaunch = 125
 	exitLost     = 255 // roost lost track of how the session ended
 )
@@ -96,6 +96,7 @@ func execute(args []string) (int, string) {
 	if cmd != nil && cmd.Name() == "run" && cmd.Parent() == root {
 		code = runCode(err, code)
 	}
+	code = programUsageCode(cmd, root, code)
 	return code, msg
 }
 

@@ -23,17 +23,22 @@ import (
 // eventsFilterKeys are the keys events --filter knows.
 var eventsFilterKeys = []string{"session", "type"}
 
-// eventFilter is what events --filter and --until select.
+// eventFilter is what events --filter, --since T and --until select.
 type eventFilter struct {
 	// types are patterns (path.Match) an event's type must match one of; nil: any.
 	types []string
 	// sessions are the ids an event's session must be one of; nil: any.
 	sessions []string
+	// since, when set, is the first moment whose events are printed.
+	since time.Time
 	// until, when set, is the last moment whose events are printed.
 	until time.Time
 }
 
 func (f *eventFilter) match(ev *roostv1.Event) bool {
+	if !f.since.IsZero() && ev.GetTime().AsTime().Before(f.since) {
+		return false
+	}
 	if f.types != nil && !matchAny(f.types, ev.GetType()) {
 		return false
 	}
@@ -109,11 +114,11 @@ func printEventRow(w io.Writer, cells []string, widths []int) error {
 	return err
 }
 
-// streamEvents hands emit the events after since that f selects until the stream ends
+// streamEvents hands emit the events after sequence number since that f selects until the stream ends
 // (or passes f.until), keeping last current.
 func (a *app) streamEvents(ctx context.Context, c roostv1.SessionServiceClient, since uint64, fromOldest, follow bool, f *eventFilter, emit func(*roostv1.Event) error, last *uint64, opts ...grpc.CallOption) error {
-	// Without --since, from whatever the log still keeps; --since 0 asks for everything,
-	// and roostd says so when retention has compacted the start away.
+	// Without a sequence number, from whatever the log still keeps; --after-seq 0 asks for
+	// everything, and roostd says so when retention has compacted the start away.
 	stream, err := c.Events(ctx, &roostv1.EventsRequest{Since: since, Follow: follow, FromOldestKept: since == 0 && fromOldest}, opts...)
 	if err != nil {
 		return err
@@ -146,18 +151,26 @@ func parseUntil(s string, now time.Time) (time.Time, error) {
 }
 
 func (a *app) eventsCommand() *cobra.Command {
-	var since uint64
+	var afterSeq uint64
 	var follow, asJSON, noTrunc bool
-	var until string
+	var since, until string
 	var filters []string
 	cmd := &cobra.Command{
 		Use:   "events",
 		Short: "Print the registry's events",
-		Long: `events prints every registry event with a sequence number above --since, oldest first,
-and exits; --follow keeps printing new events as they happen. Sequence numbers survive
-daemon restarts, so "events --since N --follow" resumes exactly after event N; a follower
-that loses roostd (a restart, a crash) waits for it and resumes after the last event it
-printed, so it sees every event exactly once.
+		Long: `events prints every registry event, oldest first, and exits; --follow keeps printing
+new events as they happen. Sequence numbers survive daemon restarts, so
+"events --after-seq N --follow" resumes exactly after event N; a follower that loses roostd
+(a restart, a crash) waits for it and resumes after the last event it printed, so it sees
+every event exactly once.
+
+--since T prints only events at or after T, --until T none after T. T is a time (RFC 3339:
+2006-01-02T15:04:05Z07:00, or 2006-01-02T15:04:05 and 2006-01-02 in local time), Unix
+seconds with a fraction (1700000000.0), or a duration before now (10m is ten minutes ago;
+--until=-10m is ten minutes from now). A plain integer given to --since is a sequence
+number, as for --after-seq, so scripts that resume with --since N keep working: Unix
+seconds need their fraction there (--until takes them either way). With --follow, events
+stops when the clock reaches --until.
 
 --filter KEY=VALUE selects events; give it more than once, or comma-separated. Filters on
 one key widen the selection, on different keys narrow it:
@@ -165,14 +178,12 @@ one key widen the selection, on different keys narrow it:
   session=SESSION   one session's events; a name, short id or id prefix is resolved once,
                     when events starts (a removed session only by its full id)
 
---until T stops at T: a time (RFC3339), Unix seconds, or a duration before now (10m is
-ten minutes ago, --until=-10m ten minutes from now). Events after T are not printed; with
---follow, events stops when the clock reaches T.
-
 The table shows short session ids (--no-trunc: full ones). With --json it prints one JSON
 object per line, each with its "seq".`,
-		Example: `  roostctl events --filter type=session.exited
+		Example: `  roostctl events --since 10m                   # the last ten minutes
+  roostctl events --since 2025-05-01 --until 2025-05-02 --filter type=session.exited
   roostctl events --filter session=build-1,type=session.running --json
+  roostctl events --after-seq 1234 --follow --json   # resume after event 1234
   roostctl events --follow --until=-5m          # what happens in the next five minutes`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -197,8 +208,23 @@ object per line, each with its "seq".`,
 					}
 				}
 			}
+			now := time.Now()
+			seqGiven := cmd.Flags().Changed("after-seq")
+			if since != "" {
+				seq, t, err := parseEventsSince(since, now)
+				if err != nil {
+					return err
+				}
+				if t.IsZero() {
+					if seqGiven {
+						return usageError{fmt.Errorf("--since %s and --after-seq %d: both are sequence numbers; give one", since, afterSeq)}
+					}
+					afterSeq, seqGiven = seq, true
+				}
+				f.since = t
+			}
 			if until != "" {
-				t, err := parseUntil(until, time.Now())
+				t, err := parseUntil(until, now)
 				if err != nil {
 					return err
 				}
@@ -256,10 +282,10 @@ object per line, each with its "seq".`,
 				}
 				return printEventRow(out, eventRow(ev, noTrunc), eventWidths)
 			}
-			last := since
+			last := afterSeq
 			var opts []grpc.CallOption
 			for {
-				err := a.streamEvents(ctx, c, last, !cmd.Flags().Changed("since"), follow, f, emit, &last, opts...)
+				err := a.streamEvents(ctx, c, last, !seqGiven, follow, f, emit, &last, opts...)
 				switch {
 				case err == nil, errors.Is(err, errUntil):
 					return header()
@@ -276,11 +302,12 @@ object per line, each with its "seq".`,
 			}
 		},
 	}
-	cmd.Flags().Uint64Var(&since, "since", 0, "print events after this sequence number")
+	cmd.Flags().StringVar(&since, "since", "", "print events at or after time `T` (RFC 3339, Unix seconds with a fraction, or a duration before now); a plain integer is a sequence number, as --after-seq")
+	cmd.Flags().Uint64Var(&afterSeq, "after-seq", 0, "print events after sequence number `N` (0: every event, failing if some were compacted away)")
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing events as they happen")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per line")
 	cmd.Flags().StringArrayVar(&filters, "filter", nil, "select events by `KEY=VALUE` (repeatable, comma-separated); keys: "+strings.Join(eventsFilterKeys, ", "))
-	cmd.Flags().StringVar(&until, "until", "", "stop at time `T`: RFC3339, Unix seconds, or a duration before now")
+	cmd.Flags().StringVar(&until, "until", "", "stop at time `T`: RFC 3339, Unix seconds, or a duration before now (-10m: from now)")
 	cmd.Flags().BoolVar(&noTrunc, "no-trunc", false, "show full session ids")
 	return cmd
 }

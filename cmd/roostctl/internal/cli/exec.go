@@ -31,7 +31,8 @@ containment: its namespaces, cgroup, uid, seccomp filter, capabilities, Landlock
 exec allowlist (shell.allow). A command the allowlist refuses does not run (exit 126); one
 that cannot be found does not either (127). A paused session must be resumed first.
 The command starts in the session's workdir, with the session's environment; roostctl
-exits with its code (128+N when signal N ended it), or 1 when it could not be run at all.
+exits with its code (128+N when signal N ended it), or 1 when it could not be run at all;
+exec's own usage errors (an unknown flag, no SESSION or COMMAND) exit 125, as run's do.
 Each exec is recorded in the session's events and its trace.
 On a terminal, control characters in the command's output other than newline, tab and
 carriage return (escape sequences that would set the clipboard or the window title, clear

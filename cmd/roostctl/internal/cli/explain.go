@@ -11,6 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
@@ -21,18 +23,35 @@ func (a *app) explainCommand() *cobra.Command {
 	var deadline time.Duration
 	var asJSON, oci bool
 	cmd := &cobra.Command{
-		Use:   "explain CAPSULE|NAME@VERSION",
-		Short: "Show a capsule's effective grants and containment, without running it",
+		Use:   "explain CAPSULE|NAME@VERSION|SESSION",
+		Short: "Show a capsule's effective grants and containment, without running it, or a session's",
 		Long: `explain reads CAPSULE as stage would and prints what a session of it would get: the
 containment floor and where it comes from, the class this host delivers (or why it
 cannot), and every grant with its resolved value and what enforces it. Nothing is
 recorded. The JSON form is what a session's trace.jsonl records as session_start.
 
+explain SESSION (its name, its id or a unique prefix of it) prints the same of a session
+that was staged: what roostd decided then and recorded, which the host or roostd's
+configuration may no longer decide alike. A path that exists, or NAME@VERSION, is a
+capsule; any other argument is a session.
+
 With --oci it prints instead the OCI runtime spec (config.json) a sealed session of the
 capsule runs with, as another runtime (runc, crun) would take it; paths name a session
-called SESSION.`,
-		Args: exactArgs(1, "one CAPSULE"),
+called SESSION. --oci, --containment and --deadline are for a capsule only.`,
+		Example: `  roostctl explain ./capsule
+  roostctl explain hello@0.1.0 --containment sealed
+  roostctl explain web                  # what session web was staged with
+  roostctl explain --json ses_0193 | jq .policy.limits`,
+		Args: exactArgs(1, "one CAPSULE or SESSION"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if !isCapsuleRef(args[0]) {
+				for _, flag := range []string{"oci", "containment", "deadline"} {
+					if cmd.Flags().Changed(flag) {
+						return usageError{fmt.Errorf("--%s explains a capsule, and %q is no path here nor NAME@VERSION; a session is explained as it was staged, without --oci, --containment or --deadline", flag, args[0])}
+					}
+				}
+				return a.explainSession(cmd, args[0], asJSON)
+			}
 			abs, err := capsuleArg(args[0])
 			if err != nil {
 				return err
@@ -69,11 +88,74 @@ called SESSION.`,
 			return nil
 		},
 	}
+	// Set here, not by completeArgs's reading of Use: explain takes a capsule or a session,
+	// and completes both.
+	cmd.ValidArgsFunction = func(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		out, directive := a.completeCapsules(cmd, args, toComplete)
+		if len(args) == 0 {
+			sessions, _ := a.completeSessions(cmd, args, toComplete)
+			out = append(out, sessions...)
+		}
+		return out, directive
+	}
 	cmd.Flags().StringVar(&containment, "containment", "", "explain with this floor, as run --containment")
 	cmd.Flags().DurationVar(&deadline, "deadline", 0, "explain with this deadline, as run --deadline")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the explanation as JSON")
 	cmd.Flags().BoolVar(&oci, "oci", false, "print the OCI runtime spec (config.json) of a sealed session instead")
 	return cmd
+}
+
+// isCapsuleRef says explain's argument names a capsule: NAME@VERSION (no session name has
+// an @), or a path that exists. Anything else is taken for a session.
+func isCapsuleRef(arg string) bool {
+	if strings.Contains(arg, "@") && !strings.Contains(arg, "/") {
+		return true
+	}
+	_, err := os.Stat(arg)
+	return err == nil
+}
+
+// explainSession prints what roostd recorded of a session's explanation when it was staged.
+func (a *app) explainSession(cmd *cobra.Command, ref string, asJSON bool) error {
+	c, err := a.capsules()
+	if err != nil {
+		return err
+	}
+	resp, err := c.Explain(cmd.Context(), &roostv1.ExplainRequest{Session: ref})
+	if status.Code(err) == codes.NotFound {
+		return fmt.Errorf("%s: no capsule there (no such path, and not NAME@VERSION), and %s", ref, status.Convert(err).Message())
+	}
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(cmd.OutOrStdout(), resp.GetExplanation())
+	}
+	out := cmd.OutOrStdout()
+	width := explainWidth(out)
+	printSessionHead(out, resp.GetSession(), resp.GetExplanation(), width)
+	printExplanation(out, resp.GetExplanation(), width)
+	return nil
+}
+
+// printSessionHead says which session an explanation e is of, and what of it stage decided
+// beyond the capsule: its host ids.
+func printSessionHead(out io.Writer, s *roostv1.Session, e *roostv1.Explanation, width int) {
+	head := s.GetId()
+	if s.GetName() != "" {
+		head += " (" + s.GetName() + ")"
+	}
+	field(out, "session", head, width)
+	field(out, "state", outcome(s), width)
+	field(out, "staged", s.GetCreatedAt().AsTime().Local().Format(time.RFC3339)+": what follows is what roostd decided and recorded then", width)
+	if id := s.GetIdentity(); id != nil && !id.GetHostRoot() && id.GetSize() > 0 {
+		// A sealed session's root maps the whole range; any other runs as its first id.
+		ids := fmt.Sprintf("uid and gid %d", id.GetUid())
+		if e.GetContainment().GetAchieved() == "sealed" {
+			ids = fmt.Sprintf("uids and gids %d-%d", id.GetUid(), id.GetUid()+id.GetSize()-1)
+		}
+		field(out, "host ids", ids, width)
+	}
 }
 
 // explainWidth is the width explain wraps its human output to: the terminal's, or 100

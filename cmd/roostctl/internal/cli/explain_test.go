@@ -2,6 +2,8 @@ package cli
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -80,5 +82,65 @@ func TestOCINote(t *testing.T) {
 	e.Containment = &roostv1.ContainmentDecision{Declared: "sealed", FloorMet: false, ShortfallReason: "no user namespaces"}
 	if note := ociNote(e); !strings.Contains(note, "no user namespaces") {
 		t.Errorf("note for an unmet floor: %q", note)
+	}
+}
+
+// TestIsCapsuleRef: NAME@VERSION and a path that exists are capsules; anything else is a
+// session for roostd to resolve.
+func TestIsCapsuleRef(t *testing.T) {
+	dir := t.TempDir()
+	for arg, want := range map[string]bool{
+		"hello@0.1.0":            true,
+		dir:                      true,
+		dir + "/capsule.yaml":    false,
+		"web":                    false,
+		"ses_0193":               false,
+		"./no/such/capsule@1.0":  false,
+		"7f3a9c0d1e2f":           false,
+		dir + "/../" + "nothing": false,
+	} {
+		if got := isCapsuleRef(arg); got != want {
+			t.Errorf("isCapsuleRef(%q) = %v, want %v", arg, got, want)
+		}
+	}
+}
+
+// TestSessionHead: explain SESSION names the session and its state, and the host ids stage
+// gave it: the range a sealed session's root maps, the one uid any other runs as.
+func TestSessionHead(t *testing.T) {
+	s := &roostv1.Session{Id: "ses_01", Name: "web", State: "staged", Identity: &roostv1.Identity{Uid: 1000, Gid: 1000, Size: 100}}
+	for class, want := range map[string]string{"sealed": "host ids     uids and gids 1000-1099\n", "scoped": "host ids     uid and gid 1000\n"} {
+		var out bytes.Buffer
+		printSessionHead(&out, s, &roostv1.Explanation{Containment: &roostv1.ContainmentDecision{Achieved: class}}, 100)
+		if !strings.HasPrefix(out.String(), "session      ses_01 (web)\nstate        staged\n") || !strings.Contains(out.String(), want) {
+			t.Errorf("%s:\n%s", class, out.String())
+		}
+	}
+	var out bytes.Buffer
+	printSessionHead(&out, &roostv1.Session{Id: "ses_01", State: "staged", Identity: &roostv1.Identity{HostRoot: true}}, &roostv1.Explanation{}, 100)
+	if strings.Contains(out.String(), "host ids") || !strings.HasPrefix(out.String(), "session      ses_01\n") {
+		t.Errorf("host root:\n%s", out.String())
+	}
+}
+
+// TestExplainCompletes: explain takes a session as well as a capsule, and still completes
+// capsule directories.
+func TestExplainCompletes(t *testing.T) {
+	t.Setenv("ROOST_SOCKET", t.TempDir()+"/none.sock")
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "hello"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "hello", "capsule.yaml"), []byte("name: hello\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	cmd, _, err := (&app{}).rootCommand().Find([]string{"explain"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := cmd.ValidArgsFunction(cmd, nil, "he")
+	if len(got) != 1 || !strings.HasPrefix(string(got[0]), "hello\t") {
+		t.Fatalf("explain he<TAB>: %q, want the capsule hello", got)
 	}
 }

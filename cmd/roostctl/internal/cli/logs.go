@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -86,36 +85,6 @@ before roost-init recorded times).`,
 	cmd.Flags().BoolVar(&o.json, "json", false, "print one JSON object per line of output, with its stream and time")
 	cmd.Flags().BoolVar(&o.raw, "raw", false, "on a terminal, pass control characters and escape sequences through rather than show them as text")
 	return cmd
-}
-
-// unixSeconds is a time flag given as seconds since the epoch, fractions allowed.
-var unixSeconds = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?$`)
-
-// timeFlagForms says what parseTimeFlag takes, for its errors.
-const timeFlagForms = "a time (2006-01-02T15:04:05Z07:00, or 2006-01-02 in local time), Unix seconds, or a duration before now (10m)"
-
-// parseTimeFlag reads a time flag as docker does: an RFC 3339 time (or its date forms, in
-// local time), Unix seconds, or a duration counted back from now. A negative duration, a
-// time still to come, only where future says the flag can mean one (events --until).
-func parseTimeFlag(flag, s string, now time.Time, future bool) (time.Time, error) {
-	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02"} {
-		if t, err := time.ParseInLocation(layout, s, time.Local); err == nil {
-			return t, nil
-		}
-	}
-	if unixSeconds.MatchString(s) {
-		if secs, err := strconv.ParseFloat(s, 64); err == nil {
-			return time.Unix(0, int64(secs*float64(time.Second))), nil
-		}
-	}
-	if d, err := time.ParseDuration(s); err == nil && (d >= 0 || future) {
-		return now.Add(-d), nil
-	}
-	forms := timeFlagForms
-	if future {
-		forms += "; -10m is ten minutes from now"
-	}
-	return time.Time{}, usageError{fmt.Errorf("%s %q: give %s", flag, s, forms)}
 }
 
 // logsOptions is what logs (and run) ask of a session's output.

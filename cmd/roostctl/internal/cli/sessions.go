@@ -73,7 +73,8 @@ func (a *app) waitCommand() *cobra.Command {
 		Use:   "wait SESSION",
 		Short: "Block until a session ends; exit with its exit code",
 		Long: `wait blocks until SESSION has ended and exits as run would: the capsule's exit code,
-124 deadline reached, 125 never started, 255 lost.
+124 deadline reached, 125 never started, 255 lost. Like run's, wait's own usage errors (an
+unknown flag, no SESSION) exit 125, so none passes for the program's 2.
 
 A parent's children are stopped when it ends; wait returns once they have ended too.`,
 		Args: exactArgs(1, "one SESSION"),
@@ -96,6 +97,16 @@ A parent's children are stopped when it ends; wait returns once they have ended 
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the final record as JSON")
 	return cmd
+}
+
+// programUsageCode is the exit code for code of cmd, a command of root: wait and exec exit
+// with a program's code, as run does, so their own usage errors are 125 as run's are, and
+// never pass for the program's 2.
+func programUsageCode(cmd, root *cobra.Command, code int) int {
+	if code == exitUsage && cmd != nil && cmd.Parent() == root && (cmd.Name() == "wait" || cmd.Name() == "exec") {
+		return exitNoLaunch
+	}
+	return code
 }
 
 func (a *app) stopCommand() *cobra.Command {
@@ -206,14 +217,15 @@ not be reached.`,
 }
 
 func (a *app) rmCommand() *cobra.Command {
-	var force bool
+	var force, asJSON bool
 	cmd := &cobra.Command{
 		Use:   "rm SESSION...",
 		Short: "Forget ended or staged sessions, with their children, and delete their records",
 		Long: `rm forgets each SESSION and every session below it (its children, theirs, and so
 on, children first), and deletes their records directories, homes and the workdirs roost
 made (a --workdir given to run is kept). A live session anywhere in the tree refuses the
-removal unless --force, which kills the live ones first.`,
+removal unless --force, which kills the live ones first. It prints each SESSION as given;
+--json prints instead, one per line, each SESSION's record as it was just before removal.`,
 		Args: minArgs(1, "at least one SESSION"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.sessions()
@@ -221,11 +233,23 @@ removal unless --force, which kills the live ones first.`,
 				return err
 			}
 			return a.eachSession(cmd, args, func(id string) error {
+				var rec *roostv1.Session
+				if asJSON {
+					got, err := c.Get(cmd.Context(), &roostv1.GetRequest{Id: id})
+					if err != nil {
+						return err
+					}
+					// By its id: the name may pass to another session between the two calls.
+					rec, id = got.GetSession(), got.GetSession().GetId()
+				}
 				if _, err := c.Remove(cmd.Context(), &roostv1.RemoveRequest{Id: id, Force: force}); err != nil {
 					if status.Code(err) == codes.FailedPrecondition && !force && !strings.Contains(err.Error(), "--force") && !strings.Contains(err.Error(), "-f") {
 						return fmt.Errorf("%s; stop it first, or remove it with roostctl rm -f", a.describe(err))
 					}
 					return err
+				}
+				if asJSON {
+					return printJSONLine(cmd.OutOrStdout(), rec)
 				}
 				fmt.Fprintln(cmd.OutOrStdout(), id)
 				return nil
@@ -233,6 +257,7 @@ removal unless --force, which kills the live ones first.`,
 		},
 	}
 	cmd.Flags().BoolVarP(&force, "force", "f", false, "kill the live sessions of the tree before removing it")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print each removed session's record as JSON, one per line")
 	return cmd
 }
 

@@ -139,15 +139,18 @@ func ceiling(n int64) string {
 }
 
 func (a *app) setLimitCommand() *cobra.Command {
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "set-limit TOKENS|none",
 		Short: "Set the machine's tokens per UTC day (none or 0: no limit), at once",
 		Long: `set-limit changes the machine's ceiling of tokens per UTC day while roostd runs;
 none (or 0) removes it. It is kept across restarts unless roostd is given
 --machine-tokens-per-day. Calls held by inference.on_exhausted: wait go on once the
-ceiling lets them.`,
+ceiling lets them. --json prints the new ceiling and the one it replaced, 0 for none:
+{"previous":"0","tokens":"2000000"} (numbers as strings, as in every --json of roostctl).`,
 		Example: `  roostctl spend set-limit 2000000
-  roostctl spend set-limit none`,
+  roostctl spend set-limit none
+  roostctl spend set-limit --json 500000 | jq -r .previous`,
 		Args: exactArgs(1, "one TOKENS count or none"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var n int64
@@ -166,10 +169,14 @@ ceiling lets them.`,
 			if err != nil {
 				return err
 			}
+			if asJSON {
+				return printJSONLine(cmd.OutOrStdout(), resp)
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "machine ceiling: %s (was %s)\n", ceiling(resp.GetTokens()), ceiling(resp.GetPrevious()))
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the new ceiling and the previous one as JSON")
 	// "-1" reaches cobra as a shorthand flag; say what is wrong with it as a number.
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		if strings.Contains(err.Error(), "unknown shorthand flag") {

@@ -66,8 +66,9 @@ func TestFilterStatusIsState(t *testing.T) {
 	}
 }
 
-// run's own mistakes exit 125, never a code its program could have exited with; every
-// other command's are 2. None of these reaches a daemon.
+// The own mistakes of run, wait and exec, which exit with a program's code, exit 125, never
+// a code the program could have exited with; every other command's are 2. None of these
+// reaches a daemon.
 func TestUsageExitCodes(t *testing.T) {
 	t.Setenv("ROOST_SOCKET", t.TempDir()+"/none.sock")
 	for _, c := range []struct {
@@ -82,7 +83,15 @@ func TestUsageExitCodes(t *testing.T) {
 		{[]string{"inspect", "-f", "{{.state"}, exitUsage},
 		{[]string{"inspect", "--json", "-f", "{{.state}}", "x"}, exitUsage},
 		{[]string{"stage", "--nope", "x"}, exitUsage},
-		{[]string{"wait"}, exitUsage},
+		{[]string{"wait"}, exitNoLaunch},
+		{[]string{"wait", "--nope", "x"}, exitNoLaunch},
+		{[]string{"exec", "x"}, exitNoLaunch},
+		{[]string{"exec", "--nope", "x", "--", "ls"}, exitNoLaunch},
+		{[]string{"exec", "-e", "NOEQUALS", "x", "--", "ls"}, exitNoLaunch},
+		{[]string{"inspect"}, exitUsage},
+		{[]string{"stop", "--grace", "-1s", "x"}, exitUsage},
+		{[]string{"wait", "x"}, exitUnavailable},
+		{[]string{"exec", "x", "--", "ls"}, exitUnavailable},
 		{[]string{"--version"}, exitOK},
 		{[]string{"ps"}, exitUnavailable},
 	} {
