@@ -1,10 +1,13 @@
 package cli
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 
 	"github.com/spf13/cobra"
+
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
 )
 
 // --memory takes a size as capsule.yaml writes one and sends it in bytes; one left out sends
@@ -55,5 +58,24 @@ func TestUnitsUsageExits(t *testing.T) {
 		if code := Execute(append(c.args, "--socket", "/nonexistent/roostd.sock")); code != c.code {
 			t.Errorf("roostctl %s: exit %d, want %d", strings.Join(c.args, " "), code, c.code)
 		}
+	}
+}
+
+// inspect says the memory limit a session was staged with, and whether its class holds it.
+func TestInspectMemoryLimit(t *testing.T) {
+	for class, want := range map[string]string{
+		"sealed":   "memory limit: 64Mi (67108864 bytes; cgroup memory.max, no swap)\n",
+		"advisory": "memory limit: 64Mi (67108864 bytes; recorded, not enforced under advisory)\n",
+	} {
+		var b bytes.Buffer
+		printSession(&b, &roostv1.Session{Id: "ses_x", MemoryLimitBytes: 64 << 20, Containment: &roostv1.ContainmentState{Achieved: class}})
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("%s: inspect says\n%s\nwant a line %q", class, b.String(), want)
+		}
+	}
+	var b bytes.Buffer
+	printSession(&b, &roostv1.Session{Id: "ses_x"})
+	if strings.Contains(b.String(), "memory limit") {
+		t.Errorf("a session recorded without one shows a memory limit:\n%s", b.String())
 	}
 }
