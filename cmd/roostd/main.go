@@ -127,7 +127,7 @@ func parseFlags(args []string) (*options, error) {
 	var err error
 	if o.machineTokensSet {
 		if o.machineTokens, err = manifest.ParseTokens(*machineTokens); err != nil {
-			return nil, fmt.Errorf("--machine-tokens-per-day: %w", err)
+			return nil, fmt.Errorf("--machine-tokens-per-day %q: %w", *machineTokens, err)
 		}
 	}
 	for _, arg := range *warmCapsules {

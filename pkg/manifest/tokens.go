@@ -20,10 +20,11 @@ var tokenUnits = []struct {
 var ErrTokens = errors.New("expected a token count: a whole number, or one with k (10^3), M (10^6) or G (10^9), as in 500k or 2M")
 
 // ParseTokens reads a token count (see tokenUnits); it must be 0 or more and fit in 64 bits.
+// Its errors do not repeat s: the caller names where it was written, and it.
 func ParseTokens(s string) (int64, error) {
 	for _, b := range []string{"Ki", "Mi", "Gi", "Ti", "Pi", "Ei"} {
 		if strings.HasSuffix(s, b) {
-			return 0, fmt.Errorf("%w, got %q: %s is a power of 1024, for sizes in bytes; tokens are counted in powers of 1000", ErrTokens, s, b)
+			return 0, fmt.Errorf("%w: %s is a power of 1024, for sizes in bytes; tokens are counted in powers of 1000", ErrTokens, b)
 		}
 	}
 	num, factor := s, int64(1)
@@ -34,11 +35,11 @@ func ParseTokens(s string) (int64, error) {
 		}
 	}
 	if num == "" || strings.TrimLeft(num, "0123456789") != "" {
-		return 0, fmt.Errorf("%w, got %q", ErrTokens, s)
+		return 0, ErrTokens
 	}
 	v, err := strconv.ParseInt(num, 10, 64)
 	if err != nil || v > math.MaxInt64/factor {
-		return 0, fmt.Errorf("%q does not fit in 64 bits", s)
+		return 0, errors.New("does not fit in 64 bits")
 	}
 	return v * factor, nil
 }

@@ -157,7 +157,7 @@ ceiling lets them. TOKENS is a whole number, or one with k, M or G: 500k is 500,
 			if args[0] != "none" {
 				var err error
 				if n, err = manifest.ParseTokens(args[0]); err != nil {
-					return usageError{fmt.Errorf("TOKENS: %w; or none to remove the limit", err)}
+					return usageError{fmt.Errorf("TOKENS %q: %w; or none to remove the limit", args[0], err)}
 				}
 			}
 			conn, err := a.connect()
