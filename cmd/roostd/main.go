@@ -33,6 +33,7 @@ import (
 	"roost.dev/roost/pkg/gateway"
 	"roost.dev/roost/pkg/hooks"
 	"roost.dev/roost/pkg/ledger"
+	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/metrics"
 	"roost.dev/roost/pkg/server"
 	"roost.dev/roost/pkg/session"
@@ -57,6 +58,8 @@ type options struct {
 	maxDepth      int
 	maxConcurrent int
 	machineTokens int64
+	// machineTokensArg: the flag as typed (units allowed), parsed into machineTokens.
+	machineTokensArg string
 	// machineTokensSet: the flag was given, so it replaces the ceiling the ledger keeps
 	// (roostctl spend set-limit changes it at run time; a restart without the flag keeps that).
 	machineTokensSet bool
@@ -100,6 +103,12 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("unexpected argument %q (roostd takes only flags)", fs.Arg(0))
 	}
 	o.machineTokensSet = fs.Changed("machine-tokens-per-day")
+	var err error
+	if o.machineTokensSet {
+		if o.machineTokens, err = manifest.ParseTokens(o.machineTokensArg); err != nil {
+			return nil, fmt.Errorf("--machine-tokens-per-day %q: %w", o.machineTokensArg, err)
+		}
+	}
 	for _, arg := range *warmCapsules {
 		c, err := parseWarmCapsule(arg)
 		if err != nil {
@@ -107,7 +116,6 @@ func parseFlags(args []string) (*options, error) {
 		}
 		o.warmCapsules = append(o.warmCapsules, c)
 	}
-	var err error
 	if o.logLevel, err = parseLogLevel(*logLevel); err != nil {
 		return nil, err
 	}
@@ -119,8 +127,6 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--max-depth %d: must be 0 or more", o.maxDepth)
 	case o.maxConcurrent < 0:
 		return nil, fmt.Errorf("--max-concurrent %d: must be 0 or more", o.maxConcurrent)
-	case o.machineTokens < 0:
-		return nil, fmt.Errorf("--machine-tokens-per-day %d: must be 0 or more", o.machineTokens)
 	case o.reservationTTL < time.Second:
 		return nil, fmt.Errorf("--reservation-ttl %s: must be at least 1s", o.reservationTTL)
 	case o.warmPool < 0:
@@ -146,7 +152,7 @@ func flagSet(o *options) (fs *pflag.FlagSet, warmCapsules *[]string, logLevel *s
 	fs.StringVar(&o.configFile, "config", "", "YAML file with inference upstreams and other long settings")
 	fs.IntVar(&o.maxDepth, "max-depth", 3, "delegation depth allowed below a top-level session")
 	fs.IntVar(&o.maxConcurrent, "max-concurrent", 4, "live children per parent session")
-	fs.Int64Var(&o.machineTokens, "machine-tokens-per-day", 0, "machine-wide token ceiling per UTC day; 0 = none (when absent, the last one set is kept)")
+	fs.StringVar(&o.machineTokensArg, "machine-tokens-per-day", "0", "machine-wide ceiling of `TOKENS` per UTC day: a whole number, or with k, M or G (powers of 1000: 500k, 10M); 0 = none (when absent, the last one set is kept)")
 	fs.DurationVar(&o.reservationTTL, "reservation-ttl", ledger.DefaultTTL, "how long a token reservation stays open before it is charged in full")
 	fs.StringVar(&o.containment, "containment", "", "host-wide containment floor: unconfined, advisory, scoped or sealed")
 	fs.StringVar(&o.cgroupParent, "cgroup-parent", "", "where sessions' cgroups go: a cgroup path (cgroupfs) or a slice (systemd); default: beneath roostd's own cgroup when systemd delegates it in a leaf (DelegateSubgroup=supervisor), else /roost")

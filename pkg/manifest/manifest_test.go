@@ -233,6 +233,14 @@ func TestDefaultsFilledAndDeclaredKept(t *testing.T) {
 	if q.Limits.DeadlineSeconds.Value != 10 {
 		t.Errorf("LowerDeadline raised the deadline: %+v", q.Limits.DeadlineSeconds)
 	}
+	q.LowerCgroupMemory(64 << 20)
+	if q.Resources.CgroupMemoryBytes.Value != 64<<20 || q.Resources.CgroupMemoryBytes.Declared != nil {
+		t.Errorf("LowerCgroupMemory: %+v", q.Resources.CgroupMemoryBytes)
+	}
+	q.LowerCgroupMemory(DefaultCgroupMemoryBytes)
+	if q.Resources.CgroupMemoryBytes.Value != 64<<20 {
+		t.Errorf("LowerCgroupMemory raised the memory: %+v", q.Resources.CgroupMemoryBytes)
+	}
 }
 
 func TestErrors(t *testing.T) {

@@ -290,6 +290,14 @@ func (p *Policy) LowerDeadline(seconds int64) {
 	}
 }
 
+// LowerCgroupMemory lowers resources.cgroup_memory_bytes to bytes when that is less; like the
+// deadline, it can only be lowered from outside the manifest. The declared form is kept.
+func (p *Policy) LowerCgroupMemory(bytes int64) {
+	if bytes > 0 && bytes < p.Resources.CgroupMemoryBytes.Value {
+		p.Resources.CgroupMemoryBytes.Value = bytes
+	}
+}
+
 func deref(b *bool) bool { return b != nil && *b }
 
 func unique(in []string) []string {

@@ -25,6 +25,10 @@ var sizeUnits = []struct {
 // ErrSize is a size that does not read.
 var ErrSize = errors.New("expected a size in bytes: a whole number, or one with a unit (64Mi, 4Gi: powers of 1024; 64M, 4G: powers of 1000)")
 
+// errZeroSize is a size of 0, which bounds nothing; where it is written says what to do
+// instead.
+var errZeroSize = errors.New("must be greater than 0")
+
 // ParseSize reads a size in bytes (see sizeUnits); it must be above 0 and fit in 64 bits.
 func ParseSize(s string) (int64, error) {
 	num, factor := s, int64(1)
@@ -42,9 +46,22 @@ func ParseSize(s string) (int64, error) {
 		return 0, fmt.Errorf("%q does not fit in 64 bits", s)
 	}
 	if v == 0 {
-		return 0, fmt.Errorf("must be greater than 0 (leave the key out for the default), got %q", s)
+		return 0, fmt.Errorf("%w, got %q", errZeroSize, s)
 	}
 	return v * factor, nil
+}
+
+// FormatSize writes a size as ParseSize reads it, in the largest unit that holds it exactly
+// (1073741824 is 1Gi, 4000000000 is 4G, 1000 is 1k), so a refusal shows the figure as an
+// operator would have typed it.
+func FormatSize(n int64) string {
+	suffix, factor := "", int64(1)
+	for _, u := range sizeUnits {
+		if n != 0 && n%u.factor == 0 && u.factor > factor {
+			suffix, factor = u.suffix, u.factor
+		}
+	}
+	return strconv.FormatInt(n/factor, 10) + suffix
 }
 
 // size reads a size in bytes: a whole number as positive reads it, or a string with a unit.
@@ -53,6 +70,10 @@ func (d *decoder) size(n *yaml.Node, path string) *int64 {
 		return d.positive(n, path)
 	}
 	v, err := ParseSize(n.Value)
+	if errors.Is(err, errZeroSize) {
+		d.fail(n, path, "%v (leave the key out for the default), got %q", errZeroSize, n.Value)
+		return nil
+	}
 	if err != nil {
 		d.fail(n, path, "%v", err)
 		return nil

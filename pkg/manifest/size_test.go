@@ -26,6 +26,16 @@ func TestParseSize(t *testing.T) {
 	}
 }
 
+func TestFormatSize(t *testing.T) {
+	for n, want := range map[int64]string{
+		1: "1", 1023: "1023", 1000: "1k", 1024: "1Ki", 64 << 20: "64Mi", 1 << 30: "1Gi", 4e9: "4G", 2048000: "2000Ki", 7 << 60: "7Ei",
+	} {
+		if got := FormatSize(n); got != want {
+			t.Errorf("FormatSize(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
 // A capsule's sizes take units; one that does not read is refused at its field and line.
 func TestSizesInManifest(t *testing.T) {
 	const head = "name: s\nversion: 0.1.0\nrun:\n  command: [\"true\"]\ncapabilities:\n  containment: scoped\n"
@@ -39,6 +49,13 @@ func TestSizesInManifest(t *testing.T) {
 		!strings.Contains(e.Fields[0].Msg, `64Mi, 4Gi`) || !strings.Contains(e.Fields[0].Msg, `"64mb"`) {
 		t.Errorf("error: %v", e)
 	}
+	// A zero size in the file says how to get the default; ParseSize alone, for a flag, does not.
+	if e := parseErr(t, head+"  resources:\n    cgroup_memory_bytes: 0Mi\n"); !strings.Contains(e.Error(), "must be greater than 0 (leave the key out for the default)") {
+		t.Errorf("error: %v", e)
+	}
+	if _, err := ParseSize("0"); err == nil || strings.Contains(err.Error(), "key") {
+		t.Errorf("ParseSize(0): %v", err)
+	}
 	// Counts are not sizes: a unit there is refused.
 	if e := parseErr(t, head+"  resources:\n    cgroup_pids_max: 4Ki\n"); !strings.Contains(e.Error(), "expected a whole number") {
 		t.Errorf("error: %v", e)
@@ -46,7 +63,7 @@ func TestSizesInManifest(t *testing.T) {
 }
 
 func FuzzParseSize(f *testing.F) {
-	for _, s := range []string{"64Mi", "4G", "0", "8Ei", "1.5Gi", "", "99999999999999999999k"} {
+	for _, s := range []string{"64Mi", "4G", "0", "8Ei", "1.5Gi", "", "99999999999999999999k", "+5"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -54,7 +71,13 @@ func FuzzParseSize(f *testing.F) {
 		if err == nil && v <= 0 {
 			t.Fatalf("ParseSize(%q) = %d with no error", s, v)
 		}
-		if n, perr := strconv.ParseInt(s, 10, 64); perr == nil && n > 0 && (err != nil || v != n) {
+		if err == nil {
+			if back, err := ParseSize(FormatSize(v)); err != nil || back != v {
+				t.Fatalf("ParseSize(FormatSize(%d)) = %d, %v", v, back, err)
+			}
+		}
+		// ParseInt also reads "+5", which ParseSize refuses: digits only.
+		if n, perr := strconv.ParseInt(s, 10, 64); perr == nil && n > 0 && strings.TrimLeft(s, "0123456789") == "" && (err != nil || v != n) {
 			t.Fatalf("ParseSize(%q) = %d, %v; a plain number is itself", s, v, err)
 		}
 	})

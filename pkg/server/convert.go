@@ -39,6 +39,9 @@ func SessionProto(r *store.Record) *roostv1.Session {
 		Detail:      r.Detail,
 		Command:     r.Command,
 		Warm:        r.Warm,
+		// What it was staged with: the cgroup's own memory.max shows only while it lives
+		// (Usage), and advisory sessions' cgroups set none.
+		MemoryLimitBytes: r.MemoryLimit,
 	}
 	if r.ExitCode != nil {
 		code := int32(*r.ExitCode)

@@ -208,6 +208,8 @@ func (s *sessionService) Stage(ctx context.Context, req *roostv1.StageRequest) (
 		return nil, err
 	}
 	opts.Name = req.GetName()
+	// Planning refuses one below 0, or above the capsule's.
+	opts.MemoryBytes = req.GetMemoryBytes()
 	rec, err := s.m.Stage(opts)
 	if err != nil {
 		return nil, err

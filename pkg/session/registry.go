@@ -44,7 +44,8 @@ func (r registry) childrenOf(parentID string) ([]*store.Record, error) {
 	return out, err
 }
 
-// manifest is the manifest the session was staged with, and its policy.
+// manifest is the manifest the session was staged with, and its policy: the manifest's, with
+// what stage lowered it to.
 func (r registry) manifest(rec *store.Record) (*manifest.Manifest, *manifest.Policy, error) {
 	var raw []byte
 	if err := r.View(func(tx *store.Tx) (err error) {
@@ -58,6 +59,7 @@ func (r registry) manifest(rec *store.Record) (*manifest.Manifest, *manifest.Pol
 		return nil, nil, fmt.Errorf("session %s: its recorded manifest no longer parses: %w", rec.ID, err)
 	}
 	p := manifest.Lower(man)
+	p.LowerCgroupMemory(rec.MemoryLimit)
 	return man, &p, nil
 }
 

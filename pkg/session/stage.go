@@ -29,7 +29,7 @@ import (
 
 // plan is what of the options planning reads.
 func (o StageOptions) plan() plan.Options {
-	return plan.Options{Capsule: o.Capsule, Deadline: o.Deadline, Containment: o.Containment}
+	return plan.Options{Capsule: o.Capsule, Deadline: o.Deadline, MemoryBytes: o.MemoryBytes, Containment: o.Containment}
 }
 
 // StageOptions is what an operator asks for beyond the capsule itself.
@@ -40,6 +40,8 @@ type StageOptions struct {
 	Workdir string
 	// Deadline lowers limits.deadline_seconds; 0 leaves it.
 	Deadline time.Duration
+	// MemoryBytes lowers resources.cgroup_memory_bytes; 0 leaves it.
+	MemoryBytes int64
 	// Containment raises the floor; ClassNone leaves it.
 	Containment manifest.Class
 	// Name names the session (run|stage --name); empty for none. A child a session spawns
@@ -175,6 +177,7 @@ func (m *Manager) stage(p *plan.Plan, opts StageOptions) (*store.Record, error) 
 		Command:      plan.Command(p.Ref.Root(), p.Manifest.Run),
 		Deadline:     time.Duration(p.Policy.Limits.DeadlineSeconds.Value) * time.Second,
 		WorkdirLimit: p.Policy.Resources.WorkdirMaxBytes.Value,
+		MemoryLimit:  p.Policy.Resources.CgroupMemoryBytes.Value,
 		Shell:        p.Shell,
 		Wasm:         wasm,
 		CreatedAt:    time.Now().UTC(),

@@ -25,6 +25,20 @@ func deadlineAbove(p manifest.Policy, d time.Duration) error {
 	return fmt.Errorf("--deadline %s is above %s; it can only lower it: %w", d, whose, errdefs.ErrInvalidArgument)
 }
 
+// memoryAbove refuses a requested cgroup memory above the capsule's own (declared, or the
+// default when it declares none): --memory can only lower it.
+func memoryAbove(p manifest.Policy, bytes int64) error {
+	limit := p.Resources.CgroupMemoryBytes
+	if bytes <= limit.Value {
+		return nil
+	}
+	whose := fmt.Sprintf("the capsule's resources.cgroup_memory_bytes (%s)", manifest.FormatSize(limit.Value))
+	if limit.Declared == nil {
+		whose = fmt.Sprintf("the default cgroup memory (%s; the capsule declares no resources.cgroup_memory_bytes)", manifest.FormatSize(limit.Value))
+	}
+	return fmt.Errorf("--memory %s is above %s; it can only lower it: %w", manifest.FormatSize(bytes), whose, errdefs.ErrInvalidArgument)
+}
+
 // shellAllowRefused says, of a shell.allow name found nowhere, where a sealed session would
 // have looked (the sealed root binds the host's /usr, so the host's PATH is its PATH), and
 // what a program the session installs itself needs instead.

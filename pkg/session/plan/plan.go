@@ -47,6 +47,8 @@ type Options struct {
 	Capsule string
 	// Deadline lowers limits.deadline_seconds; 0 leaves it.
 	Deadline time.Duration
+	// MemoryBytes lowers resources.cgroup_memory_bytes; 0 leaves it.
+	MemoryBytes int64
 	// Containment raises the floor; ClassNone leaves it.
 	Containment manifest.Class
 }
@@ -137,6 +139,16 @@ func (pl *Planner) Plan(opts Options, toStore bool) (*Plan, error) {
 			return nil, err
 		}
 		policy.LowerDeadline(int64(opts.Deadline / time.Second))
+	}
+	if opts.MemoryBytes != 0 {
+		if opts.MemoryBytes < 0 {
+			return nil, fmt.Errorf("memory %d bytes: must be positive: %w", opts.MemoryBytes, errdefs.ErrInvalidArgument)
+		}
+		// As the deadline: refused above, so no session runs believed smaller than it is.
+		if err := memoryAbove(policy, opts.MemoryBytes); err != nil {
+			return nil, err
+		}
+		policy.LowerCgroupMemory(opts.MemoryBytes)
 	}
 	if digest == "" {
 		// The tree's errors name it and say what is wrong (a link on the way, a device,

@@ -90,6 +90,10 @@ type Record struct {
 	Command []string `json:"command"`
 	// Deadline is the session's wall-clock budget, from the moment it runs.
 	Deadline time.Duration `json:"deadline"`
+	// MemoryLimit is resources.cgroup_memory_bytes as staged, lowered by stage's memory
+	// option: the manifest alone does not say it (see registry.manifest). 0 for a session
+	// staged before it was kept.
+	MemoryLimit int64 `json:"memory_limit,omitempty"`
 	// WorkdirLimit is resources.workdir_max_bytes: how large the workdir may grow.
 	WorkdirLimit int64     `json:"workdir_limit,omitempty"`
 	DeadlineAt   time.Time `json:"deadline_at,omitzero"`

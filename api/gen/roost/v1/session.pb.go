@@ -75,9 +75,13 @@ type Session struct {
 	Warm bool `protobuf:"varint,25,opt,name=warm,proto3" json:"warm,omitempty"`
 	// The execs the session's exec allowlist refused (scoped and sealed sessions; its own
 	// process tree, not commands roostctl exec started); absent when none was.
-	ExecRefused   *ExecRefusals `protobuf:"bytes,26,opt,name=exec_refused,json=execRefused,proto3" json:"exec_refused,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ExecRefused *ExecRefusals `protobuf:"bytes,26,opt,name=exec_refused,json=execRefused,proto3" json:"exec_refused,omitempty"`
+	// resources.cgroup_memory_bytes as staged (lowered by run|stage --memory): the memory
+	// ceiling of a sealed or scoped session's cgroup; recorded, not enforced, for advisory
+	// and unconfined ones. 0 for a session staged by a roostd from before it was recorded.
+	MemoryLimitBytes int64 `protobuf:"varint,27,opt,name=memory_limit_bytes,json=memoryLimitBytes,proto3" json:"memory_limit_bytes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Session) Reset() {
@@ -290,6 +294,13 @@ func (x *Session) GetExecRefused() *ExecRefusals {
 		return x.ExecRefused
 	}
 	return nil
+}
+
+func (x *Session) GetMemoryLimitBytes() int64 {
+	if x != nil {
+		return x.MemoryLimitBytes
+	}
+	return 0
 }
 
 // ExecRefusals counts the execs a session's exec allowlist refused: a program not on it, a
@@ -1083,7 +1094,10 @@ type StageRequest struct {
 	Containment string `protobuf:"bytes,4,opt,name=containment,proto3" json:"containment,omitempty"`
 	// A name for the session: [a-z0-9][a-z0-9_.-]*, at most 64 bytes, unique among the
 	// sessions not removed.
-	Name          string `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
+	Name string `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
+	// Lowers resources.cgroup_memory_bytes to this many bytes; it can never raise it. 0
+	// leaves it.
+	MemoryBytes   int64 `protobuf:"varint,6,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1151,6 +1165,13 @@ func (x *StageRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *StageRequest) GetMemoryBytes() int64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
 }
 
 type StageResponse struct {
@@ -3118,7 +3139,7 @@ var File_roost_v1_session_proto protoreflect.FileDescriptor
 
 const file_roost_v1_session_proto_rawDesc = "" +
 	"\n" +
-	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfe\a\n" +
+	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xac\b\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
 	"\acapsule\x18\x02 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x12\x14\n" +
@@ -3151,7 +3172,8 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x04wasm\x18\x17 \x01(\v2\x11.roost.v1.WasmRunR\x04wasm\x12\x12\n" +
 	"\x04name\x18\x18 \x01(\tR\x04name\x12\x12\n" +
 	"\x04warm\x18\x19 \x01(\bR\x04warm\x129\n" +
-	"\fexec_refused\x18\x1a \x01(\v2\x16.roost.v1.ExecRefusalsR\vexecRefusedB\f\n" +
+	"\fexec_refused\x18\x1a \x01(\v2\x16.roost.v1.ExecRefusalsR\vexecRefused\x12,\n" +
+	"\x12memory_limit_bytes\x18\x1b \x01(\x03R\x10memoryLimitBytesB\f\n" +
 	"\n" +
 	"_exit_code\"G\n" +
 	"\fExecRefusals\x12\x14\n" +
@@ -3214,13 +3236,14 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x05Spend\x12\x16\n" +
 	"\x06tokens\x18\x01 \x01(\x03R\x06tokens\x12!\n" +
 	"\finput_tokens\x18\x02 \x01(\x03R\vinputTokens\x12#\n" +
-	"\routput_tokens\x18\x03 \x01(\x03R\foutputTokens\"\xaf\x01\n" +
+	"\routput_tokens\x18\x03 \x01(\x03R\foutputTokens\"\xd2\x01\n" +
 	"\fStageRequest\x12\x18\n" +
 	"\acapsule\x18\x01 \x01(\tR\acapsule\x12\x18\n" +
 	"\aworkdir\x18\x02 \x01(\tR\aworkdir\x125\n" +
 	"\bdeadline\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bdeadline\x12 \n" +
 	"\vcontainment\x18\x04 \x01(\tR\vcontainment\x12\x12\n" +
-	"\x04name\x18\x05 \x01(\tR\x04name\"<\n" +
+	"\x04name\x18\x05 \x01(\tR\x04name\x12!\n" +
+	"\fmemory_bytes\x18\x06 \x01(\x03R\vmemoryBytes\"<\n" +
 	"\rStageResponse\x12+\n" +
 	"\asession\x18\x01 \x01(\v2\x11.roost.v1.SessionR\asession\"\x1f\n" +
 	"\rLaunchRequest\x12\x0e\n" +

@@ -18,6 +18,7 @@ import (
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/cmd/roostctl/internal/termtext"
+	"roost.dev/roost/pkg/manifest"
 )
 
 // jsonOptions give proto field names (snake_case) and keep zero values, so every key a
@@ -176,6 +177,13 @@ func printSession(w io.Writer, s *roostv1.Session) {
 	row("created", stamp(s.GetCreatedAt()))
 	if s.GetStartedAt() != nil {
 		row("started", stamp(s.GetStartedAt()))
+	}
+	if n := s.GetMemoryLimitBytes(); n > 0 {
+		how := "cgroup memory.max, no swap"
+		if c := s.GetContainment().GetAchieved(); c != "sealed" && c != "scoped" {
+			how = "recorded, not enforced under " + orDash(c)
+		}
+		row("memory limit", fmt.Sprintf("%s (%d bytes; %s)", manifest.FormatSize(n), n, how))
 	}
 	if s.GetDeadlineAt() != nil && s.GetState() != "exited" {
 		row("deadline", stamp(s.GetDeadlineAt()))

@@ -16,12 +16,14 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
+	"roost.dev/roost/pkg/manifest"
 )
 
 // stageFlags are the options run and stage share.
 type stageFlags struct {
 	workdir     string
 	deadline    time.Duration
+	memory      sizeValue
 	containment string
 	json        bool
 	name        string
@@ -30,10 +32,34 @@ type stageFlags struct {
 func (f *stageFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.workdir, "workdir", "", "use DIR as the session's working directory (created if missing; kept on rm)")
 	cmd.Flags().DurationVar(&f.deadline, "deadline", 0, "end the session after DUR (whole seconds); can only lower limits.deadline_seconds")
+	cmd.Flags().VarP(&f.memory, "memory", "m", "bound the session's cgroup memory to SIZE: bytes, or 64Mi, 4Gi (powers of 1024), 512M, 4G (of 1000); can only lower resources.cgroup_memory_bytes")
 	cmd.Flags().StringVar(&f.containment, "containment", "", "require at least this class: unconfined, advisory, scoped or sealed")
 	cmd.Flags().BoolVar(&f.json, "json", false, "print the session record as JSON")
 	cmd.Flags().StringVar(&f.name, "name", "", "give the session a `NAME` every command takes: [a-z0-9][a-z0-9_.-]*, at most 64 bytes, unique until rm")
 }
+
+// sizeValue is a flag's size in bytes, written as capsule.yaml writes sizes
+// (manifest.ParseSize): one that does not read is a usage error naming the flag and the
+// units there are.
+type sizeValue int64
+
+func (v *sizeValue) Set(s string) error {
+	n, err := manifest.ParseSize(s)
+	if err != nil {
+		return err
+	}
+	*v = sizeValue(n)
+	return nil
+}
+
+func (v *sizeValue) String() string {
+	if *v == 0 {
+		return ""
+	}
+	return manifest.FormatSize(int64(*v))
+}
+
+func (v *sizeValue) Type() string { return "SIZE" }
 
 // capsuleArg is what the daemon is told a CAPSULE argument names: a pushed capsule's
 // name@version as it is, a directory as an absolute path (the daemon has another working
@@ -70,7 +96,7 @@ func (f *stageFlags) request(capsule string) (*roostv1.StageRequest, error) {
 		return nil, err
 	}
 	// roostd checks the name (and says what is wrong with it): one rule, in one place.
-	req := &roostv1.StageRequest{Capsule: abs, Containment: f.containment, Name: f.name}
+	req := &roostv1.StageRequest{Capsule: abs, Containment: f.containment, Name: f.name, MemoryBytes: int64(f.memory)}
 	if f.workdir != "" {
 		if req.Workdir, err = filepath.Abs(f.workdir); err != nil {
 			return nil, err
@@ -212,6 +238,7 @@ or move about the screen) are shown as text, \x1b for ESC; --raw passes them thr
 they are. Piped or redirected, the output is always the program's bytes as they are.`,
 		Example: `  roostctl run examples/hello
   roostctl run --deadline 30s --workdir ./out examples/hello
+  roostctl run --memory 512Mi examples/hello
   roostctl run --detach examples/hello && roostctl ps
   roostctl run --name web -d examples/countdown && roostctl logs -f web`,
 		Args: exactArgs(1, "one CAPSULE"),

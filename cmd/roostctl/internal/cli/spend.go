@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
+	"roost.dev/roost/pkg/manifest"
 )
 
 func (a *app) spendCommand() *cobra.Command {
@@ -146,19 +147,21 @@ func (a *app) setLimitCommand() *cobra.Command {
 		Long: `set-limit changes the machine's ceiling of tokens per UTC day while roostd runs;
 none (or 0) removes it. It is kept across restarts unless roostd is given
 --machine-tokens-per-day. Calls held by inference.on_exhausted: wait go on once the
-ceiling lets them. --json prints the new ceiling and the one it replaced, 0 for none:
-{"previous":"0","tokens":"2000000"} (numbers as strings, as in every --json of roostctl).`,
+ceiling lets them. TOKENS is a whole number, or one with k, M or G: 500k is 500,000 and
+2M 2,000,000 (powers of 1000; Ki, Mi, Gi are for bytes and refused). --json prints the new
+ceiling and the one it replaced, 0 for none: {"previous":"0","tokens":"2000000"} (numbers as
+strings, as in every --json of roostctl).`,
 		Example: `  roostctl spend set-limit 2000000
+  roostctl spend set-limit 2M
   roostctl spend set-limit none
-  roostctl spend set-limit --json 500000 | jq -r .previous`,
+  roostctl spend set-limit --json 500k | jq -r .previous`,
 		Args: exactArgs(1, "one TOKENS count or none"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var n int64
 			if args[0] != "none" {
 				var err error
-				n, err = strconv.ParseInt(args[0], 10, 64)
-				if err != nil || n < 0 {
-					return usageError{fmt.Errorf("TOKENS %q: give a whole number of tokens, or none to remove the limit", args[0])}
+				if n, err = manifest.ParseTokens(args[0]); err != nil {
+					return usageError{fmt.Errorf("TOKENS %q: %w; or none to remove the limit", args[0], err)}
 				}
 			}
 			conn, err := a.connect()
