@@ -14,10 +14,7 @@ import (
 // unit: Ki, Mi, Gi, Ti, Pi, Ei are powers of 1024 (64Mi is 67,108,864), k, M, G, T, P, E
 // powers of 1000 (4G is 4,000,000,000). Nothing else is guessed at: 64mb, 4g or 1.5Gi are
 // refused naming the units there are, since docker's 4g (GiB) and a 4G (10^9) differ by 7 %.
-var sizeUnits = []struct {
-	suffix string
-	factor int64
-}{
+var sizeUnits = []unit{
 	{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"Ti", 1 << 40}, {"Pi", 1 << 50}, {"Ei", 1 << 60},
 	{"k", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}, {"P", 1e15}, {"E", 1e18},
 }
@@ -31,22 +28,45 @@ var errZeroSize = errors.New("must be greater than 0")
 
 // ParseSize reads a size in bytes (see sizeUnits); it must be above 0 and fit in 64 bits.
 func ParseSize(s string) (int64, error) {
+	v, err := scaled(s, sizeUnits)
+	switch {
+	case errors.Is(err, errNotANumber):
+		return 0, fmt.Errorf("%w, got %q", ErrSize, s)
+	case err != nil:
+		return 0, fmt.Errorf("%q %w", s, err)
+	}
+	if v == 0 {
+		return 0, fmt.Errorf("%w, got %q", errZeroSize, s)
+	}
+	return v, nil
+}
+
+// unit is a suffix and what it multiplies by.
+type unit struct {
+	suffix string
+	factor int64
+}
+
+var (
+	errNotANumber = errors.New("not a whole number with one of the units")
+	errOverflow   = errors.New("does not fit in 64 bits")
+)
+
+// scaled reads digits followed by at most one of units' suffixes (the first that matches).
+func scaled(s string, units []unit) (int64, error) {
 	num, factor := s, int64(1)
-	for _, u := range sizeUnits {
+	for _, u := range units {
 		if n, ok := strings.CutSuffix(s, u.suffix); ok {
 			num, factor = n, u.factor
 			break
 		}
 	}
 	if num == "" || strings.TrimLeft(num, "0123456789") != "" {
-		return 0, fmt.Errorf("%w, got %q", ErrSize, s)
+		return 0, errNotANumber
 	}
 	v, err := strconv.ParseInt(num, 10, 64)
 	if err != nil || v > math.MaxInt64/factor {
-		return 0, fmt.Errorf("%q does not fit in 64 bits", s)
-	}
-	if v == 0 {
-		return 0, fmt.Errorf("%w, got %q", errZeroSize, s)
+		return 0, errOverflow
 	}
 	return v * factor, nil
 }

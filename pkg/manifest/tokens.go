@@ -3,18 +3,13 @@ package manifest
 import (
 	"errors"
 	"fmt"
-	"math"
-	"strconv"
 	"strings"
 )
 
 // Token counts are written as whole numbers or with an SI multiplier: k is 1000, M 10^6, G
 // 10^9 (2M is 2,000,000). A token is not a byte, so the binary units sizes take (Ki, Mi,
 // Gi) are refused saying so, rather than read as a count 2.4 % or 7 % off what was meant.
-var tokenUnits = []struct {
-	suffix string
-	factor int64
-}{{"k", 1e3}, {"M", 1e6}, {"G", 1e9}}
+var tokenUnits = []unit{{"k", 1e3}, {"M", 1e6}, {"G", 1e9}}
 
 // ErrTokens is a token count that does not read.
 var ErrTokens = errors.New("expected a token count: a whole number, or one with k (10^3), M (10^6) or G (10^9), as in 500k or 2M")
@@ -27,19 +22,9 @@ func ParseTokens(s string) (int64, error) {
 			return 0, fmt.Errorf("%w: %s is a power of 1024, for sizes in bytes; tokens are counted in powers of 1000", ErrTokens, b)
 		}
 	}
-	num, factor := s, int64(1)
-	for _, u := range tokenUnits {
-		if n, ok := strings.CutSuffix(s, u.suffix); ok {
-			num, factor = n, u.factor
-			break
-		}
-	}
-	if num == "" || strings.TrimLeft(num, "0123456789") != "" {
+	v, err := scaled(s, tokenUnits)
+	if errors.Is(err, errNotANumber) {
 		return 0, ErrTokens
 	}
-	v, err := strconv.ParseInt(num, 10, 64)
-	if err != nil || v > math.MaxInt64/factor {
-		return 0, errors.New("does not fit in 64 bits")
-	}
-	return v * factor, nil
+	return v, err
 }

@@ -2,9 +2,7 @@ package e2e
 
 import (
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -29,22 +27,11 @@ type heldUpstream struct {
 
 func startHeldUpstream(t *testing.T) *heldUpstream {
 	t.Helper()
-	u := &heldUpstream{release: make(chan struct{})}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		u.arrived.Add(1)
-		<-u.release
-		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
-	})}
-	go srv.Serve(ln)
-	t.Cleanup(func() { u.free(); srv.Close() })
-	u.url = "http://" + ln.Addr().String()
-	return u
+	return heldUpstreamIn(t, ln)
 }
 
 func (u *heldUpstream) free() { u.once.Do(func() { close(u.release) }) }
