@@ -1,0 +1,5 @@
+export { Roost, Sessions, Session, Artifacts } from "./roost.js";
+export type { CreateOptions, ExecOptions, ExecResult, SessionRecord } from "./roost.js";
+export type { ConnectOptions, Pem } from "./transport.js";
+export { DEFAULT_SOCKET } from "./transport.js";
+export * from "./errors.js";
