@@ -58,7 +58,7 @@ export function transportFor(opts: ConnectOptions): { transport: Transport; clos
     const transport = createGrpcTransport({ baseUrl, sessionManager: manager });
     return { transport, close: () => manager.abort(), local: false, target: baseUrl };
   }
-  const socket = opts.socket ?? process.env.ROOST_SOCKET ?? DEFAULT_SOCKET;
+  const socket = opts.socket || process.env.ROOST_SOCKET || DEFAULT_SOCKET;
   // The authority is the socket's: any host name serves, since no DNS is asked.
   const baseUrl = "http://localhost";
   const manager = new Http2SessionManager(baseUrl, {}, { createConnection: () => net.connect(socket) });
