@@ -19,7 +19,7 @@ def main() -> int:
         with Roost.connect() as roost, roost.sessions.create(capsule=capsule) as s:
             print(f"session {s.id}: {s.state}, {s.record.containment.achieved}")
 
-            r = s.exec("echo hello from $(uname -n); ls /", timeout=10)
+            r = s.exec("echo hello from $(uname -n) in $(pwd); ls -a", timeout=10)
             print(f"exit {r.exit_code}:\n{r.stdout}")
 
             refused = s.exec(["/usr/bin/id"])

@@ -13,7 +13,7 @@ try {
   const s = await roost.sessions.create({ capsule: process.argv[2] ?? "sdk/examples/sandbox" });
   console.log(`session ${s.id}: ${s.state}, ${s.record.containment?.achieved}`);
 
-  const r = await s.exec("echo hello from $(uname -n); ls /", { timeout: 10_000 });
+  const r = await s.exec("echo hello from $(uname -n) in $(pwd); ls -a", { timeout: 10_000 });
   console.log(`exit ${r.exitCode}:\n${r.stdout}`);
 
   const refused = await s.exec(["/usr/bin/id"]);

@@ -1,13 +1,13 @@
-import { realpathSync } from "node:fs";
+import { existsSync, realpathSync } from "node:fs";
 import * as path from "node:path";
 import { durationFromMs } from "@bufbuild/protobuf/wkt";
-import { createClient, type Client } from "@connectrpc/connect";
+import { Code, createClient, type Client } from "@connectrpc/connect";
 import { SessionService, type Session as SessionRecord, ExecRequestSchema } from "../gen/roost/v1/session_pb.js";
 import { SystemService, type VersionResponse } from "../gen/roost/v1/system_pb.js";
 import { ArtifactService, type Artifact } from "../gen/roost/v1/artifact_pb.js";
+import type { MessageInitShape } from "@bufbuild/protobuf";
 import { fromConnect, wrap, RoostError } from "./errors.js";
 import { transportFor, type ConnectOptions } from "./transport.js";
-import type { MessageInitShape } from "@bufbuild/protobuf";
 
 export type { SessionRecord };
 
@@ -93,12 +93,12 @@ export class Roost {
     this.closeTransport();
   }
 
-  /** A capsule argument as roostd is told it (see CreateOptions.capsule). */
-  /** @internal */ capsuleRef(capsule: string): string {
+  /** @internal A capsule argument as roostd is told it (see CreateOptions.capsule). */
+  capsuleRef(capsule: string): string {
     if (!capsule) {
       throw new TypeError("sessions.create: capsule is required (a directory or name@version)");
     }
-    if (!this.local || (capsule.includes("@") && !capsule.includes("/"))) {
+    if (!this.local || (capsule.includes("@") && !capsule.includes("/") && !existsSync(capsule))) {
       return capsule;
     }
     // roostd has another working directory; links of this user's own on the way are
@@ -255,7 +255,7 @@ export class Session {
       throw fromConnect(e);
     }
     if (!exited) {
-      throw new RoostError(`exec in ${id}: the stream ended without the command's exit`, 2);
+      throw new RoostError(`exec in ${id}: the stream ended without the command's exit`, Code.Unknown);
     }
     res.stdout = text(out);
     res.stderr = text(err);
