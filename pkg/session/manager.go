@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -441,8 +442,8 @@ func (m *Manager) Get(ref string) (*store.Record, error) {
 	return rec, err
 }
 
-// List returns staged and live sessions, or all of them.
-func (m *Manager) List(all bool) ([]*store.Record, error) {
+// List returns staged and live sessions, or all of them, that match every label selector.
+func (m *Manager) List(all bool, sels ...store.Selector) ([]*store.Record, error) {
 	var recs []*store.Record
 	err := m.reg.View(func(tx *store.Tx) (err error) {
 		keep := func(s store.State) bool { return s != store.Exited }
@@ -452,6 +453,9 @@ func (m *Manager) List(all bool) ([]*store.Record, error) {
 		recs, err = tx.List(keep)
 		return err
 	})
+	if len(sels) > 0 {
+		recs = slices.DeleteFunc(recs, func(r *store.Record) bool { return !store.MatchLabels(r.Labels, sels) })
+	}
 	for _, r := range recs {
 		m.accounts.Fill(r)
 	}

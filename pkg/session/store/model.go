@@ -146,6 +146,10 @@ type Record struct {
 	Egress *EgressTotals `json:"egress,omitempty"`
 	// Warm says the session started in a sandbox made ahead of it (roostd --warm-pool).
 	Warm bool `json:"warm,omitempty"`
+	// Labels are what the client labelled the session with at stage (labels.go); nil for
+	// none, and for a record written before labels (a roostd from before ignores the key).
+	// Never changed once the record is created.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // CapsuleRef names what a session runs.

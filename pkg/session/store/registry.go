@@ -215,6 +215,9 @@ func (t *Tx) CreateWithTask(rec *Record, manifest, explanation, task []byte) err
 	if err := t.claimName(rec); err != nil {
 		return err
 	}
+	if err := CheckLabels(rec.Labels); err != nil {
+		return err
+	}
 	blobs := map[string][]byte{string(keyManifest): manifest, string(keyExplanation): explanation}
 	if task != nil {
 		blobs[string(keyTask)] = task
