@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -450,12 +449,9 @@ func (m *Manager) List(all bool, sels ...store.Selector) ([]*store.Record, error
 		if all {
 			keep = nil
 		}
-		recs, err = tx.List(keep)
+		recs, err = tx.List(keep, sels...)
 		return err
 	})
-	if len(sels) > 0 {
-		recs = slices.DeleteFunc(recs, func(r *store.Record) bool { return !store.MatchLabels(r.Labels, sels) })
-	}
 	for _, r := range recs {
 		m.accounts.Fill(r)
 	}

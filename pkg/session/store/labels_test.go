@@ -164,7 +164,21 @@ func TestLabelsInTheRecord(t *testing.T) {
 	if _, err := r.Update(func(tx *Tx) error { return tx.Create(rec, []byte("m"), []byte("e")) }); err != nil {
 		t.Fatal(err)
 	}
-	// What a roostd from before labels wrote: the same JSON, without the key.
+	// The labels have a key of their own, so a listing by label reads only it of the
+	// sessions it passes over; the record's JSON does not repeat them.
+	if err := r.View(func(tx *Tx) error {
+		b := sessionBucket(tx.tx, "ses_a")
+		if got := string(b.Get(keyLabels)); got != `{"example.com/run":"r-1","team":"a"}` {
+			t.Errorf("the labels key holds %q", got)
+		}
+		if strings.Contains(string(b.Get(keyRecord)), "team") {
+			t.Errorf("the record's JSON holds the labels: %s", b.Get(keyRecord))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// What a roostd from before labels wrote: a record, and no labels key.
 	if _, err := r.Update(func(tx *Tx) error {
 		if err := tx.Create(&Record{ID: "ses_b"}, []byte("m"), []byte("e")); err != nil {
 			return err

@@ -147,9 +147,10 @@ type Record struct {
 	// Warm says the session started in a sandbox made ahead of it (roostd --warm-pool).
 	Warm bool `json:"warm,omitempty"`
 	// Labels are what the client labelled the session with at stage (labels.go); nil for
-	// none, and for a record written before labels (a roostd from before ignores the key).
-	// Never changed once the record is created.
-	Labels map[string]string `json:"labels,omitempty"`
+	// none. Kept under their own key in the session's bucket (see buckets.go), so a listing
+	// by label reads a few bytes of each session it passes over; written with the record's
+	// creation and never again.
+	Labels map[string]string `json:"-"`
 }
 
 // CapsuleRef names what a session runs.
