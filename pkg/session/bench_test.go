@@ -102,8 +102,8 @@ func capsuleB(b *testing.B) string {
 func writeFile(path, data string) error { return os.WriteFile(path, []byte(data), 0o644) }
 
 // BenchmarkListByLabel lists 10,000 sessions by a label that 1,000 of them have, as
-// `roostctl ps --all --filter label=team=t3` (or an SDK's List) asks: List reads and
-// decodes every record, then keeps those that match.
+// `roostctl ps --all --filter label=team=t3` (or an SDK's List) asks: List reads every
+// session's labels, and decodes the records of those that match.
 func BenchmarkListByLabel(b *testing.B) {
 	r, err := store.OpenRegistry(b.TempDir() + "/" + store.DBFile)
 	if err != nil {
