@@ -210,6 +210,8 @@ func (s *sessionService) Stage(ctx context.Context, req *roostv1.StageRequest) (
 	opts.Name = req.GetName()
 	// Planning refuses one below 0, or above the capsule's.
 	opts.MemoryBytes = req.GetMemoryBytes()
+	// Staging refuses labels that break a rule, naming the label.
+	opts.Labels = req.GetLabels()
 	rec, err := s.m.Stage(opts)
 	if err != nil {
 		return nil, err
@@ -265,7 +267,11 @@ func (s *sessionService) Resume(ctx context.Context, req *roostv1.ResumeRequest)
 }
 
 func (s *sessionService) List(ctx context.Context, req *roostv1.ListRequest) (*roostv1.ListResponse, error) {
-	recs, err := s.m.List(req.GetAll())
+	sels, err := store.ParseSelectors(req.GetLabel())
+	if err != nil {
+		return nil, err
+	}
+	recs, err := s.m.List(req.GetAll(), sels...)
 	if err != nil {
 		return nil, err
 	}
