@@ -136,13 +136,15 @@ class Sessions:
         deadline: Optional[float] = None,
         containment: str = "",
         memory_bytes: int = 0,
+        labels: Optional[Mapping[str, str]] = None,
     ) -> "Session":
         """Stage the capsule and launch it.
 
         ``capsule`` is a capsule directory (or its capsule.yaml) on roostd's host, or a
         pushed capsule's name@version; over the unix socket a relative path is taken from
         this process's working directory. ``deadline`` (seconds) lowers the capsule's own;
-        ``containment`` raises its floor; ``memory_bytes`` lowers its cgroup's ceiling. The
+        ``containment`` raises its floor; ``memory_bytes`` lowers its cgroup's ceiling;
+        ``labels`` are kept in the session's record, for ``list`` to select by. The
         session returned is running (or, when its program could not start, ended: see
         ``state`` and ``record.detail``).
         """
@@ -152,6 +154,7 @@ class Sessions:
             workdir=workdir,
             containment=containment,
             memory_bytes=memory_bytes,
+            labels=labels or {},
         )
         if deadline is not None:
             req.deadline.CopyFrom(_duration(deadline))
@@ -166,10 +169,12 @@ class Sessions:
         with _rpc():
             return Session(self._roost, self._roost._sessions.Get(session_pb2.GetRequest(id=id)).session)
 
-    def list(self, all: bool = False) -> list["Session"]:
-        """The staged and live sessions, or every one with ``all``."""
+    def list(self, all: bool = False, labels: Optional[Mapping[str, str]] = None) -> list["Session"]:
+        """The staged and live sessions, or every one with ``all``; with ``labels`` only those
+        whose labels hold every one given (a key given "" must be there, with any value)."""
+        selectors = [k if v == "" else f"{k}={v}" for k, v in (labels or {}).items()]
         with _rpc():
-            res = self._roost._sessions.List(session_pb2.ListRequest(all=all))
+            res = self._roost._sessions.List(session_pb2.ListRequest(all=all, label=selectors))
         return [Session(self._roost, s) for s in res.sessions]
 
 
@@ -218,6 +223,11 @@ class Session:
     def state(self) -> str:
         """staged | launching | running | paused | stopping | exited"""
         return self.record.state
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The labels given at stage."""
+        return dict(self.record.labels)
 
     @property
     def exit_code(self) -> Optional[int]:

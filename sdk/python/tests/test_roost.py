@@ -69,6 +69,25 @@ class UnixSocketTest(unittest.TestCase):
         with self.assertRaises(NotFoundError):
             self.roost.sessions.get(s.id)
 
+    def test_labels(self):
+        a = self.roost.sessions.create(capsule=self.d.capsule("labelled", "sleep 300"), labels={"team": "infra", "roost.example/tier": "gold"})
+        b = self.roost.sessions.create(capsule=self.d.capsule("labelled", "sleep 300"), labels={"team": "web"})
+        try:
+            self.assertEqual(a.labels, {"team": "infra", "roost.example/tier": "gold"})
+            self.assertEqual(self.roost.sessions.get(a.id).labels, a.labels)
+
+            def ids(**kw):
+                return sorted(s.id for s in self.roost.sessions.list(labels=kw["labels"]))
+
+            self.assertEqual(ids(labels={"team": "infra"}), [a.id])
+            self.assertEqual(ids(labels={"team": ""}), sorted([a.id, b.id]))
+            self.assertEqual(ids(labels={"team": "web", "roost.example/tier": ""}), [])
+            with self.assertRaises(InvalidArgumentError):
+                self.roost.sessions.create(capsule=self.d.capsule("labelled", "true"), labels={"-bad": "x"})
+        finally:
+            a.remove(force=True)
+            b.remove(force=True)
+
     def test_wait_returns_the_exit_code(self):
         with self.roost.sessions.create(capsule=self.d.capsule("three", "exit 3")) as s:
             ended = s.wait()

@@ -29,6 +29,8 @@ export interface CreateOptions {
   containment?: string;
   /** Lowers the session's cgroup memory ceiling to this many bytes. */
   memoryBytes?: number;
+  /** Labels kept in the session's record, for sessions.list to select by. */
+  labels?: Record<string, string>;
 }
 
 export interface ExecOptions {
@@ -130,6 +132,7 @@ export class Sessions {
         containment: opts.containment ?? "",
         memoryBytes: BigInt(opts.memoryBytes ?? 0),
         deadline: opts.deadline === undefined ? undefined : durationFromMs(opts.deadline),
+        labels: opts.labels ?? {},
       }),
     );
     const id = staged.session!.id;
@@ -143,9 +146,13 @@ export class Sessions {
     return new Session(this.roost, res.session!);
   }
 
-  /** list is the staged and live sessions, or every one with all. */
-  async list(opts: { all?: boolean } = {}): Promise<Session[]> {
-    const res = await wrap(() => this.roost.rpc.sessions.list({ all: opts.all ?? false }));
+  /**
+   * list is the staged and live sessions, or every one with all; with labels only those
+   * whose labels hold every one given (a key given "" must be there, with any value).
+   */
+  async list(opts: { all?: boolean; labels?: Record<string, string> } = {}): Promise<Session[]> {
+    const label = Object.entries(opts.labels ?? {}).map(([k, v]) => (v === "" ? k : `${k}=${v}`));
+    const res = await wrap(() => this.roost.rpc.sessions.list({ all: opts.all ?? false, label }));
     return res.sessions.map((s) => new Session(this.roost, s));
   }
 }
@@ -188,6 +195,10 @@ export class Session {
   /** staged | launching | running | paused | stopping | exited */
   get state(): string {
     return this.record.state;
+  }
+  /** The labels given at stage. */
+  get labels(): Record<string, string> {
+    return this.record.labels;
   }
   /** The program's exit code once it has ended; undefined before. */
   get exitCode(): number | undefined {

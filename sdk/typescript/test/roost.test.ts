@@ -70,6 +70,23 @@ describe("roost over its unix socket", () => {
     await assert.rejects(roost.sessions.get(s.id), NotFoundError);
   });
 
+  test("labels at create, selected by list", async () => {
+    const a = await roost.sessions.create({ capsule: d.capsule("labelled", "sleep 300"), labels: { team: "infra", "roost.example/tier": "gold" } });
+    const b = await roost.sessions.create({ capsule: d.capsule("labelled", "sleep 300"), labels: { team: "web" } });
+    try {
+      assert.deepEqual(a.labels, { team: "infra", "roost.example/tier": "gold" });
+      assert.deepEqual((await roost.sessions.get(a.id)).labels, a.labels);
+      const ids = async (labels: Record<string, string>) => (await roost.sessions.list({ labels })).map((s) => s.id).sort();
+      assert.deepEqual(await ids({ team: "infra" }), [a.id]);
+      assert.deepEqual(await ids({ team: "" }), [a.id, b.id].sort());
+      assert.deepEqual(await ids({ team: "web", "roost.example/tier": "" }), []);
+      await assert.rejects(roost.sessions.create({ capsule: d.capsule("labelled", "true"), labels: { "-bad": "x" } }), InvalidArgumentError);
+    } finally {
+      await a.remove({ force: true });
+      await b.remove({ force: true });
+    }
+  });
+
   test("wait returns the program's exit code", async () => {
     const s = await roost.sessions.create({ capsule: d.capsule("three", "exit 3") });
     const ended = await s.wait();
