@@ -198,7 +198,7 @@ func ReadDir(root, rel string, cookie int64, n int) ([]Entry, int64, error) {
 	defer r.Close()
 	fd, err := unix.Openat2(int(r.Fd()), rel, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: uint64(beneath)})
 	if err != nil {
-		return nil, 0, fileErr(rel, err)
+		return nil, 0, dirErr(int(r.Fd()), rel, rel, err)
 	}
 	defer unix.Close(fd)
 	if _, err := unix.Seek(fd, cookie, io.SeekStart); err != nil {
@@ -262,9 +262,25 @@ func openDirBeneath(root, rel string) (*os.File, error) {
 	defer r.Close()
 	fd, err := unix.Openat2(int(r.Fd()), rel, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: uint64(beneath)})
 	if err != nil {
-		return nil, fileErr(rel, err)
+		return nil, dirErr(int(r.Fd()), rel, rel, err)
 	}
 	return os.NewFile(uintptr(fd), rel), nil
+}
+
+// dirErr is fileErr for a directory that would not open at name beneath dirfd: a symlink
+// there fails O_DIRECTORY|O_NOFOLLOW as ENOTDIR, and is said to be a symlink.
+func dirErr(dirfd int, name, rel string, err error) error {
+	if errors.Is(err, unix.ENOTDIR) {
+		if fd, st, perr := openPath(dirfd, name); perr == nil {
+			unix.Close(fd)
+			if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+				err = unix.ELOOP
+			}
+		} else {
+			err = perr
+		}
+	}
+	return fileErr(rel, err)
 }
 
 // splitRel is rel's directory and base name; rel must not be ".".
@@ -427,7 +443,7 @@ func mkdirAt(dirfd int, name, rel string, perm uint32, owner *Owner, b *Budget, 
 		if fd, err := open(); err == nil {
 			return fd, nil
 		} else if !errors.Is(err, unix.ENOENT) {
-			return -1, fileErr(rel, err)
+			return -1, dirErr(dirfd, name, rel, err)
 		}
 	}
 	if err := b.take(rel, blockBytes, 1); err != nil {
@@ -438,7 +454,7 @@ func mkdirAt(dirfd int, name, rel string, perm uint32, owner *Owner, b *Budget, 
 	}
 	fd, err := open()
 	if err != nil {
-		return -1, fileErr(rel, err)
+		return -1, dirErr(dirfd, name, rel, err)
 	}
 	// On the descriptor just opened, never by name: the directory is the one made.
 	if owner != nil {
