@@ -162,16 +162,25 @@ func extractTar(r io.Reader, dir, as string) error {
 			return fmt.Errorf("archive entry %q: not a path beneath %s", h.Name, dir)
 		}
 		mode := fs.FileMode(h.Mode) & 0o777
+		if h.Typeflag != tar.TypeDir && h.Typeflag != tar.TypeReg && h.Typeflag != tar.TypeSymlink {
+			continue
+		}
+		if err := root.MkdirAll(filepath.Dir(name), 0o755); err != nil {
+			return err
+		}
+		// A later entry of a name replaces an earlier one (a tree read while it changed may
+		// name an entry twice); a directory over a directory merges.
+		if fi, err := root.Lstat(name); err == nil && !(fi.IsDir() && h.Typeflag == tar.TypeDir) {
+			if err := root.RemoveAll(name); err != nil {
+				return err
+			}
+		}
 		switch h.Typeflag {
 		case tar.TypeDir:
-			if err := root.MkdirAll(name, mode|0o700); err != nil {
+			if err := root.Mkdir(name, mode|0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 				return err
 			}
 		case tar.TypeReg:
-			if err := root.MkdirAll(filepath.Dir(name), 0o755); err != nil {
-				return err
-			}
-			_ = root.Remove(name)
 			f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
 			if err != nil {
 				return err
@@ -184,10 +193,6 @@ func extractTar(r io.Reader, dir, as string) error {
 				return err
 			}
 		case tar.TypeSymlink:
-			if err := root.MkdirAll(filepath.Dir(name), 0o755); err != nil {
-				return err
-			}
-			_ = root.Remove(name)
 			if err := root.Symlink(h.Linkname, name); err != nil {
 				return err
 			}
