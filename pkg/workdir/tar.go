@@ -169,8 +169,8 @@ func (t *tarrer) entry(dirfd int, rel, name string, depth int) error {
 func header(st *unix.Stat_t, typ byte, name, link string) *tar.Header {
 	h := &tar.Header{
 		Typeflag: typ, Name: name, Linkname: link,
-		Mode:    int64(st.Mode & 0o7777),
-		Uid:     int(st.Uid), Gid: int(st.Gid),
+		Mode: int64(st.Mode & 0o7777),
+		Uid:  int(st.Uid), Gid: int(st.Gid),
 		ModTime: time.Unix(st.Mtim.Unix()),
 		Format:  tar.FormatPAX,
 	}

@@ -443,7 +443,7 @@ a JSON array of the entries as roostd describes them.`,
 				if e.GetLinkTarget() != "" {
 					name += " -> " + e.GetLinkTarget()
 				}
-				fmt.Fprintf(tw, "%s%s\t%d\t%d\t%s\n", typeLetter(e.GetType()), fs.FileMode(e.GetMode()).Perm(), e.GetSize(), e.GetUid(), name)
+				fmt.Fprintf(tw, "%s%s\t%d\t%d\t%s\n", typeLetter(e.GetType()), fs.FileMode(e.GetMode()).Perm().String()[1:], e.GetSize(), e.GetUid(), name)
 			}
 			return tw.Flush()
 		},
