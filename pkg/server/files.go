@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -290,6 +291,12 @@ func (w *chunkWriter) Write(p []byte) (int, error) {
 // DownloadTree streams a tar archive of an entry.
 func (s *filesService) DownloadTree(req *roostv1.DownloadTreeRequest, stream roostv1.FilesService_DownloadTreeServer) error {
 	return sendBounded(s.sendTimeout, stream.Send, func(send func(*roostv1.DownloadTreeResponse) error) error {
-		return s.m.DownloadTree(req.GetSession(), req.GetPath(), &chunkWriter{send: send, ctx: stream.Context()})
+		// Whole chunks: tar writes each header and each small file's data on its own, which
+		// would be a message each.
+		w := bufio.NewWriterSize(&chunkWriter{send: send, ctx: stream.Context()}, workdir.ChunkBytes)
+		if err := s.m.DownloadTree(req.GetSession(), req.GetPath(), w); err != nil {
+			return err
+		}
+		return w.Flush()
 	})
 }

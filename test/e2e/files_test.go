@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -215,6 +216,34 @@ func TestFilesHostileSession(t *testing.T) {
 			}
 			if names, _ := os.ReadDir(secretDir); len(names) != 2 {
 				t.Fatalf("the secret directory now holds %d entries", len(names))
+			}
+
+			// A tree in: the session's, its link kept as a link; an archive that climbs out
+			// of the workdir is refused.
+			tree := filepath.Join(t.TempDir(), "tree")
+			os.MkdirAll(filepath.Join(tree, "sub"), 0o755)
+			os.WriteFile(filepath.Join(tree, "sub", "a"), []byte("a"), 0o644)
+			os.Symlink(secretDir, filepath.Join(tree, "l"))
+			d.ok("cp", tree, id+":up")
+			if err := unix.Lstat(filepath.Join(work, "up", "sub", "a"), &st); err != nil || st.Uid != made.Uid {
+				t.Fatalf("up/sub/a: uid %d (%v), want the session's %d", st.Uid, err, made.Uid)
+			}
+			if l, err := os.Readlink(filepath.Join(work, "up", "l")); err != nil || l != secretDir {
+				t.Fatalf("up/l: %q %v", l, err)
+			}
+			var arch bytes.Buffer
+			tw := tar.NewWriter(&arch)
+			tw.WriteHeader(&tar.Header{Name: "../escape", Typeflag: tar.TypeReg, Mode: 0o644, Size: 4})
+			tw.Write([]byte("EVIL"))
+			tw.Close()
+			up := exec.Command(filepath.Join(binDir, "roostctl"), "cp", "-", id+":x")
+			up.Env = append(os.Environ(), "ROOST_SOCKET="+d.socket)
+			up.Stdin = &arch
+			if out, err := up.CombinedOutput(); err == nil || !strings.Contains(string(out), "climbs out of the workdir") {
+				t.Errorf("cp - of an archive naming ../escape: %v %s", err, out)
+			}
+			if _, err := os.Lstat(filepath.Join(filepath.Dir(work), "escape")); err == nil {
+				t.Error("../escape was written beside the workdir")
 			}
 
 			// Ended: read, never written.

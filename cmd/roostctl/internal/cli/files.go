@@ -2,6 +2,7 @@ package cli
 
 import (
 	"archive/tar"
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -290,7 +291,11 @@ func upload(cmd *cobra.Command, c roostv1.FilesServiceClient, session, p string,
 	}
 	err = stream.Send(&roostv1.UploadTreeRequest{Part: &roostv1.UploadTreeRequest_Header{Header: &roostv1.UploadTreeHeader{Session: session, Path: p}}})
 	if err == nil {
-		err = produce(uploadWriter{stream})
+		// Whole chunks, not a message for each tar header and small file.
+		w := bufio.NewWriterSize(uploadWriter{stream}, fileChunk)
+		if err = produce(w); err == nil {
+			err = w.Flush()
+		}
 	}
 	resp, rerr := stream.CloseAndRecv()
 	if rerr != nil {
