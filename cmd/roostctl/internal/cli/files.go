@@ -146,6 +146,8 @@ func extractTar(r io.Reader, dir, as string) error {
 		return err
 	}
 	defer root.Close()
+	// The directories made so far, so that each entry does not make its parents again.
+	made := map[string]bool{".": true}
 	tr := tar.NewReader(r)
 	for {
 		h, err := tr.Next()
@@ -166,39 +168,49 @@ func extractTar(r io.Reader, dir, as string) error {
 		if h.Typeflag != tar.TypeDir && h.Typeflag != tar.TypeReg && h.Typeflag != tar.TypeSymlink {
 			continue
 		}
-		if err := root.MkdirAll(filepath.Dir(name), 0o755); err != nil {
-			return err
+		if parent := filepath.Dir(name); !made[parent] {
+			if err := root.MkdirAll(parent, 0o755); err != nil {
+				return err
+			}
+			made[parent] = true
 		}
 		// A later entry of a name replaces an earlier one (a tree read while it changed may
 		// name an entry twice); a directory over a directory merges.
-		if fi, err := root.Lstat(name); err == nil && !(fi.IsDir() && h.Typeflag == tar.TypeDir) {
-			if err := root.RemoveAll(name); err != nil {
-				return err
+		err = extractEntry(root, tr, h, name, mode)
+		if errors.Is(err, fs.ErrExist) {
+			if fi, lerr := root.Lstat(name); lerr == nil && fi.IsDir() && h.Typeflag == tar.TypeDir {
+				continue
+			}
+			if err = root.RemoveAll(name); err == nil {
+				clear(made)
+				made["."] = true
+				err = extractEntry(root, tr, h, name, mode)
 			}
 		}
-		switch h.Typeflag {
-		case tar.TypeDir:
-			if err := root.Mkdir(name, mode|0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-				return err
-			}
-		case tar.TypeReg:
-			f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(f, tr)
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return err
-			}
-		case tar.TypeSymlink:
-			if err := root.Symlink(h.Linkname, name); err != nil {
-				return err
-			}
+		if err != nil {
+			return err
 		}
 	}
+}
+
+// extractEntry makes one directory, file or link, refusing (fs.ErrExist) to replace
+// anything.
+func extractEntry(root *os.Root, r io.Reader, h *tar.Header, name string, mode fs.FileMode) error {
+	switch h.Typeflag {
+	case tar.TypeDir:
+		return root.Mkdir(name, mode|0o700)
+	case tar.TypeSymlink:
+		return root.Symlink(h.Linkname, name)
+	}
+	f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, r)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // copyIn uploads local to the session's p: a file by WriteFile, a directory or - as tar.

@@ -67,6 +67,17 @@ func TestExtractTarStaysInside(t *testing.T) {
 	), dest, ""); err != nil {
 		t.Fatal(err)
 	}
+	// A name given twice (a tree read while it changed): the later entry wins.
+	if err := extractTar(archive(
+		&tar.Header{Name: "d/f", Typeflag: tar.TypeSymlink, Linkname: "elsewhere"},
+		&tar.Header{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o755},
+		&tar.Header{Name: "d/l", Typeflag: tar.TypeSymlink, Linkname: outside},
+	), dest, ""); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := os.Readlink(filepath.Join(dest, "d", "f")); err != nil || l != "elsewhere" {
+		t.Fatalf("d/f given again as a link: %q %v", l, err)
+	}
 	if l, err := os.Readlink(filepath.Join(dest, "d", "l")); err != nil || l != outside {
 		t.Fatalf("d/l: %q %v", l, err)
 	}
