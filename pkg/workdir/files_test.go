@@ -362,3 +362,40 @@ func TestRemoveRecursiveNeverFollows(t *testing.T) {
 		t.Fatalf("left %v", entries(t, root))
 	}
 }
+
+func TestReadTarBudget(t *testing.T) {
+	root := t.TempDir()
+	var hs []*tar.Header
+	for i := range 20 {
+		hs = append(hs, &tar.Header{Name: "f" + itoa(i), Typeflag: tar.TypeReg, Mode: 0o644, Linkname: "x"})
+	}
+	b := &workdir.Budget{Limit: workdir.Limits{Inodes: 10}}
+	u, err := workdir.ReadTar(bytes.NewReader(tarOf(t, hs...)), root, ".", nil, b)
+	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "resources.workdir_max_inodes (10)") {
+		t.Fatalf("20 files into a budget of 10 inodes: %v", err)
+	}
+	if n := len(entries(t, root)); n != 10 || u.Files != 10 {
+		t.Fatalf("%d entries made, %d counted; want the 10 the budget allows", n, u.Files)
+	}
+}
+
+// A tree deeper than the walk holds directories open is refused, not walked with a
+// descriptor per level.
+func TestWriteTarDepth(t *testing.T) {
+	root := t.TempDir()
+	p := root
+	for range workdir.OpenLevels + 2 {
+		p = filepath.Join(p, "d")
+		mkdir(t, p, 0o755)
+	}
+	if err := workdir.WriteTar(io.Discard, root, ".", workdir.Limits{}); !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "levels deep") {
+		t.Fatalf("a tree %d levels deep: %v", workdir.OpenLevels+2, err)
+	}
+	if err := workdir.WriteTar(io.Discard, root, "d/d", workdir.Limits{}); !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("from two levels down: %v", err)
+	}
+	// The positive control: as deep as it goes.
+	if err := workdir.WriteTar(io.Discard, root, strings.Repeat("d/", 5)+"d", workdir.Limits{}); err != nil {
+		t.Fatal(err)
+	}
+}
