@@ -55,8 +55,8 @@ relative to the workdir, and a directory is copied with everything in it.
 
 Out of a session: a directory is made at LOCAL, or put inside LOCAL when LOCAL is a
 directory already; a file likewise. LOCAL - writes a tar archive to stdout. Symlinks are
-copied as links; FIFOs, sockets and devices are left out. A session's ended or live, cp
-reads it the same.
+copied as links; FIFOs, sockets and devices are left out. cp reads a live session and an
+ended one alike.
 
 Into a live or staged session: the files become the session's, owned by its uid; a
 file is replaced whole (written aside, then renamed), never written through a symlink.
