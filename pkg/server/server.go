@@ -130,6 +130,7 @@ func New(cfg Config) *Server {
 	roostv1.RegisterCapsuleServiceServer(srv, &capsuleService{m: cfg.Sessions})
 	roostv1.RegisterSystemServiceServer(srv, &systemService{cfg: cfg})
 	roostv1.RegisterArtifactServiceServer(srv, &artifactService{store: cfg.Artifacts})
+	roostv1.RegisterFilesServiceServer(srv, &filesService{m: cfg.Sessions, sendTimeout: limits.StreamSendTimeout()})
 	roostv1.RegisterSpendServiceServer(srv, &spendService{ledger: cfg.Ledger, recordsDir: func(id string) (string, error) {
 		rec, err := cfg.Sessions.Get(id)
 		if err != nil {

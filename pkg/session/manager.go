@@ -201,6 +201,9 @@ type Manager struct {
 
 	// backend is what every session's endpoint serves (pkg/session/delegate).
 	backend *delegate.Backend
+
+	// writers makes the writes into one session's workdir one at a time (files.go).
+	writers writerSet
 }
 
 // liveSet is the sessions the daemon holds a live entry for, by id.

@@ -196,7 +196,7 @@ session in its registry.`,
 	root.PersistentFlags().StringVar(&a.socket, "socket", "", "roostd's control socket (default $ROOST_SOCKET, else "+defaultSocket+")")
 	root.SetFlagErrorFunc(flagError)
 	root.AddGroup(&cobra.Group{ID: "run", Title: "Running sessions:"}, &cobra.Group{ID: "inspect", Title: "Inspecting:"}, &cobra.Group{ID: "host", Title: "The daemon and host:"})
-	for _, c := range []*cobra.Command{a.runCommand(), a.stageCommand(), a.launchCommand(), a.waitCommand(), a.stopCommand(), a.killCommand(), a.pauseCommand(), a.resumeCommand(), a.execCommand(), a.rmCommand(), a.pruneCommand(), a.pushCommand()} {
+	for _, c := range []*cobra.Command{a.runCommand(), a.stageCommand(), a.launchCommand(), a.waitCommand(), a.stopCommand(), a.killCommand(), a.pauseCommand(), a.resumeCommand(), a.execCommand(), a.cpCommand(), a.filesCommand(), a.rmCommand(), a.pruneCommand(), a.pushCommand()} {
 		c.GroupID = "run"
 		root.AddCommand(c)
 	}
