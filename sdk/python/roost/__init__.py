@@ -10,6 +10,7 @@ The stubs in roost.v1 are generated from api/proto (make sdk-gen).
 """
 
 from roost._client import DEFAULT_SOCKET, Artifacts, ExecResult, Roost, Session, Sessions
+from roost._files import FileInfo, Files, FileType
 from roost.errors import (
     AlreadyExistsError,
     DeadlineExceededError,
@@ -29,6 +30,9 @@ __all__ = [
     "Artifacts",
     "DeadlineExceededError",
     "ExecResult",
+    "FileInfo",
+    "FileType",
+    "Files",
     "FailedPreconditionError",
     "InvalidArgumentError",
     "NotFoundError",

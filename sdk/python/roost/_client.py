@@ -10,8 +10,18 @@ from typing import Iterator, Mapping, Optional, Sequence, Union
 import grpc
 from google.protobuf import duration_pb2
 
+from roost._files import Files
 from roost.errors import RoostError, from_rpc
-from roost.v1 import artifact_pb2, artifact_pb2_grpc, session_pb2, session_pb2_grpc, system_pb2, system_pb2_grpc
+from roost.v1 import (
+    artifact_pb2,
+    artifact_pb2_grpc,
+    files_pb2,
+    files_pb2_grpc,
+    session_pb2,
+    session_pb2_grpc,
+    system_pb2,
+    system_pb2_grpc,
+)
 
 #: The socket roostd listens on by default (roostd --socket).
 DEFAULT_SOCKET = "/run/roost/roostd.sock"
@@ -75,6 +85,7 @@ class Roost:
         self._sessions = session_pb2_grpc.SessionServiceStub(channel)
         self._system = system_pb2_grpc.SystemServiceStub(channel)
         self._artifacts = artifact_pb2_grpc.ArtifactServiceStub(channel)
+        self._files = files_pb2_grpc.FilesServiceStub(channel)
         self.sessions = Sessions(self)
         self.artifacts = Artifacts(self)
 
@@ -91,9 +102,8 @@ class Roost:
         /run/roost/roostd.sock) or to its remote listener (``server``, "host:port", over TLS
         with the client certificate ``cert`` and ``key``, trusting ``ca``)."""
         if server:
-            creds = grpc.ssl_channel_credentials(
-                root_certificates=_pem("ca", ca), private_key=_pem("key", key), certificate_chain=_pem("cert", cert)
-            )
+            ca_pem, cert_pem, key_pem = _pem("ca", ca), _pem("cert", cert), _pem("key", key)
+            creds = grpc.ssl_channel_credentials(root_certificates=ca_pem, private_key=key_pem, certificate_chain=cert_pem)
             return cls(grpc.secure_channel(server.removeprefix("https://"), creds), local=False)
         path = socket or os.environ.get("ROOST_SOCKET") or DEFAULT_SOCKET
         return cls(grpc.insecure_channel("unix:" + path), local=True)
@@ -207,6 +217,8 @@ class Session:
     def __init__(self, roost: Roost, record: session_pb2.Session):
         self._roost = roost
         self.record = record
+        #: The files of the session's workdir.
+        self.files = Files(roost._files, record.id, _rpc)
 
     def __repr__(self) -> str:
         return f"Session({self.id!r}, state={self.state!r})"
@@ -301,6 +313,14 @@ class Session:
             detail=exit_msg.detail,
             exec_id=exec_id,
         )
+
+    def upload(self, local_dir: Union[str, os.PathLike], to: str = ".") -> files_pb2.UploadTreeResponse:
+        """Copy a local directory's tree into the workdir's directory ``to``; see Files.upload."""
+        return self.files.upload(local_dir, to)
+
+    def download(self, path: str, local_dir: Union[str, os.PathLike]) -> None:
+        """Copy the workdir's entry ``path`` into ``local_dir``; see Files.download."""
+        self.files.download(path, local_dir)
 
     def wait(self) -> session_pb2.Session:
         """Block until the session has ended; its final record."""

@@ -5,6 +5,8 @@ import { Code, createClient, type Client } from "@connectrpc/connect";
 import { SessionService, type Session as SessionRecord, ExecRequestSchema } from "../gen/roost/v1/session_pb.js";
 import { SystemService, type VersionResponse } from "../gen/roost/v1/system_pb.js";
 import { ArtifactService, type Artifact } from "../gen/roost/v1/artifact_pb.js";
+import { FilesService } from "../gen/roost/v1/files_pb.js";
+import { Files, type UploadTreeResponse } from "./files.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { fromConnect, wrap, RoostError } from "./errors.js";
 import { transportFor, type ConnectOptions } from "./transport.js";
@@ -64,7 +66,12 @@ export interface ExecResult {
 export class Roost {
   readonly sessions: Sessions;
   readonly artifacts: Artifacts;
-  /** @internal */ readonly rpc: { sessions: Client<typeof SessionService>; system: Client<typeof SystemService>; artifacts: Client<typeof ArtifactService> };
+  /** @internal */ readonly rpc: {
+    sessions: Client<typeof SessionService>;
+    system: Client<typeof SystemService>;
+    artifacts: Client<typeof ArtifactService>;
+    files: Client<typeof FilesService>;
+  };
   /** @internal */ readonly local: boolean;
   private readonly closeTransport: () => void;
 
@@ -76,6 +83,7 @@ export class Roost {
       sessions: createClient(SessionService, transport),
       system: createClient(SystemService, transport),
       artifacts: createClient(ArtifactService, transport),
+      files: createClient(FilesService, transport),
     };
     this.sessions = new Sessions(this);
     this.artifacts = new Artifacts(this);
@@ -181,10 +189,15 @@ export class Artifacts {
  * `roostctl inspect --json` prints); the methods that change it update it.
  */
 export class Session {
+  /** The files of the session's workdir. */
+  readonly files: Files;
+
   constructor(
     private readonly roost: Roost,
     public record: SessionRecord,
-  ) {}
+  ) {
+    this.files = new Files(roost.rpc.files, record.id);
+  }
 
   get id(): string {
     return this.record.id;
@@ -272,6 +285,19 @@ export class Session {
     res.stderr = text(err);
     res.output = text(both);
     return res;
+  }
+
+  /**
+   * upload copies a local directory's tree into the workdir's directory `to` (made when
+   * missing); see Files.upload.
+   */
+  async upload(localDir: string, to = "."): Promise<UploadTreeResponse> {
+    return this.files.upload(localDir, to);
+  }
+
+  /** download copies the workdir's entry `from` into the local directory `localDir`; see Files.download. */
+  async download(from: string, localDir: string): Promise<void> {
+    return this.files.download(from, localDir);
   }
 
   /** wait blocks until the session has ended and returns its final record. */
