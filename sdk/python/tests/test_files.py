@@ -17,6 +17,8 @@ class FilesTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.d = Daemon()
+        # Whatever fails after, the daemon goes: a second roostd could not claim the host's ids.
+        cls.addClassCleanup(cls.d.stop)
         cls.roost = Roost.connect(socket=cls.d.socket)
         cls.s = cls.roost.sessions.create(capsule=cls.d.capsule("files", "echo made > made.txt; sleep 300"))
 
@@ -24,7 +26,6 @@ class FilesTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.s.remove(force=True)
         cls.roost.close()
-        cls.d.stop()
 
     def test_write_read_stat_list_mkdir_remove(self):
         f = self.s.files

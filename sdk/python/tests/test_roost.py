@@ -20,6 +20,8 @@ class UnixSocketTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.d = Daemon()
+        # Whatever fails after, the daemon goes: a second roostd could not claim the host's ids.
+        cls.addClassCleanup(cls.d.stop)
         cls.roost = Roost.connect(socket=cls.d.socket)
 
     @classmethod
@@ -30,7 +32,6 @@ class UnixSocketTest(unittest.TestCase):
             except RoostError:
                 pass
         cls.roost.close()
-        cls.d.stop()
 
     def test_create_exec_kill_wait_remove(self):
         s = self.roost.sessions.create(capsule=self.d.capsule("sleeper", "echo started; sleep 300"), name="py-sleeper")
