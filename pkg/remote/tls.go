@@ -38,13 +38,17 @@ func (s Settings) Enabled() bool {
 // client certificate required and verified against the client CA. It returns the client
 // CA's certificate too, whose subject roostd logs.
 func (s Settings) TLS() (*tls.Config, *x509.Certificate, error) {
+	if s.Listen.Value == "" {
+		for _, set := range []Setting{s.Cert, s.Key, s.ClientCA} {
+			if set.Value != "" {
+				return nil, nil, fmt.Errorf("%s is set, but not where to listen: set %s", set.From, s.Listen.From)
+			}
+		}
+	}
 	for _, need := range []Setting{s.Cert, s.Key, s.ClientCA} {
 		if need.Value == "" {
 			return nil, nil, fmt.Errorf("%s %s needs %s too: the listener serves only over TLS with client certificates", s.Listen.From, s.Listen.Value, need.From)
 		}
-	}
-	if s.Listen.Value == "" {
-		return nil, nil, fmt.Errorf("%s is set, but not where to listen: set %s", s.Cert.From, s.Listen.From)
 	}
 	if len(s.Roles) == 0 {
 		return nil, nil, fmt.Errorf("%s lists no client, so the listener on %s would refuse every certificate: list each client's common_name and role", s.RolesFrom, s.Listen.Value)
