@@ -34,7 +34,7 @@ Each --client is NAME or NAME:ROLE (operator or reader; operator when not said),
 being the certificate's Common Name, which roostd's remote.clients gives its role.`,
 		Example: `  roostctl certs init /etc/roost/tls --server-name roost.example \
       --client ci-bot --client dashboard:reader`,
-		Args:    exactArgs(1, "the directory to write to"),
+		Args: exactArgs(1, "the directory to write to"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dir, err := filepath.Abs(args[0])
 			if err != nil {
