@@ -3,6 +3,8 @@ module roost.dev/roost
 go 1.26.0
 
 require (
+	connectrpc.com/connect v1.21.1
+	connectrpc.com/vanguard v0.4.0
 	github.com/bytecodealliance/wasmtime-go/v39 v39.0.1
 	github.com/containerd/errdefs v1.0.0
 	github.com/google/uuid v1.6.0
@@ -30,8 +32,6 @@ require (
 )
 
 require (
-	connectrpc.com/connect v1.21.1 // indirect
-	connectrpc.com/vanguard v0.4.0 // indirect
 	cyphar.com/go-pathrs v0.2.6 // indirect
 	github.com/aperturerobotics/protobuf-go-lite v0.14.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
