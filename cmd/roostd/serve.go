@@ -16,7 +16,8 @@ import (
 )
 
 // serve runs roostd: its parts assembled, the control socket, the gRPC server, the remote
-// listener (when configured) and metrics over HTTP opened, and readiness told only once recovery is done and the socket listens.
+// listener (when configured) and metrics over HTTP opened, and readiness told only once
+// recovery is done and the socket listens.
 // It serves until SIGTERM or SIGINT, then drains; or until the control API fails, which
 // is roostd's error. Either way the daemon's parts are released on the way out.
 func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time) error {
@@ -57,9 +58,6 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 		mlis, err := net.Listen("tcp", o.metricsAddr)
 		if err != nil {
 			lis.Close()
-			if rem != nil {
-				rem.Close()
-			}
 			return fmt.Errorf("--metrics-addr %s: %w", o.metricsAddr, err)
 		}
 		mux := http.NewServeMux()
