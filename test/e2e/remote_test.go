@@ -120,6 +120,9 @@ func TestRemoteListener(t *testing.T) {
 		"--tls-key", filepath.Join(tlsDir, "server-key.pem"), "--client-ca", filepath.Join(tlsDir, "ca.pem")}
 	d.start()
 	t.Cleanup(func() {
+		if d.cmd.ProcessState != nil {
+			return
+		}
 		for _, id := range strings.Fields(d.ctl("ps", "-q").stdout) {
 			d.ctl("kill", id)
 		}
@@ -208,4 +211,13 @@ func TestRemoteListener(t *testing.T) {
 			t.Errorf("rm as the operator: %+v", res)
 		}
 	})
+
+	// SIGTERM drains the listener with the socket, and roostd exits 0.
+	d.cmd.Process.Signal(unix.SIGTERM)
+	if err := d.cmd.Wait(); err != nil {
+		t.Fatalf("roostd stopping: %v\n%s", err, d.log)
+	}
+	if code, res := c.curl("client", "/roost.v1.SessionService/List", "{}"); code != "000" || res.code == 0 {
+		t.Errorf("the listener still answers after roostd stopped: %s %+v", code, res)
+	}
 }
