@@ -35,7 +35,7 @@ class PermissionDeniedError(RoostError):
 
 
 class UnauthenticatedError(RoostError):
-    """No client certificate, or one roostd does not trust."""
+    """A remote caller without a certificate roostd's client CA signed."""
 
 
 class ResourceExhaustedError(RoostError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket as socketlib
 import subprocess
 import tempfile
 import time
@@ -15,16 +16,59 @@ from roost import Roost, RoostError
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 
+def _bin(name: str) -> str:
+    return os.path.join(os.environ.get("ROOST_BIN") or os.path.join(REPO, "bin"), name)
+
+
+def _temp_dir() -> str:
+    d = tempfile.mkdtemp(prefix="roost-sdk-py-")
+    # Sessions' unprivileged uids pass through the state directory's parent, as /var/lib.
+    os.chmod(d, 0o711)
+    return d
+
+
 class Daemon:
-    def __init__(self, *args: str):
-        bin_dir = os.environ.get("ROOST_BIN") or os.path.join(REPO, "bin")
-        self.dir = tempfile.mkdtemp(prefix="roost-sdk-py-")
-        # Sessions' unprivileged uids pass through the state directory's parent, as /var/lib.
-        os.chmod(self.dir, 0o711)
+    #: The remote listener's address, when started with remote().
+    server = ""
+
+    @classmethod
+    def remote(cls) -> "Daemon":
+        """A roostd with its remote listener on a loopback port, certificates made by roostctl
+        certs init: "sdk" an operator's, "viewer" a reader's, "stranger" one of another CA's."""
+        d = _temp_dir()
+        certs, other = os.path.join(d, "certs"), os.path.join(d, "other")
+        for args in (["certs", "init", certs, "--client", "sdk", "--client", "viewer:reader"],
+                     ["certs", "init", other, "--client", "stranger"]):
+            subprocess.run([_bin("roostctl"), *args], check=True, capture_output=True)
+        with socketlib.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        config = os.path.join(d, "roostd.yaml")
+        with open(config, "w") as f:
+            f.write(f"remote:\n  listen: 127.0.0.1:{port}\n  tls_cert: {certs}/server.pem\n"
+                    f"  tls_key: {certs}/server-key.pem\n  client_ca: {certs}/ca.pem\n  clients:\n"
+                    "    - {common_name: sdk, role: operator}\n    - {common_name: viewer, role: reader}\n"
+                    "    - {common_name: stranger, role: operator}\n")
+        daemon = cls("--config", config, dir=d)
+        daemon.server = f"127.0.0.1:{port}"
+        return daemon
+
+    def as_client(self, client: str) -> dict:
+        """Roost.connect's keywords that reach the remote listener as one of remote()'s clients."""
+        where, name = {"sdk": ("certs", "client"), "viewer": ("certs", "viewer"), "stranger": ("other", "client")}[client]
+        return {
+            "server": self.server,
+            "ca": os.path.join(self.dir, "certs", "ca.pem"),
+            "cert": os.path.join(self.dir, where, f"{name}.pem"),
+            "key": os.path.join(self.dir, where, f"{name}-key.pem"),
+        }
+
+    def __init__(self, *args: str, dir: str = ""):
+        self.dir = dir or _temp_dir()
         self.socket = os.path.join(self.dir, "roostd.sock")
         self.log = open(os.path.join(self.dir, "roostd.log"), "w+b")
         self.proc = subprocess.Popen(
-            [os.path.join(bin_dir, "roostd"), "--state-dir", os.path.join(self.dir, "state"),
+            [_bin("roostd"), "--state-dir", os.path.join(self.dir, "state"),
              "--socket", self.socket, "--metrics-addr", "", *args],
             stdout=self.log, stderr=subprocess.STDOUT,
         )

@@ -22,7 +22,7 @@ export class InvalidArgumentError extends RoostError {}
 export class AlreadyExistsError extends RoostError {}
 /** Refused: the caller may not do this (a session's containment, a client certificate). */
 export class PermissionDeniedError extends RoostError {}
-/** No client certificate, or one roostd does not trust. */
+/** A remote caller without a certificate roostd's client CA signed. */
 export class UnauthenticatedError extends RoostError {}
 /** A limit was reached: the machine's token budget, a session's share, a size. */
 export class ResourceExhaustedError extends RoostError {}
@@ -54,10 +54,11 @@ export function fromConnect(err: unknown): RoostError {
   }
   const ce = ConnectError.from(err);
   let code = ce.code;
-  // A socket that is not there or refuses comes as the system's error, not a status
-  // roostd sent.
+  // A socket that is not there or refuses, or a TLS handshake either side refused, comes as
+  // the system's error, not a status roostd sent; roostctl too takes a refused handshake
+  // as a daemon it cannot reach.
   const sys = ce.isWireError ? undefined : errno(err);
-  if (sys !== undefined && unreachable.has(sys)) {
+  if (sys !== undefined && (unreachable.has(sys) || sys.startsWith("ERR_SSL_") || sys.startsWith("ERR_TLS_"))) {
     code = Code.Unavailable;
   } else if (sys === "EACCES") {
     code = Code.PermissionDenied;
@@ -69,7 +70,7 @@ export function fromConnect(err: unknown): RoostError {
 function errno(err: unknown): string | undefined {
   for (let e = err; e instanceof Error; e = e.cause) {
     const c = (e as NodeJS.ErrnoException).code;
-    if ((e as NodeJS.ErrnoException).syscall !== undefined && typeof c === "string") {
+    if (typeof c === "string" && ((e as NodeJS.ErrnoException).syscall !== undefined || /^ERR_(SSL|TLS)_/.test(c))) {
       return c;
     }
   }

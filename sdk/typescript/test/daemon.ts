@@ -1,11 +1,12 @@
 // A real roostd for the tests: started on a temporary state directory and socket, from
 // $ROOST_BIN (a directory holding roostd and roost-init), else the repository's bin/.
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { createServer } from "node:net";
 import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync, mkdirSync } from "node:fs";
 import { tmpdir } from "node:os";
 import * as path from "node:path";
 import { fileURLToPath } from "node:url";
-import { Roost } from "../src/index.js";
+import { Roost, type ConnectOptions } from "../src/index.js";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 // dist/test -> the repository's root.
@@ -14,6 +15,8 @@ const repo = path.resolve(here, "..", "..", "..", "..");
 export class Daemon {
   readonly dir: string;
   readonly socket: string;
+  /** The remote listener's address, when started with remote(). */
+  server = "";
   private proc: ChildProcess;
   log = "";
 
@@ -23,11 +26,43 @@ export class Daemon {
     this.socket = socket;
   }
 
-  static async start(...args: string[]): Promise<Daemon> {
-    const bin = process.env.ROOST_BIN ?? path.join(repo, "bin");
-    const dir = mkdtempSync(path.join(tmpdir(), "roost-sdk-ts-"));
-    // Sessions' unprivileged uids pass through the state directory's parent, as /var/lib.
-    chmodSync(dir, 0o711);
+  /**
+   * remote starts a roostd with its remote listener on a loopback port, certificates made by
+   * roostctl certs init: "sdk" an operator's, "viewer" a reader's, and "stranger" one of
+   * another CA's.
+   */
+  static async remote(): Promise<Daemon> {
+    const dir = tempDir();
+    const certs = path.join(dir, "certs");
+    const other = path.join(dir, "other");
+    ctl(["certs", "init", certs, "--client", "sdk", "--client", "viewer:reader"]);
+    ctl(["certs", "init", other, "--client", "stranger"]);
+    const port = await freePort();
+    const config = path.join(dir, "roostd.yaml");
+    writeFileSync(
+      config,
+      `remote:\n  listen: 127.0.0.1:${port}\n  tls_cert: ${certs}/server.pem\n  tls_key: ${certs}/server-key.pem\n` +
+        `  client_ca: ${certs}/ca.pem\n  clients:\n    - {common_name: sdk, role: operator}\n    - {common_name: viewer, role: reader}\n` +
+        `    - {common_name: stranger, role: operator}\n`,
+    );
+    const d = await Daemon.start(dir, "--config", config);
+    d.server = `127.0.0.1:${port}`;
+    return d;
+  }
+
+  /** The options that reach the remote listener as one of remote()'s clients. */
+  as(client: "sdk" | "viewer" | "stranger"): ConnectOptions {
+    const [dir, file] = client === "stranger" ? ["other", "client"] : ["certs", client === "sdk" ? "client" : client];
+    return {
+      server: `https://${this.server}`,
+      ca: path.join(this.dir, "certs", "ca.pem"),
+      cert: path.join(this.dir, dir, `${file}.pem`),
+      key: path.join(this.dir, dir, `${file}-key.pem`),
+    };
+  }
+
+  static async start(dir = tempDir(), ...args: string[]): Promise<Daemon> {
+    const bin = binDir();
     const state = path.join(dir, "state");
     const socket = path.join(dir, "roostd.sock");
     const proc = spawn(path.join(bin, "roostd"), ["--state-dir", state, "--socket", socket, "--metrics-addr", "", ...args], {
@@ -76,6 +111,35 @@ export class Daemon {
     unmountUnder(this.dir);
     rmSync(this.dir, { recursive: true, force: true, maxRetries: 3 });
   }
+}
+
+function binDir(): string {
+  return process.env.ROOST_BIN ?? path.join(repo, "bin");
+}
+
+function tempDir(): string {
+  const dir = mkdtempSync(path.join(tmpdir(), "roost-sdk-ts-"));
+  // Sessions' unprivileged uids pass through the state directory's parent, as /var/lib.
+  chmodSync(dir, 0o711);
+  return dir;
+}
+
+function ctl(args: string[]): void {
+  const r = spawnSync(path.join(binDir(), "roostctl"), args, { encoding: "utf8" });
+  if (r.status !== 0) {
+    throw new Error(`roostctl ${args.join(" ")}: ${r.stderr}`);
+  }
+}
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.once("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const { port } = srv.address() as { port: number };
+      srv.close(() => resolve(port));
+    });
+  });
 }
 
 // unmountUnder detaches every mount at or beneath dir, deepest first: roostd seals its
