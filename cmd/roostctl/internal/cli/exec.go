@@ -39,7 +39,8 @@ command's stdin is empty, and its output is kept in the session's records (each 
 held to a sixty-fourth of resources.log_max_bytes, at least 64 KiB: its first bytes and its
 newest). exec attach follows it, exec wait waits for its end, exec kill signals it, exec ls
 lists them. A session runs at most 64 detached execs at once; they end with the session,
-and with roostd (one running when roostd stopped is listed as lost).
+and with roostd (one running when roostd stopped is listed as lost). A session named attach,
+wait, kill or ls is given to exec by its id.
 On a terminal, control characters in the command's output other than newline, tab and
 carriage return (escape sequences that would set the clipboard or the window title, clear
 or move about the screen) are shown as text, \x1b for ESC; --raw passes them through as
