@@ -38,7 +38,7 @@ type ExecInfo struct {
 
 // ExecDetached starts a command in a running session as Exec does, in the background (see
 // exec.StartDetached): at most exec.MaxLive at once in one session, each taking
-// exec.Slots of the descriptor budget while it runs.
+// exec.Slots of the session's share of the descriptor budget while it runs.
 func (m *Manager) ExecDetached(ctx context.Context, id string, opts containment.ExecOptions) (*exec.Detached, error) {
 	if opts.Stdin {
 		return nil, fmt.Errorf("a detached exec takes no stdin (its stdin is empty): %w", errdefs.ErrInvalidArgument)
@@ -84,9 +84,8 @@ func (m *Manager) ExecDetached(ctx context.Context, id string, opts containment.
 		}
 	}()
 	if b := m.cfg.Descriptors; b != nil {
-		// Counted against the total alone: MaxLive is the session's own bound.
 		for range exec.Slots {
-			slot, err := b.AcquireTotal(sid, fdbudget.Exec)
+			slot, err := b.Acquire(sid, fdbudget.Exec)
 			if err != nil {
 				return nil, fmt.Errorf("a detached exec in %s: %w", sid, err)
 			}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -218,11 +219,25 @@ func awaitGone(t *testing.T, pid int) {
 	t.Errorf("pid %d is still running", pid)
 }
 
-// Bad input to the exec verbs is a usage error (125) or names what is wrong.
+// Bad input to the exec verbs is a usage error (125) or names what is wrong; a session's
+// detached execs take their descriptors from its share of roostd's budget.
 func TestExecDetachedRefusals(t *testing.T) {
-	d := newDaemon(t)
+	cfg := filepath.Join(t.TempDir(), "roostd.yaml")
+	// Room for two detached execs (7 descriptors each), not three.
+	if err := os.WriteFile(cfg, []byte("sessions:\n  descriptors_per_session: 20\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := newDaemon(t, "--config", cfg)
 	id := strings.TrimSpace(d.ok("run", "-d", capsule(t, "detachrefusals", "exec sleep 600", "")))
 	defer d.ctl("kill", id)
+	d.detach(id, "sleep", "1000")
+	second := d.detach(id, "sleep", "1000")
+	if res := d.ctl("exec", "-d", id, "--", "sleep", "1000"); res.code != 1 || !strings.Contains(res.stderr, "descriptor budget: "+id+" holds its share of 20") {
+		t.Errorf("a detached exec past the session's descriptor share: %+v", res)
+	}
+	// A slot given back is there for the next.
+	d.ok("exec", "kill", id, second)
+	d.detach(id, "sleep", "1000")
 	if res := d.ctl("exec", "-d", "-i", id, "--", "sleep", "1"); res.code != 125 || !strings.Contains(res.stderr, "exec -d takes no -i") {
 		t.Errorf("exec -d -i: %+v", res)
 	}

@@ -2782,7 +2782,8 @@ type ExecStart struct {
 	// command runs on with an empty stdin, its output kept in the session's records
 	// (execs/<exec_id>/), each stream held to a sixty-fourth of resources.log_max_bytes (at
 	// least 64 KiB, at most the whole). Reach it with AttachExec, WaitExec, KillExec and
-	// ListExecs. At most 64 run at once in a session; refused with stdin.
+	// ListExecs. At most 64 run at once in a session, each holding 7 descriptors of its share
+	// of roostd's (sessions.descriptors_per_session); refused with stdin.
 	Detach        bool `protobuf:"varint,8,opt,name=detach,proto3" json:"detach,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
