@@ -330,7 +330,7 @@ func (m *Manager) stopDetached() {
 	e.mu.Unlock()
 	timeout := time.After(stopDetachedGrace)
 	for _, d := range all {
-		if err := d.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, containment.ErrGone) {
+		if err := d.End("roostd stopped"); err != nil && !errors.Is(err, containment.ErrGone) {
 			m.cfg.Logger.Warn("ending a detached exec", "exec", d.ID, "err", err)
 		}
 	}

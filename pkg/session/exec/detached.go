@@ -108,6 +108,8 @@ type Detached struct {
 	mu   sync.Mutex
 	rec  Record
 	done chan struct{}
+	// why, when set, says who ended it, after its detail.
+	why string
 }
 
 // Done is closed once it has ended and its end is recorded.
@@ -157,6 +159,9 @@ func StartDetached(ctx context.Context, t Target, j Journal, log *slog.Logger, o
 		// Finish closed the output's pipes; what else roostd held of the command goes now.
 		x.Close()
 		d.mu.Lock()
+		if d.why != "" {
+			detail += " (" + d.why + ")"
+		}
 		d.rec.EndedAt, d.rec.Code, d.rec.Detail = time.Now().UTC(), &code, detail
 		if info.Signal != 0 {
 			d.rec.Signal = info.Signal
@@ -208,6 +213,14 @@ func (d *Detached) Signal(sig syscall.Signal) error {
 		return err
 	}
 	return nil
+}
+
+// End kills the command, its record's detail saying why.
+func (d *Detached) End(why string) error {
+	d.mu.Lock()
+	d.why = why
+	d.mu.Unlock()
+	return d.Signal(syscall.SIGKILL)
 }
 
 // writeRecord replaces dir's RecordFile with rec, whole or not at all.
