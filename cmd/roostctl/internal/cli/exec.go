@@ -70,7 +70,11 @@ the command's bytes as they are.`,
 				if err := checkEnv(opts.env); err != nil {
 					return err
 				}
-				return a.execDetach(cmd.Context(), cmd.OutOrStdout(), &roostv1.ExecStart{Id: args[0], Command: argv, Tty: opts.tty, Env: opts.env, Cwd: opts.workdir})
+				start := &roostv1.ExecStart{Id: args[0], Command: argv, Tty: opts.tty, Env: opts.env, Cwd: opts.workdir}
+				if opts.tty {
+					start.Size = terminalSize()
+				}
+				return a.execDetach(cmd.Context(), cmd.OutOrStdout(), start)
 			}
 			return a.exec(cmd.Context(), args[0], argv, execFlags{
 				stdin: opts.interactive, tty: opts.tty, raw: opts.raw, env: opts.env, workdir: opts.workdir,
