@@ -84,7 +84,7 @@ func TestExecDetached(t *testing.T) {
 		t.Run(class, func(t *testing.T) {
 			d := newDaemon(t)
 			id := strings.TrimSpace(d.ok("run", "-d", capsule(t, "detach"+class, "exec sleep 600",
-				"capabilities:\n  containment: "+class+"\n  shell:\n    allow: [sleep, sh]\n  resources:\n    log_max_bytes: 1048576\n")))
+				"capabilities:\n  containment: "+class+"\n  shell:\n    allow: [sleep, sh, tty]\n  resources:\n    log_max_bytes: 1048576\n")))
 			defer d.ctl("rm", "-f", id)
 
 			counter := d.detach(id, "sh", "-c", "for i in 1 2 3; do echo $i; sleep 1; done; echo done >&2; exit 3")
@@ -102,6 +102,12 @@ func TestExecDetached(t *testing.T) {
 			}
 			if res := d.ctl("exec", "wait", id, counter); res.code != 3 {
 				t.Errorf("exec wait: %+v", res)
+			}
+
+			// On a terminal of its own: its output is all stdout.
+			onTTY := strings.TrimSpace(d.ok("exec", "-d", "-t", id, "--", "sh", "-c", "tty; echo oops >&2"))
+			if res := d.ctl("exec", "attach", "--from-start", id, onTTY); res.code != 0 || !strings.HasPrefix(res.stdout, "/dev/pts/") || !strings.Contains(res.stdout, "oops") || res.stderr != "" {
+				t.Errorf("a detached exec on a terminal: %+v", res)
 			}
 
 			sleeper := d.detach(id, "sleep", "1000")
