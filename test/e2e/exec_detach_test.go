@@ -236,14 +236,6 @@ func TestExecDetachedRefusals(t *testing.T) {
 	d := newDaemon(t, "--config", cfg)
 	id := strings.TrimSpace(d.ok("run", "-d", capsule(t, "detachrefusals", "exec sleep 600", "")))
 	defer d.ctl("kill", id)
-	d.detach(id, "sleep", "1000")
-	second := d.detach(id, "sleep", "1000")
-	if res := d.ctl("exec", "-d", id, "--", "sleep", "1000"); res.code != 1 || !strings.Contains(res.stderr, "descriptor budget: "+id+" holds its share of 20") {
-		t.Errorf("a detached exec past the session's descriptor share: %+v", res)
-	}
-	// A slot given back is there for the next.
-	d.ok("exec", "kill", id, second)
-	d.detach(id, "sleep", "1000")
 	if res := d.ctl("exec", "-d", "-i", id, "--", "sleep", "1"); res.code != 125 || !strings.Contains(res.stderr, "exec -d takes no -i") {
 		t.Errorf("exec -d -i: %+v", res)
 	}
@@ -267,6 +259,15 @@ func TestExecDetachedRefusals(t *testing.T) {
 	if res := d.ctl("exec", "-d", id, "--", "nosuch-command"); res.code != 127 || res.stdout != "" || !strings.Contains(res.stderr, "nosuch-command") {
 		t.Errorf("exec -d of a missing command: %+v", res)
 	}
+
+	d.detach(id, "sleep", "1000")
+	second := d.detach(id, "sleep", "1000")
+	if res := d.ctl("exec", "-d", id, "--", "sleep", "1000"); res.code != 1 || !strings.Contains(res.stderr, "descriptor budget: "+id+" holds its share of 20") {
+		t.Errorf("a detached exec past the session's descriptor share: %+v", res)
+	}
+	// A slot given back is there for the next.
+	d.ok("exec", "kill", id, second)
+	d.detach(id, "sleep", "1000")
 }
 
 // A client of the API (as an SDK is) detaches an exec, reads part of its output, drops the
