@@ -186,6 +186,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzOpenTreeResolvesAsTheKernel -fuzztime 20s -fuzzminimizetime 5s ./pkg/artifact/
 	$(GO) test -run '^$$' -fuzz FuzzLdCache -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/sysview/
 	$(GO) test -run '^$$' -fuzz FuzzDynamic -fuzztime 20s -fuzzminimizetime 5s ./pkg/containment/sysview/
+	$(GO) test -run '^$$' -fuzz FuzzCheckLabels -fuzztime 20s -fuzzminimizetime 5s ./pkg/session/store/
 
 tools: $(TOOLS)/buf $(TOOLS)/staticcheck $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc $(TOOLS)/grpcurl
 

@@ -52,6 +52,8 @@ type daemon struct {
 	sessions  *session.Manager
 	// control bounds the control API (the config's control section).
 	control config.Control
+	// remote is the config's remote section, which the remote flags override.
+	remote config.Remote
 	// fds is the descriptor budget every holder of a descriptor for a session takes from.
 	fds *fdbudget.Budget
 	// release undoes each part in the order the parts were made; close runs it backwards,
@@ -314,6 +316,7 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 	}
 	d.stateDir, d.trees, d.group, d.pool, d.init, d.cgs = stateDir, trees, group, pool, init, cgs
 	d.control = cfg.Control
+	d.remote = cfg.Remote
 	d.assess, d.catalog = assess, catalog
 	d.mtr, d.artifacts, d.spend, d.sessions, d.fds = mtr, artifacts, spend, sessions, fds
 	assembled = true

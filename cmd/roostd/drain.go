@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"roost.dev/roost/pkg/remote"
 	"roost.dev/roost/pkg/server"
 )
 
@@ -18,12 +19,20 @@ const shutdownGrace = 2 * time.Second
 // the next roostd re-attaches them, so stopping the daemon must not stop its sessions.
 // The rest of the stop follows when serve returns: its deferred calls (the status ticker,
 // the signal handler, the control socket's file) and then the daemon's close.
-func drain(log *slog.Logger, sm *serviceManager, sig os.Signal, srv *server.Server, metricsSrv *http.Server) {
+func drain(log *slog.Logger, sm *serviceManager, sig os.Signal, srv *server.Server, rem *remote.Server, metricsSrv *http.Server) {
 	log.Info("shutting down; sessions keep running", "signal", sig.String())
 	sm.stopping("stopping; sessions keep running")
+	// The remote listener stops accepting first and its unary calls get their moment:
+	// the gRPC server's stop closes its requests at once, as it cannot wait for them.
+	if rem != nil {
+		rem.Drain(shutdownGrace)
+	}
 	// Stop accepting; followers of logs and events end at once (Unavailable: they resume
 	// against the next daemon), other RPCs get a moment to finish.
 	srv.Shutdown(shutdownGrace)
+	if rem != nil {
+		rem.Close()
+	}
 	if metricsSrv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = metricsSrv.Shutdown(ctx)

@@ -76,6 +76,9 @@ type options struct {
 	retainFor   time.Duration
 	// cgroupParent and cgroupDriver are --cgroup-parent and --cgroup-driver.
 	cgroupParent, cgroupDriver string
+	// listenTCP, tlsCert, tlsKey and clientCA are the remote listener's flags, each
+	// overriding its key of the config's remote section.
+	listenTCP, tlsCert, tlsKey, clientCA string
 	// logLevel and logFormat are --log-level and --log-format.
 	logLevel  slog.Level
 	logFormat string
@@ -149,6 +152,10 @@ func flagSet(o *options) (fs *pflag.FlagSet, warmCapsules *[]string, logLevel *s
 	fs.StringVar(&o.socket, "socket", "/run/roost/roostd.sock", "unix socket the control API listens on (mode 0660)")
 	fs.StringVar(&o.socketGroup, "socket-group", "", "group (NAME or GID) whose members may use the control socket besides root; default none")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1:9464", `HOST:PORT serving /metrics; "" disables`)
+	fs.StringVar(&o.listenTCP, "listen-tcp", "", "also serve the control API on `HOST:PORT` over TLS 1.3 with client certificates (remote.listen); default off")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "the remote listener's certificate, PEM (remote.tls_cert)")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "the remote listener's private key, PEM, mode 0600 (remote.tls_key)")
+	fs.StringVar(&o.clientCA, "client-ca", "", "the CA remote clients' certificates must chain to, PEM (remote.client_ca)")
 	fs.StringVar(&o.configFile, "config", "", "YAML file with inference upstreams and other long settings")
 	fs.IntVar(&o.maxDepth, "max-depth", 3, "delegation depth allowed below a top-level session")
 	fs.IntVar(&o.maxConcurrent, "max-concurrent", 4, "live children per parent session")

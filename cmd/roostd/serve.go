@@ -15,8 +15,9 @@ import (
 	"roost.dev/roost/pkg/version"
 )
 
-// serve runs roostd: its parts assembled, the control socket, the gRPC server and metrics
-// over HTTP opened, and readiness told only once recovery is done and the socket listens.
+// serve runs roostd: its parts assembled, the control socket, the gRPC server, the remote
+// listener (when configured) and metrics over HTTP opened, and readiness told only once
+// recovery is done and the socket listens.
 // It serves until SIGTERM or SIGINT, then drains; or until the control API fails, which
 // is roostd's error. Either way the daemon's parts are released on the way out.
 func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time) error {
@@ -43,6 +44,15 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 		Descriptors: d.fds,
 		Peers:       &server.PeerPolicy{Group: d.group, Sessions: server.NewSessionProcs(d.init, d.cgs.Parents())}})
 
+	rem, err := openRemote(o, d, srv, log)
+	if err != nil {
+		lis.Close()
+		return err
+	}
+	if rem != nil {
+		defer rem.Close()
+	}
+
 	var metricsSrv *http.Server
 	if o.metricsAddr != "" {
 		mlis, err := net.Listen("tcp", o.metricsAddr)
@@ -60,8 +70,16 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sigs)
-	served := make(chan error, 1)
+	served := make(chan error, 2)
 	go func() { served <- srv.Serve(lis) }()
+	if rem != nil {
+		go func() {
+			if err := rem.Serve(); err != nil {
+				served <- fmt.Errorf("the remote listener on %s: %w", rem.Addr(), err)
+			}
+		}()
+		log.Info("serving the control API over TCP", "addr", rem.Addr().String(), "client_ca", rem.CASubject(), "clients", len(d.remote.Clients))
+	}
 	// Recovery is done and the socket is listening (connections made from now on are
 	// served): only now does health say SERVING and the service manager hear READY=1.
 	srv.SetServing()
@@ -98,6 +116,6 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 		}
 		break
 	}
-	drain(log, sm, sig, srv, metricsSrv)
+	drain(log, sm, sig, srv, rem, metricsSrv)
 	return nil
 }

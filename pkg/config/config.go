@@ -5,12 +5,14 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,6 +26,7 @@ type Config struct {
 	Env       Env       `yaml:"env"`
 	Egress    Egress    `yaml:"egress"`
 	Control   Control   `yaml:"control"`
+	Remote    Remote    `yaml:"remote"`
 	// Hooks are the operator's WASM hooks (pkg/hooks runs them), in the order they run.
 	Hooks []Hook `yaml:"hooks"`
 }
@@ -260,6 +263,65 @@ func (c *Control) check(file string) error {
 	*c = c.WithDefaults()
 	if c.MaxStreamsPerClient > c.MaxStreams {
 		return fmt.Errorf("%s: control.max_streams_per_client: %d: must be at most control.max_streams (%d)", file, c.MaxStreamsPerClient, c.MaxStreams)
+	}
+	return nil
+}
+
+// Remote is the remote listener (pkg/remote, docs/remote.md): the control API over TCP with
+// TLS 1.3 and client certificates, off unless listen is set (here or by --listen-tcp; each
+// flag overrides its key).
+type Remote struct {
+	// Listen is HOST:PORT.
+	Listen string `yaml:"listen"`
+	// TLSCert and TLSKey are the server's certificate and key (PEM files).
+	TLSCert string `yaml:"tls_cert"`
+	TLSKey  string `yaml:"tls_key"`
+	// ClientCA is the PEM file of the CA clients' certificates must chain to.
+	ClientCA string `yaml:"client_ca"`
+	// Clients give a certificate's Common Name its role; others are refused.
+	Clients []RemoteClient `yaml:"clients"`
+}
+
+// RemoteClient is one remote client: its certificate's Common Name and its role.
+type RemoteClient struct {
+	CommonName string `yaml:"common_name"`
+	// Role is RoleOperator (every call) or RoleReader (the read calls only).
+	Role string `yaml:"role"`
+}
+
+// The remote clients' roles.
+const (
+	RoleOperator = "operator"
+	RoleReader   = "reader"
+)
+
+func (r *Remote) check(file string) error {
+	if r.Listen != "" {
+		host, port, err := net.SplitHostPort(r.Listen)
+		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
+			return fmt.Errorf("%s: remote.listen: %q: expected HOST:PORT (127.0.0.1:7443, [::1]:7443)", file, r.Listen)
+		}
+		if host == "" {
+			return fmt.Errorf("%s: remote.listen: %q: name the address to listen on (0.0.0.0:%s for every IPv4 address)", file, r.Listen, port)
+		}
+	}
+	for _, f := range []struct{ key, path string }{{"tls_cert", r.TLSCert}, {"tls_key", r.TLSKey}, {"client_ca", r.ClientCA}} {
+		if f.path != "" && !filepath.IsAbs(f.path) {
+			return fmt.Errorf("%s: remote.%s: %q: expected an absolute path", file, f.key, f.path)
+		}
+	}
+	seen := map[string]bool{}
+	for i, c := range r.Clients {
+		at := fmt.Sprintf("%s: remote.clients[%d]", file, i)
+		switch {
+		case strings.TrimSpace(c.CommonName) == "":
+			return fmt.Errorf("%s.common_name: required: the Common Name of the client's certificate", at)
+		case seen[c.CommonName]:
+			return fmt.Errorf("%s.common_name: %q is listed twice", at, c.CommonName)
+		case c.Role != RoleOperator && c.Role != RoleReader:
+			return fmt.Errorf("%s.role: %q: expected operator or reader", at, c.Role)
+		}
+		seen[c.CommonName] = true
 	}
 	return nil
 }
@@ -571,6 +633,9 @@ func Parse(data []byte, file string) (*Config, error) {
 		return nil, err
 	}
 	if err := c.Control.check(file); err != nil {
+		return nil, err
+	}
+	if err := c.Remote.check(file); err != nil {
 		return nil, err
 	}
 	if err := checkHooks(file, c.Hooks); err != nil {

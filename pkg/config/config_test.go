@@ -34,7 +34,7 @@ func TestParse(t *testing.T) {
 		strings.Replace(good, "https://api.openai.com", "api", 1):                                        "url: \"api\"",
 		strings.Replace(good, "/etc/roost/openai.key", "key", 1):                                         "api_key_file",
 		good + "    - name: openai\n      format: openai\n      url: http://x\n      api_key_file: /k\n": "declared twice",
-		"listen: x\n": "roostd.yaml:1: listen: unknown key (expected one of: control, egress, env, hooks, inference, sessions)",
+		"listen: x\n": "roostd.yaml:1: listen: unknown key (expected one of: control, egress, env, hooks, inference, remote, sessions)",
 		"inference:\n  max_body_bytes_in_flight: -1\n": "inference.max_body_bytes_in_flight: -1: must be more than 0",
 		"inference:\n  max_calls_per_session: -3\n":    "inference.max_calls_per_session: -3: must be more than 0",
 		"inference:\n  max_calls_per_session: x\n":     `roostd.yaml:2: inference.max_calls_per_session: expected an integer, got "x"`,
@@ -305,7 +305,7 @@ func TestDecodeErrors(t *testing.T) {
 	up := "inference:\n  upstreams:\n    - name: a\n      format: openai\n      url: http://x\n      api_key_file: /k\n"
 	for _, c := range []struct{ src, want string }{
 		// Unknown keys, at every level.
-		{"listen: x\n", "roostd.yaml:1: listen: unknown key (expected one of: control, egress, env, hooks, inference, sessions)"},
+		{"listen: x\n", "roostd.yaml:1: listen: unknown key (expected one of: control, egress, env, hooks, inference, remote, sessions)"},
 		{"inference:\n  upstream: []\n", "roostd.yaml:2: inference.upstream: unknown key (expected one of: max_body_bytes_in_flight, max_calls_per_session, upstreams)"},
 		{up + "      key: x\n", "roostd.yaml:7: inference.upstreams[0].key: unknown key (expected one of: api_key_file, default_max_output_tokens, format, models, name, routes, url)"},
 		{up + "      routes:\n        - method: GET\n          paths: x\n", "roostd.yaml:9: inference.upstreams[0].routes[0].paths: unknown key (expected one of: metered, method, path, query, tokens)"},
@@ -379,5 +379,40 @@ sessions:
 	if _, err := Parse([]byte("inference:\n  upstreams:\n    - <<: {nam: a}\n"), "roostd.yaml"); err == nil ||
 		err.Error() != "roostd.yaml:3: inference.upstreams[0].nam: unknown key (expected one of: api_key_file, default_max_output_tokens, format, models, name, routes, url)" {
 		t.Fatalf("a merged unknown key: %v", err)
+	}
+}
+
+func TestRemote(t *testing.T) {
+	c, err := Parse([]byte(`remote:
+  listen: 127.0.0.1:7443
+  tls_cert: /etc/roost/tls/server.pem
+  tls_key: /etc/roost/tls/server-key.pem
+  client_ca: /etc/roost/tls/clients-ca.pem
+  clients:
+    - {common_name: ci-bot, role: operator}
+    - {common_name: dashboard, role: reader}
+`), "roostd.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Remote{Listen: "127.0.0.1:7443", TLSCert: "/etc/roost/tls/server.pem", TLSKey: "/etc/roost/tls/server-key.pem", ClientCA: "/etc/roost/tls/clients-ca.pem",
+		Clients: []RemoteClient{{"ci-bot", RoleOperator}, {"dashboard", RoleReader}}}
+	if !reflect.DeepEqual(c.Remote, want) {
+		t.Fatalf("got %+v, want %+v", c.Remote, want)
+	}
+	for src, want := range map[string]string{
+		"remote:\n  listen: 7443\n":                                                                `roostd.yaml: remote.listen: "7443": expected HOST:PORT`,
+		"remote:\n  listen: localhost:https\n":                                                     `remote.listen: "localhost:https": expected HOST:PORT`,
+		"remote:\n  listen: :7443\n":                                                               `remote.listen: ":7443": name the address to listen on`,
+		"remote:\n  tls_key: tls/server-key.pem\n":                                                 `roostd.yaml: remote.tls_key: "tls/server-key.pem": expected an absolute path`,
+		"remote:\n  clients: [{common_name: a, role: admin}]\n":                                    `roostd.yaml: remote.clients[0].role: "admin": expected operator or reader`,
+		"remote:\n  clients: [{common_name: a, role: reader}, {common_name: a, role: operator}]\n": `roostd.yaml: remote.clients[1].common_name: "a" is listed twice`,
+		"remote:\n  clients: [{role: reader}]\n":                                                   `roostd.yaml: remote.clients[0].common_name: required`,
+		"remote:\n  clients: [{common_name: a, roles: reader}]\n":                                  `roostd.yaml:2: remote.clients[0].roles: unknown key (expected one of: common_name, role)`,
+		"remote:\n  listn: 127.0.0.1:7443\n":                                                       `roostd.yaml:2: remote.listn: unknown key`,
+	} {
+		if _, err := Parse([]byte(src), "roostd.yaml"); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v (want %q)", src, err, want)
+		}
 	}
 }

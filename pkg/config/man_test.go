@@ -29,6 +29,8 @@ func TestManPageKeys(t *testing.T) {
     - {name: a, format: openai, url: "http://x", api_key_file: /k, routes: [{method: POST, path: v1/x, metered: false}]}
 hooks:
   - {name: h, on: session_end, module: `+module+`}
+remote:
+  clients: [{common_name: ci-bot, role: operator}]
 `), "roostd.yaml")
 	if err != nil {
 		t.Fatal(err)

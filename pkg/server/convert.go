@@ -42,6 +42,7 @@ func SessionProto(r *store.Record) *roostv1.Session {
 		// What it was staged with: the cgroup's own memory.max shows only while it lives
 		// (Usage), and advisory sessions' cgroups set none.
 		MemoryLimitBytes: r.MemoryLimit,
+		Labels:           r.Labels,
 	}
 	if r.ExitCode != nil {
 		code := int32(*r.ExitCode)

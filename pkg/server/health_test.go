@@ -79,7 +79,7 @@ func listServices(t *testing.T, conn *grpc.ClientConn) ([]string, error) {
 // Services names the services whose health follows the daemon's readiness.
 func (s *Server) Services() []string { return slices.Clone(s.services) }
 
-var roostServices = []string{"roost.v1.ArtifactService", "roost.v1.CapsuleService", "roost.v1.SessionService", "roost.v1.SpendService", "roost.v1.SystemService"}
+var roostServices = []string{"roost.v1.ArtifactService", "roost.v1.CapsuleService", "roost.v1.FilesService", "roost.v1.SessionService", "roost.v1.SpendService", "roost.v1.SystemService"}
 
 // Health says NOT_SERVING for the server and each of roost's services until the daemon is
 // ready, SERVING once it is, and NOT_SERVING for good once it shuts down; a watcher hears

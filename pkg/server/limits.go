@@ -8,6 +8,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"google.golang.org/grpc/peer"
+
+	"roost.dev/roost/pkg/remote"
 )
 
 // A client, for the per-client bound on streams, is a process: the peer credentials of
@@ -15,11 +17,17 @@ import (
 // was judged). Not a connection: a client that opens a connection per follower — one
 // grpc.ClientConn each, as a careless dashboard does — is still one client. A process
 // that ends takes its connections and streams with it, so a recycled pid inherits nothing.
+//
+// A remote client is its certificate's Common Name, however many connections it opens.
 type clientID struct {
-	pid int // 0 for a caller roostd has not judged (no peer check: tests)
+	pid    int // 0 for a caller roostd has not judged (no peer check: tests)
+	remote string
 }
 
 func (c clientID) String() string {
+	if c.remote != "" {
+		return fmt.Sprintf("remote client %q", c.remote)
+	}
 	if c.pid == 0 {
 		return "callers without peer credentials"
 	}
@@ -28,6 +36,9 @@ func (c clientID) String() string {
 
 // clientOf is the client of an RPC's context.
 func clientOf(ctx context.Context) clientID {
+	if c, ok := remote.CallerFrom(ctx); ok {
+		return clientID{remote: c.CommonName}
+	}
 	if pr, ok := peer.FromContext(ctx); ok {
 		if info, ok := pr.AuthInfo.(*peerInfo); ok {
 			return clientID{pid: info.PID}

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/peer"
 
 	"roost.dev/roost/pkg/containment/roostinit"
+	"roost.dev/roost/pkg/remote"
 )
 
 // PeerPolicy is who may use the control socket. Whoever may use it can launch an unconfined
@@ -414,9 +415,20 @@ func (p PeerPolicy) judge(conn net.Conn) *peerInfo {
 	return info
 }
 
-// peerRefusal is why the caller of ctx is not served, or nil. A connection the peer
+// peerRefusal is why the caller of ctx is not served method, or nil. A connection the peer
 // credentials did not judge (another listener, an in-memory one) is refused too.
-func peerRefusal(ctx context.Context) error {
+//
+// A remote caller (pkg/remote) is the exception: the remote listener let it in by its
+// certificate and role before the call reached the gRPC server, and the socket's checks
+// (root or the socket group, never a session's process) are of a local process, which it
+// is not. It is never taken for root: its role is held to the method here again.
+func peerRefusal(ctx context.Context, method string) error {
+	if c, ok := remote.CallerFrom(ctx); ok {
+		if !remote.Allowed(c.Role, method) {
+			return fmt.Errorf("%s may not call %s: %w", c, method, errdefs.ErrPermissionDenied)
+		}
+		return nil
+	}
 	pr, ok := peer.FromContext(ctx)
 	if !ok {
 		return fmt.Errorf("roostd serves only callers it has checked, and this one has no peer: %w", errdefs.ErrPermissionDenied)
@@ -429,15 +441,15 @@ func peerRefusal(ctx context.Context) error {
 }
 
 // The peer interceptors come first in their chains: a refused caller reaches nothing else.
-func peerUnaryInterceptor(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if err := peerRefusal(ctx); err != nil {
+func peerUnaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if err := peerRefusal(ctx, info.FullMethod); err != nil {
 		return nil, ToStatus(err)
 	}
 	return handler(ctx, req)
 }
 
-func peerStreamInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if err := peerRefusal(ss.Context()); err != nil {
+func peerStreamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if err := peerRefusal(ss.Context(), info.FullMethod); err != nil {
 		return ToStatus(err)
 	}
 	return handler(srv, ss)

@@ -130,6 +130,7 @@ func New(cfg Config) *Server {
 	roostv1.RegisterCapsuleServiceServer(srv, &capsuleService{m: cfg.Sessions})
 	roostv1.RegisterSystemServiceServer(srv, &systemService{cfg: cfg})
 	roostv1.RegisterArtifactServiceServer(srv, &artifactService{store: cfg.Artifacts})
+	roostv1.RegisterFilesServiceServer(srv, &filesService{m: cfg.Sessions, sendTimeout: limits.StreamSendTimeout()})
 	roostv1.RegisterSpendServiceServer(srv, &spendService{ledger: cfg.Ledger, recordsDir: func(id string) (string, error) {
 		rec, err := cfg.Sessions.Get(id)
 		if err != nil {
@@ -210,6 +211,8 @@ func (s *sessionService) Stage(ctx context.Context, req *roostv1.StageRequest) (
 	opts.Name = req.GetName()
 	// Planning refuses one below 0, or above the capsule's.
 	opts.MemoryBytes = req.GetMemoryBytes()
+	// Staging refuses labels that break a rule, naming the label.
+	opts.Labels = req.GetLabels()
 	rec, err := s.m.Stage(opts)
 	if err != nil {
 		return nil, err
@@ -265,7 +268,11 @@ func (s *sessionService) Resume(ctx context.Context, req *roostv1.ResumeRequest)
 }
 
 func (s *sessionService) List(ctx context.Context, req *roostv1.ListRequest) (*roostv1.ListResponse, error) {
-	recs, err := s.m.List(req.GetAll())
+	sels, err := store.ParseSelectors(req.GetLabel())
+	if err != nil {
+		return nil, err
+	}
+	recs, err := s.m.List(req.GetAll(), sels...)
 	if err != nil {
 		return nil, err
 	}

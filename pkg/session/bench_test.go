@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"roost.dev/roost/pkg/session/store"
 
@@ -98,3 +100,51 @@ func capsuleB(b *testing.B) string {
 }
 
 func writeFile(path, data string) error { return os.WriteFile(path, []byte(data), 0o644) }
+
+// BenchmarkListByLabel lists 10,000 sessions by a label that 1,000 of them have, as
+// `roostctl ps --all --filter label=team=t3` (or an SDK's List) asks: List reads every
+// session's labels, and decodes the records of those that match.
+func BenchmarkListByLabel(b *testing.B) {
+	r, err := store.OpenRegistry(b.TempDir() + "/" + store.DBFile)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	const n = 10000
+	for i := 0; i < n; i += 500 {
+		if _, err := r.Update(func(tx *store.Tx) error {
+			for j := i; j < i+500; j++ {
+				id := fmt.Sprintf("ses_%08d", j)
+				// A record as large as a command session's, with an SDK's few labels.
+				rec := &store.Record{ID: id, Capsule: store.CapsuleRef{Name: "agent", Version: "0.1.0", SHA256: "sha256:" + strings.Repeat("0", 64), Source: "/srv/capsules/agent"},
+					Declared: "sealed", Achieved: "sealed", Workdir: "/var/lib/roost/work/" + id, RecordsDir: "/var/lib/roost/records/" + id,
+					Command: []string{"/usr/bin/python3", "agent.py", "--task", "task.md"}, Deadline: time.Hour,
+					Labels: map[string]string{"team": fmt.Sprintf("t%d", j%10), "example.com/run": fmt.Sprintf("run-%d", j), "owner": "user-42"}}
+				if err := tx.Create(rec, nil, nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	m := &Manager{reg: registry{Registry: r, changed: newNotifier()}}
+	for _, c := range []struct {
+		name string
+		sel  []string
+		want int
+	}{{"every", nil, n}, {"team=t3", []string{"team=t3"}, n / 10}, {"run=run-7", []string{"example.com/run=run-7"}, 1}} {
+		sels, err := store.ParseSelectors(c.sel)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				if recs, err := m.List(true, sels...); err != nil || len(recs) != c.want {
+					b.Fatalf("%d sessions, %v", len(recs), err)
+				}
+			}
+		})
+	}
+}

@@ -202,6 +202,9 @@ type Manager struct {
 	// backend is what every session's endpoint serves (pkg/session/delegate).
 	backend *delegate.Backend
 
+	// writers makes the writes into one session's workdir one at a time (files.go).
+	writers writerSet
+
 	execs detachedExecs
 }
 
@@ -445,15 +448,15 @@ func (m *Manager) Get(ref string) (*store.Record, error) {
 	return rec, err
 }
 
-// List returns staged and live sessions, or all of them.
-func (m *Manager) List(all bool) ([]*store.Record, error) {
+// List returns staged and live sessions, or all of them, that match every label selector.
+func (m *Manager) List(all bool, sels ...store.Selector) ([]*store.Record, error) {
 	var recs []*store.Record
 	err := m.reg.View(func(tx *store.Tx) (err error) {
 		keep := func(s store.State) bool { return s != store.Exited }
 		if all {
 			keep = nil
 		}
-		recs, err = tx.List(keep)
+		recs, err = tx.List(keep, sels...)
 		return err
 	})
 	for _, r := range recs {

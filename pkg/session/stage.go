@@ -47,6 +47,10 @@ type StageOptions struct {
 	// Name names the session (run|stage --name); empty for none. A child a session spawns
 	// has none: the delegation API gives it no way to ask for one.
 	Name string
+	// Labels label the session (run|stage --label); nil for none. A child a session spawns
+	// has none: its parent's describe the parent, and the delegation API gives it no way
+	// to ask for its own.
+	Labels map[string]string
 
 	// Set for a child a session spawns: its parent, the task text it is given, and the
 	// delegation depth it inherits.
@@ -110,6 +114,10 @@ func (m *Manager) Stage(opts StageOptions) (*store.Record, error) {
 			return nil, err
 		}
 	}
+	// As the name: the record's transaction checks the labels for good, this spares the work.
+	if err := store.CheckLabels(opts.Labels); err != nil {
+		return nil, err
+	}
 	// Before the capsule is copied into the store, which is on the same filesystem.
 	if err := checkDiskSpace(m.cfg.StateDir, m.cfg.Observer); err != nil {
 		return nil, err
@@ -166,6 +174,7 @@ func (m *Manager) stage(p *plan.Plan, opts StageOptions) (*store.Record, error) 
 	rec := &store.Record{
 		ID:           id,
 		Name:         opts.Name,
+		Labels:       opts.Labels,
 		Capsule:      p.Ref,
 		Declared:     p.Decision.Floor.String(),
 		Achieved:     p.Decision.Achieved.String(),

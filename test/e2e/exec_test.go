@@ -193,7 +193,8 @@ func TestExecSealed(t *testing.T) {
 	if res := d.ctl("exec", "ses_nosuchsession", "--", "true"); res.code != 1 || !strings.Contains(res.stderr, "ses_nosuchsession") {
 		t.Errorf("exec into a missing session: %+v", res)
 	}
-	if res := d.ctl("exec", id); res.code != 2 {
+	// exec exits with the command's code, so its own usage errors are 125, as run's.
+	if res := d.ctl("exec", id); res.code != 125 {
 		t.Errorf("exec without a command: %+v", res)
 	}
 }

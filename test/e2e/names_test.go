@@ -185,7 +185,7 @@ func TestPsOrderFiltersFormat(t *testing.T) {
 		}
 	}
 	res := d.ctl("ps", "--filter", "state=exited,colour=red")
-	if res.code != 2 || !strings.Contains(res.stderr, `unknown key "colour"`) || !strings.Contains(res.stderr, "capsule, name, parent, state") {
+	if res.code != 2 || !strings.Contains(res.stderr, `unknown key "colour"`) || !strings.Contains(res.stderr, "capsule, label, name, parent, state") {
 		t.Fatalf("unknown filter key: %+v", res)
 	}
 	if res := d.ctl("ps", "--filter", "state=sleeping"); res.code != 2 || !strings.Contains(res.stderr, "staged, launching, running") {

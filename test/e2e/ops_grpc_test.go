@@ -55,7 +55,7 @@ func TestOpsGRPCurl(t *testing.T) {
 		t.Fatalf("grpcurl list: %v\n%s", err, out)
 	}
 	listed := strings.Fields(out)
-	for _, want := range []string{"grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "roost.v1.ArtifactService", "roost.v1.CapsuleService", "roost.v1.SessionService", "roost.v1.SpendService", "roost.v1.SystemService"} {
+	for _, want := range []string{"grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "roost.v1.ArtifactService", "roost.v1.CapsuleService", "roost.v1.FilesService", "roost.v1.SessionService", "roost.v1.SpendService", "roost.v1.SystemService"} {
 		if !slices.Contains(listed, want) {
 			t.Errorf("grpcurl list lacks %s:\n%s", want, out)
 		}

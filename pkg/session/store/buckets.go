@@ -19,6 +19,8 @@ import (
 //	      manifest     = capsule.yaml exactly as staged
 //	      explanation  = the effective grants at staging (roost.v1.Explanation, protojson)
 //	      task         = the task text a spawning parent gave (only when it gave one)
+//	      labels       = the labels given at stage as a JSON object (only when there were any;
+//	                     written once): a roostd from before labels ignores the key
 //	  events/                    its bucket sequence is the last event's number
 //	    <seq, 8 bytes big-endian> = an Event as JSON; dense from events_compacted.through+1
 //	  ids/                       host uid/gid ranges held by sessions, until they are removed
@@ -41,6 +43,7 @@ var (
 	keyManifest    = []byte("manifest")
 	keyExplanation = []byte("explanation")
 	keyTask        = []byte("task")
+	keyLabels      = []byte("labels")
 )
 
 func getBucket(tx *bolt.Tx, keys ...[]byte) *bolt.Bucket {

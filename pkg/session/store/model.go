@@ -146,6 +146,11 @@ type Record struct {
 	Egress *EgressTotals `json:"egress,omitempty"`
 	// Warm says the session started in a sandbox made ahead of it (roostd --warm-pool).
 	Warm bool `json:"warm,omitempty"`
+	// Labels are what the client labelled the session with at stage (labels.go); nil for
+	// none. Kept under their own key in the session's bucket (see buckets.go), so a listing
+	// by label reads a few bytes of each session it passes over; written with the record's
+	// creation and never again.
+	Labels map[string]string `json:"-"`
 }
 
 // CapsuleRef names what a session runs.

@@ -133,17 +133,44 @@ func readRecord(id string, b *bolt.Bucket) (*Record, error) {
 		return nil, fmt.Errorf("session %s: record is unreadable: %v: %w", id, err, errdefs.ErrDataLoss)
 	}
 	rec.State = State(b.Get(keyState))
-	return rec, nil
+	labels, err := readLabels(id, b)
+	rec.Labels = labels
+	return rec, err
 }
 
-// List reads every session whose state passes keep (every session when keep is nil), in id
-// order, which is creation order.
-func (t *Tx) List(keep func(State) bool) ([]*Record, error) {
+// readLabels reads a session's labels; nil when it has none (and for every session staged
+// before labels).
+func readLabels(id string, b *bolt.Bucket) (map[string]string, error) {
+	v := b.Get(keyLabels)
+	if v == nil {
+		return nil, nil
+	}
+	var labels map[string]string
+	if err := json.Unmarshal(v, &labels); err != nil {
+		return nil, fmt.Errorf("session %s: labels are unreadable: %v: %w", id, err, errdefs.ErrDataLoss)
+	}
+	return labels, nil
+}
+
+// List reads every session whose state passes keep (every session when keep is nil) and
+// whose labels match every selector, in id order, which is creation order.
+func (t *Tx) List(keep func(State) bool, sels ...Selector) ([]*Record, error) {
 	var out []*Record
 	err := sessionsBucket(t.tx).ForEachBucket(func(k []byte) error {
 		b := sessionsBucket(t.tx).Bucket(k)
 		if keep != nil && !keep(State(b.Get(keyState))) {
 			return nil
+		}
+		if len(sels) > 0 {
+			// The labels alone first (their own key): most records a selector reads, it
+			// passes over.
+			labels, err := readLabels(string(k), b)
+			if err != nil {
+				return err
+			}
+			if !MatchLabels(labels, sels) {
+				return nil
+			}
 		}
 		rec, err := readRecord(string(k), b)
 		if err != nil {
@@ -215,9 +242,20 @@ func (t *Tx) CreateWithTask(rec *Record, manifest, explanation, task []byte) err
 	if err := t.claimName(rec); err != nil {
 		return err
 	}
+	if err := CheckLabels(rec.Labels); err != nil {
+		return err
+	}
 	blobs := map[string][]byte{string(keyManifest): manifest, string(keyExplanation): explanation}
 	if task != nil {
 		blobs[string(keyTask)] = task
+	}
+	// Written once: labels never change, so no later write of the record touches them.
+	if len(rec.Labels) > 0 {
+		data, err := json.Marshal(rec.Labels)
+		if err != nil {
+			return err
+		}
+		blobs[string(keyLabels)] = data
 	}
 	for k, v := range blobs {
 		if err := b.Put([]byte(k), v); err != nil {

@@ -78,6 +78,11 @@ func TestBucketTreeMatchesSchema(t *testing.T) {
 	r, _ := openTestRegistry(t)
 	gone := stage(t, r, "ses_0")
 	stage(t, r, "ses_a")
+	if _, err := r.Update(func(tx *Tx) error {
+		return tx.Create(&Record{ID: "ses_b", Labels: map[string]string{"team": "a"}}, []byte("m"), []byte("e"))
+	}); err != nil {
+		t.Fatal(err)
+	}
 	// A removed session's events compacted away leave the compaction mark.
 	if _, err := r.Update(func(tx *Tx) error { return tx.Delete(gone) }); err != nil {
 		t.Fatal(err)
@@ -122,10 +127,11 @@ func TestBucketTreeMatchesSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	sort.Strings(tree)
 	tree = slices.Compact(tree)
 	want := []string{
 		"v1/", "v1/events/", "v1/events/<seq>", "v1/events_compacted", "v1/ids/", "v1/ids/<first id>", "v1/sessions/", "v1/sessions/<session id>/",
-		"v1/sessions/<session id>/explanation", "v1/sessions/<session id>/manifest",
+		"v1/sessions/<session id>/explanation", "v1/sessions/<session id>/labels", "v1/sessions/<session id>/manifest",
 		"v1/sessions/<session id>/record", "v1/sessions/<session id>/state", "v1/version",
 	}
 	sort.Strings(tree)

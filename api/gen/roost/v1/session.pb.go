@@ -80,8 +80,11 @@ type Session struct {
 	// ceiling of a sealed or scoped session's cgroup; recorded, not enforced, for advisory
 	// and unconfined ones. 0 for a session staged by a roostd from before it was recorded.
 	MemoryLimitBytes int64 `protobuf:"varint,27,opt,name=memory_limit_bytes,json=memoryLimitBytes,proto3" json:"memory_limit_bytes,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The labels given at stage (StageRequest.labels); empty for none. Set once, never
+	// changed afterwards; a child a session spawns has none of its parent's.
+	Labels        map[string]string `protobuf:"bytes,28,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Session) Reset() {
@@ -301,6 +304,13 @@ func (x *Session) GetMemoryLimitBytes() int64 {
 		return x.MemoryLimitBytes
 	}
 	return 0
+}
+
+func (x *Session) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
 }
 
 // ExecRefusals counts the execs a session's exec allowlist refused: a program not on it, a
@@ -1097,7 +1107,16 @@ type StageRequest struct {
 	Name string `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
 	// Lowers resources.cgroup_memory_bytes to this many bytes; it can never raise it. 0
 	// leaves it.
-	MemoryBytes   int64 `protobuf:"varint,6,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	MemoryBytes int64 `protobuf:"varint,6,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	// Labels for the session, kept in its record for as long as it is (immutable once
+	// staged) and matched by ListRequest.label. A key is [PREFIX/]NAME: NAME is 1 to 63
+	// characters of [A-Za-z0-9._-] beginning and ending with a letter or digit; PREFIX, when
+	// given, a DNS subdomain of at most 253 characters (lowercase labels of [a-z0-9-] joined
+	// by dots). Keys under roost.dev/ (and its subdomains) are reserved for roost. A value is
+	// at most 256 characters of [A-Za-z0-9._-] beginning and ending with a letter or digit,
+	// or empty. At most 64 labels, and 16 KiB of keys and values together. A label that
+	// breaks a rule refuses the stage with INVALID_ARGUMENT naming its key and the rule.
+	Labels        map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1172,6 +1191,13 @@ func (x *StageRequest) GetMemoryBytes() int64 {
 		return x.MemoryBytes
 	}
 	return 0
+}
+
+func (x *StageRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
 }
 
 type StageResponse struct {
@@ -1397,7 +1423,12 @@ func (x *GetResponse) GetSession() *Session {
 type ListRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Every session, not only those staged or live.
-	All           bool `protobuf:"varint,1,opt,name=all,proto3" json:"all,omitempty"`
+	All bool `protobuf:"varint,1,opt,name=all,proto3" json:"all,omitempty"`
+	// Label selectors, every one of which a listed session must match: "KEY=VALUE" matches
+	// a session whose label KEY has that value (KEY= one whose KEY is empty), "KEY" one that
+	// has the label KEY at all. Keys are written as StageRequest.labels has them; a selector
+	// that is no such key (or value) is INVALID_ARGUMENT naming it.
+	Label         []string `protobuf:"bytes,2,rep,name=label,proto3" json:"label,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1437,6 +1468,13 @@ func (x *ListRequest) GetAll() bool {
 		return x.All
 	}
 	return false
+}
+
+func (x *ListRequest) GetLabel() []string {
+	if x != nil {
+		return x.Label
+	}
+	return nil
 }
 
 type ListResponse struct {
@@ -3832,7 +3870,7 @@ var File_roost_v1_session_proto protoreflect.FileDescriptor
 
 const file_roost_v1_session_proto_rawDesc = "" +
 	"\n" +
-	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xac\b\n" +
+	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9e\t\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
 	"\acapsule\x18\x02 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x12\x14\n" +
@@ -3866,7 +3904,11 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x04name\x18\x18 \x01(\tR\x04name\x12\x12\n" +
 	"\x04warm\x18\x19 \x01(\bR\x04warm\x129\n" +
 	"\fexec_refused\x18\x1a \x01(\v2\x16.roost.v1.ExecRefusalsR\vexecRefused\x12,\n" +
-	"\x12memory_limit_bytes\x18\x1b \x01(\x03R\x10memoryLimitBytesB\f\n" +
+	"\x12memory_limit_bytes\x18\x1b \x01(\x03R\x10memoryLimitBytes\x125\n" +
+	"\x06labels\x18\x1c \x03(\v2\x1d.roost.v1.Session.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\f\n" +
 	"\n" +
 	"_exit_code\"G\n" +
 	"\fExecRefusals\x12\x14\n" +
@@ -3929,14 +3971,18 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x05Spend\x12\x16\n" +
 	"\x06tokens\x18\x01 \x01(\x03R\x06tokens\x12!\n" +
 	"\finput_tokens\x18\x02 \x01(\x03R\vinputTokens\x12#\n" +
-	"\routput_tokens\x18\x03 \x01(\x03R\foutputTokens\"\xd2\x01\n" +
+	"\routput_tokens\x18\x03 \x01(\x03R\foutputTokens\"\xc9\x02\n" +
 	"\fStageRequest\x12\x18\n" +
 	"\acapsule\x18\x01 \x01(\tR\acapsule\x12\x18\n" +
 	"\aworkdir\x18\x02 \x01(\tR\aworkdir\x125\n" +
 	"\bdeadline\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bdeadline\x12 \n" +
 	"\vcontainment\x18\x04 \x01(\tR\vcontainment\x12\x12\n" +
 	"\x04name\x18\x05 \x01(\tR\x04name\x12!\n" +
-	"\fmemory_bytes\x18\x06 \x01(\x03R\vmemoryBytes\"<\n" +
+	"\fmemory_bytes\x18\x06 \x01(\x03R\vmemoryBytes\x12:\n" +
+	"\x06labels\x18\a \x03(\v2\".roost.v1.StageRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"<\n" +
 	"\rStageResponse\x12+\n" +
 	"\asession\x18\x01 \x01(\v2\x11.roost.v1.SessionR\asession\"\x1f\n" +
 	"\rLaunchRequest\x12\x0e\n" +
@@ -3947,9 +3993,10 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"GetRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\":\n" +
 	"\vGetResponse\x12+\n" +
-	"\asession\x18\x01 \x01(\v2\x11.roost.v1.SessionR\asession\"\x1f\n" +
+	"\asession\x18\x01 \x01(\v2\x11.roost.v1.SessionR\asession\"5\n" +
 	"\vListRequest\x12\x10\n" +
-	"\x03all\x18\x01 \x01(\bR\x03all\"=\n" +
+	"\x03all\x18\x01 \x01(\bR\x03all\x12\x14\n" +
+	"\x05label\x18\x02 \x03(\tR\x05label\"=\n" +
 	"\fListResponse\x12-\n" +
 	"\bsessions\x18\x01 \x03(\v2\x11.roost.v1.SessionR\bsessions\"\x1d\n" +
 	"\vWaitRequest\x12\x0e\n" +
@@ -4145,7 +4192,7 @@ func file_roost_v1_session_proto_rawDescGZIP() []byte {
 	return file_roost_v1_session_proto_rawDescData
 }
 
-var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
+var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_roost_v1_session_proto_goTypes = []any{
 	(*Session)(nil),               // 0: roost.v1.Session
 	(*ExecRefusals)(nil),          // 1: roost.v1.ExecRefusals
@@ -4202,17 +4249,19 @@ var file_roost_v1_session_proto_goTypes = []any{
 	(*KillExecResponse)(nil),      // 52: roost.v1.KillExecResponse
 	(*ListExecsRequest)(nil),      // 53: roost.v1.ListExecsRequest
 	(*ListExecsResponse)(nil),     // 54: roost.v1.ListExecsResponse
-	(*timestamppb.Timestamp)(nil), // 55: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 56: google.protobuf.Duration
+	nil,                           // 55: roost.v1.Session.LabelsEntry
+	nil,                           // 56: roost.v1.StageRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 57: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 58: google.protobuf.Duration
 }
 var file_roost_v1_session_proto_depIdxs = []int32{
 	8,  // 0: roost.v1.Session.capsule:type_name -> roost.v1.CapsuleRef
 	9,  // 1: roost.v1.Session.containment:type_name -> roost.v1.ContainmentState
-	55, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	55, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
-	55, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
+	57, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	57, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
+	57, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
 	10, // 5: roost.v1.Session.spend:type_name -> roost.v1.Spend
-	55, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
+	57, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
 	7,  // 7: roost.v1.Session.usage:type_name -> roost.v1.Usage
 	6,  // 8: roost.v1.Session.identity:type_name -> roost.v1.Identity
 	5,  // 9: roost.v1.Session.stdout:type_name -> roost.v1.LogStats
@@ -4220,84 +4269,86 @@ var file_roost_v1_session_proto_depIdxs = []int32{
 	3,  // 11: roost.v1.Session.egress:type_name -> roost.v1.Egress
 	2,  // 12: roost.v1.Session.wasm:type_name -> roost.v1.WasmRun
 	1,  // 13: roost.v1.Session.exec_refused:type_name -> roost.v1.ExecRefusals
-	4,  // 14: roost.v1.Egress.refused:type_name -> roost.v1.EgressRefusal
-	55, // 15: roost.v1.EgressRefusal.first:type_name -> google.protobuf.Timestamp
-	55, // 16: roost.v1.EgressRefusal.last:type_name -> google.protobuf.Timestamp
-	56, // 17: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
-	0,  // 18: roost.v1.StageResponse.session:type_name -> roost.v1.Session
-	0,  // 19: roost.v1.LaunchResponse.session:type_name -> roost.v1.Session
-	0,  // 20: roost.v1.GetResponse.session:type_name -> roost.v1.Session
-	0,  // 21: roost.v1.ListResponse.sessions:type_name -> roost.v1.Session
-	0,  // 22: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
-	56, // 23: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
-	0,  // 24: roost.v1.StopResponse.session:type_name -> roost.v1.Session
-	0,  // 25: roost.v1.KillResponse.session:type_name -> roost.v1.Session
-	0,  // 26: roost.v1.PauseResponse.session:type_name -> roost.v1.Session
-	0,  // 27: roost.v1.ResumeResponse.session:type_name -> roost.v1.Session
-	55, // 28: roost.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
-	55, // 29: roost.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
-	38, // 30: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
-	56, // 31: roost.v1.PruneRequest.until:type_name -> google.protobuf.Duration
-	37, // 32: roost.v1.PruneResponse.removed:type_name -> roost.v1.PrunedSession
-	37, // 33: roost.v1.PruneResponse.kept:type_name -> roost.v1.PrunedSession
-	8,  // 34: roost.v1.PrunedSession.capsule:type_name -> roost.v1.CapsuleRef
-	55, // 35: roost.v1.PrunedSession.ended_at:type_name -> google.protobuf.Timestamp
-	55, // 36: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
-	40, // 37: roost.v1.ExecRequest.start:type_name -> roost.v1.ExecStart
-	41, // 38: roost.v1.ExecRequest.resize:type_name -> roost.v1.TerminalSize
-	41, // 39: roost.v1.ExecStart.size:type_name -> roost.v1.TerminalSize
-	43, // 40: roost.v1.ExecResponse.started:type_name -> roost.v1.ExecStarted
-	44, // 41: roost.v1.ExecResponse.exit:type_name -> roost.v1.ExecExit
-	55, // 42: roost.v1.ExecInfo.started_at:type_name -> google.protobuf.Timestamp
-	55, // 43: roost.v1.ExecInfo.ended_at:type_name -> google.protobuf.Timestamp
-	5,  // 44: roost.v1.ExecInfo.stdout:type_name -> roost.v1.LogStats
-	5,  // 45: roost.v1.ExecInfo.stderr:type_name -> roost.v1.LogStats
-	48, // 46: roost.v1.AttachExecResponse.output:type_name -> roost.v1.ExecOutput
-	44, // 47: roost.v1.AttachExecResponse.exit:type_name -> roost.v1.ExecExit
-	45, // 48: roost.v1.WaitExecResponse.exec:type_name -> roost.v1.ExecInfo
-	45, // 49: roost.v1.KillExecResponse.exec:type_name -> roost.v1.ExecInfo
-	45, // 50: roost.v1.ListExecsResponse.execs:type_name -> roost.v1.ExecInfo
-	11, // 51: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
-	13, // 52: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
-	15, // 53: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
-	17, // 54: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
-	19, // 55: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
-	21, // 56: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
-	23, // 57: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
-	25, // 58: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
-	27, // 59: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
-	29, // 60: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
-	31, // 61: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
-	33, // 62: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
-	35, // 63: roost.v1.SessionService.Prune:input_type -> roost.v1.PruneRequest
-	39, // 64: roost.v1.SessionService.Exec:input_type -> roost.v1.ExecRequest
-	46, // 65: roost.v1.SessionService.AttachExec:input_type -> roost.v1.AttachExecRequest
-	49, // 66: roost.v1.SessionService.WaitExec:input_type -> roost.v1.WaitExecRequest
-	51, // 67: roost.v1.SessionService.KillExec:input_type -> roost.v1.KillExecRequest
-	53, // 68: roost.v1.SessionService.ListExecs:input_type -> roost.v1.ListExecsRequest
-	12, // 69: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
-	14, // 70: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
-	16, // 71: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
-	18, // 72: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
-	20, // 73: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
-	22, // 74: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
-	24, // 75: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
-	26, // 76: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
-	28, // 77: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
-	30, // 78: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
-	32, // 79: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
-	34, // 80: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
-	36, // 81: roost.v1.SessionService.Prune:output_type -> roost.v1.PruneResponse
-	42, // 82: roost.v1.SessionService.Exec:output_type -> roost.v1.ExecResponse
-	47, // 83: roost.v1.SessionService.AttachExec:output_type -> roost.v1.AttachExecResponse
-	50, // 84: roost.v1.SessionService.WaitExec:output_type -> roost.v1.WaitExecResponse
-	52, // 85: roost.v1.SessionService.KillExec:output_type -> roost.v1.KillExecResponse
-	54, // 86: roost.v1.SessionService.ListExecs:output_type -> roost.v1.ListExecsResponse
-	69, // [69:87] is the sub-list for method output_type
-	51, // [51:69] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	55, // 14: roost.v1.Session.labels:type_name -> roost.v1.Session.LabelsEntry
+	4,  // 15: roost.v1.Egress.refused:type_name -> roost.v1.EgressRefusal
+	57, // 16: roost.v1.EgressRefusal.first:type_name -> google.protobuf.Timestamp
+	57, // 17: roost.v1.EgressRefusal.last:type_name -> google.protobuf.Timestamp
+	58, // 18: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
+	56, // 19: roost.v1.StageRequest.labels:type_name -> roost.v1.StageRequest.LabelsEntry
+	0,  // 20: roost.v1.StageResponse.session:type_name -> roost.v1.Session
+	0,  // 21: roost.v1.LaunchResponse.session:type_name -> roost.v1.Session
+	0,  // 22: roost.v1.GetResponse.session:type_name -> roost.v1.Session
+	0,  // 23: roost.v1.ListResponse.sessions:type_name -> roost.v1.Session
+	0,  // 24: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
+	58, // 25: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
+	0,  // 26: roost.v1.StopResponse.session:type_name -> roost.v1.Session
+	0,  // 27: roost.v1.KillResponse.session:type_name -> roost.v1.Session
+	0,  // 28: roost.v1.PauseResponse.session:type_name -> roost.v1.Session
+	0,  // 29: roost.v1.ResumeResponse.session:type_name -> roost.v1.Session
+	57, // 30: roost.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
+	57, // 31: roost.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
+	38, // 32: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
+	58, // 33: roost.v1.PruneRequest.until:type_name -> google.protobuf.Duration
+	37, // 34: roost.v1.PruneResponse.removed:type_name -> roost.v1.PrunedSession
+	37, // 35: roost.v1.PruneResponse.kept:type_name -> roost.v1.PrunedSession
+	8,  // 36: roost.v1.PrunedSession.capsule:type_name -> roost.v1.CapsuleRef
+	57, // 37: roost.v1.PrunedSession.ended_at:type_name -> google.protobuf.Timestamp
+	57, // 38: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
+	40, // 39: roost.v1.ExecRequest.start:type_name -> roost.v1.ExecStart
+	41, // 40: roost.v1.ExecRequest.resize:type_name -> roost.v1.TerminalSize
+	41, // 41: roost.v1.ExecStart.size:type_name -> roost.v1.TerminalSize
+	43, // 42: roost.v1.ExecResponse.started:type_name -> roost.v1.ExecStarted
+	44, // 43: roost.v1.ExecResponse.exit:type_name -> roost.v1.ExecExit
+	57, // 44: roost.v1.ExecInfo.started_at:type_name -> google.protobuf.Timestamp
+	57, // 45: roost.v1.ExecInfo.ended_at:type_name -> google.protobuf.Timestamp
+	5,  // 46: roost.v1.ExecInfo.stdout:type_name -> roost.v1.LogStats
+	5,  // 47: roost.v1.ExecInfo.stderr:type_name -> roost.v1.LogStats
+	48, // 48: roost.v1.AttachExecResponse.output:type_name -> roost.v1.ExecOutput
+	44, // 49: roost.v1.AttachExecResponse.exit:type_name -> roost.v1.ExecExit
+	45, // 50: roost.v1.WaitExecResponse.exec:type_name -> roost.v1.ExecInfo
+	45, // 51: roost.v1.KillExecResponse.exec:type_name -> roost.v1.ExecInfo
+	45, // 52: roost.v1.ListExecsResponse.execs:type_name -> roost.v1.ExecInfo
+	11, // 53: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
+	13, // 54: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
+	15, // 55: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
+	17, // 56: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
+	19, // 57: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
+	21, // 58: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
+	23, // 59: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
+	25, // 60: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
+	27, // 61: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
+	29, // 62: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
+	31, // 63: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
+	33, // 64: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
+	35, // 65: roost.v1.SessionService.Prune:input_type -> roost.v1.PruneRequest
+	39, // 66: roost.v1.SessionService.Exec:input_type -> roost.v1.ExecRequest
+	46, // 67: roost.v1.SessionService.AttachExec:input_type -> roost.v1.AttachExecRequest
+	49, // 68: roost.v1.SessionService.WaitExec:input_type -> roost.v1.WaitExecRequest
+	51, // 69: roost.v1.SessionService.KillExec:input_type -> roost.v1.KillExecRequest
+	53, // 70: roost.v1.SessionService.ListExecs:input_type -> roost.v1.ListExecsRequest
+	12, // 71: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
+	14, // 72: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
+	16, // 73: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
+	18, // 74: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
+	20, // 75: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
+	22, // 76: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
+	24, // 77: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
+	26, // 78: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
+	28, // 79: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
+	30, // 80: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
+	32, // 81: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
+	34, // 82: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
+	36, // 83: roost.v1.SessionService.Prune:output_type -> roost.v1.PruneResponse
+	42, // 84: roost.v1.SessionService.Exec:output_type -> roost.v1.ExecResponse
+	47, // 85: roost.v1.SessionService.AttachExec:output_type -> roost.v1.AttachExecResponse
+	50, // 86: roost.v1.SessionService.WaitExec:output_type -> roost.v1.WaitExecResponse
+	52, // 87: roost.v1.SessionService.KillExec:output_type -> roost.v1.KillExecResponse
+	54, // 88: roost.v1.SessionService.ListExecs:output_type -> roost.v1.ListExecsResponse
+	71, // [71:89] is the sub-list for method output_type
+	53, // [53:71] is the sub-list for method input_type
+	53, // [53:53] is the sub-list for extension type_name
+	53, // [53:53] is the sub-list for extension extendee
+	0,  // [0:53] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_session_proto_init() }
@@ -4332,7 +4383,7 @@ func file_roost_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_session_proto_rawDesc), len(file_roost_v1_session_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   55,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

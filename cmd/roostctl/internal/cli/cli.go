@@ -1,13 +1,17 @@
 // Package cli is roostctl, the operator's CLI for roostd: its command tree, flags, output
-// and exit codes. Every command is an RPC over the control socket. It is a package of its
+// and exit codes. Every command is an RPC over the control socket, or over roostd's remote
+// listener with --server. It is a package of its
 // own so that what only builds roostctl's documentation (the man pages) is not linked into
 // the CLI an operator starts for every command.
 package cli
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"runtime"
 	"strings"
@@ -17,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -68,7 +73,10 @@ func withCode(code int, err error) error {
 
 type app struct {
 	socket string
-	conn   *grpc.ClientConn
+	// server is roostd's remote listener, https://HOST:PORT; tlsCA, tlsCert and tlsKey
+	// are the files its TLS is dialled with.
+	server, tlsCA, tlsCert, tlsKey string
+	conn                           *grpc.ClientConn
 }
 
 // Execute runs roostctl with args (without the program name) and returns its exit code.
@@ -154,6 +162,9 @@ func (a *app) describe(err error) string {
 		if i := strings.LastIndex(why, ": connect: "); i >= 0 {
 			why = strings.TrimSuffix(why[i+len(": connect: "):], `"`)
 		}
+		if a.server != "" {
+			return fmt.Sprintf("cannot reach roostd at %s: %s; is it running and listening there (roostd --listen-tcp), and are --tls-ca, --tls-cert and --tls-key its CA's?", a.server, st.Message())
+		}
 		return fmt.Sprintf("cannot reach roostd at %s: %s; is it running? Set --socket or ROOST_SOCKET to its socket", a.socket, why)
 	}
 	return st.Message()
@@ -194,9 +205,13 @@ session in its registry.`,
 	root.Flags().BoolP("version", "v", false, "print roostctl's version (roostctl version asks roostd's too)")
 	root.SetVersionTemplate(fmt.Sprintf("roostctl %s %s %s\n", version.Version, version.Commit, runtime.Version()))
 	root.PersistentFlags().StringVar(&a.socket, "socket", "", "roostd's control socket (default $ROOST_SOCKET, else "+defaultSocket+")")
+	root.PersistentFlags().StringVar(&a.server, "server", "", "roostd's remote listener, https://HOST:PORT, instead of the socket (default $ROOST_SERVER)")
+	root.PersistentFlags().StringVar(&a.tlsCA, "tls-ca", "", "with --server: the CA that signed roostd's certificate, PEM (default $ROOST_TLS_CA, else the system's)")
+	root.PersistentFlags().StringVar(&a.tlsCert, "tls-cert", "", "with --server: this client's certificate, PEM (default $ROOST_TLS_CERT)")
+	root.PersistentFlags().StringVar(&a.tlsKey, "tls-key", "", "with --server: this client's private key, PEM (default $ROOST_TLS_KEY)")
 	root.SetFlagErrorFunc(flagError)
 	root.AddGroup(&cobra.Group{ID: "run", Title: "Running sessions:"}, &cobra.Group{ID: "inspect", Title: "Inspecting:"}, &cobra.Group{ID: "host", Title: "The daemon and host:"})
-	for _, c := range []*cobra.Command{a.runCommand(), a.stageCommand(), a.launchCommand(), a.waitCommand(), a.stopCommand(), a.killCommand(), a.pauseCommand(), a.resumeCommand(), a.execCommand(), a.rmCommand(), a.pruneCommand(), a.pushCommand()} {
+	for _, c := range []*cobra.Command{a.runCommand(), a.stageCommand(), a.launchCommand(), a.waitCommand(), a.stopCommand(), a.killCommand(), a.pauseCommand(), a.resumeCommand(), a.execCommand(), a.cpCommand(), a.filesCommand(), a.rmCommand(), a.pruneCommand(), a.pushCommand()} {
 		c.GroupID = "run"
 		root.AddCommand(c)
 	}
@@ -204,7 +219,7 @@ session in its registry.`,
 		c.GroupID = "inspect"
 		root.AddCommand(c)
 	}
-	for _, c := range []*cobra.Command{a.doctorCommand(), a.versionCommand()} {
+	for _, c := range []*cobra.Command{a.doctorCommand(), a.versionCommand(), certsCommand()} {
 		c.GroupID = "host"
 		root.AddCommand(c)
 	}
@@ -213,13 +228,53 @@ session in its registry.`,
 	root.SetUsageTemplate(usageTemplate)
 	a.completeArgs(root)
 	addDockerHelp(root)
+	refuseUnknownSubcommands(root)
 	return root
+}
+
+// refuseUnknownSubcommands makes every group of subcommands without a run of its own (files,
+// certs) refuse a word that names none of them: cobra would print the group's help and exit
+// 0, which a script takes for success.
+func refuseUnknownSubcommands(root *cobra.Command) {
+	for _, c := range root.Commands() {
+		refuseUnknownSubcommands(c)
+		if !c.HasSubCommands() || c.Runnable() {
+			continue
+		}
+		c.Args = func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				var names []string
+				for _, s := range cmd.Commands() {
+					if s.IsAvailableCommand() {
+						names = append(names, s.Name())
+					}
+				}
+				return usageError{fmt.Errorf("%s has no command %q (%s); see roostctl %s --help", cmd.Name(), args[0], strings.Join(names, ", "), cmd.Name())}
+			}
+			return nil
+		}
+		c.RunE = func(cmd *cobra.Command, args []string) error { return cmd.Help() }
+	}
 }
 
 // connect dials roostd lazily: commands that fail on their arguments never touch the socket.
 func (a *app) connect() (*grpc.ClientConn, error) {
 	if a.conn != nil {
 		return a.conn, nil
+	}
+	if a.server == "" && a.socket == "" {
+		a.server = os.Getenv("ROOST_SERVER")
+	}
+	if a.server != "" {
+		if a.socket != "" {
+			return nil, usageError{errors.New("--socket and --server name two ways to reach roostd: give one")}
+		}
+		return a.connectRemote()
+	}
+	for _, f := range []struct{ flag, value string }{{"--tls-ca", a.tlsCA}, {"--tls-cert", a.tlsCert}, {"--tls-key", a.tlsKey}} {
+		if f.value != "" {
+			return nil, usageError{fmt.Errorf("%s is for roostd's remote listener: give --server https://HOST:PORT too", f.flag)}
+		}
 	}
 	if a.socket == "" {
 		a.socket = os.Getenv("ROOST_SOCKET")
@@ -235,6 +290,52 @@ func (a *app) connect() (*grpc.ClientConn, error) {
 			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: time.Second,
 		}))
+	if err != nil {
+		return nil, err
+	}
+	a.conn = conn
+	return conn, nil
+}
+
+// connectRemote dials roostd's remote listener over TLS 1.3 with this client's certificate.
+func (a *app) connectRemote() (*grpc.ClientConn, error) {
+	u, err := url.Parse(a.server)
+	if err != nil || u.Scheme != "https" || u.Host == "" || u.Port() == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
+		return nil, usageError{fmt.Errorf("--server %q: expected https://HOST:PORT, roostd's --listen-tcp address", a.server)}
+	}
+	file := func(flag, env string, value *string) string {
+		if *value == "" {
+			*value = os.Getenv(env)
+			return env
+		}
+		return flag
+	}
+	caFrom := file("--tls-ca", "ROOST_TLS_CA", &a.tlsCA)
+	certFrom := file("--tls-cert", "ROOST_TLS_CERT", &a.tlsCert)
+	keyFrom := file("--tls-key", "ROOST_TLS_KEY", &a.tlsKey)
+	cfg := &tls.Config{MinVersion: tls.VersionTLS13, ServerName: u.Hostname()}
+	if a.tlsCA != "" {
+		pem, err := os.ReadFile(a.tlsCA)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", caFrom, err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%s %s: holds no PEM certificate", caFrom, a.tlsCA)
+		}
+	}
+	switch {
+	case a.tlsCert == "" && a.tlsKey == "":
+		return nil, usageError{fmt.Errorf("--server %s: roostd lets in only clients with a certificate: give --tls-cert and --tls-key (or ROOST_TLS_CERT and ROOST_TLS_KEY)", a.server)}
+	case a.tlsCert == "" || a.tlsKey == "":
+		return nil, usageError{errors.New("--tls-cert and --tls-key go together: the certificate and its private key")}
+	}
+	pair, err := tls.LoadX509KeyPair(a.tlsCert, a.tlsKey)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s with %s %s: %w", certFrom, a.tlsCert, keyFrom, a.tlsKey, err)
+	}
+	cfg.Certificates = []tls.Certificate{pair}
+	conn, err := grpc.NewClient("dns:///"+u.Host, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 	if err != nil {
 		return nil, err
 	}

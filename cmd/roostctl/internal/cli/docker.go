@@ -94,8 +94,6 @@ var flagHints = map[string]map[string]string{
 
 // commandHints are docker commands roostctl lacks.
 var commandHints = map[string]string{
-	"cp": "a session's files are on the host, in its workdir: roostctl inspect -f '{{.workdir}}' SESSION " +
-		"(its logs and trace in -f '{{.records_dir}}')",
 	"build":   "a capsule is a directory holding capsule.yaml, with nothing to build: roostctl run DIR runs it, roostctl push DIR stores it as name@version",
 	"images":  "roostctl artifacts ls lists the pushed capsules",
 	"image":   "roostctl artifacts ls lists the pushed capsules; roostctl artifacts rm NAME@VERSION forgets one",

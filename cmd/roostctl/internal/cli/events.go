@@ -21,7 +21,7 @@ import (
 )
 
 // eventsFilterKeys are the keys events --filter knows.
-var eventsFilterKeys = []string{"session", "type"}
+var eventsFilterKeys = []string{"label", "session", "type"}
 
 // eventFilter is what events --filter, --since T and --until select.
 type eventFilter struct {
@@ -29,20 +29,67 @@ type eventFilter struct {
 	types []string
 	// sessions are the ids an event's session must be one of; nil: any.
 	sessions []string
+	// labels are label selectors an event's session must match every one of; nil: any.
+	labels []string
+	// labelled says whether a session's labels match, once per session (sessionLabels).
+	labelled func(id string) (bool, error)
 	// since, when set, is the first moment whose events are printed.
 	since time.Time
 	// until, when set, is the last moment whose events are printed.
 	until time.Time
 }
 
-func (f *eventFilter) match(ev *roostv1.Event) bool {
+func (f *eventFilter) match(ev *roostv1.Event) (bool, error) {
 	if !f.since.IsZero() && ev.GetTime().AsTime().Before(f.since) {
-		return false
+		return false, nil
 	}
 	if f.types != nil && !matchAny(f.types, ev.GetType()) {
-		return false
+		return false, nil
 	}
-	return f.sessions == nil || containsString(f.sessions, ev.GetSessionId())
+	if f.sessions != nil && !containsString(f.sessions, ev.GetSessionId()) {
+		return false, nil
+	}
+	if f.labels != nil {
+		if ev.GetSessionId() == "" {
+			return false, nil
+		}
+		return f.labelled(ev.GetSessionId())
+	}
+	return true, nil
+}
+
+// sessionLabels is eventFilter.labelled: it asks roostd once for the sessions whose labels
+// match (List, which also checks the selectors), then once for each other session an event
+// names (Get: sessions staged since, or that did not match), and remembers the answer.
+// Events carry no labels, and a removed session's went with its record: its events never
+// match.
+func sessionLabels(ctx context.Context, c roostv1.SessionServiceClient, selectors []string) (func(id string) (bool, error), error) {
+	resp, err := c.List(ctx, &roostv1.ListRequest{All: true, Label: selectors})
+	if err != nil {
+		if status.Code(err) == codes.InvalidArgument {
+			return nil, usageError{fmt.Errorf("--filter: %s", status.Convert(err).Message())}
+		}
+		return nil, err
+	}
+	known := map[string]bool{}
+	for _, s := range resp.GetSessions() {
+		known[s.GetId()] = true
+	}
+	return func(id string) (bool, error) {
+		if ok, seen := known[id]; seen {
+			return ok, nil
+		}
+		resp, err := c.Get(ctx, &roostv1.GetRequest{Id: id})
+		switch {
+		case status.Code(err) == codes.NotFound:
+			known[id] = false
+		case err != nil:
+			return false, err
+		default:
+			known[id] = labelSelected(resp.GetSession().GetLabels(), selectors)
+		}
+		return known[id], nil
+	}, nil
 }
 
 // after reports whether ev is past --until: events come in commit order, which is time
@@ -135,8 +182,12 @@ func (a *app) streamEvents(ctx context.Context, c roostv1.SessionServiceClient, 
 		if f.after(ev) {
 			return errUntil
 		}
+		ok, err := f.match(ev)
+		if err != nil {
+			return err
+		}
 		*last = ev.GetSeq()
-		if !f.match(ev) {
+		if !ok {
 			continue
 		}
 		if err := emit(ev); err != nil {
@@ -177,12 +228,17 @@ one key widen the selection, on different keys narrow it:
   type=PATTERN      the event's type, as a shell pattern: session.exited, session.*
   session=SESSION   one session's events; a name, short id or id prefix is resolved once,
                     when events starts (a removed session only by its full id)
+  label=KEY=VALUE   the events of sessions whose label KEY has VALUE (run|stage --label);
+                    label=KEY: that have the label KEY. Label filters narrow each (every
+                    one must match). A removed session's labels are gone with its record:
+                    its events are not selected
 
 The table shows short session ids (--no-trunc: full ones). With --json it prints one JSON
 object per line, each with its "seq".`,
 		Example: `  roostctl events --since 10m                   # the last ten minutes
   roostctl events --since 2025-05-01 --until 2025-05-02 --filter type=session.exited
   roostctl events --filter session=build-1,type=session.running --json
+  roostctl events --follow --filter label=team=a --filter type=session.exited
   roostctl events --after-seq 1234 --follow --json   # resume after event 1234
   roostctl events --follow --until=-5m          # what happens in the next five minutes`,
 		Args: exactArgs(0, "no arguments"),
@@ -203,6 +259,8 @@ object per line, each with its "seq".`,
 						f.types = append(f.types, value)
 					case "session":
 						refs = append(refs, value)
+					case "label":
+						f.labels = append(f.labels, value)
 					default:
 						return usageError{fmt.Errorf("--filter %q: unknown key %q; the keys are %s", kv, key, strings.Join(eventsFilterKeys, ", "))}
 					}
@@ -240,6 +298,11 @@ object per line, each with its "seq".`,
 					return err
 				}
 				f.sessions = append(f.sessions, id)
+			}
+			if f.labels != nil {
+				if f.labelled, err = sessionLabels(cmd.Context(), c, f.labels); err != nil {
+					return err
+				}
 			}
 			ctx := cmd.Context()
 			var reached atomic.Bool

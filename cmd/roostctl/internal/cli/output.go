@@ -148,6 +148,13 @@ func printSession(w io.Writer, s *roostv1.Session) {
 	}
 	row("id", s.GetId())
 	row("name", s.GetName())
+	for i, l := range labelPairs(s.GetLabels()) {
+		if i == 0 {
+			row("labels", l)
+		} else {
+			fmt.Fprintf(w, "%-13s %s\n", "", l)
+		}
+	}
 	row("capsule", s.GetCapsule().GetName()+"@"+s.GetCapsule().GetVersion())
 	row("sha256", strings.TrimPrefix(s.GetCapsule().GetSha256(), "sha256:"))
 	row("source", s.GetCapsule().GetSource())

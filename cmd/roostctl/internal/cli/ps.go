@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -29,7 +30,7 @@ const shortIDLen = 12
 var sessionStates = []string{"staged", "launching", "running", "paused", "stopping", "exited"}
 
 // psFilterKeys are the keys --filter knows, each with what it matches.
-var psFilterKeys = []string{"capsule", "name", "parent", "state", "status"}
+var psFilterKeys = []string{"capsule", "label", "name", "parent", "state", "status"}
 
 func (a *app) psCommand() *cobra.Command {
 	var all, asJSON, quiet, tree, noTrunc bool
@@ -49,21 +50,26 @@ command takes a short id (or 4 or more of its first digits), a name, a full id o
 id prefix ("ses_" and 4 or more characters). --no-trunc shows full ids.
 
 --filter KEY=VALUE selects sessions; give it more than once, or comma-separated. Filters on
-one key widen the selection (any may match), on different keys narrow it (all must):
+one key widen the selection (any may match), on different keys narrow it (all must); label
+filters narrow it each (every one must match, as docker's):
   state=STATE           staged, launching, running, paused, stopping or exited; a state
                         filter lists ended sessions without --all; status=STATE
                         is the same filter (docker's name for it)
   capsule=NAME[@VER]    the capsule's name, and its version when given
   parent=SESSION        the children of a session (a name, an id or a short id)
   name=GLOB             the session's name, as a shell pattern (* ? [a-z])
+  label=KEY=VALUE       the session's label KEY has VALUE (run|stage --label); label=KEY:
+                        it has the label KEY, whatever its value. roostd selects them
 
 --format json prints a JSON array of the objects inspect --json prints (--json is the
 same); --format '{{.id}}' prints a Go template over each of those objects, one line each
 (keys are snake_case: {{.capsule.name}}, {{.state}}; {{short .id}} is the short id,
-{{json .}} the object). -q prints full ids only. Every format lists newest first.`,
+{{json .}} the object, {{index .labels "team"}} one label, empty where it is not set).
+-q prints full ids only. Every format lists newest first.`,
 		Example: `  roostctl ps
   roostctl ps --all --filter state=exited,capsule=hello
   roostctl ps --filter 'name=build-*' --format '{{.id}} {{.name}} {{.state}}'
+  roostctl ps --all --filter label=team=a --format '{{.id}} {{index .labels "run"}}'
   roostctl stop $(roostctl ps -q --filter capsule=agent@0.2.0)`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -101,8 +107,11 @@ same); --format '{{.id}}' prints a Go template over each of those objects, one l
 				}
 			}
 			// A state filter decides by itself which states are listed.
-			resp, err := c.List(cmd.Context(), &roostv1.ListRequest{All: all || len(f.states) > 0})
+			resp, err := c.List(cmd.Context(), &roostv1.ListRequest{All: all || len(f.states) > 0, Label: f.labels})
 			if err != nil {
+				if status.Code(err) == codes.InvalidArgument && len(f.labels) > 0 {
+					return usageError{fmt.Errorf("--filter: %s", status.Convert(err).Message())}
+				}
 				return err
 			}
 			var rows []*roostv1.Session
@@ -157,6 +166,8 @@ type psFilter struct {
 	states   map[string]bool
 	capsules []string
 	names    []string
+	// labels are label selectors roostd matches (ListRequest.label).
+	labels []string
 	// parents are the SESSION arguments, resolved into parentIDs before matching.
 	parents   map[string]bool
 	parentIDs []string
@@ -186,6 +197,8 @@ func parsePSFilters(args []string) (*psFilter, error) {
 					return nil, usageError{fmt.Errorf("--filter name=%s: not a pattern: %v", value, err)}
 				}
 				f.names = append(f.names, value)
+			case "label":
+				f.labels = append(f.labels, value)
 			case "parent":
 				if f.parents == nil {
 					f.parents = map[string]bool{}
