@@ -84,6 +84,9 @@ func (e *Execution) Started(pid int, wait func() (*os.ProcessState, error), sign
 // Kill ends the command (SIGKILL): its client has gone, or its session has ended.
 func (e *Execution) Kill() error { return e.signal(syscall.SIGKILL) }
 
+// Signal sends sig to the command (roostctl exec kill).
+func (e *Execution) Signal(sig syscall.Signal) error { return e.signal(sig) }
+
 // Resize sets the terminal's size; without a terminal it does nothing.
 func (e *Execution) Resize(rows, cols uint16) error {
 	if e.Terminal == nil || rows == 0 || cols == 0 {

@@ -32,10 +32,12 @@ const (
 	Gateway
 	// Follower is an open log file of a follower of a session's output.
 	Follower
+	// Exec is a descriptor of a detached exec: its output's pipes, the files that keep it.
+	Exec
 	nUses
 )
 
-var useNames = [nUses]string{"endpoint", "upstream", "gateway", "follower"}
+var useNames = [nUses]string{"endpoint", "upstream", "gateway", "follower", "exec"}
 
 func (u Use) String() string {
 	if u < nUses {

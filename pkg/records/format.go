@@ -53,7 +53,10 @@ type LogStats struct {
 	Stdout   StreamStats `json:"stdout"`
 	Stderr   StreamStats `json:"stderr"`
 	// Final is set once both streams are drained: the counts no longer change.
-	Final     bool      `json:"final,omitempty"`
+	Final bool `json:"final,omitempty"`
+	// Cap names MaxBytes's bound when it is not resources.log_max_bytes itself (a detached
+	// exec's share of it), for the marker of a cut.
+	Cap       string    `json:"cap,omitempty"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
 

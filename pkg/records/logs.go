@@ -513,9 +513,13 @@ func (x *timeIndex) close() {
 func cutMarker(dir, stream string, n int64) string {
 	why := ""
 	if st, err := ReadLogStats(dir); err == nil {
-		why = fmt.Sprintf(" (resources.log_max_bytes %d)", st.MaxBytes)
+		bound := "resources.log_max_bytes"
+		if st.Cap != "" {
+			bound = st.Cap
+		}
+		why = fmt.Sprintf(" (%s %d)", bound, st.MaxBytes)
 		if ss := st.Stream(stream); ss != nil && ss.FailedBytes > 0 {
-			why = fmt.Sprintf(" (resources.log_max_bytes %d; %d bytes lost to failed writes: %s)", st.MaxBytes, ss.FailedBytes, ss.WriteError)
+			why = fmt.Sprintf(" (%s %d; %d bytes lost to failed writes: %s)", bound, st.MaxBytes, ss.FailedBytes, ss.WriteError)
 		}
 	}
 	return fmt.Sprintf("--- roost: %d bytes of %s dropped here%s ---\n", n, stream, why)

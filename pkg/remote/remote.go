@@ -47,7 +47,7 @@ var readerMethods = []string{
 	"/roost.v1.SessionService/AttachExec",
 	"/roost.v1.FilesService/ReadFile",
 	"/roost.v1.FilesService/ListDir",
-	"/roost.v1.FilesService/Stat",
+	"/roost.v1.FilesService/StatFile",
 	"/roost.v1.FilesService/DownloadTree",
 	"/roost.v1.SpendService/GetDay",
 	"/roost.v1.SpendService/ListCalls",

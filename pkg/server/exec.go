@@ -25,7 +25,8 @@ const execDrainGrace = 2 * time.Second
 // the command; later ones carry its stdin, stdin's end, or the terminal's new size. It
 // answers ExecStarted, the output, then ExecExit. A command that could not start (refused by
 // the exec allowlist, not found) is an ExecExit too, with its detail; a session that is
-// missing or not running is an error.
+// missing or not running is an error. With detach it answers ExecStarted alone (see
+// execDetached).
 func (s *sessionService) Exec(stream roostv1.SessionService_ExecServer) error {
 	first, err := stream.Recv()
 	if err != nil {
@@ -46,6 +47,9 @@ func (s *sessionService) Exec(stream roostv1.SessionService_ExecServer) error {
 		opts.Rows, opts.Cols = clampSize(size.GetRows()), clampSize(size.GetCols())
 	}
 	ctx := stream.Context()
+	if start.GetDetach() {
+		return s.execDetached(stream, start.GetId(), opts)
+	}
 	x, err := s.m.Exec(ctx, start.GetId(), opts)
 	var refused *exec.NotStarted
 	if errors.As(err, &refused) {

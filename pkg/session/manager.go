@@ -204,6 +204,8 @@ type Manager struct {
 
 	// writers makes the writes into one session's workdir one at a time (files.go).
 	writers writerSet
+
+	execs detachedExecs
 }
 
 // liveSet is the sessions the daemon holds a live entry for, by id.
@@ -408,8 +410,10 @@ func Open(cfg Config) (*Manager, error) {
 }
 
 // Close lets go of every session without touching it (they run on under roost-init; the
-// next daemon listens on their endpoints again) and closes the registry.
+// next daemon listens on their endpoints again), ends its detached execs and closes the
+// registry.
 func (m *Manager) Close() error {
+	m.stopDetached()
 	m.cancel()
 	for _, l := range m.live.all() {
 		l.mu.Lock()

@@ -96,6 +96,12 @@ func Check(opts containment.ExecOptions) error {
 // client has gone) or the session's process ends. Wait records its end. The caller holds
 // the session so that it can neither end nor freeze while the command starts.
 func Start(ctx context.Context, t Target, j Journal, log *slog.Logger, opts containment.ExecOptions) (*Exec, error) {
+	return start(ctx, t, j, log, opts, ctx.Done())
+}
+
+// start is Start, the command killed when gone is closed (never when it is nil) rather
+// than when ctx ends: ctx bounds only the start.
+func start(ctx context.Context, t Target, j Journal, log *slog.Logger, opts containment.ExecOptions, gone <-chan struct{}) (*Exec, error) {
 	x := &Exec{ID: newID(), journal: j, log: log, session: t.Session, records: t.RecordsDir, argv: opts.Argv, began: time.Now().UTC(), ended: make(chan struct{})}
 	run, err := t.Runtime.Exec(ctx, t.Spec, t.Proc, opts)
 	if err != nil {
@@ -117,7 +123,7 @@ func Start(ctx context.Context, t Target, j Journal, log *slog.Logger, opts cont
 	go func() {
 		select {
 		case <-x.ended:
-		case <-ctx.Done():
+		case <-gone:
 			_ = run.Kill()
 		case <-t.Proc.Done():
 			// Nothing outlives its session; a sealed one's pid namespace ends it anyway.

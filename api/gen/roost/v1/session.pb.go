@@ -2815,7 +2815,14 @@ type ExecStart struct {
 	// More environment, NAME=VALUE, over the session's own.
 	Env []string `protobuf:"bytes,6,rep,name=env,proto3" json:"env,omitempty"`
 	// The working directory; the session's workdir when empty.
-	Cwd           string `protobuf:"bytes,7,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	Cwd string `protobuf:"bytes,7,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	// Run the command in the background: the stream answers ExecStarted and ends, the
+	// command runs on with an empty stdin, its output kept in the session's records
+	// (execs/<exec_id>/), each stream held to a sixty-fourth of resources.log_max_bytes (at
+	// least 64 KiB, at most the whole). Reach it with AttachExec, WaitExec, KillExec and
+	// ListExecs. At most 64 run at once in a session, each holding 7 descriptors of its share
+	// of roostd's (sessions.descriptors_per_session); refused with stdin.
+	Detach        bool `protobuf:"varint,8,opt,name=detach,proto3" json:"detach,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2897,6 +2904,13 @@ func (x *ExecStart) GetCwd() string {
 		return x.Cwd
 	}
 	return ""
+}
+
+func (x *ExecStart) GetDetach() bool {
+	if x != nil {
+		return x.Detach
+	}
+	return false
 }
 
 type TerminalSize struct {
@@ -3070,7 +3084,9 @@ type ExecStarted struct {
 	// The exec's id in the session's events and trace.
 	ExecId string `protobuf:"bytes,1,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
 	// The command's process id on the host.
-	Pid           int32 `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	Pid int32 `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	// It runs detached: nothing more comes on this stream.
+	Detached      bool `protobuf:"varint,3,opt,name=detached,proto3" json:"detached,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3117,6 +3133,13 @@ func (x *ExecStarted) GetPid() int32 {
 		return x.Pid
 	}
 	return 0
+}
+
+func (x *ExecStarted) GetDetached() bool {
+	if x != nil {
+		return x.Detached
+	}
+	return false
 }
 
 type ExecExit struct {
@@ -3171,6 +3194,676 @@ func (x *ExecExit) GetDetail() string {
 		return x.Detail
 	}
 	return ""
+}
+
+// ExecInfo is one detached exec of a session.
+type ExecInfo struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	ExecId  string                 `protobuf:"bytes,1,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	Command []string               `protobuf:"bytes,2,rep,name=command,proto3" json:"command,omitempty"`
+	// running | exited | lost (roostd stopped or died while it ran: what it wrote until then
+	// is kept, its end is not known)
+	State     string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// Absent while it runs.
+	EndedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	// The command's exit code, 128+N when signal N ended it; absent while it runs and for a
+	// lost one.
+	ExitCode *int32 `protobuf:"varint,6,opt,name=exit_code,json=exitCode,proto3,oneof" json:"exit_code,omitempty"`
+	// The signal that ended it ("SIGKILL"); empty when it exited.
+	Signal string `protobuf:"bytes,7,opt,name=signal,proto3" json:"signal,omitempty"`
+	// How it ended, in words, as ExecExit's detail.
+	Detail string `protobuf:"bytes,8,opt,name=detail,proto3" json:"detail,omitempty"`
+	// The command's process id on the host.
+	Pid int32 `protobuf:"varint,9,opt,name=pid,proto3" json:"pid,omitempty"`
+	// Its output as the records count it; the cap is the exec's share (see ExecStart.detach).
+	Stdout *LogStats `protobuf:"bytes,10,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr *LogStats `protobuf:"bytes,11,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	// It runs on a terminal of its own: its output is all stdout.
+	Tty           bool `protobuf:"varint,12,opt,name=tty,proto3" json:"tty,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecInfo) Reset() {
+	*x = ExecInfo{}
+	mi := &file_roost_v1_session_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecInfo) ProtoMessage() {}
+
+func (x *ExecInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecInfo.ProtoReflect.Descriptor instead.
+func (*ExecInfo) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *ExecInfo) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *ExecInfo) GetCommand() []string {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+func (x *ExecInfo) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ExecInfo) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *ExecInfo) GetEndedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndedAt
+	}
+	return nil
+}
+
+func (x *ExecInfo) GetExitCode() int32 {
+	if x != nil && x.ExitCode != nil {
+		return *x.ExitCode
+	}
+	return 0
+}
+
+func (x *ExecInfo) GetSignal() string {
+	if x != nil {
+		return x.Signal
+	}
+	return ""
+}
+
+func (x *ExecInfo) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *ExecInfo) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *ExecInfo) GetStdout() *LogStats {
+	if x != nil {
+		return x.Stdout
+	}
+	return nil
+}
+
+func (x *ExecInfo) GetStderr() *LogStats {
+	if x != nil {
+		return x.Stderr
+	}
+	return nil
+}
+
+func (x *ExecInfo) GetTty() bool {
+	if x != nil {
+		return x.Tty
+	}
+	return false
+}
+
+type AttachExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session's id, unique id prefix or name.
+	Id     string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ExecId string `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	// Keep streaming until the exec has ended and all its output has been sent.
+	Follow bool `protobuf:"varint,3,opt,name=follow,proto3" json:"follow,omitempty"`
+	// Only each stream's last `tail` lines of what is kept when the call begins (0: only
+	// what it writes from now on); everything kept when absent.
+	Tail *int64 `protobuf:"varint,4,opt,name=tail,proto3,oneof" json:"tail,omitempty"`
+	// Resume: only bytes at or beyond these stream offsets (ExecOutput.offset + len(data)
+	// of the last output received for that stream).
+	StdoutOffset  int64 `protobuf:"varint,5,opt,name=stdout_offset,json=stdoutOffset,proto3" json:"stdout_offset,omitempty"`
+	StderrOffset  int64 `protobuf:"varint,6,opt,name=stderr_offset,json=stderrOffset,proto3" json:"stderr_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttachExecRequest) Reset() {
+	*x = AttachExecRequest{}
+	mi := &file_roost_v1_session_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttachExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttachExecRequest) ProtoMessage() {}
+
+func (x *AttachExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttachExecRequest.ProtoReflect.Descriptor instead.
+func (*AttachExecRequest) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *AttachExecRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *AttachExecRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *AttachExecRequest) GetFollow() bool {
+	if x != nil {
+		return x.Follow
+	}
+	return false
+}
+
+func (x *AttachExecRequest) GetTail() int64 {
+	if x != nil && x.Tail != nil {
+		return *x.Tail
+	}
+	return 0
+}
+
+func (x *AttachExecRequest) GetStdoutOffset() int64 {
+	if x != nil {
+		return x.StdoutOffset
+	}
+	return 0
+}
+
+func (x *AttachExecRequest) GetStderrOffset() int64 {
+	if x != nil {
+		return x.StderrOffset
+	}
+	return 0
+}
+
+type AttachExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*AttachExecResponse_Output
+	//	*AttachExecResponse_Exit
+	Msg           isAttachExecResponse_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttachExecResponse) Reset() {
+	*x = AttachExecResponse{}
+	mi := &file_roost_v1_session_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttachExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttachExecResponse) ProtoMessage() {}
+
+func (x *AttachExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttachExecResponse.ProtoReflect.Descriptor instead.
+func (*AttachExecResponse) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *AttachExecResponse) GetMsg() isAttachExecResponse_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *AttachExecResponse) GetOutput() *ExecOutput {
+	if x != nil {
+		if x, ok := x.Msg.(*AttachExecResponse_Output); ok {
+			return x.Output
+		}
+	}
+	return nil
+}
+
+func (x *AttachExecResponse) GetExit() *ExecExit {
+	if x != nil {
+		if x, ok := x.Msg.(*AttachExecResponse_Exit); ok {
+			return x.Exit
+		}
+	}
+	return nil
+}
+
+type isAttachExecResponse_Msg interface {
+	isAttachExecResponse_Msg()
+}
+
+type AttachExecResponse_Output struct {
+	Output *ExecOutput `protobuf:"bytes,1,opt,name=output,proto3,oneof"`
+}
+
+type AttachExecResponse_Exit struct {
+	// The exec has ended; the last message. A lost exec's exit_code is 255.
+	Exit *ExecExit `protobuf:"bytes,2,opt,name=exit,proto3,oneof"`
+}
+
+func (*AttachExecResponse_Output) isAttachExecResponse_Msg() {}
+
+func (*AttachExecResponse_Exit) isAttachExecResponse_Msg() {}
+
+// ExecOutput is a piece of one of a detached exec's streams.
+type ExecOutput struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// stdout | stderr
+	Stream string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Data   []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// Where in the stream data's first byte was written; -1 for a line roost inserted (the
+	// marker where the exec's cap dropped bytes). With tail and follow, each stream first
+	// gets an output without data whose offset is where its tail begins.
+	Offset        int64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecOutput) Reset() {
+	*x = ExecOutput{}
+	mi := &file_roost_v1_session_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecOutput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecOutput) ProtoMessage() {}
+
+func (x *ExecOutput) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecOutput.ProtoReflect.Descriptor instead.
+func (*ExecOutput) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ExecOutput) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *ExecOutput) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ExecOutput) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+type WaitExecRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ExecId        string                 `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitExecRequest) Reset() {
+	*x = WaitExecRequest{}
+	mi := &file_roost_v1_session_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitExecRequest) ProtoMessage() {}
+
+func (x *WaitExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitExecRequest.ProtoReflect.Descriptor instead.
+func (*WaitExecRequest) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *WaitExecRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *WaitExecRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+type WaitExecResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Exec          *ExecInfo              `protobuf:"bytes,1,opt,name=exec,proto3" json:"exec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitExecResponse) Reset() {
+	*x = WaitExecResponse{}
+	mi := &file_roost_v1_session_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitExecResponse) ProtoMessage() {}
+
+func (x *WaitExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitExecResponse.ProtoReflect.Descriptor instead.
+func (*WaitExecResponse) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *WaitExecResponse) GetExec() *ExecInfo {
+	if x != nil {
+		return x.Exec
+	}
+	return nil
+}
+
+type KillExecRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Id     string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ExecId string                 `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	// A signal name ("KILL", "SIGTERM") or number; SIGKILL when empty.
+	Signal        string `protobuf:"bytes,3,opt,name=signal,proto3" json:"signal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KillExecRequest) Reset() {
+	*x = KillExecRequest{}
+	mi := &file_roost_v1_session_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KillExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KillExecRequest) ProtoMessage() {}
+
+func (x *KillExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KillExecRequest.ProtoReflect.Descriptor instead.
+func (*KillExecRequest) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *KillExecRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *KillExecRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *KillExecRequest) GetSignal() string {
+	if x != nil {
+		return x.Signal
+	}
+	return ""
+}
+
+type KillExecResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Exec          *ExecInfo              `protobuf:"bytes,1,opt,name=exec,proto3" json:"exec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KillExecResponse) Reset() {
+	*x = KillExecResponse{}
+	mi := &file_roost_v1_session_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KillExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KillExecResponse) ProtoMessage() {}
+
+func (x *KillExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KillExecResponse.ProtoReflect.Descriptor instead.
+func (*KillExecResponse) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *KillExecResponse) GetExec() *ExecInfo {
+	if x != nil {
+		return x.Exec
+	}
+	return nil
+}
+
+type ListExecsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListExecsRequest) Reset() {
+	*x = ListExecsRequest{}
+	mi := &file_roost_v1_session_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListExecsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListExecsRequest) ProtoMessage() {}
+
+func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListExecsRequest.ProtoReflect.Descriptor instead.
+func (*ListExecsRequest) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *ListExecsRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type ListExecsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Execs         []*ExecInfo            `protobuf:"bytes,1,rep,name=execs,proto3" json:"execs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListExecsResponse) Reset() {
+	*x = ListExecsResponse{}
+	mi := &file_roost_v1_session_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListExecsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListExecsResponse) ProtoMessage() {}
+
+func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListExecsResponse.ProtoReflect.Descriptor instead.
+func (*ListExecsResponse) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *ListExecsResponse) GetExecs() []*ExecInfo {
+	if x != nil {
+		return x.Execs
+	}
+	return nil
 }
 
 var File_roost_v1_session_proto protoreflect.FileDescriptor
@@ -3391,7 +4084,7 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\vclose_stdin\x18\x03 \x01(\bH\x00R\n" +
 	"closeStdin\x120\n" +
 	"\x06resize\x18\x04 \x01(\v2\x16.roost.v1.TerminalSizeH\x00R\x06resizeB\x05\n" +
-	"\x03msg\"\xad\x01\n" +
+	"\x03msg\"\xc5\x01\n" +
 	"\tExecStart\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\acommand\x18\x02 \x03(\tR\acommand\x12\x14\n" +
@@ -3399,7 +4092,8 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x03tty\x18\x04 \x01(\bR\x03tty\x12*\n" +
 	"\x04size\x18\x05 \x01(\v2\x16.roost.v1.TerminalSizeR\x04size\x12\x10\n" +
 	"\x03env\x18\x06 \x03(\tR\x03env\x12\x10\n" +
-	"\x03cwd\x18\a \x01(\tR\x03cwd\"6\n" +
+	"\x03cwd\x18\a \x01(\tR\x03cwd\x12\x16\n" +
+	"\x06detach\x18\b \x01(\bR\x06detach\"6\n" +
 	"\fTerminalSize\x12\x12\n" +
 	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
 	"\x04cols\x18\x02 \x01(\rR\x04cols\"\xa6\x01\n" +
@@ -3408,13 +4102,63 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x06stdout\x18\x02 \x01(\fH\x00R\x06stdout\x12\x18\n" +
 	"\x06stderr\x18\x03 \x01(\fH\x00R\x06stderr\x12(\n" +
 	"\x04exit\x18\x04 \x01(\v2\x12.roost.v1.ExecExitH\x00R\x04exitB\x05\n" +
-	"\x03msg\"8\n" +
+	"\x03msg\"T\n" +
 	"\vExecStarted\x12\x17\n" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12\x10\n" +
-	"\x03pid\x18\x02 \x01(\x05R\x03pid\"?\n" +
+	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x1a\n" +
+	"\bdetached\x18\x03 \x01(\bR\bdetached\"?\n" +
 	"\bExecExit\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
-	"\x06detail\x18\x02 \x01(\tR\x06detail2\xb8\x06\n" +
+	"\x06detail\x18\x02 \x01(\tR\x06detail\"\xa1\x03\n" +
+	"\bExecInfo\x12\x17\n" +
+	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12\x18\n" +
+	"\acommand\x18\x02 \x03(\tR\acommand\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x129\n" +
+	"\n" +
+	"started_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x125\n" +
+	"\bended_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x12 \n" +
+	"\texit_code\x18\x06 \x01(\x05H\x00R\bexitCode\x88\x01\x01\x12\x16\n" +
+	"\x06signal\x18\a \x01(\tR\x06signal\x12\x16\n" +
+	"\x06detail\x18\b \x01(\tR\x06detail\x12\x10\n" +
+	"\x03pid\x18\t \x01(\x05R\x03pid\x12*\n" +
+	"\x06stdout\x18\n" +
+	" \x01(\v2\x12.roost.v1.LogStatsR\x06stdout\x12*\n" +
+	"\x06stderr\x18\v \x01(\v2\x12.roost.v1.LogStatsR\x06stderr\x12\x10\n" +
+	"\x03tty\x18\f \x01(\bR\x03ttyB\f\n" +
+	"\n" +
+	"_exit_code\"\xc0\x01\n" +
+	"\x11AttachExecRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x16\n" +
+	"\x06follow\x18\x03 \x01(\bR\x06follow\x12\x17\n" +
+	"\x04tail\x18\x04 \x01(\x03H\x00R\x04tail\x88\x01\x01\x12#\n" +
+	"\rstdout_offset\x18\x05 \x01(\x03R\fstdoutOffset\x12#\n" +
+	"\rstderr_offset\x18\x06 \x01(\x03R\fstderrOffsetB\a\n" +
+	"\x05_tail\"u\n" +
+	"\x12AttachExecResponse\x12.\n" +
+	"\x06output\x18\x01 \x01(\v2\x14.roost.v1.ExecOutputH\x00R\x06output\x12(\n" +
+	"\x04exit\x18\x02 \x01(\v2\x12.roost.v1.ExecExitH\x00R\x04exitB\x05\n" +
+	"\x03msg\"P\n" +
+	"\n" +
+	"ExecOutput\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x03R\x06offset\":\n" +
+	"\x0fWaitExecRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\":\n" +
+	"\x10WaitExecResponse\x12&\n" +
+	"\x04exec\x18\x01 \x01(\v2\x12.roost.v1.ExecInfoR\x04exec\"R\n" +
+	"\x0fKillExecRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x16\n" +
+	"\x06signal\x18\x03 \x01(\tR\x06signal\":\n" +
+	"\x10KillExecResponse\x12&\n" +
+	"\x04exec\x18\x01 \x01(\v2\x12.roost.v1.ExecInfoR\x04exec\"\"\n" +
+	"\x10ListExecsRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"=\n" +
+	"\x11ListExecsResponse\x12(\n" +
+	"\x05execs\x18\x01 \x03(\v2\x12.roost.v1.ExecInfoR\x05execs2\xcf\b\n" +
 	"\x0eSessionService\x128\n" +
 	"\x05Stage\x12\x16.roost.v1.StageRequest\x1a\x17.roost.v1.StageResponse\x12;\n" +
 	"\x06Launch\x12\x17.roost.v1.LaunchRequest\x1a\x18.roost.v1.LaunchResponse\x122\n" +
@@ -3429,7 +4173,12 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x04Logs\x12\x15.roost.v1.LogsRequest\x1a\x16.roost.v1.LogsResponse0\x01\x12=\n" +
 	"\x06Events\x12\x17.roost.v1.EventsRequest\x1a\x18.roost.v1.EventsResponse0\x01\x128\n" +
 	"\x05Prune\x12\x16.roost.v1.PruneRequest\x1a\x17.roost.v1.PruneResponse\x129\n" +
-	"\x04Exec\x12\x15.roost.v1.ExecRequest\x1a\x16.roost.v1.ExecResponse(\x010\x01B*Z(roost.dev/roost/api/gen/roost/v1;roostv1b\x06proto3"
+	"\x04Exec\x12\x15.roost.v1.ExecRequest\x1a\x16.roost.v1.ExecResponse(\x010\x01\x12I\n" +
+	"\n" +
+	"AttachExec\x12\x1b.roost.v1.AttachExecRequest\x1a\x1c.roost.v1.AttachExecResponse0\x01\x12A\n" +
+	"\bWaitExec\x12\x19.roost.v1.WaitExecRequest\x1a\x1a.roost.v1.WaitExecResponse\x12A\n" +
+	"\bKillExec\x12\x19.roost.v1.KillExecRequest\x1a\x1a.roost.v1.KillExecResponse\x12D\n" +
+	"\tListExecs\x12\x1a.roost.v1.ListExecsRequest\x1a\x1b.roost.v1.ListExecsResponseB*Z(roost.dev/roost/api/gen/roost/v1;roostv1b\x06proto3"
 
 var (
 	file_roost_v1_session_proto_rawDescOnce sync.Once
@@ -3443,7 +4192,7 @@ func file_roost_v1_session_proto_rawDescGZIP() []byte {
 	return file_roost_v1_session_proto_rawDescData
 }
 
-var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_roost_v1_session_proto_goTypes = []any{
 	(*Session)(nil),               // 0: roost.v1.Session
 	(*ExecRefusals)(nil),          // 1: roost.v1.ExecRefusals
@@ -3490,19 +4239,29 @@ var file_roost_v1_session_proto_goTypes = []any{
 	(*ExecResponse)(nil),          // 42: roost.v1.ExecResponse
 	(*ExecStarted)(nil),           // 43: roost.v1.ExecStarted
 	(*ExecExit)(nil),              // 44: roost.v1.ExecExit
-	nil,                           // 45: roost.v1.Session.LabelsEntry
-	nil,                           // 46: roost.v1.StageRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 47: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 48: google.protobuf.Duration
+	(*ExecInfo)(nil),              // 45: roost.v1.ExecInfo
+	(*AttachExecRequest)(nil),     // 46: roost.v1.AttachExecRequest
+	(*AttachExecResponse)(nil),    // 47: roost.v1.AttachExecResponse
+	(*ExecOutput)(nil),            // 48: roost.v1.ExecOutput
+	(*WaitExecRequest)(nil),       // 49: roost.v1.WaitExecRequest
+	(*WaitExecResponse)(nil),      // 50: roost.v1.WaitExecResponse
+	(*KillExecRequest)(nil),       // 51: roost.v1.KillExecRequest
+	(*KillExecResponse)(nil),      // 52: roost.v1.KillExecResponse
+	(*ListExecsRequest)(nil),      // 53: roost.v1.ListExecsRequest
+	(*ListExecsResponse)(nil),     // 54: roost.v1.ListExecsResponse
+	nil,                           // 55: roost.v1.Session.LabelsEntry
+	nil,                           // 56: roost.v1.StageRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 57: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 58: google.protobuf.Duration
 }
 var file_roost_v1_session_proto_depIdxs = []int32{
 	8,  // 0: roost.v1.Session.capsule:type_name -> roost.v1.CapsuleRef
 	9,  // 1: roost.v1.Session.containment:type_name -> roost.v1.ContainmentState
-	47, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	47, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
-	47, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
+	57, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	57, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
+	57, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
 	10, // 5: roost.v1.Session.spend:type_name -> roost.v1.Spend
-	47, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
+	57, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
 	7,  // 7: roost.v1.Session.usage:type_name -> roost.v1.Usage
 	6,  // 8: roost.v1.Session.identity:type_name -> roost.v1.Identity
 	5,  // 9: roost.v1.Session.stdout:type_name -> roost.v1.LogStats
@@ -3510,69 +4269,86 @@ var file_roost_v1_session_proto_depIdxs = []int32{
 	3,  // 11: roost.v1.Session.egress:type_name -> roost.v1.Egress
 	2,  // 12: roost.v1.Session.wasm:type_name -> roost.v1.WasmRun
 	1,  // 13: roost.v1.Session.exec_refused:type_name -> roost.v1.ExecRefusals
-	45, // 14: roost.v1.Session.labels:type_name -> roost.v1.Session.LabelsEntry
+	55, // 14: roost.v1.Session.labels:type_name -> roost.v1.Session.LabelsEntry
 	4,  // 15: roost.v1.Egress.refused:type_name -> roost.v1.EgressRefusal
-	47, // 16: roost.v1.EgressRefusal.first:type_name -> google.protobuf.Timestamp
-	47, // 17: roost.v1.EgressRefusal.last:type_name -> google.protobuf.Timestamp
-	48, // 18: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
-	46, // 19: roost.v1.StageRequest.labels:type_name -> roost.v1.StageRequest.LabelsEntry
+	57, // 16: roost.v1.EgressRefusal.first:type_name -> google.protobuf.Timestamp
+	57, // 17: roost.v1.EgressRefusal.last:type_name -> google.protobuf.Timestamp
+	58, // 18: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
+	56, // 19: roost.v1.StageRequest.labels:type_name -> roost.v1.StageRequest.LabelsEntry
 	0,  // 20: roost.v1.StageResponse.session:type_name -> roost.v1.Session
 	0,  // 21: roost.v1.LaunchResponse.session:type_name -> roost.v1.Session
 	0,  // 22: roost.v1.GetResponse.session:type_name -> roost.v1.Session
 	0,  // 23: roost.v1.ListResponse.sessions:type_name -> roost.v1.Session
 	0,  // 24: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
-	48, // 25: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
+	58, // 25: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
 	0,  // 26: roost.v1.StopResponse.session:type_name -> roost.v1.Session
 	0,  // 27: roost.v1.KillResponse.session:type_name -> roost.v1.Session
 	0,  // 28: roost.v1.PauseResponse.session:type_name -> roost.v1.Session
 	0,  // 29: roost.v1.ResumeResponse.session:type_name -> roost.v1.Session
-	47, // 30: roost.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
-	47, // 31: roost.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
+	57, // 30: roost.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
+	57, // 31: roost.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
 	38, // 32: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
-	48, // 33: roost.v1.PruneRequest.until:type_name -> google.protobuf.Duration
+	58, // 33: roost.v1.PruneRequest.until:type_name -> google.protobuf.Duration
 	37, // 34: roost.v1.PruneResponse.removed:type_name -> roost.v1.PrunedSession
 	37, // 35: roost.v1.PruneResponse.kept:type_name -> roost.v1.PrunedSession
 	8,  // 36: roost.v1.PrunedSession.capsule:type_name -> roost.v1.CapsuleRef
-	47, // 37: roost.v1.PrunedSession.ended_at:type_name -> google.protobuf.Timestamp
-	47, // 38: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
+	57, // 37: roost.v1.PrunedSession.ended_at:type_name -> google.protobuf.Timestamp
+	57, // 38: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
 	40, // 39: roost.v1.ExecRequest.start:type_name -> roost.v1.ExecStart
 	41, // 40: roost.v1.ExecRequest.resize:type_name -> roost.v1.TerminalSize
 	41, // 41: roost.v1.ExecStart.size:type_name -> roost.v1.TerminalSize
 	43, // 42: roost.v1.ExecResponse.started:type_name -> roost.v1.ExecStarted
 	44, // 43: roost.v1.ExecResponse.exit:type_name -> roost.v1.ExecExit
-	11, // 44: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
-	13, // 45: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
-	15, // 46: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
-	17, // 47: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
-	19, // 48: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
-	21, // 49: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
-	23, // 50: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
-	25, // 51: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
-	27, // 52: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
-	29, // 53: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
-	31, // 54: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
-	33, // 55: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
-	35, // 56: roost.v1.SessionService.Prune:input_type -> roost.v1.PruneRequest
-	39, // 57: roost.v1.SessionService.Exec:input_type -> roost.v1.ExecRequest
-	12, // 58: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
-	14, // 59: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
-	16, // 60: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
-	18, // 61: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
-	20, // 62: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
-	22, // 63: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
-	24, // 64: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
-	26, // 65: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
-	28, // 66: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
-	30, // 67: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
-	32, // 68: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
-	34, // 69: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
-	36, // 70: roost.v1.SessionService.Prune:output_type -> roost.v1.PruneResponse
-	42, // 71: roost.v1.SessionService.Exec:output_type -> roost.v1.ExecResponse
-	58, // [58:72] is the sub-list for method output_type
-	44, // [44:58] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	57, // 44: roost.v1.ExecInfo.started_at:type_name -> google.protobuf.Timestamp
+	57, // 45: roost.v1.ExecInfo.ended_at:type_name -> google.protobuf.Timestamp
+	5,  // 46: roost.v1.ExecInfo.stdout:type_name -> roost.v1.LogStats
+	5,  // 47: roost.v1.ExecInfo.stderr:type_name -> roost.v1.LogStats
+	48, // 48: roost.v1.AttachExecResponse.output:type_name -> roost.v1.ExecOutput
+	44, // 49: roost.v1.AttachExecResponse.exit:type_name -> roost.v1.ExecExit
+	45, // 50: roost.v1.WaitExecResponse.exec:type_name -> roost.v1.ExecInfo
+	45, // 51: roost.v1.KillExecResponse.exec:type_name -> roost.v1.ExecInfo
+	45, // 52: roost.v1.ListExecsResponse.execs:type_name -> roost.v1.ExecInfo
+	11, // 53: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
+	13, // 54: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
+	15, // 55: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
+	17, // 56: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
+	19, // 57: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
+	21, // 58: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
+	23, // 59: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
+	25, // 60: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
+	27, // 61: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
+	29, // 62: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
+	31, // 63: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
+	33, // 64: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
+	35, // 65: roost.v1.SessionService.Prune:input_type -> roost.v1.PruneRequest
+	39, // 66: roost.v1.SessionService.Exec:input_type -> roost.v1.ExecRequest
+	46, // 67: roost.v1.SessionService.AttachExec:input_type -> roost.v1.AttachExecRequest
+	49, // 68: roost.v1.SessionService.WaitExec:input_type -> roost.v1.WaitExecRequest
+	51, // 69: roost.v1.SessionService.KillExec:input_type -> roost.v1.KillExecRequest
+	53, // 70: roost.v1.SessionService.ListExecs:input_type -> roost.v1.ListExecsRequest
+	12, // 71: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
+	14, // 72: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
+	16, // 73: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
+	18, // 74: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
+	20, // 75: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
+	22, // 76: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
+	24, // 77: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
+	26, // 78: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
+	28, // 79: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
+	30, // 80: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
+	32, // 81: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
+	34, // 82: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
+	36, // 83: roost.v1.SessionService.Prune:output_type -> roost.v1.PruneResponse
+	42, // 84: roost.v1.SessionService.Exec:output_type -> roost.v1.ExecResponse
+	47, // 85: roost.v1.SessionService.AttachExec:output_type -> roost.v1.AttachExecResponse
+	50, // 86: roost.v1.SessionService.WaitExec:output_type -> roost.v1.WaitExecResponse
+	52, // 87: roost.v1.SessionService.KillExec:output_type -> roost.v1.KillExecResponse
+	54, // 88: roost.v1.SessionService.ListExecs:output_type -> roost.v1.ListExecsResponse
+	71, // [71:89] is the sub-list for method output_type
+	53, // [53:71] is the sub-list for method input_type
+	53, // [53:53] is the sub-list for extension type_name
+	53, // [53:53] is the sub-list for extension extendee
+	0,  // [0:53] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_session_proto_init() }
@@ -3595,13 +4371,19 @@ func file_roost_v1_session_proto_init() {
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
+	file_roost_v1_session_proto_msgTypes[45].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[46].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[47].OneofWrappers = []any{
+		(*AttachExecResponse_Output)(nil),
+		(*AttachExecResponse_Exit)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_session_proto_rawDesc), len(file_roost_v1_session_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   47,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,20 +19,24 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SessionService_Stage_FullMethodName  = "/roost.v1.SessionService/Stage"
-	SessionService_Launch_FullMethodName = "/roost.v1.SessionService/Launch"
-	SessionService_Get_FullMethodName    = "/roost.v1.SessionService/Get"
-	SessionService_List_FullMethodName   = "/roost.v1.SessionService/List"
-	SessionService_Wait_FullMethodName   = "/roost.v1.SessionService/Wait"
-	SessionService_Stop_FullMethodName   = "/roost.v1.SessionService/Stop"
-	SessionService_Kill_FullMethodName   = "/roost.v1.SessionService/Kill"
-	SessionService_Pause_FullMethodName  = "/roost.v1.SessionService/Pause"
-	SessionService_Resume_FullMethodName = "/roost.v1.SessionService/Resume"
-	SessionService_Remove_FullMethodName = "/roost.v1.SessionService/Remove"
-	SessionService_Logs_FullMethodName   = "/roost.v1.SessionService/Logs"
-	SessionService_Events_FullMethodName = "/roost.v1.SessionService/Events"
-	SessionService_Prune_FullMethodName  = "/roost.v1.SessionService/Prune"
-	SessionService_Exec_FullMethodName   = "/roost.v1.SessionService/Exec"
+	SessionService_Stage_FullMethodName      = "/roost.v1.SessionService/Stage"
+	SessionService_Launch_FullMethodName     = "/roost.v1.SessionService/Launch"
+	SessionService_Get_FullMethodName        = "/roost.v1.SessionService/Get"
+	SessionService_List_FullMethodName       = "/roost.v1.SessionService/List"
+	SessionService_Wait_FullMethodName       = "/roost.v1.SessionService/Wait"
+	SessionService_Stop_FullMethodName       = "/roost.v1.SessionService/Stop"
+	SessionService_Kill_FullMethodName       = "/roost.v1.SessionService/Kill"
+	SessionService_Pause_FullMethodName      = "/roost.v1.SessionService/Pause"
+	SessionService_Resume_FullMethodName     = "/roost.v1.SessionService/Resume"
+	SessionService_Remove_FullMethodName     = "/roost.v1.SessionService/Remove"
+	SessionService_Logs_FullMethodName       = "/roost.v1.SessionService/Logs"
+	SessionService_Events_FullMethodName     = "/roost.v1.SessionService/Events"
+	SessionService_Prune_FullMethodName      = "/roost.v1.SessionService/Prune"
+	SessionService_Exec_FullMethodName       = "/roost.v1.SessionService/Exec"
+	SessionService_AttachExec_FullMethodName = "/roost.v1.SessionService/AttachExec"
+	SessionService_WaitExec_FullMethodName   = "/roost.v1.SessionService/WaitExec"
+	SessionService_KillExec_FullMethodName   = "/roost.v1.SessionService/KillExec"
+	SessionService_ListExecs_FullMethodName  = "/roost.v1.SessionService/ListExecs"
 )
 
 // SessionServiceClient is the client API for SessionService service.
@@ -86,6 +90,17 @@ type SessionServiceClient interface {
 	// and exec allowlist. The first request is an ExecStart; later ones carry stdin, its end,
 	// or a terminal's new size. The responses are ExecStarted, then output, then ExecExit.
 	Exec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecRequest, ExecResponse], error)
+	// AttachExec streams a detached exec's output as the records keep it (see ExecStart's
+	// detach), then, once it has ended, its ExecExit. Without follow it sends what is kept
+	// now, and the exit only if it has ended.
+	AttachExec(ctx context.Context, in *AttachExecRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[AttachExecResponse], error)
+	// WaitExec blocks until a detached exec has ended and returns it.
+	WaitExec(ctx context.Context, in *WaitExecRequest, opts ...grpc.CallOption) (*WaitExecResponse, error)
+	// KillExec sends a signal to a detached exec's command and everything it started (its
+	// process group) and returns the exec as it is then.
+	KillExec(ctx context.Context, in *KillExecRequest, opts ...grpc.CallOption) (*KillExecResponse, error)
+	// ListExecs returns a session's detached execs, live and ended, oldest first.
+	ListExecs(ctx context.Context, in *ListExecsRequest, opts ...grpc.CallOption) (*ListExecsResponse, error)
 }
 
 type sessionServiceClient struct {
@@ -257,6 +272,55 @@ func (c *sessionServiceClient) Exec(ctx context.Context, opts ...grpc.CallOption
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SessionService_ExecClient = grpc.BidiStreamingClient[ExecRequest, ExecResponse]
 
+func (c *sessionServiceClient) AttachExec(ctx context.Context, in *AttachExecRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[AttachExecResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SessionService_ServiceDesc.Streams[3], SessionService_AttachExec_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[AttachExecRequest, AttachExecResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SessionService_AttachExecClient = grpc.ServerStreamingClient[AttachExecResponse]
+
+func (c *sessionServiceClient) WaitExec(ctx context.Context, in *WaitExecRequest, opts ...grpc.CallOption) (*WaitExecResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WaitExecResponse)
+	err := c.cc.Invoke(ctx, SessionService_WaitExec_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) KillExec(ctx context.Context, in *KillExecRequest, opts ...grpc.CallOption) (*KillExecResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KillExecResponse)
+	err := c.cc.Invoke(ctx, SessionService_KillExec_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) ListExecs(ctx context.Context, in *ListExecsRequest, opts ...grpc.CallOption) (*ListExecsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListExecsResponse)
+	err := c.cc.Invoke(ctx, SessionService_ListExecs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionServiceServer is the server API for SessionService service.
 // All implementations must embed UnimplementedSessionServiceServer
 // for forward compatibility.
@@ -308,6 +372,17 @@ type SessionServiceServer interface {
 	// and exec allowlist. The first request is an ExecStart; later ones carry stdin, its end,
 	// or a terminal's new size. The responses are ExecStarted, then output, then ExecExit.
 	Exec(grpc.BidiStreamingServer[ExecRequest, ExecResponse]) error
+	// AttachExec streams a detached exec's output as the records keep it (see ExecStart's
+	// detach), then, once it has ended, its ExecExit. Without follow it sends what is kept
+	// now, and the exit only if it has ended.
+	AttachExec(*AttachExecRequest, grpc.ServerStreamingServer[AttachExecResponse]) error
+	// WaitExec blocks until a detached exec has ended and returns it.
+	WaitExec(context.Context, *WaitExecRequest) (*WaitExecResponse, error)
+	// KillExec sends a signal to a detached exec's command and everything it started (its
+	// process group) and returns the exec as it is then.
+	KillExec(context.Context, *KillExecRequest) (*KillExecResponse, error)
+	// ListExecs returns a session's detached execs, live and ended, oldest first.
+	ListExecs(context.Context, *ListExecsRequest) (*ListExecsResponse, error)
 	mustEmbedUnimplementedSessionServiceServer()
 }
 
@@ -359,6 +434,18 @@ func (UnimplementedSessionServiceServer) Prune(context.Context, *PruneRequest) (
 }
 func (UnimplementedSessionServiceServer) Exec(grpc.BidiStreamingServer[ExecRequest, ExecResponse]) error {
 	return status.Error(codes.Unimplemented, "method Exec not implemented")
+}
+func (UnimplementedSessionServiceServer) AttachExec(*AttachExecRequest, grpc.ServerStreamingServer[AttachExecResponse]) error {
+	return status.Error(codes.Unimplemented, "method AttachExec not implemented")
+}
+func (UnimplementedSessionServiceServer) WaitExec(context.Context, *WaitExecRequest) (*WaitExecResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method WaitExec not implemented")
+}
+func (UnimplementedSessionServiceServer) KillExec(context.Context, *KillExecRequest) (*KillExecResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method KillExec not implemented")
+}
+func (UnimplementedSessionServiceServer) ListExecs(context.Context, *ListExecsRequest) (*ListExecsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListExecs not implemented")
 }
 func (UnimplementedSessionServiceServer) mustEmbedUnimplementedSessionServiceServer() {}
 func (UnimplementedSessionServiceServer) testEmbeddedByValue()                        {}
@@ -608,6 +695,71 @@ func _SessionService_Exec_Handler(srv interface{}, stream grpc.ServerStream) err
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SessionService_ExecServer = grpc.BidiStreamingServer[ExecRequest, ExecResponse]
 
+func _SessionService_AttachExec_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(AttachExecRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SessionServiceServer).AttachExec(m, &grpc.GenericServerStream[AttachExecRequest, AttachExecResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SessionService_AttachExecServer = grpc.ServerStreamingServer[AttachExecResponse]
+
+func _SessionService_WaitExec_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WaitExecRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).WaitExec(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_WaitExec_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).WaitExec(ctx, req.(*WaitExecRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_KillExec_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(KillExecRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).KillExec(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_KillExec_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).KillExec(ctx, req.(*KillExecRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_ListExecs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListExecsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).ListExecs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_ListExecs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).ListExecs(ctx, req.(*ListExecsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SessionService_ServiceDesc is the grpc.ServiceDesc for SessionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -659,6 +811,18 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Prune",
 			Handler:    _SessionService_Prune_Handler,
 		},
+		{
+			MethodName: "WaitExec",
+			Handler:    _SessionService_WaitExec_Handler,
+		},
+		{
+			MethodName: "KillExec",
+			Handler:    _SessionService_KillExec_Handler,
+		},
+		{
+			MethodName: "ListExecs",
+			Handler:    _SessionService_ListExecs_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -676,6 +840,11 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 			Handler:       _SessionService_Exec_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "AttachExec",
+			Handler:       _SessionService_AttachExec_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "roost/v1/session.proto",

@@ -228,7 +228,33 @@ session in its registry.`,
 	root.SetUsageTemplate(usageTemplate)
 	a.completeArgs(root)
 	addDockerHelp(root)
+	refuseUnknownSubcommands(root)
 	return root
+}
+
+// refuseUnknownSubcommands makes every group of subcommands without a run of its own (files,
+// certs) refuse a word that names none of them: cobra would print the group's help and exit
+// 0, which a script takes for success.
+func refuseUnknownSubcommands(root *cobra.Command) {
+	for _, c := range root.Commands() {
+		refuseUnknownSubcommands(c)
+		if !c.HasSubCommands() || c.Runnable() {
+			continue
+		}
+		c.Args = func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				var names []string
+				for _, s := range cmd.Commands() {
+					if s.IsAvailableCommand() {
+						names = append(names, s.Name())
+					}
+				}
+				return usageError{fmt.Errorf("%s has no command %q (%s); see roostctl %s --help", cmd.Name(), args[0], strings.Join(names, ", "), cmd.Name())}
+			}
+			return nil
+		}
+		c.RunE = func(cmd *cobra.Command, args []string) error { return cmd.Help() }
+	}
 }
 
 // connect dials roostd lazily: commands that fail on their arguments never touch the socket.

@@ -79,7 +79,6 @@ var flagHints = map[string]map[string]string{
 	"exec": {
 		"-u":     "a command runs as the session's own uid, with its containment; there is no other to choose",
 		"--user": "a command runs as the session's own uid, with its containment; there is no other to choose",
-		"-d":     "exec runs a command to its end; roostctl run -d starts a session in the background",
 	},
 	"ps": {
 		"-n":       "ps lists newest first: roostctl ps -a | head",

@@ -19,9 +19,9 @@ import (
 
 func (a *app) execCommand() *cobra.Command {
 	var opts struct {
-		interactive, tty, raw bool
-		env                   []string
-		workdir               string
+		interactive, tty, raw, detach bool
+		env                           []string
+		workdir                       string
 	}
 	cmd := &cobra.Command{
 		Use:   "exec [flags] SESSION -- COMMAND [ARG...]",
@@ -34,6 +34,13 @@ The command starts in the session's workdir, with the session's environment; roo
 exits with its code (128+N when signal N ended it), or 1 when it could not be run at all;
 exec's own usage errors (an unknown flag, no SESSION or COMMAND) exit 125, as run's do.
 Each exec is recorded in the session's events and its trace.
+With -d the command runs in the background: exec prints its exec id and returns, the
+command's stdin is empty, and its output is kept in the session's records (each stream
+held to a sixty-fourth of resources.log_max_bytes, at least 64 KiB: its first bytes and its
+newest). exec attach follows it, exec wait waits for its end, exec kill signals it, exec ls
+lists them. A session runs at most 64 detached execs at once; they end with the session,
+and with roostd (one running when roostd stopped is listed as lost). A session named attach,
+wait, kill or ls is given to exec by its id.
 On a terminal, control characters in the command's output other than newline, tab and
 carriage return (escape sequences that would set the clipboard or the window title, clear
 or move about the screen) are shown as text, \x1b for ESC; --raw passes them through as
@@ -43,7 +50,9 @@ the command's bytes as they are.`,
 		Example: `  roostctl exec ses_0193 -- ls -la
   roostctl exec -w src -e DEBUG=1 ses_0193 -- make test
   roostctl exec -i ses_0193 -- sh -c 'wc -l' < notes.txt
-  roostctl exec -it ses_0193 -- sh`,
+  roostctl exec -it ses_0193 -- sh
+  roostctl exec -d ses_0193 -- make test     # prints exec_4f2a9c01b7de
+  roostctl exec attach --from-start ses_0193 exec_4f2a9c01b7de`,
 		Args: minArgs(2, "a SESSION and a COMMAND"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			// Flags stop at SESSION, so a "--" after it is still an argument here.
@@ -53,6 +62,19 @@ the command's bytes as they are.`,
 			}
 			if len(argv) == 0 {
 				return usageError{errors.New("exec takes a COMMAND after SESSION; see roostctl exec --help")}
+			}
+			if opts.detach {
+				if opts.interactive {
+					return usageError{errors.New("exec -d takes no -i: a detached command's stdin is empty")}
+				}
+				if err := checkEnv(opts.env); err != nil {
+					return err
+				}
+				start := &roostv1.ExecStart{Id: args[0], Command: argv, Tty: opts.tty, Env: opts.env, Cwd: opts.workdir}
+				if opts.tty {
+					start.Size = terminalSize()
+				}
+				return a.execDetach(cmd.Context(), cmd.OutOrStdout(), start)
 			}
 			return a.exec(cmd.Context(), args[0], argv, execFlags{
 				stdin: opts.interactive, tty: opts.tty, raw: opts.raw, env: opts.env, workdir: opts.workdir,
@@ -66,6 +88,8 @@ the command's bytes as they are.`,
 	cmd.Flags().BoolVar(&opts.raw, "raw", false, "on a terminal, pass control characters and escape sequences through rather than show them as text (always so with -t)")
 	cmd.Flags().StringArrayVarP(&opts.env, "env", "e", nil, "set NAME=VALUE over the session's environment (repeatable)")
 	cmd.Flags().StringVarP(&opts.workdir, "workdir", "w", "", "working directory in the session's view (default its workdir)")
+	cmd.Flags().BoolVarP(&opts.detach, "detach", "d", false, "run the command in the background and print its exec id (see exec attach, wait, kill, ls)")
+	cmd.AddCommand(a.execSubcommands()...)
 	return cmd
 }
 
@@ -77,10 +101,8 @@ type execFlags struct {
 
 // exec runs the command and returns its exit code as roostctl's.
 func (a *app) exec(ctx context.Context, id string, argv []string, f execFlags) error {
-	for _, kv := range f.env {
-		if name, _, ok := strings.Cut(kv, "="); !ok || name == "" {
-			return usageError{fmt.Errorf("-e %q: want NAME=VALUE", kv)}
-		}
+	if err := checkEnv(f.env); err != nil {
+		return err
 	}
 	c, err := a.sessions()
 	if err != nil {
@@ -161,6 +183,16 @@ func (a *app) exec(ctx context.Context, id string, argv []string, f execFlags) e
 			return withCode(code, nil)
 		}
 	}
+}
+
+// checkEnv refuses an -e that is not NAME=VALUE.
+func checkEnv(env []string) error {
+	for _, kv := range env {
+		if name, _, ok := strings.Cut(kv, "="); !ok || name == "" {
+			return usageError{fmt.Errorf("-e %q: want NAME=VALUE", kv)}
+		}
+	}
+	return nil
 }
 
 // recvErr is the error that ended a stream whose send failed: gRPC reports the reason on

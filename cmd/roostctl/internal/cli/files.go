@@ -387,15 +387,6 @@ func (a *app) filesCommand() *cobra.Command {
 		Long: `files reaches into a session's workdir through roostd: ls, cat and stat read it (live or
 ended), rm and mkdir change it (live or staged). PATH is relative to the workdir; a symlink
 on it is never followed. roostctl cp copies whole files and trees. See docs/files.md.`,
-		// A group without a RunE of its own would print its help and exit 0 for a mistyped
-		// subcommand.
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) > 0 {
-				return usageError{fmt.Errorf("files has no command %q (ls, cat, stat, rm, mkdir); see roostctl files --help", args[0])}
-			}
-			return nil
-		},
-		RunE: func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(a.filesLsCommand(), a.filesCatCommand(), a.filesStatCommand(), a.filesRmCommand(), a.filesMkdirCommand())
 	return cmd

@@ -103,6 +103,10 @@ A parent's children are stopped when it ends; wait returns once they have ended 
 // with a program's code, as run does, so their own usage errors are 125 as run's are, and
 // never pass for the program's 2.
 func programUsageCode(cmd, root *cobra.Command, code int) int {
+	if code == exitUsage && cmd != nil && cmd.Parent() != nil && cmd.Parent().Parent() == root && cmd.Parent().Name() == "exec" {
+		// exec's verbs for detached execs: attach and wait exit with the command's code too.
+		return exitNoLaunch
+	}
 	if code == exitUsage && cmd != nil && cmd.Parent() == root && (cmd.Name() == "wait" || cmd.Name() == "exec") {
 		return exitNoLaunch
 	}

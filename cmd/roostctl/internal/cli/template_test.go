@@ -93,6 +93,9 @@ func TestUsageExitCodes(t *testing.T) {
 		{[]string{"wait", "x"}, exitUnavailable},
 		{[]string{"exec", "x", "--", "ls"}, exitUnavailable},
 		{[]string{"--version"}, exitOK},
+		{[]string{"files", "bogus"}, exitUsage},
+		{[]string{"certs", "nope"}, exitUsage},
+		{[]string{"files"}, exitOK},
 		{[]string{"ps"}, exitUnavailable},
 	} {
 		if got := Execute(c.args); got != c.want {
