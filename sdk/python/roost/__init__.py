@@ -9,7 +9,7 @@
 The stubs in roost.v1 are generated from api/proto (make sdk-gen).
 """
 
-from roost._client import DEFAULT_SOCKET, Artifacts, ExecResult, Roost, Session, Sessions
+from roost._client import DEFAULT_SOCKET, Artifacts, ExecHandle, ExecResult, Roost, Session, Sessions
 from roost._files import FileInfo, Files, FileType
 from roost.errors import (
     AlreadyExistsError,
@@ -29,6 +29,7 @@ __all__ = [
     "AlreadyExistsError",
     "Artifacts",
     "DeadlineExceededError",
+    "ExecHandle",
     "ExecResult",
     "FileInfo",
     "FileType",

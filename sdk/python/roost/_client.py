@@ -11,7 +11,7 @@ import grpc
 from google.protobuf import duration_pb2
 
 from roost._files import Files
-from roost.errors import RoostError, from_rpc
+from roost.errors import FailedPreconditionError, RoostError, from_rpc
 from roost.v1 import (
     artifact_pb2,
     artifact_pb2_grpc,
@@ -263,12 +263,17 @@ class Session:
         env: Optional[Mapping[str, str]] = None,
         cwd: str = "",
         stdin: Union[str, bytes, None] = None,
-    ) -> ExecResult:
+        background: bool = False,
+    ) -> Union[ExecResult, "ExecHandle"]:
         """Run a command in the running session, with exactly its containment.
 
         A string is run by /bin/sh -c (which the capsule's exec allowlist must let run); a
         list is argv. ``timeout`` is in seconds: past it roostd kills the command and
         DeadlineExceededError is raised. A non-zero exit is a result, not an error.
+
+        With ``background`` it returns an ExecHandle once the command has started, and the
+        command runs on, its output kept in the session's records; it reads no stdin, and
+        ``timeout`` does not apply.
         """
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         if not argv:
@@ -280,6 +285,7 @@ class Session:
             env=[f"{k}={v}" for k, v in (env or {}).items()],
             cwd=cwd,
             stdin=data is not None,
+            detach=background,
         )
 
         def requests() -> Iterator[session_pb2.ExecRequest]:
@@ -303,6 +309,12 @@ class Session:
                     both += r.stderr
                 elif kind == "exit":
                     exit_msg = r.exit
+        if background and (exec_id or exit_msg is not None):
+            # A command that could not start (refused, not found) is a handle already ended.
+            refused = None
+            if exit_msg is not None:
+                refused = ExecResult(exit_msg.exit_code, "", "", "", exit_msg.detail, exec_id)
+            return ExecHandle(self._roost, self.id, exec_id, refused)
         if exit_msg is None:
             raise RoostError(f"exec in {self.id}: the stream ended without the command's exit")
         return ExecResult(
@@ -313,6 +325,11 @@ class Session:
             detail=exit_msg.detail,
             exec_id=exec_id,
         )
+
+    def execs(self) -> list[session_pb2.ExecInfo]:
+        """The session's background execs, live and ended, oldest first."""
+        with _rpc():
+            return list(self._rpc.ListExecs(session_pb2.ListExecsRequest(id=self.id)).execs)
 
     def upload(self, local_dir: Union[str, os.PathLike], to: str = ".") -> files_pb2.UploadTreeResponse:
         """Copy a local directory's tree into the workdir's directory ``to``; see Files.upload."""
@@ -372,3 +389,55 @@ class Session:
 
     def __exit__(self, *exc) -> None:
         self.remove(force=True)
+
+
+class ExecHandle:
+    """A command exec'd in the background (exec's ``background``): it runs on whether or not
+    anyone waits for it."""
+
+    def __init__(self, roost: Roost, session_id: str, exec_id: str, refused: Optional[ExecResult]):
+        self._roost = roost
+        #: The session it runs in.
+        self.session_id = session_id
+        #: Its id in the session's events, trace and records; empty when it never started.
+        self.exec_id = exec_id
+        self._refused = refused
+
+    def __repr__(self) -> str:
+        return f"ExecHandle({self.session_id!r}, {self.exec_id!r})"
+
+    def wait(self) -> ExecResult:
+        """Block until the command has ended; what exec returns: its exit and all its output
+        the records kept."""
+        if self._refused is not None:
+            return self._refused
+        out, err, both = bytearray(), bytearray(), bytearray()
+        exit_msg = None
+        req = session_pb2.AttachExecRequest(id=self.session_id, exec_id=self.exec_id, follow=True)
+        with _rpc():
+            for r in self._roost._sessions.AttachExec(req):
+                if r.WhichOneof("msg") == "output":
+                    (err if r.output.stream == "stderr" else out).extend(r.output.data)
+                    both.extend(r.output.data)
+                elif r.WhichOneof("msg") == "exit":
+                    exit_msg = r.exit
+        if exit_msg is None:
+            raise RoostError(f"exec {self.exec_id} in {self.session_id}: the stream ended without the command's exit")
+        return ExecResult(
+            exit_code=exit_msg.exit_code,
+            stdout=out.decode(errors="replace"),
+            stderr=err.decode(errors="replace"),
+            output=both.decode(errors="replace"),
+            detail=exit_msg.detail,
+            exec_id=self.exec_id,
+        )
+
+    def kill(self, signal: str = "") -> session_pb2.ExecInfo:
+        """Send a signal (SIGKILL by default) to the command and all it started."""
+        if self._refused is not None:
+            raise FailedPreconditionError(
+                f"exec in {self.session_id} never started: {self._refused.detail}", grpc.StatusCode.FAILED_PRECONDITION
+            )
+        with _rpc():
+            req = session_pb2.KillExecRequest(id=self.session_id, exec_id=self.exec_id, signal=signal)
+            return self._roost._sessions.KillExec(req).exec

@@ -89,6 +89,27 @@ class UnixSocketTest(unittest.TestCase):
             a.remove(force=True)
             b.remove(force=True)
 
+    def test_background_execs(self):
+        with self.roost.sessions.create(capsule=self.d.capsule("background", "sleep 300")) as s:
+            h = s.exec("echo out; echo err >&2; exit 4", background=True)
+            self.assertNotEqual(h.exec_id, "")
+            r = h.wait()
+            self.assertEqual((r.exit_code, r.stdout, r.stderr), (4, "out\n", "err\n"))
+
+            long = s.exec(["sleep", "300"], background=True)
+            self.assertEqual(long.kill().exec_id, long.exec_id)
+            ended = long.wait()
+            self.assertEqual(ended.exit_code, 137, ended.detail)
+            execs = s.execs()
+            self.assertEqual([x.exec_id for x in execs], [h.exec_id, long.exec_id])
+            self.assertEqual(execs[1].signal, "SIGKILL")
+
+            # A command the session cannot run is a handle already ended.
+            refused = s.exec(["/nonexistent/prog"], background=True)
+            self.assertEqual(refused.wait().exit_code, 127)
+            with self.assertRaises(FailedPreconditionError):
+                refused.kill()
+
     def test_wait_returns_the_exit_code(self):
         with self.roost.sessions.create(capsule=self.d.capsule("three", "exit 3")) as s:
             ended = s.wait()

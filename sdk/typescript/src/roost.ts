@@ -2,16 +2,16 @@ import { existsSync, realpathSync } from "node:fs";
 import * as path from "node:path";
 import { durationFromMs } from "@bufbuild/protobuf/wkt";
 import { Code, createClient, type Client } from "@connectrpc/connect";
-import { SessionService, type Session as SessionRecord, ExecRequestSchema } from "../gen/roost/v1/session_pb.js";
+import { SessionService, type Session as SessionRecord, type ExecInfo, ExecRequestSchema } from "../gen/roost/v1/session_pb.js";
 import { SystemService, type VersionResponse } from "../gen/roost/v1/system_pb.js";
 import { ArtifactService, type Artifact } from "../gen/roost/v1/artifact_pb.js";
 import { FilesService } from "../gen/roost/v1/files_pb.js";
 import { Files, type UploadTreeResponse } from "./files.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
-import { fromConnect, wrap, RoostError } from "./errors.js";
+import { fromConnect, wrap, FailedPreconditionError, RoostError } from "./errors.js";
 import { transportFor, type ConnectOptions } from "./transport.js";
 
-export type { SessionRecord };
+export type { SessionRecord, ExecInfo };
 
 /** What roostd is asked to stage: see sessions.create. */
 export interface CreateOptions {
@@ -44,6 +44,12 @@ export interface ExecOptions {
   cwd?: string;
   /** What the command reads on stdin; empty when unset. */
   stdin?: string | Uint8Array;
+  /**
+   * Run it in the background: exec returns an ExecHandle once it has started, and the
+   * command runs on, its output kept in the session's records. It reads no stdin, and
+   * timeout does not apply.
+   */
+  background?: boolean;
 }
 
 export interface ExecResult {
@@ -234,7 +240,9 @@ export class Session {
    * A non-zero exit is a result, not an error: errors are roostd's refusals (the session
    * missing or not running) and the timeout.
    */
-  async exec(cmd: string | string[], opts: ExecOptions = {}): Promise<ExecResult> {
+  exec(cmd: string | string[], opts: ExecOptions & { background: true }): Promise<ExecHandle>;
+  exec(cmd: string | string[], opts?: ExecOptions & { background?: false }): Promise<ExecResult>;
+  async exec(cmd: string | string[], opts: ExecOptions = {}): Promise<ExecResult | ExecHandle> {
     const argv = typeof cmd === "string" ? ["/bin/sh", "-c", cmd] : cmd;
     if (argv.length === 0) {
       throw new TypeError("exec: the command is empty");
@@ -243,7 +251,7 @@ export class Session {
     const stdin = typeof opts.stdin === "string" ? new TextEncoder().encode(opts.stdin) : opts.stdin;
     const id = this.id;
     async function* requests(): AsyncIterable<MessageInitShape<typeof ExecRequestSchema>> {
-      yield { msg: { case: "start", value: { id, command: argv, env, cwd: opts.cwd ?? "", stdin: stdin !== undefined } } };
+      yield { msg: { case: "start", value: { id, command: argv, env, cwd: opts.cwd ?? "", stdin: stdin !== undefined, detach: opts.background ?? false } } };
       if (stdin !== undefined && stdin.length > 0) {
         yield { msg: { case: "stdin", value: stdin } };
       }
@@ -278,6 +286,10 @@ export class Session {
     } catch (e) {
       throw fromConnect(e);
     }
+    if (opts.background && (res.execId !== "" || exited)) {
+      // A command that could not start (refused, not found) is a handle already ended.
+      return new ExecHandle(this.roost, id, res.execId, exited ? res : undefined);
+    }
     if (!exited) {
       throw new RoostError(`exec in ${id}: the stream ended without the command's exit`, Code.Unknown);
     }
@@ -285,6 +297,11 @@ export class Session {
     res.stderr = text(err);
     res.output = text(both);
     return res;
+  }
+
+  /** execs is the session's background execs, live and ended, oldest first. */
+  async execs(): Promise<ExecInfo[]> {
+    return (await wrap(() => this.rpc.listExecs({ id: this.id }))).execs;
   }
 
   /**
@@ -349,6 +366,65 @@ export class Session {
       throw fromConnect(e);
     }
     return { stdout: text(out), stderr: text(err) };
+  }
+}
+
+/**
+ * ExecHandle is a command exec'd in the background (exec's background option): it runs on
+ * whether or not anyone waits for it.
+ */
+export class ExecHandle {
+  constructor(
+    private readonly roost: Roost,
+    /** The session it runs in. */
+    readonly sessionId: string,
+    /** Its id in the session's events, trace and records; empty when it never started. */
+    readonly execId: string,
+    private readonly refused?: ExecResult,
+  ) {}
+
+  /**
+   * wait blocks until the command has ended and returns what exec returns: its exit and all
+   * its output the records kept.
+   */
+  async wait(): Promise<ExecResult> {
+    if (this.refused) {
+      return this.refused;
+    }
+    const out: Uint8Array[] = [];
+    const err: Uint8Array[] = [];
+    const both: Uint8Array[] = [];
+    const res: ExecResult = { exitCode: -1, stdout: "", stderr: "", output: "", detail: "", execId: this.execId };
+    let exited = false;
+    try {
+      for await (const r of this.roost.rpc.sessions.attachExec({ id: this.sessionId, execId: this.execId, follow: true })) {
+        if (r.msg.case === "output") {
+          (r.msg.value.stream === "stderr" ? err : out).push(r.msg.value.data);
+          both.push(r.msg.value.data);
+        } else if (r.msg.case === "exit") {
+          res.exitCode = r.msg.value.exitCode;
+          res.detail = r.msg.value.detail;
+          exited = true;
+        }
+      }
+    } catch (e) {
+      throw fromConnect(e);
+    }
+    if (!exited) {
+      throw new RoostError(`exec ${this.execId} in ${this.sessionId}: the stream ended without the command's exit`, Code.Unknown);
+    }
+    res.stdout = text(out);
+    res.stderr = text(err);
+    res.output = text(both);
+    return res;
+  }
+
+  /** kill sends a signal (SIGKILL by default) to the command and all it started. */
+  async kill(signal = ""): Promise<ExecInfo> {
+    if (this.refused) {
+      throw new FailedPreconditionError(`exec in ${this.sessionId} never started: ${this.refused.detail}`, Code.FailedPrecondition);
+    }
+    return (await wrap(() => this.roost.rpc.sessions.killExec({ id: this.sessionId, execId: this.execId, signal }))).exec!;
   }
 }
 

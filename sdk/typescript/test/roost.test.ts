@@ -87,6 +87,32 @@ describe("roost over its unix socket", () => {
     }
   });
 
+  test("background execs: wait, kill, list", async () => {
+    const s = await roost.sessions.create({ capsule: d.capsule("background", "sleep 300") });
+    try {
+      const h = await s.exec("echo out; echo err >&2; exit 4", { background: true });
+      assert.notEqual(h.execId, "");
+      const r = await h.wait();
+      assert.deepEqual([r.exitCode, r.stdout, r.stderr], [4, "out\n", "err\n"]);
+
+      const long = await s.exec(["sleep", "300"], { background: true });
+      const killed = await long.kill();
+      assert.equal(killed.execId, long.execId);
+      const ended = await long.wait();
+      assert.equal(ended.exitCode, 137, ended.detail);
+      const execs = await s.execs();
+      assert.deepEqual(execs.map((x) => x.execId), [h.execId, long.execId]);
+      assert.equal(execs[1].signal, "SIGKILL");
+
+      // A command the session cannot run is a handle already ended.
+      const refused = await s.exec(["/nonexistent/prog"], { background: true });
+      assert.equal((await refused.wait()).exitCode, 127);
+      await assert.rejects(refused.kill(), FailedPreconditionError);
+    } finally {
+      await s.remove({ force: true });
+    }
+  });
+
   test("wait returns the program's exit code", async () => {
     const s = await roost.sessions.create({ capsule: d.capsule("three", "exit 3") });
     const ended = await s.wait();

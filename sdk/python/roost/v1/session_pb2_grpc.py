@@ -88,6 +88,26 @@ class SessionServiceStub(object):
                 request_serializer=roost_dot_v1_dot_session__pb2.ExecRequest.SerializeToString,
                 response_deserializer=roost_dot_v1_dot_session__pb2.ExecResponse.FromString,
                 )
+        self.AttachExec = channel.unary_stream(
+                '/roost.v1.SessionService/AttachExec',
+                request_serializer=roost_dot_v1_dot_session__pb2.AttachExecRequest.SerializeToString,
+                response_deserializer=roost_dot_v1_dot_session__pb2.AttachExecResponse.FromString,
+                )
+        self.WaitExec = channel.unary_unary(
+                '/roost.v1.SessionService/WaitExec',
+                request_serializer=roost_dot_v1_dot_session__pb2.WaitExecRequest.SerializeToString,
+                response_deserializer=roost_dot_v1_dot_session__pb2.WaitExecResponse.FromString,
+                )
+        self.KillExec = channel.unary_unary(
+                '/roost.v1.SessionService/KillExec',
+                request_serializer=roost_dot_v1_dot_session__pb2.KillExecRequest.SerializeToString,
+                response_deserializer=roost_dot_v1_dot_session__pb2.KillExecResponse.FromString,
+                )
+        self.ListExecs = channel.unary_unary(
+                '/roost.v1.SessionService/ListExecs',
+                request_serializer=roost_dot_v1_dot_session__pb2.ListExecsRequest.SerializeToString,
+                response_deserializer=roost_dot_v1_dot_session__pb2.ListExecsResponse.FromString,
+                )
 
 
 class SessionServiceServicer(object):
@@ -209,6 +229,37 @@ class SessionServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AttachExec(self, request, context):
+        """AttachExec streams a detached exec's output as the records keep it (see ExecStart's
+        detach), then, once it has ended, its ExecExit. Without follow it sends what is kept
+        now, and the exit only if it has ended.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WaitExec(self, request, context):
+        """WaitExec blocks until a detached exec has ended and returns it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KillExec(self, request, context):
+        """KillExec sends a signal to a detached exec's command and everything it started (its
+        process group) and returns the exec as it is then.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListExecs(self, request, context):
+        """ListExecs returns a session's detached execs, live and ended, oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -281,6 +332,26 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.Exec,
                     request_deserializer=roost_dot_v1_dot_session__pb2.ExecRequest.FromString,
                     response_serializer=roost_dot_v1_dot_session__pb2.ExecResponse.SerializeToString,
+            ),
+            'AttachExec': grpc.unary_stream_rpc_method_handler(
+                    servicer.AttachExec,
+                    request_deserializer=roost_dot_v1_dot_session__pb2.AttachExecRequest.FromString,
+                    response_serializer=roost_dot_v1_dot_session__pb2.AttachExecResponse.SerializeToString,
+            ),
+            'WaitExec': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitExec,
+                    request_deserializer=roost_dot_v1_dot_session__pb2.WaitExecRequest.FromString,
+                    response_serializer=roost_dot_v1_dot_session__pb2.WaitExecResponse.SerializeToString,
+            ),
+            'KillExec': grpc.unary_unary_rpc_method_handler(
+                    servicer.KillExec,
+                    request_deserializer=roost_dot_v1_dot_session__pb2.KillExecRequest.FromString,
+                    response_serializer=roost_dot_v1_dot_session__pb2.KillExecResponse.SerializeToString,
+            ),
+            'ListExecs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListExecs,
+                    request_deserializer=roost_dot_v1_dot_session__pb2.ListExecsRequest.FromString,
+                    response_serializer=roost_dot_v1_dot_session__pb2.ListExecsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -531,5 +602,73 @@ class SessionService(object):
         return grpc.experimental.stream_stream(request_iterator, target, '/roost.v1.SessionService/Exec',
             roost_dot_v1_dot_session__pb2.ExecRequest.SerializeToString,
             roost_dot_v1_dot_session__pb2.ExecResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def AttachExec(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/roost.v1.SessionService/AttachExec',
+            roost_dot_v1_dot_session__pb2.AttachExecRequest.SerializeToString,
+            roost_dot_v1_dot_session__pb2.AttachExecResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def WaitExec(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/roost.v1.SessionService/WaitExec',
+            roost_dot_v1_dot_session__pb2.WaitExecRequest.SerializeToString,
+            roost_dot_v1_dot_session__pb2.WaitExecResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def KillExec(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/roost.v1.SessionService/KillExec',
+            roost_dot_v1_dot_session__pb2.KillExecRequest.SerializeToString,
+            roost_dot_v1_dot_session__pb2.KillExecResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListExecs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/roost.v1.SessionService/ListExecs',
+            roost_dot_v1_dot_session__pb2.ListExecsRequest.SerializeToString,
+            roost_dot_v1_dot_session__pb2.ListExecsResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

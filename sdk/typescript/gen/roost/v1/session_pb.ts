@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file roost/v1/session.proto.
  */
 export const file_roost_v1_session: GenFile = /*@__PURE__*/
-  fileDesc("ChZyb29zdC92MS9zZXNzaW9uLnByb3RvEghyb29zdC52MSKSBwoHU2Vzc2lvbhIKCgJpZBgBIAEoCRIlCgdjYXBzdWxlGAIgASgLMhQucm9vc3QudjEuQ2Fwc3VsZVJlZhINCgVzdGF0ZRgDIAEoCRITCgtleGl0X3N0YXR1cxgEIAEoCRIWCglleGl0X2NvZGUYBSABKAVIAIgBARIvCgtjb250YWlubWVudBgGIAEoCzIaLnJvb3N0LnYxLkNvbnRhaW5tZW50U3RhdGUSEQoJcGFyZW50X2lkGAcgASgJEg8KB3dvcmtkaXIYCCABKAkSEwoLcmVjb3Jkc19kaXIYCSABKAkSLgoKY3JlYXRlZF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKc3RhcnRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEh4KBXNwZW5kGA0gASgLMg8ucm9vc3QudjEuU3BlbmQSDgoGZGV0YWlsGA4gASgJEi8KC2RlYWRsaW5lX2F0GA8gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBILCgNwaWQYECABKAUSDwoHY29tbWFuZBgRIAMoCRIeCgV1c2FnZRgSIAEoCzIPLnJvb3N0LnYxLlVzYWdlEiQKCGlkZW50aXR5GBMgASgLMhIucm9vc3QudjEuSWRlbnRpdHkSIgoGc3Rkb3V0GBQgASgLMhIucm9vc3QudjEuTG9nU3RhdHMSIgoGc3RkZXJyGBUgASgLMhIucm9vc3QudjEuTG9nU3RhdHMSIAoGZWdyZXNzGBYgASgLMhAucm9vc3QudjEuRWdyZXNzEh8KBHdhc20YFyABKAsyES5yb29zdC52MS5XYXNtUnVuEgwKBG5hbWUYGCABKAkSDAoEd2FybRgZIAEoCBIsCgxleGVjX3JlZnVzZWQYGiABKAsyFi5yb29zdC52MS5FeGVjUmVmdXNhbHMSGgoSbWVtb3J5X2xpbWl0X2J5dGVzGBsgASgDEi0KBmxhYmVscxgcIAMoCzIdLnJvb3N0LnYxLlNlc3Npb24uTGFiZWxzRW50cnkaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIMCgpfZXhpdF9jb2RlIjMKDEV4ZWNSZWZ1c2FscxINCgVjb3VudBgBIAEoAxIUCgxyZWNlbnRfcGF0aHMYAiADKAkiSQoHV2FzbVJ1bhIOCgZtb2R1bGUYASABKAkSDgoGc2hhMjU2GAIgASgJEg8KB3J1bnRpbWUYAyABKAkSDQoFY2FjaGUYBCABKAkioQEKBkVncmVzcxITCgtjb25uZWN0aW9ucxgBIAEoAxIOCgZkZW5pZWQYAiABKAMSEAoIYnl0ZXNfdXAYAyABKAMSEgoKYnl0ZXNfZG93bhgEIAEoAxIOCgZhY3RpdmUYBSABKAUSEgoKdXNlZF9ieXRlcxgGIAEoAxIoCgdyZWZ1c2VkGAcgAygLMhcucm9vc3QudjEuRWdyZXNzUmVmdXNhbCK+AQoNRWdyZXNzUmVmdXNhbBIMCgRob3N0GAEgASgJEgwKBHBvcnQYAiABKAUSDgoGcmVhc29uGAMgASgJEg0KBWNvdW50GAQgASgDEikKBWZpcnN0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIoCgRsYXN0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZkZXRhaWwYByABKAkSDQoFcHJvdG8YCCABKAkiYQoITG9nU3RhdHMSFQoNd3JpdHRlbl9ieXRlcxgBIAEoAxIVCg1kcm9wcGVkX2J5dGVzGAIgASgDEhEKCW1heF9ieXRlcxgDIAEoAxIUCgxmYWlsZWRfYnl0ZXMYBCABKAMiRQoISWRlbnRpdHkSCwoDdWlkGAEgASgNEgsKA2dpZBgCIAEoDRIMCgRzaXplGAMgASgNEhEKCWhvc3Rfcm9vdBgEIAEoCCKiAQoFVXNhZ2USFAoMbWVtb3J5X2J5dGVzGAEgASgDEhkKEW1lbW9yeV9wZWFrX2J5dGVzGAIgASgDEhMKC2NwdV9zZWNvbmRzGAMgASgBEgwKBHBpZHMYBCABKAMSGgoSbWVtb3J5X2xpbWl0X2J5dGVzGAUgASgDEhIKCnBpZHNfbGltaXQYBiABKAMSFQoNd29ya2Rpcl9ieXRlcxgHIAEoAyJYCgpDYXBzdWxlUmVmEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoCRIOCgZzaGEyNTYYAyABKAkSDgoGc291cmNlGAQgASgJEgsKA2RpchgFIAEoCSI2ChBDb250YWlubWVudFN0YXRlEhAKCGRlY2xhcmVkGAEgASgJEhAKCGFjaGlldmVkGAIgASgJIkQKBVNwZW5kEg4KBnRva2VucxgBIAEoAxIUCgxpbnB1dF90b2tlbnMYAiABKAMSFQoNb3V0cHV0X3Rva2VucxgDIAEoAyL5AQoMU3RhZ2VSZXF1ZXN0Eg8KB2NhcHN1bGUYASABKAkSDwoHd29ya2RpchgCIAEoCRIrCghkZWFkbGluZRgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhITCgtjb250YWlubWVudBgEIAEoCRIMCgRuYW1lGAUgASgJEhQKDG1lbW9yeV9ieXRlcxgGIAEoAxIyCgZsYWJlbHMYByADKAsyIi5yb29zdC52MS5TdGFnZVJlcXVlc3QuTGFiZWxzRW50cnkaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASIzCg1TdGFnZVJlc3BvbnNlEiIKB3Nlc3Npb24YASABKAsyES5yb29zdC52MS5TZXNzaW9uIhsKDUxhdW5jaFJlcXVlc3QSCgoCaWQYASABKAkiNAoOTGF1bmNoUmVzcG9uc2USIgoHc2Vzc2lvbhgBIAEoCzIRLnJvb3N0LnYxLlNlc3Npb24iGAoKR2V0UmVxdWVzdBIKCgJpZBgBIAEoCSIxCgtHZXRSZXNwb25zZRIiCgdzZXNzaW9uGAEgASgLMhEucm9vc3QudjEuU2Vzc2lvbiIpCgtMaXN0UmVxdWVzdBILCgNhbGwYASABKAgSDQoFbGFiZWwYAiADKAkiMwoMTGlzdFJlc3BvbnNlEiMKCHNlc3Npb25zGAEgAygLMhEucm9vc3QudjEuU2Vzc2lvbiIZCgtXYWl0UmVxdWVzdBIKCgJpZBgBIAEoCSIyCgxXYWl0UmVzcG9uc2USIgoHc2Vzc2lvbhgBIAEoCzIRLnJvb3N0LnYxLlNlc3Npb24iUwoLU3RvcFJlcXVlc3QSCgoCaWQYASABKAkSKAoFZ3JhY2UYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGcmVhc29uGAMgASgJIjIKDFN0b3BSZXNwb25zZRIiCgdzZXNzaW9uGAEgASgLMhEucm9vc3QudjEuU2Vzc2lvbiIpCgtLaWxsUmVxdWVzdBIKCgJpZBgBIAEoCRIOCgZzaWduYWwYAiABKAkiMgoMS2lsbFJlc3BvbnNlEiIKB3Nlc3Npb24YASABKAsyES5yb29zdC52MS5TZXNzaW9uIhoKDFBhdXNlUmVxdWVzdBIKCgJpZBgBIAEoCSIzCg1QYXVzZVJlc3BvbnNlEiIKB3Nlc3Npb24YASABKAsyES5yb29zdC52MS5TZXNzaW9uIhsKDVJlc3VtZVJlcXVlc3QSCgoCaWQYASABKAkiNAoOUmVzdW1lUmVzcG9uc2USIgoHc2Vzc2lvbhgBIAEoCzIRLnJvb3N0LnYxLlNlc3Npb24iKgoNUmVtb3ZlUmVxdWVzdBIKCgJpZBgBIAEoCRINCgVmb3JjZRgCIAEoCCIQCg5SZW1vdmVSZXNwb25zZSKyAQoLTG9nc1JlcXVlc3QSCgoCaWQYASABKAkSDgoGZm9sbG93GAIgASgIEhIKCnRpbWVzdGFtcHMYAyABKAgSEQoEdGFpbBgEIAEoA0gAiAEBEikKBXNpbmNlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1zdGRvdXRfb2Zmc2V0GAYgASgDEhUKDXN0ZGVycl9vZmZzZXQYByABKANCBwoFX3RhaWwiZgoMTG9nc1Jlc3BvbnNlEg4KBnN0cmVhbRgBIAEoCRIMCgRkYXRhGAIgASgMEigKBHRpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBm9mZnNldBgEIAEoAyJICg1FdmVudHNSZXF1ZXN0Eg0KBXNpbmNlGAEgASgEEg4KBmZvbGxvdxgCIAEoCBIYChBmcm9tX29sZGVzdF9rZXB0GAMgASgIIjAKDkV2ZW50c1Jlc3BvbnNlEh4KBWV2ZW50GAEgASgLMg8ucm9vc3QudjEuRXZlbnQiSQoMUHJ1bmVSZXF1ZXN0EigKBXVudGlsGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg8KB2RyeV9ydW4YAiABKAgimgEKDVBydW5lUmVzcG9uc2USKAoHcmVtb3ZlZBgBIAMoCzIXLnJvb3N0LnYxLlBydW5lZFNlc3Npb24SJQoEa2VwdBgCIAMoCzIXLnJvb3N0LnYxLlBydW5lZFNlc3Npb24SDQoFYnl0ZXMYAyABKAMSGAoQZXZlbnRzX2NvbXBhY3RlZBgEIAEoAxIPCgdkcnlfcnVuGAUgASgIIqoBCg1QcnVuZWRTZXNzaW9uEgoKAmlkGAEgASgJEiUKB2NhcHN1bGUYAiABKAsyFC5yb29zdC52MS5DYXBzdWxlUmVmEiwKCGVuZGVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgtleGl0X3N0YXR1cxgEIAEoCRINCgVieXRlcxgFIAEoAxIUCgxrZXB0X2JlY2F1c2UYBiABKAkiugEKBUV2ZW50EgsKA3NlcRgBIAEoBBIoCgR0aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgR0eXBlGAMgASgJEhIKCnNlc3Npb25faWQYBCABKAkSDQoFc3RhdGUYBSABKAkSEwoLZXhpdF9zdGF0dXMYBiABKAkSFgoJZXhpdF9jb2RlGAcgASgFSACIAQESDgoGZGV0YWlsGAggASgJQgwKCl9leGl0X2NvZGUijAEKC0V4ZWNSZXF1ZXN0EiQKBXN0YXJ0GAEgASgLMhMucm9vc3QudjEuRXhlY1N0YXJ0SAASDwoFc3RkaW4YAiABKAxIABIVCgtjbG9zZV9zdGRpbhgDIAEoCEgAEigKBnJlc2l6ZRgEIAEoCzIWLnJvb3N0LnYxLlRlcm1pbmFsU2l6ZUgAQgUKA21zZyKEAQoJRXhlY1N0YXJ0EgoKAmlkGAEgASgJEg8KB2NvbW1hbmQYAiADKAkSDQoFc3RkaW4YAyABKAgSCwoDdHR5GAQgASgIEiQKBHNpemUYBSABKAsyFi5yb29zdC52MS5UZXJtaW5hbFNpemUSCwoDZW52GAYgAygJEgsKA2N3ZBgHIAEoCSIqCgxUZXJtaW5hbFNpemUSDAoEcm93cxgBIAEoDRIMCgRjb2xzGAIgASgNIocBCgxFeGVjUmVzcG9uc2USKAoHc3RhcnRlZBgBIAEoCzIVLnJvb3N0LnYxLkV4ZWNTdGFydGVkSAASEAoGc3Rkb3V0GAIgASgMSAASEAoGc3RkZXJyGAMgASgMSAASIgoEZXhpdBgEIAEoCzISLnJvb3N0LnYxLkV4ZWNFeGl0SABCBQoDbXNnIisKC0V4ZWNTdGFydGVkEg8KB2V4ZWNfaWQYASABKAkSCwoDcGlkGAIgASgFIi0KCEV4ZWNFeGl0EhEKCWV4aXRfY29kZRgBIAEoBRIOCgZkZXRhaWwYAiABKAkyuAYKDlNlc3Npb25TZXJ2aWNlEjgKBVN0YWdlEhYucm9vc3QudjEuU3RhZ2VSZXF1ZXN0Ghcucm9vc3QudjEuU3RhZ2VSZXNwb25zZRI7CgZMYXVuY2gSFy5yb29zdC52MS5MYXVuY2hSZXF1ZXN0Ghgucm9vc3QudjEuTGF1bmNoUmVzcG9uc2USMgoDR2V0EhQucm9vc3QudjEuR2V0UmVxdWVzdBoVLnJvb3N0LnYxLkdldFJlc3BvbnNlEjUKBExpc3QSFS5yb29zdC52MS5MaXN0UmVxdWVzdBoWLnJvb3N0LnYxLkxpc3RSZXNwb25zZRI1CgRXYWl0EhUucm9vc3QudjEuV2FpdFJlcXVlc3QaFi5yb29zdC52MS5XYWl0UmVzcG9uc2USNQoEU3RvcBIVLnJvb3N0LnYxLlN0b3BSZXF1ZXN0GhYucm9vc3QudjEuU3RvcFJlc3BvbnNlEjUKBEtpbGwSFS5yb29zdC52MS5LaWxsUmVxdWVzdBoWLnJvb3N0LnYxLktpbGxSZXNwb25zZRI4CgVQYXVzZRIWLnJvb3N0LnYxLlBhdXNlUmVxdWVzdBoXLnJvb3N0LnYxLlBhdXNlUmVzcG9uc2USOwoGUmVzdW1lEhcucm9vc3QudjEuUmVzdW1lUmVxdWVzdBoYLnJvb3N0LnYxLlJlc3VtZVJlc3BvbnNlEjsKBlJlbW92ZRIXLnJvb3N0LnYxLlJlbW92ZVJlcXVlc3QaGC5yb29zdC52MS5SZW1vdmVSZXNwb25zZRI3CgRMb2dzEhUucm9vc3QudjEuTG9nc1JlcXVlc3QaFi5yb29zdC52MS5Mb2dzUmVzcG9uc2UwARI9CgZFdmVudHMSFy5yb29zdC52MS5FdmVudHNSZXF1ZXN0Ghgucm9vc3QudjEuRXZlbnRzUmVzcG9uc2UwARI4CgVQcnVuZRIWLnJvb3N0LnYxLlBydW5lUmVxdWVzdBoXLnJvb3N0LnYxLlBydW5lUmVzcG9uc2USOQoERXhlYxIVLnJvb3N0LnYxLkV4ZWNSZXF1ZXN0GhYucm9vc3QudjEuRXhlY1Jlc3BvbnNlKAEwAUIqWihyb29zdC5kZXYvcm9vc3QvYXBpL2dlbi9yb29zdC92MTtyb29zdHYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChZyb29zdC92MS9zZXNzaW9uLnByb3RvEghyb29zdC52MSKSBwoHU2Vzc2lvbhIKCgJpZBgBIAEoCRIlCgdjYXBzdWxlGAIgASgLMhQucm9vc3QudjEuQ2Fwc3VsZVJlZhINCgVzdGF0ZRgDIAEoCRITCgtleGl0X3N0YXR1cxgEIAEoCRIWCglleGl0X2NvZGUYBSABKAVIAIgBARIvCgtjb250YWlubWVudBgGIAEoCzIaLnJvb3N0LnYxLkNvbnRhaW5tZW50U3RhdGUSEQoJcGFyZW50X2lkGAcgASgJEg8KB3dvcmtkaXIYCCABKAkSEwoLcmVjb3Jkc19kaXIYCSABKAkSLgoKY3JlYXRlZF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKc3RhcnRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEh4KBXNwZW5kGA0gASgLMg8ucm9vc3QudjEuU3BlbmQSDgoGZGV0YWlsGA4gASgJEi8KC2RlYWRsaW5lX2F0GA8gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBILCgNwaWQYECABKAUSDwoHY29tbWFuZBgRIAMoCRIeCgV1c2FnZRgSIAEoCzIPLnJvb3N0LnYxLlVzYWdlEiQKCGlkZW50aXR5GBMgASgLMhIucm9vc3QudjEuSWRlbnRpdHkSIgoGc3Rkb3V0GBQgASgLMhIucm9vc3QudjEuTG9nU3RhdHMSIgoGc3RkZXJyGBUgASgLMhIucm9vc3QudjEuTG9nU3RhdHMSIAoGZWdyZXNzGBYgASgLMhAucm9vc3QudjEuRWdyZXNzEh8KBHdhc20YFyABKAsyES5yb29zdC52MS5XYXNtUnVuEgwKBG5hbWUYGCABKAkSDAoEd2FybRgZIAEoCBIsCgxleGVjX3JlZnVzZWQYGiABKAsyFi5yb29zdC52MS5FeGVjUmVmdXNhbHMSGgoSbWVtb3J5X2xpbWl0X2J5dGVzGBsgASgDEi0KBmxhYmVscxgcIAMoCzIdLnJvb3N0LnYxLlNlc3Npb24uTGFiZWxzRW50cnkaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIMCgpfZXhpdF9jb2RlIjMKDEV4ZWNSZWZ1c2FscxINCgVjb3VudBgBIAEoAxIUCgxyZWNlbnRfcGF0aHMYAiADKAkiSQoHV2FzbVJ1bhIOCgZtb2R1bGUYASABKAkSDgoGc2hhMjU2GAIgASgJEg8KB3J1bnRpbWUYAyABKAkSDQoFY2FjaGUYBCABKAkioQEKBkVncmVzcxITCgtjb25uZWN0aW9ucxgBIAEoAxIOCgZkZW5pZWQYAiABKAMSEAoIYnl0ZXNfdXAYAyABKAMSEgoKYnl0ZXNfZG93bhgEIAEoAxIOCgZhY3RpdmUYBSABKAUSEgoKdXNlZF9ieXRlcxgGIAEoAxIoCgdyZWZ1c2VkGAcgAygLMhcucm9vc3QudjEuRWdyZXNzUmVmdXNhbCK+AQoNRWdyZXNzUmVmdXNhbBIMCgRob3N0GAEgASgJEgwKBHBvcnQYAiABKAUSDgoGcmVhc29uGAMgASgJEg0KBWNvdW50GAQgASgDEikKBWZpcnN0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIoCgRsYXN0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZkZXRhaWwYByABKAkSDQoFcHJvdG8YCCABKAkiYQoITG9nU3RhdHMSFQoNd3JpdHRlbl9ieXRlcxgBIAEoAxIVCg1kcm9wcGVkX2J5dGVzGAIgASgDEhEKCW1heF9ieXRlcxgDIAEoAxIUCgxmYWlsZWRfYnl0ZXMYBCABKAMiRQoISWRlbnRpdHkSCwoDdWlkGAEgASgNEgsKA2dpZBgCIAEoDRIMCgRzaXplGAMgASgNEhEKCWhvc3Rfcm9vdBgEIAEoCCKiAQoFVXNhZ2USFAoMbWVtb3J5X2J5dGVzGAEgASgDEhkKEW1lbW9yeV9wZWFrX2J5dGVzGAIgASgDEhMKC2NwdV9zZWNvbmRzGAMgASgBEgwKBHBpZHMYBCABKAMSGgoSbWVtb3J5X2xpbWl0X2J5dGVzGAUgASgDEhIKCnBpZHNfbGltaXQYBiABKAMSFQoNd29ya2Rpcl9ieXRlcxgHIAEoAyJYCgpDYXBzdWxlUmVmEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoCRIOCgZzaGEyNTYYAyABKAkSDgoGc291cmNlGAQgASgJEgsKA2RpchgFIAEoCSI2ChBDb250YWlubWVudFN0YXRlEhAKCGRlY2xhcmVkGAEgASgJEhAKCGFjaGlldmVkGAIgASgJIkQKBVNwZW5kEg4KBnRva2VucxgBIAEoAxIUCgxpbnB1dF90b2tlbnMYAiABKAMSFQoNb3V0cHV0X3Rva2VucxgDIAEoAyL5AQoMU3RhZ2VSZXF1ZXN0Eg8KB2NhcHN1bGUYASABKAkSDwoHd29ya2RpchgCIAEoCRIrCghkZWFkbGluZRgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhITCgtjb250YWlubWVudBgEIAEoCRIMCgRuYW1lGAUgASgJEhQKDG1lbW9yeV9ieXRlcxgGIAEoAxIyCgZsYWJlbHMYByADKAsyIi5yb29zdC52MS5TdGFnZVJlcXVlc3QuTGFiZWxzRW50cnkaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASIzCg1TdGFnZVJlc3BvbnNlEiIKB3Nlc3Npb24YASABKAsyES5yb29zdC52MS5TZXNzaW9uIhsKDUxhdW5jaFJlcXVlc3QSCgoCaWQYASABKAkiNAoOTGF1bmNoUmVzcG9uc2USIgoHc2Vzc2lvbhgBIAEoCzIRLnJvb3N0LnYxLlNlc3Npb24iGAoKR2V0UmVxdWVzdBIKCgJpZBgBIAEoCSIxCgtHZXRSZXNwb25zZRIiCgdzZXNzaW9uGAEgASgLMhEucm9vc3QudjEuU2Vzc2lvbiIpCgtMaXN0UmVxdWVzdBILCgNhbGwYASABKAgSDQoFbGFiZWwYAiADKAkiMwoMTGlzdFJlc3BvbnNlEiMKCHNlc3Npb25zGAEgAygLMhEucm9vc3QudjEuU2Vzc2lvbiIZCgtXYWl0UmVxdWVzdBIKCgJpZBgBIAEoCSIyCgxXYWl0UmVzcG9uc2USIgoHc2Vzc2lvbhgBIAEoCzIRLnJvb3N0LnYxLlNlc3Npb24iUwoLU3RvcFJlcXVlc3QSCgoCaWQYASABKAkSKAoFZ3JhY2UYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGcmVhc29uGAMgASgJIjIKDFN0b3BSZXNwb25zZRIiCgdzZXNzaW9uGAEgASgLMhEucm9vc3QudjEuU2Vzc2lvbiIpCgtLaWxsUmVxdWVzdBIKCgJpZBgBIAEoCRIOCgZzaWduYWwYAiABKAkiMgoMS2lsbFJlc3BvbnNlEiIKB3Nlc3Npb24YASABKAsyES5yb29zdC52MS5TZXNzaW9uIhoKDFBhdXNlUmVxdWVzdBIKCgJpZBgBIAEoCSIzCg1QYXVzZVJlc3BvbnNlEiIKB3Nlc3Npb24YASABKAsyES5yb29zdC52MS5TZXNzaW9uIhsKDVJlc3VtZVJlcXVlc3QSCgoCaWQYASABKAkiNAoOUmVzdW1lUmVzcG9uc2USIgoHc2Vzc2lvbhgBIAEoCzIRLnJvb3N0LnYxLlNlc3Npb24iKgoNUmVtb3ZlUmVxdWVzdBIKCgJpZBgBIAEoCRINCgVmb3JjZRgCIAEoCCIQCg5SZW1vdmVSZXNwb25zZSKyAQoLTG9nc1JlcXVlc3QSCgoCaWQYASABKAkSDgoGZm9sbG93GAIgASgIEhIKCnRpbWVzdGFtcHMYAyABKAgSEQoEdGFpbBgEIAEoA0gAiAEBEikKBXNpbmNlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1zdGRvdXRfb2Zmc2V0GAYgASgDEhUKDXN0ZGVycl9vZmZzZXQYByABKANCBwoFX3RhaWwiZgoMTG9nc1Jlc3BvbnNlEg4KBnN0cmVhbRgBIAEoCRIMCgRkYXRhGAIgASgMEigKBHRpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBm9mZnNldBgEIAEoAyJICg1FdmVudHNSZXF1ZXN0Eg0KBXNpbmNlGAEgASgEEg4KBmZvbGxvdxgCIAEoCBIYChBmcm9tX29sZGVzdF9rZXB0GAMgASgIIjAKDkV2ZW50c1Jlc3BvbnNlEh4KBWV2ZW50GAEgASgLMg8ucm9vc3QudjEuRXZlbnQiSQoMUHJ1bmVSZXF1ZXN0EigKBXVudGlsGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg8KB2RyeV9ydW4YAiABKAgimgEKDVBydW5lUmVzcG9uc2USKAoHcmVtb3ZlZBgBIAMoCzIXLnJvb3N0LnYxLlBydW5lZFNlc3Npb24SJQoEa2VwdBgCIAMoCzIXLnJvb3N0LnYxLlBydW5lZFNlc3Npb24SDQoFYnl0ZXMYAyABKAMSGAoQZXZlbnRzX2NvbXBhY3RlZBgEIAEoAxIPCgdkcnlfcnVuGAUgASgIIqoBCg1QcnVuZWRTZXNzaW9uEgoKAmlkGAEgASgJEiUKB2NhcHN1bGUYAiABKAsyFC5yb29zdC52MS5DYXBzdWxlUmVmEiwKCGVuZGVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgtleGl0X3N0YXR1cxgEIAEoCRINCgVieXRlcxgFIAEoAxIUCgxrZXB0X2JlY2F1c2UYBiABKAkiugEKBUV2ZW50EgsKA3NlcRgBIAEoBBIoCgR0aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgR0eXBlGAMgASgJEhIKCnNlc3Npb25faWQYBCABKAkSDQoFc3RhdGUYBSABKAkSEwoLZXhpdF9zdGF0dXMYBiABKAkSFgoJZXhpdF9jb2RlGAcgASgFSACIAQESDgoGZGV0YWlsGAggASgJQgwKCl9leGl0X2NvZGUijAEKC0V4ZWNSZXF1ZXN0EiQKBXN0YXJ0GAEgASgLMhMucm9vc3QudjEuRXhlY1N0YXJ0SAASDwoFc3RkaW4YAiABKAxIABIVCgtjbG9zZV9zdGRpbhgDIAEoCEgAEigKBnJlc2l6ZRgEIAEoCzIWLnJvb3N0LnYxLlRlcm1pbmFsU2l6ZUgAQgUKA21zZyKUAQoJRXhlY1N0YXJ0EgoKAmlkGAEgASgJEg8KB2NvbW1hbmQYAiADKAkSDQoFc3RkaW4YAyABKAgSCwoDdHR5GAQgASgIEiQKBHNpemUYBSABKAsyFi5yb29zdC52MS5UZXJtaW5hbFNpemUSCwoDZW52GAYgAygJEgsKA2N3ZBgHIAEoCRIOCgZkZXRhY2gYCCABKAgiKgoMVGVybWluYWxTaXplEgwKBHJvd3MYASABKA0SDAoEY29scxgCIAEoDSKHAQoMRXhlY1Jlc3BvbnNlEigKB3N0YXJ0ZWQYASABKAsyFS5yb29zdC52MS5FeGVjU3RhcnRlZEgAEhAKBnN0ZG91dBgCIAEoDEgAEhAKBnN0ZGVychgDIAEoDEgAEiIKBGV4aXQYBCABKAsyEi5yb29zdC52MS5FeGVjRXhpdEgAQgUKA21zZyI9CgtFeGVjU3RhcnRlZBIPCgdleGVjX2lkGAEgASgJEgsKA3BpZBgCIAEoBRIQCghkZXRhY2hlZBgDIAEoCCItCghFeGVjRXhpdBIRCglleGl0X2NvZGUYASABKAUSDgoGZGV0YWlsGAIgASgJIsECCghFeGVjSW5mbxIPCgdleGVjX2lkGAEgASgJEg8KB2NvbW1hbmQYAiADKAkSDQoFc3RhdGUYAyABKAkSLgoKc3RhcnRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhYKCWV4aXRfY29kZRgGIAEoBUgAiAEBEg4KBnNpZ25hbBgHIAEoCRIOCgZkZXRhaWwYCCABKAkSCwoDcGlkGAkgASgFEiIKBnN0ZG91dBgKIAEoCzISLnJvb3N0LnYxLkxvZ1N0YXRzEiIKBnN0ZGVychgLIAEoCzISLnJvb3N0LnYxLkxvZ1N0YXRzEgsKA3R0eRgMIAEoCEIMCgpfZXhpdF9jb2RlIooBChFBdHRhY2hFeGVjUmVxdWVzdBIKCgJpZBgBIAEoCRIPCgdleGVjX2lkGAIgASgJEg4KBmZvbGxvdxgDIAEoCBIRCgR0YWlsGAQgASgDSACIAQESFQoNc3Rkb3V0X29mZnNldBgFIAEoAxIVCg1zdGRlcnJfb2Zmc2V0GAYgASgDQgcKBV90YWlsImcKEkF0dGFjaEV4ZWNSZXNwb25zZRImCgZvdXRwdXQYASABKAsyFC5yb29zdC52MS5FeGVjT3V0cHV0SAASIgoEZXhpdBgCIAEoCzISLnJvb3N0LnYxLkV4ZWNFeGl0SABCBQoDbXNnIjoKCkV4ZWNPdXRwdXQSDgoGc3RyZWFtGAEgASgJEgwKBGRhdGEYAiABKAwSDgoGb2Zmc2V0GAMgASgDIi4KD1dhaXRFeGVjUmVxdWVzdBIKCgJpZBgBIAEoCRIPCgdleGVjX2lkGAIgASgJIjQKEFdhaXRFeGVjUmVzcG9uc2USIAoEZXhlYxgBIAEoCzISLnJvb3N0LnYxLkV4ZWNJbmZvIj4KD0tpbGxFeGVjUmVxdWVzdBIKCgJpZBgBIAEoCRIPCgdleGVjX2lkGAIgASgJEg4KBnNpZ25hbBgDIAEoCSI0ChBLaWxsRXhlY1Jlc3BvbnNlEiAKBGV4ZWMYASABKAsyEi5yb29zdC52MS5FeGVjSW5mbyIeChBMaXN0RXhlY3NSZXF1ZXN0EgoKAmlkGAEgASgJIjYKEUxpc3RFeGVjc1Jlc3BvbnNlEiEKBWV4ZWNzGAEgAygLMhIucm9vc3QudjEuRXhlY0luZm8yzwgKDlNlc3Npb25TZXJ2aWNlEjgKBVN0YWdlEhYucm9vc3QudjEuU3RhZ2VSZXF1ZXN0Ghcucm9vc3QudjEuU3RhZ2VSZXNwb25zZRI7CgZMYXVuY2gSFy5yb29zdC52MS5MYXVuY2hSZXF1ZXN0Ghgucm9vc3QudjEuTGF1bmNoUmVzcG9uc2USMgoDR2V0EhQucm9vc3QudjEuR2V0UmVxdWVzdBoVLnJvb3N0LnYxLkdldFJlc3BvbnNlEjUKBExpc3QSFS5yb29zdC52MS5MaXN0UmVxdWVzdBoWLnJvb3N0LnYxLkxpc3RSZXNwb25zZRI1CgRXYWl0EhUucm9vc3QudjEuV2FpdFJlcXVlc3QaFi5yb29zdC52MS5XYWl0UmVzcG9uc2USNQoEU3RvcBIVLnJvb3N0LnYxLlN0b3BSZXF1ZXN0GhYucm9vc3QudjEuU3RvcFJlc3BvbnNlEjUKBEtpbGwSFS5yb29zdC52MS5LaWxsUmVxdWVzdBoWLnJvb3N0LnYxLktpbGxSZXNwb25zZRI4CgVQYXVzZRIWLnJvb3N0LnYxLlBhdXNlUmVxdWVzdBoXLnJvb3N0LnYxLlBhdXNlUmVzcG9uc2USOwoGUmVzdW1lEhcucm9vc3QudjEuUmVzdW1lUmVxdWVzdBoYLnJvb3N0LnYxLlJlc3VtZVJlc3BvbnNlEjsKBlJlbW92ZRIXLnJvb3N0LnYxLlJlbW92ZVJlcXVlc3QaGC5yb29zdC52MS5SZW1vdmVSZXNwb25zZRI3CgRMb2dzEhUucm9vc3QudjEuTG9nc1JlcXVlc3QaFi5yb29zdC52MS5Mb2dzUmVzcG9uc2UwARI9CgZFdmVudHMSFy5yb29zdC52MS5FdmVudHNSZXF1ZXN0Ghgucm9vc3QudjEuRXZlbnRzUmVzcG9uc2UwARI4CgVQcnVuZRIWLnJvb3N0LnYxLlBydW5lUmVxdWVzdBoXLnJvb3N0LnYxLlBydW5lUmVzcG9uc2USOQoERXhlYxIVLnJvb3N0LnYxLkV4ZWNSZXF1ZXN0GhYucm9vc3QudjEuRXhlY1Jlc3BvbnNlKAEwARJJCgpBdHRhY2hFeGVjEhsucm9vc3QudjEuQXR0YWNoRXhlY1JlcXVlc3QaHC5yb29zdC52MS5BdHRhY2hFeGVjUmVzcG9uc2UwARJBCghXYWl0RXhlYxIZLnJvb3N0LnYxLldhaXRFeGVjUmVxdWVzdBoaLnJvb3N0LnYxLldhaXRFeGVjUmVzcG9uc2USQQoIS2lsbEV4ZWMSGS5yb29zdC52MS5LaWxsRXhlY1JlcXVlc3QaGi5yb29zdC52MS5LaWxsRXhlY1Jlc3BvbnNlEkQKCUxpc3RFeGVjcxIaLnJvb3N0LnYxLkxpc3RFeGVjc1JlcXVlc3QaGy5yb29zdC52MS5MaXN0RXhlY3NSZXNwb25zZUIqWihyb29zdC5kZXYvcm9vc3QvYXBpL2dlbi9yb29zdC92MTtyb29zdHYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Session is one session's record. `roostctl inspect --json` prints exactly this message.
@@ -1510,6 +1510,18 @@ export type ExecStart = Message<"roost.v1.ExecStart"> & {
    * @generated from field: string cwd = 7;
    */
   cwd: string;
+
+  /**
+   * Run the command in the background: the stream answers ExecStarted and ends, the
+   * command runs on with an empty stdin, its output kept in the session's records
+   * (execs/<exec_id>/), each stream held to a sixty-fourth of resources.log_max_bytes (at
+   * least 64 KiB, at most the whole). Reach it with AttachExec, WaitExec, KillExec and
+   * ListExecs. At most 64 run at once in a session, each holding 7 descriptors of its share
+   * of roostd's (sessions.descriptors_per_session); refused with stdin.
+   *
+   * @generated from field: bool detach = 8;
+   */
+  detach: boolean;
 };
 
 /**
@@ -1599,6 +1611,13 @@ export type ExecStarted = Message<"roost.v1.ExecStarted"> & {
    * @generated from field: int32 pid = 2;
    */
   pid: number;
+
+  /**
+   * It runs detached: nothing more comes on this stream.
+   *
+   * @generated from field: bool detached = 3;
+   */
+  detached: boolean;
 };
 
 /**
@@ -1633,6 +1652,335 @@ export type ExecExit = Message<"roost.v1.ExecExit"> & {
  */
 export const ExecExitSchema: GenMessage<ExecExit> = /*@__PURE__*/
   messageDesc(file_roost_v1_session, 44);
+
+/**
+ * ExecInfo is one detached exec of a session.
+ *
+ * @generated from message roost.v1.ExecInfo
+ */
+export type ExecInfo = Message<"roost.v1.ExecInfo"> & {
+  /**
+   * @generated from field: string exec_id = 1;
+   */
+  execId: string;
+
+  /**
+   * @generated from field: repeated string command = 2;
+   */
+  command: string[];
+
+  /**
+   * running | exited | lost (roostd stopped or died while it ran: what it wrote until then
+   * is kept, its end is not known)
+   *
+   * @generated from field: string state = 3;
+   */
+  state: string;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp started_at = 4;
+   */
+  startedAt?: Timestamp | undefined;
+
+  /**
+   * Absent while it runs.
+   *
+   * @generated from field: google.protobuf.Timestamp ended_at = 5;
+   */
+  endedAt?: Timestamp | undefined;
+
+  /**
+   * The command's exit code, 128+N when signal N ended it; absent while it runs and for a
+   * lost one.
+   *
+   * @generated from field: optional int32 exit_code = 6;
+   */
+  exitCode?: number | undefined;
+
+  /**
+   * The signal that ended it ("SIGKILL"); empty when it exited.
+   *
+   * @generated from field: string signal = 7;
+   */
+  signal: string;
+
+  /**
+   * How it ended, in words, as ExecExit's detail.
+   *
+   * @generated from field: string detail = 8;
+   */
+  detail: string;
+
+  /**
+   * The command's process id on the host.
+   *
+   * @generated from field: int32 pid = 9;
+   */
+  pid: number;
+
+  /**
+   * Its output as the records count it; the cap is the exec's share (see ExecStart.detach).
+   *
+   * @generated from field: roost.v1.LogStats stdout = 10;
+   */
+  stdout?: LogStats | undefined;
+
+  /**
+   * @generated from field: roost.v1.LogStats stderr = 11;
+   */
+  stderr?: LogStats | undefined;
+
+  /**
+   * It runs on a terminal of its own: its output is all stdout.
+   *
+   * @generated from field: bool tty = 12;
+   */
+  tty: boolean;
+};
+
+/**
+ * Describes the message roost.v1.ExecInfo.
+ * Use `create(ExecInfoSchema)` to create a new message.
+ */
+export const ExecInfoSchema: GenMessage<ExecInfo> = /*@__PURE__*/
+  messageDesc(file_roost_v1_session, 45);
+
+/**
+ * @generated from message roost.v1.AttachExecRequest
+ */
+export type AttachExecRequest = Message<"roost.v1.AttachExecRequest"> & {
+  /**
+   * The session's id, unique id prefix or name.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: string exec_id = 2;
+   */
+  execId: string;
+
+  /**
+   * Keep streaming until the exec has ended and all its output has been sent.
+   *
+   * @generated from field: bool follow = 3;
+   */
+  follow: boolean;
+
+  /**
+   * Only each stream's last `tail` lines of what is kept when the call begins (0: only
+   * what it writes from now on); everything kept when absent.
+   *
+   * @generated from field: optional int64 tail = 4;
+   */
+  tail?: bigint | undefined;
+
+  /**
+   * Resume: only bytes at or beyond these stream offsets (ExecOutput.offset + len(data)
+   * of the last output received for that stream).
+   *
+   * @generated from field: int64 stdout_offset = 5;
+   */
+  stdoutOffset: bigint;
+
+  /**
+   * @generated from field: int64 stderr_offset = 6;
+   */
+  stderrOffset: bigint;
+};
+
+/**
+ * Describes the message roost.v1.AttachExecRequest.
+ * Use `create(AttachExecRequestSchema)` to create a new message.
+ */
+export const AttachExecRequestSchema: GenMessage<AttachExecRequest> = /*@__PURE__*/
+  messageDesc(file_roost_v1_session, 46);
+
+/**
+ * @generated from message roost.v1.AttachExecResponse
+ */
+export type AttachExecResponse = Message<"roost.v1.AttachExecResponse"> & {
+  /**
+   * @generated from oneof roost.v1.AttachExecResponse.msg
+   */
+  msg: {
+    /**
+     * @generated from field: roost.v1.ExecOutput output = 1;
+     */
+    value: ExecOutput;
+    case: "output";
+  } | {
+    /**
+     * The exec has ended; the last message. A lost exec's exit_code is 255.
+     *
+     * @generated from field: roost.v1.ExecExit exit = 2;
+     */
+    value: ExecExit;
+    case: "exit";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message roost.v1.AttachExecResponse.
+ * Use `create(AttachExecResponseSchema)` to create a new message.
+ */
+export const AttachExecResponseSchema: GenMessage<AttachExecResponse> = /*@__PURE__*/
+  messageDesc(file_roost_v1_session, 47);
+
+/**
+ * ExecOutput is a piece of one of a detached exec's streams.
+ *
+ * @generated from message roost.v1.ExecOutput
+ */
+export type ExecOutput = Message<"roost.v1.ExecOutput"> & {
+  /**
+   * stdout | stderr
+   *
+   * @generated from field: string stream = 1;
+   */
+  stream: string;
+
+  /**
+   * @generated from field: bytes data = 2;
+   */
+  data: Uint8Array;
+
+  /**
+   * Where in the stream data's first byte was written; -1 for a line roost inserted (the
+   * marker where the exec's cap dropped bytes). With tail and follow, each stream first
+   * gets an output without data whose offset is where its tail begins.
+   *
+   * @generated from field: int64 offset = 3;
+   */
+  offset: bigint;
+};
+
+/**
+ * Describes the message roost.v1.ExecOutput.
+ * Use `create(ExecOutputSchema)` to create a new message.
+ */
+export const ExecOutputSchema: GenMessage<ExecOutput> = /*@__PURE__*/
+  messageDesc(file_roost_v1_session, 48);
+
+/**
+ * @generated from message roost.v1.WaitExecRequest
+ */
+export type WaitExecRequest = Message<"roost.v1.WaitExecRequest"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: string exec_id = 2;
+   */
+  execId: string;
+};
+
+/**
+ * Describes the message roost.v1.WaitExecRequest.
+ * Use `create(WaitExecRequestSchema)` to create a new message.
+ */
+export const WaitExecRequestSchema: GenMessage<WaitExecRequest> = /*@__PURE__*/
+  messageDesc(file_roost_v1_session, 49);
+
+/**
+ * @generated from message roost.v1.WaitExecResponse
+ */
+export type WaitExecResponse = Message<"roost.v1.WaitExecResponse"> & {
+  /**
+   * @generated from field: roost.v1.ExecInfo exec = 1;
+   */
+  exec?: ExecInfo | undefined;
+};
+
+/**
+ * Describes the message roost.v1.WaitExecResponse.
+ * Use `create(WaitExecResponseSchema)` to create a new message.
+ */
+export const WaitExecResponseSchema: GenMessage<WaitExecResponse> = /*@__PURE__*/
+  messageDesc(file_roost_v1_session, 50);
+
+/**
+ * @generated from message roost.v1.KillExecRequest
+ */
+export type KillExecRequest = Message<"roost.v1.KillExecRequest"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: string exec_id = 2;
+   */
+  execId: string;
+
+  /**
+   * A signal name ("KILL", "SIGTERM") or number; SIGKILL when empty.
+   *
+   * @generated from field: string signal = 3;
+   */
+  signal: string;
+};
+
+/**
+ * Describes the message roost.v1.KillExecRequest.
+ * Use `create(KillExecRequestSchema)` to create a new message.
+ */
+export const KillExecRequestSchema: GenMessage<KillExecRequest> = /*@__PURE__*/
+  messageDesc(file_roost_v1_session, 51);
+
+/**
+ * @generated from message roost.v1.KillExecResponse
+ */
+export type KillExecResponse = Message<"roost.v1.KillExecResponse"> & {
+  /**
+   * @generated from field: roost.v1.ExecInfo exec = 1;
+   */
+  exec?: ExecInfo | undefined;
+};
+
+/**
+ * Describes the message roost.v1.KillExecResponse.
+ * Use `create(KillExecResponseSchema)` to create a new message.
+ */
+export const KillExecResponseSchema: GenMessage<KillExecResponse> = /*@__PURE__*/
+  messageDesc(file_roost_v1_session, 52);
+
+/**
+ * @generated from message roost.v1.ListExecsRequest
+ */
+export type ListExecsRequest = Message<"roost.v1.ListExecsRequest"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+};
+
+/**
+ * Describes the message roost.v1.ListExecsRequest.
+ * Use `create(ListExecsRequestSchema)` to create a new message.
+ */
+export const ListExecsRequestSchema: GenMessage<ListExecsRequest> = /*@__PURE__*/
+  messageDesc(file_roost_v1_session, 53);
+
+/**
+ * @generated from message roost.v1.ListExecsResponse
+ */
+export type ListExecsResponse = Message<"roost.v1.ListExecsResponse"> & {
+  /**
+   * @generated from field: repeated roost.v1.ExecInfo execs = 1;
+   */
+  execs: ExecInfo[];
+};
+
+/**
+ * Describes the message roost.v1.ListExecsResponse.
+ * Use `create(ListExecsResponseSchema)` to create a new message.
+ */
+export const ListExecsResponseSchema: GenMessage<ListExecsResponse> = /*@__PURE__*/
+  messageDesc(file_roost_v1_session, 54);
 
 /**
  * SessionService is the operator's control of sessions: one run each of one capsule.
@@ -1796,6 +2144,49 @@ export const SessionService: GenService<{
     methodKind: "bidi_streaming";
     input: typeof ExecRequestSchema;
     output: typeof ExecResponseSchema;
+  },
+  /**
+   * AttachExec streams a detached exec's output as the records keep it (see ExecStart's
+   * detach), then, once it has ended, its ExecExit. Without follow it sends what is kept
+   * now, and the exit only if it has ended.
+   *
+   * @generated from rpc roost.v1.SessionService.AttachExec
+   */
+  attachExec: {
+    methodKind: "server_streaming";
+    input: typeof AttachExecRequestSchema;
+    output: typeof AttachExecResponseSchema;
+  },
+  /**
+   * WaitExec blocks until a detached exec has ended and returns it.
+   *
+   * @generated from rpc roost.v1.SessionService.WaitExec
+   */
+  waitExec: {
+    methodKind: "unary";
+    input: typeof WaitExecRequestSchema;
+    output: typeof WaitExecResponseSchema;
+  },
+  /**
+   * KillExec sends a signal to a detached exec's command and everything it started (its
+   * process group) and returns the exec as it is then.
+   *
+   * @generated from rpc roost.v1.SessionService.KillExec
+   */
+  killExec: {
+    methodKind: "unary";
+    input: typeof KillExecRequestSchema;
+    output: typeof KillExecResponseSchema;
+  },
+  /**
+   * ListExecs returns a session's detached execs, live and ended, oldest first.
+   *
+   * @generated from rpc roost.v1.SessionService.ListExecs
+   */
+  listExecs: {
+    methodKind: "unary";
+    input: typeof ListExecsRequestSchema;
+    output: typeof ListExecsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_roost_v1_session, 0);
