@@ -1,4 +1,4 @@
-"""A session from a capsule directory, a few commands in it, then its end.
+"""A session from a capsule directory, a file and a few commands in it, then its end.
 
 Run from the repository's root, with roostd running (make build && sudo bin/roostd):
 
@@ -21,6 +21,9 @@ def main() -> int:
 
             r = s.exec("echo hello from $(uname -n) in $(pwd); ls -a", timeout=10)
             print(f"exit {r.exit_code}:\n{r.stdout}")
+
+            s.files.write("task.txt", "count these words\n")
+            print(f"task.txt in the session: {s.exec('cat task.txt').stdout.strip()}")
 
             refused = s.exec(["/usr/bin/id"])
             print(f"id: exit {refused.exit_code}: {refused.detail}")

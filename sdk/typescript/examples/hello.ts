@@ -1,4 +1,4 @@
-// A session from a capsule directory, a few commands in it, then its end. Run from the
+// A session from a capsule directory, a file and a few commands in it, then its end. Run from the
 // repository's root, with roostd running (make build && sudo bin/roostd):
 //
 //   cd sdk/typescript && npm ci && npx tsc -p . && cd ../.. &&
@@ -15,6 +15,10 @@ try {
 
   const r = await s.exec("echo hello from $(uname -n) in $(pwd); ls -a", { timeout: 10_000 });
   console.log(`exit ${r.exitCode}:\n${r.stdout}`);
+
+  await s.files.write("task.txt", "count these words\n");
+  const wc = await s.exec("cat task.txt");
+  console.log(`task.txt in the session: ${wc.stdout.trim()}`);
 
   const refused = await s.exec(["/usr/bin/id"]);
   console.log(`id: exit ${refused.exitCode}: ${refused.detail}`);
