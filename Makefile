@@ -20,7 +20,7 @@ CONFDIR := /etc/roost
 DOCDIR  := $(PREFIX)/share/doc/roost
 INSTALL_BINS := roostd roostctl roost-init roost-sealer roost-wasm
 
-.PHONY: all deps rust-wasi sdk agent-clis build man test unit e2e lint vet staticcheck fmt-check proto proto-check buf-lint demo bench fuzz tools clean install install-check buf-breaking api-baseline tidy-check deploy-check tracked-check
+.PHONY: all deps rust-wasi sdk agent-clis build man test unit e2e lint vet staticcheck fmt-check proto proto-check buf-lint demo bench fuzz tools clean install install-check buf-breaking api-baseline tidy-check deploy-check tracked-check sdk-clients sdk-gen sdk-gen-deps sdk-gen-check
 
 all: build
 
@@ -73,7 +73,7 @@ unit: deps rust-wasi
 # tests of the runtimes.
 WARM_PACKAGES := ./pkg/containment/ ./pkg/containment/scoped/ ./pkg/containment/sealed/
 
-e2e: deps sdk agent-clis $(TOOLS)/grpcurl
+e2e: deps sdk sdk-clients agent-clis $(TOOLS)/grpcurl
 	$(GO) test -count=1 ./test/e2e/
 	# The suites of sealed sessions again, against daemons keeping warm sandboxes.
 	ROOST_E2E_WARM_POOL=2 $(GO) test -count=1 -run '$(WARM_SUITES)' ./test/e2e/
@@ -97,6 +97,47 @@ $(SDK_DIR)/node_modules/.package-lock.json: $(SDK_DIR)/package.json $(SDK_DIR)/p
 	cd $(SDK_DIR) && npm ci --no-audit --no-fund
 	@touch $@
 
+## sdk-clients: what roost's own SDKs (sdk/, docs/sdk.md) need for their tests, which
+## TestClientLibraries runs: sdk/typescript's packages as its package-lock.json pins them (npm
+## ci), and Debian's grpcio and protobuf for sdk/python under Debian's python3.
+SDK_TS       := sdk/typescript
+SDK_PY_PKGS  := python3-grpcio python3-protobuf
+SDK_GEN_PKGS := protobuf-compiler protobuf-compiler-grpc
+
+sdk-clients: $(SDK_TS)/node_modules/.package-lock.json
+	@/usr/bin/python3 -c 'import grpc, google.protobuf' 2>/dev/null || { echo "installing $(SDK_PY_PKGS)"; \
+		export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq $(SDK_PY_PKGS) || \
+		{ apt-get update -qq && apt-get install -y -qq $(SDK_PY_PKGS); }; }
+
+$(SDK_TS)/node_modules/.package-lock.json: $(SDK_TS)/package.json $(SDK_TS)/package-lock.json
+	cd $(SDK_TS) && npm ci --no-audit --no-fund
+	@touch $@
+
+## sdk-gen: regenerate the SDKs' code from api/proto, which is committed as api/gen is:
+## sdk/typescript/gen with the protoc-gen-es its package-lock.json pins (through buf), and
+## sdk/python/roost/v1 with Debian's protoc and grpc_python_plugin, matching the
+## python3-protobuf and python3-grpcio it runs on.
+SDK_PY_GEN = protoc -I api/proto --python_out=$(1) --grpc_python_out=$(1) \
+	--plugin=protoc-gen-grpc_python=/usr/bin/grpc_python_plugin api/proto/roost/v1/*.proto
+
+sdk-gen-deps: $(TOOLS)/buf $(SDK_TS)/node_modules/.package-lock.json
+	@command -v protoc >/dev/null && [ -x /usr/bin/grpc_python_plugin ] || { echo "installing $(SDK_GEN_PKGS)"; \
+		export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq $(SDK_GEN_PKGS) || \
+		{ apt-get update -qq && apt-get install -y -qq $(SDK_GEN_PKGS); }; }
+
+sdk-gen: sdk-gen-deps
+	rm -rf $(SDK_TS)/gen sdk/python/roost/v1/*_pb2*.py
+	$(TOOLS)/buf generate --template $(SDK_TS)/buf.gen.yaml
+	$(call SDK_PY_GEN,sdk/python)
+
+## sdk-gen-check: fail when the SDKs' committed generated code is not what the protos generate.
+sdk-gen-check: sdk-gen-deps
+	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
+	mkdir -p $$tmp/sdk/python && $(TOOLS)/buf generate --template $(SDK_TS)/buf.gen.yaml -o $$tmp && \
+	$(call SDK_PY_GEN,$$tmp/sdk/python) && \
+	if ! diff -r $$tmp/$(SDK_TS)/gen $(SDK_TS)/gen || ! diff -r -x __init__.py -x __pycache__ $$tmp/sdk/python/roost/v1 sdk/python/roost/v1; then \
+		echo "the SDKs' generated code is stale: run make sdk-gen and commit the result"; exit 1; fi
+
 ## agent-clis: the coding agents' CLIs that test/e2e runs as capsules (agents_*_test.go), at the
 ## versions pinned here, installed with npm install -g (into the system trees, where an
 ## operator's npm puts them) when missing or at another version.
@@ -111,7 +152,7 @@ agent-clis:
 		echo "installing @openai/codex@$(CODEX_VERSION)"; \
 		npm install -g --no-fund --no-audit @openai/codex@$(CODEX_VERSION) >/dev/null; }
 
-lint: deps fmt-check vet staticcheck buf-lint buf-breaking proto-check tidy-check deploy-check tracked-check
+lint: deps fmt-check vet staticcheck buf-lint buf-breaking proto-check sdk-gen-check tidy-check deploy-check tracked-check
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.tools/*')); \

@@ -1,0 +1,67 @@
+import { readFileSync } from "node:fs";
+import * as net from "node:net";
+import type { Transport } from "@connectrpc/connect";
+import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
+
+/** The socket roostd listens on by default (roostd --socket). */
+export const DEFAULT_SOCKET = "/run/roost/roostd.sock";
+
+/**
+ * A PEM file's path, or its contents. A string is a path: certificates are files an
+ * operator made (roostctl certs init), and a path in an error says which one is wrong.
+ */
+export type Pem = string | Uint8Array;
+
+export interface ConnectOptions {
+  /**
+   * roostd's unix socket: $ROOST_SOCKET, else /run/roost/roostd.sock. Ignored when
+   * `server` is set.
+   */
+  socket?: string;
+  /**
+   * roostd's remote listener (roostd --listen-tcp), "host:port" or "https://host:port",
+   * reached over TLS with a client certificate: `ca`, `cert` and `key` are then required.
+   */
+  server?: string;
+  /** The CA that signed roostd's certificate. */
+  ca?: Pem;
+  /** This client's certificate and key. */
+  cert?: Pem;
+  key?: Pem;
+}
+
+function pem(what: string, v: Pem | undefined): Buffer {
+  if (v === undefined) {
+    throw new TypeError(`Roost.connect: server is set, so ${what} is required (a PEM file's path or its contents)`);
+  }
+  if (typeof v !== "string") {
+    return Buffer.from(v);
+  }
+  try {
+    return readFileSync(v);
+  } catch (err) {
+    throw new TypeError(`Roost.connect: ${what}: ${(err as Error).message}`);
+  }
+}
+
+/**
+ * transportFor is gRPC (always HTTP/2) to roostd: Exec is a bidirectional stream, which neither
+ * gRPC-Web nor Connect over HTTP/1.1 can carry.
+ */
+export function transportFor(opts: ConnectOptions): { transport: Transport; close: () => void; local: boolean; target: string } {
+  if (opts.server) {
+    const baseUrl = /^https:\/\//.test(opts.server) ? opts.server : `https://${opts.server}`;
+    if (/^[a-z]+:\/\//.test(opts.server) && !opts.server.startsWith("https://")) {
+      throw new TypeError(`Roost.connect: server ${JSON.stringify(opts.server)}: only https:// (mTLS) is served remotely`);
+    }
+    const manager = new Http2SessionManager(baseUrl, {}, { ca: pem("ca", opts.ca), cert: pem("cert", opts.cert), key: pem("key", opts.key) });
+    const transport = createGrpcTransport({ baseUrl, sessionManager: manager });
+    return { transport, close: () => manager.abort(), local: false, target: baseUrl };
+  }
+  const socket = opts.socket || process.env.ROOST_SOCKET || DEFAULT_SOCKET;
+  // The authority is the socket's: any host name serves, since no DNS is asked.
+  const baseUrl = "http://localhost";
+  const manager = new Http2SessionManager(baseUrl, {}, { createConnection: () => net.connect(socket) });
+  const transport = createGrpcTransport({ baseUrl, sessionManager: manager });
+  return { transport, close: () => manager.abort(), local: true, target: socket };
+}
