@@ -27,7 +27,7 @@ func TestDoctorDescriptors(t *testing.T) {
 		}
 	}
 	take(615) // 80% of 768 is 614.4
-	if c := checkDescriptors(b.Stats()); c.Status != "warn" || !strings.Contains(c.Detail, "615 held (endpoint 615, upstream 0, gateway 0, follower 0)") || !strings.Contains(c.Hint, "LimitNOFILE") {
+	if c := checkDescriptors(b.Stats()); c.Status != "warn" || !strings.Contains(c.Detail, "615 held (endpoint 615, upstream 0, gateway 0, follower 0, exec 0)") || !strings.Contains(c.Hint, "LimitNOFILE") {
 		t.Fatalf("at 80%%: %+v", c)
 	}
 	take(768 - 615)
