@@ -471,10 +471,14 @@ func (l *Ledger) settledRequest(session, request string) *Settlement {
 // afresh, as the machine's always is — else a call in flight that took the last of the
 // room would end the session's spending for good. The caller holds l.mu.
 func (l *Ledger) check(a *account, least, most int64) (int64, *Refusal, bool) {
+	// A latch holds against what needs more than its ceiling leaves after what is charged; a
+	// smaller least is judged as any other, so a session is never refused a call that fits.
 	if a.Latched != nil {
 		r := *a.Latched
-		r.Used, r.Requested, r.Latched = l.used(a, r), least, true
-		return 0, &r, false
+		if charged := l.charged(a, r); charged+least > r.Ceiling {
+			r.Used, r.Requested, r.Latched = l.used(a, r), least, true
+			return 0, &r, false
+		}
 	}
 	room := most
 	var refusal *Refusal
@@ -498,7 +502,7 @@ func (l *Ledger) check(a *account, least, most int64) (int64, *Refusal, bool) {
 
 // Headroom is the most an admission of the session could be granted now: what the
 // tightest of its ceilings (its own, each ancestor's, the machine's for today) leaves after
-// what is charged and reserved; MaxTokens when none binds, 0 when the session is latched.
+// what is charged and reserved; MaxTokens when none binds.
 // It is a reading, not a promise: Admit decides again under its lock.
 func (l *Ledger) Headroom(sessionID string) (int64, error) {
 	l.mu.Lock()
@@ -506,9 +510,6 @@ func (l *Ledger) Headroom(sessionID string) (int64, error) {
 	a, err := l.account(sessionID)
 	if err != nil {
 		return 0, err
-	}
-	if a.Latched != nil {
-		return 0, nil
 	}
 	room := int64(MaxTokens)
 	l.ceilings(a, func(_ string, ceiling, charged, reserved int64) bool {
@@ -533,6 +534,17 @@ func (l *Ledger) ceilings(a *account, fn func(limit string, ceiling, charged, re
 	if l.ceiling > 0 {
 		fn(LimitMachine, l.ceiling, l.day.charged, l.reserved)
 	}
+}
+
+// charged is what is charged alone against a latched refusal's ceiling. The caller holds l.mu.
+func (l *Ledger) charged(a *account, r Refusal) int64 {
+	if id, ok := r.ancestor(); ok {
+		a = l.accounts[id]
+	}
+	if a == nil {
+		return r.Used
+	}
+	return a.SubtreeCharged
 }
 
 // used is what now counts against a latched refusal's ceiling. The caller holds l.mu.

@@ -274,24 +274,32 @@ func TestSessionRefusalLatchesMachineDoesNot(t *testing.T) {
 	if _, err := l.Settle("capped", r.ID, Usage{Input: 20}); err != nil {
 		t.Fatal(err)
 	}
-	// 21 charged: 30 more can never fit, so the refusal latches.
+	// 21 charged: 30 more can never fit, so the refusal latches: that call, retried, is
+	// refused at once, while a smaller one that fits is still admitted.
 	refusal(t, errOf(l.Admit(Admission{SessionID: "capped", Tokens: 30})), LimitSession)
-	got := refusal(t, errOf(l.Admit(Admission{SessionID: "capped", Tokens: 5})), LimitSession)
-	if got.Used != 21 || got.Requested != 5 || got.Ceiling != 50 {
+	got := refusal(t, errOf(l.Admit(Admission{SessionID: "capped", Tokens: 30})), LimitSession)
+	if got.Used != 21 || got.Requested != 30 || got.Ceiling != 50 || !got.Latched {
 		t.Errorf("latched refusal: %+v", got)
+	}
+	small, err := l.Admit(Admission{SessionID: "capped", Tokens: 5})
+	if err != nil {
+		t.Fatalf("5 of the 29 left, latched at 30: %v", err)
+	}
+	if _, err := l.Settle("capped", small.ID, Usage{Input: 5}); err != nil {
+		t.Fatal(err)
 	}
 	if s, _ := l.Session("capped"); s.Latched == nil {
 		t.Error("the latch is not in the account")
 	}
 
 	register(t, l, "free", "", 0)
-	// 21 of the machine's 100 are charged to "capped".
+	// 26 of the machine's 100 are charged to "capped".
 	big, err := l.Admit(Admission{SessionID: "free", Tokens: 70})
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := refusal(t, errOf(l.Admit(Admission{SessionID: "free", Tokens: 20})), LimitMachine)
-	if m.Used != 91 || m.Ceiling != 100 {
+	if m.Used != 96 || m.Ceiling != 100 {
 		t.Errorf("machine refusal: %+v", m)
 	}
 	if _, err := l.Settle("free", big.ID, Usage{Input: 5}); err != nil {
@@ -636,9 +644,9 @@ func TestHeadroom(t *testing.T) {
 	if _, err := l.Headroom("nobody"); !errdefs.IsNotFound(err) {
 		t.Errorf("an unknown session: %v", err)
 	}
-	// A least the parent's 300 can never hold latches s.
+	// A least the parent's 300 can never hold latches s; what is left stays s's to use.
 	refusal(t, errOf(l.Admit(Admission{SessionID: "s", Tokens: 1000, MinTokens: 400})), "ancestor p")
-	if got := room("s"); got != 0 {
-		t.Errorf("latched: %d, want 0", got)
+	if got := room("s"); got != 200 {
+		t.Errorf("latched: %d, want the 200 the parent leaves", got)
 	}
 }
