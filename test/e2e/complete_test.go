@@ -55,7 +55,8 @@ func TestCompletionOffersWhatAVerbTakes(t *testing.T) {
 		{[]string{"kill", ""}, words(running, paused)},
 		{[]string{"pause", ""}, words(running)},
 		{[]string{"resume", ""}, words(paused)},
-		{[]string{"exec", ""}, words(running)},
+		// exec's own subcommands (its detached execs') come with the running sessions.
+		{[]string{"exec", ""}, slices.Sorted(slices.Values(append(words(running), "attach", "kill", "ls", "wait")))},
 		{[]string{"rm", ""}, words(staged, exited)},
 		{[]string{"rm", "-f", ""}, every},
 		{[]string{"rm", "--force", "st", ""}, words(running, paused, exited)},
