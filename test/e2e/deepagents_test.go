@@ -33,7 +33,7 @@ func TestDeepAgents(t *testing.T) {
 	start := time.Now()
 	sdk := filepath.Join(repoRoot(), "sdk", "typescript")
 	_, err := os.Stat(filepath.Join(sdk, "node_modules", "deepagents", "package.json"))
-	testenv.Need(t, "sdk/typescript/node_modules with deepagents (npm ci in sdk/typescript)", err)
+	testenv.Need(t, "sdk/typescript/node_modules with deepagents (make sdk-clients)", err)
 
 	// deepagents' file tools take absolute paths, so the script names the workdir's, fixed
 	// before the session: a directory each of its path's parents lets the session's uid pass.
@@ -119,14 +119,16 @@ func TestDeepAgents(t *testing.T) {
 
 	// Every model call went through the session's gateway, with the session's credential,
 	// and the session was charged exactly what the model billed.
-	for _, req := range fake.Requests() {
-		if got := req.Header.Get("X-Api-Key"); got != "sk-operator" {
-			t.Errorf("the model saw %s %s with key %q, not the operator's", req.Method, req.Path, got)
+	reqs := fake.Requests()
+	for _, req := range reqs {
+		if got := req.Header.Get("X-Api-Key"); got != "sk-operator" || req.Path != "/v1/messages" {
+			t.Errorf("the model saw %s %s with key %q; want POST /v1/messages with the operator's", req.Method, req.Path, got)
 		}
 	}
+	// One call per turn of the script: three tool calls and the answer.
 	billed := fake.Billed()
-	if billed.Tokens < 4*(700+25) {
-		t.Errorf("the model billed %+v: fewer than the episode's four turns", billed)
+	if len(reqs) != 4 || billed.Tokens != 4*(700+25) {
+		t.Errorf("the model saw %d calls and billed %+v; want the episode's 4 turns, %d tokens", len(reqs), billed, 4*(700+25))
 	}
 	if got := d.inspectSpend(id); got != int64(billed.Tokens) {
 		t.Errorf("inspect: the session was charged %d tokens; the model billed %d", got, billed.Tokens)
