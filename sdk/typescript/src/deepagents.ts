@@ -3,6 +3,7 @@
 import * as path from "node:path";
 import { BaseSandbox, type ExecuteResponse, type FileDownloadResponse, type FileUploadResponse } from "deepagents";
 import type { Session } from "./roost.js";
+import { DeadlineExceededError, NotFoundError, PermissionDeniedError } from "./errors.js";
 
 /** The most characters of a command's output execute returns (the model reads it all). */
 export const DEFAULT_MAX_OUTPUT = 100_000;
@@ -57,7 +58,7 @@ export class RoostSandbox extends BaseSandbox {
       const output = r.output === "" && r.exitCode !== 0 ? r.detail : r.output;
       return { output: truncated ? output.slice(0, this.maxOutput) : output, exitCode: r.exitCode, truncated };
     } catch (err) {
-      if ((err as Error).name === "DeadlineExceededError") {
+      if (err instanceof DeadlineExceededError) {
         return { output: `the command ran past its ${seconds}s timeout and was killed`, exitCode: 124, truncated: false };
       }
       throw err;
@@ -115,12 +116,12 @@ export class RoostSandbox extends BaseSandbox {
 }
 
 function fileError(err: unknown): FileUploadResponse["error"] {
-  switch ((err as Error).name) {
-    case "NotFoundError":
-      return "file_not_found";
-    case "PermissionDeniedError":
-      return "permission_denied";
-    default:
-      return "invalid_path";
+  if (err instanceof NotFoundError) {
+    return "file_not_found";
   }
+  if (err instanceof PermissionDeniedError) {
+    return "permission_denied";
+  }
+  // deepagents has no code for the rest (roostd's refusal of a path, a session ended).
+  return "invalid_path";
 }
