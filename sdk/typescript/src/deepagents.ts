@@ -111,7 +111,7 @@ export class RoostSandbox extends BaseSandbox {
       return path.posix.normalize(p);
     }
     const rel = path.posix.relative(this.workdir, p);
-    return rel === "" || rel.startsWith("..") ? undefined : rel;
+    return rel === "" || rel === ".." || rel.startsWith("../") ? undefined : rel;
   }
 }
 
