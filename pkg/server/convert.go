@@ -13,6 +13,7 @@ import (
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/pkg/records"
 	"roost.dev/roost/pkg/session"
+	"roost.dev/roost/pkg/session/spec"
 	"roost.dev/roost/pkg/session/store"
 )
 
@@ -24,21 +25,22 @@ func SessionProto(r *store.Record) *roostv1.Session {
 		Capsule: &roostv1.CapsuleRef{
 			Name: r.Capsule.Name, Version: r.Capsule.Version, Sha256: r.Capsule.SHA256, Source: r.Capsule.Source, Dir: r.Capsule.Dir,
 		},
-		Identity:    session.IdentityProto(r),
-		State:       string(r.State),
-		ExitStatus:  string(r.ExitStatus),
-		Containment: &roostv1.ContainmentState{Declared: r.Declared, Achieved: r.Achieved},
-		ParentId:    r.ParentID,
-		Workdir:     r.Workdir,
-		RecordsDir:  r.RecordsDir,
-		CreatedAt:   timestamp(r.CreatedAt),
-		StartedAt:   timestamp(r.StartedAt),
-		EndedAt:     timestamp(r.EndedAt),
-		DeadlineAt:  timestamp(r.DeadlineAt),
-		Spend:       &roostv1.Spend{Tokens: r.Tokens, InputTokens: r.InputTokens, OutputTokens: r.OutputTokens},
-		Detail:      r.Detail,
-		Command:     r.Command,
-		Warm:        r.Warm,
+		Identity:       session.IdentityProto(r),
+		State:          string(r.State),
+		ExitStatus:     string(r.ExitStatus),
+		Containment:    &roostv1.ContainmentState{Declared: r.Declared, Achieved: r.Achieved},
+		ParentId:       r.ParentID,
+		Workdir:        r.Workdir,
+		SessionWorkdir: spec.Workdir(r),
+		RecordsDir:     r.RecordsDir,
+		CreatedAt:      timestamp(r.CreatedAt),
+		StartedAt:      timestamp(r.StartedAt),
+		EndedAt:        timestamp(r.EndedAt),
+		DeadlineAt:     timestamp(r.DeadlineAt),
+		Spend:          &roostv1.Spend{Tokens: r.Tokens, InputTokens: r.InputTokens, OutputTokens: r.OutputTokens},
+		Detail:         r.Detail,
+		Command:        r.Command,
+		Warm:           r.Warm,
 		// What it was staged with: the cgroup's own memory.max shows only while it lives
 		// (Usage), and advisory sessions' cgroups set none.
 		MemoryLimitBytes: r.MemoryLimit,

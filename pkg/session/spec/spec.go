@@ -133,6 +133,20 @@ type view struct {
 
 var sealedView = view{work: "/work", capsule: "/capsule", home: sealed.Home}
 
+// Workdir is the workdir's path as the session's own processes see it: /work in a sealed
+// root, the host's path otherwise. A staged session, not yet launched, has only its floor,
+// and a sealed floor launches sealed or not at all.
+func Workdir(rec *store.Record) string {
+	class := rec.Achieved
+	if class == "" {
+		class = rec.Declared
+	}
+	if class == manifest.Sealed.String() {
+		return sealedView.work
+	}
+	return rec.Workdir
+}
+
 func hostView(rec *store.Record, home string) view {
 	return view{work: rec.Workdir, capsule: rec.Capsule.Root(), home: home}
 }

@@ -19,8 +19,9 @@ export interface RoostSandboxOptions {
  * RoostSandbox is deepagents' BaseSandbox over a running roost session: execute is the
  * session's exec (by /bin/sh -c, so the capsule's shell.allow must let /bin/sh run, with
  * exactly the session's containment); uploadFiles and downloadFiles are its files service.
- * Paths are the workdir's real, absolute ones (workdir) or relative to it; the model is
- * best told the workdir, which is also every command's working directory.
+ * Paths are absolute ones beneath workdir, the workdir as the session's commands see it, or
+ * relative to it; the model is best told workdir, which is also every command's working
+ * directory, so execute and the file tools name the same files in every containment class.
  */
 export class RoostSandbox extends BaseSandbox {
   private readonly timeout: number;
@@ -40,9 +41,13 @@ export class RoostSandbox extends BaseSandbox {
     return this.session.id;
   }
 
-  /** The session's workdir, the directory the agent's paths are best given in. */
+  /**
+   * The session's workdir as its commands see it (/work in a sealed session, the host's path
+   * otherwise): the directory the agent's paths are best given in, and every command's
+   * working directory. A roostd from before it told this tells the host's path.
+   */
   get workdir(): string {
-    return this.session.record.workdir;
+    return this.session.record.sessionWorkdir || this.session.record.workdir;
   }
 
   /**

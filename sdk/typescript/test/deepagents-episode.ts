@@ -1,7 +1,8 @@
 // A deepagents agent whose backend is a roost session: run by test/e2e/deepagents_test.go,
 // which starts roostd, the session (ROOST_SESSION, on ROOST_SOCKET) and the scripted model
-// behind the session's gateway, and checks what this prints (the tools' results and the
-// agent's last answer, one JSON line each) against what the session's workdir holds.
+// behind the session's gateway, and checks what this prints (the workdir it was told, the
+// tools' results and the agent's last answer, one JSON line each) against what the
+// session's workdir holds.
 import { ChatAnthropic } from "@langchain/anthropic";
 import { ToolMessage } from "@langchain/core/messages";
 import { createDeepAgent } from "deepagents";
@@ -20,6 +21,7 @@ const roost = Roost.connect({ socket: env("ROOST_SOCKET") });
 try {
   const session = await roost.sessions.get(env("ROOST_SESSION"));
   const sandbox = new RoostSandbox(session, { timeout: 60 });
+  console.log(JSON.stringify({ workdir: sandbox.workdir }));
   // The model client is the session's: its gateway's URL and its credential, which the
   // session's environment holds (inference.upstream), so roost meters the agent's calls.
   const gw = await session.exec(`printf '%s\\n' "$ANTHROPIC_BASE_URL" "$ANTHROPIC_API_KEY"`);

@@ -82,9 +82,14 @@ type Session struct {
 	MemoryLimitBytes int64 `protobuf:"varint,27,opt,name=memory_limit_bytes,json=memoryLimitBytes,proto3" json:"memory_limit_bytes,omitempty"`
 	// The labels given at stage (StageRequest.labels); empty for none. Set once, never
 	// changed afterwards; a child a session spawns has none of its parent's.
-	Labels        map[string]string `protobuf:"bytes,28,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Labels map[string]string `protobuf:"bytes,28,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The workdir's path as the session's own processes see it, which is the working
+	// directory of its program and of what Exec runs in it: /work in a sealed session's root,
+	// workdir itself otherwise. A client naming files to the session's commands names them
+	// here; the Files service takes paths relative to the workdir, whichever view.
+	SessionWorkdir string `protobuf:"bytes,29,opt,name=session_workdir,json=sessionWorkdir,proto3" json:"session_workdir,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Session) Reset() {
@@ -311,6 +316,13 @@ func (x *Session) GetLabels() map[string]string {
 		return x.Labels
 	}
 	return nil
+}
+
+func (x *Session) GetSessionWorkdir() string {
+	if x != nil {
+		return x.SessionWorkdir
+	}
+	return ""
 }
 
 // ExecRefusals counts the execs a session's exec allowlist refused: a program not on it, a
@@ -3870,7 +3882,7 @@ var File_roost_v1_session_proto protoreflect.FileDescriptor
 
 const file_roost_v1_session_proto_rawDesc = "" +
 	"\n" +
-	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9e\t\n" +
+	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc7\t\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
 	"\acapsule\x18\x02 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x12\x14\n" +
@@ -3905,7 +3917,8 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x04warm\x18\x19 \x01(\bR\x04warm\x129\n" +
 	"\fexec_refused\x18\x1a \x01(\v2\x16.roost.v1.ExecRefusalsR\vexecRefused\x12,\n" +
 	"\x12memory_limit_bytes\x18\x1b \x01(\x03R\x10memoryLimitBytes\x125\n" +
-	"\x06labels\x18\x1c \x03(\v2\x1d.roost.v1.Session.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\x1c \x03(\v2\x1d.roost.v1.Session.LabelsEntryR\x06labels\x12'\n" +
+	"\x0fsession_workdir\x18\x1d \x01(\tR\x0esessionWorkdir\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\f\n" +
