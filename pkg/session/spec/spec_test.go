@@ -78,3 +78,22 @@ func TestCommandInTheView(t *testing.T) {
 		t.Errorf("the record's command was changed: %q", rec.Command)
 	}
 }
+
+// A sealed session's commands see its workdir at /work, from the moment it is staged with a
+// sealed floor; every other class sees the host's path.
+func TestWorkdir(t *testing.T) {
+	for _, tc := range []struct {
+		declared, achieved, want string
+	}{
+		{"sealed", "", "/work"},
+		{"sealed", "sealed", "/work"},
+		{"advisory", "sealed", "/work"},
+		{"scoped", "scoped", "/srv/w"},
+		{"advisory", "", "/srv/w"},
+	} {
+		rec := &store.Record{Workdir: "/srv/w", Declared: tc.declared, Achieved: tc.achieved}
+		if got := Workdir(rec); got != tc.want {
+			t.Errorf("declared %s, achieved %q: Workdir %q, want %q", tc.declared, tc.achieved, got, tc.want)
+		}
+	}
+}
