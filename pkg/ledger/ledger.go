@@ -110,9 +110,9 @@ type Ledger struct {
 	funded map[string]*fundedDay
 	// low is signalled (without blocking) when an admission leaves less of the allowance
 	// than allow.Low, or one is refused at it.
-	low chan struct{}
-	lifetime  int64
-	day       window
+	low      chan struct{}
+	lifetime int64
+	day      window
 	// broken is set when a commit failed: memory is then ahead of the file, and the ledger
 	// refuses every admission rather than count what it cannot keep.
 	broken error
@@ -363,22 +363,22 @@ type Reservation struct {
 
 // Settlement is what one reservation was charged.
 type Settlement struct {
-	ReservationID string    `json:"reservation"`
-	SessionID     string    `json:"session_id"`
-	Capsule       string    `json:"capsule"`
-	RequestID     string    `json:"request_id,omitempty"`
-	Model         string    `json:"model,omitempty"`
-	Reserved      int64     `json:"reserved"`
-	InputTokens   int64     `json:"input_tokens"`
-	OutputTokens  int64     `json:"output_tokens"`
-	Charged       int64     `json:"charged"`
-	Reason        string    `json:"reason"`
-	Day           string    `json:"day"`
+	ReservationID string `json:"reservation"`
+	SessionID     string `json:"session_id"`
+	Capsule       string `json:"capsule"`
+	RequestID     string `json:"request_id,omitempty"`
+	Model         string `json:"model,omitempty"`
+	Reserved      int64  `json:"reserved"`
+	InputTokens   int64  `json:"input_tokens"`
+	OutputTokens  int64  `json:"output_tokens"`
+	Charged       int64  `json:"charged"`
+	Reason        string `json:"reason"`
+	Day           string `json:"day"`
 	// Funded is the UTC day whose fleet allowance admitted the reservation (fleet mode
 	// only): a call admitted before midnight and settled after is charged to the new day's
 	// window but was paid for from the old day's blocks.
-	Funded string `json:"funded,omitempty"`
-	At            time.Time `json:"at"`
+	Funded string    `json:"funded,omitempty"`
+	At     time.Time `json:"at"`
 }
 
 // Admission is one request for tokens.
