@@ -44,11 +44,7 @@ func (l *Ledger) SetAllowance(a Allowance) error {
 	same := l.allow.Day == a.Day && l.allow.Tokens == a.Tokens && l.allow.Low == a.Low
 	l.mu.Unlock()
 	if !same {
-		raw, err := json.Marshal(a)
-		if err != nil {
-			return err
-		}
-		err = l.db.Update(func(tx *bolt.Tx) error { return bucket(tx, bucketMeta).Put(keyAllowance, raw) })
+		err := l.db.Update(func(tx *bolt.Tx) error { return bucket(tx, bucketMeta).Put(keyAllowance, encodeAllowance(a)) })
 		if err != nil {
 			return fmt.Errorf("keeping the fleet allowance: %w", err)
 		}
@@ -61,6 +57,40 @@ func (l *Ledger) SetAllowance(a Allowance) error {
 	}
 	l.notify()
 	return nil
+}
+
+// ReduceAllowance lowers day's allowance by up to tokens, but never below what it has
+// funded (charged and reserved): at once for every admission after it, then in the file.
+// It returns by how much; 0 when the allowance in force is another day's. This is how a
+// fleet node takes back what it will return: no admission can take those tokens meanwhile.
+func (l *Ledger) ReduceAllowance(day string, tokens int64) (int64, error) {
+	if tokens <= 0 {
+		return 0, nil
+	}
+	l.mu.Lock()
+	if l.allow.Day != day {
+		l.mu.Unlock()
+		return 0, nil
+	}
+	f := l.fundedDayLoaded(day)
+	if f == nil {
+		l.mu.Unlock()
+		return 0, l.unreadErr(day)
+	}
+	cut := min(tokens, max(l.allow.Tokens-f.charged-f.reserved, 0))
+	l.allow.Tokens -= cut
+	a := l.allow
+	l.mu.Unlock()
+	if cut == 0 {
+		return 0, nil
+	}
+	err := l.db.Update(func(tx *bolt.Tx) error { return bucket(tx, bucketMeta).Put(keyAllowance, encodeAllowance(a)) })
+	if err != nil {
+		// Lower in memory than in the file is the safe way round; a restart reads the
+		// file, and the fleet node sets the allowance again from its blocks.
+		return cut, fmt.Errorf("keeping the fleet allowance: %w", err)
+	}
+	return cut, nil
 }
 
 // Funded reports a fleet node's day: the allowance in force, and what the reservations
@@ -124,6 +154,12 @@ func (l *Ledger) fundedDay(tx *bolt.Tx, day string) *fundedDay {
 
 func (l *Ledger) unreadErr(day string) error {
 	return fmt.Errorf("the spend ledger could not read what %s's fleet allowance funded: %w", day, errdefs.ErrUnavailable)
+}
+
+func encodeAllowance(a Allowance) []byte {
+	// An Allowance (a string and numbers) always marshals.
+	raw, _ := json.Marshal(a)
+	return raw
 }
 
 func getAllowance(meta *bolt.Bucket) (Allowance, error) {

@@ -166,3 +166,31 @@ func TestAllowanceBadInput(t *testing.T) {
 		t.Errorf("an allowance on a ledger not in fleet mode: %v", err)
 	}
 }
+
+// ReduceAllowance takes back no more than is free: what is charged and reserved stays
+// funded, and an allowance of another day is left alone.
+func TestReduceAllowance(t *testing.T) {
+	c := &clock{now: time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)}
+	path := filepath.Join(t.TempDir(), File)
+	l := openFleet(t, path, c)
+	register(t, l, "s", "", 0)
+	if err := l.SetAllowance(Allowance{Day: "2026-05-01", Tokens: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Admit(Admission{SessionID: "s", Tokens: 700}); err != nil {
+		t.Fatal(err)
+	}
+	if cut, err := l.ReduceAllowance("2026-04-30", 100); cut != 0 || err != nil {
+		t.Fatalf("another day's: cut %d, %v", cut, err)
+	}
+	if cut, err := l.ReduceAllowance("2026-05-01", 500); cut != 300 || err != nil {
+		t.Fatalf("cut %d (%v), want the 300 free", cut, err)
+	}
+	_, err := l.Admit(Admission{SessionID: "s", Tokens: 1})
+	refusal(t, err, LimitFleet)
+	l.Close()
+	l = openFleet(t, path, c)
+	if a, _, reserved, err := l.Funded("2026-05-01"); a.Tokens != 700 || reserved != 700 || err != nil {
+		t.Fatalf("after a restart: %+v, %d reserved, %v", a, reserved, err)
+	}
+}
