@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
-	"time"
 )
 
 // memStore is a linearizable Store in memory: every operation is decided under one lock,
@@ -18,6 +17,49 @@ type memStore struct {
 	watchers map[*memWatch]struct{}
 	// applied, when set, runs under the lock after every applied Txn: the invariant check.
 	applied func()
+	// late are Txns in flight whose sender was told of an error: each lands when its
+	// countdown of later operations on the store (anyone's) runs out.
+	late []lateTxn
+}
+
+type lateTxn struct {
+	cmps  []Cmp
+	then  []Op
+	after int
+}
+
+// deliverLate queues a Txn to land after that many more operations on the store.
+func (m *memStore) deliverLate(cmps []Cmp, then []Op, after int) {
+	m.mu.Lock()
+	m.late = append(m.late, lateTxn{cmps, then, after})
+	m.mu.Unlock()
+}
+
+// tick counts one operation down for every Txn in flight and lands those due, before the
+// operation is served. The caller holds m.mu.
+func (m *memStore) tick() {
+	kept := m.late[:0]
+	var due []lateTxn
+	for _, l := range m.late {
+		if l.after--; l.after <= 0 {
+			due = append(due, l)
+		} else {
+			kept = append(kept, l)
+		}
+	}
+	m.late = kept
+	for _, l := range due {
+		m.applyLocked(l.cmps, l.then)
+	}
+}
+
+// flush lands every Txn still in flight.
+func (m *memStore) flush() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for len(m.late) > 0 {
+		m.tick()
+	}
 }
 
 type memWatch struct {
@@ -36,6 +78,7 @@ func (m *memStore) Get(ctx context.Context, key string, prefix bool) ([]KV, int6
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.tick()
 	var out []KV
 	for k, kv := range m.kv {
 		if k == key || prefix && strings.HasPrefix(k, key) {
@@ -55,6 +98,11 @@ func (m *memStore) Txn(ctx context.Context, cmps []Cmp, then []Op) (bool, error)
 func (m *memStore) apply(cmps []Cmp, then []Op) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.tick()
+	return m.applyLocked(cmps, then)
+}
+
+func (m *memStore) applyLocked(cmps []Cmp, then []Op) bool {
 	for _, c := range cmps {
 		if m.kv[c.Key].ModRevision != c.ModRevision {
 			return false
@@ -125,8 +173,8 @@ func (m *memStore) value(key string) string {
 // Fault rates, each out of 1000 calls.
 type faultRates struct {
 	// Down: not applied, error. Lost: applied, the reply lost (error). Dup: delivered
-	// twice. Late: error at once, applied later (a write still in flight when the client
-	// gave up). GetFail: a read fails. WatchFail: a watch ends at once.
+	// twice. Late: error at once, applied after 1 to 8 more operations on the store (a
+	// write still in flight when the client gave up). GetFail: a read fails. WatchFail: a watch ends at once.
 	Down, Lost, Dup, Late, GetFail, WatchFail int
 }
 
@@ -141,16 +189,17 @@ type faulty struct {
 	rng   *rand.Rand
 	rates faultRates
 	off   bool
-	late  sync.WaitGroup
 }
 
-func (f *faulty) roll() (int, time.Duration) {
+// roll decides a call's fate (0 to 999: below a rate is its fault) and, for a late one,
+// after how many operations it lands.
+func (f *faulty) roll() (int, int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.off {
 		return 1000, 0
 	}
-	return f.rng.IntN(1000), time.Duration(f.rng.IntN(20_000)) * time.Microsecond
+	return f.rng.IntN(1000), 1 + f.rng.IntN(8)
 }
 
 func (f *faulty) setOff(off bool) {
@@ -170,7 +219,7 @@ func (f *faulty) Txn(ctx context.Context, cmps []Cmp, then []Op) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	r, delay := f.roll()
+	r, after := f.roll()
 	rt := f.rates
 	switch {
 	case r < rt.Down:
@@ -183,12 +232,7 @@ func (f *faulty) Txn(ctx context.Context, cmps []Cmp, then []Op) (bool, error) {
 		f.st.apply(cmps, then)
 		return ok, nil
 	case r < rt.Down+rt.Lost+rt.Dup+rt.Late:
-		f.late.Add(1)
-		go func() {
-			defer f.late.Done()
-			time.Sleep(delay)
-			f.st.apply(cmps, then)
-		}()
+		f.st.deliverLate(cmps, then, after)
 		return false, errFault
 	}
 	return f.st.apply(cmps, then), nil
