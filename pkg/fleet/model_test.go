@@ -185,12 +185,13 @@ func runModel(t *testing.T, seed uint64, rates faultRates) {
 			go func() {
 				defer wg.Done()
 				arng := rand.New(rand.NewPCG(seed, uint64(i*admitters+a+1000)))
+				var registered *ledger.Ledger
 				for !stop.Load() {
 					if n.paused.Load() {
 						time.Sleep(time.Millisecond)
 						continue
 					}
-					billed.Add(m.spendOnce(n, session, arng))
+					billed.Add(m.spendOnce(n, session, arng, &registered))
 				}
 			}()
 		}
@@ -293,8 +294,9 @@ func fastDir(t *testing.T) string {
 }
 
 // spendOnce admits one call on n and settles it (on whichever run of n is up by then),
-// returning what it was charged; 0 when refused.
-func (m *model) spendOnce(n *modelNode, session string, rng *rand.Rand) int64 {
+// returning what it was charged; 0 when refused. registered is the run of n the session
+// was last registered with.
+func (m *model) spendOnce(n *modelNode, session string, rng *rand.Rand, registered **ledger.Ledger) int64 {
 	n.mu.Lock()
 	up, alive := n.up, n.alive
 	n.mu.Unlock()
@@ -306,8 +308,11 @@ func (m *model) spendOnce(n *modelNode, session string, rng *rand.Rand) int64 {
 		return 0
 	}
 	led := n.led.Load()
-	if err := led.Register(ledger.Session{ID: session, Capsule: "c"}); err != nil {
-		return 0
+	if led != *registered {
+		if err := led.Register(ledger.Session{ID: session, Capsule: "c"}); err != nil {
+			return 0
+		}
+		*registered = led
 	}
 	changed := led.Changed()
 	want := 1 + rng.Int64N(m.call)
@@ -317,9 +322,11 @@ func (m *model) spendOnce(n *modelNode, session string, rng *rand.Rand) int64 {
 		if errors.As(err, &refusal) && refusal.Limit != ledger.LimitFleet {
 			m.fail("refused at " + refusal.Limit)
 		}
+		// A block taken (or a charge) changes the ledger; the timer only bounds the wait
+		// of an admitter whose node died meanwhile.
 		select {
 		case <-changed:
-		case <-time.After(2 * time.Millisecond):
+		case <-time.After(50 * time.Millisecond):
 		}
 		return 0
 	}
