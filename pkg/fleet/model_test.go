@@ -137,7 +137,7 @@ func (m *model) fail(msg string) { m.violation.CompareAndSwap(nil, &msg) }
 // admitter settled, and, nothing being lost, the ceiling is spent to within one call per
 // node. -fleet.seed=N runs one seed.
 func TestModel(t *testing.T) {
-	seeds := []uint64{1, 2, 3, 4}
+	seeds := []uint64{1, 2, 3, 4, 5, 6}
 	if *modelSeed != 0 {
 		seeds = []uint64{*modelSeed}
 	}

@@ -78,6 +78,10 @@ type Node struct {
 	pool        int64 // what the pool had left at the last read; -1 unknown
 	lastUsed    int64
 	usedSince   time.Time
+	// reported is what the node last wrote of its spend (day and tokens), beside a grant or
+	// return or on its own once it moved by a block's least.
+	reportedDay string
+	reported    int64
 	watchDay    string
 	watchCancel context.CancelFunc
 	watch       <-chan []KV
@@ -289,6 +293,12 @@ func (n *Node) look(ctx context.Context, today string) error {
 	if used != n.lastUsed {
 		n.lastUsed, n.usedSince = used, now
 	}
+	if n.reportedDay != today || used-n.reported >= n.cfg.MinBlock {
+		// A report only informs (spend --fleet, Forget's under-use): it compares nothing.
+		if _, err := n.txn(ctx, nil, []Op{n.report(today)}); err != nil {
+			return fmt.Errorf("reporting what this node spent: %w", err)
+		}
+	}
 	switch {
 	case granted > ceiling:
 		// The ceiling was lowered under what is granted: give back all that is free.
@@ -427,7 +437,11 @@ func (n *Node) dayCeiling(ctx context.Context, day string) (*KV, error) {
 }
 
 func (n *Node) report(day string) Op {
-	return Op{Key: n.k.node(day, n.cfg.Node), Value: encode(NodeReport{Spent: n.used(day)})}
+	used := n.used(day)
+	if day == n.today() {
+		n.reportedDay, n.reported = day, used
+	}
+	return Op{Key: n.k.node(day, n.cfg.Node), Value: encode(NodeReport{Spent: used})}
 }
 
 // errContended: the pool changed between the read and the Txn; read again.

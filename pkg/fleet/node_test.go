@@ -374,6 +374,8 @@ func TestForget(t *testing.T) {
 	if _, err := n.led.Admit(ledger.Admission{SessionID: "s", Tokens: 300}); err != nil {
 		t.Fatal(err)
 	}
+	// A report follows once the spend moved by a block's least (100 here).
+	waitFor(t, "a report of the spend", func() bool { return st.value(keys{DefaultPrefix}.node(day1, "n1")) == `{"spent":300}` })
 	held := n.Status().Held
 	n.crash()
 	ctx := context.Background()
@@ -386,6 +388,9 @@ func TestForget(t *testing.T) {
 		t.Fatal(err)
 	}
 	spent := before.Nodes[0].Spent
+	if spent != 300 {
+		t.Fatalf("ReadDay: the node spent %d, want the 300 it reported", spent)
+	}
 	if f.WrittenOff != held || f.Days[day1] != held || f.UnderUse != held-spent {
 		t.Fatalf("forgot %+v; the node held %d and said it spent %d", f, held, spent)
 	}
