@@ -75,9 +75,9 @@ type Node struct {
 	mu     sync.Mutex
 	status Status
 	// Everything below is the worker's alone.
-	pool        int64 // what the pool had left at the last read; -1 unknown
-	lastUsed    int64
-	usedSince   time.Time
+	pool      int64 // what the pool had left at the last read; -1 unknown
+	lastUsed  int64
+	usedSince time.Time
 	// reported is what the node last wrote of its spend (day and tokens), beside a grant or
 	// return or on its own once it moved by a block's least.
 	reportedDay string
