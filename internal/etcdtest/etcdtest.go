@@ -255,6 +255,7 @@ func pair(a, b *Member) [2]int {
 // put that client (and only it) on the far side of a partition.
 type Link struct {
 	scheme  string
+	members []*Member // bridges[i] goes to members[i]
 	bridges []*Bridge
 }
 
@@ -263,7 +264,7 @@ func (c *Cluster) Link(members ...*Member) *Link {
 	if len(members) == 0 {
 		members = c.members
 	}
-	l := &Link{scheme: c.scheme()}
+	l := &Link{scheme: c.scheme(), members: slices.Clone(members)}
 	for _, m := range members {
 		b, err := newBridge(m.clientAddr)
 		if err != nil {
@@ -328,13 +329,30 @@ func (m *Member) Stop(t testing.TB) {
 	}
 }
 
-// Kill stops the member at once, as a crash would: no leadership handed over, requests in
-// flight cut off. Its data stays for Restart.
+// Kill stops the member at once, as a crash would: every connection to it reset, requests
+// in flight cut off, no leadership handed over. Its data stays for Restart.
 func (m *Member) Kill(t testing.TB) {
 	t.Helper()
 	if e := m.take(); e != nil {
+		m.dropConnections()
 		e.Server.HardStop()
 		e.Close()
+	}
+}
+
+// dropConnections closes every bridged connection to the member: the cluster's, and those of
+// every link.
+func (m *Member) dropConnections() {
+	m.peer.DropConnections()
+	m.client.DropConnections()
+	m.c.mu.Lock()
+	defer m.c.mu.Unlock()
+	for _, l := range m.c.links {
+		for i, lm := range l.members {
+			if lm == m {
+				l.bridges[i].DropConnections()
+			}
+		}
 	}
 }
 
@@ -474,6 +492,7 @@ func (c *Cluster) close() {
 	for _, m := range c.members {
 		wg.Go(func() {
 			if e := m.take(); e != nil {
+				m.dropConnections()
 				e.Server.HardStop()
 				e.Close()
 			}

@@ -9,6 +9,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
 )
 
 // The harness's goroutines and every member's end with the test's cleanup.
@@ -152,7 +153,7 @@ func TestTLSClusterNeedsClientCertificate(t *testing.T) {
 	if _, err := c.Client(t).Put(ctx(t, 10*time.Second), "k", "v"); err != nil {
 		t.Fatal(err)
 	}
-	plain, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://" + c.Members()[0].Bridge().Addr()}})
+	plain, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://" + c.Members()[0].Bridge().Addr()}, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}

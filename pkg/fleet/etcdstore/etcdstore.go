@@ -71,6 +71,9 @@ func ParseEndpoints(list string) ([]string, error) {
 }
 
 func checkEndpoint(s string) error {
+	if !strings.Contains(s, "://") {
+		return fmt.Errorf("etcd endpoint %q: want a URL, http://host:port or https://host:port: %w", s, errdefs.ErrInvalidArgument)
+	}
 	u, err := url.Parse(s)
 	if err != nil {
 		return fmt.Errorf("etcd endpoint %q: %w: %w", s, errdefs.ErrInvalidArgument, err)
