@@ -476,7 +476,7 @@ func TestMinorityMemberRefusesTxn(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the majority's Txn: %v", err)
 	}
-	_, err = lonely.Txn(timeout(t, 3*time.Second), nil, []fleet.Op{put("pool", "minority")})
+	_, err = lonely.Txn(timeout(t, time.Second), nil, []fleet.Op{put("pool", "minority")})
 	if !errdefs.IsUnavailable(err) {
 		t.Fatalf("the cut-off member's Txn: %v, want unavailable", err)
 	}
