@@ -143,7 +143,7 @@ class UnixSocketTest(unittest.TestCase):
             with self.assertRaises(ValueError):
                 s.attach_exec("")
             with self.assertRaises(NotFoundError):
-                s.attach_exec("exec_nosuchexec").wait()
+                s.attach_exec("exec_000000000000").wait()
 
     def test_wait_returns_the_exit_code(self):
         with self.roost.sessions.create(capsule=self.d.capsule("three", "exit 3")) as s:

@@ -154,7 +154,7 @@ describe("roost over its unix socket", () => {
       assert.equal(seen.join(""), "two\n");
       assert.equal((await again.wait()).stdout, "one\ntwo\n");
       assert.throws(() => s.attachExec(""), TypeError);
-      await assert.rejects(s.attachExec("exec_nosuchexec").wait(), NotFoundError);
+      await assert.rejects(s.attachExec("exec_000000000000").wait(), NotFoundError);
     } finally {
       await s.remove({ force: true });
     }
