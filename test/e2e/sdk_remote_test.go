@@ -65,9 +65,10 @@ func TestSDKRemote(t *testing.T) {
 	env := []string{
 		"ROOST_SERVER=https://" + remoteAddr,
 		"ROOST_CA=" + filepath.Join(tlsDir, "ca.pem"),
-		"ROOST_CERT=" + filepath.Join(tlsDir, "acceptance.pem"), "ROOST_KEY=" + filepath.Join(tlsDir, "acceptance-key.pem"),
+		// certs init names the first client's files client.pem and client-key.pem.
+		"ROOST_CERT=" + filepath.Join(tlsDir, "client.pem"), "ROOST_KEY=" + filepath.Join(tlsDir, "client-key.pem"),
 		"ROOST_READER_CERT=" + filepath.Join(tlsDir, "auditor.pem"), "ROOST_READER_KEY=" + filepath.Join(tlsDir, "auditor-key.pem"),
-		"ROOST_OTHER_CERT=" + filepath.Join(otherDir, "acceptance.pem"), "ROOST_OTHER_KEY=" + filepath.Join(otherDir, "acceptance-key.pem"),
+		"ROOST_OTHER_CERT=" + filepath.Join(otherDir, "client.pem"), "ROOST_OTHER_KEY=" + filepath.Join(otherDir, "client-key.pem"),
 		"ROOST_CAPSULE=sdk-accept@0.1.0",
 	}
 	root := repoRoot()
@@ -100,14 +101,14 @@ func TestSDKRemote(t *testing.T) {
 		c := c
 		c.t = t
 		staged := strings.TrimSpace(d.in(t).ok("stage", "sdk-accept@0.1.0"))
-		if code, res := c.curl("acceptance", "/roost.v1.SessionService/Get", `{"id":"`+staged+`"}`); code != "200" || !strings.Contains(res.stdout, staged) {
+		if code, res := c.curl("client", "/roost.v1.SessionService/Get", `{"id":"`+staged+`"}`); code != "200" || !strings.Contains(res.stdout, staged) {
 			t.Errorf("Get as the operator: %s %+v", code, res)
 		}
 		// No certificate, or another CA's: refused at the handshake, so no status at all.
 		if code, res := c.curl("", "/roost.v1.SessionService/List", "{}"); code != "000" || res.code == 0 || strings.Contains(res.stdout, staged) {
 			t.Errorf("curl without a certificate: %s %+v", code, res)
 		}
-		if code, res := c.curl(filepath.Join(otherDir, "acceptance"), "/roost.v1.SessionService/List", "{}"); code != "000" || res.code == 0 || strings.Contains(res.stdout, staged) {
+		if code, res := c.curl(filepath.Join(otherDir, "client"), "/roost.v1.SessionService/List", "{}"); code != "000" || res.code == 0 || strings.Contains(res.stdout, staged) {
 			t.Errorf("curl with another CA's certificate: %s %+v", code, res)
 		}
 		if code, res := c.curl("auditor", "/roost.v1.SessionService/Get", `{"id":"`+staged+`"}`); code != "200" || !strings.Contains(res.stdout, staged) {

@@ -108,19 +108,19 @@ def main() -> int:
         def exec_stream():
             # The command prints the note, then waits for a file the client writes only once
             # it has seen that first chunk: exec cannot end unless its output came as a stream.
-            chunks = []
+            chunks, gate = [], []
 
             def on_stdout(data):
                 chunks.append(data)
-                if NOTE in "".join(chunks) and not s.files.exists("go"):
-                    s.files.write("go", "")
+                if NOTE in "".join(chunks) and not gate:
+                    gate.append(s.files.write("go", ""))
 
             r = s.exec("cat note.txt; while [ ! -e go ]; do sleep 0.05; done; echo done", timeout=120, on_stdout=on_stdout)
             check(r.exit_code == 0, f"{r.detail}: {r.stderr}")
             check(r.stdout == NOTE + "done\n", f"stdout {r.stdout!r}")
             check("".join(chunks) == r.stdout, f"chunks {chunks!r}")
             check(len(chunks) >= 2, f"the output came in {len(chunks)} chunk(s)")
-            return {"chunks": chunks, "stdout": r.stdout, "exitCode": r.exit_code, "firstChunkBeforeEnd": s.files.exists("go")}
+            return {"chunks": chunks, "stdout": r.stdout, "exitCode": r.exit_code, "firstChunkBeforeEnd": bool(gate)}
 
         step("exec-stream", exec_stream)
 

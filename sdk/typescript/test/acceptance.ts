@@ -216,6 +216,7 @@ async function main(): Promise<void> {
   }
 }
 
-main().catch(() => {
+main().catch((err) => {
+  console.error(err);
   process.exitCode = 1;
 });
