@@ -28,10 +28,16 @@ type remoteClient struct {
 // run runs argv in the client's namespace and returns its output and exit code.
 func (c remoteClient) run(argv ...string) result {
 	c.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	return c.runWithin(60*time.Second, nil, argv...)
+}
+
+// runWithin is run with env added to the environment, killed after timeout.
+func (c remoteClient) runWithin(timeout time.Duration, env []string, argv ...string) result {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + c.ns, "--"}, argv...)...)
-	cmd.Dir = repoRoot()
+	cmd.Dir, cmd.Env = repoRoot(), append(os.Environ(), env...)
 	var out, errOut strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
@@ -64,14 +70,18 @@ func (c remoteClient) ok(args ...string) string {
 	return res.stdout
 }
 
-// curl POSTs body to method as Connect's JSON with the certificate named (none for "");
-// it returns the HTTP status (0 when no answer came) and the body.
+// curl POSTs body to method as Connect's JSON with the certificate named (none for "": in
+// tlsDir, or an absolute path without .pem); it returns the HTTP status (0 when no answer
+// came) and the body.
 func (c remoteClient) curl(cert, method, body string) (string, result) {
 	c.t.Helper()
 	argv := []string{"curl", "-sS", "--max-time", "10", "--noproxy", "*", "--cacert", filepath.Join(c.tlsDir, "ca.pem"), "-o", "-", "-w", "\n%{http_code}",
 		"-H", "Content-Type: application/json", "-d", body}
 	if cert != "" {
-		argv = append(argv, "--cert", filepath.Join(c.tlsDir, cert+".pem"), "--key", filepath.Join(c.tlsDir, cert+"-key.pem"))
+		if !filepath.IsAbs(cert) {
+			cert = filepath.Join(c.tlsDir, cert)
+		}
+		argv = append(argv, "--cert", cert+".pem", "--key", cert+"-key.pem")
 	}
 	res := c.run(append(argv, "https://"+remoteAddr+method)...)
 	out, code, _ := cutLast(res.stdout, "\n")
@@ -79,38 +89,30 @@ func (c remoteClient) curl(cert, method, body string) (string, result) {
 	return code, res
 }
 
-func cutLast(s, sep string) (string, string, bool) {
-	if i := strings.LastIndex(s, sep); i >= 0 {
-		return s[:i], s[i+len(sep):], true
+// certsInit makes a CA and certificates in dir with roostctl certs init, the server's for
+// the listener's address and one for each client (NAME or NAME:ROLE); it returns what
+// certs init printed.
+func certsInit(t *testing.T, dir string, clients ...string) string {
+	t.Helper()
+	argv := []string{"certs", "init", dir, "--server-name", daemonAddr}
+	for _, c := range clients {
+		argv = append(argv, "--client", c)
 	}
-	return s, "", false
+	out, err := exec.Command(filepath.Join(binDir, "roostctl"), argv...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("roostctl %s: %v\n%s", strings.Join(argv, " "), err, out)
+	}
+	return string(out)
 }
 
-// roostd's remote listener, from another network namespace over mTLS: roostctl --server
-// runs a capsule through it, curl reads the API as Connect's JSON, and a client without a
-// certificate, with another CA's, with a name not listed, or a reader calling Kill, is
-// refused with the code that says why.
-func TestRemoteListener(t *testing.T) {
-	n := newTestNet(t)
-	work := t.TempDir()
-	tlsDir, otherDir := filepath.Join(work, "tls"), filepath.Join(work, "other")
-	init := exec.Command(filepath.Join(binDir, "roostctl"), "certs", "init", tlsDir, "--server-name", daemonAddr,
-		"--client", "ci-bot", "--client", "dashboard:reader", "--client", "stranger")
-	out, err := init.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "{common_name: dashboard, role: reader}") {
-		t.Fatalf("certs init: %v\n%s", err, out)
-	}
-	if out, err := exec.Command(filepath.Join(binDir, "roostctl"), "certs", "init", otherDir, "--server-name", daemonAddr, "--client", "ci-bot").CombinedOutput(); err != nil {
-		t.Fatalf("certs init (another CA): %v\n%s", err, out)
-	}
+// startRemote starts roostd in the test network's daemon namespace with its remote
+// listener on remoteAddr, serving tlsDir's certificates (certsInit's) to the clients its
+// CA signed that clients (remote.clients' YAML list items) names.
+func startRemote(t *testing.T, n *testNet, tlsDir, clients string) *daemon {
+	t.Helper()
 	// The config lists the clients; its listen is overridden by the flags, as are the files.
-	cfg := filepath.Join(work, "roostd.yaml")
-	if err := os.WriteFile(cfg, []byte(`remote:
-  listen: 127.0.0.1:1
-  clients:
-    - {common_name: ci-bot, role: operator}
-    - {common_name: dashboard, role: reader}
-`), 0o644); err != nil {
+	cfg := filepath.Join(t.TempDir(), "roostd.yaml")
+	if err := os.WriteFile(cfg, []byte("remote:\n  listen: 127.0.0.1:1\n  clients:\n"+clients), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	d := &daemon{t: t, netns: n.daemon}
@@ -132,6 +134,29 @@ func TestRemoteListener(t *testing.T) {
 	if !strings.Contains(d.log.String(), "serving the control API over TCP") || !strings.Contains(d.log.String(), "addr="+remoteAddr) {
 		t.Fatalf("roostd's log does not say the listener serves:\n%s", d.log)
 	}
+	return d
+}
+
+func cutLast(s, sep string) (string, string, bool) {
+	if i := strings.LastIndex(s, sep); i >= 0 {
+		return s[:i], s[i+len(sep):], true
+	}
+	return s, "", false
+}
+
+// roostd's remote listener, from another network namespace over mTLS: roostctl --server
+// runs a capsule through it, curl reads the API as Connect's JSON, and a client without a
+// certificate, with another CA's, with a name not listed, or a reader calling Kill, is
+// refused with the code that says why.
+func TestRemoteListener(t *testing.T) {
+	n := newTestNet(t)
+	work := t.TempDir()
+	tlsDir, otherDir := filepath.Join(work, "tls"), filepath.Join(work, "other")
+	if out := certsInit(t, tlsDir, "ci-bot", "dashboard:reader", "stranger"); !strings.Contains(out, "{common_name: dashboard, role: reader}") {
+		t.Fatalf("certs init does not list the reader:\n%s", out)
+	}
+	certsInit(t, otherDir, "ci-bot")
+	d := startRemote(t, n, tlsDir, "    - {common_name: ci-bot, role: operator}\n    - {common_name: dashboard, role: reader}\n")
 	c := remoteClient{t: t, ns: n.inet, tlsDir: tlsDir}
 
 	t.Run("roostctl runs a capsule", func(t *testing.T) {

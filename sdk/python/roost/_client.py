@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Optional, Sequence, Union
+from typing import Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import grpc
 from google.protobuf import duration_pb2
@@ -48,6 +49,21 @@ def _pem(what: str, value: Optional[Pem]) -> bytes:
             return f.read()
     except OSError as err:
         raise ValueError(f"Roost.connect: {what}: {err}") from None
+
+
+def _streamed(fn: Optional[Callable[[str], None]]) -> Callable[[bytes], None]:
+    """A callback of text over one stream's bytes: a character split between two chunks is
+    passed whole, with the second."""
+    if fn is None:
+        return lambda chunk: None
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(chunk: bytes) -> None:
+        data = decoder.decode(chunk)
+        if data:
+            fn(data)
+
+    return feed
 
 
 def _duration(seconds: float) -> duration_pb2.Duration:
@@ -264,12 +280,17 @@ class Session:
         cwd: str = "",
         stdin: Union[str, bytes, None] = None,
         background: bool = False,
+        on_stdout: Optional[Callable[[str], None]] = None,
+        on_stderr: Optional[Callable[[str], None]] = None,
     ) -> Union[ExecResult, "ExecHandle"]:
         """Run a command in the running session, with exactly its containment.
 
         A string is run by /bin/sh -c (which the capsule's exec allowlist must let run); a
         list is argv. ``timeout`` is in seconds: past it roostd kills the command and
         DeadlineExceededError is raised. A non-zero exit is a result, not an error.
+
+        ``on_stdout`` and ``on_stderr`` are called with the command's output as it arrives,
+        chunk by chunk, before exec returns.
 
         With ``background`` it returns an ExecHandle once the command has started, and the
         command runs on, its output kept in the session's records; it reads no stdin, and
@@ -296,6 +317,7 @@ class Session:
 
         out, err, both = bytearray(), bytearray(), bytearray()
         exec_id, exit_msg = "", None
+        stdout_cb, stderr_cb = _streamed(on_stdout), _streamed(on_stderr)
         with _rpc():
             for r in self._rpc.Exec(requests(), timeout=timeout):
                 kind = r.WhichOneof("msg")
@@ -304,9 +326,11 @@ class Session:
                 elif kind == "stdout":
                     out += r.stdout
                     both += r.stdout
+                    stdout_cb(r.stdout)
                 elif kind == "stderr":
                     err += r.stderr
                     both += r.stderr
+                    stderr_cb(r.stderr)
                 elif kind == "exit":
                     exit_msg = r.exit
         if background and (exec_id or exit_msg is not None):
@@ -325,6 +349,14 @@ class Session:
             detail=exit_msg.detail,
             exec_id=exec_id,
         )
+
+    def attach_exec(self, exec_id: str) -> "ExecHandle":
+        """A handle on one of the session's background execs by its id (an ExecHandle's
+        exec_id, one of execs(), or one another client started): its wait re-attaches to the
+        command's output, from an offset when given, and follows it to its end."""
+        if not exec_id:
+            raise ValueError("attach_exec: the exec's id is required")
+        return ExecHandle(self._roost, self.id, exec_id, None)
 
     def execs(self) -> list[session_pb2.ExecInfo]:
         """The session's background execs, live and ended, oldest first."""
@@ -406,19 +438,39 @@ class ExecHandle:
     def __repr__(self) -> str:
         return f"ExecHandle({self.session_id!r}, {self.exec_id!r})"
 
-    def wait(self) -> ExecResult:
+    def wait(
+        self,
+        on_stdout: Optional[Callable[[str], None]] = None,
+        on_stderr: Optional[Callable[[str], None]] = None,
+        stdout_offset: int = 0,
+        stderr_offset: int = 0,
+    ) -> ExecResult:
         """Block until the command has ended; what exec returns: its exit and all its output
-        the records kept."""
+        the records kept.
+
+        It attaches to the command's output, so ``on_stdout`` and ``on_stderr`` see it as it
+        is written. ``stdout_offset`` and ``stderr_offset`` resume: only each stream's bytes
+        from that offset on (the bytes of it already received), in the result too.
+        """
         if self._refused is not None:
             return self._refused
         out, err, both = bytearray(), bytearray(), bytearray()
         exit_msg = None
-        req = session_pb2.AttachExecRequest(id=self.session_id, exec_id=self.exec_id, follow=True)
+        stdout_cb, stderr_cb = _streamed(on_stdout), _streamed(on_stderr)
+        req = session_pb2.AttachExecRequest(
+            id=self.session_id,
+            exec_id=self.exec_id,
+            follow=True,
+            stdout_offset=stdout_offset,
+            stderr_offset=stderr_offset,
+        )
         with _rpc():
             for r in self._roost._sessions.AttachExec(req):
                 if r.WhichOneof("msg") == "output":
-                    (err if r.output.stream == "stderr" else out).extend(r.output.data)
+                    is_err = r.output.stream == "stderr"
+                    (err if is_err else out).extend(r.output.data)
                     both.extend(r.output.data)
+                    (stderr_cb if is_err else stdout_cb)(r.output.data)
                 elif r.WhichOneof("msg") == "exit":
                     exit_msg = r.exit
         if exit_msg is None:

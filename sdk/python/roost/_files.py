@@ -108,6 +108,15 @@ class Files:
         with self._rpc():
             return self._stub.UploadTree(requests())
 
+    def archive(self, path: str = ".") -> Iterator[bytes]:
+        """The workdir's entry ``path`` (a directory's tree, or one file; the whole workdir by
+        default) as a tar stream, chunk by chunk as roostd writes it: directories, regular
+        files and symlinks, named relative to the directory (its own entry left out), or one
+        file by its base name. Its file data are bounded by resources.workdir_max_bytes."""
+        with self._rpc():
+            for r in self._stub.DownloadTree(files_pb2.DownloadTreeRequest(session=self._session, path=path)):
+                yield r.data
+
     def download(self, path: str, local_dir: Union[str, os.PathLike]) -> None:
         """Copy the workdir's entry ``path`` (a directory's tree, or one file) into
         ``local_dir`` (made when missing). Only directories, regular files and symlinks are

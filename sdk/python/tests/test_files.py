@@ -86,6 +86,30 @@ class FilesTest(unittest.TestCase):
         finally:
             shutil.rmtree(local)
 
+    def test_archive_is_a_tar_stream(self):
+        f = self.s.files
+        f.mkdir("arch/sub", parents=True)
+        f.write("arch/sub/a.txt", "in the archive\n")
+        big = bytes(i % 253 for i in range(600_000))
+        f.write("arch/big.bin", big)
+        chunks = list(f.archive("arch"))
+        # Streamed, not sent whole: more than roostd's one piece of an archive.
+        self.assertGreater(len(chunks), 1)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks)), mode="r:") as tar:
+            members = {m.name: m for m in tar}
+            self.assertEqual(sorted(members), ["big.bin", "sub", "sub/a.txt"])
+            self.assertTrue(members["sub"].isdir())
+            self.assertEqual(tar.extractfile(members["sub/a.txt"]).read(), b"in the archive\n")
+            self.assertEqual(tar.extractfile(members["big.bin"]).read(), big)
+        # The whole workdir by default; a path roostd refuses is its error, at the first read.
+        with tarfile.open(fileobj=io.BytesIO(b"".join(f.archive())), mode="r:") as tar:
+            self.assertIn("arch/sub/a.txt", tar.getnames())
+        with self.assertRaises(InvalidArgumentError):
+            list(f.archive("../etc"))
+        with self.assertRaises(NotFoundError):
+            list(f.archive("nope"))
+        f.remove("arch", recursive=True)
+
     def test_download_keeps_links_as_links_and_no_setuid(self):
         r = self.s.exec("mkdir -p trap && ln -sfn /tmp trap/out && printf x > trap/prog && chmod 4755 trap/prog")
         self.assertEqual(r.exit_code, 0, r.stderr)

@@ -110,6 +110,41 @@ class UnixSocketTest(unittest.TestCase):
             with self.assertRaises(FailedPreconditionError):
                 refused.kill()
 
+    def test_exec_streams_its_output(self):
+        with self.roost.sessions.create(capsule=self.d.capsule("streamed", "sleep 300")) as s:
+            # The command ends only once the caller has seen its first line: had exec kept the
+            # output until the command's end, it would run into its timeout instead.
+            seen = []
+
+            def on_stdout(data):
+                seen.append(data)
+                if "ready" in data and not s.files.exists("go"):
+                    s.files.write("go", "")
+
+            r = s.exec("echo ready; echo warn >&2; while [ ! -e go ]; do sleep 0.05; done; echo done",
+                       timeout=60, on_stdout=on_stdout, on_stderr=lambda data: seen.append("err:" + data))
+            self.assertEqual(r.exit_code, 0, r.stderr)
+            self.assertEqual(r.stdout, "ready\ndone\n")
+            self.assertEqual("".join(x for x in seen if not x.startswith("err:")), r.stdout)
+            self.assertEqual([x for x in seen if x.startswith("err:")], ["err:warn\n"])
+
+    def test_background_exec_reattached_from_an_offset(self):
+        with self.roost.sessions.create(capsule=self.d.capsule("reattach", "sleep 300")) as s:
+            h = s.exec("echo one; while [ ! -e go ]; do sleep 0.05; done; echo two; echo bad >&2; exit 5", background=True)
+            # exec returned while the command waits: it runs on, detached.
+            self.assertEqual([x.state for x in s.execs() if x.exec_id == h.exec_id], ["running"])
+            s.files.write("go", "")
+            again = s.attach_exec(h.exec_id)
+            seen = []
+            r = again.wait(stdout_offset=len(b"one\n"), on_stdout=seen.append)
+            self.assertEqual((r.exit_code, r.stdout, r.stderr), (5, "two\n", "bad\n"))
+            self.assertEqual("".join(seen), "two\n")
+            self.assertEqual(again.wait().stdout, "one\ntwo\n")
+            with self.assertRaises(ValueError):
+                s.attach_exec("")
+            with self.assertRaises(NotFoundError):
+                s.attach_exec("exec_000000000000").wait()
+
     def test_wait_returns_the_exit_code(self):
         with self.roost.sessions.create(capsule=self.d.capsule("three", "exit 3")) as s:
             ended = s.wait()

@@ -120,6 +120,22 @@ export class Files {
   }
 
   /**
+   * archive is the workdir's entry `from` (a directory's tree, or one file; the whole workdir
+   * by default) as a tar stream, chunk by chunk as roostd writes it: directories, regular
+   * files and symlinks, named relative to the directory (its own entry left out), or one
+   * file by its base name. Its file data are bounded by resources.workdir_max_bytes.
+   */
+  async *archive(from = "."): AsyncGenerator<Uint8Array> {
+    try {
+      for await (const r of this.rpc.downloadTree({ session: this.session, path: from })) {
+        yield r.data;
+      }
+    } catch (err) {
+      throw fromConnect(err);
+    }
+  }
+
+  /**
    * download copies the workdir's entry `from` (a directory's tree, or one file) into the
    * local directory `localDir` (made when missing), with the system's tar, which keeps
    * names that are absolute or climb out with ".." inside it, and its links from leading

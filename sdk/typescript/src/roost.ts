@@ -50,6 +50,25 @@ export interface ExecOptions {
    * timeout does not apply.
    */
   background?: boolean;
+  /** Called with the command's stdout as it arrives, chunk by chunk, before exec returns. */
+  onStdout?: (data: string) => void;
+  /** Called with the command's stderr as it arrives. */
+  onStderr?: (data: string) => void;
+}
+
+/** How ExecHandle.wait reads a background exec's output. */
+export interface AttachOptions {
+  /** Called with its stdout as the records give it, then as it is written. */
+  onStdout?: (data: string) => void;
+  /** Called with its stderr, likewise. */
+  onStderr?: (data: string) => void;
+  /**
+   * Resume: only stdout from this byte offset on (the bytes of stdout already received, as
+   * Buffer.byteLength counts them); the result's stdout then begins there too.
+   */
+  stdoutOffset?: number;
+  /** Resume: only stderr from this byte offset on. */
+  stderrOffset?: number;
 }
 
 export interface ExecResult {
@@ -261,6 +280,8 @@ export class Session {
     const err: Uint8Array[] = [];
     const both: Uint8Array[] = [];
     const res: ExecResult = { exitCode: -1, stdout: "", stderr: "", output: "", detail: "", execId: "" };
+    const onStdout = streamed(opts.onStdout);
+    const onStderr = streamed(opts.onStderr);
     let exited = false;
     try {
       for await (const r of this.rpc.exec(requests(), { timeoutMs: opts.timeout })) {
@@ -271,10 +292,12 @@ export class Session {
           case "stdout":
             out.push(r.msg.value);
             both.push(r.msg.value);
+            onStdout(r.msg.value);
             break;
           case "stderr":
             err.push(r.msg.value);
             both.push(r.msg.value);
+            onStderr(r.msg.value);
             break;
           case "exit":
             res.exitCode = r.msg.value.exitCode;
@@ -297,6 +320,18 @@ export class Session {
     res.stderr = text(err);
     res.output = text(both);
     return res;
+  }
+
+  /**
+   * attachExec is a handle on one of the session's background execs by its id (an
+   * ExecHandle's execId, one of execs(), or one another client started): its wait re-attaches
+   * to the command's output, from an offset when given, and follows it to its end.
+   */
+  attachExec(execId: string): ExecHandle {
+    if (!execId) {
+      throw new TypeError("attachExec: the exec's id is required");
+    }
+    return new ExecHandle(this.roost, this.id, execId);
   }
 
   /** execs is the session's background execs, live and ended, oldest first. */
@@ -385,9 +420,10 @@ export class ExecHandle {
 
   /**
    * wait blocks until the command has ended and returns what exec returns: its exit and all
-   * its output the records kept.
+   * its output the records kept (from the offsets given on). It attaches to the command's
+   * output, so onStdout and onStderr see it as it is written.
    */
-  async wait(): Promise<ExecResult> {
+  async wait(opts: AttachOptions = {}): Promise<ExecResult> {
     if (this.refused) {
       return this.refused;
     }
@@ -395,12 +431,23 @@ export class ExecHandle {
     const err: Uint8Array[] = [];
     const both: Uint8Array[] = [];
     const res: ExecResult = { exitCode: -1, stdout: "", stderr: "", output: "", detail: "", execId: this.execId };
+    const onStdout = streamed(opts.onStdout);
+    const onStderr = streamed(opts.onStderr);
     let exited = false;
+    const req = {
+      id: this.sessionId,
+      execId: this.execId,
+      follow: true,
+      stdoutOffset: BigInt(opts.stdoutOffset ?? 0),
+      stderrOffset: BigInt(opts.stderrOffset ?? 0),
+    };
     try {
-      for await (const r of this.roost.rpc.sessions.attachExec({ id: this.sessionId, execId: this.execId, follow: true })) {
+      for await (const r of this.roost.rpc.sessions.attachExec(req)) {
         if (r.msg.case === "output") {
-          (r.msg.value.stream === "stderr" ? err : out).push(r.msg.value.data);
+          const stderr = r.msg.value.stream === "stderr";
+          (stderr ? err : out).push(r.msg.value.data);
           both.push(r.msg.value.data);
+          (stderr ? onStderr : onStdout)(r.msg.value.data);
         } else if (r.msg.case === "exit") {
           res.exitCode = r.msg.value.exitCode;
           res.detail = r.msg.value.detail;
@@ -426,6 +473,23 @@ export class ExecHandle {
     }
     return (await wrap(() => this.roost.rpc.sessions.killExec({ id: this.sessionId, execId: this.execId, signal }))).exec!;
   }
+}
+
+/**
+ * streamed is a callback of text over one stream's bytes: a character split between two
+ * chunks is passed whole, with the second.
+ */
+function streamed(fn: ((data: string) => void) | undefined): (chunk: Uint8Array) => void {
+  if (!fn) {
+    return () => {};
+  }
+  const decoder = new TextDecoder("utf-8");
+  return (chunk) => {
+    const data = decoder.decode(chunk, { stream: true });
+    if (data !== "") {
+      fn(data);
+    }
+  };
 }
 
 function text(chunks: Uint8Array[]): string {

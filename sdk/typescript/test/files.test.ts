@@ -5,6 +5,7 @@ import { tmpdir } from "node:os";
 import * as path from "node:path";
 import { FileType, InvalidArgumentError, NotFoundError, FailedPreconditionError, Roost, type Session } from "../src/index.js";
 import { Daemon } from "./daemon.js";
+import { readTar } from "./tar.js";
 
 let d: Daemon;
 let roost: Roost;
@@ -81,3 +82,34 @@ test("upload and download a tree", async () => {
     rmSync(local, { recursive: true, force: true });
   }
 });
+
+test("archive is a workdir's tree as a tar stream", async () => {
+  await s.files.mkdir("arch/sub", { parents: true });
+  await s.files.write("arch/sub/a.txt", "in the archive\n");
+  const big = new Uint8Array(600_000).map((_, i) => i % 253);
+  await s.files.write("arch/big.bin", big);
+  const chunks: Uint8Array[] = [];
+  for await (const c of s.files.archive("arch")) {
+    chunks.push(c);
+  }
+  // Streamed, not sent whole: more than roostd's one piece of an archive.
+  assert.ok(chunks.length > 1, `${chunks.length} chunk(s)`);
+  const entries = readTar(Buffer.concat(chunks));
+  assert.deepEqual(entries.map((e) => `${e.type} ${e.name}`).sort(), ["0 big.bin", "0 sub/a.txt", "5 sub/"]);
+  assert.equal(Buffer.from(entries.find((e) => e.name === "sub/a.txt")!.data).toString(), "in the archive\n");
+  assert.deepEqual(new Uint8Array(entries.find((e) => e.name === "big.bin")!.data), big);
+  // The whole workdir by default; a path roostd refuses is its error, at the first read.
+  const all = readTar(Buffer.concat(await collect(s.files.archive())));
+  assert.ok(all.some((e) => e.name === "arch/sub/a.txt"), all.map((e) => e.name).join(" "));
+  await assert.rejects(collect(s.files.archive("../etc")), InvalidArgumentError);
+  await assert.rejects(collect(s.files.archive("nope")), NotFoundError);
+  await s.files.remove("arch", { recursive: true });
+});
+
+async function collect(it: AsyncIterable<Uint8Array>): Promise<Uint8Array[]> {
+  const out: Uint8Array[] = [];
+  for await (const c of it) {
+    out.push(c);
+  }
+  return out;
+}

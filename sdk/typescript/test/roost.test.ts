@@ -113,6 +113,53 @@ describe("roost over its unix socket", () => {
     }
   });
 
+  test("exec streams its output as it is written", async () => {
+    const s = await roost.sessions.create({ capsule: d.capsule("streamed", "sleep 300") });
+    try {
+      // The command ends only once the caller has seen its first line: had exec kept the
+      // output until the command's end, it would run into its timeout instead.
+      const seen: string[] = [];
+      let go: Promise<unknown> | undefined;
+      const r = await s.exec("echo ready; echo warn >&2; while [ ! -e go ]; do sleep 0.05; done; echo done", {
+        timeout: 60_000,
+        onStdout: (data) => {
+          seen.push(data);
+          if (data.includes("ready")) {
+            go ??= s.files.write("go", "");
+          }
+        },
+        onStderr: (data) => seen.push(`err:${data}`),
+      });
+      await go;
+      assert.equal(r.exitCode, 0, r.stderr);
+      assert.equal(r.stdout, "ready\ndone\n");
+      assert.equal(seen.filter((x) => !x.startsWith("err:")).join(""), r.stdout);
+      assert.deepEqual(seen.filter((x) => x.startsWith("err:")), ["err:warn\n"]);
+    } finally {
+      await s.remove({ force: true });
+    }
+  });
+
+  test("a background exec re-attached from an offset", async () => {
+    const s = await roost.sessions.create({ capsule: d.capsule("reattach", "sleep 300") });
+    try {
+      const h = await s.exec("echo one; while [ ! -e go ]; do sleep 0.05; done; echo two; echo bad >&2; exit 5", { background: true });
+      // exec returned while the command waits: it runs on, detached.
+      assert.equal((await s.execs()).find((x) => x.execId === h.execId)?.state, "running");
+      await s.files.write("go", "");
+      const again = s.attachExec(h.execId);
+      const seen: string[] = [];
+      const r = await again.wait({ stdoutOffset: Buffer.byteLength("one\n"), onStdout: (data) => seen.push(data) });
+      assert.deepEqual([r.exitCode, r.stdout, r.stderr], [5, "two\n", "bad\n"]);
+      assert.equal(seen.join(""), "two\n");
+      assert.equal((await again.wait()).stdout, "one\ntwo\n");
+      assert.throws(() => s.attachExec(""), TypeError);
+      await assert.rejects(s.attachExec("exec_000000000000").wait(), NotFoundError);
+    } finally {
+      await s.remove({ force: true });
+    }
+  });
+
   test("wait returns the program's exit code", async () => {
     const s = await roost.sessions.create({ capsule: d.capsule("three", "exit 3") });
     const ended = await s.wait();
