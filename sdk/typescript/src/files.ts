@@ -120,6 +120,37 @@ export class Files {
   }
 
   /**
+   * unpack writes a tar archive's entries (its bytes, whole) into the workdir's directory
+   * `to` (made when missing), as upload does a local directory's.
+   */
+  async unpack(archive: Uint8Array, to = "."): Promise<UploadTreeResponse> {
+    const session = this.session;
+    async function* requests() {
+      yield { part: { case: "header" as const, value: { session, path: to } } };
+      for (const c of chunks(archive)) {
+        yield { part: { case: "data" as const, value: c } };
+      }
+    }
+    return wrap(() => this.rpc.uploadTree(requests()));
+  }
+
+  /**
+   * archive is a tar archive of the workdir's entry `from` (a directory's tree, or one file;
+   * "" is the whole workdir), its names relative to it, as download unpacks it.
+   */
+  async archive(from = ""): Promise<Uint8Array> {
+    const parts: Uint8Array[] = [];
+    try {
+      for await (const r of this.rpc.downloadTree({ session: this.session, path: from })) {
+        parts.push(r.data);
+      }
+    } catch (err) {
+      throw fromConnect(err);
+    }
+    return Buffer.concat(parts);
+  }
+
+  /**
    * download copies the workdir's entry `from` (a directory's tree, or one file) into the
    * local directory `localDir` (made when missing), with the system's tar, which keeps
    * names that are absolute or climb out with ".." inside it, and its links from leading
