@@ -424,7 +424,7 @@ class RoostEditor implements Editor {
     const rel = this.s.relative(op.path);
     await this.s.mkdirFor(rel);
     await this.s.session.files.write(rel, applyDiff("", op.diff, "create"));
-    return {};
+    return { output: `Created ${op.path}` };
   }
 
   async updateFile(op: Extract<ApplyPatchOperation, { type: "update_file" }>): Promise<ApplyPatchResult> {
@@ -435,13 +435,14 @@ class RoostEditor implements Editor {
     await this.s.session.files.write(to, next);
     if (to !== rel) {
       await this.s.session.files.remove(rel);
+      return { output: `Updated ${op.path} and moved it to ${op.moveTo}` };
     }
-    return {};
+    return { output: `Updated ${op.path}` };
   }
 
   async deleteFile(op: Extract<ApplyPatchOperation, { type: "delete_file" }>): Promise<ApplyPatchResult> {
     await this.s.session.files.remove(this.s.relative(op.path));
-    return {};
+    return { output: `Deleted ${op.path}` };
   }
 }
 

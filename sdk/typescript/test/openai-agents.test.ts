@@ -89,11 +89,13 @@ describe("the OpenAI Agents SDK sandbox client over a real roostd", () => {
 
     const editor = s.createEditor();
     // The SDK's applyDiff makes a created file's text, as its own sandboxes do: no last newline.
-    await editor.createFile({ type: "create_file", path: "notes/new.txt", diff: "+alpha\n+beta\n" });
+    assert.deepEqual(await editor.createFile({ type: "create_file", path: "notes/new.txt", diff: "+alpha\n+beta\n" }), { output: "Created notes/new.txt" });
     assert.equal(await s.session.files.read("notes/new.txt"), "alpha\nbeta");
     await editor.updateFile({ type: "update_file", path: `${root}/src/main.txt`, diff: "@@\n one\n-two\n+TWO\n three\n" });
     assert.equal(await s.session.files.read("src/main.txt"), "one\nTWO\nthree\n");
-    await editor.updateFile({ type: "update_file", path: "notes/new.txt", diff: "", moveTo: "moved/new.txt" });
+    assert.deepEqual(await editor.updateFile({ type: "update_file", path: "notes/new.txt", diff: "", moveTo: "moved/new.txt" }), {
+      output: "Updated notes/new.txt and moved it to moved/new.txt",
+    });
     assert.equal(await s.session.files.read("moved/new.txt"), "alpha\nbeta");
     assert.equal(await s.session.files.exists("notes/new.txt"), false);
     await editor.deleteFile({ type: "delete_file", path: "moved/new.txt" });
