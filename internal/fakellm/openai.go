@@ -1,6 +1,7 @@
 package fakellm
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -421,6 +422,16 @@ type functionCall struct {
 	Name      string `json:"name"`
 }
 
+// applyPatchCall is a call of the Responses API's built-in apply_patch: its operation is the
+// scripted turn's Input.
+type applyPatchCall struct {
+	ID        string          `json:"id"`
+	Type      string          `json:"type"`
+	Status    string          `json:"status"`
+	CallID    string          `json:"call_id"`
+	Operation json.RawMessage `json:"operation"`
+}
+
 type response struct {
 	ID                string `json:"id"`
 	Object            string `json:"object"`
@@ -518,7 +529,14 @@ func (s *Server) serveResponses(w http.ResponseWriter, r *http.Request, cfg Conf
 		output = append(output, *item)
 	}
 	var call *functionCall
-	if turn.Tool != "" && !truncated {
+	var patch *applyPatchCall
+	switch {
+	case turn.Tool == "" || truncated:
+	case turn.Tool == builtinApplyPatch && offersBuiltin(p.f, builtinApplyPatch):
+		patch = &applyPatchCall{ID: "apc_" + randID(48), Type: "apply_patch_call", Status: "completed",
+			CallID: "call_" + randID(24), Operation: turn.Input}
+		output = append(output, *patch)
+	default:
 		call = &functionCall{ID: "fc_" + randID(48), Type: "function_call", Status: "completed",
 			Arguments: string(turn.Input), CallID: "call_" + randID(24), Name: turn.Tool}
 		output = append(output, *call)
@@ -598,6 +616,14 @@ func (s *Server) serveResponses(w http.ResponseWriter, r *http.Request, cfg Conf
 		}
 		emit(responseEvent{Type: "response.function_call_arguments.done", ItemID: call.ID, OutputIndex: at, Arguments: ptr(call.Arguments)})
 		emit(responseEvent{Type: "response.output_item.done", OutputIndex: at, Item: call})
+	}
+	if patch != nil {
+		// The operation comes whole, in the item's added and done events.
+		at := ptr(index)
+		opening := *patch
+		opening.Status = "in_progress"
+		emit(responseEvent{Type: "response.output_item.added", OutputIndex: at, Item: &opening})
+		emit(responseEvent{Type: "response.output_item.done", OutputIndex: at, Item: patch})
 	}
 	final := "response.completed"
 	if truncated {

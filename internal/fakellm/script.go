@@ -16,10 +16,14 @@ import (
 type Turn struct {
 	// Tool is the name of the tool to call, as the request's tools list offers it (Claude
 	// Code's "Bash", Codex's "exec_command"). A request that does not offer it is answered
-	// with a text naming what it offers, so a script that guessed wrong says so.
+	// with a text naming what it offers, so a script that guessed wrong says so. A Responses
+	// request's built-in apply_patch tool ({"type": "apply_patch"}, which has no name) is
+	// offered as "apply_patch", and called with an apply_patch_call.
 	Tool string
 	// Input is the call's arguments, a JSON object, streamed in pieces as the providers do
-	// (Anthropic's input_json_delta, OpenAI's function_call_arguments.delta).
+	// (Anthropic's input_json_delta, OpenAI's function_call_arguments.delta); for the
+	// built-in apply_patch, the call's operation ({"type": "create_file", "path": ...,
+	// "diff": ...}).
 	Input json.RawMessage
 	// Text is the answer's text; with a Tool, the text said before the call, as models often
 	// do (left empty, the answer is the call alone).
@@ -81,13 +85,19 @@ func scriptTurn(cfg Config, f fields, results func(json.RawMessage) int) (Turn, 
 	return t, offered, true
 }
 
+// builtinApplyPatch is the Responses API's built-in tool of file edits: offered by its type
+// alone, called with an apply_patch_call, answered with an apply_patch_call_output.
+const builtinApplyPatch = "apply_patch"
+
 // toolNames are the names of the tools a request offers: Anthropic's and OpenAI's function
-// tools alike carry a name at the top; a Responses tool may be a namespace of them.
+// tools alike carry a name at the top; a Responses tool may be a namespace of them, or the
+// built-in apply_patch, named by its type.
 func toolNames(f fields) []string {
 	tools, _ := f.array("tools")
 	var names []string
 	for _, raw := range tools {
 		var t struct {
+			Type  string `json:"type"`
 			Name  string `json:"name"`
 			Tools []struct {
 				Name string `json:"name"`
@@ -98,12 +108,30 @@ func toolNames(f fields) []string {
 		}
 		if t.Name != "" {
 			names = append(names, t.Name)
+		} else if t.Type == builtinApplyPatch {
+			names = append(names, builtinApplyPatch)
 		}
 		for _, sub := range t.Tools {
 			names = append(names, sub.Name)
 		}
 	}
 	return names
+}
+
+// offersBuiltin says whether a request's tools hold the built-in tool of type typ (one with
+// no name), as against a function tool of that name.
+func offersBuiltin(f fields, typ string) bool {
+	tools, _ := f.array("tools")
+	for _, raw := range tools {
+		var t struct {
+			Type string `json:"type"`
+			Name string `json:"name"`
+		}
+		if json.Unmarshal(raw, &t) == nil && t.Type == typ && t.Name == "" {
+			return true
+		}
+	}
+	return false
 }
 
 // unoffered is what a scripted turn says instead of calling a tool the request lacks.
@@ -139,7 +167,7 @@ func anthropicResults(raw json.RawMessage) int {
 }
 
 // responsesResults counts the tool outputs in a Responses input: a function call's, a custom
-// tool's or the local shell's.
+// tool's, the local shell's or the built-in apply_patch's.
 func responsesResults(raw json.RawMessage) int {
 	var items []struct {
 		Type string `json:"type"`
@@ -151,7 +179,7 @@ func responsesResults(raw json.RawMessage) int {
 	n := 0
 	for _, it := range items {
 		switch it.Type {
-		case "function_call_output", "custom_tool_call_output", "local_shell_call_output":
+		case "function_call_output", "custom_tool_call_output", "local_shell_call_output", "apply_patch_call_output":
 			n++
 		}
 	}

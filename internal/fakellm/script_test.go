@@ -232,6 +232,50 @@ func TestScriptResponses(t *testing.T) {
 	}
 }
 
+// A scripted apply_patch, where the request offers the Responses API's built-in tool of that
+// type, is an apply_patch_call carrying the script's operation; the request carrying its
+// apply_patch_call_output gets the next turn. A function tool named apply_patch is called as
+// any function is.
+func TestScriptResponsesApplyPatch(t *testing.T) {
+	cfg := baseConfig()
+	op := `{"type":"create_file","path":"notes.txt","diff":"+hello\n"}`
+	cfg.Script = []fakellm.Turn{{Tool: "apply_patch", Input: json.RawMessage(op)}, {Text: "Patched."}}
+	s := start(t, cfg)
+	type answer struct {
+		Output []struct {
+			Type      string          `json:"type"`
+			Status    string          `json:"status"`
+			CallID    string          `json:"call_id"`
+			Name      string          `json:"name"`
+			Operation json.RawMessage `json:"operation"`
+			Content   []struct {
+				Text string `json:"text"`
+			} `json:"content"`
+		} `json:"output"`
+	}
+	builtin := `"tools":[{"type":"function","name":"exec_command","parameters":{"type":"object"}},{"type":"apply_patch"}]`
+	_, b := do(t, s, "POST", "/v1/responses", openAIHeader(testKey), `{"model":"gpt-x",`+builtin+`,"input":"go"}`)
+	a := decode[answer](t, b)
+	if len(a.Output) != 1 || a.Output[0].Type != "apply_patch_call" || a.Output[0].Status != "completed" ||
+		string(a.Output[0].Operation) != op || !strings.HasPrefix(a.Output[0].CallID, "call_") {
+		t.Fatalf("the apply_patch turn: %s", b)
+	}
+	call := a.Output[0].CallID
+	second := `{"model":"gpt-x",` + builtin + `,"input":[{"type":"message","role":"user","content":"go"},` +
+		`{"type":"apply_patch_call","call_id":"` + call + `","status":"completed","operation":` + op + `},` +
+		`{"type":"apply_patch_call_output","call_id":"` + call + `","status":"completed","output":"done"}]}`
+	_, b = do(t, s, "POST", "/v1/responses", openAIHeader(testKey), second)
+	if a := decode[answer](t, b); len(a.Output) != 1 || a.Output[0].Type != "message" || a.Output[0].Content[0].Text != "Patched." {
+		t.Fatalf("after the patch's output: %s", b)
+	}
+
+	function := `"tools":[{"type":"function","name":"apply_patch","parameters":{"type":"object"}}]`
+	_, b = do(t, s, "POST", "/v1/responses", openAIHeader(testKey), `{"model":"gpt-x",`+function+`,"input":"go"}`)
+	if a := decode[answer](t, b); len(a.Output) != 1 || a.Output[0].Type != "function_call" || a.Output[0].Name != "apply_patch" {
+		t.Fatalf("a function named apply_patch: %s", b)
+	}
+}
+
 // Claude Code's connectivity probe is answered without a key.
 func TestHeadRoot(t *testing.T) {
 	s := start(t, baseConfig())

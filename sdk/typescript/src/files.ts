@@ -120,6 +120,21 @@ export class Files {
   }
 
   /**
+   * unpack writes a tar archive's entries (its bytes, whole) into the workdir's directory
+   * `to` (made when missing), as upload does a local directory's.
+   */
+  async unpack(archive: Uint8Array, to = "."): Promise<UploadTreeResponse> {
+    const session = this.session;
+    async function* requests() {
+      yield { part: { case: "header" as const, value: { session, path: to } } };
+      for (const c of chunks(archive)) {
+        yield { part: { case: "data" as const, value: c } };
+      }
+    }
+    return wrap(() => this.rpc.uploadTree(requests()));
+  }
+
+  /**
    * archive is the workdir's entry `from` (a directory's tree, or one file; the whole workdir
    * by default) as a tar stream, chunk by chunk as roostd writes it: directories, regular
    * files and symlinks, named relative to the directory (its own entry left out), or one

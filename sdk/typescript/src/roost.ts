@@ -8,7 +8,7 @@ import { ArtifactService, type Artifact } from "../gen/roost/v1/artifact_pb.js";
 import { FilesService } from "../gen/roost/v1/files_pb.js";
 import { Files, type UploadTreeResponse } from "./files.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
-import { fromConnect, wrap, FailedPreconditionError, RoostError } from "./errors.js";
+import { fromConnect, wrap, DeadlineExceededError, FailedPreconditionError, RoostError } from "./errors.js";
 import { transportFor, type ConnectOptions } from "./transport.js";
 
 export type { SessionRecord, ExecInfo };
@@ -283,6 +283,7 @@ export class Session {
     const onStdout = streamed(opts.onStdout);
     const onStderr = streamed(opts.onStderr);
     let exited = false;
+    const started = Date.now();
     try {
       for await (const r of this.rpc.exec(requests(), { timeoutMs: opts.timeout })) {
         switch (r.msg.case) {
@@ -307,7 +308,13 @@ export class Session {
         }
       }
     } catch (e) {
-      throw fromConnect(e);
+      const err = fromConnect(e);
+      // roostd ends a call past its grpc-timeout by resetting the stream (CANCEL), which may
+      // come before this client's own deadline fires: that is the timeout too.
+      if (opts.timeout !== undefined && err.code === Code.Canceled && Date.now() - started >= opts.timeout) {
+        throw new DeadlineExceededError(`exec in ${id}: the command ran past its ${opts.timeout}ms timeout`, Code.DeadlineExceeded);
+      }
+      throw err;
     }
     if (opts.background && (res.execId !== "" || exited)) {
       // A command that could not start (refused, not found) is a handle already ended.
