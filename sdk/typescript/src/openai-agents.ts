@@ -37,9 +37,6 @@ export const ROOST_BACKEND_ID = "roost";
 /** The SDK's default manifest root, which a roost session's workdir stands in for. */
 const DEFAULT_ROOT = "/workspace";
 
-/** Where a sealed session's commands see their workdir. */
-const SEALED_WORKDIR = "/work";
-
 /** What create stages: the options of sessions.create but the workdir's path, and the commands' time. */
 export interface RoostSandboxClientOptions extends SandboxClientOptions {
   /** A capsule directory on roostd's host, or a pushed capsule's name@version. */
@@ -450,9 +447,10 @@ class RoostEditor implements Editor {
   }
 }
 
-// viewRoot is where the session's commands see its workdir.
+// viewRoot is where the session's commands see its workdir (roostd says: /work in a sealed
+// root); a roostd from before it told this has only the host's path.
 function viewRoot(rec: SessionRecord): string {
-  return rec.containment?.achieved === "sealed" ? SEALED_WORKDIR : rec.workdir;
+  return rec.sessionWorkdir || rec.workdir;
 }
 
 // checkManifest refuses what a roost session's manifest cannot hold: its users, groups and
