@@ -7,8 +7,8 @@
 # exec and rm -f. A sealed session, cold (one roostd) and warm (a second with --warm-pool
 # $WARM_POOL, default 4), and an advisory one (cold: no class but sealed starts warm). N
 # round trips per path (default 30), interleaved, p50 and p99 (nearest rank: with N=30 the
-# p99 is the slowest). Then WriteFile and ReadFile of 1 MiB and 100 MiB through each SDK,
-# over mTLS and the socket, FILE_RUNS times each (default 5): p50 ms and MiB/s.
+# p99 is the slowest). Then WriteFile and ReadFile of 1 MiB and 100 MiB through each SDK and
+# apirun, over mTLS and the socket, FILE_RUNS times each (default 5): p50 ms and MiB/s.
 # Run as root from anywhere: bench/sdk.sh, or N=100 bench/sdk.sh.
 set -euo pipefail
 export LC_ALL=C
@@ -274,7 +274,7 @@ declare -A label=(
 )
 
 echo "== files: ${FILE_RUNS} writes and reads of 1 MiB and 100 MiB per client"
-file_clients=(ts-tls-cold ts-sock-cold py-tls-cold py-sock-cold)
+file_clients=(ts-tls-cold ts-sock-cold py-tls-cold py-sock-cold go-tls-cold go-sock-cold)
 for size in $((1 << 20)) $((100 << 20)); do
 	# untimed: the files session's create, and the blob's first write
 	for c in "${file_clients[@]}"; do ask "$c" "files $size" >/dev/null; done
@@ -299,7 +299,8 @@ done
 echo "(create, exec, remove: each step's own p50; roostctl's are a process each, its start included)"
 echo
 declare -A file_label=([ts-tls-cold]="TypeScript SDK, mTLS" [ts-sock-cold]="TypeScript SDK, socket"
-	[py-tls-cold]="Python SDK, mTLS" [py-sock-cold]="Python SDK, socket")
+	[py-tls-cold]="Python SDK, mTLS" [py-sock-cold]="Python SDK, socket"
+	[go-tls-cold]="Go gRPC (apirun), mTLS" [go-sock-cold]="Go gRPC (apirun), socket")
 mibs() { awk -v ms="$1" -v mib="$2" 'BEGIN { printf "%.0f", mib / (ms / 1000) }'; }
 printf '%-28s %6s %10s %8s %10s %8s\n' "files, p50 of $FILE_RUNS" "size" "write ms" "MiB/s" "read ms" "MiB/s"
 for c in "${file_clients[@]}"; do

@@ -4,8 +4,11 @@
 // one session (Stage, Launch, Wait); "<microseconds> <session id> <stage us> <launch us>
 // <wait us>", or the error, goes to stdout. With --exec PROGRAM each session is instead
 // staged, launched, runs PROGRAM by Exec and is removed (force): the SDKs' create, exec and
-// remove, "<microseconds> <session id> <stage+launch us> <exec us> <remove us>". --server
-// with --ca, --cert and --key reaches roostd's mTLS listener instead of its socket.
+// remove, "<microseconds> <session id> <stage+launch us> <exec us> <remove us>". A line
+// "files BYTES" instead writes then reads back BYTES bytes (WriteFile in 256 KiB messages, as
+// the SDKs send them, and ReadFile) in one session of the capsule, made at the first such
+// line and removed at the end of stdin: "<write us> <read us>". --server with --ca, --cert
+// and --key reaches roostd's mTLS listener instead of its socket.
 package main
 
 import (
@@ -18,6 +21,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -47,8 +52,24 @@ func main() {
 	}
 	defer conn.Close()
 	c := roostv1.NewSessionServiceClient(conn)
+	f := &filesBench{c: c, files: roostv1.NewFilesServiceClient(conn), capsule: *capsule}
+	defer f.close()
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
+		if n, ok := strings.CutPrefix(in.Text(), "files "); ok {
+			size, err := strconv.Atoi(n)
+			if err != nil || size < 0 {
+				fmt.Printf("error: %q: not files BYTES\n", in.Text())
+				continue
+			}
+			w, r, err := f.writeRead(size)
+			if err != nil {
+				fmt.Println("error:", err)
+				continue
+			}
+			fmt.Println(w.Microseconds(), r.Microseconds())
+			continue
+		}
 		began := time.Now()
 		var id string
 		var took [3]time.Duration
@@ -62,6 +83,79 @@ func main() {
 			continue
 		}
 		fmt.Println(time.Since(began).Microseconds(), id, took[0].Microseconds(), took[1].Microseconds(), took[2].Microseconds())
+	}
+}
+
+// filesBench times WriteFile and ReadFile in one session it made.
+type filesBench struct {
+	c       roostv1.SessionServiceClient
+	files   roostv1.FilesServiceClient
+	capsule string
+	session string
+	blob    []byte
+}
+
+func (f *filesBench) writeRead(size int) (write, read time.Duration, err error) {
+	ctx := context.Background()
+	if f.session == "" {
+		s, err := f.c.Stage(ctx, &roostv1.StageRequest{Capsule: f.capsule})
+		if err != nil {
+			return 0, 0, err
+		}
+		f.session = s.GetSession().GetId()
+		if _, err := f.c.Launch(ctx, &roostv1.LaunchRequest{Id: f.session}); err != nil {
+			return 0, 0, err
+		}
+	}
+	if len(f.blob) != size {
+		f.blob = make([]byte, size)
+		for i := range f.blob {
+			f.blob[i] = byte(i % 251)
+		}
+	}
+	began := time.Now()
+	w, err := f.files.WriteFile(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := w.Send(&roostv1.WriteFileRequest{Part: &roostv1.WriteFileRequest_Header{Header: &roostv1.WriteFileHeader{Session: f.session, Path: "blob"}}}); err != nil {
+		return 0, 0, err
+	}
+	for off := 0; off < size; off += 256 << 10 {
+		if err := w.Send(&roostv1.WriteFileRequest{Part: &roostv1.WriteFileRequest_Data{Data: f.blob[off:min(size, off+256<<10)]}}); err != nil {
+			return 0, 0, err
+		}
+	}
+	if _, err := w.CloseAndRecv(); err != nil {
+		return 0, 0, err
+	}
+	write = time.Since(began)
+	began = time.Now()
+	r, err := f.files.ReadFile(ctx, &roostv1.ReadFileRequest{Session: f.session, Path: "blob"})
+	if err != nil {
+		return write, 0, err
+	}
+	back := make([]byte, 0, size)
+	for {
+		resp, err := r.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return write, 0, err
+		}
+		back = append(back, resp.GetData()...)
+	}
+	read = time.Since(began)
+	if string(back) != string(f.blob) {
+		return write, read, fmt.Errorf("read back %d bytes of the %d written, or other bytes", len(back), size)
+	}
+	return write, read, nil
+}
+
+func (f *filesBench) close() {
+	if f.session != "" {
+		f.c.Remove(context.Background(), &roostv1.RemoveRequest{Id: f.session, Force: true})
 	}
 }
 
