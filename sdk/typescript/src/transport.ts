@@ -49,9 +49,10 @@ function pem(what: string, v: Pem | undefined): Buffer {
  * What this client lets roostd send ahead of what it has read: each stream's window (an
  * HTTP/2 setting) and the connection's, which bounds every stream's together. Node's are 64
  * KiB each, so a ReadFile's 256 KiB messages came a quarter at a time, each quarter after a
- * WINDOW_UPDATE (bench/sdk.sh: a 100 MiB read at 45 MiB/s over mTLS, 69 over the socket,
- * where grpc-go's client, whose windows grow, read 160 and 228). A caller that stops reading
- * a stream leaves at most this much of it buffered.
+ * WINDOW_UPDATE: a 100 MiB read took 985 ms over mTLS and 819 over the socket with them, 653
+ * and 524 with these (the two interleaved on one roostd; bench/sdk.sh has grpc-go's client,
+ * whose windows grow, beside them). A caller that stops reading a stream leaves at most this
+ * much of it buffered.
  */
 const STREAM_WINDOW = 4 << 20;
 const CONNECTION_WINDOW = 8 << 20;
