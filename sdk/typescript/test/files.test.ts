@@ -113,3 +113,13 @@ async function collect(it: AsyncIterable<Uint8Array>): Promise<Uint8Array[]> {
   }
   return out;
 }
+
+test("a file many receive windows long reads back whole", async () => {
+  // 20 MiB: five of a stream's windows, more than two of the connection's (src/transport.ts).
+  const big = new Uint8Array(20 << 20).map((_, i) => (i * 7) % 253);
+  await s.files.write("windows.bin", big);
+  const back = await s.files.readBytes("windows.bin");
+  assert.equal(back.length, big.length);
+  assert.ok(Buffer.compare(Buffer.from(back), Buffer.from(big)) === 0, "the bytes read differ from those written");
+  assert.equal((await s.exec("cat windows.bin | wc -c")).stdout.trim(), String(20 << 20));
+});
