@@ -208,12 +208,13 @@ if [ "${PROFILE:-0}" = 1 ]; then
 			{ apt-get update -qq && apt-get install -y -qq linux-perf >/dev/null; }
 	fi
 	offset=$(python3 -c 'import time; print(time.clock_gettime(time.CLOCK_REALTIME) - time.clock_gettime(time.CLOCK_MONOTONIC))')
-	for t in roost warm api runc; do
+	# PROFILE_TOOLS picks the tools; PROFILE_GRAPH=1 records call graphs too (perf report -g).
+	for t in ${PROFILE_TOOLS:-roost warm api runc}; do
 		rm -f "$tmp/roost.span" "$tmp/warm.span"
 		settle
 		python3 bench/cpuprof.py snapshot $$ cold="$roostd_pid" warm="$warmd_pid" >"$tmp/$t.tasks"
 		perf record -q -a -m 16M -k CLOCK_MONOTONIC -e sched:sched_stat_runtime -e sched:sched_process_fork \
-			-e cpu-clock/freq=2000/ -o "$tmp/$t.perf" 2>"$tmp/perf.log" &
+			-e cpu-clock/freq=2000/ ${PROFILE_GRAPH:+--call-graph fp} -o "$tmp/$t.perf" 2>"$tmp/perf.log" &
 		perf_pid=$!
 		sleep 0.5
 		for i in $(seq "$N"); do measure "$t" "p$i"; done
