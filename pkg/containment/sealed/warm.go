@@ -50,7 +50,10 @@ type Sandbox struct {
 	Records string
 
 	io        *containment.InitIO
-	container *libcontainer.Container
+	container *lazyContainer
+	// config is what the container was made with: a claim compares the session's limits
+	// with it rather than read the container's state.
+	config    *configs.Config
 	proc      *libcontainer.Process
 	initPID   int
 	initStart uint64
@@ -121,19 +124,13 @@ func (r *Runtime) Prepare(ctx context.Context, shape WarmShape, id string, ids c
 	if err != nil {
 		return nil, err
 	}
-	container, proc, initPID, err := r.run(ctx, id, config, memfdNoExec(spec), io, roostinit.WarmArg)
+	container, proc, err := r.run(ctx, id, config, memfdNoExec(spec), io, roostinit.WarmArg)
 	if err != nil {
-		io.Close()
-		return nil, err
-	}
-	st, err := container.State()
-	if err != nil {
-		_ = container.Signal(syscall.SIGKILL)
 		io.Close()
 		return nil, err
 	}
 	return &Sandbox{ID: id, Shape: shape, IDs: ids, NetNS: netns, Records: records, io: io,
-		container: container, proc: proc, initPID: initPID, initStart: st.InitProcessStartTime}, nil
+		container: container, config: config, proc: proc, initPID: container.initPID, initStart: container.initStart}, nil
 }
 
 // Alive says whether the sandbox's init still waits for a session.
@@ -146,7 +143,7 @@ func (sb *Sandbox) Alive() bool {
 // namespace and records directory, which are the caller's.
 func (r *Runtime) Discard(sb *Sandbox) error {
 	sb.io.Close()
-	_ = sb.container.Signal(syscall.SIGKILL)
+	sb.container.signal(syscall.SIGKILL)
 	if sb.proc != nil {
 		_, _ = sb.proc.Wait()
 	}
@@ -398,7 +395,7 @@ func (r *Runtime) StartWarm(ctx context.Context, sb *Sandbox, spec containment.S
 	defer func() {
 		if retErr != nil {
 			if sb.proc != nil {
-				_ = sb.container.Signal(syscall.SIGKILL)
+				sb.container.signal(syscall.SIGKILL)
 				_, _ = sb.proc.Wait()
 			}
 			_ = r.Release(id)
@@ -408,18 +405,21 @@ func (r *Runtime) StartWarm(ctx context.Context, sb *Sandbox, spec containment.S
 	if err := os.Rename(filepath.Join(r.roots, sb.ID), filepath.Join(r.roots, id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("claiming sandbox %s's root: %w", sb.ID, err)
 	}
-	container, err := libcontainer.Load(r.containers, id)
-	if err != nil {
-		return nil, fmt.Errorf("loading the claimed sandbox: %w", err)
-	}
+	container := &lazyContainer{containers: r.containers, id: id, initPID: sb.initPID, initStart: sb.initStart}
 	// A session with its sandbox's limits (a default capsule's in a default sandbox) has
-	// them already: Set would write every cgroup file again to the same values.
-	if set := container.Config(); !reflect.DeepEqual(set.Cgroups.Resources, config.Cgroups.Resources) {
+	// them already: Set would write every cgroup file again to the same values, and the
+	// container's state need not be read.
+	if !reflect.DeepEqual(sb.config.Cgroups.Resources, config.Cgroups.Resources) {
+		c, err := container.get()
+		if err != nil {
+			return nil, fmt.Errorf("the claimed sandbox: %w", err)
+		}
+		set := c.Config()
 		res := *config.Cgroups.Resources
 		cgc := *set.Cgroups
 		cgc.Resources = &res
 		set.Cgroups = &cgc
-		if err := container.Set(set); err != nil {
+		if err := c.Set(set); err != nil {
 			return nil, fmt.Errorf("setting the session's cgroup limits: %w", err)
 		}
 	}
@@ -448,7 +448,7 @@ func (r *Runtime) StartWarm(ctx context.Context, sb *Sandbox, spec containment.S
 		}
 		return nil, &containment.StartError{Msg: rep.Error}
 	}
-	return r.started(container, sb.proc, sb.initPID, spec.RecordsDir, rep.Ref)
+	return r.started(container, sb.proc, spec.RecordsDir, rep.Ref)
 }
 
 // mountAttrs are the mount_setattr flags of an OCI bind mount's options.
