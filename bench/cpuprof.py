@@ -134,10 +134,16 @@ def report(a):
     comm_of = {}                       # tgid -> its main thread's name
     tgid = {}                          # tid -> tgid, from the events' headers
     own = a.own
+    pending = None  # a sample whose ip is the first line of its call graph (PROFILE_GRAPH)
     for line in sys.stdin:
         m = HEAD.match(line)
         if not m:
+            if pending and line.strip():
+                if int(line.split()[0], 16) >= 0xffff800000000000:
+                    kern[pending] += 1
+                pending = None
             continue
+        pending = None
         hcomm, hpid, htid, t, event, rest = m.groups()
         hpid, htid, t = int(hpid), int(htid), float(t)
         tgid[htid] = hpid
@@ -175,8 +181,9 @@ def report(a):
             if k is None:
                 continue
             samples[k] += 1
-            ip = int(rest.split()[0], 16) if rest.split() else 0
-            if ip >= 0xffff800000000000:
+            if not rest.split():
+                pending = k
+            elif int(rest.split()[0], 16) >= 0xffff800000000000:
                 kern[k] += 1
 
     n = a.n
