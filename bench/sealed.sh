@@ -5,6 +5,8 @@
 # running /usr/bin/true on the same composed root, N times (default 30) interleaved, and
 # prints median and p90 per tool, then sessions/s at 1, 4 and 8 concurrent callers.
 # Run as root from anywhere: bench/sealed.sh, or N=100 bench/sealed.sh.
+# PROFILE=1 bench/sealed.sh says instead where each tool's CPU goes: by process, user and
+# kernel, and by phase (perf; bench/cpuprof.py).
 set -euo pipefail
 export LC_ALL=C
 
@@ -197,6 +199,46 @@ rm -f "$tmp"/*.us
 rm -f "$tmp"/*.span "$tmp/api.ids"
 ./bin/roostctl prune -f >/dev/null
 ROOST_SOCKET=$tmp/sw ./bin/roostctl prune -f >/dev/null
+if [ "${PROFILE:-0}" = 1 ]; then
+	# Where the CPU goes instead of how long it takes: each tool's N sessions one after
+	# another under perf, every task below this shell sorted by what it is (bench/cpuprof.py).
+	mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing
+	if ! command -v perf >/dev/null; then
+		apt-get install -y -qq linux-perf >/dev/null ||
+			{ apt-get update -qq && apt-get install -y -qq linux-perf >/dev/null; }
+	fi
+	offset=$(python3 -c 'import time; print(time.clock_gettime(time.CLOCK_REALTIME) - time.clock_gettime(time.CLOCK_MONOTONIC))')
+	# PROFILE_TOOLS picks the tools; PROFILE_GRAPH=1 records call graphs too (perf report -g).
+	for t in ${PROFILE_TOOLS:-roost warm api runc}; do
+		rm -f "$tmp/roost.span" "$tmp/warm.span"
+		settle
+		python3 bench/cpuprof.py snapshot $$ cold="$roostd_pid" warm="$warmd_pid" >"$tmp/$t.tasks"
+		perf record -q -a -m 16M -k CLOCK_MONOTONIC -e sched:sched_stat_runtime -e sched:sched_process_fork \
+			-e cpu-clock/freq=2000/ ${PROFILE_GRAPH:+--call-graph fp} -o "$tmp/$t.perf" 2>"$tmp/perf.log" &
+		perf_pid=$!
+		sleep 0.5
+		for i in $(seq "$N"); do measure "$t" "p$i"; done
+		settle
+		kill -INT "$perf_pid"
+		wait "$perf_pid" || true
+		own=bench spans= events=
+		case $t in
+		roost) own=cold spans=$tmp/roost.span ;;
+		warm) own=warm spans=$tmp/warm.span ;;
+		api) own=warm ;;
+		esac
+		if [ "$t" = roost ]; then ./bin/roostctl events --json >"$tmp/$t.events"; fi
+		if [ "$t" = warm ]; then ROOST_SOCKET=$tmp/sw ./bin/roostctl events --json >"$tmp/$t.events"; fi
+		echo
+		echo "== $t: CPU per session, $N sessions one after another (perf: sched_stat_runtime, cpu-clock samples)"
+		perf script -i "$tmp/$t.perf" -F comm,pid,tid,time,event,trace,ip 2>/dev/null |
+			python3 bench/cpuprof.py report --tasks "$tmp/$t.tasks" --n "$N" --offset "$offset" --own "$own" \
+				${spans:+--spans "$spans"} ${spans:+--events "$tmp/$t.events"}
+		# PROFILE_OUT=DIR keeps the recordings (perf report -i DIR/roost.perf --sort comm,dso,sym).
+		if [ -n "${PROFILE_OUT:-}" ]; then mkdir -p "$PROFILE_OUT" && cp "$tmp/$t.perf" "$tmp/$t.tasks" "$PROFILE_OUT/"; fi
+	done
+	exit 0
+fi
 echo "== $N iterations, interleaved"
 start=${EPOCHREALTIME/./}
 for i in $(seq "$N"); do

@@ -70,7 +70,11 @@ func (r *Runtime) Exec(ctx context.Context, spec containment.Spec, proc containm
 		child = append(child, in, out, errOut)
 		lp.Stdin, lp.Stdout, lp.Stderr = in, out, errOut
 	}
-	if err := p.container.Run(lp); err != nil {
+	c, err := p.container.get()
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Run(lp); err != nil {
 		return nil, fmt.Errorf("starting roost-exec in the session's container: %w", err)
 	}
 	hs.Started()

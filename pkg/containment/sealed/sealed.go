@@ -59,6 +59,11 @@ type Runtime struct {
 	// fits keeps Fits's verdicts by policy.
 	fitsMu sync.Mutex
 	fits   map[string]error
+	// held keeps, by session id, the container a start or attach gave a session, for
+	// Release to destroy without reading its libcontainer state again, or, if it was never
+	// read and its init has ended, at all.
+	heldMu sync.Mutex
+	held   map[string]*lazyContainer
 }
 
 // NewRuntime keeps its state under stateDir and mounts init, a static roost-init
@@ -77,6 +82,7 @@ func NewRuntime(stateDir, init string, rehearsal containment.IDs, opts ...contai
 		cg:          o.Cgroups,
 		sealer:      o.Sealer,
 		memfdSysctl: o.MemfdSysctl(),
+		held:        map[string]*lazyContainer{},
 	}
 	if err := os.MkdirAll(r.containers, 0o700); err != nil {
 		return nil, err
@@ -199,7 +205,7 @@ type sealedProcess struct {
 	recordsDir string
 	watch      *containment.ExitWatch
 	runtime    *Runtime
-	container  *libcontainer.Container
+	container  *lazyContainer
 	// proc is set when this daemon started the container: it must reap its init.
 	proc *libcontainer.Process
 }
@@ -253,7 +259,7 @@ func (r *Runtime) Start(ctx context.Context, spec containment.Spec) (_ containme
 	// put the init in the session's cgroup before it runs roost-init, so no gate is lost.
 	handed := make(chan error, 1)
 	go func() { handed <- io.HandSpec(containment.InitSpec(spec, sealedExecSpec(spec))) }()
-	container, proc, initPID, err := r.run(ctx, id, config, memfdNoExec(ociSpec), io)
+	container, proc, err := r.run(ctx, id, config, memfdNoExec(ociSpec), io)
 	if err != nil {
 		return nil, err
 	}
@@ -263,13 +269,13 @@ func (r *Runtime) Start(ctx context.Context, spec containment.Spec) (_ containme
 		}
 	}
 	if err := <-handed; err != nil {
-		_ = container.Signal(syscall.SIGKILL)
+		container.signal(syscall.SIGKILL)
 		reap()
 		return nil, fmt.Errorf("handing the spec to roost-init: %w", err)
 	}
 	rep, err := io.ReadReport(ctx)
 	if err != nil {
-		_ = container.Signal(syscall.SIGKILL)
+		container.signal(syscall.SIGKILL)
 		reap()
 		return nil, err
 	}
@@ -280,9 +286,9 @@ func (r *Runtime) Start(ctx context.Context, spec containment.Spec) (_ containme
 		}
 		return nil, &containment.StartError{Msg: rep.Error}
 	}
-	p, err := r.started(container, proc, initPID, spec.RecordsDir, rep.Ref)
+	p, err := r.started(container, proc, spec.RecordsDir, rep.Ref)
 	if err != nil {
-		_ = container.Signal(syscall.SIGKILL)
+		container.signal(syscall.SIGKILL)
 		reap()
 	}
 	return p, err
@@ -366,8 +372,8 @@ func (r *Runtime) sessionSpec(spec containment.Spec, layout Layout) (*specs.Spec
 
 // started is the session's process once roost-init has reported the program running
 // (inner, in the session's pid namespace): proc is the init when this process started it.
-func (r *Runtime) started(c *libcontainer.Container, proc *libcontainer.Process, initPID int, records string, inner *containment.ProcessRef) (containment.Process, error) {
-	ref, err := startedRef(c, proc != nil, initPID, inner)
+func (r *Runtime) started(c *lazyContainer, proc *libcontainer.Process, records string, inner *containment.ProcessRef) (containment.Process, error) {
+	ref, err := startedRef(c, proc != nil, inner)
 	if err != nil {
 		return nil, err
 	}
@@ -378,6 +384,7 @@ func (r *Runtime) started(c *libcontainer.Container, proc *libcontainer.Process,
 	if err != nil {
 		return nil, err
 	}
+	r.hold(c)
 	return &sealedProcess{ref: ref, recordsDir: records, watch: w, runtime: r, container: c, proc: proc}, nil
 }
 
@@ -386,16 +393,16 @@ func (r *Runtime) started(c *libcontainer.Container, proc *libcontainer.Process,
 // vm.memfd_noexec is 2 in its pid namespace. proc is the init when this process started it
 // (and must reap it); nil when roost-sealer did, which reaps it itself. extra follows the
 // session id in roost-init's arguments.
-func (r *Runtime) run(ctx context.Context, id string, config *configs.Config, memfd bool, io *containment.InitIO, extra ...string) (_ *libcontainer.Container, proc *libcontainer.Process, initPID int, err error) {
+func (r *Runtime) run(ctx context.Context, id string, config *configs.Config, memfd bool, io *containment.InitIO, extra ...string) (_ *lazyContainer, proc *libcontainer.Process, err error) {
 	// Noted before libcontainer makes it: a crash before its state is written leaves a
 	// cgroup Release still finds.
 	cg := r.Cgroups()
 	place := cg.PlaceOf(id)
 	if err := place.Check(id); err != nil {
-		return nil, nil, 0, err
+		return nil, nil, err
 	}
 	if err := cg.Note(id, place); err != nil {
-		return nil, nil, 0, err
+		return nil, nil, err
 	}
 	initArgs, initEnv := append([]string{initPath, containment.InitTag(id)}, extra...), []string{"PATH=" + containment.DefaultPath}
 	// The container's init waits to exec roost-init until the sysctl is set: nothing of the
@@ -404,32 +411,47 @@ func (r *Runtime) run(ctx context.Context, id string, config *configs.Config, me
 	if memfd {
 		helper = r.init
 	}
-	var container *libcontainer.Container
+	l := &lazyContainer{containers: r.containers, id: id}
 	if r.sealer != nil {
-		initPID, err = r.sealer.Run(ctx, sealer.Request{Root: r.containers, ID: id, Config: config,
+		reply, err := r.sealer.Run(ctx, sealer.Request{Root: r.containers, ID: id, Config: config,
 			Args: initArgs, Env: initEnv, Cwd: "/", MemfdHelper: helper}, io.ChildFiles())
 		io.Started()
 		if err != nil {
-			return nil, nil, 0, err
+			return nil, nil, err
 		}
-		if container, err = libcontainer.Load(r.containers, id); err != nil {
-			return nil, nil, 0, fmt.Errorf("loading the container roost-sealer started: %w", err)
+		l.initPID, l.initStart = reply.PID, reply.InitStart
+		if l.initStart == 0 {
+			// A roost-sealer from before the field: the start time is in the state alone.
+			c, err := l.get()
+			if err != nil {
+				return nil, nil, fmt.Errorf("the container roost-sealer started: %w", err)
+			}
+			st, err := c.State()
+			if err != nil {
+				return nil, nil, fmt.Errorf("the container roost-sealer started: %w", err)
+			}
+			l.initStart = st.InitProcessStartTime
 		}
-		return container, nil, initPID, nil
+		return l, nil, nil
 	}
-	if container, err = libcontainer.Create(r.containers, id, config); err != nil {
-		return nil, nil, 0, fmt.Errorf("creating the container: %w", err)
+	container, err := libcontainer.Create(r.containers, id, config)
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating the container: %w", err)
 	}
+	l.c = container
 	proc = &libcontainer.Process{Args: initArgs, Env: initEnv, Cwd: "/", ExtraFiles: io.ChildFiles(), Init: true}
-	initPID, err = sealer.Run(container, proc, helper)
+	l.initPID, err = sealer.Run(container, proc, helper)
 	io.Started()
 	if err != nil {
-		if initPID != 0 {
+		if l.initPID != 0 {
 			_, _ = proc.Wait()
 		}
-		return nil, nil, 0, err
+		return nil, nil, err
 	}
-	return container, proc, initPID, nil
+	if st, err := container.State(); err == nil {
+		l.initStart = st.InitProcessStartTime
+	}
+	return l, proc, nil
 }
 
 // sealedExecSpec is what roost-exec applies inside a sealed root before the session's
@@ -459,15 +481,12 @@ func sealedLandlock(spec containment.Spec) *roostinit.Landlock {
 // is its unreaped child, so its pid names it even after it ended; one roost-sealer started
 // is reaped as soon as it ends, and only the start time libcontainer recorded for it tells
 // it from a process that took its pid since.
-func startedRef(c *libcontainer.Container, ours bool, initPID int, inner *containment.ProcessRef) (containment.ProcessRef, error) {
+func startedRef(c *lazyContainer, ours bool, inner *containment.ProcessRef) (containment.ProcessRef, error) {
+	initPID := c.initPID
 	if ours {
 		return hostRef(initPID, inner)
 	}
-	st, err := c.State()
-	if err != nil {
-		return containment.ProcessRef{}, fmt.Errorf("the container's state: %w", err)
-	}
-	want := st.InitProcessStartTime
+	want := c.initStart
 	if got, err := containment.StartTime(initPID); err != nil || got != want {
 		// Already ended and reaped (a quick program): exit.json tells the rest.
 		return containment.ProcessRef{InitPID: initPID, InitStart: want, StartedAt: inner.StartedAt}, nil
@@ -559,7 +578,9 @@ func (r *Runtime) Attach(sessionID, recordsDir string, ref *containment.ProcessR
 	if err != nil {
 		return nil, err
 	}
-	return &sealedProcess{ref: *ref, recordsDir: recordsDir, watch: w, runtime: r, container: container}, nil
+	l := &lazyContainer{containers: r.containers, id: sessionID, initPID: state.InitProcessPid, initStart: state.InitProcessStartTime, c: container}
+	r.hold(l)
+	return &sealedProcess{ref: *ref, recordsDir: recordsDir, watch: w, runtime: r, container: l}, nil
 }
 
 // released says whether a container's init has gone past its exec fifo: it has become
@@ -596,7 +617,14 @@ func (r *Runtime) Release(sessionID string) error {
 		return err
 	}
 	var errs []error
-	if c, err := libcontainer.Load(r.containers, sessionID); err == nil {
+	held := r.unhold(sessionID)
+	if held != nil && held.loaded() == nil && held.ended() {
+		// Never read, and its init is gone: all Destroy would do to a container of its own
+		// pid namespace and no hooks is remove its cgroup (below) and its state.
+		if err := os.RemoveAll(filepath.Join(r.containers, sessionID)); err != nil {
+			errs = append(errs, err)
+		}
+	} else if c, err := held.orLoad(r.containers, sessionID); err == nil {
 		if err := c.Destroy(); err != nil {
 			// Still running, or paused: what is released has ended, or ends now.
 			err = destroyLive(c)
@@ -682,11 +710,15 @@ func (p *sealedProcess) Exit() (containment.ExitInfo, error) {
 
 // oomKilled says whether the kernel's OOM killer acted in the session's cgroup.
 func (p *sealedProcess) oomKilled() bool {
-	stats, err := p.container.Stats()
+	c, err := p.container.get()
+	if err != nil {
+		return false
+	}
+	stats, err := c.Stats()
 	if err != nil || stats.CgroupStats == nil {
 		return false
 	}
-	return stats.CgroupStats.MemoryStats.Stats["oom_kill"] > 0 || oomKillsV1(p.container) > 0
+	return stats.CgroupStats.MemoryStats.Stats["oom_kill"] > 0 || oomKillsV1(c) > 0
 }
 
 // oomKillsV1 reads memory.oom_control's oom_kill counter on a cgroup v1 host.
@@ -750,14 +782,30 @@ var (
 )
 
 // Pause freezes the session's cgroup.
-func (p *sealedProcess) Pause() error { return p.container.Pause() }
+func (p *sealedProcess) Pause() error {
+	c, err := p.container.get()
+	if err != nil {
+		return err
+	}
+	return c.Pause()
+}
 
 // Resume thaws the session's cgroup.
-func (p *sealedProcess) Resume() error { return p.container.Resume() }
+func (p *sealedProcess) Resume() error {
+	c, err := p.container.get()
+	if err != nil {
+		return err
+	}
+	return c.Resume()
+}
 
 // Usage reads the session's cgroup.
 func (p *sealedProcess) Usage() (containment.Usage, error) {
-	stats, err := p.container.Stats()
+	container, err := p.container.get()
+	if err != nil {
+		return containment.Usage{}, err
+	}
+	stats, err := container.Stats()
 	if err != nil {
 		return containment.Usage{}, err
 	}

@@ -4,12 +4,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"roost.dev/roost/internal/cgtest"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/internal/testkit"
 	"roost.dev/roost/pkg/containment/sealer"
@@ -94,5 +96,48 @@ func TestSealerQuickProgram(t *testing.T) {
 		if err := rt.Release(s.SessionID); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// Release leaves nothing of a session roost-sealer started: not its cgroup, its
+// libcontainer state or its note, whether its program has ended (the container's state
+// never read by this process) or still runs (then Release ends it).
+func TestSealerReleaseLeavesNothing(t *testing.T) {
+	opt := kit.Sealer(t)
+	rt, err := kit.NewSealedRuntime(testkit.ReachableDir(t), kit.Init(t), kit.IDs(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, script string
+		ended        bool
+	}{{"ended", "exit 0", true}, {"running", "sleep 30", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, s := kit.StartSealed(t, rt, "ses_sealer_release_"+tc.name, tc.script, "capabilities: {containment: sealed, shell: {allow: [sleep]}}")
+			cg := rt.Cgroups().PlaceOf(s.SessionID).Path
+			if tc.ended {
+				testkit.WaitDone(t, p)
+			} else {
+				cgtest.ExpectDirs(t, cg, true)
+			}
+			if held, err := rt.Held(); err != nil || !slices.Contains(held, s.SessionID) {
+				t.Fatalf("before Release, held %v (%v): the session's container is not among them", held, err)
+			}
+			if err := rt.Release(s.SessionID); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-p.Done():
+			case <-time.After(10 * time.Second):
+				t.Fatal("Release left the session running")
+			}
+			if held, err := rt.Held(); err != nil || slices.Contains(held, s.SessionID) {
+				t.Errorf("after Release, held %v (%v)", held, err)
+			}
+			if held, err := rt.Cgroups().Held(); err != nil || slices.Contains(held, s.SessionID) {
+				t.Errorf("after Release, the cgroup note is left: %v (%v)", held, err)
+			}
+			cgtest.ExpectDirs(t, cg, false)
+		})
 	}
 }

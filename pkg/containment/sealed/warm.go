@@ -50,7 +50,10 @@ type Sandbox struct {
 	Records string
 
 	io        *containment.InitIO
-	container *libcontainer.Container
+	container *lazyContainer
+	// config is what the container was made with: a claim compares the session's limits
+	// with it rather than read the container's state.
+	config    *configs.Config
 	proc      *libcontainer.Process
 	initPID   int
 	initStart uint64
@@ -109,7 +112,7 @@ func (r *Runtime) Prepare(ctx context.Context, shape WarmShape, id string, ids c
 	if err != nil {
 		return nil, err
 	}
-	spec, _ := splitMounts(full)
+	spec := withoutSessionMounts(full)
 	config, err := r.config(id, spec)
 	if err != nil {
 		return nil, err
@@ -121,19 +124,13 @@ func (r *Runtime) Prepare(ctx context.Context, shape WarmShape, id string, ids c
 	if err != nil {
 		return nil, err
 	}
-	container, proc, initPID, err := r.run(ctx, id, config, memfdNoExec(spec), io, roostinit.WarmArg)
+	container, proc, err := r.run(ctx, id, config, memfdNoExec(spec), io, roostinit.WarmArg)
 	if err != nil {
-		io.Close()
-		return nil, err
-	}
-	st, err := container.State()
-	if err != nil {
-		_ = container.Signal(syscall.SIGKILL)
 		io.Close()
 		return nil, err
 	}
 	return &Sandbox{ID: id, Shape: shape, IDs: ids, NetNS: netns, Records: records, io: io,
-		container: container, proc: proc, initPID: initPID, initStart: st.InitProcessStartTime}, nil
+		container: container, config: config, proc: proc, initPID: container.initPID, initStart: container.initStart}, nil
 }
 
 // Alive says whether the sandbox's init still waits for a session.
@@ -146,7 +143,7 @@ func (sb *Sandbox) Alive() bool {
 // namespace and records directory, which are the caller's.
 func (r *Runtime) Discard(sb *Sandbox) error {
 	sb.io.Close()
-	_ = sb.container.Signal(syscall.SIGKILL)
+	sb.container.signal(syscall.SIGKILL)
 	if sb.proc != nil {
 		_, _ = sb.proc.Wait()
 	}
@@ -328,20 +325,34 @@ func firstDifference(a, b any, at string) string {
 	}
 }
 
-// splitMounts is a copy of s without the session's own mounts, and those mounts in order.
+// splitMounts is a deep copy of s without the session's own mounts, and those mounts in
+// order.
 func splitMounts(s *specs.Spec) (*specs.Spec, []specs.Mount) {
 	var c specs.Spec
 	data, _ := json.Marshal(s)
 	_ = json.Unmarshal(data, &c)
+	c.Mounts = slices.DeleteFunc(c.Mounts, func(m specs.Mount) bool { return sessionMount(m.Destination) })
+	return &c, sessionMounts(s)
+}
+
+// withoutSessionMounts is s without the session's own mounts: a copy of its mount list, the
+// rest shared with s. A deep copy goes through JSON, seccomp rules and all, about a
+// millisecond here; a sandbox is made from a spec nothing else uses.
+func withoutSessionMounts(s *specs.Spec) *specs.Spec {
+	c := *s
+	c.Mounts = slices.DeleteFunc(slices.Clone(s.Mounts), func(m specs.Mount) bool { return sessionMount(m.Destination) })
+	return &c
+}
+
+// sessionMounts is the session's own mounts of s, in order.
+func sessionMounts(s *specs.Spec) []specs.Mount {
 	var own []specs.Mount
-	c.Mounts = slices.DeleteFunc(c.Mounts, func(m specs.Mount) bool {
+	for _, m := range s.Mounts {
 		if sessionMount(m.Destination) {
 			own = append(own, m)
-			return true
 		}
-		return false
-	})
-	return &c, own
+	}
+	return own
 }
 
 // StartWarm starts spec's session in a sandbox Prepare made: the sandbox's container
@@ -376,7 +387,7 @@ func (r *Runtime) StartWarm(ctx context.Context, sb *Sandbox, spec containment.S
 		_ = r.Discard(sb)
 		return nil, err
 	}
-	_, own := splitMounts(full)
+	own := sessionMounts(full)
 	config, err := r.config(id, full)
 	if err != nil {
 		_ = r.Discard(sb)
@@ -398,7 +409,7 @@ func (r *Runtime) StartWarm(ctx context.Context, sb *Sandbox, spec containment.S
 	defer func() {
 		if retErr != nil {
 			if sb.proc != nil {
-				_ = sb.container.Signal(syscall.SIGKILL)
+				sb.container.signal(syscall.SIGKILL)
 				_, _ = sb.proc.Wait()
 			}
 			_ = r.Release(id)
@@ -408,18 +419,21 @@ func (r *Runtime) StartWarm(ctx context.Context, sb *Sandbox, spec containment.S
 	if err := os.Rename(filepath.Join(r.roots, sb.ID), filepath.Join(r.roots, id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("claiming sandbox %s's root: %w", sb.ID, err)
 	}
-	container, err := libcontainer.Load(r.containers, id)
-	if err != nil {
-		return nil, fmt.Errorf("loading the claimed sandbox: %w", err)
-	}
+	container := &lazyContainer{containers: r.containers, id: id, initPID: sb.initPID, initStart: sb.initStart}
 	// A session with its sandbox's limits (a default capsule's in a default sandbox) has
-	// them already: Set would write every cgroup file again to the same values.
-	if set := container.Config(); !reflect.DeepEqual(set.Cgroups.Resources, config.Cgroups.Resources) {
+	// them already: Set would write every cgroup file again to the same values, and the
+	// container's state need not be read.
+	if !reflect.DeepEqual(sb.config.Cgroups.Resources, config.Cgroups.Resources) {
+		c, err := container.get()
+		if err != nil {
+			return nil, fmt.Errorf("the claimed sandbox: %w", err)
+		}
+		set := c.Config()
 		res := *config.Cgroups.Resources
 		cgc := *set.Cgroups
 		cgc.Resources = &res
 		set.Cgroups = &cgc
-		if err := container.Set(set); err != nil {
+		if err := c.Set(set); err != nil {
 			return nil, fmt.Errorf("setting the session's cgroup limits: %w", err)
 		}
 	}
@@ -448,7 +462,7 @@ func (r *Runtime) StartWarm(ctx context.Context, sb *Sandbox, spec containment.S
 		}
 		return nil, &containment.StartError{Msg: rep.Error}
 	}
-	return r.started(container, sb.proc, sb.initPID, spec.RecordsDir, rep.Ref)
+	return r.started(container, sb.proc, spec.RecordsDir, rep.Ref)
 }
 
 // mountAttrs are the mount_setattr flags of an OCI bind mount's options.

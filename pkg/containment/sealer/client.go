@@ -149,11 +149,11 @@ func (c *Client) conn() (*os.File, error) {
 }
 
 // Run creates and starts a container as req says, its init's descriptors 3, 4, … being
-// files, and returns the init's host pid.
-func (c *Client) Run(ctx context.Context, req Request, files []*os.File) (int, error) {
+// files, and returns roost-sealer's answer: the init's host pid and start time.
+func (c *Client) Run(ctx context.Context, req Request, files []*os.File) (Reply, error) {
 	conn, err := c.conn()
 	if err != nil {
-		return 0, err
+		return Reply{}, err
 	}
 	defer conn.Close()
 	if dl, ok := ctx.Deadline(); ok {
@@ -162,25 +162,25 @@ func (c *Client) Run(ctx context.Context, req Request, files []*os.File) (int, e
 		_ = unix.SetsockoptTimeval(int(conn.Fd()), unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
 	}
 	if err := writeMessage(int(conn.Fd()), req, files); err != nil {
-		return 0, fmt.Errorf("sending the start to roost-sealer: %w", err)
+		return Reply{}, fmt.Errorf("sending the start to roost-sealer: %w", err)
 	}
 	var reply Reply
 	got, err := readMessage(int(conn.Fd()), &reply)
 	closeAll(got)
 	if err != nil {
-		return 0, fmt.Errorf("roost-sealer gave no answer (did it end?): %w", err)
+		return Reply{}, fmt.Errorf("roost-sealer gave no answer (did it end?): %w", err)
 	}
 	if reply.Error != "" {
-		return 0, errors.New(reply.Error)
+		return Reply{}, errors.New(reply.Error)
 	}
 	if reply.PID <= 0 {
-		return 0, errors.New("roost-sealer answered without the init's pid")
+		return Reply{}, errors.New("roost-sealer answered without the init's pid")
 	}
 	if req.MemfdHelper != "" && !reply.MemfdNoExec {
 		// The caller releases the container: its session must not run so.
-		return 0, errors.New("roost-sealer started the container without setting vm.memfd_noexec in its pid namespace: it is older than roostd; install the roost-sealer built with it")
+		return Reply{}, errors.New("roost-sealer started the container without setting vm.memfd_noexec in its pid namespace: it is older than roostd; install the roost-sealer built with it")
 	}
-	return reply.PID, nil
+	return reply, nil
 }
 
 // Close ends roost-sealer: closing the control socket makes it finish the starts under way

@@ -53,6 +53,10 @@ type Reply struct {
 	// MemfdNoExec says vm.memfd_noexec was set as Request.MemfdHelper asked: a roost-sealer
 	// older than the field would start the container without it.
 	MemfdNoExec bool `json:"memfd_noexec,omitempty"`
+	// InitStart is the init's start time as libcontainer recorded it in the container's
+	// state: roostd need not read that state back to tell the init from a later process
+	// of its pid.
+	InitStart uint64 `json:"init_start,omitempty"`
 }
 
 // maxMessage bounds a request or reply: a configuration with a seccomp filter is tens of

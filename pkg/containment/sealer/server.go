@@ -128,7 +128,12 @@ func start(req Request, files []*os.File) (Reply, *libcontainer.Process) {
 		}
 		return Reply{Error: err.Error()}, proc
 	}
-	return Reply{PID: pid, MemfdNoExec: req.MemfdHelper != ""}, proc
+	reply := Reply{PID: pid, MemfdNoExec: req.MemfdHelper != ""}
+	// From the container in memory: no state file read.
+	if st, err := c.State(); err == nil {
+		reply.InitStart = st.InitProcessStartTime
+	}
+	return reply, proc
 }
 
 // Run starts the container's init proc and lets it run its program, as c.Run does; with

@@ -96,12 +96,15 @@ type logsOptions struct {
 	since time.Time
 	// json prints each line as an object of its own, on stdout.
 	json bool
+	// launched: this roostd has just launched the session for the caller, so it was
+	// there and knows the session; no Get need say so first.
+	launched bool
 }
 
-// copyLogs streams all of a session's output to stdout and stderr (with follow, until it
-// ends, across roostd restarts).
+// copyLogs streams all of the output of a session roostd has just launched to stdout and
+// stderr (with follow, until it ends, across roostd restarts).
 func (a *app) copyLogs(ctx context.Context, id string, follow, raw bool, stdout, stderr io.Writer) error {
-	return a.streamLogs(ctx, id, logsOptions{follow: follow, raw: raw}, stdout, stderr)
+	return a.streamLogs(ctx, id, logsOptions{follow: follow, raw: raw, launched: true}, stdout, stderr)
 }
 
 // streamLogs prints a session's output as o asks. Following, a lost roostd is waited for
@@ -117,7 +120,7 @@ func (a *app) streamLogs(ctx context.Context, id string, o logsOptions, stdout, 
 	if !o.since.IsZero() {
 		req.Since = timestamppb.New(o.since)
 	}
-	if o.follow {
+	if o.follow && !o.launched {
 		// Only a roostd that was there is waited for: one that cannot be reached at all,
 		// or a session it does not know, is said at once.
 		if _, err := c.Get(ctx, &roostv1.GetRequest{Id: id}); err != nil {
