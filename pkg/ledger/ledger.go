@@ -56,6 +56,11 @@ type Config struct {
 	// benchmarks, bbolt's Batch or a transaction per write. Every one fsyncs before it
 	// returns.
 	Commit CommitMode
+	// Fleet makes the ledger a node of a fleet: besides every other ceiling, an admission
+	// must fit the node's allowance (SetAllowance), the tokens of the fleet's blocks it
+	// holds for the day, refused with limit "fleet" when it does not. Until an allowance is
+	// set (the last one set is kept in the file), the node admits nothing.
+	Fleet bool
 	// Observer hears every committed charge and every refusal, for metrics; nil for none.
 	Observer Observer
 	Logger   *slog.Logger
@@ -98,8 +103,16 @@ type Ledger struct {
 	byRequest map[string]string
 	reserved  int64
 	ceiling   int64
-	lifetime  int64
-	day       window
+	// fleet is set in fleet mode: allow is then the node's allowance, and funded what the
+	// reservations each day's allowance admitted were charged (settled) and hold (open).
+	fleet  bool
+	allow  Allowance
+	funded map[string]*fundedDay
+	// low is signalled (without blocking) when an admission leaves less of the allowance
+	// than allow.Low, or one is refused at it.
+	low      chan struct{}
+	lifetime int64
+	day      window
 	// broken is set when a commit failed: memory is then ahead of the file, and the ledger
 	// refuses every admission rather than count what it cannot keep.
 	broken error
@@ -150,6 +163,7 @@ func Open(cfg Config) (*Ledger, error) {
 		db: db, view: db.View, clock: cfg.Clock, ttl: cfg.TTL, log: cfg.Logger, obs: cfg.Observer,
 		accounts: map[string]*account{}, open: map[string]*reservation{}, byRequest: map[string]string{},
 		changed: make(chan struct{}), stop: make(chan struct{}),
+		fleet: cfg.Fleet, funded: map[string]*fundedDay{}, low: make(chan struct{}, 1),
 	}
 	switch cfg.Commit {
 	case CommitGroup:
@@ -182,6 +196,13 @@ func Open(cfg Config) (*Ledger, error) {
 func (l *Ledger) load(tx *bolt.Tx) error {
 	meta := bucket(tx, bucketMeta)
 	l.ceiling = int64(getUint(meta.Get(keyMachineCeiling)))
+	if l.fleet {
+		a, err := getAllowance(meta)
+		if err != nil {
+			return err
+		}
+		l.allow = a
+	}
 	l.lifetime = int64(getUint(meta.Get(keyLifetime)))
 	err := bucket(tx, bucketAccounts).ForEach(func(k, _ []byte) error {
 		a, err := getAccount(tx, string(k))
@@ -200,6 +221,9 @@ func (l *Ledger) load(tx *bolt.Tx) error {
 			l.byRequest[string(requestKey(r.Session, r.RequestID))] = id
 		}
 		l.reserve(r.Session, r.Tokens)
+		if r.Funded != "" {
+			l.fundedDay(tx, r.Funded).reserved += r.Tokens
+		}
 		return nil
 	})
 	if err != nil {
@@ -339,18 +363,22 @@ type Reservation struct {
 
 // Settlement is what one reservation was charged.
 type Settlement struct {
-	ReservationID string    `json:"reservation"`
-	SessionID     string    `json:"session_id"`
-	Capsule       string    `json:"capsule"`
-	RequestID     string    `json:"request_id,omitempty"`
-	Model         string    `json:"model,omitempty"`
-	Reserved      int64     `json:"reserved"`
-	InputTokens   int64     `json:"input_tokens"`
-	OutputTokens  int64     `json:"output_tokens"`
-	Charged       int64     `json:"charged"`
-	Reason        string    `json:"reason"`
-	Day           string    `json:"day"`
-	At            time.Time `json:"at"`
+	ReservationID string `json:"reservation"`
+	SessionID     string `json:"session_id"`
+	Capsule       string `json:"capsule"`
+	RequestID     string `json:"request_id,omitempty"`
+	Model         string `json:"model,omitempty"`
+	Reserved      int64  `json:"reserved"`
+	InputTokens   int64  `json:"input_tokens"`
+	OutputTokens  int64  `json:"output_tokens"`
+	Charged       int64  `json:"charged"`
+	Reason        string `json:"reason"`
+	Day           string `json:"day"`
+	// Funded is the UTC day whose fleet allowance admitted the reservation (fleet mode
+	// only): a call admitted before midnight and settled after is charged to the new day's
+	// window but was paid for from the old day's blocks.
+	Funded string    `json:"funded,omitempty"`
+	At     time.Time `json:"at"`
 }
 
 // Admission is one request for tokens.
@@ -406,6 +434,9 @@ func (l *Ledger) Admit(req Admission) (Reservation, error) {
 	}
 	granted, refusal, latch := l.check(a, req.MinTokens, req.Tokens)
 	if refusal != nil {
+		if refusal.Limit == LimitFleet {
+			l.signalLow()
+		}
 		l.mu.Unlock()
 		if l.obs != nil {
 			l.obs.Refused(refusal)
@@ -421,6 +452,14 @@ func (l *Ledger) Admit(req Admission) (Reservation, error) {
 	r := &reservation{id: newID("rsv_"), storedReservation: storedReservation{
 		Session: req.SessionID, RequestID: req.RequestID, Tokens: granted, Model: req.Model, Admitted: now, Expires: now.Add(l.ttl),
 	}}
+	if l.fleet {
+		r.Funded = l.day.date
+		f := l.funded[r.Funded]
+		f.reserved += granted
+		if l.allow.Low > 0 && l.allow.Tokens-f.charged-f.reserved < l.allow.Low {
+			l.signalLow()
+		}
+	}
 	l.open[r.id] = r
 	if r.RequestID != "" {
 		l.byRequest[string(requestKey(r.Session, r.RequestID))] = r.id
@@ -488,13 +527,16 @@ func (l *Ledger) check(a *account, least, most int64) (int64, *Refusal, bool) {
 			refusal = &Refusal{Limit: limit, Ceiling: ceiling, Used: charged + reserved, Requested: least}
 			// The machine's is judged afresh each time; a session's or an ancestor's latches
 			// when what is charged alone leaves no room for the least.
-			refusal.Latched = limit != LimitMachine && charged+least > ceiling
+			refusal.Latched = limit != LimitMachine && limit != LimitFleet && charged+least > ceiling
 			return false
 		}
 		room = min(room, left)
 		return true
 	})
 	if refusal != nil {
+		if refusal.Limit == LimitFleet && l.allow.Unreachable {
+			refusal.Detail = "fleet ledger unreachable"
+		}
 		return 0, refusal, refusal.Latched
 	}
 	return room, nil, false
@@ -531,8 +573,19 @@ func (l *Ledger) ceilings(a *account, fn func(limit string, ceiling, charged, re
 			return
 		}
 	}
-	if l.ceiling > 0 {
-		fn(LimitMachine, l.ceiling, l.day.charged, l.reserved)
+	if l.ceiling > 0 && !fn(LimitMachine, l.ceiling, l.day.charged, l.reserved) {
+		return
+	}
+	if l.fleet {
+		// A node holds nothing of a day it was given no allowance for.
+		var tokens, charged, reserved int64
+		if l.allow.Day == l.day.date {
+			// Unread, what the day's allowance funded might be all of it: nothing fits.
+			if f := l.fundedDayLoaded(l.day.date); f != nil {
+				tokens, charged, reserved = l.allow.Tokens, f.charged, f.reserved
+			}
+		}
+		fn(LimitFleet, tokens, charged, reserved)
 	}
 }
 
@@ -655,7 +708,7 @@ func (l *Ledger) apply(r *reservation, reason string, u *Usage) Settlement {
 	a := l.accounts[r.Session]
 	s := Settlement{
 		ReservationID: r.id, SessionID: r.Session, Capsule: a.Capsule, RequestID: r.RequestID, Model: r.Model,
-		Reserved: r.Tokens, Charged: r.Tokens, Reason: reason, Day: l.day.date, At: l.clock().UTC(),
+		Reserved: r.Tokens, Charged: r.Tokens, Reason: reason, Day: l.day.date, Funded: r.Funded, At: l.clock().UTC(),
 	}
 	if u != nil {
 		s.InputTokens, s.OutputTokens, s.Charged = u.Input, u.Output, u.Input+u.Output
@@ -665,6 +718,10 @@ func (l *Ledger) apply(r *reservation, reason string, u *Usage) Settlement {
 		delete(l.byRequest, string(requestKey(r.Session, r.RequestID)))
 	}
 	l.reserve(r.Session, -r.Tokens)
+	if f := l.funded[r.Funded]; r.Funded != "" && f != nil {
+		f.reserved -= r.Tokens
+		f.charged += s.Charged
+	}
 	a.Input += s.InputTokens
 	a.Output += s.OutputTokens
 	a.Charged += s.Charged

@@ -10,6 +10,8 @@ const (
 	LimitSession  = "session"
 	LimitAncestor = "ancestor"
 	LimitMachine  = "machine"
+	// LimitFleet is a fleet node's allowance: the tokens of the fleet's blocks it holds.
+	LimitFleet = "fleet"
 )
 
 // Refusal is an admission refused at a ceiling: which one ("session", "ancestor <id>" or
@@ -23,17 +25,25 @@ type Refusal struct {
 	Used      int64  `json:"used"`
 	Requested int64  `json:"requested"`
 	Latched   bool   `json:"latched,omitempty"`
+	// Detail says more of why, when there is more to say: "fleet ledger unreachable" when a
+	// fleet node is refused for want of tokens it could not ask the fleet for.
+	Detail string `json:"detail,omitempty"`
 }
 
 func (r *Refusal) Error() string {
 	what := map[string]string{
 		LimitSession: "the session's inference.max_session_tokens",
 		LimitMachine: "the machine's tokens per day (roostd --machine-tokens-per-day)",
+		LimitFleet:   "the fleet's tokens per day (what this node holds of it)",
 	}[r.Limit]
 	if id, ok := r.ancestor(); ok {
 		what = "the inference.max_session_tokens of ancestor " + id
 	}
-	return fmt.Sprintf("spend refused at %s: %d of %d tokens used or reserved, %d more requested", what, r.Used, r.Ceiling, r.Requested)
+	msg := fmt.Sprintf("spend refused at %s: %d of %d tokens used or reserved, %d more requested", what, r.Used, r.Ceiling, r.Requested)
+	if r.Detail != "" {
+		msg += " (" + r.Detail + ")"
+	}
+	return msg
 }
 
 // ResourceExhausted marks the refusal for errdefs.

@@ -14,13 +14,15 @@ import (
 // The ledger's file, apart from the session registry so its fsyncs and batches are its own:
 //
 //	v1/
-//	  meta/          schema = 1, machine_ceiling = uint64 (0: none), lifetime = uint64 tokens
+//	  meta/          schema = 1, machine_ceiling = uint64 (0: none), lifetime = uint64 tokens,
+//	                 fleet_allowance = the node's fleet allowance as JSON (fleet mode)
 //	  accounts/      <session id> = account as JSON (lifetime totals, ancestry, ceiling, latch)
 //	  reservations/  <reservation id> = an open reservation as JSON
 //	  requests/      <session id> 0x00 <request id> = reservation id (admission is idempotent)
 //	  settled/       <reservation id> = its settlement as JSON (settlement is idempotent)
 //	  days/<UTC date>/
 //	    charged      = uint64 tokens charged that day
+//	    funded       = uint64 tokens charged to reservations that day's fleet allowance admitted
 //	    sessions/    <session id> = uint64
 //	    capsules/    <capsule name> = uint64
 //
@@ -40,6 +42,8 @@ var (
 	keyMachineCeiling = []byte("machine_ceiling")
 	keyLifetime       = []byte("lifetime")
 	keyCharged        = []byte("charged")
+	keyFunded         = []byte("funded")
+	keyAllowance      = []byte("fleet_allowance")
 )
 
 const schema = 1
@@ -147,6 +151,8 @@ type storedReservation struct {
 	Model     string    `json:"model,omitempty"`
 	Admitted  time.Time `json:"admitted"`
 	Expires   time.Time `json:"expires"`
+	// Funded is the day whose fleet allowance admitted it (fleet mode only).
+	Funded string `json:"funded,omitempty"`
 }
 
 func putReservation(tx *bolt.Tx, id string, r *storedReservation) error {
@@ -244,6 +250,15 @@ func writeCharge(tx *bolt.Tx, s *Settlement, ancestors []string) error {
 	}
 	if err := addUint(day, keyCharged, s.Charged); err != nil {
 		return err
+	}
+	if s.Funded != "" {
+		funded, err := bucket(tx, bucketDays).CreateBucketIfNotExists([]byte(s.Funded))
+		if err != nil {
+			return err
+		}
+		if err := addUint(funded, keyFunded, s.Charged); err != nil {
+			return err
+		}
 	}
 	sessions, err := day.CreateBucketIfNotExists(bucketSessions)
 	if err != nil {
