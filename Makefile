@@ -34,6 +34,9 @@ build: deps
 		$(GO) run ./cmd/roostctl/internal/mangen bin/man
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o bin/ ./cmd/roost-init
 	CGO_ENABLED=1 $(GO) build -trimpath -o bin/ ./cmd/roost-wasm
+	# etcd's server at the version go.mod pins, for fleets and the tests that run etcd as
+	# processes (docs/fleet.md); roostd itself carries only etcd's client.
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o bin/ ./cmd/roost-etcd
 
 ## man: roostctl's man pages, one per command, generated from its command tree into bin/man
 ## by make build (make install puts them under $(PREFIX)/share/man/man1). Dated by the last
