@@ -27,9 +27,8 @@ type fundedDay struct {
 	charged, reserved int64
 }
 
-// SetAllowance sets the node's fleet allowance, durably (the day and tokens) before it
-// holds. Raising it takes effect once it is on disk; so does lowering it, which is what
-// the fleet does before it gives tokens back.
+// SetAllowance sets the node's fleet allowance and keeps it in the file (the day, tokens
+// and Low). Raising it takes effect once it is kept; lowering it, at once.
 func (l *Ledger) SetAllowance(a Allowance) error {
 	if !l.fleet {
 		return fmt.Errorf("an allowance for %s: the ledger is not a fleet node's: %w", a.Day, errdefs.ErrFailedPrecondition)
@@ -41,9 +40,16 @@ func (l *Ledger) SetAllowance(a Allowance) error {
 		return fmt.Errorf("allowance of %d tokens (low %d) for %s: must be between 0 and %d: %w", a.Tokens, a.Low, a.Day, int64(MaxTokens), errdefs.ErrInvalidArgument)
 	}
 	l.mu.Lock()
-	same := l.allow.Day == a.Day && l.allow.Tokens == a.Tokens && l.allow.Low == a.Low
+	was := l.allow
+	kept := was.Day == a.Day && was.Tokens == a.Tokens && was.Low == a.Low
+	// Lowered, it holds at once (then it is kept); raised, only once it is kept: a crash
+	// between never leaves the file above what the node holds.
+	lower := was.Day == a.Day && a.Tokens < was.Tokens
+	if lower {
+		l.allow = a
+	}
 	l.mu.Unlock()
-	if !same {
+	if !kept {
 		err := l.db.Update(func(tx *bolt.Tx) error { return bucket(tx, bucketMeta).Put(keyAllowance, encodeAllowance(a)) })
 		if err != nil {
 			return fmt.Errorf("keeping the fleet allowance: %w", err)
@@ -55,7 +61,10 @@ func (l *Ledger) SetAllowance(a Allowance) error {
 	if l.fundedDayLoaded(a.Day) == nil {
 		return l.unreadErr(a.Day)
 	}
-	l.notify()
+	if was.Day != a.Day || a.Tokens > was.Tokens {
+		// More to admit: wake whoever waits for budget.
+		l.notify()
+	}
 	return nil
 }
 
