@@ -50,8 +50,8 @@ type daemon struct {
 	artifacts *artifact.Store
 	spend     *ledger.Ledger
 	// fleet is what the fleet RPCs need; nil for a single host.
-	fleet *server.Fleet
-	sessions  *session.Manager
+	fleet    *server.Fleet
+	sessions *session.Manager
 	// control bounds the control API (the config's control section).
 	control config.Control
 	// remote is the config's remote section, which the remote flags override.

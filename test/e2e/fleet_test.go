@@ -225,7 +225,7 @@ func TestFleet(t *testing.T) {
 	}
 	script := `
 while [ ! -e /work/stop ]; do
-  code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $OPENAI_API_KEY" -H 'Content-Type: application/json' \
+  code=$(curl -s --max-time 3 -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $OPENAI_API_KEY" -H 'Content-Type: application/json' \
     -d '{"model":"gpt-test","messages":[{"role":"user","content":"hi"}],"max_tokens":` + fmt.Sprint(fleetMaxTokens) + `}' "$OPENAI_BASE_URL/chat/completions")
   [ "$code" = 200 ] || sleep 0.05
 done
