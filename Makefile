@@ -210,7 +210,7 @@ demo: deps build
 
 ## bench: the benchmarks whose numbers docs/performance.md quotes.
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 2s ./pkg/manifest/ ./pkg/session/ ./pkg/server/ ./pkg/spawn/ ./pkg/ledger/ ./pkg/workdir/ ./pkg/containment/idsweep/ ./pkg/containment/sysview/
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./pkg/manifest/ ./pkg/session/ ./pkg/server/ ./pkg/spawn/ ./pkg/ledger/ ./pkg/workdir/ ./pkg/containment/idsweep/ ./pkg/containment/sysview/ ./pkg/fleet/etcdstore/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 60s -fuzzminimizetime 5s ./pkg/manifest/

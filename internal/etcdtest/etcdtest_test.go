@@ -88,7 +88,7 @@ func TestPartitionedMinorityRefusesMajorityServes(t *testing.T) {
 	if _, err := c.Client(t, nl.ClientURL()).Put(ctx(t, 10*time.Second), "k", "majority"); err != nil {
 		t.Fatal(err)
 	}
-	_, err := c.Client(t, l.ClientURL()).Put(ctx(t, 2*time.Second), "k", "minority")
+	_, err := c.Client(t, l.ClientURL()).Put(ctx(t, time.Second), "k", "minority")
 	if err == nil {
 		t.Fatal("a put through the cut-off old leader succeeded")
 	}

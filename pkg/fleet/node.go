@@ -228,7 +228,16 @@ func (n *Node) run(ctx context.Context) {
 	t := time.NewTicker(n.cfg.Tick)
 	defer t.Stop()
 	for {
-		n.step(ctx)
+		if !n.step(ctx) {
+			// The store failed: the next try waits for the tick, whatever asks sooner, so
+			// that refusals while cut off do not become a storm of calls to the store.
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			continue
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -244,12 +253,13 @@ func (n *Node) run(ctx context.Context) {
 }
 
 // step is one look: settle what is undecided, give back what past days left, then take or
-// give back today's tokens as the headroom, the pool and the idleness say.
-func (n *Node) step(ctx context.Context) {
+// give back today's tokens as the headroom, the pool and the idleness say. It reports
+// whether the store answered.
+func (n *Node) step(ctx context.Context) bool {
 	today := n.today()
 	err := n.look(ctx, today)
 	if ctx.Err() != nil {
-		return
+		return false
 	}
 	n.mu.Lock()
 	was := n.status.Unreachable
@@ -264,6 +274,7 @@ func (n *Node) step(ctx context.Context) {
 	if err := n.refresh(today); err != nil {
 		n.log.Error("setting the ledger's fleet allowance", "err", err)
 	}
+	return err == nil
 }
 
 func (n *Node) look(ctx context.Context, today string) error {
@@ -293,7 +304,7 @@ func (n *Node) look(ctx context.Context, today string) error {
 	if used != n.lastUsed {
 		n.lastUsed, n.usedSince = used, now
 	}
-	if n.reportedDay != today || used-n.reported >= n.cfg.MinBlock {
+	if n.reportedDay != today || max(used-n.reported, n.reported-used) >= n.cfg.MinBlock {
 		// A report only informs (spend --fleet, Forget's under-use): it compares nothing.
 		if _, err := n.txn(ctx, nil, []Op{n.report(today)}); err != nil {
 			return fmt.Errorf("reporting what this node spent: %w", err)

@@ -476,7 +476,7 @@ func TestMinorityMemberRefusesTxn(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the majority's Txn: %v", err)
 	}
-	_, err = lonely.Txn(timeout(t, 3*time.Second), nil, []fleet.Op{put("pool", "minority")})
+	_, err = lonely.Txn(timeout(t, time.Second), nil, []fleet.Op{put("pool", "minority")})
 	if !errdefs.IsUnavailable(err) {
 		t.Fatalf("the cut-off member's Txn: %v, want unavailable", err)
 	}
@@ -484,5 +484,27 @@ func TestMinorityMemberRefusesTxn(t *testing.T) {
 	kv, _ := get(t, majority, "pool")
 	if string(kv.Value) != "majority" {
 		t.Fatalf("pool %q after healing", kv.Value)
+	}
+}
+
+// A watch through a member that loses its leader ends, rather than go quiet while the rest
+// of the cluster moves on (a node watching its day's ceiling learns it must re-read).
+func TestWatchEndsWhenItsMemberLosesTheLeader(t *testing.T) {
+	c := etcdtest.Start(t, etcdtest.Options{Members: 3})
+	c.WaitLeader(t)
+	ms := c.Members()
+	alone := open(t, []string{ms[0].ClientURL()})
+	get(t, alone, "ceiling")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch := alone.Watch(ctx, "ceiling", false, 0)
+	c.Partition(ms[:1], ms[1:])
+	select {
+	case batch, ok := <-ch:
+		if ok {
+			t.Fatalf("the cut-off member's watch reported %+v", batch)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the cut-off member's watch is still open")
 	}
 }
