@@ -371,4 +371,30 @@ done
 			t.Errorf("metrics lack %s:\n%s", want, grepLines(metrics, "fleet"))
 		}
 	}
+	if out := nodes[0].ok("fleet", "nodes"); !strings.Contains(out, "node-0 (this)") || !strings.Contains(out, "reaches etcd") || !strings.Contains(out, "node-4") {
+		t.Errorf("fleet nodes:\n%s", out)
+	}
+
+	// A node forgotten (as a lost one would be): its blocks are written off as spent, none
+	// goes back to the pool, and what it never spent is said.
+	before, err := fleet.ReadDay(ctx, store, "", today)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := nodes[0].ok("fleet", "node", "forget", "--yes", "node-1")
+	if !strings.Contains(out, "forgot node-1: ") || !strings.Contains(out, "written off as spent") {
+		t.Errorf("fleet node forget: %q", out)
+	}
+	after, err := fleet.ReadDay(ctx, store, "", today)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Granted != before.Granted || after.Granted > fleetCeiling {
+		t.Errorf("granted %d before the forget, %d after", before.Granted, after.Granted)
+	}
+	for _, n := range after.Nodes {
+		if n.Node == "node-1" && (n.Held != 0 || n.WrittenOff == 0) {
+			t.Errorf("node-1 after its forget: %+v", n)
+		}
+	}
 }

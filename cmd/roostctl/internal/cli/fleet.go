@@ -194,7 +194,33 @@ On a terminal it asks first; --yes does not.`,
 			return nil
 		},
 	}
+	cmd.ValidArgsFunction = a.completeFleetNodes
 	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print what was written off as JSON")
 	return cmd
+}
+
+// completeFleetNodes offers the fleet's nodes of today but this one, each described by what
+// it holds.
+func (a *app) completeFleetNodes(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+	if len(args) > 0 {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	conn, err := a.connect()
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	ctx, cancel := completionContext()
+	defer cancel()
+	resp, err := roostv1.NewSpendServiceClient(conn).ListFleetNodes(ctx, &roostv1.ListFleetNodesRequest{})
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	var out []cobra.Completion
+	for _, n := range resp.GetNodes() {
+		if n.GetNode() != resp.GetSelf().GetNode() && strings.HasPrefix(n.GetNode(), toComplete) {
+			out = append(out, cobra.CompletionWithDesc(n.GetNode(), fmt.Sprintf("holds %d", n.GetHeld())))
+		}
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
 }
