@@ -18,6 +18,8 @@ RULES_TEST=$DEPLOY/prometheus/alerts_test.yaml
 SCRAPE=$DEPLOY/prometheus/scrape.yaml
 DASHBOARD=$DEPLOY/grafana/roost.json
 METRICS_GO=pkg/metrics/metrics.go
+# Every non-test file of pkg/metrics names metrics; metrics.go's name is the one said.
+METRICS_ALL=$(ls pkg/metrics/*.go | grep -v '_test\.go$')
 
 fail() { echo "deploy/check: $*" >&2; exit 1; }
 
@@ -118,12 +120,12 @@ fi
 echo "== metric names against $METRICS_GO"
 [ -f "$METRICS_GO" ] || fail "$METRICS_GO not found"
 # roost's metrics: every "roost_…" string literal in metrics.go is a metric name.
-grep -oE '"roost_[a-z0-9_]+"' "$METRICS_GO" | tr -d '"' | sort -u >"$tmp/known"
+cat $METRICS_ALL | grep -oE '"roost_[a-z0-9_]+"' | tr -d '"' | sort -u >"$tmp/known"
 # Histograms, whose series are <name>_bucket, _sum and _count.
-grep -A2 'HistogramOpts{' "$METRICS_GO" | grep -oE '"roost_[a-z0-9_]+"' | tr -d '"' | sort -u >"$tmp/histograms"
+cat $METRICS_ALL | grep -A2 'HistogramOpts{' | grep -oE '"roost_[a-z0-9_]+"' | tr -d '"' | sort -u >"$tmp/histograms"
 # Deprecated names: a Name whose Help starts with "Deprecated".
 awk 'match($0, /Name: *"roost_[a-z0-9_]+"/) { n = substr($0, RSTART, RLENGTH); sub(/^Name: *"/, "", n); sub(/"$/, "", n) }
-     /Help: *"Deprecated/ && n != "" { print n }' "$METRICS_GO" | sort -u >"$tmp/deprecated"
+     /Help: *"Deprecated/ && n != "" { print n }' $METRICS_ALL | sort -u >"$tmp/deprecated"
 [ -s "$tmp/known" ] || fail "found no roost_ metric names in $METRICS_GO"
 # The standard collectors roostd registers (collectors.NewGoCollector, NewProcessCollector).
 standard='^(up|go_goroutines|go_threads|go_info|go_sched_gomaxprocs_threads|go_gc_duration_seconds(_sum|_count)?|go_memstats_[a-z0-9_]+|process_(cpu_seconds_total|open_fds|max_fds|virtual_memory_bytes|virtual_memory_max_bytes|resident_memory_bytes|start_time_seconds|network_receive_bytes_total|network_transmit_bytes_total))$'

@@ -49,7 +49,9 @@ type daemon struct {
 	mtr       *metrics.Metrics
 	artifacts *artifact.Store
 	spend     *ledger.Ledger
-	sessions  *session.Manager
+	// fleet is what the fleet RPCs need; nil for a single host.
+	fleet    *server.Fleet
+	sessions *session.Manager
 	// control bounds the control API (the config's control section).
 	control config.Control
 	// remote is the config's remote section, which the remote flags override.
@@ -96,6 +98,10 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 	}
 	if err := cfg.CheckSecrets(); err != nil {
 		return nil, fmt.Errorf("--config %s: %w", o.configFile, err)
+	}
+	fleetCfg, err := fleetFromOptions(o, cfg.Fleet)
+	if err != nil {
+		return nil, err
 	}
 	stateDir, err := filepath.Abs(o.stateDir)
 	if err != nil {
@@ -193,11 +199,21 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 	if o.machineTokensSet {
 		ledgerCfg.MachineCeiling = &o.machineTokens
 	}
+	ledgerCfg.Fleet = fleetCfg.enabled()
 	spend, err := ledger.Open(ledgerCfg)
 	if err != nil {
 		return nil, fmt.Errorf("spend ledger: %w", err)
 	}
 	d.release = append(d.release, func() { spend.Close() })
+	if fleetCfg.enabled() {
+		// Released before the ledger closes: the node's shutdown reads what it spent.
+		f, release, err := openFleet(fleetCfg, stateDir, spend, mtr, log)
+		if err != nil {
+			return nil, err
+		}
+		d.release = append(d.release, release)
+		d.fleet = f
+	}
 	mtr.WatchBudget(spend)
 	keys, err := spawn.LoadKeys(filepath.Join(stateDir, spawn.KeyFile))
 	if err != nil {

@@ -79,6 +79,9 @@ type options struct {
 	// listenTCP, tlsCert, tlsKey and clientCA are the remote listener's flags, each
 	// overriding its key of the config's remote section.
 	listenTCP, tlsCert, tlsKey, clientCA string
+	// fleetEtcd, nodeName and the etcd TLS files make roostd a fleet node, each overriding
+	// its key of the config's fleet section.
+	fleetEtcd, nodeName, fleetEtcdCA, fleetEtcdCert, fleetEtcdKey string
 	// logLevel and logFormat are --log-level and --log-format.
 	logLevel  slog.Level
 	logFormat string
@@ -156,6 +159,11 @@ func flagSet(o *options) (fs *pflag.FlagSet, warmCapsules *[]string, logLevel *s
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "the remote listener's certificate, PEM (remote.tls_cert)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "the remote listener's private key, PEM, mode 0600 (remote.tls_key)")
 	fs.StringVar(&o.clientCA, "client-ca", "", "the CA remote clients' certificates must chain to, PEM (remote.client_ca)")
+	fs.StringVar(&o.fleetEtcd, "fleet-etcd", "", "make roostd a node of a fleet ledger kept in the etcd cluster at `URL[,URL...]` (fleet.etcd); default off: a single host")
+	fs.StringVar(&o.nodeName, "node-name", "", "this roostd's `NAME` in the fleet, unique and the same across restarts (fleet.node_name)")
+	fs.StringVar(&o.fleetEtcdCA, "fleet-etcd-ca", "", "the CA the etcd members' certificates chain to, PEM (fleet.etcd_ca)")
+	fs.StringVar(&o.fleetEtcdCert, "fleet-etcd-cert", "", "this node's client certificate for etcd, PEM (fleet.etcd_cert)")
+	fs.StringVar(&o.fleetEtcdKey, "fleet-etcd-key", "", "its private key, PEM (fleet.etcd_key)")
 	fs.StringVar(&o.configFile, "config", "", "YAML file with inference upstreams and other long settings")
 	fs.IntVar(&o.maxDepth, "max-depth", 3, "delegation depth allowed below a top-level session")
 	fs.IntVar(&o.maxConcurrent, "max-concurrent", 4, "live children per parent session")

@@ -42,6 +42,7 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 		IDs:         d.pool,
 		Limits:      d.control,
 		Descriptors: d.fds,
+		Fleet:       d.fleet,
 		Peers:       &server.PeerPolicy{Group: d.group, Sessions: server.NewSessionProcs(d.init, d.cgs.Parents())}})
 
 	rem, err := openRemote(o, d, srv, log)

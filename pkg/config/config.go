@@ -27,6 +27,7 @@ type Config struct {
 	Egress    Egress    `yaml:"egress"`
 	Control   Control   `yaml:"control"`
 	Remote    Remote    `yaml:"remote"`
+	Fleet     Fleet     `yaml:"fleet"`
 	// Hooks are the operator's WASM hooks (pkg/hooks runs them), in the order they run.
 	Hooks []Hook `yaml:"hooks"`
 }
@@ -322,6 +323,41 @@ func (r *Remote) check(file string) error {
 			return fmt.Errorf("%s.role: %q: expected operator or reader", at, c.Role)
 		}
 		seen[c.CommonName] = true
+	}
+	return nil
+}
+
+// Fleet makes roostd a node of a fleet ledger (pkg/fleet, docs/fleet.md): one daily token
+// ceiling across many roostd nodes, kept in etcd. Off unless etcd is set (here or by
+// --fleet-etcd; each flag overrides its key).
+type Fleet struct {
+	// Etcd are the etcd members' client URLs (http://host:port or https://host:port).
+	Etcd []string `yaml:"etcd"`
+	// NodeName is this roostd's name in the fleet, unique in it and kept across restarts.
+	NodeName string `yaml:"node_name"`
+	// EtcdCA, EtcdCert and EtcdKey are the PEM files of the CA the members' certificates
+	// chain to, and of this client's certificate and key (both or neither).
+	EtcdCA   string `yaml:"etcd_ca"`
+	EtcdCert string `yaml:"etcd_cert"`
+	EtcdKey  string `yaml:"etcd_key"`
+}
+
+func (f *Fleet) check(file string) error {
+	for i, ep := range f.Etcd {
+		if !strings.HasPrefix(ep, "http://") && !strings.HasPrefix(ep, "https://") {
+			return fmt.Errorf("%s: fleet.etcd[%d]: %q: expected a client URL, http://host:port or https://host:port", file, i, ep)
+		}
+	}
+	for _, p := range []struct{ key, path string }{{"etcd_ca", f.EtcdCA}, {"etcd_cert", f.EtcdCert}, {"etcd_key", f.EtcdKey}} {
+		if p.path != "" && !filepath.IsAbs(p.path) {
+			return fmt.Errorf("%s: fleet.%s: %q: expected an absolute path", file, p.key, p.path)
+		}
+	}
+	if (f.EtcdCert == "") != (f.EtcdKey == "") {
+		return fmt.Errorf("%s: fleet.etcd_cert and fleet.etcd_key: give both or neither", file)
+	}
+	if f.NodeName != "" && len(f.Etcd) == 0 {
+		return fmt.Errorf("%s: fleet.node_name: %q: set fleet.etcd too (a node of which fleet?)", file, f.NodeName)
 	}
 	return nil
 }
@@ -636,6 +672,9 @@ func Parse(data []byte, file string) (*Config, error) {
 		return nil, err
 	}
 	if err := c.Remote.check(file); err != nil {
+		return nil, err
+	}
+	if err := c.Fleet.check(file); err != nil {
 		return nil, err
 	}
 	if err := checkHooks(file, c.Hooks); err != nil {

@@ -34,7 +34,7 @@ func TestParse(t *testing.T) {
 		strings.Replace(good, "https://api.openai.com", "api", 1):                                        "url: \"api\"",
 		strings.Replace(good, "/etc/roost/openai.key", "key", 1):                                         "api_key_file",
 		good + "    - name: openai\n      format: openai\n      url: http://x\n      api_key_file: /k\n": "declared twice",
-		"listen: x\n": "roostd.yaml:1: listen: unknown key (expected one of: control, egress, env, hooks, inference, remote, sessions)",
+		"listen: x\n": "roostd.yaml:1: listen: unknown key (expected one of: control, egress, env, fleet, hooks, inference, remote, sessions)",
 		"inference:\n  max_body_bytes_in_flight: -1\n": "inference.max_body_bytes_in_flight: -1: must be more than 0",
 		"inference:\n  max_calls_per_session: -3\n":    "inference.max_calls_per_session: -3: must be more than 0",
 		"inference:\n  max_calls_per_session: x\n":     `roostd.yaml:2: inference.max_calls_per_session: expected an integer, got "x"`,
@@ -305,7 +305,7 @@ func TestDecodeErrors(t *testing.T) {
 	up := "inference:\n  upstreams:\n    - name: a\n      format: openai\n      url: http://x\n      api_key_file: /k\n"
 	for _, c := range []struct{ src, want string }{
 		// Unknown keys, at every level.
-		{"listen: x\n", "roostd.yaml:1: listen: unknown key (expected one of: control, egress, env, hooks, inference, remote, sessions)"},
+		{"listen: x\n", "roostd.yaml:1: listen: unknown key (expected one of: control, egress, env, fleet, hooks, inference, remote, sessions)"},
 		{"inference:\n  upstream: []\n", "roostd.yaml:2: inference.upstream: unknown key (expected one of: max_body_bytes_in_flight, max_calls_per_session, upstreams)"},
 		{up + "      key: x\n", "roostd.yaml:7: inference.upstreams[0].key: unknown key (expected one of: api_key_file, default_max_output_tokens, format, models, name, routes, url)"},
 		{up + "      routes:\n        - method: GET\n          paths: x\n", "roostd.yaml:9: inference.upstreams[0].routes[0].paths: unknown key (expected one of: metered, method, path, query, tokens)"},
@@ -413,6 +413,36 @@ func TestRemote(t *testing.T) {
 	} {
 		if _, err := Parse([]byte(src), "roostd.yaml"); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v (want %q)", src, err, want)
+		}
+	}
+}
+
+func TestFleet(t *testing.T) {
+	c, err := Parse([]byte(`fleet:
+  etcd: [https://10.0.0.1:2379, https://10.0.0.2:2379]
+  node_name: node-a
+  etcd_ca: /etc/roost/etcd/ca.pem
+  etcd_cert: /etc/roost/etcd/client.pem
+  etcd_key: /etc/roost/etcd/client-key.pem
+`), "roostd.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Fleet{Etcd: []string{"https://10.0.0.1:2379", "https://10.0.0.2:2379"}, NodeName: "node-a",
+		EtcdCA: "/etc/roost/etcd/ca.pem", EtcdCert: "/etc/roost/etcd/client.pem", EtcdKey: "/etc/roost/etcd/client-key.pem"}
+	if !reflect.DeepEqual(c.Fleet, want) {
+		t.Fatalf("got %+v, want %+v", c.Fleet, want)
+	}
+	for in, msg := range map[string]string{
+		"fleet:\n  etcd: [10.0.0.1:2379]\n":                   `roostd.yaml: fleet.etcd[0]: "10.0.0.1:2379": expected a client URL`,
+		"fleet:\n  etcd: [http://a:1]\n  etcd_ca: ca.pem\n":   `roostd.yaml: fleet.etcd_ca: "ca.pem": expected an absolute path`,
+		"fleet:\n  etcd: [http://a:1]\n  etcd_cert: /c.pem\n": `fleet.etcd_cert and fleet.etcd_key: give both or neither`,
+		"fleet:\n  node_name: a\n":                            `roostd.yaml: fleet.node_name: "a": set fleet.etcd too`,
+		"fleet:\n  etcd: [http://a:1]\n  node: a\n":           `roostd.yaml:3: fleet.node: unknown key`,
+	} {
+		_, err := Parse([]byte(in), "roostd.yaml")
+		if err == nil || !strings.Contains(err.Error(), msg) {
+			t.Errorf("%q: got %v, want %q", in, err, msg)
 		}
 	}
 }

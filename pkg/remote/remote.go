@@ -52,6 +52,8 @@ var readerMethods = []string{
 	"/roost.v1.FilesService/DownloadTree",
 	"/roost.v1.SpendService/GetDay",
 	"/roost.v1.SpendService/ListCalls",
+	"/roost.v1.SpendService/GetFleet",
+	"/roost.v1.SpendService/ListFleetNodes",
 	"/roost.v1.ArtifactService/ListArtifacts",
 	"/roost.v1.SystemService/Health",
 	"/roost.v1.SystemService/Version",

@@ -68,6 +68,8 @@ type Config struct {
 	Limits config.Control
 	// Descriptors is roostd's descriptor budget, which doctor reports; nil for none.
 	Descriptors *fdbudget.Budget
+	// Fleet is the fleet ledger this roostd is a node of; nil when it is a single host.
+	Fleet *Fleet
 }
 
 // Server is roostd's gRPC server: roost's services, the standard health service
@@ -131,7 +133,7 @@ func New(cfg Config) *Server {
 	roostv1.RegisterSystemServiceServer(srv, &systemService{cfg: cfg})
 	roostv1.RegisterArtifactServiceServer(srv, &artifactService{store: cfg.Artifacts})
 	roostv1.RegisterFilesServiceServer(srv, &filesService{m: cfg.Sessions, sendTimeout: limits.StreamSendTimeout()})
-	roostv1.RegisterSpendServiceServer(srv, &spendService{ledger: cfg.Ledger, recordsDir: func(id string) (string, error) {
+	roostv1.RegisterSpendServiceServer(srv, &spendService{ledger: cfg.Ledger, fleetNode: cfg.Fleet, recordsDir: func(id string) (string, error) {
 		rec, err := cfg.Sessions.Get(id)
 		if err != nil {
 			return "", err

@@ -24,6 +24,8 @@ type spendService struct {
 	ledger *ledger.Ledger
 	// recordsDir is a session's records directory, where its trace is.
 	recordsDir func(sessionID string) (string, error)
+	// fleetNode is the fleet ledger this roostd is a node of; nil when it is none.
+	fleetNode *Fleet
 }
 
 var _ roostv1.SpendServiceServer = (*spendService)(nil)

@@ -713,6 +713,677 @@ func (x *SetMachineLimitResponse) GetTokens() int64 {
 	return 0
 }
 
+type GetFleetRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// YYYY-MM-DD (UTC); empty for today.
+	Day           string `protobuf:"bytes,1,opt,name=day,proto3" json:"day,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetFleetRequest) Reset() {
+	*x = GetFleetRequest{}
+	mi := &file_roost_v1_spend_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetFleetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetFleetRequest) ProtoMessage() {}
+
+func (x *GetFleetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_spend_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetFleetRequest.ProtoReflect.Descriptor instead.
+func (*GetFleetRequest) Descriptor() ([]byte, []int) {
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *GetFleetRequest) GetDay() string {
+	if x != nil {
+		return x.Day
+	}
+	return ""
+}
+
+type GetFleetResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Day   *FleetDay              `protobuf:"bytes,1,opt,name=day,proto3" json:"day,omitempty"`
+	// The node this roostd is in the fleet.
+	Node          string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetFleetResponse) Reset() {
+	*x = GetFleetResponse{}
+	mi := &file_roost_v1_spend_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetFleetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetFleetResponse) ProtoMessage() {}
+
+func (x *GetFleetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_spend_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetFleetResponse.ProtoReflect.Descriptor instead.
+func (*GetFleetResponse) Descriptor() ([]byte, []int) {
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *GetFleetResponse) GetDay() *FleetDay {
+	if x != nil {
+		return x.Day
+	}
+	return nil
+}
+
+func (x *GetFleetResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+// FleetDay is the fleet's ledger of one UTC day.
+type FleetDay struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Date  string                 `protobuf:"bytes,1,opt,name=date,proto3" json:"date,omitempty"`
+	// The day's ceiling (the standing one when the day's pool is not open yet).
+	Ceiling int64 `protobuf:"varint,2,opt,name=ceiling,proto3" json:"ceiling,omitempty"`
+	// Σ of the day's blocks less what was given back.
+	Granted int64 `protobuf:"varint,3,opt,name=granted,proto3" json:"granted,omitempty"`
+	// Whether the day's pool is open (a node took from it, or the ceiling was set today).
+	Open          bool            `protobuf:"varint,4,opt,name=open,proto3" json:"open,omitempty"`
+	Nodes         []*FleetNodeDay `protobuf:"bytes,5,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FleetDay) Reset() {
+	*x = FleetDay{}
+	mi := &file_roost_v1_spend_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FleetDay) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FleetDay) ProtoMessage() {}
+
+func (x *FleetDay) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_spend_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FleetDay.ProtoReflect.Descriptor instead.
+func (*FleetDay) Descriptor() ([]byte, []int) {
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *FleetDay) GetDate() string {
+	if x != nil {
+		return x.Date
+	}
+	return ""
+}
+
+func (x *FleetDay) GetCeiling() int64 {
+	if x != nil {
+		return x.Ceiling
+	}
+	return 0
+}
+
+func (x *FleetDay) GetGranted() int64 {
+	if x != nil {
+		return x.Granted
+	}
+	return 0
+}
+
+func (x *FleetDay) GetOpen() bool {
+	if x != nil {
+		return x.Open
+	}
+	return false
+}
+
+func (x *FleetDay) GetNodes() []*FleetNodeDay {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+// FleetNodeDay is one node's part of a fleet day.
+type FleetNodeDay struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// What its blocks hold, spent or not, of those not written off.
+	Held int64 `protobuf:"varint,2,opt,name=held,proto3" json:"held,omitempty"`
+	// What it last reported it charged and reserved.
+	Spent         int64 `protobuf:"varint,3,opt,name=spent,proto3" json:"spent,omitempty"`
+	Returned      int64 `protobuf:"varint,4,opt,name=returned,proto3" json:"returned,omitempty"`
+	WrittenOff    int64 `protobuf:"varint,5,opt,name=written_off,json=writtenOff,proto3" json:"written_off,omitempty"`
+	Blocks        int32 `protobuf:"varint,6,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FleetNodeDay) Reset() {
+	*x = FleetNodeDay{}
+	mi := &file_roost_v1_spend_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FleetNodeDay) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FleetNodeDay) ProtoMessage() {}
+
+func (x *FleetNodeDay) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_spend_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FleetNodeDay.ProtoReflect.Descriptor instead.
+func (*FleetNodeDay) Descriptor() ([]byte, []int) {
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *FleetNodeDay) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *FleetNodeDay) GetHeld() int64 {
+	if x != nil {
+		return x.Held
+	}
+	return 0
+}
+
+func (x *FleetNodeDay) GetSpent() int64 {
+	if x != nil {
+		return x.Spent
+	}
+	return 0
+}
+
+func (x *FleetNodeDay) GetReturned() int64 {
+	if x != nil {
+		return x.Returned
+	}
+	return 0
+}
+
+func (x *FleetNodeDay) GetWrittenOff() int64 {
+	if x != nil {
+		return x.WrittenOff
+	}
+	return 0
+}
+
+func (x *FleetNodeDay) GetBlocks() int32 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+type SetFleetLimitRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tokens        int64                  `protobuf:"varint,1,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetFleetLimitRequest) Reset() {
+	*x = SetFleetLimitRequest{}
+	mi := &file_roost_v1_spend_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetFleetLimitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetFleetLimitRequest) ProtoMessage() {}
+
+func (x *SetFleetLimitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_spend_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetFleetLimitRequest.ProtoReflect.Descriptor instead.
+func (*SetFleetLimitRequest) Descriptor() ([]byte, []int) {
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *SetFleetLimitRequest) GetTokens() int64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+type SetFleetLimitResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Today's ceiling before (0: none set).
+	Previous      int64 `protobuf:"varint,1,opt,name=previous,proto3" json:"previous,omitempty"`
+	Tokens        int64 `protobuf:"varint,2,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetFleetLimitResponse) Reset() {
+	*x = SetFleetLimitResponse{}
+	mi := &file_roost_v1_spend_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetFleetLimitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetFleetLimitResponse) ProtoMessage() {}
+
+func (x *SetFleetLimitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_spend_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetFleetLimitResponse.ProtoReflect.Descriptor instead.
+func (*SetFleetLimitResponse) Descriptor() ([]byte, []int) {
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *SetFleetLimitResponse) GetPrevious() int64 {
+	if x != nil {
+		return x.Previous
+	}
+	return 0
+}
+
+func (x *SetFleetLimitResponse) GetTokens() int64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+type ListFleetNodesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFleetNodesRequest) Reset() {
+	*x = ListFleetNodesRequest{}
+	mi := &file_roost_v1_spend_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFleetNodesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFleetNodesRequest) ProtoMessage() {}
+
+func (x *ListFleetNodesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_spend_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFleetNodesRequest.ProtoReflect.Descriptor instead.
+func (*ListFleetNodesRequest) Descriptor() ([]byte, []int) {
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{16}
+}
+
+type ListFleetNodesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Date  string                 `protobuf:"bytes,1,opt,name=date,proto3" json:"date,omitempty"`
+	Nodes []*FleetNodeDay        `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// This roostd's own view of its part.
+	Self          *FleetSelf `protobuf:"bytes,3,opt,name=self,proto3" json:"self,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFleetNodesResponse) Reset() {
+	*x = ListFleetNodesResponse{}
+	mi := &file_roost_v1_spend_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFleetNodesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFleetNodesResponse) ProtoMessage() {}
+
+func (x *ListFleetNodesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_spend_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFleetNodesResponse.ProtoReflect.Descriptor instead.
+func (*ListFleetNodesResponse) Descriptor() ([]byte, []int) {
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ListFleetNodesResponse) GetDate() string {
+	if x != nil {
+		return x.Date
+	}
+	return ""
+}
+
+func (x *ListFleetNodesResponse) GetNodes() []*FleetNodeDay {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *ListFleetNodesResponse) GetSelf() *FleetSelf {
+	if x != nil {
+		return x.Self
+	}
+	return nil
+}
+
+// FleetSelf is a node's own view of its part of today.
+type FleetSelf struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Day   string                 `protobuf:"bytes,2,opt,name=day,proto3" json:"day,omitempty"`
+	// What it holds of the day (spent included), and what its ledger charged and reserved.
+	Held int64 `protobuf:"varint,3,opt,name=held,proto3" json:"held,omitempty"`
+	Used int64 `protobuf:"varint,4,opt,name=used,proto3" json:"used,omitempty"`
+	// What the pool had left at its last read; -1 before one.
+	Pool int64 `protobuf:"varint,5,opt,name=pool,proto3" json:"pool,omitempty"`
+	// Writes to the store whose outcome it has yet to find out.
+	Pending int32 `protobuf:"varint,6,opt,name=pending,proto3" json:"pending,omitempty"`
+	// It could not reach the store at its last look: it spends what it holds, then refuses.
+	Unreachable   bool `protobuf:"varint,7,opt,name=unreachable,proto3" json:"unreachable,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FleetSelf) Reset() {
+	*x = FleetSelf{}
+	mi := &file_roost_v1_spend_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FleetSelf) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FleetSelf) ProtoMessage() {}
+
+func (x *FleetSelf) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_spend_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FleetSelf.ProtoReflect.Descriptor instead.
+func (*FleetSelf) Descriptor() ([]byte, []int) {
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *FleetSelf) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *FleetSelf) GetDay() string {
+	if x != nil {
+		return x.Day
+	}
+	return ""
+}
+
+func (x *FleetSelf) GetHeld() int64 {
+	if x != nil {
+		return x.Held
+	}
+	return 0
+}
+
+func (x *FleetSelf) GetUsed() int64 {
+	if x != nil {
+		return x.Used
+	}
+	return 0
+}
+
+func (x *FleetSelf) GetPool() int64 {
+	if x != nil {
+		return x.Pool
+	}
+	return 0
+}
+
+func (x *FleetSelf) GetPending() int32 {
+	if x != nil {
+		return x.Pending
+	}
+	return 0
+}
+
+func (x *FleetSelf) GetUnreachable() bool {
+	if x != nil {
+		return x.Unreachable
+	}
+	return false
+}
+
+type ForgetFleetNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetFleetNodeRequest) Reset() {
+	*x = ForgetFleetNodeRequest{}
+	mi := &file_roost_v1_spend_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetFleetNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetFleetNodeRequest) ProtoMessage() {}
+
+func (x *ForgetFleetNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_spend_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetFleetNodeRequest.ProtoReflect.Descriptor instead.
+func (*ForgetFleetNodeRequest) Descriptor() ([]byte, []int) {
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ForgetFleetNodeRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+type ForgetFleetNodeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Per day, what was written off as spent.
+	Days       map[string]int64 `protobuf:"bytes,2,rep,name=days,proto3" json:"days,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	WrittenOff int64            `protobuf:"varint,3,opt,name=written_off,json=writtenOff,proto3" json:"written_off,omitempty"`
+	// At most this much of what was written off the node never spent: tokens the fleet loses
+	// for the day.
+	UnderUse      int64 `protobuf:"varint,4,opt,name=under_use,json=underUse,proto3" json:"under_use,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetFleetNodeResponse) Reset() {
+	*x = ForgetFleetNodeResponse{}
+	mi := &file_roost_v1_spend_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetFleetNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetFleetNodeResponse) ProtoMessage() {}
+
+func (x *ForgetFleetNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_spend_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetFleetNodeResponse.ProtoReflect.Descriptor instead.
+func (*ForgetFleetNodeResponse) Descriptor() ([]byte, []int) {
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ForgetFleetNodeResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ForgetFleetNodeResponse) GetDays() map[string]int64 {
+	if x != nil {
+		return x.Days
+	}
+	return nil
+}
+
+func (x *ForgetFleetNodeResponse) GetWrittenOff() int64 {
+	if x != nil {
+		return x.WrittenOff
+	}
+	return 0
+}
+
+func (x *ForgetFleetNodeResponse) GetUnderUse() int64 {
+	if x != nil {
+		return x.UnderUse
+	}
+	return 0
+}
+
 var File_roost_v1_spend_proto protoreflect.FileDescriptor
 
 const file_roost_v1_spend_proto_rawDesc = "" +
@@ -774,11 +1445,63 @@ const file_roost_v1_spend_proto_rawDesc = "" +
 	"\x06tokens\x18\x01 \x01(\x03R\x06tokens\"M\n" +
 	"\x17SetMachineLimitResponse\x12\x1a\n" +
 	"\bprevious\x18\x01 \x01(\x03R\bprevious\x12\x16\n" +
-	"\x06tokens\x18\x02 \x01(\x03R\x06tokens2\xe9\x01\n" +
+	"\x06tokens\x18\x02 \x01(\x03R\x06tokens\"#\n" +
+	"\x0fGetFleetRequest\x12\x10\n" +
+	"\x03day\x18\x01 \x01(\tR\x03day\"L\n" +
+	"\x10GetFleetResponse\x12$\n" +
+	"\x03day\x18\x01 \x01(\v2\x12.roost.v1.FleetDayR\x03day\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\"\x94\x01\n" +
+	"\bFleetDay\x12\x12\n" +
+	"\x04date\x18\x01 \x01(\tR\x04date\x12\x18\n" +
+	"\aceiling\x18\x02 \x01(\x03R\aceiling\x12\x18\n" +
+	"\agranted\x18\x03 \x01(\x03R\agranted\x12\x12\n" +
+	"\x04open\x18\x04 \x01(\bR\x04open\x12,\n" +
+	"\x05nodes\x18\x05 \x03(\v2\x16.roost.v1.FleetNodeDayR\x05nodes\"\xa1\x01\n" +
+	"\fFleetNodeDay\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
+	"\x04held\x18\x02 \x01(\x03R\x04held\x12\x14\n" +
+	"\x05spent\x18\x03 \x01(\x03R\x05spent\x12\x1a\n" +
+	"\breturned\x18\x04 \x01(\x03R\breturned\x12\x1f\n" +
+	"\vwritten_off\x18\x05 \x01(\x03R\n" +
+	"writtenOff\x12\x16\n" +
+	"\x06blocks\x18\x06 \x01(\x05R\x06blocks\".\n" +
+	"\x14SetFleetLimitRequest\x12\x16\n" +
+	"\x06tokens\x18\x01 \x01(\x03R\x06tokens\"K\n" +
+	"\x15SetFleetLimitResponse\x12\x1a\n" +
+	"\bprevious\x18\x01 \x01(\x03R\bprevious\x12\x16\n" +
+	"\x06tokens\x18\x02 \x01(\x03R\x06tokens\"\x17\n" +
+	"\x15ListFleetNodesRequest\"\x83\x01\n" +
+	"\x16ListFleetNodesResponse\x12\x12\n" +
+	"\x04date\x18\x01 \x01(\tR\x04date\x12,\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x16.roost.v1.FleetNodeDayR\x05nodes\x12'\n" +
+	"\x04self\x18\x03 \x01(\v2\x13.roost.v1.FleetSelfR\x04self\"\xa9\x01\n" +
+	"\tFleetSelf\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x10\n" +
+	"\x03day\x18\x02 \x01(\tR\x03day\x12\x12\n" +
+	"\x04held\x18\x03 \x01(\x03R\x04held\x12\x12\n" +
+	"\x04used\x18\x04 \x01(\x03R\x04used\x12\x12\n" +
+	"\x04pool\x18\x05 \x01(\x03R\x04pool\x12\x18\n" +
+	"\apending\x18\x06 \x01(\x05R\apending\x12 \n" +
+	"\vunreachable\x18\a \x01(\bR\vunreachable\",\n" +
+	"\x16ForgetFleetNodeRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\"\xe5\x01\n" +
+	"\x17ForgetFleetNodeResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12?\n" +
+	"\x04days\x18\x02 \x03(\v2+.roost.v1.ForgetFleetNodeResponse.DaysEntryR\x04days\x12\x1f\n" +
+	"\vwritten_off\x18\x03 \x01(\x03R\n" +
+	"writtenOff\x12\x1b\n" +
+	"\tunder_use\x18\x04 \x01(\x03R\bunderUse\x1a7\n" +
+	"\tDaysEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x012\xab\x04\n" +
 	"\fSpendService\x12;\n" +
 	"\x06GetDay\x12\x17.roost.v1.GetDayRequest\x1a\x18.roost.v1.GetDayResponse\x12V\n" +
 	"\x0fSetMachineLimit\x12 .roost.v1.SetMachineLimitRequest\x1a!.roost.v1.SetMachineLimitResponse\x12D\n" +
-	"\tListCalls\x12\x1a.roost.v1.ListCallsRequest\x1a\x1b.roost.v1.ListCallsResponseB*Z(roost.dev/roost/api/gen/roost/v1;roostv1b\x06proto3"
+	"\tListCalls\x12\x1a.roost.v1.ListCallsRequest\x1a\x1b.roost.v1.ListCallsResponse\x12A\n" +
+	"\bGetFleet\x12\x19.roost.v1.GetFleetRequest\x1a\x1a.roost.v1.GetFleetResponse\x12P\n" +
+	"\rSetFleetLimit\x12\x1e.roost.v1.SetFleetLimitRequest\x1a\x1f.roost.v1.SetFleetLimitResponse\x12S\n" +
+	"\x0eListFleetNodes\x12\x1f.roost.v1.ListFleetNodesRequest\x1a .roost.v1.ListFleetNodesResponse\x12V\n" +
+	"\x0fForgetFleetNode\x12 .roost.v1.ForgetFleetNodeRequest\x1a!.roost.v1.ForgetFleetNodeResponseB*Z(roost.dev/roost/api/gen/roost/v1;roostv1b\x06proto3"
 
 var (
 	file_roost_v1_spend_proto_rawDescOnce sync.Once
@@ -792,7 +1515,7 @@ func file_roost_v1_spend_proto_rawDescGZIP() []byte {
 	return file_roost_v1_spend_proto_rawDescData
 }
 
-var file_roost_v1_spend_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_roost_v1_spend_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_roost_v1_spend_proto_goTypes = []any{
 	(*ListCallsRequest)(nil),        // 0: roost.v1.ListCallsRequest
 	(*ListCallsResponse)(nil),       // 1: roost.v1.ListCallsResponse
@@ -804,26 +1527,51 @@ var file_roost_v1_spend_proto_goTypes = []any{
 	(*DayCapsule)(nil),              // 7: roost.v1.DayCapsule
 	(*SetMachineLimitRequest)(nil),  // 8: roost.v1.SetMachineLimitRequest
 	(*SetMachineLimitResponse)(nil), // 9: roost.v1.SetMachineLimitResponse
-	(*timestamppb.Timestamp)(nil),   // 10: google.protobuf.Timestamp
+	(*GetFleetRequest)(nil),         // 10: roost.v1.GetFleetRequest
+	(*GetFleetResponse)(nil),        // 11: roost.v1.GetFleetResponse
+	(*FleetDay)(nil),                // 12: roost.v1.FleetDay
+	(*FleetNodeDay)(nil),            // 13: roost.v1.FleetNodeDay
+	(*SetFleetLimitRequest)(nil),    // 14: roost.v1.SetFleetLimitRequest
+	(*SetFleetLimitResponse)(nil),   // 15: roost.v1.SetFleetLimitResponse
+	(*ListFleetNodesRequest)(nil),   // 16: roost.v1.ListFleetNodesRequest
+	(*ListFleetNodesResponse)(nil),  // 17: roost.v1.ListFleetNodesResponse
+	(*FleetSelf)(nil),               // 18: roost.v1.FleetSelf
+	(*ForgetFleetNodeRequest)(nil),  // 19: roost.v1.ForgetFleetNodeRequest
+	(*ForgetFleetNodeResponse)(nil), // 20: roost.v1.ForgetFleetNodeResponse
+	nil,                             // 21: roost.v1.ForgetFleetNodeResponse.DaysEntry
+	(*timestamppb.Timestamp)(nil),   // 22: google.protobuf.Timestamp
 }
 var file_roost_v1_spend_proto_depIdxs = []int32{
 	2,  // 0: roost.v1.ListCallsResponse.calls:type_name -> roost.v1.InferenceCall
-	10, // 1: roost.v1.InferenceCall.at:type_name -> google.protobuf.Timestamp
+	22, // 1: roost.v1.InferenceCall.at:type_name -> google.protobuf.Timestamp
 	5,  // 2: roost.v1.GetDayResponse.day:type_name -> roost.v1.DayLedger
-	10, // 3: roost.v1.DayLedger.resets_at:type_name -> google.protobuf.Timestamp
+	22, // 3: roost.v1.DayLedger.resets_at:type_name -> google.protobuf.Timestamp
 	6,  // 4: roost.v1.DayLedger.sessions:type_name -> roost.v1.DaySession
 	7,  // 5: roost.v1.DayLedger.capsules:type_name -> roost.v1.DayCapsule
-	3,  // 6: roost.v1.SpendService.GetDay:input_type -> roost.v1.GetDayRequest
-	8,  // 7: roost.v1.SpendService.SetMachineLimit:input_type -> roost.v1.SetMachineLimitRequest
-	0,  // 8: roost.v1.SpendService.ListCalls:input_type -> roost.v1.ListCallsRequest
-	4,  // 9: roost.v1.SpendService.GetDay:output_type -> roost.v1.GetDayResponse
-	9,  // 10: roost.v1.SpendService.SetMachineLimit:output_type -> roost.v1.SetMachineLimitResponse
-	1,  // 11: roost.v1.SpendService.ListCalls:output_type -> roost.v1.ListCallsResponse
-	9,  // [9:12] is the sub-list for method output_type
-	6,  // [6:9] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	12, // 6: roost.v1.GetFleetResponse.day:type_name -> roost.v1.FleetDay
+	13, // 7: roost.v1.FleetDay.nodes:type_name -> roost.v1.FleetNodeDay
+	13, // 8: roost.v1.ListFleetNodesResponse.nodes:type_name -> roost.v1.FleetNodeDay
+	18, // 9: roost.v1.ListFleetNodesResponse.self:type_name -> roost.v1.FleetSelf
+	21, // 10: roost.v1.ForgetFleetNodeResponse.days:type_name -> roost.v1.ForgetFleetNodeResponse.DaysEntry
+	3,  // 11: roost.v1.SpendService.GetDay:input_type -> roost.v1.GetDayRequest
+	8,  // 12: roost.v1.SpendService.SetMachineLimit:input_type -> roost.v1.SetMachineLimitRequest
+	0,  // 13: roost.v1.SpendService.ListCalls:input_type -> roost.v1.ListCallsRequest
+	10, // 14: roost.v1.SpendService.GetFleet:input_type -> roost.v1.GetFleetRequest
+	14, // 15: roost.v1.SpendService.SetFleetLimit:input_type -> roost.v1.SetFleetLimitRequest
+	16, // 16: roost.v1.SpendService.ListFleetNodes:input_type -> roost.v1.ListFleetNodesRequest
+	19, // 17: roost.v1.SpendService.ForgetFleetNode:input_type -> roost.v1.ForgetFleetNodeRequest
+	4,  // 18: roost.v1.SpendService.GetDay:output_type -> roost.v1.GetDayResponse
+	9,  // 19: roost.v1.SpendService.SetMachineLimit:output_type -> roost.v1.SetMachineLimitResponse
+	1,  // 20: roost.v1.SpendService.ListCalls:output_type -> roost.v1.ListCallsResponse
+	11, // 21: roost.v1.SpendService.GetFleet:output_type -> roost.v1.GetFleetResponse
+	15, // 22: roost.v1.SpendService.SetFleetLimit:output_type -> roost.v1.SetFleetLimitResponse
+	17, // 23: roost.v1.SpendService.ListFleetNodes:output_type -> roost.v1.ListFleetNodesResponse
+	20, // 24: roost.v1.SpendService.ForgetFleetNode:output_type -> roost.v1.ForgetFleetNodeResponse
+	18, // [18:25] is the sub-list for method output_type
+	11, // [11:18] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_spend_proto_init() }
@@ -837,7 +1585,7 @@ func file_roost_v1_spend_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_spend_proto_rawDesc), len(file_roost_v1_spend_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

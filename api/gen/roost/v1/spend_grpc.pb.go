@@ -22,6 +22,10 @@ const (
 	SpendService_GetDay_FullMethodName          = "/roost.v1.SpendService/GetDay"
 	SpendService_SetMachineLimit_FullMethodName = "/roost.v1.SpendService/SetMachineLimit"
 	SpendService_ListCalls_FullMethodName       = "/roost.v1.SpendService/ListCalls"
+	SpendService_GetFleet_FullMethodName        = "/roost.v1.SpendService/GetFleet"
+	SpendService_SetFleetLimit_FullMethodName   = "/roost.v1.SpendService/SetFleetLimit"
+	SpendService_ListFleetNodes_FullMethodName  = "/roost.v1.SpendService/ListFleetNodes"
+	SpendService_ForgetFleetNode_FullMethodName = "/roost.v1.SpendService/ForgetFleetNode"
 )
 
 // SpendServiceClient is the client API for SpendService service.
@@ -37,6 +41,20 @@ type SpendServiceClient interface {
 	SetMachineLimit(ctx context.Context, in *SetMachineLimitRequest, opts ...grpc.CallOption) (*SetMachineLimitResponse, error)
 	// ListCalls returns a session's metered inference calls as its trace records them.
 	ListCalls(ctx context.Context, in *ListCallsRequest, opts ...grpc.CallOption) (*ListCallsResponse, error)
+	// GetFleet returns the fleet ledger of one UTC day as its shared store has it: the fleet's
+	// ceiling, what is granted of it, and per node what it holds, spent, gave back and had
+	// written off. FAILED_PRECONDITION when this roostd is no fleet node.
+	GetFleet(ctx context.Context, in *GetFleetRequest, opts ...grpc.CallOption) (*GetFleetResponse, error)
+	// SetFleetLimit sets the fleet's tokens per UTC day, standing and for today. Lowered
+	// under what is granted, nodes give back what they hold unspent; what is spent stays.
+	SetFleetLimit(ctx context.Context, in *SetFleetLimitRequest, opts ...grpc.CallOption) (*SetFleetLimitResponse, error)
+	// ListFleetNodes lists the nodes that hold or held blocks today, with this node's own view
+	// of its part.
+	ListFleetNodes(ctx context.Context, in *ListFleetNodesRequest, opts ...grpc.CallOption) (*ListFleetNodesResponse, error)
+	// ForgetFleetNode writes a lost node's blocks off as spent, on every day it holds any, and
+	// reports the under-use this costs. Nothing goes back to the pool: nothing says the node
+	// no longer spends.
+	ForgetFleetNode(ctx context.Context, in *ForgetFleetNodeRequest, opts ...grpc.CallOption) (*ForgetFleetNodeResponse, error)
 }
 
 type spendServiceClient struct {
@@ -77,6 +95,46 @@ func (c *spendServiceClient) ListCalls(ctx context.Context, in *ListCallsRequest
 	return out, nil
 }
 
+func (c *spendServiceClient) GetFleet(ctx context.Context, in *GetFleetRequest, opts ...grpc.CallOption) (*GetFleetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetFleetResponse)
+	err := c.cc.Invoke(ctx, SpendService_GetFleet_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *spendServiceClient) SetFleetLimit(ctx context.Context, in *SetFleetLimitRequest, opts ...grpc.CallOption) (*SetFleetLimitResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetFleetLimitResponse)
+	err := c.cc.Invoke(ctx, SpendService_SetFleetLimit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *spendServiceClient) ListFleetNodes(ctx context.Context, in *ListFleetNodesRequest, opts ...grpc.CallOption) (*ListFleetNodesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListFleetNodesResponse)
+	err := c.cc.Invoke(ctx, SpendService_ListFleetNodes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *spendServiceClient) ForgetFleetNode(ctx context.Context, in *ForgetFleetNodeRequest, opts ...grpc.CallOption) (*ForgetFleetNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForgetFleetNodeResponse)
+	err := c.cc.Invoke(ctx, SpendService_ForgetFleetNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SpendServiceServer is the server API for SpendService service.
 // All implementations must embed UnimplementedSpendServiceServer
 // for forward compatibility.
@@ -90,6 +148,20 @@ type SpendServiceServer interface {
 	SetMachineLimit(context.Context, *SetMachineLimitRequest) (*SetMachineLimitResponse, error)
 	// ListCalls returns a session's metered inference calls as its trace records them.
 	ListCalls(context.Context, *ListCallsRequest) (*ListCallsResponse, error)
+	// GetFleet returns the fleet ledger of one UTC day as its shared store has it: the fleet's
+	// ceiling, what is granted of it, and per node what it holds, spent, gave back and had
+	// written off. FAILED_PRECONDITION when this roostd is no fleet node.
+	GetFleet(context.Context, *GetFleetRequest) (*GetFleetResponse, error)
+	// SetFleetLimit sets the fleet's tokens per UTC day, standing and for today. Lowered
+	// under what is granted, nodes give back what they hold unspent; what is spent stays.
+	SetFleetLimit(context.Context, *SetFleetLimitRequest) (*SetFleetLimitResponse, error)
+	// ListFleetNodes lists the nodes that hold or held blocks today, with this node's own view
+	// of its part.
+	ListFleetNodes(context.Context, *ListFleetNodesRequest) (*ListFleetNodesResponse, error)
+	// ForgetFleetNode writes a lost node's blocks off as spent, on every day it holds any, and
+	// reports the under-use this costs. Nothing goes back to the pool: nothing says the node
+	// no longer spends.
+	ForgetFleetNode(context.Context, *ForgetFleetNodeRequest) (*ForgetFleetNodeResponse, error)
 	mustEmbedUnimplementedSpendServiceServer()
 }
 
@@ -108,6 +180,18 @@ func (UnimplementedSpendServiceServer) SetMachineLimit(context.Context, *SetMach
 }
 func (UnimplementedSpendServiceServer) ListCalls(context.Context, *ListCallsRequest) (*ListCallsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListCalls not implemented")
+}
+func (UnimplementedSpendServiceServer) GetFleet(context.Context, *GetFleetRequest) (*GetFleetResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetFleet not implemented")
+}
+func (UnimplementedSpendServiceServer) SetFleetLimit(context.Context, *SetFleetLimitRequest) (*SetFleetLimitResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetFleetLimit not implemented")
+}
+func (UnimplementedSpendServiceServer) ListFleetNodes(context.Context, *ListFleetNodesRequest) (*ListFleetNodesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListFleetNodes not implemented")
+}
+func (UnimplementedSpendServiceServer) ForgetFleetNode(context.Context, *ForgetFleetNodeRequest) (*ForgetFleetNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ForgetFleetNode not implemented")
 }
 func (UnimplementedSpendServiceServer) mustEmbedUnimplementedSpendServiceServer() {}
 func (UnimplementedSpendServiceServer) testEmbeddedByValue()                      {}
@@ -184,6 +268,78 @@ func _SpendService_ListCalls_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SpendService_GetFleet_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetFleetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SpendServiceServer).GetFleet(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SpendService_GetFleet_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SpendServiceServer).GetFleet(ctx, req.(*GetFleetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SpendService_SetFleetLimit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetFleetLimitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SpendServiceServer).SetFleetLimit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SpendService_SetFleetLimit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SpendServiceServer).SetFleetLimit(ctx, req.(*SetFleetLimitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SpendService_ListFleetNodes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListFleetNodesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SpendServiceServer).ListFleetNodes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SpendService_ListFleetNodes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SpendServiceServer).ListFleetNodes(ctx, req.(*ListFleetNodesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SpendService_ForgetFleetNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForgetFleetNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SpendServiceServer).ForgetFleetNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SpendService_ForgetFleetNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SpendServiceServer).ForgetFleetNode(ctx, req.(*ForgetFleetNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SpendService_ServiceDesc is the grpc.ServiceDesc for SpendService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -202,6 +358,22 @@ var SpendService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListCalls",
 			Handler:    _SpendService_ListCalls_Handler,
+		},
+		{
+			MethodName: "GetFleet",
+			Handler:    _SpendService_GetFleet_Handler,
+		},
+		{
+			MethodName: "SetFleetLimit",
+			Handler:    _SpendService_SetFleetLimit_Handler,
+		},
+		{
+			MethodName: "ListFleetNodes",
+			Handler:    _SpendService_ListFleetNodes_Handler,
+		},
+		{
+			MethodName: "ForgetFleetNode",
+			Handler:    _SpendService_ForgetFleetNode_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -215,7 +215,7 @@ session in its registry.`,
 		c.GroupID = "run"
 		root.AddCommand(c)
 	}
-	for _, c := range []*cobra.Command{a.psCommand(), a.inspectCommand(), a.logsCommand(), a.statsCommand(), a.eventsCommand(), a.explainCommand(), a.artifactsCommand(), a.spendCommand()} {
+	for _, c := range []*cobra.Command{a.psCommand(), a.inspectCommand(), a.logsCommand(), a.statsCommand(), a.eventsCommand(), a.explainCommand(), a.artifactsCommand(), a.spendCommand(), a.fleetCommand()} {
 		c.GroupID = "inspect"
 		root.AddCommand(c)
 	}

@@ -15,7 +15,7 @@ import (
 )
 
 func (a *app) spendCommand() *cobra.Command {
-	var asJSON, calls bool
+	var asJSON, calls, fleet bool
 	var day, session string
 	cmd := &cobra.Command{
 		Use:   "spend",
@@ -27,14 +27,25 @@ With --session ID --calls it lists the session's metered model calls as its trac
 them: when, route, model, status, input/output/cache tokens, reserved and charged, latency,
 whether streamed, and the output cap when the gateway lowered it to fit the session's
 ceilings (LOWERED 64000->12000). The trace keeps a quarter of resources.log_max_bytes of
-them; past that it says so, and the day's ledger still counts every token.`,
+them; past that it says so, and the day's ledger still counts every token.
+
+With --fleet it shows the fleet ledger this roostd is a node of (roostd --fleet-etcd): the
+day's fleet ceiling, what is granted of it in blocks, and per node what it holds, what it
+last said it spent, what it gave back and what was written off (roostctl fleet node forget).`,
 		Example: `  roostctl spend
+  roostctl spend --fleet
   roostctl spend --session 7f3a9c --calls
   roostctl spend --session 7f3a9c --calls --json`,
 		Args: exactArgs(0, "no arguments (set-limit is a subcommand)"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if calls != (session != "") {
 				return usageError{fmt.Errorf("--calls and --session ID go together: the calls of one session")}
+			}
+			if fleet {
+				if calls {
+					return usageError{fmt.Errorf("--fleet shows the fleet's day, --calls a session's calls: one or the other")}
+				}
+				return a.spendFleet(cmd.Context(), cmd.OutOrStdout(), day, asJSON)
 			}
 			conn, err := a.connect()
 			if err != nil {
@@ -95,6 +106,7 @@ them; past that it says so, and the day's ledger still counts every token.`,
 	cmd.Flags().StringVar(&day, "day", "", "the UTC day, YYYY-MM-DD (default today)")
 	cmd.Flags().StringVar(&session, "session", "", "the session whose calls --calls lists")
 	cmd.Flags().BoolVar(&calls, "calls", false, "list the session's metered model calls (with --session)")
+	cmd.Flags().BoolVar(&fleet, "fleet", false, "show the fleet ledger's day: its ceiling, what is granted, and each node's part")
 	cmd.AddCommand(a.setLimitCommand())
 	return cmd
 }
@@ -140,7 +152,7 @@ func ceiling(n int64) string {
 }
 
 func (a *app) setLimitCommand() *cobra.Command {
-	var asJSON bool
+	var asJSON, fleet bool
 	cmd := &cobra.Command{
 		Use:   "set-limit TOKENS|none",
 		Short: "Set the machine's tokens per UTC day (none or 0: no limit), at once",
@@ -150,8 +162,13 @@ none (or 0) removes it. It is kept across restarts unless roostd is given
 ceiling lets them. TOKENS is a whole number, or one with k, M or G: 500k is 500,000 and
 2M 2,000,000 (powers of 1000; Ki, Mi, Gi are for bytes and refused). --json prints the new
 ceiling and the one it replaced, 0 for none: {"previous":"0","tokens":"2000000"} (numbers as
-strings, as in every --json of roostctl).`,
+strings, as in every --json of roostctl).
+
+With --fleet it sets the fleet's ceiling instead (roostd --fleet-etcd), standing and for
+today. Lowered under what is granted, nodes give back what they hold unspent: what is spent
+stays spent, and nodes take no more until the pool has room.`,
 		Example: `  roostctl spend set-limit 2000000
+  roostctl spend set-limit --fleet 50M
   roostctl spend set-limit 2M
   roostctl spend set-limit none
   roostctl spend set-limit --json 500k | jq -r .previous`,
@@ -163,6 +180,9 @@ strings, as in every --json of roostctl).`,
 				if n, err = manifest.ParseTokens(args[0]); err != nil {
 					return usageError{fmt.Errorf("TOKENS %q: %w; or none to remove the limit", args[0], err)}
 				}
+			}
+			if fleet {
+				return a.setFleetLimit(cmd.Context(), cmd.OutOrStdout(), n, asJSON)
 			}
 			conn, err := a.connect()
 			if err != nil {
@@ -180,6 +200,7 @@ strings, as in every --json of roostctl).`,
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the new ceiling and the previous one as JSON")
+	cmd.Flags().BoolVar(&fleet, "fleet", false, "set the fleet ledger's ceiling, shared by every node, instead of this machine's")
 	// "-1" reaches cobra as a shorthand flag; say what is wrong with it as a number.
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		if strings.Contains(err.Error(), "unknown shorthand flag") {

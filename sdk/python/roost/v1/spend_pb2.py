@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14roost/v1/spend.proto\x12\x08roost.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"&\n\x10ListCallsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"K\n\x11ListCallsResponse\x12&\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x17.roost.v1.InferenceCall\x12\x0e\n\x06\x63\x61pped\x18\x02 \x01(\x08\"\xe5\x02\n\rInferenceCall\x12&\n\x02\x61t\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08upstream\x18\x02 \x01(\t\x12\r\n\x05route\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x0e\n\x06status\x18\x05 \x01(\x05\x12\x14\n\x0cinput_tokens\x18\x06 \x01(\x03\x12\x15\n\routput_tokens\x18\x07 \x01(\x03\x12\x19\n\x11\x63\x61\x63he_read_tokens\x18\x08 \x01(\x03\x12\x1a\n\x12\x63\x61\x63he_write_tokens\x18\t \x01(\x03\x12\x10\n\x08reserved\x18\n \x01(\x03\x12\x0f\n\x07\x63harged\x18\x0b \x01(\x03\x12\x12\n\nlatency_ms\x18\x0c \x01(\x03\x12\x10\n\x08streamed\x18\r \x01(\x08\x12\x14\n\x0clowered_from\x18\x0e \x01(\x03\x12\x12\n\nlowered_to\x18\x0f \x01(\x03\x12\x15\n\rinput_counted\x18\x10 \x01(\x08\"\x1c\n\rGetDayRequest\x12\x0b\n\x03\x64\x61y\x18\x01 \x01(\t\"2\n\x0eGetDayResponse\x12 \n\x03\x64\x61y\x18\x01 \x01(\x0b\x32\x13.roost.v1.DayLedger\"\x81\x02\n\tDayLedger\x12\x0c\n\x04\x64\x61te\x18\x01 \x01(\t\x12-\n\tresets_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fmachine_ceiling\x18\x03 \x01(\x03\x12\x0f\n\x07\x63harged\x18\x04 \x01(\x03\x12\x10\n\x08reserved\x18\x05 \x01(\x03\x12\x19\n\x11open_reservations\x18\x06 \x01(\x05\x12&\n\x08sessions\x18\x07 \x03(\x0b\x32\x14.roost.v1.DaySession\x12&\n\x08\x63\x61psules\x18\x08 \x03(\x0b\x32\x14.roost.v1.DayCapsule\x12\x10\n\x08lifetime\x18\t \x01(\x03\"e\n\nDaySession\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61psule\x18\x02 \x01(\t\x12\x0f\n\x07\x63harged\x18\x03 \x01(\x03\x12\x10\n\x08reserved\x18\x04 \x01(\x03\x12\x0f\n\x07\x63\x65iling\x18\x05 \x01(\x03\".\n\nDayCapsule\x12\x0f\n\x07\x63\x61psule\x18\x01 \x01(\t\x12\x0f\n\x07\x63harged\x18\x02 \x01(\x03\"(\n\x16SetMachineLimitRequest\x12\x0e\n\x06tokens\x18\x01 \x01(\x03\";\n\x17SetMachineLimitResponse\x12\x10\n\x08previous\x18\x01 \x01(\x03\x12\x0e\n\x06tokens\x18\x02 \x01(\x03\x32\xe9\x01\n\x0cSpendService\x12;\n\x06GetDay\x12\x17.roost.v1.GetDayRequest\x1a\x18.roost.v1.GetDayResponse\x12V\n\x0fSetMachineLimit\x12 .roost.v1.SetMachineLimitRequest\x1a!.roost.v1.SetMachineLimitResponse\x12\x44\n\tListCalls\x12\x1a.roost.v1.ListCallsRequest\x1a\x1b.roost.v1.ListCallsResponseB*Z(roost.dev/roost/api/gen/roost/v1;roostv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14roost/v1/spend.proto\x12\x08roost.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"&\n\x10ListCallsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"K\n\x11ListCallsResponse\x12&\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x17.roost.v1.InferenceCall\x12\x0e\n\x06\x63\x61pped\x18\x02 \x01(\x08\"\xe5\x02\n\rInferenceCall\x12&\n\x02\x61t\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08upstream\x18\x02 \x01(\t\x12\r\n\x05route\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x0e\n\x06status\x18\x05 \x01(\x05\x12\x14\n\x0cinput_tokens\x18\x06 \x01(\x03\x12\x15\n\routput_tokens\x18\x07 \x01(\x03\x12\x19\n\x11\x63\x61\x63he_read_tokens\x18\x08 \x01(\x03\x12\x1a\n\x12\x63\x61\x63he_write_tokens\x18\t \x01(\x03\x12\x10\n\x08reserved\x18\n \x01(\x03\x12\x0f\n\x07\x63harged\x18\x0b \x01(\x03\x12\x12\n\nlatency_ms\x18\x0c \x01(\x03\x12\x10\n\x08streamed\x18\r \x01(\x08\x12\x14\n\x0clowered_from\x18\x0e \x01(\x03\x12\x12\n\nlowered_to\x18\x0f \x01(\x03\x12\x15\n\rinput_counted\x18\x10 \x01(\x08\"\x1c\n\rGetDayRequest\x12\x0b\n\x03\x64\x61y\x18\x01 \x01(\t\"2\n\x0eGetDayResponse\x12 \n\x03\x64\x61y\x18\x01 \x01(\x0b\x32\x13.roost.v1.DayLedger\"\x81\x02\n\tDayLedger\x12\x0c\n\x04\x64\x61te\x18\x01 \x01(\t\x12-\n\tresets_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fmachine_ceiling\x18\x03 \x01(\x03\x12\x0f\n\x07\x63harged\x18\x04 \x01(\x03\x12\x10\n\x08reserved\x18\x05 \x01(\x03\x12\x19\n\x11open_reservations\x18\x06 \x01(\x05\x12&\n\x08sessions\x18\x07 \x03(\x0b\x32\x14.roost.v1.DaySession\x12&\n\x08\x63\x61psules\x18\x08 \x03(\x0b\x32\x14.roost.v1.DayCapsule\x12\x10\n\x08lifetime\x18\t \x01(\x03\"e\n\nDaySession\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61psule\x18\x02 \x01(\t\x12\x0f\n\x07\x63harged\x18\x03 \x01(\x03\x12\x10\n\x08reserved\x18\x04 \x01(\x03\x12\x0f\n\x07\x63\x65iling\x18\x05 \x01(\x03\".\n\nDayCapsule\x12\x0f\n\x07\x63\x61psule\x18\x01 \x01(\t\x12\x0f\n\x07\x63harged\x18\x02 \x01(\x03\"(\n\x16SetMachineLimitRequest\x12\x0e\n\x06tokens\x18\x01 \x01(\x03\";\n\x17SetMachineLimitResponse\x12\x10\n\x08previous\x18\x01 \x01(\x03\x12\x0e\n\x06tokens\x18\x02 \x01(\x03\"\x1e\n\x0fGetFleetRequest\x12\x0b\n\x03\x64\x61y\x18\x01 \x01(\t\"A\n\x10GetFleetResponse\x12\x1f\n\x03\x64\x61y\x18\x01 \x01(\x0b\x32\x12.roost.v1.FleetDay\x12\x0c\n\x04node\x18\x02 \x01(\t\"o\n\x08\x46leetDay\x12\x0c\n\x04\x64\x61te\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x65iling\x18\x02 \x01(\x03\x12\x0f\n\x07granted\x18\x03 \x01(\x03\x12\x0c\n\x04open\x18\x04 \x01(\x08\x12%\n\x05nodes\x18\x05 \x03(\x0b\x32\x16.roost.v1.FleetNodeDay\"p\n\x0c\x46leetNodeDay\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\x03\x12\r\n\x05spent\x18\x03 \x01(\x03\x12\x10\n\x08returned\x18\x04 \x01(\x03\x12\x13\n\x0bwritten_off\x18\x05 \x01(\x03\x12\x0e\n\x06\x62locks\x18\x06 \x01(\x05\"&\n\x14SetFleetLimitRequest\x12\x0e\n\x06tokens\x18\x01 \x01(\x03\"9\n\x15SetFleetLimitResponse\x12\x10\n\x08previous\x18\x01 \x01(\x03\x12\x0e\n\x06tokens\x18\x02 \x01(\x03\"\x17\n\x15ListFleetNodesRequest\"p\n\x16ListFleetNodesResponse\x12\x0c\n\x04\x64\x61te\x18\x01 \x01(\t\x12%\n\x05nodes\x18\x02 \x03(\x0b\x32\x16.roost.v1.FleetNodeDay\x12!\n\x04self\x18\x03 \x01(\x0b\x32\x13.roost.v1.FleetSelf\"v\n\tFleetSelf\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0b\n\x03\x64\x61y\x18\x02 \x01(\t\x12\x0c\n\x04held\x18\x03 \x01(\x03\x12\x0c\n\x04used\x18\x04 \x01(\x03\x12\x0c\n\x04pool\x18\x05 \x01(\x03\x12\x0f\n\x07pending\x18\x06 \x01(\x05\x12\x13\n\x0bunreachable\x18\x07 \x01(\x08\"&\n\x16\x46orgetFleetNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"\xb7\x01\n\x17\x46orgetFleetNodeResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x39\n\x04\x64\x61ys\x18\x02 \x03(\x0b\x32+.roost.v1.ForgetFleetNodeResponse.DaysEntry\x12\x13\n\x0bwritten_off\x18\x03 \x01(\x03\x12\x11\n\tunder_use\x18\x04 \x01(\x03\x1a+\n\tDaysEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\xab\x04\n\x0cSpendService\x12;\n\x06GetDay\x12\x17.roost.v1.GetDayRequest\x1a\x18.roost.v1.GetDayResponse\x12V\n\x0fSetMachineLimit\x12 .roost.v1.SetMachineLimitRequest\x1a!.roost.v1.SetMachineLimitResponse\x12\x44\n\tListCalls\x12\x1a.roost.v1.ListCallsRequest\x1a\x1b.roost.v1.ListCallsResponse\x12\x41\n\x08GetFleet\x12\x19.roost.v1.GetFleetRequest\x1a\x1a.roost.v1.GetFleetResponse\x12P\n\rSetFleetLimit\x12\x1e.roost.v1.SetFleetLimitRequest\x1a\x1f.roost.v1.SetFleetLimitResponse\x12S\n\x0eListFleetNodes\x12\x1f.roost.v1.ListFleetNodesRequest\x1a .roost.v1.ListFleetNodesResponse\x12V\n\x0f\x46orgetFleetNode\x12 .roost.v1.ForgetFleetNodeRequest\x1a!.roost.v1.ForgetFleetNodeResponseB*Z(roost.dev/roost/api/gen/roost/v1;roostv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'roost.v1.spend_pb2', globals())
@@ -22,6 +22,8 @@ if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'Z(roost.dev/roost/api/gen/roost/v1;roostv1'
+  _FORGETFLEETNODERESPONSE_DAYSENTRY._options = None
+  _FORGETFLEETNODERESPONSE_DAYSENTRY._serialized_options = b'8\001'
   _LISTCALLSREQUEST._serialized_start=67
   _LISTCALLSREQUEST._serialized_end=105
   _LISTCALLSRESPONSE._serialized_start=107
@@ -42,6 +44,30 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _SETMACHINELIMITREQUEST._serialized_end=1077
   _SETMACHINELIMITRESPONSE._serialized_start=1079
   _SETMACHINELIMITRESPONSE._serialized_end=1138
-  _SPENDSERVICE._serialized_start=1141
-  _SPENDSERVICE._serialized_end=1374
+  _GETFLEETREQUEST._serialized_start=1140
+  _GETFLEETREQUEST._serialized_end=1170
+  _GETFLEETRESPONSE._serialized_start=1172
+  _GETFLEETRESPONSE._serialized_end=1237
+  _FLEETDAY._serialized_start=1239
+  _FLEETDAY._serialized_end=1350
+  _FLEETNODEDAY._serialized_start=1352
+  _FLEETNODEDAY._serialized_end=1464
+  _SETFLEETLIMITREQUEST._serialized_start=1466
+  _SETFLEETLIMITREQUEST._serialized_end=1504
+  _SETFLEETLIMITRESPONSE._serialized_start=1506
+  _SETFLEETLIMITRESPONSE._serialized_end=1563
+  _LISTFLEETNODESREQUEST._serialized_start=1565
+  _LISTFLEETNODESREQUEST._serialized_end=1588
+  _LISTFLEETNODESRESPONSE._serialized_start=1590
+  _LISTFLEETNODESRESPONSE._serialized_end=1702
+  _FLEETSELF._serialized_start=1704
+  _FLEETSELF._serialized_end=1822
+  _FORGETFLEETNODEREQUEST._serialized_start=1824
+  _FORGETFLEETNODEREQUEST._serialized_end=1862
+  _FORGETFLEETNODERESPONSE._serialized_start=1865
+  _FORGETFLEETNODERESPONSE._serialized_end=2048
+  _FORGETFLEETNODERESPONSE_DAYSENTRY._serialized_start=2005
+  _FORGETFLEETNODERESPONSE_DAYSENTRY._serialized_end=2048
+  _SPENDSERVICE._serialized_start=2051
+  _SPENDSERVICE._serialized_end=2606
 # @@protoc_insertion_point(module_scope)

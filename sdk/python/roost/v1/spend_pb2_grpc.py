@@ -30,6 +30,26 @@ class SpendServiceStub(object):
                 request_serializer=roost_dot_v1_dot_spend__pb2.ListCallsRequest.SerializeToString,
                 response_deserializer=roost_dot_v1_dot_spend__pb2.ListCallsResponse.FromString,
                 )
+        self.GetFleet = channel.unary_unary(
+                '/roost.v1.SpendService/GetFleet',
+                request_serializer=roost_dot_v1_dot_spend__pb2.GetFleetRequest.SerializeToString,
+                response_deserializer=roost_dot_v1_dot_spend__pb2.GetFleetResponse.FromString,
+                )
+        self.SetFleetLimit = channel.unary_unary(
+                '/roost.v1.SpendService/SetFleetLimit',
+                request_serializer=roost_dot_v1_dot_spend__pb2.SetFleetLimitRequest.SerializeToString,
+                response_deserializer=roost_dot_v1_dot_spend__pb2.SetFleetLimitResponse.FromString,
+                )
+        self.ListFleetNodes = channel.unary_unary(
+                '/roost.v1.SpendService/ListFleetNodes',
+                request_serializer=roost_dot_v1_dot_spend__pb2.ListFleetNodesRequest.SerializeToString,
+                response_deserializer=roost_dot_v1_dot_spend__pb2.ListFleetNodesResponse.FromString,
+                )
+        self.ForgetFleetNode = channel.unary_unary(
+                '/roost.v1.SpendService/ForgetFleetNode',
+                request_serializer=roost_dot_v1_dot_spend__pb2.ForgetFleetNodeRequest.SerializeToString,
+                response_deserializer=roost_dot_v1_dot_spend__pb2.ForgetFleetNodeResponse.FromString,
+                )
 
 
 class SpendServiceServicer(object):
@@ -58,6 +78,40 @@ class SpendServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetFleet(self, request, context):
+        """GetFleet returns the fleet ledger of one UTC day as its shared store has it: the fleet's
+        ceiling, what is granted of it, and per node what it holds, spent, gave back and had
+        written off. FAILED_PRECONDITION when this roostd is no fleet node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetFleetLimit(self, request, context):
+        """SetFleetLimit sets the fleet's tokens per UTC day, standing and for today. Lowered
+        under what is granted, nodes give back what they hold unspent; what is spent stays.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListFleetNodes(self, request, context):
+        """ListFleetNodes lists the nodes that hold or held blocks today, with this node's own view
+        of its part.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForgetFleetNode(self, request, context):
+        """ForgetFleetNode writes a lost node's blocks off as spent, on every day it holds any, and
+        reports the under-use this costs. Nothing goes back to the pool: nothing says the node
+        no longer spends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SpendServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +129,26 @@ def add_SpendServiceServicer_to_server(servicer, server):
                     servicer.ListCalls,
                     request_deserializer=roost_dot_v1_dot_spend__pb2.ListCallsRequest.FromString,
                     response_serializer=roost_dot_v1_dot_spend__pb2.ListCallsResponse.SerializeToString,
+            ),
+            'GetFleet': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetFleet,
+                    request_deserializer=roost_dot_v1_dot_spend__pb2.GetFleetRequest.FromString,
+                    response_serializer=roost_dot_v1_dot_spend__pb2.GetFleetResponse.SerializeToString,
+            ),
+            'SetFleetLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetFleetLimit,
+                    request_deserializer=roost_dot_v1_dot_spend__pb2.SetFleetLimitRequest.FromString,
+                    response_serializer=roost_dot_v1_dot_spend__pb2.SetFleetLimitResponse.SerializeToString,
+            ),
+            'ListFleetNodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListFleetNodes,
+                    request_deserializer=roost_dot_v1_dot_spend__pb2.ListFleetNodesRequest.FromString,
+                    response_serializer=roost_dot_v1_dot_spend__pb2.ListFleetNodesResponse.SerializeToString,
+            ),
+            'ForgetFleetNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetFleetNode,
+                    request_deserializer=roost_dot_v1_dot_spend__pb2.ForgetFleetNodeRequest.FromString,
+                    response_serializer=roost_dot_v1_dot_spend__pb2.ForgetFleetNodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -135,5 +209,73 @@ class SpendService(object):
         return grpc.experimental.unary_unary(request, target, '/roost.v1.SpendService/ListCalls',
             roost_dot_v1_dot_spend__pb2.ListCallsRequest.SerializeToString,
             roost_dot_v1_dot_spend__pb2.ListCallsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetFleet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/roost.v1.SpendService/GetFleet',
+            roost_dot_v1_dot_spend__pb2.GetFleetRequest.SerializeToString,
+            roost_dot_v1_dot_spend__pb2.GetFleetResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def SetFleetLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/roost.v1.SpendService/SetFleetLimit',
+            roost_dot_v1_dot_spend__pb2.SetFleetLimitRequest.SerializeToString,
+            roost_dot_v1_dot_spend__pb2.SetFleetLimitResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListFleetNodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/roost.v1.SpendService/ListFleetNodes',
+            roost_dot_v1_dot_spend__pb2.ListFleetNodesRequest.SerializeToString,
+            roost_dot_v1_dot_spend__pb2.ListFleetNodesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ForgetFleetNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/roost.v1.SpendService/ForgetFleetNode',
+            roost_dot_v1_dot_spend__pb2.ForgetFleetNodeRequest.SerializeToString,
+            roost_dot_v1_dot_spend__pb2.ForgetFleetNodeResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file roost/v1/spend.proto.
  */
 export const file_roost_v1_spend: GenFile = /*@__PURE__*/
-  fileDesc("ChRyb29zdC92MS9zcGVuZC5wcm90bxIIcm9vc3QudjEiJgoQTGlzdENhbGxzUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJIksKEUxpc3RDYWxsc1Jlc3BvbnNlEiYKBWNhbGxzGAEgAygLMhcucm9vc3QudjEuSW5mZXJlbmNlQ2FsbBIOCgZjYXBwZWQYAiABKAgi5QIKDUluZmVyZW5jZUNhbGwSJgoCYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCHVwc3RyZWFtGAIgASgJEg0KBXJvdXRlGAMgASgJEg0KBW1vZGVsGAQgASgJEg4KBnN0YXR1cxgFIAEoBRIUCgxpbnB1dF90b2tlbnMYBiABKAMSFQoNb3V0cHV0X3Rva2VucxgHIAEoAxIZChFjYWNoZV9yZWFkX3Rva2VucxgIIAEoAxIaChJjYWNoZV93cml0ZV90b2tlbnMYCSABKAMSEAoIcmVzZXJ2ZWQYCiABKAMSDwoHY2hhcmdlZBgLIAEoAxISCgpsYXRlbmN5X21zGAwgASgDEhAKCHN0cmVhbWVkGA0gASgIEhQKDGxvd2VyZWRfZnJvbRgOIAEoAxISCgpsb3dlcmVkX3RvGA8gASgDEhUKDWlucHV0X2NvdW50ZWQYECABKAgiHAoNR2V0RGF5UmVxdWVzdBILCgNkYXkYASABKAkiMgoOR2V0RGF5UmVzcG9uc2USIAoDZGF5GAEgASgLMhMucm9vc3QudjEuRGF5TGVkZ2VyIoECCglEYXlMZWRnZXISDAoEZGF0ZRgBIAEoCRItCglyZXNldHNfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD21hY2hpbmVfY2VpbGluZxgDIAEoAxIPCgdjaGFyZ2VkGAQgASgDEhAKCHJlc2VydmVkGAUgASgDEhkKEW9wZW5fcmVzZXJ2YXRpb25zGAYgASgFEiYKCHNlc3Npb25zGAcgAygLMhQucm9vc3QudjEuRGF5U2Vzc2lvbhImCghjYXBzdWxlcxgIIAMoCzIULnJvb3N0LnYxLkRheUNhcHN1bGUSEAoIbGlmZXRpbWUYCSABKAMiZQoKRGF5U2Vzc2lvbhISCgpzZXNzaW9uX2lkGAEgASgJEg8KB2NhcHN1bGUYAiABKAkSDwoHY2hhcmdlZBgDIAEoAxIQCghyZXNlcnZlZBgEIAEoAxIPCgdjZWlsaW5nGAUgASgDIi4KCkRheUNhcHN1bGUSDwoHY2Fwc3VsZRgBIAEoCRIPCgdjaGFyZ2VkGAIgASgDIigKFlNldE1hY2hpbmVMaW1pdFJlcXVlc3QSDgoGdG9rZW5zGAEgASgDIjsKF1NldE1hY2hpbmVMaW1pdFJlc3BvbnNlEhAKCHByZXZpb3VzGAEgASgDEg4KBnRva2VucxgCIAEoAzLpAQoMU3BlbmRTZXJ2aWNlEjsKBkdldERheRIXLnJvb3N0LnYxLkdldERheVJlcXVlc3QaGC5yb29zdC52MS5HZXREYXlSZXNwb25zZRJWCg9TZXRNYWNoaW5lTGltaXQSIC5yb29zdC52MS5TZXRNYWNoaW5lTGltaXRSZXF1ZXN0GiEucm9vc3QudjEuU2V0TWFjaGluZUxpbWl0UmVzcG9uc2USRAoJTGlzdENhbGxzEhoucm9vc3QudjEuTGlzdENhbGxzUmVxdWVzdBobLnJvb3N0LnYxLkxpc3RDYWxsc1Jlc3BvbnNlQipaKHJvb3N0LmRldi9yb29zdC9hcGkvZ2VuL3Jvb3N0L3YxO3Jvb3N0djFiBnByb3RvMw", [file_google_protobuf_timestamp]);
+  fileDesc("ChRyb29zdC92MS9zcGVuZC5wcm90bxIIcm9vc3QudjEiJgoQTGlzdENhbGxzUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJIksKEUxpc3RDYWxsc1Jlc3BvbnNlEiYKBWNhbGxzGAEgAygLMhcucm9vc3QudjEuSW5mZXJlbmNlQ2FsbBIOCgZjYXBwZWQYAiABKAgi5QIKDUluZmVyZW5jZUNhbGwSJgoCYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCHVwc3RyZWFtGAIgASgJEg0KBXJvdXRlGAMgASgJEg0KBW1vZGVsGAQgASgJEg4KBnN0YXR1cxgFIAEoBRIUCgxpbnB1dF90b2tlbnMYBiABKAMSFQoNb3V0cHV0X3Rva2VucxgHIAEoAxIZChFjYWNoZV9yZWFkX3Rva2VucxgIIAEoAxIaChJjYWNoZV93cml0ZV90b2tlbnMYCSABKAMSEAoIcmVzZXJ2ZWQYCiABKAMSDwoHY2hhcmdlZBgLIAEoAxISCgpsYXRlbmN5X21zGAwgASgDEhAKCHN0cmVhbWVkGA0gASgIEhQKDGxvd2VyZWRfZnJvbRgOIAEoAxISCgpsb3dlcmVkX3RvGA8gASgDEhUKDWlucHV0X2NvdW50ZWQYECABKAgiHAoNR2V0RGF5UmVxdWVzdBILCgNkYXkYASABKAkiMgoOR2V0RGF5UmVzcG9uc2USIAoDZGF5GAEgASgLMhMucm9vc3QudjEuRGF5TGVkZ2VyIoECCglEYXlMZWRnZXISDAoEZGF0ZRgBIAEoCRItCglyZXNldHNfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD21hY2hpbmVfY2VpbGluZxgDIAEoAxIPCgdjaGFyZ2VkGAQgASgDEhAKCHJlc2VydmVkGAUgASgDEhkKEW9wZW5fcmVzZXJ2YXRpb25zGAYgASgFEiYKCHNlc3Npb25zGAcgAygLMhQucm9vc3QudjEuRGF5U2Vzc2lvbhImCghjYXBzdWxlcxgIIAMoCzIULnJvb3N0LnYxLkRheUNhcHN1bGUSEAoIbGlmZXRpbWUYCSABKAMiZQoKRGF5U2Vzc2lvbhISCgpzZXNzaW9uX2lkGAEgASgJEg8KB2NhcHN1bGUYAiABKAkSDwoHY2hhcmdlZBgDIAEoAxIQCghyZXNlcnZlZBgEIAEoAxIPCgdjZWlsaW5nGAUgASgDIi4KCkRheUNhcHN1bGUSDwoHY2Fwc3VsZRgBIAEoCRIPCgdjaGFyZ2VkGAIgASgDIigKFlNldE1hY2hpbmVMaW1pdFJlcXVlc3QSDgoGdG9rZW5zGAEgASgDIjsKF1NldE1hY2hpbmVMaW1pdFJlc3BvbnNlEhAKCHByZXZpb3VzGAEgASgDEg4KBnRva2VucxgCIAEoAyIeCg9HZXRGbGVldFJlcXVlc3QSCwoDZGF5GAEgASgJIkEKEEdldEZsZWV0UmVzcG9uc2USHwoDZGF5GAEgASgLMhIucm9vc3QudjEuRmxlZXREYXkSDAoEbm9kZRgCIAEoCSJvCghGbGVldERheRIMCgRkYXRlGAEgASgJEg8KB2NlaWxpbmcYAiABKAMSDwoHZ3JhbnRlZBgDIAEoAxIMCgRvcGVuGAQgASgIEiUKBW5vZGVzGAUgAygLMhYucm9vc3QudjEuRmxlZXROb2RlRGF5InAKDEZsZWV0Tm9kZURheRIMCgRub2RlGAEgASgJEgwKBGhlbGQYAiABKAMSDQoFc3BlbnQYAyABKAMSEAoIcmV0dXJuZWQYBCABKAMSEwoLd3JpdHRlbl9vZmYYBSABKAMSDgoGYmxvY2tzGAYgASgFIiYKFFNldEZsZWV0TGltaXRSZXF1ZXN0Eg4KBnRva2VucxgBIAEoAyI5ChVTZXRGbGVldExpbWl0UmVzcG9uc2USEAoIcHJldmlvdXMYASABKAMSDgoGdG9rZW5zGAIgASgDIhcKFUxpc3RGbGVldE5vZGVzUmVxdWVzdCJwChZMaXN0RmxlZXROb2Rlc1Jlc3BvbnNlEgwKBGRhdGUYASABKAkSJQoFbm9kZXMYAiADKAsyFi5yb29zdC52MS5GbGVldE5vZGVEYXkSIQoEc2VsZhgDIAEoCzITLnJvb3N0LnYxLkZsZWV0U2VsZiJ2CglGbGVldFNlbGYSDAoEbm9kZRgBIAEoCRILCgNkYXkYAiABKAkSDAoEaGVsZBgDIAEoAxIMCgR1c2VkGAQgASgDEgwKBHBvb2wYBSABKAMSDwoHcGVuZGluZxgGIAEoBRITCgt1bnJlYWNoYWJsZRgHIAEoCCImChZGb3JnZXRGbGVldE5vZGVSZXF1ZXN0EgwKBG5vZGUYASABKAkitwEKF0ZvcmdldEZsZWV0Tm9kZVJlc3BvbnNlEgwKBG5vZGUYASABKAkSOQoEZGF5cxgCIAMoCzIrLnJvb3N0LnYxLkZvcmdldEZsZWV0Tm9kZVJlc3BvbnNlLkRheXNFbnRyeRITCgt3cml0dGVuX29mZhgDIAEoAxIRCgl1bmRlcl91c2UYBCABKAMaKwoJRGF5c0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAzoCOAEyqwQKDFNwZW5kU2VydmljZRI7CgZHZXREYXkSFy5yb29zdC52MS5HZXREYXlSZXF1ZXN0Ghgucm9vc3QudjEuR2V0RGF5UmVzcG9uc2USVgoPU2V0TWFjaGluZUxpbWl0EiAucm9vc3QudjEuU2V0TWFjaGluZUxpbWl0UmVxdWVzdBohLnJvb3N0LnYxLlNldE1hY2hpbmVMaW1pdFJlc3BvbnNlEkQKCUxpc3RDYWxscxIaLnJvb3N0LnYxLkxpc3RDYWxsc1JlcXVlc3QaGy5yb29zdC52MS5MaXN0Q2FsbHNSZXNwb25zZRJBCghHZXRGbGVldBIZLnJvb3N0LnYxLkdldEZsZWV0UmVxdWVzdBoaLnJvb3N0LnYxLkdldEZsZWV0UmVzcG9uc2USUAoNU2V0RmxlZXRMaW1pdBIeLnJvb3N0LnYxLlNldEZsZWV0TGltaXRSZXF1ZXN0Gh8ucm9vc3QudjEuU2V0RmxlZXRMaW1pdFJlc3BvbnNlElMKDkxpc3RGbGVldE5vZGVzEh8ucm9vc3QudjEuTGlzdEZsZWV0Tm9kZXNSZXF1ZXN0GiAucm9vc3QudjEuTGlzdEZsZWV0Tm9kZXNSZXNwb25zZRJWCg9Gb3JnZXRGbGVldE5vZGUSIC5yb29zdC52MS5Gb3JnZXRGbGVldE5vZGVSZXF1ZXN0GiEucm9vc3QudjEuRm9yZ2V0RmxlZXROb2RlUmVzcG9uc2VCKloocm9vc3QuZGV2L3Jvb3N0L2FwaS9nZW4vcm9vc3QvdjE7cm9vc3R2MWIGcHJvdG8z", [file_google_protobuf_timestamp]);
 
 /**
  * @generated from message roost.v1.ListCallsRequest
@@ -356,6 +356,336 @@ export const SetMachineLimitResponseSchema: GenMessage<SetMachineLimitResponse> 
   messageDesc(file_roost_v1_spend, 9);
 
 /**
+ * @generated from message roost.v1.GetFleetRequest
+ */
+export type GetFleetRequest = Message<"roost.v1.GetFleetRequest"> & {
+  /**
+   * YYYY-MM-DD (UTC); empty for today.
+   *
+   * @generated from field: string day = 1;
+   */
+  day: string;
+};
+
+/**
+ * Describes the message roost.v1.GetFleetRequest.
+ * Use `create(GetFleetRequestSchema)` to create a new message.
+ */
+export const GetFleetRequestSchema: GenMessage<GetFleetRequest> = /*@__PURE__*/
+  messageDesc(file_roost_v1_spend, 10);
+
+/**
+ * @generated from message roost.v1.GetFleetResponse
+ */
+export type GetFleetResponse = Message<"roost.v1.GetFleetResponse"> & {
+  /**
+   * @generated from field: roost.v1.FleetDay day = 1;
+   */
+  day?: FleetDay | undefined;
+
+  /**
+   * The node this roostd is in the fleet.
+   *
+   * @generated from field: string node = 2;
+   */
+  node: string;
+};
+
+/**
+ * Describes the message roost.v1.GetFleetResponse.
+ * Use `create(GetFleetResponseSchema)` to create a new message.
+ */
+export const GetFleetResponseSchema: GenMessage<GetFleetResponse> = /*@__PURE__*/
+  messageDesc(file_roost_v1_spend, 11);
+
+/**
+ * FleetDay is the fleet's ledger of one UTC day.
+ *
+ * @generated from message roost.v1.FleetDay
+ */
+export type FleetDay = Message<"roost.v1.FleetDay"> & {
+  /**
+   * @generated from field: string date = 1;
+   */
+  date: string;
+
+  /**
+   * The day's ceiling (the standing one when the day's pool is not open yet).
+   *
+   * @generated from field: int64 ceiling = 2;
+   */
+  ceiling: bigint;
+
+  /**
+   * Σ of the day's blocks less what was given back.
+   *
+   * @generated from field: int64 granted = 3;
+   */
+  granted: bigint;
+
+  /**
+   * Whether the day's pool is open (a node took from it, or the ceiling was set today).
+   *
+   * @generated from field: bool open = 4;
+   */
+  open: boolean;
+
+  /**
+   * @generated from field: repeated roost.v1.FleetNodeDay nodes = 5;
+   */
+  nodes: FleetNodeDay[];
+};
+
+/**
+ * Describes the message roost.v1.FleetDay.
+ * Use `create(FleetDaySchema)` to create a new message.
+ */
+export const FleetDaySchema: GenMessage<FleetDay> = /*@__PURE__*/
+  messageDesc(file_roost_v1_spend, 12);
+
+/**
+ * FleetNodeDay is one node's part of a fleet day.
+ *
+ * @generated from message roost.v1.FleetNodeDay
+ */
+export type FleetNodeDay = Message<"roost.v1.FleetNodeDay"> & {
+  /**
+   * @generated from field: string node = 1;
+   */
+  node: string;
+
+  /**
+   * What its blocks hold, spent or not, of those not written off.
+   *
+   * @generated from field: int64 held = 2;
+   */
+  held: bigint;
+
+  /**
+   * What it last reported it charged and reserved.
+   *
+   * @generated from field: int64 spent = 3;
+   */
+  spent: bigint;
+
+  /**
+   * @generated from field: int64 returned = 4;
+   */
+  returned: bigint;
+
+  /**
+   * @generated from field: int64 written_off = 5;
+   */
+  writtenOff: bigint;
+
+  /**
+   * @generated from field: int32 blocks = 6;
+   */
+  blocks: number;
+};
+
+/**
+ * Describes the message roost.v1.FleetNodeDay.
+ * Use `create(FleetNodeDaySchema)` to create a new message.
+ */
+export const FleetNodeDaySchema: GenMessage<FleetNodeDay> = /*@__PURE__*/
+  messageDesc(file_roost_v1_spend, 13);
+
+/**
+ * @generated from message roost.v1.SetFleetLimitRequest
+ */
+export type SetFleetLimitRequest = Message<"roost.v1.SetFleetLimitRequest"> & {
+  /**
+   * @generated from field: int64 tokens = 1;
+   */
+  tokens: bigint;
+};
+
+/**
+ * Describes the message roost.v1.SetFleetLimitRequest.
+ * Use `create(SetFleetLimitRequestSchema)` to create a new message.
+ */
+export const SetFleetLimitRequestSchema: GenMessage<SetFleetLimitRequest> = /*@__PURE__*/
+  messageDesc(file_roost_v1_spend, 14);
+
+/**
+ * @generated from message roost.v1.SetFleetLimitResponse
+ */
+export type SetFleetLimitResponse = Message<"roost.v1.SetFleetLimitResponse"> & {
+  /**
+   * Today's ceiling before (0: none set).
+   *
+   * @generated from field: int64 previous = 1;
+   */
+  previous: bigint;
+
+  /**
+   * @generated from field: int64 tokens = 2;
+   */
+  tokens: bigint;
+};
+
+/**
+ * Describes the message roost.v1.SetFleetLimitResponse.
+ * Use `create(SetFleetLimitResponseSchema)` to create a new message.
+ */
+export const SetFleetLimitResponseSchema: GenMessage<SetFleetLimitResponse> = /*@__PURE__*/
+  messageDesc(file_roost_v1_spend, 15);
+
+/**
+ * @generated from message roost.v1.ListFleetNodesRequest
+ */
+export type ListFleetNodesRequest = Message<"roost.v1.ListFleetNodesRequest"> & {
+};
+
+/**
+ * Describes the message roost.v1.ListFleetNodesRequest.
+ * Use `create(ListFleetNodesRequestSchema)` to create a new message.
+ */
+export const ListFleetNodesRequestSchema: GenMessage<ListFleetNodesRequest> = /*@__PURE__*/
+  messageDesc(file_roost_v1_spend, 16);
+
+/**
+ * @generated from message roost.v1.ListFleetNodesResponse
+ */
+export type ListFleetNodesResponse = Message<"roost.v1.ListFleetNodesResponse"> & {
+  /**
+   * @generated from field: string date = 1;
+   */
+  date: string;
+
+  /**
+   * @generated from field: repeated roost.v1.FleetNodeDay nodes = 2;
+   */
+  nodes: FleetNodeDay[];
+
+  /**
+   * This roostd's own view of its part.
+   *
+   * @generated from field: roost.v1.FleetSelf self = 3;
+   */
+  self?: FleetSelf | undefined;
+};
+
+/**
+ * Describes the message roost.v1.ListFleetNodesResponse.
+ * Use `create(ListFleetNodesResponseSchema)` to create a new message.
+ */
+export const ListFleetNodesResponseSchema: GenMessage<ListFleetNodesResponse> = /*@__PURE__*/
+  messageDesc(file_roost_v1_spend, 17);
+
+/**
+ * FleetSelf is a node's own view of its part of today.
+ *
+ * @generated from message roost.v1.FleetSelf
+ */
+export type FleetSelf = Message<"roost.v1.FleetSelf"> & {
+  /**
+   * @generated from field: string node = 1;
+   */
+  node: string;
+
+  /**
+   * @generated from field: string day = 2;
+   */
+  day: string;
+
+  /**
+   * What it holds of the day (spent included), and what its ledger charged and reserved.
+   *
+   * @generated from field: int64 held = 3;
+   */
+  held: bigint;
+
+  /**
+   * @generated from field: int64 used = 4;
+   */
+  used: bigint;
+
+  /**
+   * What the pool had left at its last read; -1 before one.
+   *
+   * @generated from field: int64 pool = 5;
+   */
+  pool: bigint;
+
+  /**
+   * Writes to the store whose outcome it has yet to find out.
+   *
+   * @generated from field: int32 pending = 6;
+   */
+  pending: number;
+
+  /**
+   * It could not reach the store at its last look: it spends what it holds, then refuses.
+   *
+   * @generated from field: bool unreachable = 7;
+   */
+  unreachable: boolean;
+};
+
+/**
+ * Describes the message roost.v1.FleetSelf.
+ * Use `create(FleetSelfSchema)` to create a new message.
+ */
+export const FleetSelfSchema: GenMessage<FleetSelf> = /*@__PURE__*/
+  messageDesc(file_roost_v1_spend, 18);
+
+/**
+ * @generated from message roost.v1.ForgetFleetNodeRequest
+ */
+export type ForgetFleetNodeRequest = Message<"roost.v1.ForgetFleetNodeRequest"> & {
+  /**
+   * @generated from field: string node = 1;
+   */
+  node: string;
+};
+
+/**
+ * Describes the message roost.v1.ForgetFleetNodeRequest.
+ * Use `create(ForgetFleetNodeRequestSchema)` to create a new message.
+ */
+export const ForgetFleetNodeRequestSchema: GenMessage<ForgetFleetNodeRequest> = /*@__PURE__*/
+  messageDesc(file_roost_v1_spend, 19);
+
+/**
+ * @generated from message roost.v1.ForgetFleetNodeResponse
+ */
+export type ForgetFleetNodeResponse = Message<"roost.v1.ForgetFleetNodeResponse"> & {
+  /**
+   * @generated from field: string node = 1;
+   */
+  node: string;
+
+  /**
+   * Per day, what was written off as spent.
+   *
+   * @generated from field: map<string, int64> days = 2;
+   */
+  days: { [key: string]: bigint };
+
+  /**
+   * @generated from field: int64 written_off = 3;
+   */
+  writtenOff: bigint;
+
+  /**
+   * At most this much of what was written off the node never spent: tokens the fleet loses
+   * for the day.
+   *
+   * @generated from field: int64 under_use = 4;
+   */
+  underUse: bigint;
+};
+
+/**
+ * Describes the message roost.v1.ForgetFleetNodeResponse.
+ * Use `create(ForgetFleetNodeResponseSchema)` to create a new message.
+ */
+export const ForgetFleetNodeResponseSchema: GenMessage<ForgetFleetNodeResponse> = /*@__PURE__*/
+  messageDesc(file_roost_v1_spend, 20);
+
+/**
  * SpendService is the operator's view of the token ledger.
  *
  * @generated from service roost.v1.SpendService
@@ -391,6 +721,52 @@ export const SpendService: GenService<{
     methodKind: "unary";
     input: typeof ListCallsRequestSchema;
     output: typeof ListCallsResponseSchema;
+  },
+  /**
+   * GetFleet returns the fleet ledger of one UTC day as its shared store has it: the fleet's
+   * ceiling, what is granted of it, and per node what it holds, spent, gave back and had
+   * written off. FAILED_PRECONDITION when this roostd is no fleet node.
+   *
+   * @generated from rpc roost.v1.SpendService.GetFleet
+   */
+  getFleet: {
+    methodKind: "unary";
+    input: typeof GetFleetRequestSchema;
+    output: typeof GetFleetResponseSchema;
+  },
+  /**
+   * SetFleetLimit sets the fleet's tokens per UTC day, standing and for today. Lowered
+   * under what is granted, nodes give back what they hold unspent; what is spent stays.
+   *
+   * @generated from rpc roost.v1.SpendService.SetFleetLimit
+   */
+  setFleetLimit: {
+    methodKind: "unary";
+    input: typeof SetFleetLimitRequestSchema;
+    output: typeof SetFleetLimitResponseSchema;
+  },
+  /**
+   * ListFleetNodes lists the nodes that hold or held blocks today, with this node's own view
+   * of its part.
+   *
+   * @generated from rpc roost.v1.SpendService.ListFleetNodes
+   */
+  listFleetNodes: {
+    methodKind: "unary";
+    input: typeof ListFleetNodesRequestSchema;
+    output: typeof ListFleetNodesResponseSchema;
+  },
+  /**
+   * ForgetFleetNode writes a lost node's blocks off as spent, on every day it holds any, and
+   * reports the under-use this costs. Nothing goes back to the pool: nothing says the node
+   * no longer spends.
+   *
+   * @generated from rpc roost.v1.SpendService.ForgetFleetNode
+   */
+  forgetFleetNode: {
+    methodKind: "unary";
+    input: typeof ForgetFleetNodeRequestSchema;
+    output: typeof ForgetFleetNodeResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_roost_v1_spend, 0);

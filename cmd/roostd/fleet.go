@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"roost.dev/roost/pkg/config"
+	"roost.dev/roost/pkg/fleet"
+	"roost.dev/roost/pkg/fleet/etcdstore"
+	"roost.dev/roost/pkg/ledger"
+	"roost.dev/roost/pkg/metrics"
+	"roost.dev/roost/pkg/server"
+)
+
+// fleetShutdownTimeout bounds how long a stopping roostd spends giving back the tokens it
+// holds unspent; what it could not give back it keeps for its next run.
+const fleetShutdownTimeout = 10 * time.Second
+
+// fleetSettings are the fleet flags over the config's fleet section, each error naming the
+// flag or key it came from. Zero Endpoints: roostd is a single host.
+type fleetSettings struct {
+	etcd        etcdstore.Config
+	node        string
+	etcdFrom    string
+	nodeNameSet string
+}
+
+func fleetFromOptions(o *options, f config.Fleet) (fleetSettings, error) {
+	file := o.configFile
+	if file == "" {
+		file = "the configuration (no --config)"
+	}
+	s := fleetSettings{node: f.NodeName, nodeNameSet: file + ": fleet.node_name", etcdFrom: file + ": fleet.etcd"}
+	s.etcd.Endpoints = f.Etcd
+	if o.fleetEtcd != "" {
+		eps, err := etcdstore.ParseEndpoints(o.fleetEtcd)
+		if err != nil {
+			return s, fmt.Errorf("--fleet-etcd: %w", err)
+		}
+		s.etcd.Endpoints, s.etcdFrom = eps, "--fleet-etcd"
+	}
+	if o.nodeName != "" {
+		s.node, s.nodeNameSet = o.nodeName, "--node-name"
+	}
+	pick := func(flag, key string) string {
+		if flag != "" {
+			return flag
+		}
+		return key
+	}
+	s.etcd.CAFile = pick(o.fleetEtcdCA, f.EtcdCA)
+	s.etcd.CertFile = pick(o.fleetEtcdCert, f.EtcdCert)
+	s.etcd.KeyFile = pick(o.fleetEtcdKey, f.EtcdKey)
+	switch {
+	case len(s.etcd.Endpoints) == 0 && (o.nodeName != "" || o.fleetEtcdCA != "" || o.fleetEtcdCert != "" || o.fleetEtcdKey != ""):
+		return s, fmt.Errorf("--node-name and --fleet-etcd-ca/-cert/-key need --fleet-etcd (or fleet.etcd in %s): the etcd cluster of the fleet", file)
+	case len(s.etcd.Endpoints) > 0 && s.node == "":
+		return s, fmt.Errorf("%s: a fleet node needs a name: give --node-name (or fleet.node_name in %s), unique in the fleet and the same across restarts", s.etcdFrom, file)
+	}
+	return s, nil
+}
+
+func (s fleetSettings) enabled() bool { return len(s.etcd.Endpoints) > 0 }
+
+// openFleet opens the store and the node handing the ledger its allowance. The node needs
+// no reachable etcd to open: cut off, it spends what it holds.
+func openFleet(s fleetSettings, stateDir string, spend *ledger.Ledger, mtr *metrics.Metrics, log *slog.Logger) (*server.Fleet, func(), error) {
+	store, err := etcdstore.New(s.etcd)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s %s: %w", s.etcdFrom, strings.Join(s.etcd.Endpoints, ","), err)
+	}
+	// The metrics wrap the store the node is opened on, so they exist before the node does.
+	var opened atomic.Pointer[fleet.Node]
+	watched := mtr.WatchFleet(store, func() fleet.Status {
+		if n := opened.Load(); n != nil {
+			return n.Status()
+		}
+		return fleet.Status{Pool: -1}
+	})
+	node, err := fleet.Open(fleet.Config{Store: watched, Node: s.node, StateDir: stateDir, Ledger: spend, Logger: log.With("part", "fleet")})
+	if err != nil {
+		store.Close()
+		return nil, nil, fmt.Errorf("%s: fleet node %q: %w", s.nodeNameSet, s.node, err)
+	}
+	opened.Store(node)
+	log.Info("a node of the fleet ledger", "node", s.node, "etcd", strings.Join(s.etcd.Endpoints, ","), "state", filepath.Join(stateDir, fleet.File))
+	release := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), fleetShutdownTimeout)
+		defer cancel()
+		if err := node.Shutdown(ctx); err != nil {
+			log.Warn("the fleet node kept tokens it could not give back; it gives them back on its next run", "err", err)
+		}
+		store.Close()
+	}
+	return &server.Fleet{Store: watched, Node: s.node, Status: node.Status}, release, nil
+}
