@@ -25,7 +25,7 @@ import (
 // retrying sleep what retry-after-ms or retry-after asks — without bound in openai-node. So
 // every refusal of roost's own carries x-should-retry: false: the route, the model and a
 // session's or an ancestor's ceiling will not change by retrying, and a machine's daily
-// ceiling frees at the next UTC day, which retry-after tells, but an SDK honouring it would
+// ceiling frees at the next UTC day (a fleet node's allowance sooner), which retry-after tells, but an SDK honouring it would
 // sleep for hours in a session that asked to fail (inference.on_exhausted: fail); a session
 // that wants to wait says on_exhausted: wait, and the gateway holds its call until budget
 // frees. Only an upstream that does not answer is left to the SDK's retries.
@@ -107,7 +107,7 @@ func (e *apiError) write(w http.ResponseWriter, format string) {
 // request_forbidden for what is not allowed.
 func (e *apiError) openAIType() string {
 	switch {
-	case e.refusal != nil && e.refusal.Limit == ledger.LimitMachine:
+	case e.refusal != nil && (e.refusal.Limit == ledger.LimitMachine || e.refusal.Limit == ledger.LimitFleet):
 		return "tokens"
 	case e.refusal != nil:
 		return "insufficient_quota"
@@ -155,6 +155,15 @@ func (g *Gateway) asAPIError(err error) *apiError {
 			// The machine's ceiling is per UTC day: it frees at the next one.
 			now := g.now().UTC()
 			e.code, e.retryAfter = "rate_limit_exceeded", now.Truncate(24*time.Hour).Add(24*time.Hour).Sub(now)
+		}
+		if refusal.Limit == ledger.LimitFleet {
+			// A fleet node's allowance grows when it takes another block, which it asks for
+			// as soon as it runs low, and other nodes give back what they do not use: soon,
+			// or once the fleet's store answers again.
+			e.code, e.retryAfter = "rate_limit_exceeded", time.Second
+			if refusal.Detail != "" {
+				e.retryAfter = 5 * time.Second
+			}
 		}
 		return e
 	}

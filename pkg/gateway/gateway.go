@@ -414,7 +414,7 @@ func outHeader(in http.Header, u *upstream, rt *route, key string) http.Header {
 // to its least (lower then fits the call to it). A refusal the session's own calls in
 // flight make holds the call until they settle, the session's deadline or the caller
 // leaves: it is not exhausted, only busy. With on_exhausted: wait, so does a refusal at the
-// machine's ceiling, until budget frees.
+// machine's ceiling or a fleet node's allowance, until budget frees.
 func (g *Gateway) admit(ctx context.Context, c Caller, cl *call) (ledger.Reservation, error) {
 	var deadline <-chan time.Time
 	if !c.Deadline.IsZero() {
@@ -429,8 +429,9 @@ func (g *Gateway) admit(ctx context.Context, c Caller, cl *call) (ledger.Reserva
 		if err == nil || !errors.As(err, &refusal) {
 			return res, err
 		}
-		busy := refusal.Limit != ledger.LimitMachine && !refusal.Latched
-		if !busy && (refusal.Limit != ledger.LimitMachine || c.OnExhausted != "wait") {
+		pool := refusal.Limit == ledger.LimitMachine || refusal.Limit == ledger.LimitFleet
+		busy := !pool && !refusal.Latched
+		if !busy && (!pool || c.OnExhausted != "wait") {
 			return res, err
 		}
 		select {

@@ -38,6 +38,8 @@ type rigConfig struct {
 	upstream config.Upstream
 	observer ledger.Observer
 	limits   Limits
+	// fleet opens the ledger as a fleet node's, with no allowance until the test sets one.
+	fleet bool
 }
 
 func newRig(t testing.TB, format string, ceiling int64, caller Caller, opts ...rigOption) *rig {
@@ -56,7 +58,7 @@ func newRig(t testing.TB, format string, ceiling int64, caller Caller, opts ...r
 	for _, o := range opts {
 		o(&cfg)
 	}
-	l, err := ledger.Open(ledger.Config{Path: filepath.Join(dir, ledger.File), Observer: cfg.observer})
+	l, err := ledger.Open(ledger.Config{Path: filepath.Join(dir, ledger.File), Observer: cfg.observer, Fleet: cfg.fleet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,6 +281,53 @@ func TestWaitForBudget(t *testing.T) {
 	}
 	if status, _, out := r.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`); status != 429 || !strings.Contains(out, `"limit":"machine"`) {
 		t.Fatalf("at the deadline: %d %s", status, out)
+	}
+}
+
+// A fleet node's allowance is a pool like the machine's ceiling, not calls in flight: a call
+// it refuses is answered at once (not held until the session's deadline), in the upstream's
+// envelope with a retry-after, sooner when the fleet's store is unreachable; with
+// on_exhausted: wait it is held until the node holds tokens again.
+func TestFleetAllowanceRefusal(t *testing.T) {
+	asFleet := func(c *rigConfig) { c.fleet = true }
+	day := time.Now().UTC().Format(time.DateOnly)
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":40}`
+	r := newRig(t, config.FormatOpenAI, 0, Caller{Deadline: time.Now().Add(time.Hour)}, asFleet)
+	if err := r.ledger.SetAllowance(ledger.Allowance{Day: day, Tokens: 10}); err != nil {
+		t.Fatal(err)
+	}
+	// A refusal held to the deadline would hang here for an hour.
+	status, hdr, out := r.post("/v1/chat/completions", body)
+	if status != 429 || !strings.Contains(out, `"limit":"fleet"`) || !strings.Contains(out, `"type":"tokens"`) || hdr.Get("Retry-After") != "1" {
+		t.Fatalf("refused by the fleet allowance: %d retry-after %q %s", status, hdr.Get("Retry-After"), out)
+	}
+	if err := r.ledger.SetAllowance(ledger.Allowance{Day: day, Tokens: 10, Unreachable: true}); err != nil {
+		t.Fatal(err)
+	}
+	status, hdr, out = r.post("/v1/chat/completions", body)
+	if status != 429 || !strings.Contains(out, "fleet ledger unreachable") || hdr.Get("Retry-After") != "5" {
+		t.Fatalf("refused, the fleet unreachable: %d retry-after %q %s", status, hdr.Get("Retry-After"), out)
+	}
+
+	w := newRig(t, config.FormatOpenAI, 0, Caller{OnExhausted: "wait", Deadline: time.Now().Add(time.Minute)}, asFleet)
+	if err := w.ledger.SetAllowance(ledger.Allowance{Day: day, Tokens: 10}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan int)
+	go func() {
+		status, _, _ := w.post("/v1/chat/completions", body)
+		done <- status
+	}()
+	select {
+	case status := <-done:
+		t.Fatalf("with on_exhausted: wait the call was not held: %d", status)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := w.ledger.SetAllowance(ledger.Allowance{Day: day, Tokens: 100_000}); err != nil {
+		t.Fatal(err)
+	}
+	if status := <-done; status != 200 {
+		t.Fatalf("once the node held tokens: %d", status)
 	}
 }
 
