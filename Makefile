@@ -77,9 +77,9 @@ unit: deps rust-wasi
 WARM_PACKAGES := ./pkg/containment/ ./pkg/containment/scoped/ ./pkg/containment/sealed/
 
 e2e: deps sdk sdk-clients agent-clis $(TOOLS)/grpcurl
-	$(GO) test -count=1 ./test/e2e/
+	$(GO) test -count=1 -timeout 40m ./test/e2e/
 	# The suites of sealed sessions again, against daemons keeping warm sandboxes.
-	ROOST_E2E_WARM_POOL=2 $(GO) test -count=1 -run '$(WARM_SUITES)' ./test/e2e/
+	ROOST_E2E_WARM_POOL=2 $(GO) test -count=1 -timeout 40m -run '$(WARM_SUITES)' ./test/e2e/
 
 WARM_SUITES := Sealed|Delegation|Spawn|KillParent|Identity|Trust|Exec|Egress|Bounds|Names|Stats|Logs|Five|Officials|SDK
 

@@ -80,7 +80,7 @@ func openFleet(s fleetSettings, stateDir string, spend *ledger.Ledger, mtr *metr
 		if n := opened.Load(); n != nil {
 			return n.Status()
 		}
-		return fleet.Status{Pool: -1}
+		return fleet.Status{Pool: -1, Ceiling: -1}
 	})
 	node, err := fleet.Open(fleet.Config{Store: watched, Node: s.node, StateDir: stateDir, Ledger: spend, Logger: log.With("part", "fleet")})
 	if err != nil {

@@ -76,6 +76,8 @@ type Node struct {
 	status Status
 	// Everything below is the worker's alone.
 	pool      int64 // what the pool had left at the last read; -1 unknown
+	ceiling   int64 // the day's ceiling at that read; -1 unknown
+	grants    Grants
 	lastUsed  int64
 	usedSince time.Time
 	// reported is what the node last wrote of its spend (day and tokens), beside a grant or
@@ -97,11 +99,23 @@ type Status struct {
 	// charged and reserved against it.
 	Held int64 `json:"held"`
 	Used int64 `json:"used"`
-	// Pool is what the day's pool had left at the last read, -1 before one.
-	Pool int64 `json:"pool"`
+	// Pool is what the day's pool had left at the last read, Ceiling the day's ceiling
+	// then; -1 before one.
+	Pool    int64 `json:"pool"`
+	Ceiling int64 `json:"ceiling"`
+	// Grants counts the blocks the node asked the store for, since it opened, by outcome.
+	Grants Grants `json:"grants"`
 	// Pending counts writes to the store whose outcome the node has yet to find out.
 	Pending     int  `json:"pending"`
 	Unreachable bool `json:"unreachable"`
+}
+
+// Grants counts grants by outcome: a block taken; the pool changed under the grant (read
+// again); no reply (an ambiguous error, settled by reading the block).
+type Grants struct {
+	Granted   int64 `json:"granted"`
+	Contended int64 `json:"contended"`
+	Ambiguous int64 `json:"ambiguous"`
 }
 
 // Open opens the node's File, gives the ledger the allowance of the blocks the node holds
@@ -138,7 +152,7 @@ func Open(cfg Config) (*Node, error) {
 	}
 	n := &Node{
 		cfg: cfg, k: keys{cfg.Prefix}, st: cfg.Store, led: cfg.Ledger, log: cfg.Logger.With("node", cfg.Node), loc: loc,
-		kick: make(chan struct{}, 1), done: make(chan struct{}), pool: -1, usedSince: cfg.Clock(),
+		kick: make(chan struct{}, 1), done: make(chan struct{}), pool: -1, ceiling: -1, usedSince: cfg.Clock(),
 	}
 	// What the ledger kept may be more than the blocks now say (a return begun) or less (a
 	// grant recorded after the ledger last heard): the blocks are the truth.
@@ -359,7 +373,8 @@ func (n *Node) refresh(today string) error {
 	n.mu.Unlock()
 	err := n.led.SetAllowance(ledger.Allowance{Day: today, Tokens: max(held, 0), Low: n.low(), Unreachable: unreachable})
 	n.mu.Lock()
-	n.status = Status{Day: today, Held: held, Used: n.used(today), Pool: n.pool, Pending: len(n.loc.intents), Unreachable: unreachable}
+	n.status = Status{Day: today, Held: held, Used: n.used(today), Pool: n.pool, Ceiling: n.ceiling, Grants: n.grants,
+		Pending: len(n.loc.intents), Unreachable: unreachable}
 	n.mu.Unlock()
 	return err
 }
@@ -423,7 +438,7 @@ func (n *Node) readPool(ctx context.Context, day string) (ceiling, granted int64
 			return 0, 0, err
 		}
 	}
-	n.pool = max(ceiling-granted, 0)
+	n.pool, n.ceiling = max(ceiling-granted, 0), ceiling
 	return ceiling, granted, nil
 }
 
@@ -492,7 +507,7 @@ func (n *Node) grantOnce(ctx context.Context, day string) error {
 		}
 		gRev = gKV.ModRevision
 	}
-	n.pool = max(ceiling-granted, 0)
+	n.pool, n.ceiling = max(ceiling-granted, 0), ceiling
 	if n.pool == 0 {
 		return nil
 	}
@@ -507,8 +522,10 @@ func (n *Node) grantOnce(ctx context.Context, day string) error {
 		[]Op{{Key: n.k.granted(day), Value: tokens(granted + size)}, {Key: block, Value: encode(Block{Node: n.cfg.Node, Tokens: size, State: StateHeld})}, n.report(day)})
 	switch {
 	case err != nil:
+		n.grants.Ambiguous++
 		return n.settleGrant(ctx, in)
 	case !applied:
+		n.grants.Contended++
 		// Decided, not applied: nothing was granted under the id.
 		if err := n.loc.settle(in, nil); err != nil {
 			return err
@@ -516,6 +533,7 @@ func (n *Node) grantOnce(ctx context.Context, day string) error {
 		return errContended
 	}
 	n.pool -= size
+	n.grants.Granted++
 	if err := n.loc.settle(in, &heldBlock{Tokens: size}); err != nil {
 		return err
 	}

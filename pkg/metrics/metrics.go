@@ -49,10 +49,6 @@ type Metrics struct {
 	// rangeSweeps and rangeSweepTime count and time the sweeps of freed id ranges.
 	rangeSweeps    *prometheus.CounterVec
 	rangeSweepTime prometheus.Histogram
-	// fleetGrants and fleetTxn count a fleet node's grants and time its store's Txns; nil
-	// unless WatchFleet made them.
-	fleetGrants *prometheus.CounterVec
-	fleetTxn    prometheus.Histogram
 }
 
 // Budget reports the ledger's state at each scrape.
