@@ -284,6 +284,18 @@ func TestFleetOnEtcd(t *testing.T) {
 	stopAll()
 	wg.Wait()
 	<-checked
+	// A status is as of its node's last look, and a look that began before the fleet went
+	// dry may still be writing a block the pool no longer has (its Txn will lose the
+	// compare): wait for a look begun after, which settles it and starts none.
+	quiet := time.Now()
+	f.until("every node's look after the last", func() bool {
+		for _, n := range f.nodes {
+			if s := n.node.Status(); !s.Looked.After(quiet) || s.Pending > 0 {
+				return false
+			}
+		}
+		return true
+	})
 	f.check(context.Background())
 	if v := f.violation.Load(); v != nil {
 		t.Fatalf("invariant broken: %s", *v)
