@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -86,12 +87,21 @@ func BenchmarkEtcdAdmitSettle(b *testing.B) {
 }
 
 // BenchmarkEtcdNearCeiling measures fleet-wide admissions/s with 10 nodes of 4 admitters on
-// a 1-member etcd that fsyncs, the ceiling b.N calls and a few more, and blocks of one to
-// four calls: the pool near empty throughout, a Txn every few admissions. Every admission
-// is charged in full (one call's worst case), so the run ends when b.N of them settled.
-// Compare with etcdstore's BenchmarkCASPerCall (one Txn per admission).
+// a 1-member etcd that fsyncs, each node with its own client. escrow: the fleet ledger, the
+// ceiling b.N calls and a few more, blocks of one to four calls, so the pool is near empty
+// throughout and a node takes a block every few admissions; every admission is charged in
+// full (one call's worst case), and the run ends when b.N of them settled. txn-per-call:
+// the baseline, every admission one compare-and-swap of the day's granted key against the
+// ceiling (read it, Txn on its revision, again on a lost race), nothing written locally.
 func BenchmarkEtcdNearCeiling(b *testing.B) {
-	const nodes, admitters, call = 10, 4, 1000
+	b.Run("escrow", benchEscrowNearCeiling)
+	b.Run("txn-per-call", benchTxnPerCall)
+}
+
+const nearNodes, nearAdmitters, nearCall = 10, 4, 1000
+
+func benchEscrowNearCeiling(b *testing.B) {
+	const nodes, admitters, call = nearNodes, nearAdmitters, nearCall
 	c := etcdtest.Start(b, etcdtest.Options{Fsync: true})
 	admin := etcdstore.FromClient(c.Client(b))
 	day := time.Now().UTC().Format(time.DateOnly)
@@ -161,4 +171,61 @@ func BenchmarkEtcdNearCeiling(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(float64(admitted.Load())/elapsed.Seconds(), "admits/s")
 	b.ReportMetric(float64(refused.Load())/float64(admitted.Load()), "refusals/admit")
+}
+
+func benchTxnPerCall(b *testing.B) {
+	const nodes, admitters, call = nearNodes, nearAdmitters, nearCall
+	c := etcdtest.Start(b, etcdtest.Options{Fsync: true})
+	key := fleet.DefaultPrefix + "bench/granted"
+	ceiling := int64(b.N) * call
+	var admitted, contended atomic.Int64
+	var wg sync.WaitGroup
+	stores := make([]fleet.Store, nodes)
+	for i := range stores {
+		stores[i] = etcdstore.FromClient(c.Client(b))
+	}
+	b.ResetTimer()
+	began := time.Now()
+	for _, st := range stores {
+		for range admitters {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					kvs, _, err := st.Get(b.Context(), key, false)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					var granted, rev int64
+					if len(kvs) == 1 {
+						rev = kvs[0].ModRevision
+						if granted, err = strconv.ParseInt(string(kvs[0].Value), 10, 64); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+					if granted+call > ceiling {
+						return
+					}
+					ok, err := st.Txn(b.Context(), []fleet.Cmp{{Key: key, ModRevision: rev}},
+						[]fleet.Op{{Key: key, Value: []byte(strconv.FormatInt(granted+call, 10))}})
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					if ok {
+						admitted.Add(1)
+					} else {
+						contended.Add(1)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	elapsed := time.Since(began)
+	b.StopTimer()
+	b.ReportMetric(float64(admitted.Load())/elapsed.Seconds(), "admits/s")
+	b.ReportMetric(float64(contended.Load())/float64(max(admitted.Load(), 1)), "retries/admit")
 }
