@@ -527,3 +527,10 @@ func tail(path string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// HasLeader says whether the member, running, knows of a leader: a member cut off from the
+// others loses its after an election timeout (etcd checks its quorum).
+func (m *Member) HasLeader() bool {
+	e := m.running()
+	return e != nil && e.Server.Leader() != 0
+}

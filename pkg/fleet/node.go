@@ -90,6 +90,8 @@ type Node struct {
 	// watchAfter is when a failed watch is tried again: not at once, lest a store that
 	// fails every watch keep the worker spinning.
 	watchAfter time.Time
+	// looked is when the last finished look began; under mu.
+	looked time.Time
 }
 
 // Status is a node's own view of its part.
@@ -108,6 +110,9 @@ type Status struct {
 	// Pending counts writes to the store whose outcome the node has yet to find out.
 	Pending     int  `json:"pending"`
 	Unreachable bool `json:"unreachable"`
+	// Looked is when the worker began the look this status reports (zero before the
+	// first): a status whose look began after an event says how the node stood after it.
+	Looked time.Time `json:"looked"`
 }
 
 // Grants counts grants by outcome: a block taken; the pool changed under the grant (read
@@ -271,11 +276,13 @@ func (n *Node) run(ctx context.Context) {
 // whether the store answered.
 func (n *Node) step(ctx context.Context) bool {
 	today := n.today()
+	began := n.cfg.Clock()
 	err := n.look(ctx, today)
 	if ctx.Err() != nil {
 		return false
 	}
 	n.mu.Lock()
+	n.looked = began
 	was := n.status.Unreachable
 	n.status.Unreachable = err != nil
 	n.mu.Unlock()
@@ -374,7 +381,7 @@ func (n *Node) refresh(today string) error {
 	err := n.led.SetAllowance(ledger.Allowance{Day: today, Tokens: max(held, 0), Low: n.low(), Unreachable: unreachable})
 	n.mu.Lock()
 	n.status = Status{Day: today, Held: held, Used: n.used(today), Pool: n.pool, Ceiling: n.ceiling, Grants: n.grants,
-		Pending: len(n.loc.intents), Unreachable: unreachable}
+		Pending: len(n.loc.intents), Unreachable: unreachable, Looked: n.looked}
 	n.mu.Unlock()
 	return err
 }

@@ -169,7 +169,8 @@ func (s *Store) Close() error {
 }
 
 // Get reads key (or the keys under it) with a linearizable read: the revision is the
-// cluster's when the read was served.
+// cluster's when the read was served. Like every call here it requires a leader (see
+// leaderOnly).
 func (s *Store) Get(ctx context.Context, key string, prefix bool) ([]fleet.KV, int64, error) {
 	if key == "" {
 		return nil, 0, fmt.Errorf("etcd get: empty key: %w", errdefs.ErrInvalidArgument)
@@ -178,7 +179,7 @@ func (s *Store) Get(ctx context.Context, key string, prefix bool) ([]fleet.KV, i
 	if prefix {
 		opts = append(opts, clientv3.WithPrefix())
 	}
-	resp, err := s.cli.Get(ctx, key, opts...)
+	resp, err := s.cli.Get(leaderOnly(ctx), key, opts...)
 	if err != nil {
 		return nil, 0, classify(fmt.Sprintf("etcd get %q", key), err)
 	}
@@ -218,12 +219,36 @@ func (s *Store) Txn(ctx context.Context, cmps []fleet.Cmp, then []fleet.Op) (boo
 			ops = append(ops, clientv3.OpPut(o.Key, string(o.Value)))
 		}
 	}
-	resp, err := s.cli.Txn(ctx).If(ecmps...).Then(ops...).Commit()
-	if err != nil {
-		return false, classify(fmt.Sprintf("etcd txn on %s (outcome unknown)", txnKeys(cmps, then)), err)
+	for {
+		resp, err := s.cli.Txn(leaderOnly(ctx)).If(ecmps...).Then(ops...).Commit()
+		switch {
+		case err == nil:
+			return resp.Succeeded, nil
+		case !errors.Is(err, rpctypes.ErrNoLeader):
+			return false, classify(fmt.Sprintf("etcd txn on %s (outcome unknown)", txnKeys(cmps, then)), err)
+		}
+		// A member refuses a call that requires a leader before it handles it: the Txn was
+		// not applied, and the next try goes to the next member. The pause is the client's
+		// own between retried reads, so that a cluster electing is not asked in a spin.
+		select {
+		case <-ctx.Done():
+			return false, classify(fmt.Sprintf("etcd txn on %s (not applied)", txnKeys(cmps, then)), err)
+		case <-time.After(noLeaderPause):
+		}
 	}
-	return resp.Succeeded, nil
 }
+
+// noLeaderPause is how long Txn waits before it tries again a Txn a member refused for want
+// of a leader: clientv3's own wait between retried reads.
+const noLeaderPause = 25 * time.Millisecond
+
+// leaderOnly makes a call fail at once on a member that knows of no leader, as one cut off
+// from the others does an election timeout after the cut, rather than wait there for its
+// deadline. The client takes a read so refused to the next member; a Txn comes back
+// unavailable and its caller tries again, on the next member too (the client balances
+// round-robin). Without it, every call the balancer sends to the cut-off member fails by
+// its deadline, and a caller that makes a few calls in a row fails nearly every time.
+func leaderOnly(ctx context.Context) context.Context { return clientv3.WithRequireLeader(ctx) }
 
 // txnKeys names a transaction's keys for its errors.
 func txnKeys(cmps []fleet.Cmp, then []fleet.Op) string {
@@ -261,7 +286,7 @@ func (s *Store) Watch(ctx context.Context, key string, prefix bool, revision int
 	if revision > 0 {
 		opts = append(opts, clientv3.WithRev(revision+1))
 	}
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	wctx, cancel := context.WithCancel(leaderOnly(ctx))
 	wch := s.cli.Watch(wctx, key, opts...)
 	go func() {
 		defer close(out)

@@ -508,3 +508,28 @@ func TestWatchEndsWhenItsMemberLosesTheLeader(t *testing.T) {
 		t.Fatal("the cut-off member's watch is still open")
 	}
 }
+
+// A client of all three members, one of them cut off from the others: the client's calls
+// keep being served by the majority. The cut-off member, stepped down, answers "no leader"
+// at once to a call that requires one, which the client takes to the next member; a call
+// that did not require one would wait there for its deadline, every third call in turn (the
+// client balances round-robin), and a node's look, several calls long, would fail every time.
+func TestMinorityMemberDoesNotHoldCallsOfAClientOfAll(t *testing.T) {
+	c := etcdtest.Start(t, etcdtest.Options{Members: 3})
+	c.WaitLeader(t)
+	s := open(t, c.Endpoints())
+	txn(t, s, nil, put("pool", "0"))
+	alone := c.Leader()
+	c.Partition([]*etcdtest.Member{alone}, c.Followers())
+	for alone.HasLeader() || c.Leader() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	for i := range 30 {
+		if _, _, err := s.Get(timeout(t, 300*time.Millisecond), "pool", false); err != nil {
+			t.Fatalf("get %d with %s cut off: %v", i, alone.Name, err)
+		}
+		if _, err := s.Txn(timeout(t, 300*time.Millisecond), nil, []fleet.Op{put("pool", fmt.Sprint(i))}); err != nil {
+			t.Fatalf("txn %d with %s cut off: %v", i, alone.Name, err)
+		}
+	}
+}
