@@ -249,7 +249,6 @@ func TestFleetOnEtcd(t *testing.T) {
 	// One node's client blackholed: it spends what it holds, then refuses; the others spend
 	// the rest. Healed, it takes blocks again.
 	cut := f.nodes[0]
-	from = f.ceiling
 	cut.link.Blackhole()
 	f.raise(step)
 	f.until(cut.name+" unreachable", func() bool { return cut.node.Status().Unreachable })
