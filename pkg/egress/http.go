@@ -273,7 +273,14 @@ func (s *Session) serveForward(w http.ResponseWriter, r *http.Request) {
 	})
 	// An upload may take longer than the endpoint's request timeout; it is counted
 	// against the budget, not the clock.
-	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Time{})
+	// A destination may answer before the transport is done with the request body (it
+	// reads one byte past the declared length, to check there is none): the HTTP/1 server
+	// would close that body once the answer's headers go out, the transport's write would
+	// fail, and it would close the connection the answer is still coming down — a response
+	// cut short at random. Full duplex keeps the body readable while the answer is sent.
+	_ = rc.EnableFullDuplex()
 	s.rp.ServeHTTP(w, r.WithContext(ctx))
 }
 
