@@ -65,8 +65,9 @@ type Registrant struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu    sync.Mutex
-	lease int64 // the last lease registered under; 0 before one
+	mu      sync.Mutex
+	lease   int64 // the last lease registered under; 0 before one
+	stopped bool
 }
 
 // Register checks cfg and starts keeping the node's entry. It does not wait for etcd: a node
@@ -225,12 +226,17 @@ func (r *Registrant) revoke(lease int64) {
 // Stop stops keeping the entry. The node is marked stopped in its tombstone, and its lease
 // revoked so that it is listed stopped at once; cut off from etcd, it is listed unreachable
 // once its lease lapses, as for a crash. The error says what was not written.
+// Stopping again does nothing.
 func (r *Registrant) Stop(ctx context.Context) error {
 	r.cancel()
 	<-r.done
 	r.mu.Lock()
-	lease := r.lease
+	lease, stopped := r.lease, r.stopped
+	r.stopped = true
 	r.mu.Unlock()
+	if stopped {
+		return nil
+	}
 	e := r.entry(StateStopped)
 	// A stopping roostd discards its warm sandboxes.
 	e.Capacity.Warm = nil

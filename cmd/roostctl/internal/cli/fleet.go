@@ -197,7 +197,7 @@ func (a *app) fleetForgetCommand() *cobra.Command {
 	var yes, asJSON bool
 	cmd := &cobra.Command{
 		Use:   "forget NODE",
-		Short: "Write a lost node's blocks off as spent, say the under-use it costs, drop it from the directory",
+		Short: "Write a lost node's blocks off as spent, say the under-use, drop it from the directory",
 		Long: `forget writes off as spent every block NODE holds, on every day it holds any, and
 deletes its node-directory entry: for a node that is gone (its host lost, its state
 directory with it). Nothing it held goes back
