@@ -67,7 +67,9 @@ func TestFleetRPCs(t *testing.T) {
 	}
 	// node-b registers in the node directory, then stops: listed, stopped, until forgotten.
 	reg, err := directory.Register(directory.Config{Store: st, Node: "node-b", Address: "[::1]:7443", Classes: []string{"unconfined"}, Version: "v9",
-		StartedAt: time.Now(), Capacity: func() directory.Capacity { return directory.Capacity{CPUs: 4, Warm: map[string]int{"a default capsule": 1}} }})
+		StartedAt: time.Now(), Capacity: func() directory.Capacity {
+			return directory.Capacity{CPUs: 4, Warm: map[string]int{"a default capsule": 1}}
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
