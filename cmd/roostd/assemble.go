@@ -20,6 +20,7 @@ import (
 	"roost.dev/roost/pkg/egress"
 	"roost.dev/roost/pkg/endpoint"
 	"roost.dev/roost/pkg/fdbudget"
+	"roost.dev/roost/pkg/fleet/etcdstore"
 	"roost.dev/roost/pkg/gateway"
 	"roost.dev/roost/pkg/hostaddr"
 	"roost.dev/roost/pkg/ledger"
@@ -200,6 +201,7 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 		ledgerCfg.MachineCeiling = &o.machineTokens
 	}
 	ledgerCfg.Fleet = fleetCfg.enabled()
+	var fleetStore *etcdstore.Store
 	spend, err := ledger.Open(ledgerCfg)
 	if err != nil {
 		return nil, fmt.Errorf("spend ledger: %w", err)
@@ -207,12 +209,12 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 	d.release = append(d.release, func() { spend.Close() })
 	if fleetCfg.enabled() {
 		// Released before the ledger closes: the node's shutdown reads what it spent.
-		f, release, err := openFleet(fleetCfg, stateDir, spend, mtr, log)
+		f, store, release, err := openFleet(fleetCfg, stateDir, spend, mtr, log)
 		if err != nil {
 			return nil, err
 		}
 		d.release = append(d.release, release)
-		d.fleet = f
+		d.fleet, fleetStore = f, store
 	}
 	mtr.WatchBudget(spend)
 	keys, err := spawn.LoadKeys(filepath.Join(stateDir, spawn.KeyFile))
@@ -320,6 +322,18 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 			shaped = append(shaped, fmt.Sprintf("%s=%d", c.Dir, c.Size))
 		}
 		log.Info("keeping sealed sandboxes made ahead", "warm_pool", o.warmPool, "warm_pool_capsules", strings.Join(shaped, ","), "refill_cpu", o.warmPoolCPU)
+	}
+	if fleetStore != nil {
+		// After the sessions, whose counts it says; stopped before they close.
+		rs, err := remoteSettings(o, cfg.Remote)
+		if err != nil {
+			return nil, err
+		}
+		stop, err := registerNode(fleetCfg, fleetStore, rs.Listen.Value, catalog, sessions, log)
+		if err != nil {
+			return nil, err
+		}
+		d.release = append(d.release, stop)
 	}
 	// Before the registry closes: the watchdog's check reads it.
 	d.release = append(d.release, sm.stopWatchdog)

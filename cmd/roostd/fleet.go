@@ -5,16 +5,22 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"roost.dev/roost/pkg/config"
+	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/fleet"
+	"roost.dev/roost/pkg/fleet/directory"
 	"roost.dev/roost/pkg/fleet/etcdstore"
 	"roost.dev/roost/pkg/ledger"
 	"roost.dev/roost/pkg/metrics"
 	"roost.dev/roost/pkg/server"
+	"roost.dev/roost/pkg/session"
+	"roost.dev/roost/pkg/version"
 )
 
 // fleetShutdownTimeout bounds how long a stopping roostd spends giving back the tokens it
@@ -69,10 +75,10 @@ func (s fleetSettings) enabled() bool { return len(s.etcd.Endpoints) > 0 }
 
 // openFleet opens the store and the node handing the ledger its allowance. The node needs
 // no reachable etcd to open: cut off, it spends what it holds.
-func openFleet(s fleetSettings, stateDir string, spend *ledger.Ledger, mtr *metrics.Metrics, log *slog.Logger) (*server.Fleet, func(), error) {
+func openFleet(s fleetSettings, stateDir string, spend *ledger.Ledger, mtr *metrics.Metrics, log *slog.Logger) (*server.Fleet, *etcdstore.Store, func(), error) {
 	store, err := etcdstore.New(s.etcd)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s %s: %w", s.etcdFrom, strings.Join(s.etcd.Endpoints, ","), err)
+		return nil, nil, nil, fmt.Errorf("%s %s: %w", s.etcdFrom, strings.Join(s.etcd.Endpoints, ","), err)
 	}
 	// The metrics wrap the store the node is opened on, so they exist before the node does.
 	var opened atomic.Pointer[fleet.Node]
@@ -85,7 +91,7 @@ func openFleet(s fleetSettings, stateDir string, spend *ledger.Ledger, mtr *metr
 	node, err := fleet.Open(fleet.Config{Store: watched, Node: s.node, StateDir: stateDir, Ledger: spend, Logger: log.With("part", "fleet")})
 	if err != nil {
 		store.Close()
-		return nil, nil, fmt.Errorf("%s: fleet node %q: %w", s.nodeNameSet, s.node, err)
+		return nil, nil, nil, fmt.Errorf("%s: fleet node %q: %w", s.nodeNameSet, s.node, err)
 	}
 	opened.Store(node)
 	log.Info("a node of the fleet ledger", "node", s.node, "etcd", strings.Join(s.etcd.Endpoints, ","), "state", filepath.Join(stateDir, fleet.File))
@@ -97,5 +103,47 @@ func openFleet(s fleetSettings, stateDir string, spend *ledger.Ledger, mtr *metr
 		}
 		store.Close()
 	}
-	return &server.Fleet{Store: watched, Node: s.node, Status: node.Status}, release, nil
+	return &server.Fleet{Store: watched, Node: s.node, Status: node.Status}, store, release, nil
+}
+
+// registerNode puts this node in the fleet's node directory, kept up to date from the
+// sessions and the warm pool. It does not wait for etcd. The returned func stops it: a
+// clean stop marks the entry stopped and revokes its lease, so the fleet sees at once that
+// the node went away on purpose (it is not cut off, and needs no forgetting), while what
+// it said stays listed until it starts again or is forgotten.
+func registerNode(s fleetSettings, store *etcdstore.Store, address string, catalog containment.Catalog, sessions *session.Manager, log *slog.Logger) (func(), error) {
+	var classes []string
+	for _, c := range catalog.Delivers() {
+		classes = append(classes, c.String())
+	}
+	var memory int64
+	var si syscall.Sysinfo_t
+	if err := syscall.Sysinfo(&si); err == nil {
+		memory = int64(si.Totalram) * int64(si.Unit)
+	}
+	cpus := runtime.NumCPU()
+	reg, err := directory.Register(directory.Config{
+		Store: store, Node: s.node, Address: address, Classes: classes, StartedAt: time.Now(), Version: version.Version,
+		Capacity: func() directory.Capacity {
+			st := sessions.Status()
+			live := 0
+			for state, n := range st.ByState {
+				if state.Live() {
+					live += n
+				}
+			}
+			return directory.Capacity{CPUs: cpus, MemoryBytes: memory, SessionsRunning: live, Warm: st.WarmByShape}
+		},
+		Logger: log.With("part", "fleet-directory"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", s.nodeNameSet, err)
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), fleetShutdownTimeout)
+		defer cancel()
+		if err := reg.Stop(ctx); err != nil {
+			log.Warn("the node directory: this node's entry was not marked stopped; it is listed unreachable once its lease lapses", "err", err)
+		}
+	}, nil
 }

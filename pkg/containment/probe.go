@@ -146,13 +146,23 @@ func (c Catalog) Lookup(class manifest.Class) Capability {
 	return Capability{Class: class, Detail: "unknown class"}
 }
 
+// Delivers are the classes available, weakest first: what doctor reports "yes" for, and
+// what a fleet node tells the node directory it delivers.
+func (c Catalog) Delivers() []manifest.Class {
+	var out []manifest.Class
+	for _, e := range c {
+		if e.Available {
+			out = append(out, e.Class)
+		}
+	}
+	return out
+}
+
 // Strongest is the strongest class available.
 func (c Catalog) Strongest() manifest.Class {
 	best := manifest.ClassNone
-	for _, e := range c {
-		if e.Available {
-			best = max(best, e.Class)
-		}
+	for _, cl := range c.Delivers() {
+		best = max(best, cl)
 	}
 	return best
 }

@@ -147,7 +147,7 @@ type Forgotten struct {
 // that comes back is safe: what it spends of its blocks was counted spent already.
 // Repeating it after an error finishes the job.
 func Forget(ctx context.Context, st Store, prefix, node string) (Forgotten, error) {
-	if err := validName(node); err != nil {
+	if err := ValidNodeName(node); err != nil {
 		return Forgotten{}, err
 	}
 	k := keys{orDefault(prefix)}

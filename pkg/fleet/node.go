@@ -130,7 +130,7 @@ func Open(cfg Config) (*Node, error) {
 	if cfg.Store == nil || cfg.Ledger == nil {
 		return nil, fmt.Errorf("fleet: a node needs a store and a ledger: %w", errdefs.ErrInvalidArgument)
 	}
-	if err := validName(cfg.Node); err != nil {
+	if err := ValidNodeName(cfg.Node); err != nil {
 		return nil, err
 	}
 	if cfg.Clock == nil {
@@ -178,7 +178,8 @@ func cmpOr[T int64 | time.Duration](v, def T) T {
 	return v
 }
 
-func validName(node string) error {
+// ValidNodeName refuses a node name that cannot be a key's last part: it names what is wrong.
+func ValidNodeName(node string) error {
 	if node == "" || len(node) > 128 {
 		return fmt.Errorf("fleet: node name %q: must be 1 to 128 characters: %w", node, errdefs.ErrInvalidArgument)
 	}

@@ -45,4 +45,8 @@ type Op struct {
 	Key    string
 	Value  []byte
 	Delete bool
+	// Lease binds the put to a lease of the store (etcdstore.Leaser): the key goes when the
+	// lease does. 0 for none, which is all the ledger ever writes; only a store that grants
+	// leases honours one.
+	Lease int64
 }

@@ -6,9 +6,11 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/pkg/fleet"
+	"roost.dev/roost/pkg/fleet/directory"
 )
 
 // Fleet is what the fleet RPCs need of a roostd that is a node of a fleet ledger.
@@ -16,6 +18,8 @@ type Fleet struct {
 	// Store is the fleet's shared store, Prefix where its keys are ("" for the default).
 	Store  fleet.Store
 	Prefix string
+	// DirectoryPrefix is where the node directory's keys are ("" for its default).
+	DirectoryPrefix string
 	// Node is this roostd's name in the fleet; Status its own view of its part.
 	Node   string
 	Status func() fleet.Status
@@ -106,7 +110,35 @@ func (s *spendService) ListFleetNodes(ctx context.Context, _ *roostv1.ListFleetN
 		// This node's own view is worth having when the store is not: it says why.
 		return nil, fmt.Errorf("reading the fleet's nodes (this node, %s, holds %d, used %d, unreachable %t): %w", f.Node, st.Held, st.Used, st.Unreachable, err)
 	}
-	return &roostv1.ListFleetNodesResponse{Date: d.Date, Nodes: fleetNodes(d.Nodes), Self: self}, nil
+	dir, err := directory.List(ctx, f.Store, f.DirectoryPrefix)
+	if err != nil {
+		return nil, err
+	}
+	return &roostv1.ListFleetNodesResponse{Date: d.Date, Nodes: fleetNodes(d.Nodes), Self: self, Directory: directoryNodes(dir)}, nil
+}
+
+func directoryNodes(nodes []directory.Node) []*roostv1.FleetDirectoryNode {
+	out := make([]*roostv1.FleetDirectoryNode, 0, len(nodes))
+	for _, n := range nodes {
+		var warm map[string]int32
+		if len(n.Capacity.Warm) > 0 {
+			warm = make(map[string]int32, len(n.Capacity.Warm))
+			for shape, k := range n.Capacity.Warm {
+				warm[shape] = int32(k)
+			}
+		}
+		e := &roostv1.FleetDirectoryNode{Node: n.Node, Reachable: n.Reachable, State: n.State, Address: n.Address, Classes: n.Classes,
+			Cpus: int32(n.Capacity.CPUs), MemoryBytes: n.Capacity.MemoryBytes, SessionsRunning: int32(n.Capacity.SessionsRunning), Warm: warm,
+			Version: n.Version}
+		if !n.StartedAt.IsZero() {
+			e.StartedAt = timestamppb.New(n.StartedAt)
+		}
+		if !n.WrittenAt.IsZero() {
+			e.WrittenAt = timestamppb.New(n.WrittenAt)
+		}
+		out = append(out, e)
+	}
+	return out
 }
 
 func (s *spendService) ForgetFleetNode(ctx context.Context, req *roostv1.ForgetFleetNodeRequest) (*roostv1.ForgetFleetNodeResponse, error) {
@@ -122,5 +154,10 @@ func (s *spendService) ForgetFleetNode(ctx context.Context, req *roostv1.ForgetF
 	if err != nil {
 		return nil, err
 	}
-	return &roostv1.ForgetFleetNodeResponse{Node: got.Node, Days: got.Days, WrittenOff: got.WrittenOff, UnderUse: got.UnderUse}, nil
+	// After the blocks: a node whose blocks could not be written off stays listed.
+	deleted, err := directory.Forget(ctx, f.Store, f.DirectoryPrefix, req.GetNode())
+	if err != nil {
+		return nil, fmt.Errorf("node %s's blocks were written off (%d tokens), but: %w", req.GetNode(), got.WrittenOff, err)
+	}
+	return &roostv1.ForgetFleetNodeResponse{Node: got.Node, Days: got.Days, WrittenOff: got.WrittenOff, UnderUse: got.UnderUse, DirectoryEntryDeleted: deleted}, nil
 }

@@ -11,6 +11,7 @@ import (
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/internal/etcdtest"
 	"roost.dev/roost/pkg/fleet"
+	"roost.dev/roost/pkg/fleet/directory"
 	"roost.dev/roost/pkg/fleet/etcdstore"
 	"roost.dev/roost/pkg/ledger"
 )
@@ -60,8 +61,38 @@ func TestFleetRPCs(t *testing.T) {
 		t.Errorf("a bad day: %v", err)
 	}
 	nodes, err := s.ListFleetNodes(ctx, &roostv1.ListFleetNodesRequest{})
-	if err != nil || nodes.GetSelf().GetNode() != "node-a" || nodes.GetSelf().GetHeld() == 0 || nodes.GetSelf().GetUnreachable() || len(nodes.GetNodes()) != 1 {
+	if err != nil || nodes.GetSelf().GetNode() != "node-a" || nodes.GetSelf().GetHeld() == 0 || nodes.GetSelf().GetUnreachable() || len(nodes.GetNodes()) != 1 ||
+		len(nodes.GetDirectory()) != 0 {
 		t.Errorf("ListFleetNodes: %v, %v", nodes, err)
+	}
+	// node-b registers in the node directory, then stops: listed, stopped, until forgotten.
+	reg, err := directory.Register(directory.Config{Store: st, Node: "node-b", Address: "[::1]:7443", Classes: []string{"unconfined"}, Version: "v9",
+		StartedAt: time.Now(), Capacity: func() directory.Capacity {
+			return directory.Capacity{CPUs: 4, Warm: map[string]int{"a default capsule": 1}}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		nodes, err = s.ListFleetNodes(ctx, &roostv1.ListFleetNodesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(nodes.GetDirectory()) == 1 && nodes.GetDirectory()[0].GetReachable() {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if e := nodes.GetDirectory()[0]; e.GetNode() != "node-b" || e.GetAddress() != "[::1]:7443" || e.GetState() != "up" || e.GetCpus() != 4 ||
+		e.GetWarm()["a default capsule"] != 1 || e.GetVersion() != "v9" || e.GetStartedAt() == nil || len(e.GetClasses()) != 1 {
+		t.Errorf("node-b in the directory: %v", e)
+	}
+	if err := reg.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	nodes, err = s.ListFleetNodes(ctx, &roostv1.ListFleetNodesRequest{})
+	if err != nil || len(nodes.GetDirectory()) != 1 || nodes.GetDirectory()[0].GetReachable() || nodes.GetDirectory()[0].GetState() != "stopped" {
+		t.Errorf("node-b stopped: %v, %v", nodes.GetDirectory(), err)
 	}
 	if _, err := s.ForgetFleetNode(ctx, &roostv1.ForgetFleetNodeRequest{Node: "node-a"}); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("forgetting this node: %v", err)
@@ -70,8 +101,11 @@ func TestFleetRPCs(t *testing.T) {
 		t.Errorf("forgetting a bad name: %v", err)
 	}
 	gone, err := s.ForgetFleetNode(ctx, &roostv1.ForgetFleetNodeRequest{Node: "node-b"})
-	if err != nil || gone.GetWrittenOff() != 0 || gone.GetUnderUse() != 0 {
+	if err != nil || gone.GetWrittenOff() != 0 || gone.GetUnderUse() != 0 || !gone.GetDirectoryEntryDeleted() {
 		t.Errorf("forgetting a node that holds nothing: %v, %v", gone, err)
+	}
+	if nodes, err := s.ListFleetNodes(ctx, &roostv1.ListFleetNodesRequest{}); err != nil || len(nodes.GetDirectory()) != 0 {
+		t.Errorf("node-b forgotten is listed: %v, %v", nodes.GetDirectory(), err)
 	}
 
 	single := &spendService{ledger: led}

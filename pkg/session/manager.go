@@ -470,6 +470,8 @@ func (m *Manager) List(all bool, sels ...store.Selector) ([]*store.Record, error
 type Status struct {
 	ByState   map[store.State]int
 	WarmReady int
+	// WarmByShape is WarmReady per shape of sandbox, by its name; nil without a warm pool.
+	WarmByShape map[string]int
 	// Ranges counts the id pool's ranges: held, free, freed (waiting for their sweep) and
 	// quarantined (their sweep failed), which Quarantined lists.
 	Ranges      map[string]int
@@ -478,7 +480,7 @@ type Status struct {
 
 // Status reads the sessions' gauges.
 func (m *Manager) Status() Status {
-	st := Status{ByState: m.reg.countByState(), WarmReady: m.pool.Ready()}
+	st := Status{ByState: m.reg.countByState(), WarmReady: m.pool.Ready(), WarmByShape: m.pool.ReadyByShape()}
 	st.Ranges, st.Quarantined = m.ranges.Status()
 	return st
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"roost.dev/roost/internal/fakellm"
 	"roost.dev/roost/internal/testenv"
 	"roost.dev/roost/pkg/fleet"
+	"roost.dev/roost/pkg/fleet/directory"
 	"roost.dev/roost/pkg/fleet/etcdstore"
 )
 
@@ -194,6 +196,18 @@ func TestFleet(t *testing.T) {
 	for _, c := range clients {
 		proxies = append(proxies, newCutProxy(t, strings.TrimPrefix(c, "http://")))
 	}
+	// Each node's remote listener, on a loopback port of its own: the node directory says it.
+	tlsDir := t.TempDir()
+	certsInit(t, tlsDir, "dashboard:reader")
+	addrs := make([]string, fleetNodes)
+	for i := range addrs {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs[i] = l.Addr().String()
+		l.Close()
+	}
 	nodes := make([]*daemon, fleetNodes)
 	fakes := make([]*fakellm.Server, fleetNodes)
 	work := make([]string, fleetNodes)
@@ -210,8 +224,9 @@ func TestFleet(t *testing.T) {
 		os.WriteFile(key, []byte("sk-operator\n"), 0o600)
 		cfg := filepath.Join(dir, "roostd.yaml")
 		// Blocks of host ids apart: two roostds on one host must not share one.
-		os.WriteFile(cfg, fmt.Appendf(nil, "inference:\n  upstreams:\n    - name: llm\n      format: openai\n      url: %s\n      api_key_file: %s\nsessions:\n  ids:\n    first: %d\n    slots: 4\n",
-			fake.URL(), key, 0x60000000+i*0x01000000), 0o600)
+		os.WriteFile(cfg, fmt.Appendf(nil, "inference:\n  upstreams:\n    - name: llm\n      format: openai\n      url: %s\n      api_key_file: %s\nsessions:\n  ids:\n    first: %d\n    slots: 4\n"+
+			"remote:\n  listen: %s\n  tls_cert: %s\n  tls_key: %s\n  client_ca: %s\n  clients:\n    - {common_name: dashboard, role: reader}\n",
+			fake.URL(), key, 0x60000000+i*0x01000000, addrs[i], filepath.Join(tlsDir, "server.pem"), filepath.Join(tlsDir, "server-key.pem"), filepath.Join(tlsDir, "ca.pem")), 0o600)
 		eps := strings.Join(clients, ",")
 		if i == fleetNodes-1 {
 			var via []string
@@ -373,6 +388,46 @@ done
 	}
 	if out := nodes[0].ok("fleet", "nodes"); !strings.Contains(out, "node-0 (this)") || !strings.Contains(out, "reaches etcd") || !strings.Contains(out, "node-4") {
 		t.Errorf("fleet nodes:\n%s", out)
+	}
+
+	// Every node is in the node directory, reachable, with its listener's address (a node
+	// SIGKILLed above registers again when it restarts).
+	for {
+		listed, err := directory.List(ctx, store, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		reachable := 0
+		for _, n := range listed {
+			if n.Reachable {
+				reachable++
+			}
+		}
+		if len(listed) == fleetNodes && reachable == fleetNodes {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the node directory: %+v; want all %d nodes reachable", listed, fleetNodes)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var fn struct {
+		Directory []struct {
+			Node, Address string
+			Reachable     bool
+			Classes       []string
+		}
+	}
+	if err := json.Unmarshal([]byte(nodes[0].ok("fleet", "nodes", "--json")), &fn); err != nil {
+		t.Fatal(err)
+	}
+	if len(fn.Directory) != fleetNodes {
+		t.Errorf("fleet nodes --json lists %d nodes in the directory: %+v", len(fn.Directory), fn.Directory)
+	}
+	for i, n := range fn.Directory {
+		if i < fleetNodes && (n.Node != fmt.Sprintf("node-%d", i) || n.Address != addrs[i] || !n.Reachable || !slices.Contains(n.Classes, "sealed")) {
+			t.Errorf("fleet nodes --json, node-%d: %+v; want reachable at %s, delivering sealed", i, n, addrs[i])
+		}
 	}
 
 	// A node forgotten (as a lost one would be): its blocks are written off as spent, none

@@ -213,9 +213,12 @@ func (s *Store) Txn(ctx context.Context, cmps []fleet.Cmp, then []fleet.Op) (boo
 		if o.Key == "" {
 			return false, fmt.Errorf("etcd txn: op %d: empty key: %w", i, errdefs.ErrInvalidArgument)
 		}
-		if o.Delete {
+		switch {
+		case o.Delete:
 			ops = append(ops, clientv3.OpDelete(o.Key))
-		} else {
+		case o.Lease != 0:
+			ops = append(ops, clientv3.OpPut(o.Key, string(o.Value), clientv3.WithLease(clientv3.LeaseID(o.Lease))))
+		default:
 			ops = append(ops, clientv3.OpPut(o.Key, string(o.Value)))
 		}
 	}

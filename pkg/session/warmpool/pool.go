@@ -402,6 +402,20 @@ func (p *Pool) Ready() int {
 	return n
 }
 
+// ReadyByShape is Ready per shape, by the shape's name; nil for a nil pool.
+func (p *Pool) ReadyByShape() map[string]int {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]int, len(p.shapes))
+	for _, s := range p.shapes {
+		out[s.Name] += len(s.ready)
+	}
+	return out
+}
+
 func plural(n int, one, many string) string {
 	if n == 1 {
 		return one

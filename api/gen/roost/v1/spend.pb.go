@@ -1116,7 +1116,9 @@ type ListFleetNodesResponse struct {
 	Date  string                 `protobuf:"bytes,1,opt,name=date,proto3" json:"date,omitempty"`
 	Nodes []*FleetNodeDay        `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	// This roostd's own view of its part.
-	Self          *FleetSelf `protobuf:"bytes,3,opt,name=self,proto3" json:"self,omitempty"`
+	Self *FleetSelf `protobuf:"bytes,3,opt,name=self,proto3" json:"self,omitempty"`
+	// The node directory: every node registered in the fleet, reachable or not, by name.
+	Directory     []*FleetDirectoryNode `protobuf:"bytes,4,rep,name=directory,proto3" json:"directory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1172,6 +1174,154 @@ func (x *ListFleetNodesResponse) GetSelf() *FleetSelf {
 	return nil
 }
 
+func (x *ListFleetNodesResponse) GetDirectory() []*FleetDirectoryNode {
+	if x != nil {
+		return x.Directory
+	}
+	return nil
+}
+
+// FleetDirectoryNode is a node as the fleet's node directory has it: what it last said of
+// itself, and whether it is heard now.
+type FleetDirectoryNode struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Its lease is live. false: cut off, down or paused for longer than the lease's TTL (it
+	// is listed from what it last said), or stopped cleanly (state "stopped").
+	Reachable bool `protobuf:"varint,2,opt,name=reachable,proto3" json:"reachable,omitempty"`
+	// "up" or "stopped", as the node last said.
+	State string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	// host:port of its mTLS listener as configured; empty when it has none.
+	Address string `protobuf:"bytes,4,opt,name=address,proto3" json:"address,omitempty"`
+	// The containment classes it delivers, weakest first.
+	Classes         []string `protobuf:"bytes,5,rep,name=classes,proto3" json:"classes,omitempty"`
+	Cpus            int32    `protobuf:"varint,6,opt,name=cpus,proto3" json:"cpus,omitempty"`
+	MemoryBytes     int64    `protobuf:"varint,7,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	SessionsRunning int32    `protobuf:"varint,8,opt,name=sessions_running,json=sessionsRunning,proto3" json:"sessions_running,omitempty"`
+	// Sandboxes made ahead and waiting for a session, per shape.
+	Warm      map[string]int32       `protobuf:"bytes,9,rep,name=warm,proto3" json:"warm,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Version   string                 `protobuf:"bytes,10,opt,name=version,proto3" json:"version,omitempty"`
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// When what it says last changed (it writes only then).
+	WrittenAt     *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=written_at,json=writtenAt,proto3" json:"written_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FleetDirectoryNode) Reset() {
+	*x = FleetDirectoryNode{}
+	mi := &file_roost_v1_spend_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FleetDirectoryNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FleetDirectoryNode) ProtoMessage() {}
+
+func (x *FleetDirectoryNode) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_spend_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FleetDirectoryNode.ProtoReflect.Descriptor instead.
+func (*FleetDirectoryNode) Descriptor() ([]byte, []int) {
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *FleetDirectoryNode) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *FleetDirectoryNode) GetReachable() bool {
+	if x != nil {
+		return x.Reachable
+	}
+	return false
+}
+
+func (x *FleetDirectoryNode) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *FleetDirectoryNode) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *FleetDirectoryNode) GetClasses() []string {
+	if x != nil {
+		return x.Classes
+	}
+	return nil
+}
+
+func (x *FleetDirectoryNode) GetCpus() int32 {
+	if x != nil {
+		return x.Cpus
+	}
+	return 0
+}
+
+func (x *FleetDirectoryNode) GetMemoryBytes() int64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *FleetDirectoryNode) GetSessionsRunning() int32 {
+	if x != nil {
+		return x.SessionsRunning
+	}
+	return 0
+}
+
+func (x *FleetDirectoryNode) GetWarm() map[string]int32 {
+	if x != nil {
+		return x.Warm
+	}
+	return nil
+}
+
+func (x *FleetDirectoryNode) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *FleetDirectoryNode) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *FleetDirectoryNode) GetWrittenAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.WrittenAt
+	}
+	return nil
+}
+
 // FleetSelf is a node's own view of its part of today.
 type FleetSelf struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1192,7 +1342,7 @@ type FleetSelf struct {
 
 func (x *FleetSelf) Reset() {
 	*x = FleetSelf{}
-	mi := &file_roost_v1_spend_proto_msgTypes[18]
+	mi := &file_roost_v1_spend_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1204,7 +1354,7 @@ func (x *FleetSelf) String() string {
 func (*FleetSelf) ProtoMessage() {}
 
 func (x *FleetSelf) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_spend_proto_msgTypes[18]
+	mi := &file_roost_v1_spend_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1217,7 +1367,7 @@ func (x *FleetSelf) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSelf.ProtoReflect.Descriptor instead.
 func (*FleetSelf) Descriptor() ([]byte, []int) {
-	return file_roost_v1_spend_proto_rawDescGZIP(), []int{18}
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *FleetSelf) GetNode() string {
@@ -1278,7 +1428,7 @@ type ForgetFleetNodeRequest struct {
 
 func (x *ForgetFleetNodeRequest) Reset() {
 	*x = ForgetFleetNodeRequest{}
-	mi := &file_roost_v1_spend_proto_msgTypes[19]
+	mi := &file_roost_v1_spend_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1290,7 +1440,7 @@ func (x *ForgetFleetNodeRequest) String() string {
 func (*ForgetFleetNodeRequest) ProtoMessage() {}
 
 func (x *ForgetFleetNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_spend_proto_msgTypes[19]
+	mi := &file_roost_v1_spend_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1303,7 +1453,7 @@ func (x *ForgetFleetNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetFleetNodeRequest.ProtoReflect.Descriptor instead.
 func (*ForgetFleetNodeRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_spend_proto_rawDescGZIP(), []int{19}
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ForgetFleetNodeRequest) GetNode() string {
@@ -1321,14 +1471,16 @@ type ForgetFleetNodeResponse struct {
 	WrittenOff int64            `protobuf:"varint,3,opt,name=written_off,json=writtenOff,proto3" json:"written_off,omitempty"`
 	// At most this much of what was written off the node never spent: tokens the fleet loses
 	// for the day.
-	UnderUse      int64 `protobuf:"varint,4,opt,name=under_use,json=underUse,proto3" json:"under_use,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	UnderUse int64 `protobuf:"varint,4,opt,name=under_use,json=underUse,proto3" json:"under_use,omitempty"`
+	// The node's node-directory entry was deleted (false: it had none).
+	DirectoryEntryDeleted bool `protobuf:"varint,5,opt,name=directory_entry_deleted,json=directoryEntryDeleted,proto3" json:"directory_entry_deleted,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *ForgetFleetNodeResponse) Reset() {
 	*x = ForgetFleetNodeResponse{}
-	mi := &file_roost_v1_spend_proto_msgTypes[20]
+	mi := &file_roost_v1_spend_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1340,7 +1492,7 @@ func (x *ForgetFleetNodeResponse) String() string {
 func (*ForgetFleetNodeResponse) ProtoMessage() {}
 
 func (x *ForgetFleetNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_spend_proto_msgTypes[20]
+	mi := &file_roost_v1_spend_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1353,7 +1505,7 @@ func (x *ForgetFleetNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetFleetNodeResponse.ProtoReflect.Descriptor instead.
 func (*ForgetFleetNodeResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_spend_proto_rawDescGZIP(), []int{20}
+	return file_roost_v1_spend_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ForgetFleetNodeResponse) GetNode() string {
@@ -1382,6 +1534,13 @@ func (x *ForgetFleetNodeResponse) GetUnderUse() int64 {
 		return x.UnderUse
 	}
 	return 0
+}
+
+func (x *ForgetFleetNodeResponse) GetDirectoryEntryDeleted() bool {
+	if x != nil {
+		return x.DirectoryEntryDeleted
+	}
+	return false
 }
 
 var File_roost_v1_spend_proto protoreflect.FileDescriptor
@@ -1470,11 +1629,31 @@ const file_roost_v1_spend_proto_rawDesc = "" +
 	"\x15SetFleetLimitResponse\x12\x1a\n" +
 	"\bprevious\x18\x01 \x01(\x03R\bprevious\x12\x16\n" +
 	"\x06tokens\x18\x02 \x01(\x03R\x06tokens\"\x17\n" +
-	"\x15ListFleetNodesRequest\"\x83\x01\n" +
+	"\x15ListFleetNodesRequest\"\xbf\x01\n" +
 	"\x16ListFleetNodesResponse\x12\x12\n" +
 	"\x04date\x18\x01 \x01(\tR\x04date\x12,\n" +
 	"\x05nodes\x18\x02 \x03(\v2\x16.roost.v1.FleetNodeDayR\x05nodes\x12'\n" +
-	"\x04self\x18\x03 \x01(\v2\x13.roost.v1.FleetSelfR\x04self\"\xa9\x01\n" +
+	"\x04self\x18\x03 \x01(\v2\x13.roost.v1.FleetSelfR\x04self\x12:\n" +
+	"\tdirectory\x18\x04 \x03(\v2\x1c.roost.v1.FleetDirectoryNodeR\tdirectory\"\xf7\x03\n" +
+	"\x12FleetDirectoryNode\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1c\n" +
+	"\treachable\x18\x02 \x01(\bR\treachable\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x18\n" +
+	"\aaddress\x18\x04 \x01(\tR\aaddress\x12\x18\n" +
+	"\aclasses\x18\x05 \x03(\tR\aclasses\x12\x12\n" +
+	"\x04cpus\x18\x06 \x01(\x05R\x04cpus\x12!\n" +
+	"\fmemory_bytes\x18\a \x01(\x03R\vmemoryBytes\x12)\n" +
+	"\x10sessions_running\x18\b \x01(\x05R\x0fsessionsRunning\x12:\n" +
+	"\x04warm\x18\t \x03(\v2&.roost.v1.FleetDirectoryNode.WarmEntryR\x04warm\x12\x18\n" +
+	"\aversion\x18\n" +
+	" \x01(\tR\aversion\x129\n" +
+	"\n" +
+	"started_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x129\n" +
+	"\n" +
+	"written_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\twrittenAt\x1a7\n" +
+	"\tWarmEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xa9\x01\n" +
 	"\tFleetSelf\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x10\n" +
 	"\x03day\x18\x02 \x01(\tR\x03day\x12\x12\n" +
@@ -1484,13 +1663,14 @@ const file_roost_v1_spend_proto_rawDesc = "" +
 	"\apending\x18\x06 \x01(\x05R\apending\x12 \n" +
 	"\vunreachable\x18\a \x01(\bR\vunreachable\",\n" +
 	"\x16ForgetFleetNodeRequest\x12\x12\n" +
-	"\x04node\x18\x01 \x01(\tR\x04node\"\xe5\x01\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\"\x9d\x02\n" +
 	"\x17ForgetFleetNodeResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12?\n" +
 	"\x04days\x18\x02 \x03(\v2+.roost.v1.ForgetFleetNodeResponse.DaysEntryR\x04days\x12\x1f\n" +
 	"\vwritten_off\x18\x03 \x01(\x03R\n" +
 	"writtenOff\x12\x1b\n" +
-	"\tunder_use\x18\x04 \x01(\x03R\bunderUse\x1a7\n" +
+	"\tunder_use\x18\x04 \x01(\x03R\bunderUse\x126\n" +
+	"\x17directory_entry_deleted\x18\x05 \x01(\bR\x15directoryEntryDeleted\x1a7\n" +
 	"\tDaysEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x012\xab\x04\n" +
@@ -1515,7 +1695,7 @@ func file_roost_v1_spend_proto_rawDescGZIP() []byte {
 	return file_roost_v1_spend_proto_rawDescData
 }
 
-var file_roost_v1_spend_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_roost_v1_spend_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_roost_v1_spend_proto_goTypes = []any{
 	(*ListCallsRequest)(nil),        // 0: roost.v1.ListCallsRequest
 	(*ListCallsResponse)(nil),       // 1: roost.v1.ListCallsResponse
@@ -1535,43 +1715,49 @@ var file_roost_v1_spend_proto_goTypes = []any{
 	(*SetFleetLimitResponse)(nil),   // 15: roost.v1.SetFleetLimitResponse
 	(*ListFleetNodesRequest)(nil),   // 16: roost.v1.ListFleetNodesRequest
 	(*ListFleetNodesResponse)(nil),  // 17: roost.v1.ListFleetNodesResponse
-	(*FleetSelf)(nil),               // 18: roost.v1.FleetSelf
-	(*ForgetFleetNodeRequest)(nil),  // 19: roost.v1.ForgetFleetNodeRequest
-	(*ForgetFleetNodeResponse)(nil), // 20: roost.v1.ForgetFleetNodeResponse
-	nil,                             // 21: roost.v1.ForgetFleetNodeResponse.DaysEntry
-	(*timestamppb.Timestamp)(nil),   // 22: google.protobuf.Timestamp
+	(*FleetDirectoryNode)(nil),      // 18: roost.v1.FleetDirectoryNode
+	(*FleetSelf)(nil),               // 19: roost.v1.FleetSelf
+	(*ForgetFleetNodeRequest)(nil),  // 20: roost.v1.ForgetFleetNodeRequest
+	(*ForgetFleetNodeResponse)(nil), // 21: roost.v1.ForgetFleetNodeResponse
+	nil,                             // 22: roost.v1.FleetDirectoryNode.WarmEntry
+	nil,                             // 23: roost.v1.ForgetFleetNodeResponse.DaysEntry
+	(*timestamppb.Timestamp)(nil),   // 24: google.protobuf.Timestamp
 }
 var file_roost_v1_spend_proto_depIdxs = []int32{
 	2,  // 0: roost.v1.ListCallsResponse.calls:type_name -> roost.v1.InferenceCall
-	22, // 1: roost.v1.InferenceCall.at:type_name -> google.protobuf.Timestamp
+	24, // 1: roost.v1.InferenceCall.at:type_name -> google.protobuf.Timestamp
 	5,  // 2: roost.v1.GetDayResponse.day:type_name -> roost.v1.DayLedger
-	22, // 3: roost.v1.DayLedger.resets_at:type_name -> google.protobuf.Timestamp
+	24, // 3: roost.v1.DayLedger.resets_at:type_name -> google.protobuf.Timestamp
 	6,  // 4: roost.v1.DayLedger.sessions:type_name -> roost.v1.DaySession
 	7,  // 5: roost.v1.DayLedger.capsules:type_name -> roost.v1.DayCapsule
 	12, // 6: roost.v1.GetFleetResponse.day:type_name -> roost.v1.FleetDay
 	13, // 7: roost.v1.FleetDay.nodes:type_name -> roost.v1.FleetNodeDay
 	13, // 8: roost.v1.ListFleetNodesResponse.nodes:type_name -> roost.v1.FleetNodeDay
-	18, // 9: roost.v1.ListFleetNodesResponse.self:type_name -> roost.v1.FleetSelf
-	21, // 10: roost.v1.ForgetFleetNodeResponse.days:type_name -> roost.v1.ForgetFleetNodeResponse.DaysEntry
-	3,  // 11: roost.v1.SpendService.GetDay:input_type -> roost.v1.GetDayRequest
-	8,  // 12: roost.v1.SpendService.SetMachineLimit:input_type -> roost.v1.SetMachineLimitRequest
-	0,  // 13: roost.v1.SpendService.ListCalls:input_type -> roost.v1.ListCallsRequest
-	10, // 14: roost.v1.SpendService.GetFleet:input_type -> roost.v1.GetFleetRequest
-	14, // 15: roost.v1.SpendService.SetFleetLimit:input_type -> roost.v1.SetFleetLimitRequest
-	16, // 16: roost.v1.SpendService.ListFleetNodes:input_type -> roost.v1.ListFleetNodesRequest
-	19, // 17: roost.v1.SpendService.ForgetFleetNode:input_type -> roost.v1.ForgetFleetNodeRequest
-	4,  // 18: roost.v1.SpendService.GetDay:output_type -> roost.v1.GetDayResponse
-	9,  // 19: roost.v1.SpendService.SetMachineLimit:output_type -> roost.v1.SetMachineLimitResponse
-	1,  // 20: roost.v1.SpendService.ListCalls:output_type -> roost.v1.ListCallsResponse
-	11, // 21: roost.v1.SpendService.GetFleet:output_type -> roost.v1.GetFleetResponse
-	15, // 22: roost.v1.SpendService.SetFleetLimit:output_type -> roost.v1.SetFleetLimitResponse
-	17, // 23: roost.v1.SpendService.ListFleetNodes:output_type -> roost.v1.ListFleetNodesResponse
-	20, // 24: roost.v1.SpendService.ForgetFleetNode:output_type -> roost.v1.ForgetFleetNodeResponse
-	18, // [18:25] is the sub-list for method output_type
-	11, // [11:18] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	19, // 9: roost.v1.ListFleetNodesResponse.self:type_name -> roost.v1.FleetSelf
+	18, // 10: roost.v1.ListFleetNodesResponse.directory:type_name -> roost.v1.FleetDirectoryNode
+	22, // 11: roost.v1.FleetDirectoryNode.warm:type_name -> roost.v1.FleetDirectoryNode.WarmEntry
+	24, // 12: roost.v1.FleetDirectoryNode.started_at:type_name -> google.protobuf.Timestamp
+	24, // 13: roost.v1.FleetDirectoryNode.written_at:type_name -> google.protobuf.Timestamp
+	23, // 14: roost.v1.ForgetFleetNodeResponse.days:type_name -> roost.v1.ForgetFleetNodeResponse.DaysEntry
+	3,  // 15: roost.v1.SpendService.GetDay:input_type -> roost.v1.GetDayRequest
+	8,  // 16: roost.v1.SpendService.SetMachineLimit:input_type -> roost.v1.SetMachineLimitRequest
+	0,  // 17: roost.v1.SpendService.ListCalls:input_type -> roost.v1.ListCallsRequest
+	10, // 18: roost.v1.SpendService.GetFleet:input_type -> roost.v1.GetFleetRequest
+	14, // 19: roost.v1.SpendService.SetFleetLimit:input_type -> roost.v1.SetFleetLimitRequest
+	16, // 20: roost.v1.SpendService.ListFleetNodes:input_type -> roost.v1.ListFleetNodesRequest
+	20, // 21: roost.v1.SpendService.ForgetFleetNode:input_type -> roost.v1.ForgetFleetNodeRequest
+	4,  // 22: roost.v1.SpendService.GetDay:output_type -> roost.v1.GetDayResponse
+	9,  // 23: roost.v1.SpendService.SetMachineLimit:output_type -> roost.v1.SetMachineLimitResponse
+	1,  // 24: roost.v1.SpendService.ListCalls:output_type -> roost.v1.ListCallsResponse
+	11, // 25: roost.v1.SpendService.GetFleet:output_type -> roost.v1.GetFleetResponse
+	15, // 26: roost.v1.SpendService.SetFleetLimit:output_type -> roost.v1.SetFleetLimitResponse
+	17, // 27: roost.v1.SpendService.ListFleetNodes:output_type -> roost.v1.ListFleetNodesResponse
+	21, // 28: roost.v1.SpendService.ForgetFleetNode:output_type -> roost.v1.ForgetFleetNodeResponse
+	22, // [22:29] is the sub-list for method output_type
+	15, // [15:22] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_spend_proto_init() }
@@ -1585,7 +1771,7 @@ func file_roost_v1_spend_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_spend_proto_rawDesc), len(file_roost_v1_spend_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

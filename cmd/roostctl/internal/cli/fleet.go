@@ -46,6 +46,59 @@ func printFleetNodes(out io.Writer, nodes []*roostv1.FleetNodeDay, self string) 
 	return tw.Flush()
 }
 
+// printFleetNodeTable is fleet nodes' table: every node the directory or today's ledger
+// knows, by name, with what the directory says of it beside its part of the day.
+func printFleetNodeTable(out io.Writer, resp *roostv1.ListFleetNodesResponse) error {
+	ledger := map[string]*roostv1.FleetNodeDay{}
+	dir := map[string]*roostv1.FleetDirectoryNode{}
+	var names []string
+	for _, n := range resp.GetNodes() {
+		ledger[n.GetNode()] = n
+		names = append(names, n.GetNode())
+	}
+	for _, n := range resp.GetDirectory() {
+		dir[n.GetNode()] = n
+		if ledger[n.GetNode()] == nil {
+			names = append(names, n.GetNode())
+		}
+	}
+	slices.Sort(names)
+	self := resp.GetSelf().GetNode()
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tREACHABLE\tADDRESS\tCLASSES\tSESSIONS\tCPUS\tMEMORY\tWARM\tVERSION\tHELD\tSPENT\tRETURNED\tWRITTEN OFF\tBLOCKS")
+	for _, name := range names {
+		row := name
+		if name == self {
+			row += " (this)"
+		}
+		if d := dir[name]; d != nil {
+			reach := "yes"
+			switch {
+			case d.GetState() == "stopped":
+				reach = "stopped"
+			case !d.GetReachable():
+				reach = "unreachable"
+			}
+			warm := 0
+			for _, k := range d.GetWarm() {
+				warm += int(k)
+			}
+			row += fmt.Sprintf("\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%s", reach, orDash(d.GetAddress()), orDash(strings.Join(d.GetClasses(), ",")),
+				d.GetSessionsRunning(), d.GetCpus(), bytesIEC(d.GetMemoryBytes()), warm, orDash(d.GetVersion()))
+		} else {
+			// In the ledger, not in the directory: it never registered, or was forgotten.
+			row += "\tunknown\t-\t-\t-\t-\t-\t-\t-"
+		}
+		if l := ledger[name]; l != nil {
+			row += fmt.Sprintf("\t%d\t%d\t%d\t%d\t%d", l.GetHeld(), l.GetSpent(), l.GetReturned(), l.GetWrittenOff(), l.GetBlocks())
+		} else {
+			row += "\t0\t0\t0\t0\t0"
+		}
+		fmt.Fprintln(tw, row)
+	}
+	return tw.Flush()
+}
+
 func (a *app) spendFleet(ctx context.Context, out io.Writer, day string, asJSON bool) error {
 	conn, err := a.connect()
 	if err != nil {
@@ -93,12 +146,16 @@ func (a *app) fleetNodesCommand() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "nodes",
-		Short: "List the nodes that hold or held blocks of today's fleet ceiling",
-		Long: `nodes lists the fleet's nodes of today (UTC): what each holds of the fleet ceiling, what
-it last said it spent, gave back and had written off, and this node's own view of its
-part: whether it reaches etcd, and writes whose outcome it has yet to learn.`,
+		Short: "List the fleet's nodes: how each is reached, what it can take, its part of today",
+		Long: `nodes lists the fleet's nodes: every node in the node directory (reachable, or
+unreachable when its lease lapsed, or stopped; its mTLS address, the containment classes it
+delivers, its sessions, CPUs, memory, warm sandboxes and version) and every node of today's
+ledger (UTC): what each holds of the fleet ceiling, what it last said it spent, gave back and
+had written off; and this node's own view of its part: whether it reaches etcd, and writes
+whose outcome it has yet to learn.`,
 		Example: `  roostctl fleet nodes
-  roostctl fleet nodes --json | jq '.nodes[] | select(.held != "0")'`,
+  roostctl fleet nodes --json | jq '.nodes[] | select(.held != "0")'
+  roostctl fleet nodes --json | jq -r '.directory[] | select(.reachable) | .address'`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			conn, err := a.connect()
@@ -120,7 +177,7 @@ part: whether it reaches etcd, and writes whose outcome it has yet to learn.`,
 			}
 			fmt.Fprintf(out, "day         %s (UTC)\n", resp.GetDate())
 			fmt.Fprintf(out, "this node   %s: holds %d, used %d, %s; %d writes undecided\n\n", s.GetNode(), s.GetHeld(), s.GetUsed(), reach, s.GetPending())
-			return printFleetNodes(out, resp.GetNodes(), s.GetNode())
+			return printFleetNodeTable(out, resp)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the nodes as JSON")
@@ -140,9 +197,10 @@ func (a *app) fleetForgetCommand() *cobra.Command {
 	var yes, asJSON bool
 	cmd := &cobra.Command{
 		Use:   "forget NODE",
-		Short: "Write a lost node's blocks off as spent, and say the under-use it costs",
-		Long: `forget writes off as spent every block NODE holds, on every day it holds any: for a
-node that is gone (its host lost, its state directory with it). Nothing it held goes back
+		Short: "Write a lost node's blocks off as spent, say the under-use, drop it from the directory",
+		Long: `forget writes off as spent every block NODE holds, on every day it holds any, and
+deletes its node-directory entry: for a node that is gone (its host lost, its state
+directory with it). Nothing it held goes back
 to the pool, since nothing says it no longer spends (a lease lapsing says only that it
 cannot be heard); the fleet ceiling is never overshot for it. What of the written-off
 tokens the node never spent is the under-use: tokens the fleet cannot spend that day.
@@ -191,6 +249,9 @@ On a terminal it asks first; --yes does not.`,
 				fmt.Fprintf(out, "%s  %d tokens written off\n", day, resp.GetDays()[day])
 			}
 			fmt.Fprintf(out, "forgot %s: %d tokens written off as spent, of which at most %d it never spent (under-use)\n", resp.GetNode(), resp.GetWrittenOff(), resp.GetUnderUse())
+			if resp.GetDirectoryEntryDeleted() {
+				fmt.Fprintf(out, "deleted %s's node-directory entry\n", resp.GetNode())
+			}
 			return nil
 		},
 	}

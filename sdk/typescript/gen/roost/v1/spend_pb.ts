@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file roost/v1/spend.proto.
  */
 export const file_roost_v1_spend: GenFile = /*@__PURE__*/
-  fileDesc("ChRyb29zdC92MS9zcGVuZC5wcm90bxIIcm9vc3QudjEiJgoQTGlzdENhbGxzUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJIksKEUxpc3RDYWxsc1Jlc3BvbnNlEiYKBWNhbGxzGAEgAygLMhcucm9vc3QudjEuSW5mZXJlbmNlQ2FsbBIOCgZjYXBwZWQYAiABKAgi5QIKDUluZmVyZW5jZUNhbGwSJgoCYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCHVwc3RyZWFtGAIgASgJEg0KBXJvdXRlGAMgASgJEg0KBW1vZGVsGAQgASgJEg4KBnN0YXR1cxgFIAEoBRIUCgxpbnB1dF90b2tlbnMYBiABKAMSFQoNb3V0cHV0X3Rva2VucxgHIAEoAxIZChFjYWNoZV9yZWFkX3Rva2VucxgIIAEoAxIaChJjYWNoZV93cml0ZV90b2tlbnMYCSABKAMSEAoIcmVzZXJ2ZWQYCiABKAMSDwoHY2hhcmdlZBgLIAEoAxISCgpsYXRlbmN5X21zGAwgASgDEhAKCHN0cmVhbWVkGA0gASgIEhQKDGxvd2VyZWRfZnJvbRgOIAEoAxISCgpsb3dlcmVkX3RvGA8gASgDEhUKDWlucHV0X2NvdW50ZWQYECABKAgiHAoNR2V0RGF5UmVxdWVzdBILCgNkYXkYASABKAkiMgoOR2V0RGF5UmVzcG9uc2USIAoDZGF5GAEgASgLMhMucm9vc3QudjEuRGF5TGVkZ2VyIoECCglEYXlMZWRnZXISDAoEZGF0ZRgBIAEoCRItCglyZXNldHNfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD21hY2hpbmVfY2VpbGluZxgDIAEoAxIPCgdjaGFyZ2VkGAQgASgDEhAKCHJlc2VydmVkGAUgASgDEhkKEW9wZW5fcmVzZXJ2YXRpb25zGAYgASgFEiYKCHNlc3Npb25zGAcgAygLMhQucm9vc3QudjEuRGF5U2Vzc2lvbhImCghjYXBzdWxlcxgIIAMoCzIULnJvb3N0LnYxLkRheUNhcHN1bGUSEAoIbGlmZXRpbWUYCSABKAMiZQoKRGF5U2Vzc2lvbhISCgpzZXNzaW9uX2lkGAEgASgJEg8KB2NhcHN1bGUYAiABKAkSDwoHY2hhcmdlZBgDIAEoAxIQCghyZXNlcnZlZBgEIAEoAxIPCgdjZWlsaW5nGAUgASgDIi4KCkRheUNhcHN1bGUSDwoHY2Fwc3VsZRgBIAEoCRIPCgdjaGFyZ2VkGAIgASgDIigKFlNldE1hY2hpbmVMaW1pdFJlcXVlc3QSDgoGdG9rZW5zGAEgASgDIjsKF1NldE1hY2hpbmVMaW1pdFJlc3BvbnNlEhAKCHByZXZpb3VzGAEgASgDEg4KBnRva2VucxgCIAEoAyIeCg9HZXRGbGVldFJlcXVlc3QSCwoDZGF5GAEgASgJIkEKEEdldEZsZWV0UmVzcG9uc2USHwoDZGF5GAEgASgLMhIucm9vc3QudjEuRmxlZXREYXkSDAoEbm9kZRgCIAEoCSJvCghGbGVldERheRIMCgRkYXRlGAEgASgJEg8KB2NlaWxpbmcYAiABKAMSDwoHZ3JhbnRlZBgDIAEoAxIMCgRvcGVuGAQgASgIEiUKBW5vZGVzGAUgAygLMhYucm9vc3QudjEuRmxlZXROb2RlRGF5InAKDEZsZWV0Tm9kZURheRIMCgRub2RlGAEgASgJEgwKBGhlbGQYAiABKAMSDQoFc3BlbnQYAyABKAMSEAoIcmV0dXJuZWQYBCABKAMSEwoLd3JpdHRlbl9vZmYYBSABKAMSDgoGYmxvY2tzGAYgASgFIiYKFFNldEZsZWV0TGltaXRSZXF1ZXN0Eg4KBnRva2VucxgBIAEoAyI5ChVTZXRGbGVldExpbWl0UmVzcG9uc2USEAoIcHJldmlvdXMYASABKAMSDgoGdG9rZW5zGAIgASgDIhcKFUxpc3RGbGVldE5vZGVzUmVxdWVzdCJwChZMaXN0RmxlZXROb2Rlc1Jlc3BvbnNlEgwKBGRhdGUYASABKAkSJQoFbm9kZXMYAiADKAsyFi5yb29zdC52MS5GbGVldE5vZGVEYXkSIQoEc2VsZhgDIAEoCzITLnJvb3N0LnYxLkZsZWV0U2VsZiJ2CglGbGVldFNlbGYSDAoEbm9kZRgBIAEoCRILCgNkYXkYAiABKAkSDAoEaGVsZBgDIAEoAxIMCgR1c2VkGAQgASgDEgwKBHBvb2wYBSABKAMSDwoHcGVuZGluZxgGIAEoBRITCgt1bnJlYWNoYWJsZRgHIAEoCCImChZGb3JnZXRGbGVldE5vZGVSZXF1ZXN0EgwKBG5vZGUYASABKAkitwEKF0ZvcmdldEZsZWV0Tm9kZVJlc3BvbnNlEgwKBG5vZGUYASABKAkSOQoEZGF5cxgCIAMoCzIrLnJvb3N0LnYxLkZvcmdldEZsZWV0Tm9kZVJlc3BvbnNlLkRheXNFbnRyeRITCgt3cml0dGVuX29mZhgDIAEoAxIRCgl1bmRlcl91c2UYBCABKAMaKwoJRGF5c0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAzoCOAEyqwQKDFNwZW5kU2VydmljZRI7CgZHZXREYXkSFy5yb29zdC52MS5HZXREYXlSZXF1ZXN0Ghgucm9vc3QudjEuR2V0RGF5UmVzcG9uc2USVgoPU2V0TWFjaGluZUxpbWl0EiAucm9vc3QudjEuU2V0TWFjaGluZUxpbWl0UmVxdWVzdBohLnJvb3N0LnYxLlNldE1hY2hpbmVMaW1pdFJlc3BvbnNlEkQKCUxpc3RDYWxscxIaLnJvb3N0LnYxLkxpc3RDYWxsc1JlcXVlc3QaGy5yb29zdC52MS5MaXN0Q2FsbHNSZXNwb25zZRJBCghHZXRGbGVldBIZLnJvb3N0LnYxLkdldEZsZWV0UmVxdWVzdBoaLnJvb3N0LnYxLkdldEZsZWV0UmVzcG9uc2USUAoNU2V0RmxlZXRMaW1pdBIeLnJvb3N0LnYxLlNldEZsZWV0TGltaXRSZXF1ZXN0Gh8ucm9vc3QudjEuU2V0RmxlZXRMaW1pdFJlc3BvbnNlElMKDkxpc3RGbGVldE5vZGVzEh8ucm9vc3QudjEuTGlzdEZsZWV0Tm9kZXNSZXF1ZXN0GiAucm9vc3QudjEuTGlzdEZsZWV0Tm9kZXNSZXNwb25zZRJWCg9Gb3JnZXRGbGVldE5vZGUSIC5yb29zdC52MS5Gb3JnZXRGbGVldE5vZGVSZXF1ZXN0GiEucm9vc3QudjEuRm9yZ2V0RmxlZXROb2RlUmVzcG9uc2VCKloocm9vc3QuZGV2L3Jvb3N0L2FwaS9nZW4vcm9vc3QvdjE7cm9vc3R2MWIGcHJvdG8z", [file_google_protobuf_timestamp]);
+  fileDesc("ChRyb29zdC92MS9zcGVuZC5wcm90bxIIcm9vc3QudjEiJgoQTGlzdENhbGxzUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJIksKEUxpc3RDYWxsc1Jlc3BvbnNlEiYKBWNhbGxzGAEgAygLMhcucm9vc3QudjEuSW5mZXJlbmNlQ2FsbBIOCgZjYXBwZWQYAiABKAgi5QIKDUluZmVyZW5jZUNhbGwSJgoCYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCHVwc3RyZWFtGAIgASgJEg0KBXJvdXRlGAMgASgJEg0KBW1vZGVsGAQgASgJEg4KBnN0YXR1cxgFIAEoBRIUCgxpbnB1dF90b2tlbnMYBiABKAMSFQoNb3V0cHV0X3Rva2VucxgHIAEoAxIZChFjYWNoZV9yZWFkX3Rva2VucxgIIAEoAxIaChJjYWNoZV93cml0ZV90b2tlbnMYCSABKAMSEAoIcmVzZXJ2ZWQYCiABKAMSDwoHY2hhcmdlZBgLIAEoAxISCgpsYXRlbmN5X21zGAwgASgDEhAKCHN0cmVhbWVkGA0gASgIEhQKDGxvd2VyZWRfZnJvbRgOIAEoAxISCgpsb3dlcmVkX3RvGA8gASgDEhUKDWlucHV0X2NvdW50ZWQYECABKAgiHAoNR2V0RGF5UmVxdWVzdBILCgNkYXkYASABKAkiMgoOR2V0RGF5UmVzcG9uc2USIAoDZGF5GAEgASgLMhMucm9vc3QudjEuRGF5TGVkZ2VyIoECCglEYXlMZWRnZXISDAoEZGF0ZRgBIAEoCRItCglyZXNldHNfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD21hY2hpbmVfY2VpbGluZxgDIAEoAxIPCgdjaGFyZ2VkGAQgASgDEhAKCHJlc2VydmVkGAUgASgDEhkKEW9wZW5fcmVzZXJ2YXRpb25zGAYgASgFEiYKCHNlc3Npb25zGAcgAygLMhQucm9vc3QudjEuRGF5U2Vzc2lvbhImCghjYXBzdWxlcxgIIAMoCzIULnJvb3N0LnYxLkRheUNhcHN1bGUSEAoIbGlmZXRpbWUYCSABKAMiZQoKRGF5U2Vzc2lvbhISCgpzZXNzaW9uX2lkGAEgASgJEg8KB2NhcHN1bGUYAiABKAkSDwoHY2hhcmdlZBgDIAEoAxIQCghyZXNlcnZlZBgEIAEoAxIPCgdjZWlsaW5nGAUgASgDIi4KCkRheUNhcHN1bGUSDwoHY2Fwc3VsZRgBIAEoCRIPCgdjaGFyZ2VkGAIgASgDIigKFlNldE1hY2hpbmVMaW1pdFJlcXVlc3QSDgoGdG9rZW5zGAEgASgDIjsKF1NldE1hY2hpbmVMaW1pdFJlc3BvbnNlEhAKCHByZXZpb3VzGAEgASgDEg4KBnRva2VucxgCIAEoAyIeCg9HZXRGbGVldFJlcXVlc3QSCwoDZGF5GAEgASgJIkEKEEdldEZsZWV0UmVzcG9uc2USHwoDZGF5GAEgASgLMhIucm9vc3QudjEuRmxlZXREYXkSDAoEbm9kZRgCIAEoCSJvCghGbGVldERheRIMCgRkYXRlGAEgASgJEg8KB2NlaWxpbmcYAiABKAMSDwoHZ3JhbnRlZBgDIAEoAxIMCgRvcGVuGAQgASgIEiUKBW5vZGVzGAUgAygLMhYucm9vc3QudjEuRmxlZXROb2RlRGF5InAKDEZsZWV0Tm9kZURheRIMCgRub2RlGAEgASgJEgwKBGhlbGQYAiABKAMSDQoFc3BlbnQYAyABKAMSEAoIcmV0dXJuZWQYBCABKAMSEwoLd3JpdHRlbl9vZmYYBSABKAMSDgoGYmxvY2tzGAYgASgFIiYKFFNldEZsZWV0TGltaXRSZXF1ZXN0Eg4KBnRva2VucxgBIAEoAyI5ChVTZXRGbGVldExpbWl0UmVzcG9uc2USEAoIcHJldmlvdXMYASABKAMSDgoGdG9rZW5zGAIgASgDIhcKFUxpc3RGbGVldE5vZGVzUmVxdWVzdCKhAQoWTGlzdEZsZWV0Tm9kZXNSZXNwb25zZRIMCgRkYXRlGAEgASgJEiUKBW5vZGVzGAIgAygLMhYucm9vc3QudjEuRmxlZXROb2RlRGF5EiEKBHNlbGYYAyABKAsyEy5yb29zdC52MS5GbGVldFNlbGYSLwoJZGlyZWN0b3J5GAQgAygLMhwucm9vc3QudjEuRmxlZXREaXJlY3RvcnlOb2RlIvgCChJGbGVldERpcmVjdG9yeU5vZGUSDAoEbm9kZRgBIAEoCRIRCglyZWFjaGFibGUYAiABKAgSDQoFc3RhdGUYAyABKAkSDwoHYWRkcmVzcxgEIAEoCRIPCgdjbGFzc2VzGAUgAygJEgwKBGNwdXMYBiABKAUSFAoMbWVtb3J5X2J5dGVzGAcgASgDEhgKEHNlc3Npb25zX3J1bm5pbmcYCCABKAUSNAoEd2FybRgJIAMoCzImLnJvb3N0LnYxLkZsZWV0RGlyZWN0b3J5Tm9kZS5XYXJtRW50cnkSDwoHdmVyc2lvbhgKIAEoCRIuCgpzdGFydGVkX2F0GAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp3cml0dGVuX2F0GAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBorCglXYXJtRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgFOgI4ASJ2CglGbGVldFNlbGYSDAoEbm9kZRgBIAEoCRILCgNkYXkYAiABKAkSDAoEaGVsZBgDIAEoAxIMCgR1c2VkGAQgASgDEgwKBHBvb2wYBSABKAMSDwoHcGVuZGluZxgGIAEoBRITCgt1bnJlYWNoYWJsZRgHIAEoCCImChZGb3JnZXRGbGVldE5vZGVSZXF1ZXN0EgwKBG5vZGUYASABKAki2AEKF0ZvcmdldEZsZWV0Tm9kZVJlc3BvbnNlEgwKBG5vZGUYASABKAkSOQoEZGF5cxgCIAMoCzIrLnJvb3N0LnYxLkZvcmdldEZsZWV0Tm9kZVJlc3BvbnNlLkRheXNFbnRyeRITCgt3cml0dGVuX29mZhgDIAEoAxIRCgl1bmRlcl91c2UYBCABKAMSHwoXZGlyZWN0b3J5X2VudHJ5X2RlbGV0ZWQYBSABKAgaKwoJRGF5c0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAzoCOAEyqwQKDFNwZW5kU2VydmljZRI7CgZHZXREYXkSFy5yb29zdC52MS5HZXREYXlSZXF1ZXN0Ghgucm9vc3QudjEuR2V0RGF5UmVzcG9uc2USVgoPU2V0TWFjaGluZUxpbWl0EiAucm9vc3QudjEuU2V0TWFjaGluZUxpbWl0UmVxdWVzdBohLnJvb3N0LnYxLlNldE1hY2hpbmVMaW1pdFJlc3BvbnNlEkQKCUxpc3RDYWxscxIaLnJvb3N0LnYxLkxpc3RDYWxsc1JlcXVlc3QaGy5yb29zdC52MS5MaXN0Q2FsbHNSZXNwb25zZRJBCghHZXRGbGVldBIZLnJvb3N0LnYxLkdldEZsZWV0UmVxdWVzdBoaLnJvb3N0LnYxLkdldEZsZWV0UmVzcG9uc2USUAoNU2V0RmxlZXRMaW1pdBIeLnJvb3N0LnYxLlNldEZsZWV0TGltaXRSZXF1ZXN0Gh8ucm9vc3QudjEuU2V0RmxlZXRMaW1pdFJlc3BvbnNlElMKDkxpc3RGbGVldE5vZGVzEh8ucm9vc3QudjEuTGlzdEZsZWV0Tm9kZXNSZXF1ZXN0GiAucm9vc3QudjEuTGlzdEZsZWV0Tm9kZXNSZXNwb25zZRJWCg9Gb3JnZXRGbGVldE5vZGUSIC5yb29zdC52MS5Gb3JnZXRGbGVldE5vZGVSZXF1ZXN0GiEucm9vc3QudjEuRm9yZ2V0RmxlZXROb2RlUmVzcG9uc2VCKloocm9vc3QuZGV2L3Jvb3N0L2FwaS9nZW4vcm9vc3QvdjE7cm9vc3R2MWIGcHJvdG8z", [file_google_protobuf_timestamp]);
 
 /**
  * @generated from message roost.v1.ListCallsRequest
@@ -565,6 +565,13 @@ export type ListFleetNodesResponse = Message<"roost.v1.ListFleetNodesResponse"> 
    * @generated from field: roost.v1.FleetSelf self = 3;
    */
   self?: FleetSelf | undefined;
+
+  /**
+   * The node directory: every node registered in the fleet, reachable or not, by name.
+   *
+   * @generated from field: repeated roost.v1.FleetDirectoryNode directory = 4;
+   */
+  directory: FleetDirectoryNode[];
 };
 
 /**
@@ -573,6 +580,94 @@ export type ListFleetNodesResponse = Message<"roost.v1.ListFleetNodesResponse"> 
  */
 export const ListFleetNodesResponseSchema: GenMessage<ListFleetNodesResponse> = /*@__PURE__*/
   messageDesc(file_roost_v1_spend, 17);
+
+/**
+ * FleetDirectoryNode is a node as the fleet's node directory has it: what it last said of
+ * itself, and whether it is heard now.
+ *
+ * @generated from message roost.v1.FleetDirectoryNode
+ */
+export type FleetDirectoryNode = Message<"roost.v1.FleetDirectoryNode"> & {
+  /**
+   * @generated from field: string node = 1;
+   */
+  node: string;
+
+  /**
+   * Its lease is live. false: cut off, down or paused for longer than the lease's TTL (it
+   * is listed from what it last said), or stopped cleanly (state "stopped").
+   *
+   * @generated from field: bool reachable = 2;
+   */
+  reachable: boolean;
+
+  /**
+   * "up" or "stopped", as the node last said.
+   *
+   * @generated from field: string state = 3;
+   */
+  state: string;
+
+  /**
+   * host:port of its mTLS listener as configured; empty when it has none.
+   *
+   * @generated from field: string address = 4;
+   */
+  address: string;
+
+  /**
+   * The containment classes it delivers, weakest first.
+   *
+   * @generated from field: repeated string classes = 5;
+   */
+  classes: string[];
+
+  /**
+   * @generated from field: int32 cpus = 6;
+   */
+  cpus: number;
+
+  /**
+   * @generated from field: int64 memory_bytes = 7;
+   */
+  memoryBytes: bigint;
+
+  /**
+   * @generated from field: int32 sessions_running = 8;
+   */
+  sessionsRunning: number;
+
+  /**
+   * Sandboxes made ahead and waiting for a session, per shape.
+   *
+   * @generated from field: map<string, int32> warm = 9;
+   */
+  warm: { [key: string]: number };
+
+  /**
+   * @generated from field: string version = 10;
+   */
+  version: string;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp started_at = 11;
+   */
+  startedAt?: Timestamp | undefined;
+
+  /**
+   * When what it says last changed (it writes only then).
+   *
+   * @generated from field: google.protobuf.Timestamp written_at = 12;
+   */
+  writtenAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message roost.v1.FleetDirectoryNode.
+ * Use `create(FleetDirectoryNodeSchema)` to create a new message.
+ */
+export const FleetDirectoryNodeSchema: GenMessage<FleetDirectoryNode> = /*@__PURE__*/
+  messageDesc(file_roost_v1_spend, 18);
 
 /**
  * FleetSelf is a node's own view of its part of today.
@@ -629,7 +724,7 @@ export type FleetSelf = Message<"roost.v1.FleetSelf"> & {
  * Use `create(FleetSelfSchema)` to create a new message.
  */
 export const FleetSelfSchema: GenMessage<FleetSelf> = /*@__PURE__*/
-  messageDesc(file_roost_v1_spend, 18);
+  messageDesc(file_roost_v1_spend, 19);
 
 /**
  * @generated from message roost.v1.ForgetFleetNodeRequest
@@ -646,7 +741,7 @@ export type ForgetFleetNodeRequest = Message<"roost.v1.ForgetFleetNodeRequest"> 
  * Use `create(ForgetFleetNodeRequestSchema)` to create a new message.
  */
 export const ForgetFleetNodeRequestSchema: GenMessage<ForgetFleetNodeRequest> = /*@__PURE__*/
-  messageDesc(file_roost_v1_spend, 19);
+  messageDesc(file_roost_v1_spend, 20);
 
 /**
  * @generated from message roost.v1.ForgetFleetNodeResponse
@@ -676,6 +771,13 @@ export type ForgetFleetNodeResponse = Message<"roost.v1.ForgetFleetNodeResponse"
    * @generated from field: int64 under_use = 4;
    */
   underUse: bigint;
+
+  /**
+   * The node's node-directory entry was deleted (false: it had none).
+   *
+   * @generated from field: bool directory_entry_deleted = 5;
+   */
+  directoryEntryDeleted: boolean;
 };
 
 /**
@@ -683,7 +785,7 @@ export type ForgetFleetNodeResponse = Message<"roost.v1.ForgetFleetNodeResponse"
  * Use `create(ForgetFleetNodeResponseSchema)` to create a new message.
  */
 export const ForgetFleetNodeResponseSchema: GenMessage<ForgetFleetNodeResponse> = /*@__PURE__*/
-  messageDesc(file_roost_v1_spend, 20);
+  messageDesc(file_roost_v1_spend, 21);
 
 /**
  * SpendService is the operator's view of the token ledger.
