@@ -152,4 +152,3 @@ func sameSet(a, b []string) bool {
 	}
 	return len(a) == len(b)
 }
-
