@@ -1,6 +1,7 @@
 package deploytest
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -17,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
 	"roost.dev/roost/pkg/config"
@@ -25,8 +27,8 @@ import (
 // capsuleTaint is the taint of the node pool roostd runs on.
 var capsuleTaint = corev1.Taint{Key: "roost.dev/capsules", Value: "true", Effect: corev1.TaintEffectNoSchedule}
 
-// k8sObjects are deploy/kubernetes's manifests, each decoded strictly (an unknown or
-// misspelt field fails) into its upstream type.
+// k8sObjects are deploy/kubernetes's manifests, each decoded strictly (an unknown,
+// misspelt, miscased or repeated field fails) into its upstream type.
 type k8sObjects struct {
 	namespaces []*corev1.Namespace
 	configMaps []*corev1.ConfigMap
@@ -79,7 +81,19 @@ func decodeKubernetes(t *testing.T) *k8sObjects {
 		if tm.APIVersion != want {
 			t.Fatalf("%s: %s has apiVersion %q, want %q", f, tm.Kind, tm.APIVersion, want)
 		}
-		if err := yaml.UnmarshalStrict(data, obj); err != nil {
+		// As the API server's strict field validation: YAML to JSON refusing duplicate keys,
+		// then JSON with field names matched case-sensitively (encoding/json, under
+		// yaml.UnmarshalStrict, would take hostPid for hostPID) and unknown or duplicate
+		// fields refused.
+		js, err := yaml.YAMLToJSONStrict(data)
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		strict, err := kjson.UnmarshalStrict(js, obj, kjson.DisallowDuplicateFields, kjson.DisallowUnknownFields)
+		if err == nil {
+			err = errors.Join(strict...)
+		}
+		if err != nil {
 			t.Fatalf("%s: strict decode as %s %s: %v", f, want, tm.Kind, err)
 		}
 	}
@@ -158,7 +172,7 @@ func TestKubernetes(t *testing.T) {
 	// The container's env, the downward API's fields given sample values.
 	env := map[string]string{}
 	fieldOf := map[string]string{}
-	sample := map[string]string{"spec.nodeName": "node-a", "status.hostIP": "192.0.2.10", "status.podIP": "192.0.2.10"}
+	sample := map[string]string{"spec.nodeName": "node-a", "metadata.name": "roostd-x7k2p", "status.hostIP": "192.0.2.10", "status.podIP": "192.0.2.10"}
 	for _, e := range c.Env {
 		switch {
 		case e.ValueFrom != nil && e.ValueFrom.FieldRef != nil:

@@ -65,7 +65,7 @@ func (b *binaries) checkRoostdArgs(where string, args []string) error {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return fmt.Errorf("%s: roostd refuses its flags %q: %v: %s", where, args, err, strings.TrimSpace(stderr.String()))
+		return fmt.Errorf("%s: %s (%v; the flags: %q)", where, strings.TrimSpace(stderr.String()), err, args)
 	}
 	if !strings.HasPrefix(string(out), "roostd ") {
 		return fmt.Errorf("%s: roostd %q --version printed %q, not its version", where, args, out)
