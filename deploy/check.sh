@@ -8,6 +8,12 @@
 #   - every metric named in the dashboard, the alerts and their tests exists in
 #     pkg/metrics/metrics.go (histogram _bucket/_sum/_count map to their histogram) or is one of
 #     the Go/process collectors' standard metrics; a deprecated roost metric is refused.
+#   - systemd-analyze verify  deploy/systemd/roostd.service with the fleet drop-in
+#                            roostd.service.d/roostd-fleet.conf, and deploy/systemd/etcd's
+#                            roost-etcd@.service as its three members e0, e1, e2: any
+#                            warning fails. (The Kubernetes manifests, the Nomad job and the
+#                            flags all of them give roostd and roost-etcd are checked by
+#                            deploy/deploytest, a Go test that make unit runs.)
 # promtool comes from Debian's prometheus package; it is installed with apt when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -161,5 +167,30 @@ while read -r m; do
     echo "deploy/check: note: $m is not on the dashboard" >&2
 done <"$tmp/known"
 echo "  ok: $(wc -l <"$tmp/known") roost metrics known"
+
+echo "== systemd-analyze verify: roostd.service + roostd-fleet.conf, roost-etcd@{e0,e1,e2}.service"
+command -v systemd-analyze >/dev/null || fail "systemd-analyze is missing (apt-get install systemd)"
+# A root of the host's own units (for multi-user.target, network-online.target and the
+# like) with roost's installed as make install and the drop-in's instructions put them;
+# the commands are stand-ins, since verify checks only that they are executable.
+root=$tmp/root
+mkdir -p "$root/lib/systemd/system" "$root/etc/systemd/system/roostd.service.d" "$root/usr/local/bin"
+cp -a /lib/systemd/system/. "$root/lib/systemd/system/"
+cp "$DEPLOY/systemd/roostd.service" "$root/lib/systemd/system/"
+cp "$DEPLOY/systemd/roostd.service.d/roostd-fleet.conf" "$root/etc/systemd/system/roostd.service.d/"
+cp "$DEPLOY/systemd/etcd/roost-etcd@.service" "$root/etc/systemd/system/"
+for b in roostd roost-etcd; do install -m 0755 /bin/true "$root/usr/local/bin/$b"; done
+verify() {
+  local out
+  out=$(systemd-analyze verify --root="$root" --man=no --generators=no "$@" 2>&1) ||
+    { echo "$out" >&2; fail "systemd-analyze verify $* failed"; }
+  [ -z "$out" ] || { echo "$out" >&2; fail "systemd-analyze verify $* warned"; }
+}
+verify "$root/lib/systemd/system/roostd.service"
+for m in e0 e1 e2; do
+  [ -f "$DEPLOY/systemd/etcd/$m.env" ] || fail "$DEPLOY/systemd/etcd/$m.env is missing"
+  verify "roost-etcd@$m.service"
+done
+echo "  ok"
 
 echo "deploy/check: ok"
