@@ -75,6 +75,10 @@ type Capacity struct {
 	MemoryBytes int64 `json:"memory_bytes"`
 	// SessionsRunning counts the node's sessions that have not exited.
 	SessionsRunning int `json:"sessions_running"`
+	// MaxSessions is how many sessions the node takes at once (its sessions.ids.slots less
+	// the one rehearsals hold); 0 when it says nothing, which placement reads as no bound
+	// but its CPUs.
+	MaxSessions int `json:"max_sessions,omitempty"`
 	// Warm counts sandboxes made ahead and waiting for a session, per shape (roostd
 	// --warm-pool, --warm-pool-capsule); absent without a warm pool.
 	Warm map[string]int `json:"warm,omitempty"`

@@ -49,6 +49,12 @@ type Config struct {
 	Version   string
 	// Capacity says what the node can take and holds now; called every Interval.
 	Capacity func() Capacity
+	// Settle, when set, gives keys the entry about to be written accounts for (placements'
+	// reservations of sessions the node now counts), called before Capacity: the write
+	// deletes them in its own Txn, so that a reservation and the count it turned into are
+	// never both seen, nor neither. done(true) once written; done(false) gives them back
+	// for the next write. Keys to settle make a write even when nothing else changed.
+	Settle func() (keys []string, done func(written bool))
 	// TTL is the lease's (DefaultTTL when 0); Interval the least time between writes
 	// (DefaultInterval when 0).
 	TTL, Interval time.Duration
@@ -106,7 +112,11 @@ func Register(cfg Config) (*Registrant, error) {
 
 // entry is what the node says now, but for WrittenAt.
 func (r *Registrant) entry(state string) Entry {
-	return Entry{Schema: Schema, Node: r.cfg.Node, Address: r.cfg.Address, Classes: r.cfg.Classes, Capacity: r.cfg.Capacity(),
+	return r.entryOf(state, r.cfg.Capacity())
+}
+
+func (r *Registrant) entryOf(state string, c Capacity) Entry {
+	return Entry{Schema: Schema, Node: r.cfg.Node, Address: r.cfg.Address, Classes: r.cfg.Classes, Capacity: c,
 		Version: r.cfg.Version, StartedAt: r.cfg.StartedAt.UTC(), State: state}
 }
 
@@ -117,7 +127,7 @@ func (r *Registrant) call(ctx context.Context) (context.Context, context.CancelF
 
 // write puts the entry under the lease and as the node's tombstone, in one Txn: one
 // revision of etcd per write.
-func (r *Registrant) write(ctx context.Context, lease int64, e Entry) error {
+func (r *Registrant) write(ctx context.Context, lease int64, e Entry, settle ...string) error {
 	e.WrittenAt = time.Now().UTC()
 	raw, err := jsonOf(e)
 	if err != nil {
@@ -128,6 +138,9 @@ func (r *Registrant) write(ctx context.Context, lease int64, e Entry) error {
 	ops := []fleet.Op{{Key: r.k.known(r.cfg.Node), Value: raw}}
 	if lease != 0 {
 		ops = append(ops, fleet.Op{Key: r.k.live(r.cfg.Node), Value: raw, Lease: lease})
+	}
+	for _, k := range settle {
+		ops = append(ops, fleet.Op{Key: k, Delete: true})
 	}
 	if _, err := r.cfg.Store.Txn(cctx, nil, ops); err != nil {
 		return fmt.Errorf("writing node %s's directory entry: %w", r.cfg.Node, err)
@@ -191,11 +204,19 @@ func (r *Registrant) registerOnce(ctx context.Context) error {
 			return nil
 		case <-tick.C:
 		}
+		var settle []string
+		done := func(bool) {}
+		if r.cfg.Settle != nil {
+			settle, done = r.cfg.Settle()
+		}
 		e := r.entry(StateUp)
-		if same(e, last) {
+		if same(e, last) && len(settle) == 0 {
+			done(false)
 			continue
 		}
-		switch err := r.write(ctx, lease, e); {
+		err := r.write(ctx, lease, e, settle...)
+		done(err == nil)
+		switch {
 		case err == nil:
 			last = e
 		case errdefs.IsNotFound(err):
