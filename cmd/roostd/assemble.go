@@ -21,6 +21,7 @@ import (
 	"roost.dev/roost/pkg/endpoint"
 	"roost.dev/roost/pkg/fdbudget"
 	"roost.dev/roost/pkg/fleet/etcdstore"
+	"roost.dev/roost/pkg/fleet/placement"
 	"roost.dev/roost/pkg/gateway"
 	"roost.dev/roost/pkg/hostaddr"
 	"roost.dev/roost/pkg/ledger"
@@ -51,7 +52,10 @@ type daemon struct {
 	artifacts *artifact.Store
 	spend     *ledger.Ledger
 	// fleet is what the fleet RPCs need; nil for a single host.
-	fleet    *server.Fleet
+	fleet *server.Fleet
+	// staged lists the reservations of sessions placed here, for the node directory's
+	// writes to settle; nil for a single host.
+	staged   *placement.Staged
 	sessions *session.Manager
 	// control bounds the control API (the config's control section).
 	control config.Control
@@ -329,7 +333,8 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 		if err != nil {
 			return nil, err
 		}
-		stop, err := registerNode(fleetCfg, fleetStore, rs.Listen.Value, catalog, sessions, log)
+		d.staged = placement.NewStaged(fleetCfg.node, "")
+		stop, err := registerNode(fleetCfg, fleetStore, rs.Listen.Value, catalog, sessions, pool.Slots, d.staged, log)
 		if err != nil {
 			return nil, err
 		}

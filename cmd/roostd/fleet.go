@@ -16,10 +16,12 @@ import (
 	"roost.dev/roost/pkg/fleet"
 	"roost.dev/roost/pkg/fleet/directory"
 	"roost.dev/roost/pkg/fleet/etcdstore"
+	"roost.dev/roost/pkg/fleet/placement"
 	"roost.dev/roost/pkg/ledger"
 	"roost.dev/roost/pkg/metrics"
 	"roost.dev/roost/pkg/server"
 	"roost.dev/roost/pkg/session"
+	sessionstore "roost.dev/roost/pkg/session/store"
 	"roost.dev/roost/pkg/version"
 )
 
@@ -111,7 +113,11 @@ func openFleet(s fleetSettings, stateDir string, spend *ledger.Ledger, mtr *metr
 // clean stop marks the entry stopped and revokes its lease, so the fleet sees at once that
 // the node went away on purpose (it is not cut off, and needs no forgetting), while what
 // it said stays listed until it starts again or is forgotten.
-func registerNode(s fleetSettings, store *etcdstore.Store, address string, catalog containment.Catalog, sessions *session.Manager, log *slog.Logger) (func(), error) {
+//
+// The entry counts staged sessions with the running ones (they hold their ids, and are
+// about to run) and says the most the node takes, its id pool's slots less the rehearsals'
+// one; its writes settle the reservations of the sessions placed here (staged).
+func registerNode(s fleetSettings, store *etcdstore.Store, address string, catalog containment.Catalog, sessions *session.Manager, slots uint32, staged *placement.Staged, log *slog.Logger) (func(), error) {
 	var classes []string
 	for _, c := range catalog.Delivers() {
 		classes = append(classes, c.String())
@@ -128,12 +134,13 @@ func registerNode(s fleetSettings, store *etcdstore.Store, address string, catal
 			st := sessions.Status()
 			live := 0
 			for state, n := range st.ByState {
-				if state.Live() {
+				if state.Live() || state == sessionstore.Staged {
 					live += n
 				}
 			}
-			return directory.Capacity{CPUs: cpus, MemoryBytes: memory, SessionsRunning: live, Warm: st.WarmByShape}
+			return directory.Capacity{CPUs: cpus, MemoryBytes: memory, SessionsRunning: live, MaxSessions: int(slots) - 1, Warm: st.WarmByShape}
 		},
+		Settle: staged.Settle,
 		Logger: log.With("part", "fleet-directory"),
 	})
 	if err != nil {

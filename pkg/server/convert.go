@@ -65,7 +65,31 @@ func SessionProto(r *store.Record) *roostv1.Session {
 	if st := session.ExecRefusals(r); st != nil {
 		s.ExecRefused = &roostv1.ExecRefusals{Count: st.Count, RecentPaths: st.Recent}
 	}
+	s.Placement = PlacementProto(r.Placement)
 	return s
+}
+
+// PlacementProto is a record's placement as the API shows it; nil for none.
+func PlacementProto(p *store.Placement) *roostv1.Placement {
+	if p == nil {
+		return nil
+	}
+	out := &roostv1.Placement{Node: p.Node, Entry: p.Entry, At: timestamp(p.At), Reason: p.Reason}
+	for _, c := range p.Candidates {
+		out.Candidates = append(out.Candidates, &roostv1.PlacementCandidate{Node: c.Node, Running: int32(c.Running), InFlight: int32(c.InFlight),
+			Max: int32(c.Max), Cpus: int32(c.CPUs), Warm: c.Warm, Score: c.Score, Drawn: c.Drawn, Refused: c.Refused})
+	}
+	return out
+}
+
+// placementRecord is a forwarded stage's placement as the record keeps it.
+func placementRecord(p *roostv1.Placement) *store.Placement {
+	out := &store.Placement{Node: p.GetNode(), Entry: p.GetEntry(), At: p.GetAt().AsTime().UTC(), Reason: p.GetReason()}
+	for _, c := range p.GetCandidates() {
+		out.Candidates = append(out.Candidates, store.PlacementCandidate{Node: c.GetNode(), Running: int(c.GetRunning()), InFlight: int(c.GetInFlight()),
+			Max: int(c.GetMax()), CPUs: int(c.GetCpus()), Warm: c.GetWarm(), Score: c.GetScore(), Drawn: c.GetDrawn(), Refused: c.GetRefused()})
+	}
+	return out
 }
 
 func logStatsProto(maxBytes int64, s records.StreamStats) *roostv1.LogStats {

@@ -70,6 +70,15 @@ type Config struct {
 	Descriptors *fdbudget.Budget
 	// Fleet is the fleet ledger this roostd is a node of; nil when it is a single host.
 	Fleet *Fleet
+	// Placing places the sessions staged on a fleet node; nil on a single host, where a
+	// stage naming a node is refused.
+	Placing Placing
+}
+
+// Placing is a fleet node's Stage (pkg/fleet/placement's Stager): the request staged here
+// through local, or on the node it places it on.
+type Placing interface {
+	Stage(ctx context.Context, req *roostv1.StageRequest, local func(context.Context, *roostv1.StageRequest) (*roostv1.StageResponse, error)) (*roostv1.StageResponse, error)
 }
 
 // Server is roostd's gRPC server: roost's services, the standard health service
@@ -128,7 +137,11 @@ func New(cfg Config) *Server {
 	}
 	opts = append(opts, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
 	srv := grpc.NewServer(opts...)
-	roostv1.RegisterSessionServiceServer(srv, &sessionService{m: cfg.Sessions, sendTimeout: limits.StreamSendTimeout()})
+	ss := &sessionService{m: cfg.Sessions, sendTimeout: limits.StreamSendTimeout(), placing: cfg.Placing}
+	if cfg.Fleet != nil {
+		ss.node = cfg.Fleet.Node
+	}
+	roostv1.RegisterSessionServiceServer(srv, ss)
 	roostv1.RegisterCapsuleServiceServer(srv, &capsuleService{m: cfg.Sessions})
 	roostv1.RegisterSystemServiceServer(srv, &systemService{cfg: cfg})
 	roostv1.RegisterArtifactServiceServer(srv, &artifactService{store: cfg.Artifacts})
@@ -180,6 +193,10 @@ type sessionService struct {
 	m *session.Manager
 	// sendTimeout is how long a follower's message may wait unread before the stream ends.
 	sendTimeout time.Duration
+	// node is this roostd's name in the fleet, and placing its Stage; "" and nil on a
+	// single host.
+	node    string
+	placing Placing
 }
 
 var _ roostv1.SessionServiceServer = (*sessionService)(nil)
@@ -206,6 +223,17 @@ func stageOptions(capsule, workdir, class string, deadline *durationpb.Duration)
 }
 
 func (s *sessionService) Stage(ctx context.Context, req *roostv1.StageRequest) (*roostv1.StageResponse, error) {
+	if s.placing != nil {
+		return s.placing.Stage(ctx, req, s.stageHere)
+	}
+	if (req.GetNode() != "" && req.GetNode() != s.node) || req.GetPlacement() != nil {
+		return nil, fmt.Errorf("node %q: this roostd is a single host, no fleet node: stage without --node: %w", req.GetNode(), errdefs.ErrFailedPrecondition)
+	}
+	return s.stageHere(ctx, req)
+}
+
+// stageHere stages req on this node.
+func (s *sessionService) stageHere(ctx context.Context, req *roostv1.StageRequest) (*roostv1.StageResponse, error) {
 	opts, err := stageOptions(req.GetCapsule(), req.GetWorkdir(), req.GetContainment(), req.GetDeadline())
 	if err != nil {
 		return nil, err
@@ -215,11 +243,14 @@ func (s *sessionService) Stage(ctx context.Context, req *roostv1.StageRequest) (
 	opts.MemoryBytes = req.GetMemoryBytes()
 	// Staging refuses labels that break a rule, naming the label.
 	opts.Labels = req.GetLabels()
+	if p := req.GetPlacement(); p != nil {
+		opts.Placement = placementRecord(p)
+	}
 	rec, err := s.m.Stage(opts)
 	if err != nil {
 		return nil, err
 	}
-	return &roostv1.StageResponse{Session: SessionProto(rec)}, nil
+	return &roostv1.StageResponse{Session: s.session(rec)}, nil
 }
 
 func (s *sessionService) Launch(ctx context.Context, req *roostv1.LaunchRequest) (*roostv1.LaunchResponse, error) {
@@ -227,12 +258,19 @@ func (s *sessionService) Launch(ctx context.Context, req *roostv1.LaunchRequest)
 	if err != nil {
 		return nil, err
 	}
-	return &roostv1.LaunchResponse{Session: SessionProto(rec)}, nil
+	return &roostv1.LaunchResponse{Session: s.record(rec)}, nil
+}
+
+// record is a record as the API shows it, with this node's name.
+func (s *sessionService) record(rec *store.Record) *roostv1.Session {
+	out := SessionProto(rec)
+	out.Node = s.node
+	return out
 }
 
 // session is a record as the API shows it, with what it uses now when it is live.
 func (s *sessionService) session(rec *store.Record) *roostv1.Session {
-	out := SessionProto(rec)
+	out := s.record(rec)
 	if rec.State.Live() {
 		if u := s.m.Usage(rec); u != nil {
 			out.Usage = &roostv1.Usage{MemoryBytes: u.MemoryBytes, MemoryPeakBytes: u.MemoryPeakBytes, CpuSeconds: u.CPUSeconds, Pids: u.Pids,
@@ -290,7 +328,7 @@ func (s *sessionService) Wait(ctx context.Context, req *roostv1.WaitRequest) (*r
 	if err != nil {
 		return nil, err
 	}
-	return &roostv1.WaitResponse{Session: SessionProto(rec)}, nil
+	return &roostv1.WaitResponse{Session: s.record(rec)}, nil
 }
 
 func (s *sessionService) Stop(ctx context.Context, req *roostv1.StopRequest) (*roostv1.StopResponse, error) {
@@ -309,7 +347,7 @@ func (s *sessionService) Stop(ctx context.Context, req *roostv1.StopRequest) (*r
 	if err != nil {
 		return nil, err
 	}
-	return &roostv1.StopResponse{Session: SessionProto(rec)}, nil
+	return &roostv1.StopResponse{Session: s.record(rec)}, nil
 }
 
 func (s *sessionService) Kill(ctx context.Context, req *roostv1.KillRequest) (*roostv1.KillResponse, error) {
@@ -321,7 +359,7 @@ func (s *sessionService) Kill(ctx context.Context, req *roostv1.KillRequest) (*r
 	if err != nil {
 		return nil, err
 	}
-	return &roostv1.KillResponse{Session: SessionProto(rec)}, nil
+	return &roostv1.KillResponse{Session: s.record(rec)}, nil
 }
 
 // ParseSignal reads a signal as operators write it: "KILL", "SIGKILL", "sigkill" or "9".

@@ -51,6 +51,8 @@ type StageOptions struct {
 	// has none: its parent's describe the parent, and the delegation API gives it no way
 	// to ask for its own.
 	Labels map[string]string
+	// Placement is how the fleet chose this node, when it placed the session; nil otherwise.
+	Placement *store.Placement
 
 	// Set for a child a session spawns: its parent, the task text it is given, and the
 	// delegation depth it inherits.
@@ -190,6 +192,7 @@ func (m *Manager) stage(p *plan.Plan, opts StageOptions) (*store.Record, error) 
 		Shell:        p.Shell,
 		Wasm:         wasm,
 		CreatedAt:    time.Now().UTC(),
+		Placement:    opts.Placement,
 	}
 	// A top-level session may start roostd --max-depth levels below it; each level one
 	// less, and never more than any ancestor's spawn.max_depth.

@@ -40,6 +40,7 @@ import (
 	"roost.dev/roost/pkg/fleet"
 	"roost.dev/roost/pkg/fleet/directory"
 	"roost.dev/roost/pkg/fleet/etcdstore"
+	"roost.dev/roost/pkg/manifest"
 )
 
 // Defaults of Config.
@@ -169,10 +170,19 @@ func (p *Placer) all() string                     { return p.prefix + "placement
 func (p *Placer) fence(node string) string        { return p.all() + node + "/fence" }
 func (p *Placer) reservations(node string) string { return p.all() + node + "/res/" }
 
-// delivers: each class is rehearsed on its own (doctor's "available"), so a node delivers
-// the class a session needs only when it lists that class.
+// delivers: a session runs under its floor or any stronger class its node delivers (doctor's
+// "available"), so a node lacking the floor itself but offering one above it will do.
 func delivers(classes []string, need string) bool {
-	return need == "" || slices.Contains(classes, need)
+	floor, err := manifest.ParseClass(need)
+	if need == "" || err != nil {
+		return need == "" || slices.Contains(classes, need)
+	}
+	for _, c := range classes {
+		if k, err := manifest.ParseClass(c); err == nil && k >= floor {
+			return true
+		}
+	}
+	return false
 }
 
 // Place chooses a node for a session needing need and reserves room on it. The caller
@@ -236,7 +246,7 @@ func (p *Placer) try(ctx context.Context, need Need) (Decision, error) {
 		case n.Address == "":
 			c.Refused = "no remote listener"
 		case !delivers(n.Classes, need.Class):
-			c.Refused = fmt.Sprintf("delivers %s, not %s", strings.Join(n.Classes, ", "), need.Class)
+			c.Refused = fmt.Sprintf("delivers %s, nothing as strong as %s", strings.Join(n.Classes, ", "), need.Class)
 		case c.Max > 0 && used >= c.Max:
 			c.Refused = fmt.Sprintf("full (%d of %d sessions, %d in flight)", used, c.Max, c.InFlight)
 		}

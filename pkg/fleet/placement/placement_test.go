@@ -298,7 +298,7 @@ func TestWarmClassAndPinned(t *testing.T) {
 		}
 	}
 	p := newPlacer(t, st, "a", 1)
-	if _, err := p.Place(ctx, placement.Need{Class: "sealed", Node: "a"}); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "not sealed") {
+	if _, err := p.Place(ctx, placement.Need{Class: "sealed", Node: "a"}); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "nothing as strong as sealed") {
 		t.Fatalf("a sealed session pinned to a node without sealed: %v, want failed precondition saying so", err)
 	}
 	if _, err := p.Place(ctx, placement.Need{Node: "nope"}); !errdefs.IsNotFound(err) {

@@ -151,6 +151,31 @@ type Record struct {
 	// by label reads a few bytes of each session it passes over; written with the record's
 	// creation and never again.
 	Labels map[string]string `json:"-"`
+	// Placement is how the fleet chose this node for the session, as the entry node that
+	// placed it said; nil for a session staged where it was asked to be.
+	Placement *Placement `json:"placement,omitempty"`
+}
+
+// Placement is where the fleet placed a session, and why (pkg/fleet/placement).
+type Placement struct {
+	Node       string               `json:"node"`
+	Entry      string               `json:"entry"`
+	At         time.Time            `json:"at"`
+	Reason     string               `json:"reason"`
+	Candidates []PlacementCandidate `json:"candidates,omitempty"`
+}
+
+// PlacementCandidate is one node as placement read it.
+type PlacementCandidate struct {
+	Node     string  `json:"node"`
+	Running  int     `json:"running"`
+	InFlight int     `json:"in_flight,omitempty"`
+	Max      int     `json:"max,omitempty"`
+	CPUs     int     `json:"cpus,omitempty"`
+	Warm     bool    `json:"warm,omitempty"`
+	Score    float64 `json:"score"`
+	Drawn    bool    `json:"drawn,omitempty"`
+	Refused  string  `json:"refused,omitempty"`
 }
 
 // CapsuleRef names what a session runs.

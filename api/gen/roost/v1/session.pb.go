@@ -88,8 +88,13 @@ type Session struct {
 	// workdir itself otherwise. A client naming files to the session's commands names them
 	// here; the Files service takes paths relative to the workdir, whichever view.
 	SessionWorkdir string `protobuf:"bytes,29,opt,name=session_workdir,json=sessionWorkdir,proto3" json:"session_workdir,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The fleet node the session is on (its roostd's --node-name); empty on a single host.
+	Node string `protobuf:"bytes,30,opt,name=node,proto3" json:"node,omitempty"`
+	// How the session's node was chosen, when roost placed it (run|stage without --node on a
+	// fleet node); absent for a session staged where it was asked to be.
+	Placement     *Placement `protobuf:"bytes,31,opt,name=placement,proto3" json:"placement,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Session) Reset() {
@@ -325,6 +330,226 @@ func (x *Session) GetSessionWorkdir() string {
 	return ""
 }
 
+func (x *Session) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *Session) GetPlacement() *Placement {
+	if x != nil {
+		return x.Placement
+	}
+	return nil
+}
+
+// Placement is where a session was placed in the fleet, and why: every node placement
+// looked at, with what it read of it, and the one chosen.
+type Placement struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node chosen, and the entry node that chose it (the one the stage was sent to).
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Entry string                 `protobuf:"bytes,2,opt,name=entry,proto3" json:"entry,omitempty"`
+	At    *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=at,proto3" json:"at,omitempty"`
+	// How the node was chosen: pinned, a warm sandbox of the session's shape, best of K by
+	// free room.
+	Reason     string                `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	Candidates []*PlacementCandidate `protobuf:"bytes,5,rep,name=candidates,proto3" json:"candidates,omitempty"`
+	// The etcd key of the reservation that counted the placement until the node's own
+	// directory entry did. Set by the entry node as it forwards the stage; the node settles it.
+	Reservation   string `protobuf:"bytes,6,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Placement) Reset() {
+	*x = Placement{}
+	mi := &file_roost_v1_session_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Placement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Placement) ProtoMessage() {}
+
+func (x *Placement) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Placement.ProtoReflect.Descriptor instead.
+func (*Placement) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Placement) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *Placement) GetEntry() string {
+	if x != nil {
+		return x.Entry
+	}
+	return ""
+}
+
+func (x *Placement) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *Placement) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Placement) GetCandidates() []*PlacementCandidate {
+	if x != nil {
+		return x.Candidates
+	}
+	return nil
+}
+
+func (x *Placement) GetReservation() string {
+	if x != nil {
+		return x.Reservation
+	}
+	return ""
+}
+
+// PlacementCandidate is one node as placement read it.
+type PlacementCandidate struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Sessions its directory entry counts (not ended), placements in flight to it, the most it
+	// takes (0: no bound but its CPUs), its CPUs.
+	Running  int32 `protobuf:"varint,2,opt,name=running,proto3" json:"running,omitempty"`
+	InFlight int32 `protobuf:"varint,3,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	Max      int32 `protobuf:"varint,4,opt,name=max,proto3" json:"max,omitempty"`
+	Cpus     int32 `protobuf:"varint,5,opt,name=cpus,proto3" json:"cpus,omitempty"`
+	// It holds a warm sandbox of the session's shape.
+	Warm bool `protobuf:"varint,6,opt,name=warm,proto3" json:"warm,omitempty"`
+	// Its free share: (max − running − in flight)/max, or 1/(1 + load per CPU) with no bound.
+	Score float64 `protobuf:"fixed64,7,opt,name=score,proto3" json:"score,omitempty"`
+	// Among the K drawn, the best of which was chosen.
+	Drawn bool `protobuf:"varint,8,opt,name=drawn,proto3" json:"drawn,omitempty"`
+	// Why it was no candidate (unreachable, stopped, no listener, the class, full); empty for one.
+	Refused       string `protobuf:"bytes,9,opt,name=refused,proto3" json:"refused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlacementCandidate) Reset() {
+	*x = PlacementCandidate{}
+	mi := &file_roost_v1_session_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlacementCandidate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlacementCandidate) ProtoMessage() {}
+
+func (x *PlacementCandidate) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlacementCandidate.ProtoReflect.Descriptor instead.
+func (*PlacementCandidate) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PlacementCandidate) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *PlacementCandidate) GetRunning() int32 {
+	if x != nil {
+		return x.Running
+	}
+	return 0
+}
+
+func (x *PlacementCandidate) GetInFlight() int32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *PlacementCandidate) GetMax() int32 {
+	if x != nil {
+		return x.Max
+	}
+	return 0
+}
+
+func (x *PlacementCandidate) GetCpus() int32 {
+	if x != nil {
+		return x.Cpus
+	}
+	return 0
+}
+
+func (x *PlacementCandidate) GetWarm() bool {
+	if x != nil {
+		return x.Warm
+	}
+	return false
+}
+
+func (x *PlacementCandidate) GetScore() float64 {
+	if x != nil {
+		return x.Score
+	}
+	return 0
+}
+
+func (x *PlacementCandidate) GetDrawn() bool {
+	if x != nil {
+		return x.Drawn
+	}
+	return false
+}
+
+func (x *PlacementCandidate) GetRefused() string {
+	if x != nil {
+		return x.Refused
+	}
+	return ""
+}
+
 // ExecRefusals counts the execs a session's exec allowlist refused: a program not on it, a
 // file on a noexec mount, a system program absent from a sealed root. roost-init observes
 // each exec (a seccomp listener; Landlock decides) and the session's trace.jsonl records
@@ -341,7 +566,7 @@ type ExecRefusals struct {
 
 func (x *ExecRefusals) Reset() {
 	*x = ExecRefusals{}
-	mi := &file_roost_v1_session_proto_msgTypes[1]
+	mi := &file_roost_v1_session_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -353,7 +578,7 @@ func (x *ExecRefusals) String() string {
 func (*ExecRefusals) ProtoMessage() {}
 
 func (x *ExecRefusals) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[1]
+	mi := &file_roost_v1_session_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -366,7 +591,7 @@ func (x *ExecRefusals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRefusals.ProtoReflect.Descriptor instead.
 func (*ExecRefusals) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{1}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ExecRefusals) GetCount() int64 {
@@ -400,7 +625,7 @@ type WasmRun struct {
 
 func (x *WasmRun) Reset() {
 	*x = WasmRun{}
-	mi := &file_roost_v1_session_proto_msgTypes[2]
+	mi := &file_roost_v1_session_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -412,7 +637,7 @@ func (x *WasmRun) String() string {
 func (*WasmRun) ProtoMessage() {}
 
 func (x *WasmRun) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[2]
+	mi := &file_roost_v1_session_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -425,7 +650,7 @@ func (x *WasmRun) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WasmRun.ProtoReflect.Descriptor instead.
 func (*WasmRun) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{2}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *WasmRun) GetModule() string {
@@ -478,7 +703,7 @@ type Egress struct {
 
 func (x *Egress) Reset() {
 	*x = Egress{}
-	mi := &file_roost_v1_session_proto_msgTypes[3]
+	mi := &file_roost_v1_session_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +715,7 @@ func (x *Egress) String() string {
 func (*Egress) ProtoMessage() {}
 
 func (x *Egress) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[3]
+	mi := &file_roost_v1_session_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +728,7 @@ func (x *Egress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Egress.ProtoReflect.Descriptor instead.
 func (*Egress) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{3}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Egress) GetConnections() int64 {
@@ -575,7 +800,7 @@ type EgressRefusal struct {
 
 func (x *EgressRefusal) Reset() {
 	*x = EgressRefusal{}
-	mi := &file_roost_v1_session_proto_msgTypes[4]
+	mi := &file_roost_v1_session_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -587,7 +812,7 @@ func (x *EgressRefusal) String() string {
 func (*EgressRefusal) ProtoMessage() {}
 
 func (x *EgressRefusal) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[4]
+	mi := &file_roost_v1_session_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -600,7 +825,7 @@ func (x *EgressRefusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressRefusal.ProtoReflect.Descriptor instead.
 func (*EgressRefusal) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{4}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *EgressRefusal) GetHost() string {
@@ -678,7 +903,7 @@ type LogStats struct {
 
 func (x *LogStats) Reset() {
 	*x = LogStats{}
-	mi := &file_roost_v1_session_proto_msgTypes[5]
+	mi := &file_roost_v1_session_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -690,7 +915,7 @@ func (x *LogStats) String() string {
 func (*LogStats) ProtoMessage() {}
 
 func (x *LogStats) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[5]
+	mi := &file_roost_v1_session_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -703,7 +928,7 @@ func (x *LogStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogStats.ProtoReflect.Descriptor instead.
 func (*LogStats) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{5}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *LogStats) GetWrittenBytes() int64 {
@@ -752,7 +977,7 @@ type Identity struct {
 
 func (x *Identity) Reset() {
 	*x = Identity{}
-	mi := &file_roost_v1_session_proto_msgTypes[6]
+	mi := &file_roost_v1_session_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +989,7 @@ func (x *Identity) String() string {
 func (*Identity) ProtoMessage() {}
 
 func (x *Identity) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[6]
+	mi := &file_roost_v1_session_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +1002,7 @@ func (x *Identity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Identity.ProtoReflect.Descriptor instead.
 func (*Identity) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{6}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Identity) GetUid() uint32 {
@@ -827,7 +1052,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_roost_v1_session_proto_msgTypes[7]
+	mi := &file_roost_v1_session_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -839,7 +1064,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[7]
+	mi := &file_roost_v1_session_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -852,7 +1077,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{7}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Usage) GetMemoryBytes() int64 {
@@ -921,7 +1146,7 @@ type CapsuleRef struct {
 
 func (x *CapsuleRef) Reset() {
 	*x = CapsuleRef{}
-	mi := &file_roost_v1_session_proto_msgTypes[8]
+	mi := &file_roost_v1_session_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -933,7 +1158,7 @@ func (x *CapsuleRef) String() string {
 func (*CapsuleRef) ProtoMessage() {}
 
 func (x *CapsuleRef) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[8]
+	mi := &file_roost_v1_session_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -946,7 +1171,7 @@ func (x *CapsuleRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapsuleRef.ProtoReflect.Descriptor instead.
 func (*CapsuleRef) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{8}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CapsuleRef) GetName() string {
@@ -997,7 +1222,7 @@ type ContainmentState struct {
 
 func (x *ContainmentState) Reset() {
 	*x = ContainmentState{}
-	mi := &file_roost_v1_session_proto_msgTypes[9]
+	mi := &file_roost_v1_session_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1009,7 +1234,7 @@ func (x *ContainmentState) String() string {
 func (*ContainmentState) ProtoMessage() {}
 
 func (x *ContainmentState) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[9]
+	mi := &file_roost_v1_session_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1022,7 +1247,7 @@ func (x *ContainmentState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainmentState.ProtoReflect.Descriptor instead.
 func (*ContainmentState) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{9}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ContainmentState) GetDeclared() string {
@@ -1053,7 +1278,7 @@ type Spend struct {
 
 func (x *Spend) Reset() {
 	*x = Spend{}
-	mi := &file_roost_v1_session_proto_msgTypes[10]
+	mi := &file_roost_v1_session_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1065,7 +1290,7 @@ func (x *Spend) String() string {
 func (*Spend) ProtoMessage() {}
 
 func (x *Spend) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[10]
+	mi := &file_roost_v1_session_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1078,7 +1303,7 @@ func (x *Spend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Spend.ProtoReflect.Descriptor instead.
 func (*Spend) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{10}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Spend) GetTokens() int64 {
@@ -1128,14 +1353,21 @@ type StageRequest struct {
 	// at most 256 characters of [A-Za-z0-9._-] beginning and ending with a letter or digit,
 	// or empty. At most 64 labels, and 16 KiB of keys and values together. A label that
 	// breaks a rule refuses the stage with INVALID_ARGUMENT naming its key and the rule.
-	Labels        map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Labels map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The fleet node to stage on, by name (roostctl run|stage --node); empty places the
+	// session (a fleet node picks one: the class it needs, health, a warm sandbox of its
+	// shape, then free room). On a single host it must be empty.
+	Node string `protobuf:"bytes,8,opt,name=node,proto3" json:"node,omitempty"`
+	// Set only by the entry node that placed the session, as it forwards the stage to the
+	// chosen node; refused from any other caller.
+	Placement     *Placement `protobuf:"bytes,9,opt,name=placement,proto3" json:"placement,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StageRequest) Reset() {
 	*x = StageRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[11]
+	mi := &file_roost_v1_session_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1147,7 +1379,7 @@ func (x *StageRequest) String() string {
 func (*StageRequest) ProtoMessage() {}
 
 func (x *StageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[11]
+	mi := &file_roost_v1_session_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1160,7 +1392,7 @@ func (x *StageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageRequest.ProtoReflect.Descriptor instead.
 func (*StageRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{11}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StageRequest) GetCapsule() string {
@@ -1212,6 +1444,20 @@ func (x *StageRequest) GetLabels() map[string]string {
 	return nil
 }
 
+func (x *StageRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *StageRequest) GetPlacement() *Placement {
+	if x != nil {
+		return x.Placement
+	}
+	return nil
+}
+
 type StageResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Session       *Session               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
@@ -1221,7 +1467,7 @@ type StageResponse struct {
 
 func (x *StageResponse) Reset() {
 	*x = StageResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[12]
+	mi := &file_roost_v1_session_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1233,7 +1479,7 @@ func (x *StageResponse) String() string {
 func (*StageResponse) ProtoMessage() {}
 
 func (x *StageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[12]
+	mi := &file_roost_v1_session_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1246,7 +1492,7 @@ func (x *StageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageResponse.ProtoReflect.Descriptor instead.
 func (*StageResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{12}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StageResponse) GetSession() *Session {
@@ -1265,7 +1511,7 @@ type LaunchRequest struct {
 
 func (x *LaunchRequest) Reset() {
 	*x = LaunchRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[13]
+	mi := &file_roost_v1_session_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1277,7 +1523,7 @@ func (x *LaunchRequest) String() string {
 func (*LaunchRequest) ProtoMessage() {}
 
 func (x *LaunchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[13]
+	mi := &file_roost_v1_session_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1290,7 +1536,7 @@ func (x *LaunchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LaunchRequest.ProtoReflect.Descriptor instead.
 func (*LaunchRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{13}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LaunchRequest) GetId() string {
@@ -1309,7 +1555,7 @@ type LaunchResponse struct {
 
 func (x *LaunchResponse) Reset() {
 	*x = LaunchResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[14]
+	mi := &file_roost_v1_session_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1321,7 +1567,7 @@ func (x *LaunchResponse) String() string {
 func (*LaunchResponse) ProtoMessage() {}
 
 func (x *LaunchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[14]
+	mi := &file_roost_v1_session_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1334,7 +1580,7 @@ func (x *LaunchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LaunchResponse.ProtoReflect.Descriptor instead.
 func (*LaunchResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{14}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LaunchResponse) GetSession() *Session {
@@ -1353,7 +1599,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[15]
+	mi := &file_roost_v1_session_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1365,7 +1611,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[15]
+	mi := &file_roost_v1_session_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1378,7 +1624,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{15}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetRequest) GetId() string {
@@ -1397,7 +1643,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[16]
+	mi := &file_roost_v1_session_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1409,7 +1655,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[16]
+	mi := &file_roost_v1_session_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1422,7 +1668,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{16}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetResponse) GetSession() *Session {
@@ -1447,7 +1693,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[17]
+	mi := &file_roost_v1_session_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1459,7 +1705,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[17]
+	mi := &file_roost_v1_session_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1472,7 +1718,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{17}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListRequest) GetAll() bool {
@@ -1498,7 +1744,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[18]
+	mi := &file_roost_v1_session_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1510,7 +1756,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[18]
+	mi := &file_roost_v1_session_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1523,7 +1769,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{18}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListResponse) GetSessions() []*Session {
@@ -1542,7 +1788,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[19]
+	mi := &file_roost_v1_session_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1554,7 +1800,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[19]
+	mi := &file_roost_v1_session_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1567,7 +1813,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{19}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WaitRequest) GetId() string {
@@ -1586,7 +1832,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[20]
+	mi := &file_roost_v1_session_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1598,7 +1844,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[20]
+	mi := &file_roost_v1_session_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1611,7 +1857,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{20}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WaitResponse) GetSession() *Session {
@@ -1635,7 +1881,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[21]
+	mi := &file_roost_v1_session_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1647,7 +1893,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[21]
+	mi := &file_roost_v1_session_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1660,7 +1906,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{21}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StopRequest) GetId() string {
@@ -1693,7 +1939,7 @@ type StopResponse struct {
 
 func (x *StopResponse) Reset() {
 	*x = StopResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[22]
+	mi := &file_roost_v1_session_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1705,7 +1951,7 @@ func (x *StopResponse) String() string {
 func (*StopResponse) ProtoMessage() {}
 
 func (x *StopResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[22]
+	mi := &file_roost_v1_session_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1718,7 +1964,7 @@ func (x *StopResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopResponse.ProtoReflect.Descriptor instead.
 func (*StopResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{22}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StopResponse) GetSession() *Session {
@@ -1739,7 +1985,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[23]
+	mi := &file_roost_v1_session_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1751,7 +1997,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[23]
+	mi := &file_roost_v1_session_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1764,7 +2010,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{23}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *KillRequest) GetId() string {
@@ -1790,7 +2036,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[24]
+	mi := &file_roost_v1_session_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1802,7 +2048,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[24]
+	mi := &file_roost_v1_session_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1815,7 +2061,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{24}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *KillResponse) GetSession() *Session {
@@ -1834,7 +2080,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[25]
+	mi := &file_roost_v1_session_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1846,7 +2092,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[25]
+	mi := &file_roost_v1_session_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1859,7 +2105,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{25}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -1878,7 +2124,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[26]
+	mi := &file_roost_v1_session_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1890,7 +2136,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[26]
+	mi := &file_roost_v1_session_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1903,7 +2149,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{26}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PauseResponse) GetSession() *Session {
@@ -1922,7 +2168,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[27]
+	mi := &file_roost_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1934,7 +2180,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[27]
+	mi := &file_roost_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1947,7 +2193,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{27}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -1966,7 +2212,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[28]
+	mi := &file_roost_v1_session_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1978,7 +2224,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[28]
+	mi := &file_roost_v1_session_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1991,7 +2237,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{28}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ResumeResponse) GetSession() *Session {
@@ -2013,7 +2259,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[29]
+	mi := &file_roost_v1_session_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2025,7 +2271,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[29]
+	mi := &file_roost_v1_session_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2038,7 +2284,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{29}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RemoveRequest) GetId() string {
@@ -2063,7 +2309,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[30]
+	mi := &file_roost_v1_session_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2075,7 +2321,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[30]
+	mi := &file_roost_v1_session_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2088,7 +2334,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{30}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{32}
 }
 
 type LogsRequest struct {
@@ -2112,7 +2358,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[31]
+	mi := &file_roost_v1_session_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2124,7 +2370,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[31]
+	mi := &file_roost_v1_session_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2137,7 +2383,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{31}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *LogsRequest) GetId() string {
@@ -2208,7 +2454,7 @@ type LogsResponse struct {
 
 func (x *LogsResponse) Reset() {
 	*x = LogsResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[32]
+	mi := &file_roost_v1_session_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2220,7 +2466,7 @@ func (x *LogsResponse) String() string {
 func (*LogsResponse) ProtoMessage() {}
 
 func (x *LogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[32]
+	mi := &file_roost_v1_session_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2233,7 +2479,7 @@ func (x *LogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
 func (*LogsResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{32}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *LogsResponse) GetStream() string {
@@ -2279,7 +2525,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[33]
+	mi := &file_roost_v1_session_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2291,7 +2537,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[33]
+	mi := &file_roost_v1_session_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2304,7 +2550,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{33}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *EventsRequest) GetSince() uint64 {
@@ -2337,7 +2583,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[34]
+	mi := &file_roost_v1_session_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2349,7 +2595,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[34]
+	mi := &file_roost_v1_session_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2362,7 +2608,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{34}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *EventsResponse) GetEvent() *Event {
@@ -2384,7 +2630,7 @@ type PruneRequest struct {
 
 func (x *PruneRequest) Reset() {
 	*x = PruneRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[35]
+	mi := &file_roost_v1_session_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2396,7 +2642,7 @@ func (x *PruneRequest) String() string {
 func (*PruneRequest) ProtoMessage() {}
 
 func (x *PruneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[35]
+	mi := &file_roost_v1_session_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2409,7 +2655,7 @@ func (x *PruneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneRequest.ProtoReflect.Descriptor instead.
 func (*PruneRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{35}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PruneRequest) GetUntil() *durationpb.Duration {
@@ -2443,7 +2689,7 @@ type PruneResponse struct {
 
 func (x *PruneResponse) Reset() {
 	*x = PruneResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[36]
+	mi := &file_roost_v1_session_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2455,7 +2701,7 @@ func (x *PruneResponse) String() string {
 func (*PruneResponse) ProtoMessage() {}
 
 func (x *PruneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[36]
+	mi := &file_roost_v1_session_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2468,7 +2714,7 @@ func (x *PruneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneResponse.ProtoReflect.Descriptor instead.
 func (*PruneResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{36}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PruneResponse) GetRemoved() []*PrunedSession {
@@ -2522,7 +2768,7 @@ type PrunedSession struct {
 
 func (x *PrunedSession) Reset() {
 	*x = PrunedSession{}
-	mi := &file_roost_v1_session_proto_msgTypes[37]
+	mi := &file_roost_v1_session_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2534,7 +2780,7 @@ func (x *PrunedSession) String() string {
 func (*PrunedSession) ProtoMessage() {}
 
 func (x *PrunedSession) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[37]
+	mi := &file_roost_v1_session_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2547,7 +2793,7 @@ func (x *PrunedSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrunedSession.ProtoReflect.Descriptor instead.
 func (*PrunedSession) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{37}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *PrunedSession) GetId() string {
@@ -2613,7 +2859,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_roost_v1_session_proto_msgTypes[38]
+	mi := &file_roost_v1_session_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2625,7 +2871,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[38]
+	mi := &file_roost_v1_session_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2638,7 +2884,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{38}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Event) GetSeq() uint64 {
@@ -2712,7 +2958,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[39]
+	mi := &file_roost_v1_session_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2724,7 +2970,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[39]
+	mi := &file_roost_v1_session_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2737,7 +2983,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{39}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -2841,7 +3087,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_roost_v1_session_proto_msgTypes[40]
+	mi := &file_roost_v1_session_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2853,7 +3099,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[40]
+	mi := &file_roost_v1_session_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2866,7 +3112,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{40}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ExecStart) GetId() string {
@@ -2935,7 +3181,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_roost_v1_session_proto_msgTypes[41]
+	mi := &file_roost_v1_session_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2947,7 +3193,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[41]
+	mi := &file_roost_v1_session_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2960,7 +3206,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{41}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *TerminalSize) GetRows() uint32 {
@@ -2992,7 +3238,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[42]
+	mi := &file_roost_v1_session_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3004,7 +3250,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[42]
+	mi := &file_roost_v1_session_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3017,7 +3263,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{42}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
@@ -3105,7 +3351,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_roost_v1_session_proto_msgTypes[43]
+	mi := &file_roost_v1_session_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3117,7 +3363,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[43]
+	mi := &file_roost_v1_session_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3130,7 +3376,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{43}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ExecStarted) GetExecId() string {
@@ -3166,7 +3412,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_roost_v1_session_proto_msgTypes[44]
+	mi := &file_roost_v1_session_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3178,7 +3424,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[44]
+	mi := &file_roost_v1_session_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3191,7 +3437,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{44}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -3239,7 +3485,7 @@ type ExecInfo struct {
 
 func (x *ExecInfo) Reset() {
 	*x = ExecInfo{}
-	mi := &file_roost_v1_session_proto_msgTypes[45]
+	mi := &file_roost_v1_session_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3251,7 +3497,7 @@ func (x *ExecInfo) String() string {
 func (*ExecInfo) ProtoMessage() {}
 
 func (x *ExecInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[45]
+	mi := &file_roost_v1_session_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3264,7 +3510,7 @@ func (x *ExecInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecInfo.ProtoReflect.Descriptor instead.
 func (*ExecInfo) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{45}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ExecInfo) GetExecId() string {
@@ -3371,7 +3617,7 @@ type AttachExecRequest struct {
 
 func (x *AttachExecRequest) Reset() {
 	*x = AttachExecRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[46]
+	mi := &file_roost_v1_session_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3383,7 +3629,7 @@ func (x *AttachExecRequest) String() string {
 func (*AttachExecRequest) ProtoMessage() {}
 
 func (x *AttachExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[46]
+	mi := &file_roost_v1_session_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3396,7 +3642,7 @@ func (x *AttachExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachExecRequest.ProtoReflect.Descriptor instead.
 func (*AttachExecRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{46}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *AttachExecRequest) GetId() string {
@@ -3454,7 +3700,7 @@ type AttachExecResponse struct {
 
 func (x *AttachExecResponse) Reset() {
 	*x = AttachExecResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[47]
+	mi := &file_roost_v1_session_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3466,7 +3712,7 @@ func (x *AttachExecResponse) String() string {
 func (*AttachExecResponse) ProtoMessage() {}
 
 func (x *AttachExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[47]
+	mi := &file_roost_v1_session_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3479,7 +3725,7 @@ func (x *AttachExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachExecResponse.ProtoReflect.Descriptor instead.
 func (*AttachExecResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{47}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *AttachExecResponse) GetMsg() isAttachExecResponse_Msg {
@@ -3540,7 +3786,7 @@ type ExecOutput struct {
 
 func (x *ExecOutput) Reset() {
 	*x = ExecOutput{}
-	mi := &file_roost_v1_session_proto_msgTypes[48]
+	mi := &file_roost_v1_session_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3552,7 +3798,7 @@ func (x *ExecOutput) String() string {
 func (*ExecOutput) ProtoMessage() {}
 
 func (x *ExecOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[48]
+	mi := &file_roost_v1_session_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3565,7 +3811,7 @@ func (x *ExecOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecOutput.ProtoReflect.Descriptor instead.
 func (*ExecOutput) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{48}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ExecOutput) GetStream() string {
@@ -3599,7 +3845,7 @@ type WaitExecRequest struct {
 
 func (x *WaitExecRequest) Reset() {
 	*x = WaitExecRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[49]
+	mi := &file_roost_v1_session_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3611,7 +3857,7 @@ func (x *WaitExecRequest) String() string {
 func (*WaitExecRequest) ProtoMessage() {}
 
 func (x *WaitExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[49]
+	mi := &file_roost_v1_session_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3624,7 +3870,7 @@ func (x *WaitExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitExecRequest.ProtoReflect.Descriptor instead.
 func (*WaitExecRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{49}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *WaitExecRequest) GetId() string {
@@ -3650,7 +3896,7 @@ type WaitExecResponse struct {
 
 func (x *WaitExecResponse) Reset() {
 	*x = WaitExecResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[50]
+	mi := &file_roost_v1_session_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3662,7 +3908,7 @@ func (x *WaitExecResponse) String() string {
 func (*WaitExecResponse) ProtoMessage() {}
 
 func (x *WaitExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[50]
+	mi := &file_roost_v1_session_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3675,7 +3921,7 @@ func (x *WaitExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitExecResponse.ProtoReflect.Descriptor instead.
 func (*WaitExecResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{50}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *WaitExecResponse) GetExec() *ExecInfo {
@@ -3697,7 +3943,7 @@ type KillExecRequest struct {
 
 func (x *KillExecRequest) Reset() {
 	*x = KillExecRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[51]
+	mi := &file_roost_v1_session_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3709,7 +3955,7 @@ func (x *KillExecRequest) String() string {
 func (*KillExecRequest) ProtoMessage() {}
 
 func (x *KillExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[51]
+	mi := &file_roost_v1_session_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3722,7 +3968,7 @@ func (x *KillExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillExecRequest.ProtoReflect.Descriptor instead.
 func (*KillExecRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{51}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *KillExecRequest) GetId() string {
@@ -3755,7 +4001,7 @@ type KillExecResponse struct {
 
 func (x *KillExecResponse) Reset() {
 	*x = KillExecResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[52]
+	mi := &file_roost_v1_session_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3767,7 +4013,7 @@ func (x *KillExecResponse) String() string {
 func (*KillExecResponse) ProtoMessage() {}
 
 func (x *KillExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[52]
+	mi := &file_roost_v1_session_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3780,7 +4026,7 @@ func (x *KillExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillExecResponse.ProtoReflect.Descriptor instead.
 func (*KillExecResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{52}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *KillExecResponse) GetExec() *ExecInfo {
@@ -3799,7 +4045,7 @@ type ListExecsRequest struct {
 
 func (x *ListExecsRequest) Reset() {
 	*x = ListExecsRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[53]
+	mi := &file_roost_v1_session_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3811,7 +4057,7 @@ func (x *ListExecsRequest) String() string {
 func (*ListExecsRequest) ProtoMessage() {}
 
 func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[53]
+	mi := &file_roost_v1_session_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3824,7 +4070,7 @@ func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsRequest.ProtoReflect.Descriptor instead.
 func (*ListExecsRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{53}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListExecsRequest) GetId() string {
@@ -3843,7 +4089,7 @@ type ListExecsResponse struct {
 
 func (x *ListExecsResponse) Reset() {
 	*x = ListExecsResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[54]
+	mi := &file_roost_v1_session_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3855,7 +4101,7 @@ func (x *ListExecsResponse) String() string {
 func (*ListExecsResponse) ProtoMessage() {}
 
 func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[54]
+	mi := &file_roost_v1_session_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3868,7 +4114,7 @@ func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsResponse.ProtoReflect.Descriptor instead.
 func (*ListExecsResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{54}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListExecsResponse) GetExecs() []*ExecInfo {
@@ -3882,7 +4128,8 @@ var File_roost_v1_session_proto protoreflect.FileDescriptor
 
 const file_roost_v1_session_proto_rawDesc = "" +
 	"\n" +
-	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc7\t\n" +
+	"\x16roost/v1/session.proto\x12\broost.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8e\n" +
+	"\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
 	"\acapsule\x18\x02 \x01(\v2\x14.roost.v1.CapsuleRefR\acapsule\x12\x14\n" +
@@ -3918,12 +4165,33 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\fexec_refused\x18\x1a \x01(\v2\x16.roost.v1.ExecRefusalsR\vexecRefused\x12,\n" +
 	"\x12memory_limit_bytes\x18\x1b \x01(\x03R\x10memoryLimitBytes\x125\n" +
 	"\x06labels\x18\x1c \x03(\v2\x1d.roost.v1.Session.LabelsEntryR\x06labels\x12'\n" +
-	"\x0fsession_workdir\x18\x1d \x01(\tR\x0esessionWorkdir\x1a9\n" +
+	"\x0fsession_workdir\x18\x1d \x01(\tR\x0esessionWorkdir\x12\x12\n" +
+	"\x04node\x18\x1e \x01(\tR\x04node\x121\n" +
+	"\tplacement\x18\x1f \x01(\v2\x13.roost.v1.PlacementR\tplacement\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\f\n" +
 	"\n" +
-	"_exit_code\"G\n" +
+	"_exit_code\"\xd9\x01\n" +
+	"\tPlacement\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
+	"\x05entry\x18\x02 \x01(\tR\x05entry\x12*\n" +
+	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12<\n" +
+	"\n" +
+	"candidates\x18\x05 \x03(\v2\x1c.roost.v1.PlacementCandidateR\n" +
+	"candidates\x12 \n" +
+	"\vreservation\x18\x06 \x01(\tR\vreservation\"\xdf\x01\n" +
+	"\x12PlacementCandidate\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
+	"\arunning\x18\x02 \x01(\x05R\arunning\x12\x1b\n" +
+	"\tin_flight\x18\x03 \x01(\x05R\binFlight\x12\x10\n" +
+	"\x03max\x18\x04 \x01(\x05R\x03max\x12\x12\n" +
+	"\x04cpus\x18\x05 \x01(\x05R\x04cpus\x12\x12\n" +
+	"\x04warm\x18\x06 \x01(\bR\x04warm\x12\x14\n" +
+	"\x05score\x18\a \x01(\x01R\x05score\x12\x14\n" +
+	"\x05drawn\x18\b \x01(\bR\x05drawn\x12\x18\n" +
+	"\arefused\x18\t \x01(\tR\arefused\"G\n" +
 	"\fExecRefusals\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\x03R\x05count\x12!\n" +
 	"\frecent_paths\x18\x02 \x03(\tR\vrecentPaths\"i\n" +
@@ -3984,7 +4252,7 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x05Spend\x12\x16\n" +
 	"\x06tokens\x18\x01 \x01(\x03R\x06tokens\x12!\n" +
 	"\finput_tokens\x18\x02 \x01(\x03R\vinputTokens\x12#\n" +
-	"\routput_tokens\x18\x03 \x01(\x03R\foutputTokens\"\xc9\x02\n" +
+	"\routput_tokens\x18\x03 \x01(\x03R\foutputTokens\"\x90\x03\n" +
 	"\fStageRequest\x12\x18\n" +
 	"\acapsule\x18\x01 \x01(\tR\acapsule\x12\x18\n" +
 	"\aworkdir\x18\x02 \x01(\tR\aworkdir\x125\n" +
@@ -3992,7 +4260,9 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\vcontainment\x18\x04 \x01(\tR\vcontainment\x12\x12\n" +
 	"\x04name\x18\x05 \x01(\tR\x04name\x12!\n" +
 	"\fmemory_bytes\x18\x06 \x01(\x03R\vmemoryBytes\x12:\n" +
-	"\x06labels\x18\a \x03(\v2\".roost.v1.StageRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\a \x03(\v2\".roost.v1.StageRequest.LabelsEntryR\x06labels\x12\x12\n" +
+	"\x04node\x18\b \x01(\tR\x04node\x121\n" +
+	"\tplacement\x18\t \x01(\v2\x13.roost.v1.PlacementR\tplacement\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"<\n" +
@@ -4205,163 +4475,169 @@ func file_roost_v1_session_proto_rawDescGZIP() []byte {
 	return file_roost_v1_session_proto_rawDescData
 }
 
-var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_roost_v1_session_proto_goTypes = []any{
 	(*Session)(nil),               // 0: roost.v1.Session
-	(*ExecRefusals)(nil),          // 1: roost.v1.ExecRefusals
-	(*WasmRun)(nil),               // 2: roost.v1.WasmRun
-	(*Egress)(nil),                // 3: roost.v1.Egress
-	(*EgressRefusal)(nil),         // 4: roost.v1.EgressRefusal
-	(*LogStats)(nil),              // 5: roost.v1.LogStats
-	(*Identity)(nil),              // 6: roost.v1.Identity
-	(*Usage)(nil),                 // 7: roost.v1.Usage
-	(*CapsuleRef)(nil),            // 8: roost.v1.CapsuleRef
-	(*ContainmentState)(nil),      // 9: roost.v1.ContainmentState
-	(*Spend)(nil),                 // 10: roost.v1.Spend
-	(*StageRequest)(nil),          // 11: roost.v1.StageRequest
-	(*StageResponse)(nil),         // 12: roost.v1.StageResponse
-	(*LaunchRequest)(nil),         // 13: roost.v1.LaunchRequest
-	(*LaunchResponse)(nil),        // 14: roost.v1.LaunchResponse
-	(*GetRequest)(nil),            // 15: roost.v1.GetRequest
-	(*GetResponse)(nil),           // 16: roost.v1.GetResponse
-	(*ListRequest)(nil),           // 17: roost.v1.ListRequest
-	(*ListResponse)(nil),          // 18: roost.v1.ListResponse
-	(*WaitRequest)(nil),           // 19: roost.v1.WaitRequest
-	(*WaitResponse)(nil),          // 20: roost.v1.WaitResponse
-	(*StopRequest)(nil),           // 21: roost.v1.StopRequest
-	(*StopResponse)(nil),          // 22: roost.v1.StopResponse
-	(*KillRequest)(nil),           // 23: roost.v1.KillRequest
-	(*KillResponse)(nil),          // 24: roost.v1.KillResponse
-	(*PauseRequest)(nil),          // 25: roost.v1.PauseRequest
-	(*PauseResponse)(nil),         // 26: roost.v1.PauseResponse
-	(*ResumeRequest)(nil),         // 27: roost.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 28: roost.v1.ResumeResponse
-	(*RemoveRequest)(nil),         // 29: roost.v1.RemoveRequest
-	(*RemoveResponse)(nil),        // 30: roost.v1.RemoveResponse
-	(*LogsRequest)(nil),           // 31: roost.v1.LogsRequest
-	(*LogsResponse)(nil),          // 32: roost.v1.LogsResponse
-	(*EventsRequest)(nil),         // 33: roost.v1.EventsRequest
-	(*EventsResponse)(nil),        // 34: roost.v1.EventsResponse
-	(*PruneRequest)(nil),          // 35: roost.v1.PruneRequest
-	(*PruneResponse)(nil),         // 36: roost.v1.PruneResponse
-	(*PrunedSession)(nil),         // 37: roost.v1.PrunedSession
-	(*Event)(nil),                 // 38: roost.v1.Event
-	(*ExecRequest)(nil),           // 39: roost.v1.ExecRequest
-	(*ExecStart)(nil),             // 40: roost.v1.ExecStart
-	(*TerminalSize)(nil),          // 41: roost.v1.TerminalSize
-	(*ExecResponse)(nil),          // 42: roost.v1.ExecResponse
-	(*ExecStarted)(nil),           // 43: roost.v1.ExecStarted
-	(*ExecExit)(nil),              // 44: roost.v1.ExecExit
-	(*ExecInfo)(nil),              // 45: roost.v1.ExecInfo
-	(*AttachExecRequest)(nil),     // 46: roost.v1.AttachExecRequest
-	(*AttachExecResponse)(nil),    // 47: roost.v1.AttachExecResponse
-	(*ExecOutput)(nil),            // 48: roost.v1.ExecOutput
-	(*WaitExecRequest)(nil),       // 49: roost.v1.WaitExecRequest
-	(*WaitExecResponse)(nil),      // 50: roost.v1.WaitExecResponse
-	(*KillExecRequest)(nil),       // 51: roost.v1.KillExecRequest
-	(*KillExecResponse)(nil),      // 52: roost.v1.KillExecResponse
-	(*ListExecsRequest)(nil),      // 53: roost.v1.ListExecsRequest
-	(*ListExecsResponse)(nil),     // 54: roost.v1.ListExecsResponse
-	nil,                           // 55: roost.v1.Session.LabelsEntry
-	nil,                           // 56: roost.v1.StageRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 57: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 58: google.protobuf.Duration
+	(*Placement)(nil),             // 1: roost.v1.Placement
+	(*PlacementCandidate)(nil),    // 2: roost.v1.PlacementCandidate
+	(*ExecRefusals)(nil),          // 3: roost.v1.ExecRefusals
+	(*WasmRun)(nil),               // 4: roost.v1.WasmRun
+	(*Egress)(nil),                // 5: roost.v1.Egress
+	(*EgressRefusal)(nil),         // 6: roost.v1.EgressRefusal
+	(*LogStats)(nil),              // 7: roost.v1.LogStats
+	(*Identity)(nil),              // 8: roost.v1.Identity
+	(*Usage)(nil),                 // 9: roost.v1.Usage
+	(*CapsuleRef)(nil),            // 10: roost.v1.CapsuleRef
+	(*ContainmentState)(nil),      // 11: roost.v1.ContainmentState
+	(*Spend)(nil),                 // 12: roost.v1.Spend
+	(*StageRequest)(nil),          // 13: roost.v1.StageRequest
+	(*StageResponse)(nil),         // 14: roost.v1.StageResponse
+	(*LaunchRequest)(nil),         // 15: roost.v1.LaunchRequest
+	(*LaunchResponse)(nil),        // 16: roost.v1.LaunchResponse
+	(*GetRequest)(nil),            // 17: roost.v1.GetRequest
+	(*GetResponse)(nil),           // 18: roost.v1.GetResponse
+	(*ListRequest)(nil),           // 19: roost.v1.ListRequest
+	(*ListResponse)(nil),          // 20: roost.v1.ListResponse
+	(*WaitRequest)(nil),           // 21: roost.v1.WaitRequest
+	(*WaitResponse)(nil),          // 22: roost.v1.WaitResponse
+	(*StopRequest)(nil),           // 23: roost.v1.StopRequest
+	(*StopResponse)(nil),          // 24: roost.v1.StopResponse
+	(*KillRequest)(nil),           // 25: roost.v1.KillRequest
+	(*KillResponse)(nil),          // 26: roost.v1.KillResponse
+	(*PauseRequest)(nil),          // 27: roost.v1.PauseRequest
+	(*PauseResponse)(nil),         // 28: roost.v1.PauseResponse
+	(*ResumeRequest)(nil),         // 29: roost.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 30: roost.v1.ResumeResponse
+	(*RemoveRequest)(nil),         // 31: roost.v1.RemoveRequest
+	(*RemoveResponse)(nil),        // 32: roost.v1.RemoveResponse
+	(*LogsRequest)(nil),           // 33: roost.v1.LogsRequest
+	(*LogsResponse)(nil),          // 34: roost.v1.LogsResponse
+	(*EventsRequest)(nil),         // 35: roost.v1.EventsRequest
+	(*EventsResponse)(nil),        // 36: roost.v1.EventsResponse
+	(*PruneRequest)(nil),          // 37: roost.v1.PruneRequest
+	(*PruneResponse)(nil),         // 38: roost.v1.PruneResponse
+	(*PrunedSession)(nil),         // 39: roost.v1.PrunedSession
+	(*Event)(nil),                 // 40: roost.v1.Event
+	(*ExecRequest)(nil),           // 41: roost.v1.ExecRequest
+	(*ExecStart)(nil),             // 42: roost.v1.ExecStart
+	(*TerminalSize)(nil),          // 43: roost.v1.TerminalSize
+	(*ExecResponse)(nil),          // 44: roost.v1.ExecResponse
+	(*ExecStarted)(nil),           // 45: roost.v1.ExecStarted
+	(*ExecExit)(nil),              // 46: roost.v1.ExecExit
+	(*ExecInfo)(nil),              // 47: roost.v1.ExecInfo
+	(*AttachExecRequest)(nil),     // 48: roost.v1.AttachExecRequest
+	(*AttachExecResponse)(nil),    // 49: roost.v1.AttachExecResponse
+	(*ExecOutput)(nil),            // 50: roost.v1.ExecOutput
+	(*WaitExecRequest)(nil),       // 51: roost.v1.WaitExecRequest
+	(*WaitExecResponse)(nil),      // 52: roost.v1.WaitExecResponse
+	(*KillExecRequest)(nil),       // 53: roost.v1.KillExecRequest
+	(*KillExecResponse)(nil),      // 54: roost.v1.KillExecResponse
+	(*ListExecsRequest)(nil),      // 55: roost.v1.ListExecsRequest
+	(*ListExecsResponse)(nil),     // 56: roost.v1.ListExecsResponse
+	nil,                           // 57: roost.v1.Session.LabelsEntry
+	nil,                           // 58: roost.v1.StageRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 59: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 60: google.protobuf.Duration
 }
 var file_roost_v1_session_proto_depIdxs = []int32{
-	8,  // 0: roost.v1.Session.capsule:type_name -> roost.v1.CapsuleRef
-	9,  // 1: roost.v1.Session.containment:type_name -> roost.v1.ContainmentState
-	57, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	57, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
-	57, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
-	10, // 5: roost.v1.Session.spend:type_name -> roost.v1.Spend
-	57, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
-	7,  // 7: roost.v1.Session.usage:type_name -> roost.v1.Usage
-	6,  // 8: roost.v1.Session.identity:type_name -> roost.v1.Identity
-	5,  // 9: roost.v1.Session.stdout:type_name -> roost.v1.LogStats
-	5,  // 10: roost.v1.Session.stderr:type_name -> roost.v1.LogStats
-	3,  // 11: roost.v1.Session.egress:type_name -> roost.v1.Egress
-	2,  // 12: roost.v1.Session.wasm:type_name -> roost.v1.WasmRun
-	1,  // 13: roost.v1.Session.exec_refused:type_name -> roost.v1.ExecRefusals
-	55, // 14: roost.v1.Session.labels:type_name -> roost.v1.Session.LabelsEntry
-	4,  // 15: roost.v1.Egress.refused:type_name -> roost.v1.EgressRefusal
-	57, // 16: roost.v1.EgressRefusal.first:type_name -> google.protobuf.Timestamp
-	57, // 17: roost.v1.EgressRefusal.last:type_name -> google.protobuf.Timestamp
-	58, // 18: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
-	56, // 19: roost.v1.StageRequest.labels:type_name -> roost.v1.StageRequest.LabelsEntry
-	0,  // 20: roost.v1.StageResponse.session:type_name -> roost.v1.Session
-	0,  // 21: roost.v1.LaunchResponse.session:type_name -> roost.v1.Session
-	0,  // 22: roost.v1.GetResponse.session:type_name -> roost.v1.Session
-	0,  // 23: roost.v1.ListResponse.sessions:type_name -> roost.v1.Session
-	0,  // 24: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
-	58, // 25: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
-	0,  // 26: roost.v1.StopResponse.session:type_name -> roost.v1.Session
-	0,  // 27: roost.v1.KillResponse.session:type_name -> roost.v1.Session
-	0,  // 28: roost.v1.PauseResponse.session:type_name -> roost.v1.Session
-	0,  // 29: roost.v1.ResumeResponse.session:type_name -> roost.v1.Session
-	57, // 30: roost.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
-	57, // 31: roost.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
-	38, // 32: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
-	58, // 33: roost.v1.PruneRequest.until:type_name -> google.protobuf.Duration
-	37, // 34: roost.v1.PruneResponse.removed:type_name -> roost.v1.PrunedSession
-	37, // 35: roost.v1.PruneResponse.kept:type_name -> roost.v1.PrunedSession
-	8,  // 36: roost.v1.PrunedSession.capsule:type_name -> roost.v1.CapsuleRef
-	57, // 37: roost.v1.PrunedSession.ended_at:type_name -> google.protobuf.Timestamp
-	57, // 38: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
-	40, // 39: roost.v1.ExecRequest.start:type_name -> roost.v1.ExecStart
-	41, // 40: roost.v1.ExecRequest.resize:type_name -> roost.v1.TerminalSize
-	41, // 41: roost.v1.ExecStart.size:type_name -> roost.v1.TerminalSize
-	43, // 42: roost.v1.ExecResponse.started:type_name -> roost.v1.ExecStarted
-	44, // 43: roost.v1.ExecResponse.exit:type_name -> roost.v1.ExecExit
-	57, // 44: roost.v1.ExecInfo.started_at:type_name -> google.protobuf.Timestamp
-	57, // 45: roost.v1.ExecInfo.ended_at:type_name -> google.protobuf.Timestamp
-	5,  // 46: roost.v1.ExecInfo.stdout:type_name -> roost.v1.LogStats
-	5,  // 47: roost.v1.ExecInfo.stderr:type_name -> roost.v1.LogStats
-	48, // 48: roost.v1.AttachExecResponse.output:type_name -> roost.v1.ExecOutput
-	44, // 49: roost.v1.AttachExecResponse.exit:type_name -> roost.v1.ExecExit
-	45, // 50: roost.v1.WaitExecResponse.exec:type_name -> roost.v1.ExecInfo
-	45, // 51: roost.v1.KillExecResponse.exec:type_name -> roost.v1.ExecInfo
-	45, // 52: roost.v1.ListExecsResponse.execs:type_name -> roost.v1.ExecInfo
-	11, // 53: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
-	13, // 54: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
-	15, // 55: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
-	17, // 56: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
-	19, // 57: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
-	21, // 58: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
-	23, // 59: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
-	25, // 60: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
-	27, // 61: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
-	29, // 62: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
-	31, // 63: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
-	33, // 64: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
-	35, // 65: roost.v1.SessionService.Prune:input_type -> roost.v1.PruneRequest
-	39, // 66: roost.v1.SessionService.Exec:input_type -> roost.v1.ExecRequest
-	46, // 67: roost.v1.SessionService.AttachExec:input_type -> roost.v1.AttachExecRequest
-	49, // 68: roost.v1.SessionService.WaitExec:input_type -> roost.v1.WaitExecRequest
-	51, // 69: roost.v1.SessionService.KillExec:input_type -> roost.v1.KillExecRequest
-	53, // 70: roost.v1.SessionService.ListExecs:input_type -> roost.v1.ListExecsRequest
-	12, // 71: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
-	14, // 72: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
-	16, // 73: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
-	18, // 74: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
-	20, // 75: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
-	22, // 76: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
-	24, // 77: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
-	26, // 78: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
-	28, // 79: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
-	30, // 80: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
-	32, // 81: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
-	34, // 82: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
-	36, // 83: roost.v1.SessionService.Prune:output_type -> roost.v1.PruneResponse
-	42, // 84: roost.v1.SessionService.Exec:output_type -> roost.v1.ExecResponse
-	47, // 85: roost.v1.SessionService.AttachExec:output_type -> roost.v1.AttachExecResponse
-	50, // 86: roost.v1.SessionService.WaitExec:output_type -> roost.v1.WaitExecResponse
-	52, // 87: roost.v1.SessionService.KillExec:output_type -> roost.v1.KillExecResponse
-	54, // 88: roost.v1.SessionService.ListExecs:output_type -> roost.v1.ListExecsResponse
-	71, // [71:89] is the sub-list for method output_type
-	53, // [53:71] is the sub-list for method input_type
-	53, // [53:53] is the sub-list for extension type_name
-	53, // [53:53] is the sub-list for extension extendee
-	0,  // [0:53] is the sub-list for field type_name
+	10, // 0: roost.v1.Session.capsule:type_name -> roost.v1.CapsuleRef
+	11, // 1: roost.v1.Session.containment:type_name -> roost.v1.ContainmentState
+	59, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	59, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
+	59, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
+	12, // 5: roost.v1.Session.spend:type_name -> roost.v1.Spend
+	59, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
+	9,  // 7: roost.v1.Session.usage:type_name -> roost.v1.Usage
+	8,  // 8: roost.v1.Session.identity:type_name -> roost.v1.Identity
+	7,  // 9: roost.v1.Session.stdout:type_name -> roost.v1.LogStats
+	7,  // 10: roost.v1.Session.stderr:type_name -> roost.v1.LogStats
+	5,  // 11: roost.v1.Session.egress:type_name -> roost.v1.Egress
+	4,  // 12: roost.v1.Session.wasm:type_name -> roost.v1.WasmRun
+	3,  // 13: roost.v1.Session.exec_refused:type_name -> roost.v1.ExecRefusals
+	57, // 14: roost.v1.Session.labels:type_name -> roost.v1.Session.LabelsEntry
+	1,  // 15: roost.v1.Session.placement:type_name -> roost.v1.Placement
+	59, // 16: roost.v1.Placement.at:type_name -> google.protobuf.Timestamp
+	2,  // 17: roost.v1.Placement.candidates:type_name -> roost.v1.PlacementCandidate
+	6,  // 18: roost.v1.Egress.refused:type_name -> roost.v1.EgressRefusal
+	59, // 19: roost.v1.EgressRefusal.first:type_name -> google.protobuf.Timestamp
+	59, // 20: roost.v1.EgressRefusal.last:type_name -> google.protobuf.Timestamp
+	60, // 21: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
+	58, // 22: roost.v1.StageRequest.labels:type_name -> roost.v1.StageRequest.LabelsEntry
+	1,  // 23: roost.v1.StageRequest.placement:type_name -> roost.v1.Placement
+	0,  // 24: roost.v1.StageResponse.session:type_name -> roost.v1.Session
+	0,  // 25: roost.v1.LaunchResponse.session:type_name -> roost.v1.Session
+	0,  // 26: roost.v1.GetResponse.session:type_name -> roost.v1.Session
+	0,  // 27: roost.v1.ListResponse.sessions:type_name -> roost.v1.Session
+	0,  // 28: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
+	60, // 29: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
+	0,  // 30: roost.v1.StopResponse.session:type_name -> roost.v1.Session
+	0,  // 31: roost.v1.KillResponse.session:type_name -> roost.v1.Session
+	0,  // 32: roost.v1.PauseResponse.session:type_name -> roost.v1.Session
+	0,  // 33: roost.v1.ResumeResponse.session:type_name -> roost.v1.Session
+	59, // 34: roost.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
+	59, // 35: roost.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
+	40, // 36: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
+	60, // 37: roost.v1.PruneRequest.until:type_name -> google.protobuf.Duration
+	39, // 38: roost.v1.PruneResponse.removed:type_name -> roost.v1.PrunedSession
+	39, // 39: roost.v1.PruneResponse.kept:type_name -> roost.v1.PrunedSession
+	10, // 40: roost.v1.PrunedSession.capsule:type_name -> roost.v1.CapsuleRef
+	59, // 41: roost.v1.PrunedSession.ended_at:type_name -> google.protobuf.Timestamp
+	59, // 42: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
+	42, // 43: roost.v1.ExecRequest.start:type_name -> roost.v1.ExecStart
+	43, // 44: roost.v1.ExecRequest.resize:type_name -> roost.v1.TerminalSize
+	43, // 45: roost.v1.ExecStart.size:type_name -> roost.v1.TerminalSize
+	45, // 46: roost.v1.ExecResponse.started:type_name -> roost.v1.ExecStarted
+	46, // 47: roost.v1.ExecResponse.exit:type_name -> roost.v1.ExecExit
+	59, // 48: roost.v1.ExecInfo.started_at:type_name -> google.protobuf.Timestamp
+	59, // 49: roost.v1.ExecInfo.ended_at:type_name -> google.protobuf.Timestamp
+	7,  // 50: roost.v1.ExecInfo.stdout:type_name -> roost.v1.LogStats
+	7,  // 51: roost.v1.ExecInfo.stderr:type_name -> roost.v1.LogStats
+	50, // 52: roost.v1.AttachExecResponse.output:type_name -> roost.v1.ExecOutput
+	46, // 53: roost.v1.AttachExecResponse.exit:type_name -> roost.v1.ExecExit
+	47, // 54: roost.v1.WaitExecResponse.exec:type_name -> roost.v1.ExecInfo
+	47, // 55: roost.v1.KillExecResponse.exec:type_name -> roost.v1.ExecInfo
+	47, // 56: roost.v1.ListExecsResponse.execs:type_name -> roost.v1.ExecInfo
+	13, // 57: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
+	15, // 58: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
+	17, // 59: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
+	19, // 60: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
+	21, // 61: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
+	23, // 62: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
+	25, // 63: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
+	27, // 64: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
+	29, // 65: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
+	31, // 66: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
+	33, // 67: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
+	35, // 68: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
+	37, // 69: roost.v1.SessionService.Prune:input_type -> roost.v1.PruneRequest
+	41, // 70: roost.v1.SessionService.Exec:input_type -> roost.v1.ExecRequest
+	48, // 71: roost.v1.SessionService.AttachExec:input_type -> roost.v1.AttachExecRequest
+	51, // 72: roost.v1.SessionService.WaitExec:input_type -> roost.v1.WaitExecRequest
+	53, // 73: roost.v1.SessionService.KillExec:input_type -> roost.v1.KillExecRequest
+	55, // 74: roost.v1.SessionService.ListExecs:input_type -> roost.v1.ListExecsRequest
+	14, // 75: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
+	16, // 76: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
+	18, // 77: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
+	20, // 78: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
+	22, // 79: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
+	24, // 80: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
+	26, // 81: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
+	28, // 82: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
+	30, // 83: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
+	32, // 84: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
+	34, // 85: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
+	36, // 86: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
+	38, // 87: roost.v1.SessionService.Prune:output_type -> roost.v1.PruneResponse
+	44, // 88: roost.v1.SessionService.Exec:output_type -> roost.v1.ExecResponse
+	49, // 89: roost.v1.SessionService.AttachExec:output_type -> roost.v1.AttachExecResponse
+	52, // 90: roost.v1.SessionService.WaitExec:output_type -> roost.v1.WaitExecResponse
+	54, // 91: roost.v1.SessionService.KillExec:output_type -> roost.v1.KillExecResponse
+	56, // 92: roost.v1.SessionService.ListExecs:output_type -> roost.v1.ListExecsResponse
+	75, // [75:93] is the sub-list for method output_type
+	57, // [57:75] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_session_proto_init() }
@@ -4370,23 +4646,23 @@ func file_roost_v1_session_proto_init() {
 		return
 	}
 	file_roost_v1_session_proto_msgTypes[0].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[31].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[38].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[39].OneofWrappers = []any{
+	file_roost_v1_session_proto_msgTypes[33].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[40].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[41].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_roost_v1_session_proto_msgTypes[42].OneofWrappers = []any{
+	file_roost_v1_session_proto_msgTypes[44].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_roost_v1_session_proto_msgTypes[45].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[46].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[47].OneofWrappers = []any{
+	file_roost_v1_session_proto_msgTypes[47].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[48].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[49].OneofWrappers = []any{
 		(*AttachExecResponse_Output)(nil),
 		(*AttachExecResponse_Exit)(nil),
 	}
@@ -4396,7 +4672,7 @@ func file_roost_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_session_proto_rawDesc), len(file_roost_v1_session_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   57,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -161,6 +161,28 @@ func printSession(w io.Writer, s *roostv1.Session) {
 	if d := s.GetCapsule().GetDir(); d != s.GetCapsule().GetSource() {
 		row("stored", d)
 	}
+	row("node", s.GetNode())
+	if p := s.GetPlacement(); p != nil {
+		row("placed", fmt.Sprintf("on %s by %s at %s: %s", p.GetNode(), p.GetEntry(), p.GetAt().AsTime().Local().Format(time.RFC3339), p.GetReason()))
+		for _, c := range p.GetCandidates() {
+			what := fmt.Sprintf("score %.2f: %d running, %d in flight", c.GetScore(), c.GetRunning(), c.GetInFlight())
+			if c.GetMax() > 0 {
+				what += fmt.Sprintf(", of %d", c.GetMax())
+			}
+			if c.GetWarm() {
+				what += ", warm"
+			}
+			switch {
+			case c.GetRefused() != "":
+				what = "not a candidate: " + c.GetRefused()
+			case c.GetNode() == p.GetNode():
+				what += " (chosen)"
+			case c.GetDrawn():
+				what += " (drawn)"
+			}
+			fmt.Fprintf(w, "%-13s %s: %s\n", "", c.GetNode(), what)
+		}
+	}
 	row("state", s.GetState())
 	if s.GetState() == "exited" {
 		row("exit status", s.GetExitStatus())

@@ -28,6 +28,7 @@ type stageFlags struct {
 	json        bool
 	name        string
 	labels      labelsValue
+	node        string
 }
 
 func (f *stageFlags) register(cmd *cobra.Command) {
@@ -37,6 +38,7 @@ func (f *stageFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.containment, "containment", "", "require at least this class: unconfined, advisory, scoped or sealed")
 	cmd.Flags().BoolVar(&f.json, "json", false, "print the session record as JSON")
 	cmd.Flags().StringVar(&f.name, "name", "", "give the session a `NAME` every command takes: [a-z0-9][a-z0-9_.-]*, at most 64 bytes, unique until rm")
+	cmd.Flags().StringVar(&f.node, "node", "", "on a fleet node: stage on the node `NAME` (roostctl fleet nodes lists them) instead of letting roost place the session")
 	cmd.Flags().VarP(&f.labels, "label", "l", "label the session `KEY=VALUE` (repeatable; KEY alone: an empty value); ps --filter label=KEY=VALUE selects by it")
 }
 
@@ -98,7 +100,7 @@ func (f *stageFlags) request(capsule string) (*roostv1.StageRequest, error) {
 		return nil, err
 	}
 	// roostd checks the name (and says what is wrong with it): one rule, in one place.
-	req := &roostv1.StageRequest{Capsule: abs, Containment: f.containment, Name: f.name, MemoryBytes: int64(f.memory), Labels: f.labels}
+	req := &roostv1.StageRequest{Capsule: abs, Containment: f.containment, Name: f.name, MemoryBytes: int64(f.memory), Labels: f.labels, Node: f.node}
 	if f.workdir != "" {
 		if req.Workdir, err = filepath.Abs(f.workdir); err != nil {
 			return nil, err

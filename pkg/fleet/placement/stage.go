@@ -1,0 +1,167 @@
+package placement
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
+)
+
+// Forwarder carries a stage to another node of the fleet, as the caller (pkg/fleet/route).
+type Forwarder interface {
+	Stage(ctx context.Context, node, address string, req *roostv1.StageRequest) (*roostv1.StageResponse, error)
+}
+
+// Describe says what a stage request's capsule needs of its node: the class it declares at
+// least, and the warm sandbox shapes that would start it. An error is the request's: the
+// capsule cannot be read or is invalid, said before any node is chosen.
+type Describe func(req *roostv1.StageRequest) (Need, error)
+
+// StagerConfig is what a fleet node stages with.
+type StagerConfig struct {
+	Placer *Placer
+	// Staged is this node's list of reservations to settle.
+	Staged  *Staged
+	Forward Forwarder
+	Describe
+	// FromNode says whether a call came from another node of the fleet, forwarding: only
+	// such a call may carry a placement.
+	FromNode func(ctx context.Context) bool
+	Logger   *slog.Logger
+}
+
+// Stager is a fleet node's Stage: a request placed by another node is staged here, its
+// reservation settled; any other is placed, then staged here or forwarded to the node
+// chosen. It remembers where it placed recent sessions, so that calls that follow a stage
+// at once (run's launch) are routed before the owner's session directory entry is written.
+type Stager struct {
+	cfg  StagerConfig
+	self string
+	log  *slog.Logger
+
+	mu     sync.Mutex
+	placed map[string]placed
+	order  []string
+}
+
+type placed struct{ node, address string }
+
+// recentPlacements bounds what Placed remembers.
+const recentPlacements = 4096
+
+// NewStager checks cfg.
+func NewStager(cfg StagerConfig) (*Stager, error) {
+	if cfg.Placer == nil || cfg.Staged == nil || cfg.Forward == nil || cfg.Describe == nil || cfg.FromNode == nil {
+		return nil, fmt.Errorf("placement: a stager needs a placer, a staged list, a forwarder, a describer and a node check: %w", errdefs.ErrInvalidArgument)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Stager{cfg: cfg, self: cfg.Placer.cfg.Self, log: log, placed: map[string]placed{}}, nil
+}
+
+// Stage places req and stages it: here through local, or on the node chosen.
+func (s *Stager) Stage(ctx context.Context, req *roostv1.StageRequest, local func(context.Context, *roostv1.StageRequest) (*roostv1.StageResponse, error)) (*roostv1.StageResponse, error) {
+	if p := req.GetPlacement(); p != nil {
+		return s.stagePlaced(ctx, req, local)
+	}
+	need, err := s.cfg.Describe(req)
+	if err != nil {
+		return nil, err
+	}
+	need.Node = req.GetNode()
+	d, err := s.cfg.Placer.Place(ctx, need)
+	if err != nil {
+		return nil, err
+	}
+	fwd := cloneStage(req)
+	fwd.Node = d.Node
+	fwd.Placement = decisionProto(d)
+	var resp *roostv1.StageResponse
+	if d.Node == s.self {
+		resp, err = s.stagePlaced(ctx, fwd, local)
+	} else {
+		resp, err = s.cfg.Forward.Stage(ctx, d.Node, d.Address, fwd)
+		if err != nil {
+			err = fmt.Errorf("placed on node %s (%s): %w", d.Node, d.Reason, err)
+		}
+	}
+	if err != nil {
+		// Refused there, or not known to be staged: the reservation goes now, or with its
+		// lease if this cannot reach etcd (a stage that did land is counted by its node).
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		s.cfg.Placer.Release(rctx, &d)
+		cancel()
+		return nil, err
+	}
+	s.remember(resp.GetSession().GetId(), d.Node, d.Address)
+	s.log.Info("placed a session", "session", resp.GetSession().GetId(), "node", d.Node, "reason", d.Reason)
+	return resp, nil
+}
+
+// stagePlaced stages here a request carrying its placement, and lists its reservation for
+// this node's directory entry to settle.
+func (s *Stager) stagePlaced(ctx context.Context, req *roostv1.StageRequest, local func(context.Context, *roostv1.StageRequest) (*roostv1.StageResponse, error)) (*roostv1.StageResponse, error) {
+	p := req.GetPlacement()
+	// A placement this node made itself is checked as one from another node would be.
+	if p.GetEntry() != s.self && !s.cfg.FromNode(ctx) {
+		return nil, fmt.Errorf("placement: only a node of the fleet forwarding a stage may say how it was placed: %w", errdefs.ErrPermissionDenied)
+	}
+	if p.GetNode() != s.self || req.GetNode() != s.self {
+		return nil, fmt.Errorf("placement: a stage placed on node %q reached node %q: %w", p.GetNode(), s.self, errdefs.ErrInvalidArgument)
+	}
+	if err := s.cfg.Staged.Check(p.GetReservation()); err != nil {
+		return nil, err
+	}
+	resp, err := local(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	s.cfg.Staged.Add(p.GetReservation())
+	return resp, nil
+}
+
+func (s *Stager) remember(id, node, address string) {
+	if id == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.placed[id]; !ok {
+		s.order = append(s.order, id)
+	}
+	s.placed[id] = placed{node, address}
+	if len(s.order) > recentPlacements {
+		delete(s.placed, s.order[0])
+		s.order = s.order[1:]
+	}
+}
+
+// Placed is the node a session this node placed lately went to.
+func (s *Stager) Placed(id string) (node, address string, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.placed[id]
+	return p.node, p.address, ok
+}
+
+func cloneStage(req *roostv1.StageRequest) *roostv1.StageRequest {
+	return proto.CloneOf(req)
+}
+
+func decisionProto(d Decision) *roostv1.Placement {
+	out := &roostv1.Placement{Node: d.Node, Entry: d.Entry, At: timestamppb.New(d.At), Reason: d.Reason, Reservation: d.Reservation}
+	for _, c := range d.Candidates {
+		out.Candidates = append(out.Candidates, &roostv1.PlacementCandidate{Node: c.Node, Running: int32(c.Running), InFlight: int32(c.InFlight),
+			Max: int32(c.Max), Cpus: int32(c.CPUs), Warm: c.Warm, Score: c.Score, Drawn: c.Drawn, Refused: c.Refused})
+	}
+	return out
+}
