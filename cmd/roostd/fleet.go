@@ -11,6 +11,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/errdefs"
+
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/pkg/config"
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/fleet"
@@ -18,6 +21,7 @@ import (
 	"roost.dev/roost/pkg/fleet/etcdstore"
 	"roost.dev/roost/pkg/fleet/placement"
 	"roost.dev/roost/pkg/ledger"
+	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/metrics"
 	"roost.dev/roost/pkg/server"
 	"roost.dev/roost/pkg/session"
@@ -153,4 +157,33 @@ func registerNode(s fleetSettings, store *etcdstore.Store, address string, catal
 			log.Warn("the node directory: this node's entry was not marked stopped; it is listed unreachable once its lease lapses", "err", err)
 		}
 	}, nil
+}
+
+// describeStage is what placement reads of a stage request on the entry node: the capsule's
+// declared class and warm shapes, as this node reads it. A capsule this node cannot find
+// (a directory or a push only the other nodes have) is placed by the request's class alone:
+// the node chosen reads it, and refuses it if it must.
+func describeStage(m *session.Manager) placement.Describe {
+	return func(req *roostv1.StageRequest) (placement.Need, error) {
+		opts := session.StageOptions{Capsule: req.GetCapsule()}
+		if c := req.GetContainment(); c != "" {
+			class, err := manifest.ParseClass(c)
+			if err != nil {
+				return placement.Need{}, fmt.Errorf("containment: %v: %w", err, errdefs.ErrInvalidArgument)
+			}
+			opts.Containment = class
+		}
+		floor, shapes, err := m.Needs(opts)
+		switch {
+		case errdefs.IsNotFound(err):
+			return placement.Need{Class: req.GetContainment()}, nil
+		case err != nil:
+			return placement.Need{}, err
+		}
+		need := placement.Need{Shapes: shapes}
+		if floor != manifest.ClassNone {
+			need.Class = floor.String()
+		}
+		return need, nil
+	}
 }

@@ -102,6 +102,22 @@ func (m *Manager) Explain(opts StageOptions, oci bool) (*roostv1.Explanation, []
 	return explain(m.planner, m.pool, p), config, nil
 }
 
+// Needs is what a session staged with opts needs of its node, as this node reads its capsule:
+// the class it declares at least, and the warm sandbox shapes, by name, that could start it
+// (its capsule's own, and the default one, for a sealed session of a command). The fleet's
+// placement reads it on the entry node, which may run the session elsewhere.
+func (m *Manager) Needs(opts StageOptions) (manifest.Class, []string, error) {
+	p, err := m.planner.Plan(opts.plan(), false)
+	if err != nil {
+		return manifest.ClassNone, nil, err
+	}
+	var shapes []string
+	if p.Manifest.Run.Wasm == "" && (p.Decision.Floor == manifest.Sealed || p.Decision.Achieved == manifest.Sealed) {
+		shapes = append(shapes, warmShapeName(p.Manifest.Name, p.Manifest.Version), sealed.DefaultWarmShapeName)
+	}
+	return p.Decision.Floor, shapes, nil
+}
+
 // Stage reads and validates the capsule, decides its containment, and records a session in
 // state staged. A capsule that is invalid, or whose floor this host cannot meet, is refused
 // and leaves no trace in the registry.

@@ -35,7 +35,7 @@ func warmShapes(cfg Config, planner *plan.Planner) ([]warmpool.Shape, error) {
 		if err != nil {
 			return nil, fmt.Errorf("capsule %s: %w", c.Dir, err)
 		}
-		name := fmt.Sprintf("capsule %s@%s", p.Manifest.Name, p.Manifest.Version)
+		name := warmShapeName(p.Manifest.Name, p.Manifest.Version)
 		switch {
 		case p.Decision.Achieved != manifest.Sealed:
 			return nil, fmt.Errorf("%s (%s) runs %s: only sealed sessions start in a sandbox made ahead: %w", name, c.Dir, p.Decision.Achieved, errdefs.ErrInvalidArgument)
@@ -47,6 +47,9 @@ func warmShapes(cfg Config, planner *plan.Planner) ([]warmpool.Shape, error) {
 	}
 	return shapes, nil
 }
+
+// warmShapeName names the shape of a capsule's own sandboxes (--warm-pool-capsule).
+func warmShapeName(name, version string) string { return fmt.Sprintf("capsule %s@%s", name, version) }
 
 // sandboxIDs are the uid ranges sandboxes hold in the record (warmpool.IDs).
 type sandboxIDs struct {

@@ -247,7 +247,8 @@ done
 `
 	caps := sealedCaps("curl, sleep", "", 170) + "inference:\n  upstream: llm\n  model: gpt-test\n"
 	for i, d := range nodes {
-		ids[i] = strings.TrimSpace(d.ok("run", "--detach", "--workdir", work[i], capsule(t, "fleet-caller", script, caps)))
+		// Pinned: each node's session spends through that node's ledger.
+		ids[i] = strings.TrimSpace(d.ok("run", "--detach", "--node", fmt.Sprintf("node-%d", i), "--workdir", work[i], capsule(t, "fleet-caller", script, caps)))
 	}
 	t.Cleanup(func() {
 		for _, w := range work {

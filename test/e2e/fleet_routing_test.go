@@ -1,0 +1,260 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"roost.dev/roost/internal/testenv"
+)
+
+// routedNodes and routedSessions size TestFleetRouting as the issue asks: five nodes, 200
+// sessions started through one of them; routedMax is each node's bound (its id pool's
+// slots less one), so the 200 must spread over at least five.
+const (
+	routedNodes    = 5
+	routedSessions = 200
+	routedMax      = 45
+)
+
+// fleetClient is roostctl --server against one node's listener, as the operator "ops".
+type fleetClient struct {
+	t      *testing.T
+	addr   string
+	tlsDir string
+	cert   string
+}
+
+func (c fleetClient) ctl(args ...string) result {
+	c.t.Helper()
+	argv := append([]string{"--server", "https://" + c.addr, "--tls-ca", filepath.Join(c.tlsDir, "ca.pem"),
+		"--tls-cert", filepath.Join(c.tlsDir, c.cert+".pem"), "--tls-key", filepath.Join(c.tlsDir, c.cert+"-key.pem")}, args...)
+	cmd := exec.Command(filepath.Join(binDir, "roostctl"), argv...)
+	cmd.Dir = repoRoot()
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	res := result{stdout: out.String(), stderr: errOut.String()}
+	if ee, ok := err.(*exec.ExitError); ok {
+		res.code = ee.ExitCode()
+	} else if err != nil {
+		c.t.Fatalf("roostctl %v: %v", args, err)
+	}
+	return res
+}
+
+func (c fleetClient) ok(args ...string) string {
+	c.t.Helper()
+	res := c.ctl(args...)
+	if res.code != 0 {
+		c.t.Fatalf("roostctl --server %s %s: exit %d\nstdout: %s\nstderr: %s", c.addr, strings.Join(args, " "), res.code, res.stdout, res.stderr)
+	}
+	return res.stdout
+}
+
+type fleetSession struct {
+	ID    string `json:"id"`
+	Node  string `json:"node"`
+	State string `json:"state"`
+}
+
+// TestFleetRouting is issue 33's end to end: 3 etcd processes and 5 roostd nodes, each with
+// its own state dir, socket, listener and node certificate. 200 sessions started through
+// one entry node are placed over all five, none past its bound; each one sampled is
+// reachable — inspect, logs, exec, stop, rm — through a node that is neither its owner nor
+// the entry; ps --fleet lists all 200 with their nodes; an owner SIGKILLed makes its
+// sessions' calls refused as unavailable, naming it.
+func TestFleetRouting(t *testing.T) {
+	testenv.NeedRoot(t, "roostd runs sessions as root")
+	_, clients := etcdProcs(t)
+	tlsDir := t.TempDir()
+	argv := []string{"certs", "init", tlsDir, "--server-name", "127.0.0.1", "--client", "ops:operator", "--client", "viewer:reader"}
+	for i := range routedNodes {
+		argv = append(argv, "--client", fmt.Sprintf("node-%d:node", i))
+	}
+	if out, err := exec.Command(filepath.Join(binDir, "roostctl"), argv...).CombinedOutput(); err != nil {
+		t.Fatalf("roostctl %s: %v\n%s", strings.Join(argv, " "), err, out)
+	}
+	var table strings.Builder
+	table.WriteString("    - {common_name: ops, role: operator}\n    - {common_name: viewer, role: reader}\n")
+	for i := range routedNodes {
+		fmt.Fprintf(&table, "    - {common_name: node-%d, role: node}\n", i)
+	}
+	addrs := make([]string, routedNodes)
+	for i := range addrs {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs[i] = l.Addr().String()
+		l.Close()
+	}
+	nodes := make([]*daemon, routedNodes)
+	via := make([]fleetClient, routedNodes)
+	for i := range routedNodes {
+		cfg := filepath.Join(t.TempDir(), "roostd.yaml")
+		// Blocks of host ids apart: two roostds on one host must not share one.
+		os.WriteFile(cfg, fmt.Appendf(nil, "sessions:\n  ids:\n    first: %d\n    slots: %d\n"+
+			"remote:\n  listen: %s\n  tls_cert: %s\n  tls_key: %s\n  client_ca: %s\n  clients:\n%s",
+			0x50000000+i*0x01000000, routedMax+1, addrs[i], filepath.Join(tlsDir, "server.pem"), filepath.Join(tlsDir, "server-key.pem"),
+			filepath.Join(tlsDir, "ca.pem"), table.String()), 0o600)
+		name := fmt.Sprintf("node-%d", i)
+		nodes[i] = newDaemon(t, "--config", cfg, "--fleet-etcd", strings.Join(clients, ","), "--node-name", name,
+			"--fleet-node-cert", filepath.Join(tlsDir, name+".pem"), "--fleet-node-key", filepath.Join(tlsDir, name+"-key.pem"))
+		via[i] = fleetClient{t: t, addr: addrs[i], tlsDir: tlsDir, cert: "ops"}
+	}
+	// Every node is in the directory, reachable, before the first placement.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		out := via[0].ok("fleet", "nodes", "--json")
+		if strings.Count(out, `"reachable": true`) == routedNodes {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the directory does not list %d reachable nodes:\n%s", routedNodes, out)
+		}
+	}
+
+	caps := capsule(t, "routed", `echo started; exec sleep 3600`, "")
+	started := time.Now()
+	ids := make([]string, routedSessions)
+	var wg sync.WaitGroup
+	work := make(chan int)
+	for range 8 {
+		wg.Go(func() {
+			for i := range work {
+				res := via[0].ctl("run", "--detach", caps)
+				if res.code != 0 {
+					t.Errorf("run %d through node-0: exit %d: %s", i, res.code, res.stderr)
+					continue
+				}
+				ids[i] = strings.TrimSpace(res.stdout)
+			}
+		})
+	}
+	for i := range routedSessions {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	t.Logf("%d sessions placed and launched through node-0 in %s", routedSessions, time.Since(started).Round(time.Millisecond))
+
+	// ps --fleet, through another node, lists all 200 with their nodes, spread over all
+	// five and none past its bound.
+	var listed []fleetSession
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		listed = nil
+		if err := json.Unmarshal([]byte(via[1].ok("ps", "--fleet", "--json")), &listed); err != nil {
+			t.Fatal(err)
+		}
+		if len(listed) == routedSessions {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ps --fleet lists %d sessions, want %d", len(listed), routedSessions)
+		}
+	}
+	owner := map[string]string{}
+	per := map[string]int{}
+	for _, s := range listed {
+		owner[s.ID] = s.Node
+		per[s.Node]++
+	}
+	for _, id := range ids {
+		if owner[id] == "" {
+			t.Fatalf("ps --fleet does not list %s", id)
+		}
+	}
+	for i := range routedNodes {
+		name := fmt.Sprintf("node-%d", i)
+		if n := per[name]; n == 0 || n > routedMax {
+			t.Fatalf("node %s holds %d sessions (want 1 to %d): %v", name, n, routedMax, per)
+		}
+	}
+	t.Logf("sessions per node: %v", per)
+
+	// One session of each node, driven through a node that is neither its owner nor the
+	// entry node.
+	seen := map[string]bool{}
+	for _, id := range ids {
+		o := owner[id]
+		if seen[o] {
+			continue
+		}
+		seen[o] = true
+		k := 1
+		for fmt.Sprintf("node-%d", k) == o {
+			k++
+		}
+		c := via[k]
+		var s struct {
+			ID        string `json:"id"`
+			Node      string `json:"node"`
+			State     string `json:"state"`
+			Placement struct {
+				Node       string `json:"node"`
+				Entry      string `json:"entry"`
+				Candidates []struct {
+					Node string `json:"node"`
+				} `json:"candidates"`
+			} `json:"placement"`
+		}
+		if err := json.Unmarshal([]byte(c.ok("inspect", "--json", id)), &s); err != nil {
+			t.Fatal(err)
+		}
+		if s.Node != o || s.Placement.Node != o || s.Placement.Entry != "node-0" || len(s.Placement.Candidates) != routedNodes {
+			t.Fatalf("inspect %s through node-%d: node %q, placement %+v; want %s placed by node-0 among %d", id, k, s.Node, s.Placement, o, routedNodes)
+		}
+		if out := c.ok("exec", id, "--", "/bin/echo", "routed"); strings.TrimSpace(out) != "routed" {
+			t.Fatalf("exec in %s through node-%d: %q", id, k, out)
+		}
+		if out := c.ok("logs", id); !strings.Contains(out, "started") {
+			t.Fatalf("logs of %s through node-%d: %q", id, k, out)
+		}
+		c.ok("stop", id)
+		c.ok("rm", id)
+		if res := c.ctl("inspect", id); res.code == 0 {
+			t.Fatalf("inspect of %s after rm through node-%d succeeded: %s", id, k, res.stdout)
+		}
+	}
+
+	// A reader through another node may read, not stop.
+	viewer := via[2]
+	viewer.cert = "viewer"
+	var victim string
+	for _, id := range ids {
+		if o := owner[id]; o == "node-3" {
+			if res := viewer.ctl("inspect", id); res.code == 0 {
+				victim = id
+				break
+			}
+		}
+	}
+	if victim == "" {
+		t.Fatal("no session of node-3 left to read")
+	}
+	if res := viewer.ctl("stop", victim); res.code == 0 || !strings.Contains(res.stderr, "reader") {
+		t.Fatalf("a reader's stop of %s through node-2: exit %d: %s", victim, res.code, res.stderr)
+	}
+
+	// node-3 SIGKILLed: a call about its session, through another node, is refused as
+	// unavailable, naming it.
+	nodes[3].kill9()
+	res := via[1].ctl("inspect", victim)
+	if res.code != 69 || !strings.Contains(res.stderr, "node-3") {
+		t.Fatalf("inspect of %s on a killed node-3 through node-1: exit %d: %s", victim, res.code, res.stderr)
+	}
+	nodes[3].start()
+	if out := via[1].ok("inspect", "--json", victim); !strings.Contains(out, `"node": "node-3"`) {
+		t.Fatalf("inspect of %s once node-3 is back: %s", victim, out)
+	}
+}
