@@ -232,6 +232,13 @@ func (s *sessionService) Stage(ctx context.Context, req *roostv1.StageRequest) (
 	return s.stageHere(ctx, req)
 }
 
+func orSingleHost(node string) string {
+	if node == "" {
+		return "a single host, no fleet node"
+	}
+	return "node " + node
+}
+
 // stageHere stages req on this node.
 func (s *sessionService) stageHere(ctx context.Context, req *roostv1.StageRequest) (*roostv1.StageResponse, error) {
 	opts, err := stageOptions(req.GetCapsule(), req.GetWorkdir(), req.GetContainment(), req.GetDeadline())
@@ -428,13 +435,19 @@ func (s *sessionService) Logs(req *roostv1.LogsRequest, stream grpc.ServerStream
 }
 
 func (s *sessionService) Events(req *roostv1.EventsRequest, stream grpc.ServerStreamingServer[roostv1.EventsResponse]) error {
+	if n := req.GetNode(); n != "" && n != s.node {
+		// A fleet node's router forwards a call for another node before it gets here.
+		return fmt.Errorf("node %q: this roostd is %s: %w", n, orSingleHost(s.node), errdefs.ErrNotFound)
+	}
 	since := req.GetSince()
 	if since == 0 && req.GetFromOldestKept() {
 		since = s.m.OldestKeptEvent()
 	}
 	return sendBounded(s.sendTimeout, stream.Send, func(send func(*roostv1.EventsResponse) error) error {
 		return s.m.Events(stream.Context(), since, req.GetFollow(), func(ev store.Event) error {
-			return send(&roostv1.EventsResponse{Event: EventProto(&ev)})
+			e := EventProto(&ev)
+			e.Node = s.node
+			return send(&roostv1.EventsResponse{Event: e})
 		})
 	})
 }

@@ -2519,8 +2519,12 @@ type EventsRequest struct {
 	// With since 0, replay from the oldest event the log still keeps (retention may have
 	// compacted older ones away), instead of failing for want of them.
 	FromOldestKept bool `protobuf:"varint,3,opt,name=from_oldest_kept,json=fromOldestKept,proto3" json:"from_oldest_kept,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// On a fleet node: the events of this node of the fleet, by name, each node's with its
+	// own sequence numbers (roostctl events --fleet opens one stream per node); the call is
+	// routed there. Empty: this node's.
+	Node          string `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EventsRequest) Reset() {
@@ -2572,6 +2576,13 @@ func (x *EventsRequest) GetFromOldestKept() bool {
 		return x.FromOldestKept
 	}
 	return false
+}
+
+func (x *EventsRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
 }
 
 type EventsResponse struct {
@@ -2849,10 +2860,13 @@ type Event struct {
 	Type      string `protobuf:"bytes,3,opt,name=type,proto3" json:"type,omitempty"`
 	SessionId string `protobuf:"bytes,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// The session's state after the change (empty for session.removed).
-	State         string `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
-	ExitStatus    string `protobuf:"bytes,6,opt,name=exit_status,json=exitStatus,proto3" json:"exit_status,omitempty"`
-	ExitCode      *int32 `protobuf:"varint,7,opt,name=exit_code,json=exitCode,proto3,oneof" json:"exit_code,omitempty"`
-	Detail        string `protobuf:"bytes,8,opt,name=detail,proto3" json:"detail,omitempty"`
+	State      string `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
+	ExitStatus string `protobuf:"bytes,6,opt,name=exit_status,json=exitStatus,proto3" json:"exit_status,omitempty"`
+	ExitCode   *int32 `protobuf:"varint,7,opt,name=exit_code,json=exitCode,proto3,oneof" json:"exit_code,omitempty"`
+	Detail     string `protobuf:"bytes,8,opt,name=detail,proto3" json:"detail,omitempty"`
+	// The fleet node whose registry holds the event; empty on a single host. A fleet's
+	// events are keyed by node and seq.
+	Node          string `protobuf:"bytes,9,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2939,6 +2953,13 @@ func (x *Event) GetExitCode() int32 {
 func (x *Event) GetDetail() string {
 	if x != nil {
 		return x.Detail
+	}
+	return ""
+}
+
+func (x *Event) GetNode() string {
+	if x != nil {
+		return x.Node
 	}
 	return ""
 }
@@ -4324,11 +4345,12 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12.\n" +
 	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
-	"\x06offset\x18\x04 \x01(\x03R\x06offset\"g\n" +
+	"\x06offset\x18\x04 \x01(\x03R\x06offset\"{\n" +
 	"\rEventsRequest\x12\x14\n" +
 	"\x05since\x18\x01 \x01(\x04R\x05since\x12\x16\n" +
 	"\x06follow\x18\x02 \x01(\bR\x06follow\x12(\n" +
-	"\x10from_oldest_kept\x18\x03 \x01(\bR\x0efromOldestKept\"7\n" +
+	"\x10from_oldest_kept\x18\x03 \x01(\bR\x0efromOldestKept\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\"7\n" +
 	"\x0eEventsResponse\x12%\n" +
 	"\x05event\x18\x01 \x01(\v2\x0f.roost.v1.EventR\x05event\"X\n" +
 	"\fPruneRequest\x12/\n" +
@@ -4347,7 +4369,7 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\vexit_status\x18\x04 \x01(\tR\n" +
 	"exitStatus\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x03R\x05bytes\x12!\n" +
-	"\fkept_because\x18\x06 \x01(\tR\vkeptBecause\"\xfb\x01\n" +
+	"\fkept_because\x18\x06 \x01(\tR\vkeptBecause\"\x8f\x02\n" +
 	"\x05Event\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
@@ -4358,7 +4380,8 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\vexit_status\x18\x06 \x01(\tR\n" +
 	"exitStatus\x12 \n" +
 	"\texit_code\x18\a \x01(\x05H\x00R\bexitCode\x88\x01\x01\x12\x16\n" +
-	"\x06detail\x18\b \x01(\tR\x06detailB\f\n" +
+	"\x06detail\x18\b \x01(\tR\x06detail\x12\x12\n" +
+	"\x04node\x18\t \x01(\tR\x04nodeB\f\n" +
 	"\n" +
 	"_exit_code\"\xae\x01\n" +
 	"\vExecRequest\x12+\n" +

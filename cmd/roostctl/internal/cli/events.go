@@ -7,8 +7,10 @@ import (
 	"io"
 	"path"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -163,10 +165,10 @@ func printEventRow(w io.Writer, cells []string, widths []int) error {
 
 // streamEvents hands emit the events after sequence number since that f selects until the stream ends
 // (or passes f.until), keeping last current.
-func (a *app) streamEvents(ctx context.Context, c roostv1.SessionServiceClient, since uint64, fromOldest, follow bool, f *eventFilter, emit func(*roostv1.Event) error, last *uint64, opts ...grpc.CallOption) error {
+func (a *app) streamEvents(ctx context.Context, c roostv1.SessionServiceClient, node string, since uint64, fromOldest, follow bool, f *eventFilter, emit func(*roostv1.Event) error, last *uint64, opts ...grpc.CallOption) error {
 	// Without a sequence number, from whatever the log still keeps; --after-seq 0 asks for
 	// everything, and roostd says so when retention has compacted the start away.
-	stream, err := c.Events(ctx, &roostv1.EventsRequest{Since: since, Follow: follow, FromOldestKept: since == 0 && fromOldest}, opts...)
+	stream, err := c.Events(ctx, &roostv1.EventsRequest{Since: since, Follow: follow, FromOldestKept: since == 0 && fromOldest, Node: node}, opts...)
 	if err != nil {
 		return err
 	}
@@ -205,7 +207,8 @@ func (a *app) eventsCommand() *cobra.Command {
 	var afterSeq uint64
 	var follow, asJSON, noTrunc bool
 	var since, until string
-	var filters []string
+	var filters, fleetAfter []string
+	var fleetWide bool
 	cmd := &cobra.Command{
 		Use:   "events",
 		Short: "Print the registry's events",
@@ -234,13 +237,21 @@ one key widen the selection, on different keys narrow it:
                     its events are not selected
 
 The table shows short session ids (--no-trunc: full ones). With --json it prints one JSON
-object per line, each with its "seq".`,
+object per line, each with its "seq".
+
+--fleet, on a fleet node, prints the events of every node of the fleet's directory, merged
+as they come, each with its node (a NODE column; "node" in JSON): each node numbers its own,
+so a fleet's events are keyed by node and seq, and --fleet-after NODE=SEQ (repeatable)
+resumes a node after its event SEQ. A follower outlives the entry node's restart and any
+node's: it resumes each node after the last event it printed of it.`,
 		Example: `  roostctl events --since 10m                   # the last ten minutes
   roostctl events --since 2025-05-01 --until 2025-05-02 --filter type=session.exited
   roostctl events --filter session=build-1,type=session.running --json
   roostctl events --follow --filter label=team=a --filter type=session.exited
   roostctl events --after-seq 1234 --follow --json   # resume after event 1234
-  roostctl events --follow --until=-5m          # what happens in the next five minutes`,
+  roostctl events --follow --until=-5m          # what happens in the next five minutes
+  roostctl events --fleet --follow --json       # every node's, as they happen
+  roostctl events --fleet --fleet-after node-a=120 --fleet-after node-b=88`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f := &eventFilter{}
@@ -287,6 +298,12 @@ object per line, each with its "seq".`,
 					return err
 				}
 				f.until = t
+			}
+			if fleetWide && (seqGiven || f.labels != nil) {
+				return usageError{errors.New("--fleet: each node numbers its own events, so resume with --fleet-after NODE=SEQ, not --after-seq or --since N; and label filters read one node's records, not the fleet's")}
+			}
+			if !fleetWide && len(fleetAfter) > 0 {
+				return usageError{errors.New("--fleet-after: only with --fleet")}
 			}
 			c, err := a.sessions()
 			if err != nil {
@@ -345,10 +362,13 @@ object per line, each with its "seq".`,
 				}
 				return printEventRow(out, eventRow(ev, noTrunc), eventWidths)
 			}
+			if fleetWide {
+				return a.fleetEvents(ctx, cmd, c, fleetAfter, follow, f, asJSON, noTrunc, &reached)
+			}
 			last := afterSeq
 			var opts []grpc.CallOption
 			for {
-				err := a.streamEvents(ctx, c, last, !seqGiven, follow, f, emit, &last, opts...)
+				err := a.streamEvents(ctx, c, "", last, !seqGiven, follow, f, emit, &last, opts...)
 				switch {
 				case err == nil, errors.Is(err, errUntil):
 					return header()
@@ -372,7 +392,111 @@ object per line, each with its "seq".`,
 	cmd.Flags().StringArrayVar(&filters, "filter", nil, "select events by `KEY=VALUE` (repeatable, comma-separated); keys: "+strings.Join(eventsFilterKeys, ", "))
 	cmd.Flags().StringVar(&until, "until", "", "stop at time `T`: RFC 3339, Unix seconds, or a duration before now (-10m: from now)")
 	cmd.Flags().BoolVar(&noTrunc, "no-trunc", false, "show full session ids")
+	cmd.Flags().BoolVar(&fleetWide, "fleet", false, "print the events of every node of the fleet, merged, each with its node")
+	cmd.Flags().StringArrayVar(&fleetAfter, "fleet-after", nil, "with --fleet: resume node `NODE=SEQ` after its event SEQ (repeatable)")
 	return cmd
+}
+
+// fleetEventWidths are the fleet table's: NODE first, then the columns of eventWidths.
+var fleetEventWidths = append([]int{10}, eventWidths...)
+
+// fleetEvents is events --fleet: one stream per node of the directory, each routed to its
+// node through the entry node, merged as events come. A stream that loses its node or the
+// entry node resumes after the last event it printed of that node, when following; without
+// --follow, a node that cannot be read is said, the others printed, and the exit is 1.
+func (a *app) fleetEvents(ctx context.Context, cmd *cobra.Command, c roostv1.SessionServiceClient, after []string, follow bool, f *eventFilter, asJSON, noTrunc bool, reached *atomic.Bool) error {
+	from := map[string]uint64{}
+	for _, arg := range after {
+		node, seq, ok := strings.Cut(arg, "=")
+		n, err := strconv.ParseUint(seq, 10, 64)
+		if !ok || node == "" || err != nil {
+			return usageError{fmt.Errorf("--fleet-after %q: give NODE=SEQ, SEQ an event's sequence number on that node", arg)}
+		}
+		from[node] = n
+	}
+	conn, err := a.connect()
+	if err != nil {
+		return err
+	}
+	resp, err := roostv1.NewSpendServiceClient(conn).ListFleetNodes(ctx, &roostv1.ListFleetNodesRequest{})
+	if err != nil {
+		return err
+	}
+	var nodes []string
+	for _, n := range resp.GetDirectory() {
+		nodes = append(nodes, n.GetNode())
+	}
+	for node := range from {
+		if !slices.Contains(nodes, node) {
+			return usageError{fmt.Errorf("--fleet-after %s=%d: no node %q in the fleet's directory (roostctl fleet nodes lists them)", node, from[node], node)}
+		}
+	}
+	out, errOut := cmd.OutOrStdout(), cmd.ErrOrStderr()
+	var mu sync.Mutex
+	headed := asJSON
+	header := func() error {
+		if headed {
+			return nil
+		}
+		headed = true
+		return printEventRow(out, []string{"NODE", "SEQ", "TIME", "TYPE", "SESSION", "DETAIL"}, fleetEventWidths)
+	}
+	emit := func(ev *roostv1.Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if asJSON {
+			return printJSONLine(out, ev)
+		}
+		if err := header(); err != nil {
+			return err
+		}
+		return printEventRow(out, append([]string{ev.GetNode()}, eventRow(ev, noTrunc)...), fleetEventWidths)
+	}
+	note := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(errOut, format, args...)
+	}
+	var failed []string
+	var wg sync.WaitGroup
+	for _, node := range nodes {
+		wg.Go(func() {
+			last, given := from[node]
+			opts := []grpc.CallOption{}
+			for {
+				err := a.streamEvents(ctx, c, node, last, !given, follow, f, emit, &last, opts...)
+				given = given || last > 0
+				switch {
+				case err == nil, errors.Is(err, errUntil), reached.Load(), ctx.Err() != nil:
+					return
+				case !follow:
+					note("roostctl: node %s: %s\n", node, status.Convert(err).Message())
+					mu.Lock()
+					failed = append(failed, node)
+					mu.Unlock()
+					return
+				}
+				// The entry node or this node went away: every node keeps its events, so
+				// resuming after the last one printed of it loses none and repeats none.
+				note("roostctl: node %s: %s; resuming after its event %d\n", node, status.Convert(err).Message(), last)
+				opts = []grpc.CallOption{grpc.WaitForReady(true)}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(time.Second):
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := header(); err != nil {
+		return err
+	}
+	if len(failed) > 0 {
+		slices.Sort(failed)
+		return fmt.Errorf("the events of %s could not be read", strings.Join(failed, ", "))
+	}
+	return nil
 }
 
 // fullID matches a whole session id.
