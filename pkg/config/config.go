@@ -286,7 +286,8 @@ type Remote struct {
 // RemoteClient is one remote client: its certificate's Common Name and its role.
 type RemoteClient struct {
 	CommonName string `yaml:"common_name"`
-	// Role is RoleOperator (every call) or RoleReader (the read calls only).
+	// Role is RoleOperator (every call), RoleReader (the read calls only) or RoleNode
+	// (another node of the fleet).
 	Role string `yaml:"role"`
 }
 
@@ -294,6 +295,9 @@ type RemoteClient struct {
 const (
 	RoleOperator = "operator"
 	RoleReader   = "reader"
+	// RoleNode is another roostd of the fleet, which forwards its callers' calls about
+	// sessions this one holds (docs/fleet.md, "Routed calls").
+	RoleNode = "node"
 )
 
 func (r *Remote) check(file string) error {
@@ -319,8 +323,8 @@ func (r *Remote) check(file string) error {
 			return fmt.Errorf("%s.common_name: required: the Common Name of the client's certificate", at)
 		case seen[c.CommonName]:
 			return fmt.Errorf("%s.common_name: %q is listed twice", at, c.CommonName)
-		case c.Role != RoleOperator && c.Role != RoleReader:
-			return fmt.Errorf("%s.role: %q: expected operator or reader", at, c.Role)
+		case c.Role != RoleOperator && c.Role != RoleReader && c.Role != RoleNode:
+			return fmt.Errorf("%s.role: %q: expected operator, reader or node", at, c.Role)
 		}
 		seen[c.CommonName] = true
 	}

@@ -405,7 +405,7 @@ func TestRemote(t *testing.T) {
 		"remote:\n  listen: localhost:https\n":                                                     `remote.listen: "localhost:https": expected HOST:PORT`,
 		"remote:\n  listen: :7443\n":                                                               `remote.listen: ":7443": name the address to listen on`,
 		"remote:\n  tls_key: tls/server-key.pem\n":                                                 `roostd.yaml: remote.tls_key: "tls/server-key.pem": expected an absolute path`,
-		"remote:\n  clients: [{common_name: a, role: admin}]\n":                                    `roostd.yaml: remote.clients[0].role: "admin": expected operator or reader`,
+		"remote:\n  clients: [{common_name: a, role: admin}]\n":                                    `roostd.yaml: remote.clients[0].role: "admin": expected operator, reader or node`,
 		"remote:\n  clients: [{common_name: a, role: reader}, {common_name: a, role: operator}]\n": `roostd.yaml: remote.clients[1].common_name: "a" is listed twice`,
 		"remote:\n  clients: [{role: reader}]\n":                                                   `roostd.yaml: remote.clients[0].common_name: required`,
 		"remote:\n  clients: [{common_name: a, roles: reader}]\n":                                  `roostd.yaml:2: remote.clients[0].roles: unknown key (expected one of: common_name, role)`,

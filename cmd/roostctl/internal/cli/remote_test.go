@@ -31,7 +31,7 @@ func TestServerFlags(t *testing.T) {
 		// Nothing listens on port 1: unreachable, named by its URL.
 		{[]string{"--server", "https://127.0.0.1:1", "--tls-ca", filepath.Join(dir, "ca.pem"), "--tls-cert", cert, "--tls-key", key, "ps"}, exitUnavailable, "cannot reach roostd at https://127.0.0.1:1"},
 		{[]string{"certs", "init", dir}, exitFailure, filepath.Join(dir, "ca.pem") + " exists"},
-		{[]string{"certs", "init", t.TempDir(), "--client", "dash:admin"}, exitUsage, `--client "dash:admin": role "admin": expected operator or reader`},
+		{[]string{"certs", "init", t.TempDir(), "--client", "dash:admin"}, exitUsage, `--client "dash:admin": role "admin": expected operator, reader or node`},
 	} {
 		if code, msg := execute(c.args); code != c.code || !strings.Contains(msg, c.want) {
 			t.Errorf("roostctl %s: exit %d %q, want %d %q", strings.Join(c.args, " "), code, msg, c.code, c.want)
