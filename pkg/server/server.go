@@ -70,6 +70,17 @@ type Config struct {
 	Descriptors *fdbudget.Budget
 	// Fleet is the fleet ledger this roostd is a node of; nil when it is a single host.
 	Fleet *Fleet
+	// Route carries calls about sessions on other nodes of the fleet there
+	// (pkg/fleet/route); nil serves every call here.
+	Route Router
+}
+
+// Router is what carries calls to other nodes: interceptors that serve a call here or
+// forward it. They run last, after the peer check (a refused caller is forwarded nothing)
+// and after the stream bounds (a forwarded stream counts against this node's).
+type Router interface {
+	UnaryInterceptor() grpc.UnaryServerInterceptor
+	StreamInterceptor() grpc.StreamServerInterceptor
 }
 
 // Server is roostd's gRPC server: roost's services, the standard health service
@@ -125,6 +136,10 @@ func New(cfg Config) *Server {
 		opts = append(opts, grpc.Creds(&peerCreds{policy: *cfg.Peers, log: log}))
 		unary = append([]grpc.UnaryServerInterceptor{peerUnaryInterceptor}, unary...)
 		stream = append([]grpc.StreamServerInterceptor{peerStreamInterceptor}, stream...)
+	}
+	if cfg.Route != nil {
+		unary = append(unary, cfg.Route.UnaryInterceptor())
+		stream = append(stream, cfg.Route.StreamInterceptor())
 	}
 	opts = append(opts, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
 	srv := grpc.NewServer(opts...)
