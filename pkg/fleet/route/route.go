@@ -247,8 +247,8 @@ func (s *replayed) RecvMsg(m any) error {
 // target is the node a call about ref goes to; nil to serve it here.
 type target struct {
 	ref, node, addr string
-	// forFor and role are the caller it is forwarded for.
-	forFor string
+	// caller and role are who it is forwarded for.
+	caller string
 	role   remote.Role
 }
 
@@ -282,7 +282,7 @@ func (r *Router) target(ctx context.Context, ref string) (*target, error) {
 	case addr == "":
 		return nil, status.Errorf(codes.Unavailable, "session %q is on node %s, which has no listener address in the fleet's directory (it serves no --listen-tcp): calls about it are served there only", ref, node)
 	}
-	return &target{ref: ref, node: node, addr: addr, forFor: name, role: role}, nil
+	return &target{ref: ref, node: node, addr: addr, caller: name, role: role}, nil
 }
 
 // forwardedHere says whether a node forwarded the call: its caller came by way of one, or
@@ -315,7 +315,7 @@ func (r *Router) outgoing(ctx context.Context, t *target) context.Context {
 		}
 		md[k] = slices.Clone(v)
 	}
-	md.Set(remote.HeaderForwardedFor, remote.EscapeHeader(t.forFor))
+	md.Set(remote.HeaderForwardedFor, remote.EscapeHeader(t.caller))
 	md.Set(remote.HeaderForwardedRole, string(t.role))
 	md.Set(remote.HeaderForwardedBy, r.cfg.Self)
 	return metadata.NewOutgoingContext(context.WithValue(ctx, answeredKey{}, new(atomic.Bool)), md)
@@ -444,7 +444,7 @@ func (r *Router) failed(octx context.Context, t *target, err error) error {
 }
 
 func (r *Router) logForwarded(t *target, m *method, err error) {
-	r.log.Debug("forwarded a call to the session's node", "method", m.name, "session", t.ref, "node", t.node, "caller", t.forFor, "role", t.role, "code", status.Code(err).String())
+	r.log.Debug("forwarded a call to the session's node", "method", m.name, "session", t.ref, "node", t.node, "caller", t.caller, "role", t.role, "code", status.Code(err).String())
 }
 
 // answeredKey marks a forwarded call's context with whether the owner answered it at all
