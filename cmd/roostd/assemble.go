@@ -22,6 +22,7 @@ import (
 	"roost.dev/roost/pkg/fdbudget"
 	"roost.dev/roost/pkg/fleet/etcdstore"
 	"roost.dev/roost/pkg/fleet/placement"
+	"roost.dev/roost/pkg/fleet/route"
 	"roost.dev/roost/pkg/gateway"
 	"roost.dev/roost/pkg/hostaddr"
 	"roost.dev/roost/pkg/ledger"
@@ -55,7 +56,13 @@ type daemon struct {
 	fleet *server.Fleet
 	// staged lists the reservations of sessions placed here, for the node directory's
 	// writes to settle; nil for a single host.
-	staged   *placement.Staged
+	staged *placement.Staged
+	// sessionNode names the node holding a session, from the fleet's session directory;
+	// nil until there is one, so that only this node's sessions are found.
+	sessionNode func(ctx context.Context, ref string) (string, error)
+	// route carries calls about other nodes' sessions to them; nil when calls are not
+	// routed (a single host, or a node without --fleet-node-cert).
+	route    *route.Router
 	sessions *session.Manager
 	// control bounds the control API (the config's control section).
 	control config.Control
@@ -339,6 +346,14 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 			return nil, err
 		}
 		d.release = append(d.release, stop)
+		rt, err := openRouter(fleetCfg, rs.ClientCA, fleetStore, d.sessionNode, sessions, cfg.Control, log)
+		if err != nil {
+			return nil, err
+		}
+		if rt != nil {
+			d.route = rt
+			d.release = append(d.release, func() { _ = rt.Close() })
+		}
 	}
 	// Before the registry closes: the watchdog's check reads it.
 	d.release = append(d.release, sm.stopWatchdog)

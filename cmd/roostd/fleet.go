@@ -2,10 +2,15 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -20,9 +25,11 @@ import (
 	"roost.dev/roost/pkg/fleet/directory"
 	"roost.dev/roost/pkg/fleet/etcdstore"
 	"roost.dev/roost/pkg/fleet/placement"
+	"roost.dev/roost/pkg/fleet/route"
 	"roost.dev/roost/pkg/ledger"
 	"roost.dev/roost/pkg/manifest"
 	"roost.dev/roost/pkg/metrics"
+	"roost.dev/roost/pkg/remote"
 	"roost.dev/roost/pkg/server"
 	"roost.dev/roost/pkg/session"
 	sessionstore "roost.dev/roost/pkg/session/store"
@@ -40,6 +47,9 @@ type fleetSettings struct {
 	node        string
 	etcdFrom    string
 	nodeNameSet string
+	// nodeCert, nodeKey and peerCA are the node's side of the node-to-node mTLS; no
+	// nodeCert, no routed calls. An unset peerCA is the remote listener's client CA.
+	nodeCert, nodeKey, peerCA remote.Setting
 }
 
 func fleetFromOptions(o *options, f config.Fleet) (fleetSettings, error) {
@@ -68,9 +78,25 @@ func fleetFromOptions(o *options, f config.Fleet) (fleetSettings, error) {
 	s.etcd.CAFile = pick(o.fleetEtcdCA, f.EtcdCA)
 	s.etcd.CertFile = pick(o.fleetEtcdCert, f.EtcdCert)
 	s.etcd.KeyFile = pick(o.fleetEtcdKey, f.EtcdKey)
+	setting := func(flag, fromFlag, key, fromFile string) remote.Setting {
+		if fromFlag != "" {
+			return remote.Setting{Value: fromFlag, From: "--" + flag}
+		}
+		return remote.Setting{Value: fromFile, From: file + ": fleet.node_tls." + key}
+	}
+	s.nodeCert = setting("fleet-node-cert", o.fleetNodeCert, "cert", f.NodeTLS.Cert)
+	s.nodeKey = setting("fleet-node-key", o.fleetNodeKey, "key", f.NodeTLS.Key)
+	s.peerCA = setting("fleet-peer-ca", o.fleetPeerCA, "ca", f.NodeTLS.CA)
 	switch {
-	case len(s.etcd.Endpoints) == 0 && (o.nodeName != "" || o.fleetEtcdCA != "" || o.fleetEtcdCert != "" || o.fleetEtcdKey != ""):
-		return s, fmt.Errorf("--node-name and --fleet-etcd-ca/-cert/-key need --fleet-etcd (or fleet.etcd in %s): the etcd cluster of the fleet", file)
+	case len(s.etcd.Endpoints) == 0 && (o.nodeName != "" || o.fleetEtcdCA != "" || o.fleetEtcdCert != "" || o.fleetEtcdKey != "" ||
+		o.fleetNodeCert != "" || o.fleetNodeKey != "" || o.fleetPeerCA != ""):
+		return s, fmt.Errorf("--node-name, --fleet-etcd-ca/-cert/-key and --fleet-node-cert/-key, --fleet-peer-ca need --fleet-etcd (or fleet.etcd in %s): the etcd cluster of the fleet", file)
+	case s.nodeCert.Value != "" && s.nodeKey.Value == "":
+		return s, fmt.Errorf("%s %s needs %s too: the certificate's private key", s.nodeCert.From, s.nodeCert.Value, s.nodeKey.From)
+	case s.nodeKey.Value != "" && s.nodeCert.Value == "":
+		return s, fmt.Errorf("%s %s needs %s too: the certificate it is the key of", s.nodeKey.From, s.nodeKey.Value, s.nodeCert.From)
+	case s.peerCA.Value != "" && s.nodeCert.Value == "":
+		return s, fmt.Errorf("%s %s needs %s: the certificate this node presents to the other nodes' listeners", s.peerCA.From, s.peerCA.Value, s.nodeCert.From)
 	case len(s.etcd.Endpoints) > 0 && s.node == "":
 		return s, fmt.Errorf("%s: a fleet node needs a name: give --node-name (or fleet.node_name in %s), unique in the fleet and the same across restarts", s.etcdFrom, file)
 	}
@@ -78,6 +104,98 @@ func fleetFromOptions(o *options, f config.Fleet) (fleetSettings, error) {
 }
 
 func (s fleetSettings) enabled() bool { return len(s.etcd.Endpoints) > 0 }
+
+// nodeTLS is the client side of the node-to-node mTLS: the node's certificate, whose
+// Common Name must be its node name (the other nodes' listeners know it by that name), and
+// the CA their listeners' certificates chain to (peerCA, else clientCA, the remote
+// listener's). Nil, without a node certificate: calls are not routed.
+func (s fleetSettings) nodeTLS(clientCA remote.Setting) (*tls.Config, error) {
+	if s.nodeCert.Value == "" {
+		return nil, nil
+	}
+	var pe *os.PathError
+	if info, err := os.Stat(s.nodeKey.Value); errors.As(err, &pe) {
+		return nil, fmt.Errorf("%s %s: %w", s.nodeKey.From, s.nodeKey.Value, pe.Err)
+	} else if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", s.nodeKey.From, s.nodeKey.Value, err)
+	} else if info.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("%s %s: mode %04o lets others than its owner read the node's private key: chmod 600 it", s.nodeKey.From, s.nodeKey.Value, info.Mode().Perm())
+	}
+	cert, err := tls.LoadX509KeyPair(s.nodeCert.Value, s.nodeKey.Value)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s with %s %s: %w", s.nodeCert.From, s.nodeCert.Value, s.nodeKey.From, s.nodeKey.Value, err)
+	}
+	if cn := cert.Leaf.Subject.CommonName; cn != s.node {
+		return nil, fmt.Errorf("%s %s: its Common Name %q is not the node's name %q (%s): a node presents a certificate of its own name, which the other nodes list with role node", s.nodeCert.From, s.nodeCert.Value, cn, s.node, s.nodeNameSet)
+	}
+	if usage := cert.Leaf.ExtKeyUsage; len(usage) > 0 && !slices.Contains(usage, x509.ExtKeyUsageClientAuth) && !slices.Contains(usage, x509.ExtKeyUsageAny) {
+		return nil, fmt.Errorf("%s %s: not a client certificate (no clientAuth extended key usage): the other nodes' listeners would refuse it", s.nodeCert.From, s.nodeCert.Value)
+	}
+	ca := s.peerCA
+	if ca.Value == "" {
+		ca = clientCA
+	}
+	if ca.Value == "" {
+		return nil, fmt.Errorf("%s %s: give --fleet-peer-ca (fleet.node_tls.ca), the CA the other nodes' listeners' certificates chain to, or a remote listener with its --client-ca", s.nodeCert.From, s.nodeCert.Value)
+	}
+	pool, _, err := remote.LoadCA(ca.Value)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", ca.From, ca.Value, err)
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}, RootCAs: pool}, nil
+}
+
+// locator is where the router finds a session's node: sessionNode names the node (nil, no
+// session directory yet: every session not on this node is unknown), and the node
+// directory gives its listener's address.
+func locator(store fleet.Store, sessionNode func(ctx context.Context, ref string) (string, error)) func(ctx context.Context, ref string) (string, string, error) {
+	return func(ctx context.Context, ref string) (string, string, error) {
+		if sessionNode == nil {
+			return "", "", fmt.Errorf("session %q: %w", ref, errdefs.ErrNotFound)
+		}
+		node, err := sessionNode(ctx, ref)
+		if err != nil {
+			return "", "", err
+		}
+		nodes, err := directory.List(ctx, store, "")
+		if err != nil {
+			return "", "", err
+		}
+		for _, n := range nodes {
+			if n.Node == node {
+				return node, n.Address, nil
+			}
+		}
+		// A node the node directory has not heard of: no address to forward to.
+		return node, "", nil
+	}
+}
+
+// openRouter is the router of calls about sessions on other nodes, or nil without a node
+// certificate (each node then serves its own sessions only).
+func openRouter(s fleetSettings, clientCA remote.Setting, store fleet.Store, sessionNode func(context.Context, string) (string, error), sessions *session.Manager, control config.Control, log *slog.Logger) (*route.Router, error) {
+	tlsCfg, err := s.nodeTLS(clientCA)
+	if err != nil || tlsCfg == nil {
+		return nil, err
+	}
+	r, err := route.New(route.Config{
+		Self: s.node,
+		Local: func(ref string) bool {
+			_, err := sessions.Get(ref)
+			return !errdefs.IsNotFound(err)
+		},
+		Locate:          locator(store, sessionNode),
+		TLS:             tlsCfg,
+		Caller:          server.ForwardedCaller(s.node),
+		MaxMessageBytes: max(control.WithDefaults().MaxRecvMessageBytes, control.WithDefaults().MaxSendMessageBytes),
+		Logger:          log.With("part", "fleet-route"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", s.nodeCert.From, err)
+	}
+	log.Info("routing calls about other nodes' sessions to them", "node", s.node, "certificate", s.nodeCert.Value)
+	return r, nil
+}
 
 // openFleet opens the store and the node handing the ledger its allowance. The node needs
 // no reachable etcd to open: cut off, it spends what it holds.

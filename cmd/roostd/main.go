@@ -82,6 +82,9 @@ type options struct {
 	// fleetEtcd, nodeName and the etcd TLS files make roostd a fleet node, each overriding
 	// its key of the config's fleet section.
 	fleetEtcd, nodeName, fleetEtcdCA, fleetEtcdCert, fleetEtcdKey string
+	// fleetNodeCert, fleetNodeKey and fleetPeerCA are the node's side of the node-to-node
+	// mTLS calls are routed over, each overriding its key of fleet.node_tls.
+	fleetNodeCert, fleetNodeKey, fleetPeerCA string
 	// logLevel and logFormat are --log-level and --log-format.
 	logLevel  slog.Level
 	logFormat string
@@ -164,6 +167,9 @@ func flagSet(o *options) (fs *pflag.FlagSet, warmCapsules *[]string, logLevel *s
 	fs.StringVar(&o.fleetEtcdCA, "fleet-etcd-ca", "", "the CA the etcd members' certificates chain to, PEM (fleet.etcd_ca)")
 	fs.StringVar(&o.fleetEtcdCert, "fleet-etcd-cert", "", "this node's client certificate for etcd, PEM (fleet.etcd_cert)")
 	fs.StringVar(&o.fleetEtcdKey, "fleet-etcd-key", "", "its private key, PEM (fleet.etcd_key)")
+	fs.StringVar(&o.fleetNodeCert, "fleet-node-cert", "", "this node's client certificate for the other nodes' listeners, PEM, its Common Name the --node-name; calls about their sessions are forwarded to them (fleet.node_tls.cert)")
+	fs.StringVar(&o.fleetNodeKey, "fleet-node-key", "", "its private key, PEM, mode 0600 (fleet.node_tls.key)")
+	fs.StringVar(&o.fleetPeerCA, "fleet-peer-ca", "", "the CA the other nodes' listeners' certificates chain to, PEM; default the remote listener's --client-ca (fleet.node_tls.ca)")
 	fs.StringVar(&o.configFile, "config", "", "YAML file with inference upstreams and other long settings")
 	fs.IntVar(&o.maxDepth, "max-depth", 3, "delegation depth allowed below a top-level session")
 	fs.IntVar(&o.maxConcurrent, "max-concurrent", 4, "live children per parent session")

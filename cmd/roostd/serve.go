@@ -11,9 +11,21 @@ import (
 	"syscall"
 	"time"
 
+	"roost.dev/roost/pkg/fleet/route"
 	"roost.dev/roost/pkg/server"
 	"roost.dev/roost/pkg/version"
 )
+
+var _ server.Router = (*route.Router)(nil)
+
+// router is what the server's Route is: the router, or none (never a nil *route.Router,
+// which as a Router would not be nil).
+func (d *daemon) router() server.Router {
+	if d.route == nil {
+		return nil
+	}
+	return d.route
+}
 
 // serve runs roostd: its parts assembled, the control socket, the gRPC server, the remote
 // listener (when configured) and metrics over HTTP opened, and readiness told only once
@@ -43,6 +55,7 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 		Limits:      d.control,
 		Descriptors: d.fds,
 		Fleet:       d.fleet,
+		Route:       d.router(),
 		Peers:       &server.PeerPolicy{Group: d.group, Sessions: server.NewSessionProcs(d.init, d.cgs.Parents())}})
 
 	rem, err := openRemote(o, d, srv, log)

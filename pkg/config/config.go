@@ -286,7 +286,8 @@ type Remote struct {
 // RemoteClient is one remote client: its certificate's Common Name and its role.
 type RemoteClient struct {
 	CommonName string `yaml:"common_name"`
-	// Role is RoleOperator (every call) or RoleReader (the read calls only).
+	// Role is RoleOperator (every call), RoleReader (the read calls only) or RoleNode
+	// (another node of the fleet).
 	Role string `yaml:"role"`
 }
 
@@ -294,6 +295,9 @@ type RemoteClient struct {
 const (
 	RoleOperator = "operator"
 	RoleReader   = "reader"
+	// RoleNode is another roostd of the fleet, which forwards its callers' calls about
+	// sessions this one holds (docs/fleet.md, "Routed calls").
+	RoleNode = "node"
 )
 
 func (r *Remote) check(file string) error {
@@ -319,8 +323,8 @@ func (r *Remote) check(file string) error {
 			return fmt.Errorf("%s.common_name: required: the Common Name of the client's certificate", at)
 		case seen[c.CommonName]:
 			return fmt.Errorf("%s.common_name: %q is listed twice", at, c.CommonName)
-		case c.Role != RoleOperator && c.Role != RoleReader:
-			return fmt.Errorf("%s.role: %q: expected operator or reader", at, c.Role)
+		case c.Role != RoleOperator && c.Role != RoleReader && c.Role != RoleNode:
+			return fmt.Errorf("%s.role: %q: expected operator, reader or node", at, c.Role)
 		}
 		seen[c.CommonName] = true
 	}
@@ -340,6 +344,18 @@ type Fleet struct {
 	EtcdCA   string `yaml:"etcd_ca"`
 	EtcdCert string `yaml:"etcd_cert"`
 	EtcdKey  string `yaml:"etcd_key"`
+	// NodeTLS is what the node presents to the other nodes' remote listeners when it
+	// forwards a call about a session one of them holds.
+	NodeTLS NodeTLS `yaml:"node_tls"`
+}
+
+// NodeTLS is a node's side of the fleet's node-to-node mTLS (docs/fleet.md, "Routed
+// calls"): its client certificate, whose Common Name is its node name, and the CA the other
+// nodes' listeners' certificates chain to (remote.client_ca when unset).
+type NodeTLS struct {
+	Cert string `yaml:"cert"`
+	Key  string `yaml:"key"`
+	CA   string `yaml:"ca"`
 }
 
 func (f *Fleet) check(file string) error {
@@ -355,6 +371,20 @@ func (f *Fleet) check(file string) error {
 	}
 	if (f.EtcdCert == "") != (f.EtcdKey == "") {
 		return fmt.Errorf("%s: fleet.etcd_cert and fleet.etcd_key: give both or neither", file)
+	}
+	for _, p := range []struct{ key, path string }{{"cert", f.NodeTLS.Cert}, {"key", f.NodeTLS.Key}, {"ca", f.NodeTLS.CA}} {
+		if p.path != "" && !filepath.IsAbs(p.path) {
+			return fmt.Errorf("%s: fleet.node_tls.%s: %q: expected an absolute path", file, p.key, p.path)
+		}
+	}
+	if (f.NodeTLS.Cert == "") != (f.NodeTLS.Key == "") {
+		return fmt.Errorf("%s: fleet.node_tls.cert and fleet.node_tls.key: give both or neither", file)
+	}
+	if f.NodeTLS.CA != "" && f.NodeTLS.Cert == "" {
+		return fmt.Errorf("%s: fleet.node_tls.ca: set fleet.node_tls.cert and key too: the CA is of the listeners this node forwards calls to", file)
+	}
+	if f.NodeTLS.Cert != "" && len(f.Etcd) == 0 {
+		return fmt.Errorf("%s: fleet.node_tls: set fleet.etcd too (a node of which fleet?)", file)
 	}
 	if f.NodeName != "" && len(f.Etcd) == 0 {
 		return fmt.Errorf("%s: fleet.node_name: %q: set fleet.etcd too (a node of which fleet?)", file, f.NodeName)

@@ -405,7 +405,7 @@ func TestRemote(t *testing.T) {
 		"remote:\n  listen: localhost:https\n":                                                     `remote.listen: "localhost:https": expected HOST:PORT`,
 		"remote:\n  listen: :7443\n":                                                               `remote.listen: ":7443": name the address to listen on`,
 		"remote:\n  tls_key: tls/server-key.pem\n":                                                 `roostd.yaml: remote.tls_key: "tls/server-key.pem": expected an absolute path`,
-		"remote:\n  clients: [{common_name: a, role: admin}]\n":                                    `roostd.yaml: remote.clients[0].role: "admin": expected operator or reader`,
+		"remote:\n  clients: [{common_name: a, role: admin}]\n":                                    `roostd.yaml: remote.clients[0].role: "admin": expected operator, reader or node`,
 		"remote:\n  clients: [{common_name: a, role: reader}, {common_name: a, role: operator}]\n": `roostd.yaml: remote.clients[1].common_name: "a" is listed twice`,
 		"remote:\n  clients: [{role: reader}]\n":                                                   `roostd.yaml: remote.clients[0].common_name: required`,
 		"remote:\n  clients: [{common_name: a, roles: reader}]\n":                                  `roostd.yaml:2: remote.clients[0].roles: unknown key (expected one of: common_name, role)`,
@@ -424,21 +424,28 @@ func TestFleet(t *testing.T) {
   etcd_ca: /etc/roost/etcd/ca.pem
   etcd_cert: /etc/roost/etcd/client.pem
   etcd_key: /etc/roost/etcd/client-key.pem
+  node_tls: {cert: /etc/roost/tls/node-a.pem, key: /etc/roost/tls/node-a-key.pem, ca: /etc/roost/tls/ca.pem}
 `), "roostd.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Fleet{Etcd: []string{"https://10.0.0.1:2379", "https://10.0.0.2:2379"}, NodeName: "node-a",
-		EtcdCA: "/etc/roost/etcd/ca.pem", EtcdCert: "/etc/roost/etcd/client.pem", EtcdKey: "/etc/roost/etcd/client-key.pem"}
+		EtcdCA: "/etc/roost/etcd/ca.pem", EtcdCert: "/etc/roost/etcd/client.pem", EtcdKey: "/etc/roost/etcd/client-key.pem",
+		NodeTLS: NodeTLS{Cert: "/etc/roost/tls/node-a.pem", Key: "/etc/roost/tls/node-a-key.pem", CA: "/etc/roost/tls/ca.pem"}}
 	if !reflect.DeepEqual(c.Fleet, want) {
 		t.Fatalf("got %+v, want %+v", c.Fleet, want)
 	}
 	for in, msg := range map[string]string{
-		"fleet:\n  etcd: [10.0.0.1:2379]\n":                   `roostd.yaml: fleet.etcd[0]: "10.0.0.1:2379": expected a client URL`,
-		"fleet:\n  etcd: [http://a:1]\n  etcd_ca: ca.pem\n":   `roostd.yaml: fleet.etcd_ca: "ca.pem": expected an absolute path`,
-		"fleet:\n  etcd: [http://a:1]\n  etcd_cert: /c.pem\n": `fleet.etcd_cert and fleet.etcd_key: give both or neither`,
-		"fleet:\n  node_name: a\n":                            `roostd.yaml: fleet.node_name: "a": set fleet.etcd too`,
-		"fleet:\n  etcd: [http://a:1]\n  node: a\n":           `roostd.yaml:3: fleet.node: unknown key`,
+		"fleet:\n  etcd: [10.0.0.1:2379]\n":                                      `roostd.yaml: fleet.etcd[0]: "10.0.0.1:2379": expected a client URL`,
+		"fleet:\n  etcd: [http://a:1]\n  etcd_ca: ca.pem\n":                      `roostd.yaml: fleet.etcd_ca: "ca.pem": expected an absolute path`,
+		"fleet:\n  etcd: [http://a:1]\n  etcd_cert: /c.pem\n":                    `fleet.etcd_cert and fleet.etcd_key: give both or neither`,
+		"fleet:\n  node_name: a\n":                                               `roostd.yaml: fleet.node_name: "a": set fleet.etcd too`,
+		"fleet:\n  etcd: [http://a:1]\n  node_tls: {cert: /n.pem}\n":             `fleet.node_tls.cert and fleet.node_tls.key: give both or neither`,
+		"fleet:\n  etcd: [http://a:1]\n  node_tls: {cert: n.pem, key: /k.pem}\n": `roostd.yaml: fleet.node_tls.cert: "n.pem": expected an absolute path`,
+		"fleet:\n  etcd: [http://a:1]\n  node_tls: {ca: /ca.pem}\n":              `fleet.node_tls.ca: set fleet.node_tls.cert and key too`,
+		"fleet:\n  node_tls: {cert: /n.pem, key: /k.pem}\n":                      `roostd.yaml: fleet.node_tls: set fleet.etcd too`,
+		"fleet:\n  etcd: [http://a:1]\n  node_tls: {crt: /n.pem}\n":              `fleet.node_tls.crt: unknown key`,
+		"fleet:\n  etcd: [http://a:1]\n  node: a\n":                              `roostd.yaml:3: fleet.node: unknown key`,
 	} {
 		_, err := Parse([]byte(in), "roostd.yaml")
 		if err == nil || !strings.Contains(err.Error(), msg) {

@@ -5,6 +5,12 @@
 // role. An operator may call everything, as root may through the socket; a reader only
 // the read methods named in readerMethods. A certificate whose name is not in the table,
 // and any method not on the reader list, are refused.
+//
+// A node is another roostd of the fleet, forwarding a call about a session this roostd
+// holds (pkg/fleet/route). It names the caller it forwards for and that caller's role in
+// the Roost-Forwarded-* headers, and the call is held to that role as if the caller had
+// come itself; a node forwarding nobody may call the read methods only. Nobody but a node
+// may send those headers.
 package remote
 
 import (
@@ -23,15 +29,47 @@ const (
 	Operator Role = "operator"
 	// Reader may call only the read methods.
 	Reader Role = "reader"
+	// Node is another roostd of the fleet: it may forward its own callers' calls, each held
+	// to the forwarded caller's role, and call the read methods itself.
+	Node Role = "node"
 )
 
 // ParseRole reads a role as the config and flags write it.
 func ParseRole(s string) (Role, error) {
 	switch r := Role(s); r {
-	case Operator, Reader:
+	case Operator, Reader, Node:
 		return r, nil
 	}
-	return "", fmt.Errorf("%q: expected operator or reader", s)
+	return "", fmt.Errorf("%q: expected operator, reader or node", s)
+}
+
+// The headers (gRPC metadata) of a forwarded call. A node sets all three; the listener
+// takes them from a node only.
+const (
+	// HeaderForwardedFor names the caller the node forwards for: a remote client's Common
+	// Name, or "uid N on node X's socket" (EscapeHeader'd).
+	HeaderForwardedFor = "roost-forwarded-for"
+	// HeaderForwardedRole is that caller's role at the node it called: operator or reader.
+	HeaderForwardedRole = "roost-forwarded-role"
+	// HeaderForwardedBy is the forwarding node's name; a call carrying it is never
+	// forwarded again.
+	HeaderForwardedBy = "roost-forwarded-by"
+	// headerForwardedPrefix starts every one of them, and any added later.
+	headerForwardedPrefix = "roost-forwarded-"
+)
+
+// EscapeHeader makes a name fit a header value: '%' and every byte that is not printable
+// ASCII become %XX, which the listener reads back. A Common Name may hold any UTF-8.
+func EscapeHeader(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '%' {
+			fmt.Fprintf(&b, "%%%02X", c)
+		} else {
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }
 
 // readerMethods are the methods a reader may call, by full name. Everything else — every
@@ -64,12 +102,13 @@ var readerMethods = []string{
 // ReaderMethods lists the methods a reader may call.
 func ReaderMethods() []string { return slices.Clone(readerMethods) }
 
-// Allowed says whether role may call method (a full name, /package.Service/Method).
+// Allowed says whether role may call method (a full name, /package.Service/Method). A node
+// calling for itself is a reader; what it forwards is held to the forwarded role instead.
 func Allowed(role Role, method string) bool {
 	switch role {
 	case Operator:
 		return true
-	case Reader:
+	case Reader, Node:
 		return slices.Contains(readerMethods, method)
 	}
 	return false
@@ -104,13 +143,21 @@ func NewRoles(from string, clients []Client) (Roles, error) {
 	return roles, nil
 }
 
-// Caller is a remote client that was let in: its certificate's name and role.
+// Caller is a remote client that was let in: its certificate's name and role. For a call a
+// node forwarded, it is the caller the node forwarded for, with that caller's role, and Via
+// is the node's name (its certificate's Common Name).
 type Caller struct {
 	CommonName string
 	Role       Role
+	Via        string
 }
 
-func (c Caller) String() string { return fmt.Sprintf("remote client %q (%s)", c.CommonName, c.Role) }
+func (c Caller) String() string {
+	if c.Via != "" {
+		return fmt.Sprintf("remote client %q (%s) via node %s", c.CommonName, c.Role, c.Via)
+	}
+	return fmt.Sprintf("remote client %q (%s)", c.CommonName, c.Role)
+}
 
 type callerKey struct{}
 

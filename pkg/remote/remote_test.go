@@ -45,7 +45,11 @@ func (s *sessions) saw(ctx context.Context, method string) {
 		s.callers = append(s.callers, method+" by nobody")
 		return
 	}
-	s.callers = append(s.callers, method+" by "+c.CommonName)
+	by := method + " by " + c.CommonName + " as " + string(c.Role)
+	if c.Via != "" {
+		by += " via " + c.Via
+	}
+	s.callers = append(s.callers, by)
 }
 
 func (s *sessions) List(ctx context.Context, _ *roostv1.ListRequest) (*roostv1.ListResponse, error) {
@@ -86,6 +90,7 @@ func newFixture(t testing.TB) *fixture {
 		{CommonName: "ci-bot", Cert: "client.pem", Key: "client-key.pem"},
 		{CommonName: "dashboard", Cert: "dashboard.pem", Key: "dashboard-key.pem"},
 		{CommonName: "stranger", Cert: "stranger.pem", Key: "stranger-key.pem"},
+		{CommonName: "node-a", Cert: "node-a.pem", Key: "node-a-key.pem"},
 	}
 	for _, dir := range []string{f.dir, f.other} {
 		if err := certs.Init(certs.Plan{Dir: dir, ServerNames: []string{"localhost", "127.0.0.1"}, Clients: clients}); err != nil {
@@ -94,7 +99,7 @@ func newFixture(t testing.TB) *fixture {
 	}
 	f.grpc = grpc.NewServer()
 	roostv1.RegisterSessionServiceServer(f.grpc, f.svc)
-	roles, err := NewRoles("remote.clients", []Client{{"ci-bot", Operator}, {"dashboard", Reader}})
+	roles, err := NewRoles("remote.clients", []Client{{"ci-bot", Operator}, {"dashboard", Reader}, {"node-a", Node}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +250,7 @@ func TestReader(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &out); err != nil || code != http.StatusOK || len(out.Sessions) != 1 || out.Sessions[0].ID != "s-1" {
 		t.Errorf("Connect List: %d %s", code, body)
 	}
-	want := []string{"List by dashboard", "List by dashboard"}
+	want := []string{"List by dashboard as reader", "List by dashboard as reader"}
 	if seen := f.svc.seen(); strings.Join(seen, ",") != strings.Join(want, ",") {
 		t.Errorf("handlers saw %v, want %v", seen, want)
 	}
@@ -262,7 +267,7 @@ func TestOperatorKill(t *testing.T) {
 	if strings.Join(f.svc.killed, ",") != "s-1,s-2" {
 		t.Errorf("killed %v, want s-1,s-2", f.svc.killed)
 	}
-	want := "Kill by ci-bot,Kill by ci-bot"
+	want := "Kill by ci-bot as operator,Kill by ci-bot as operator"
 	if seen := strings.Join(f.svc.seen(), ","); seen != want {
 		t.Errorf("handlers saw %s, want %s", seen, want)
 	}
@@ -319,7 +324,7 @@ func TestRoles(t *testing.T) {
 		want    string
 	}{
 		{[]Client{{"a", Operator}, {"a", Reader}}, `remote.clients[1].common_name: "a" is listed twice`},
-		{[]Client{{"a", "admin"}}, `remote.clients[0].role: "admin": expected operator or reader`},
+		{[]Client{{"a", "admin"}}, `remote.clients[0].role: "admin": expected operator, reader or node`},
 		{[]Client{{" ", Reader}}, `remote.clients[0].common_name: a client needs`},
 	} {
 		if _, err := NewRoles("remote.clients", tc.clients); err == nil || !strings.Contains(err.Error(), tc.want) {

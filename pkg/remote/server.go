@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -182,12 +184,69 @@ func (g *gate) admit(r *http.Request) (Caller, error) {
 		g.log.Warn("refused a remote client its certificate's name is not listed for", "common_name", cn, "remote_addr", r.RemoteAddr, "method", r.URL.Path)
 		return Caller{}, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("the certificate's Common Name %q is not among remote.clients: roostd gives it no role", cn))
 	}
-	c := Caller{CommonName: cn, Role: role}
-	if !Allowed(role, r.URL.Path) {
-		g.log.Warn("refused a remote call its role does not allow", "common_name", cn, "role", role, "method", r.URL.Path, "remote_addr", r.RemoteAddr)
-		return Caller{}, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%s may not call %s: a reader may call only the read methods", c, r.URL.Path))
+	c, err := forwarded(r.Header, Caller{CommonName: cn, Role: role})
+	if err != nil {
+		g.log.Warn("refused a remote call naming a caller it forwards for", "common_name", cn, "role", role, "method", r.URL.Path, "remote_addr", r.RemoteAddr, "err", err)
+		return Caller{}, connect.NewError(connect.CodePermissionDenied, err)
+	}
+	if !Allowed(c.Role, r.URL.Path) {
+		g.log.Warn("refused a remote call its role does not allow", "common_name", c.CommonName, "role", c.Role, "via", c.Via, "method", r.URL.Path, "remote_addr", r.RemoteAddr)
+		why := "a reader may call only the read methods"
+		if c.Role == Node {
+			why = "a node may call only the read methods, unless it forwards a caller who may"
+		}
+		return Caller{}, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%s may not call %s: %s", c, r.URL.Path, why))
 	}
 	return c, nil
+}
+
+// forwarded is the caller of a request from c: c itself, or, when c is a node naming a
+// caller it forwards for, that caller by way of c. Only a node may name one, and only with
+// an operator's or a reader's role: a forwarded call is never a node's own.
+func forwarded(h http.Header, c Caller) (Caller, error) {
+	var named bool
+	for k := range h {
+		named = named || strings.HasPrefix(strings.ToLower(k), headerForwardedPrefix)
+	}
+	if !named {
+		return c, nil
+	}
+	if c.Role != Node {
+		return Caller{}, fmt.Errorf("%s sent %s headers, which only a node of the fleet may send (role node in remote.clients)", c, headerForwardedPrefix+"*")
+	}
+	one := func(name string) (string, error) {
+		switch v := h.Values(name); len(v) {
+		case 1:
+			return v[0], nil
+		case 0:
+			return "", fmt.Errorf("node %s forwarded a call without %s", c.CommonName, name)
+		default:
+			return "", fmt.Errorf("node %s forwarded a call with %d %s headers, want one", c.CommonName, len(v), name)
+		}
+	}
+	raw, err := one(HeaderForwardedFor)
+	if err != nil {
+		return Caller{}, err
+	}
+	name, err := url.PathUnescape(raw)
+	if err != nil || strings.TrimSpace(name) == "" {
+		return Caller{}, fmt.Errorf("node %s forwarded a call for %q: %s must name the caller", c.CommonName, raw, HeaderForwardedFor)
+	}
+	rs, err := one(HeaderForwardedRole)
+	if err != nil {
+		return Caller{}, err
+	}
+	if role := Role(rs); role != Operator && role != Reader {
+		return Caller{}, fmt.Errorf("node %s forwarded a call for %q as role %q: a forwarded caller is an operator or a reader", c.CommonName, name, rs)
+	}
+	by, err := one(HeaderForwardedBy)
+	if err != nil {
+		return Caller{}, err
+	}
+	if by != c.CommonName {
+		return Caller{}, fmt.Errorf("node %s forwarded a call as node %q: %s must be its own name", c.CommonName, by, HeaderForwardedBy)
+	}
+	return Caller{CommonName: name, Role: Role(rs), Via: c.CommonName}, nil
 }
 
 // track counts a unary call in flight, for drain to wait on; once draining, nothing new

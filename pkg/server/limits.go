@@ -18,13 +18,18 @@ import (
 // grpc.ClientConn each, as a careless dashboard does — is still one client. A process
 // that ends takes its connections and streams with it, so a recycled pid inherits nothing.
 //
-// A remote client is its certificate's Common Name, however many connections it opens.
+// A remote client is its certificate's Common Name, however many connections it opens; a
+// caller a node forwards for is that name by way of that node.
 type clientID struct {
 	pid    int // 0 for a caller roostd has not judged (no peer check: tests)
 	remote string
+	via    string
 }
 
 func (c clientID) String() string {
+	if c.remote != "" && c.via != "" {
+		return fmt.Sprintf("remote client %q via node %s", c.remote, c.via)
+	}
 	if c.remote != "" {
 		return fmt.Sprintf("remote client %q", c.remote)
 	}
@@ -37,7 +42,7 @@ func (c clientID) String() string {
 // clientOf is the client of an RPC's context.
 func clientOf(ctx context.Context) clientID {
 	if c, ok := remote.CallerFrom(ctx); ok {
-		return clientID{remote: c.CommonName}
+		return clientID{remote: c.CommonName, via: c.Via}
 	}
 	if pr, ok := peer.FromContext(ctx); ok {
 		if info, ok := pr.AuthInfo.(*peerInfo); ok {

@@ -440,6 +440,24 @@ func peerRefusal(ctx context.Context, method string) error {
 	return info.refusal()
 }
 
+// ForwardedCaller is who called, as a call forwarded to another node of the fleet names
+// them (pkg/fleet/route): a remote client by its Common Name and role; a caller on this
+// node's socket, which the peer check let in as root or the socket group, as "uid N on node
+// NODE's socket", an operator. A caller the peer check did not judge has no name to forward.
+func ForwardedCaller(node string) func(context.Context) (string, remote.Role, error) {
+	return func(ctx context.Context) (string, remote.Role, error) {
+		if c, ok := remote.CallerFrom(ctx); ok {
+			return c.CommonName, c.Role, nil
+		}
+		if pr, ok := peer.FromContext(ctx); ok {
+			if info, ok := pr.AuthInfo.(*peerInfo); ok && info.Reason == "" && info.UID >= 0 {
+				return fmt.Sprintf("uid %d on node %s's socket", info.UID, node), remote.Operator, nil
+			}
+		}
+		return "", "", fmt.Errorf("roostd knows no caller of this call to forward: %w", errdefs.ErrPermissionDenied)
+	}
+}
+
 // The peer interceptors come first in their chains: a refused caller reaches nothing else.
 func peerUnaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if err := peerRefusal(ctx, info.FullMethod); err != nil {

@@ -73,12 +73,23 @@ type Config struct {
 	// Placing places the sessions staged on a fleet node; nil on a single host, where a
 	// stage naming a node is refused.
 	Placing Placing
+	// Route carries calls about sessions on other nodes of the fleet there
+	// (pkg/fleet/route); nil serves every call here.
+	Route Router
 }
 
 // Placing is a fleet node's Stage (pkg/fleet/placement's Stager): the request staged here
 // through local, or on the node it places it on.
 type Placing interface {
 	Stage(ctx context.Context, req *roostv1.StageRequest, local func(context.Context, *roostv1.StageRequest) (*roostv1.StageResponse, error)) (*roostv1.StageResponse, error)
+}
+
+// Router is what carries calls to other nodes: interceptors that serve a call here or
+// forward it. They run last, after the peer check (a refused caller is forwarded nothing)
+// and after the stream bounds (a forwarded stream counts against this node's).
+type Router interface {
+	UnaryInterceptor() grpc.UnaryServerInterceptor
+	StreamInterceptor() grpc.StreamServerInterceptor
 }
 
 // Server is roostd's gRPC server: roost's services, the standard health service
@@ -134,6 +145,10 @@ func New(cfg Config) *Server {
 		opts = append(opts, grpc.Creds(&peerCreds{policy: *cfg.Peers, log: log}))
 		unary = append([]grpc.UnaryServerInterceptor{peerUnaryInterceptor}, unary...)
 		stream = append([]grpc.StreamServerInterceptor{peerStreamInterceptor}, stream...)
+	}
+	if cfg.Route != nil {
+		unary = append(unary, cfg.Route.UnaryInterceptor())
+		stream = append(stream, cfg.Route.StreamInterceptor())
 	}
 	opts = append(opts, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
 	srv := grpc.NewServer(opts...)

@@ -30,8 +30,10 @@ client-key.pem for the first, NAME.pem and NAME-key.pem for others): ECDSA P-256
 for a year, every key mode 0600. It replaces no file, and prints the roostd configuration
 and the roostctl flags that use them.
 
-Each --client is NAME or NAME:ROLE (operator or reader; operator when not said), NAME
-being the certificate's Common Name, which roostd's remote.clients gives its role.`,
+Each --client is NAME or NAME:ROLE (operator, reader or node; operator when not said), NAME
+being the certificate's Common Name, which roostd's remote.clients gives its role. A node's
+certificate (NAME:node, NAME being its --node-name) is what that roostd presents to the
+other nodes' listeners when it forwards a call (--fleet-node-cert, --fleet-node-key).`,
 		Example: `  roostctl certs init /etc/roost/tls --server-name roost.example \
       --client ci-bot --client dashboard:reader`,
 		Args: exactArgs(1, "the directory to write to"),
@@ -50,8 +52,8 @@ being the certificate's Common Name, which roostd's remote.clients gives its rol
 				switch {
 				case !clientNameRE.MatchString(name):
 					return usageError{fmt.Errorf("--client %q: a client's name is letters, digits and ._- (its certificate's Common Name, and its files' names)", c)}
-				case role != "operator" && role != "reader":
-					return usageError{fmt.Errorf("--client %q: role %q: expected operator or reader", c, role)}
+				case role != "operator" && role != "reader" && role != "node":
+					return usageError{fmt.Errorf("--client %q: role %q: expected operator, reader or node", c, role)}
 				}
 				cl := certs.Client{CommonName: name, Cert: name + ".pem", Key: name + "-key.pem"}
 				if i == 0 {

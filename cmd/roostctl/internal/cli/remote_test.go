@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -31,11 +33,23 @@ func TestServerFlags(t *testing.T) {
 		// Nothing listens on port 1: unreachable, named by its URL.
 		{[]string{"--server", "https://127.0.0.1:1", "--tls-ca", filepath.Join(dir, "ca.pem"), "--tls-cert", cert, "--tls-key", key, "ps"}, exitUnavailable, "cannot reach roostd at https://127.0.0.1:1"},
 		{[]string{"certs", "init", dir}, exitFailure, filepath.Join(dir, "ca.pem") + " exists"},
-		{[]string{"certs", "init", t.TempDir(), "--client", "dash:admin"}, exitUsage, `--client "dash:admin": role "admin": expected operator or reader`},
+		{[]string{"certs", "init", t.TempDir(), "--client", "dash:admin"}, exitUsage, `--client "dash:admin": role "admin": expected operator, reader or node`},
 	} {
 		if code, msg := execute(c.args); code != c.code || !strings.Contains(msg, c.want) {
 			t.Errorf("roostctl %s: exit %d %q, want %d %q", strings.Join(c.args, " "), code, msg, c.code, c.want)
 		}
+	}
+	// A node's certificate: its name the Common Name, a client's.
+	nodes := t.TempDir()
+	if code, msg := execute([]string{"certs", "init", nodes, "--client", "roostctl", "--client", "node-a:node"}); code != exitOK {
+		t.Fatalf("certs init --client node-a:node: %d %s", code, msg)
+	}
+	pair, err := tls.LoadX509KeyPair(filepath.Join(nodes, "node-a.pem"), filepath.Join(nodes, "node-a-key.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leaf := pair.Leaf; leaf.Subject.CommonName != "node-a" || len(leaf.ExtKeyUsage) != 1 || leaf.ExtKeyUsage[0] != x509.ExtKeyUsageClientAuth {
+		t.Errorf("node-a.pem: %s %v, want a client certificate of node-a", leaf.Subject, leaf.ExtKeyUsage)
 	}
 	// The environment stands for the flags.
 	t.Setenv("ROOST_SERVER", "https://127.0.0.1:1")
