@@ -57,6 +57,8 @@ type daemon struct {
 	// staged lists the reservations of sessions placed here, for the node directory's
 	// writes to settle; nil for a single host.
 	staged *placement.Staged
+	// placing places sessions staged here over the fleet; nil without a router.
+	placing *placement.Stager
 	// sessionNode names the node holding a session, from the fleet's session directory;
 	// nil until there is one, so that only this node's sessions are found.
 	sessionNode func(ctx context.Context, ref string) (string, error)
@@ -346,13 +348,24 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 			return nil, err
 		}
 		d.release = append(d.release, stop)
-		rt, err := openRouter(fleetCfg, rs.ClientCA, fleetStore, d.sessionNode, sessions, cfg.Control, log)
+		placed := func(ref string) (string, string, bool) {
+			if d.placing == nil {
+				return "", "", false
+			}
+			return d.placing.Placed(ref)
+		}
+		rt, err := openRouter(fleetCfg, rs.ClientCA, fleetStore, placed, d.sessionNode, sessions, cfg.Control, log)
 		if err != nil {
 			return nil, err
 		}
 		if rt != nil {
 			d.route = rt
 			d.release = append(d.release, func() { _ = rt.Close() })
+			// Placement forwards through the router: without a node certificate each node
+			// stages where it is asked.
+			if d.placing, err = openPlacing(fleetCfg, fleetStore, d.staged, rt, sessions, log); err != nil {
+				return nil, err
+			}
 		}
 	}
 	// Before the registry closes: the watchdog's check reads it.

@@ -148,8 +148,14 @@ func (s fleetSettings) nodeTLS(clientCA remote.Setting) (*tls.Config, error) {
 // locator is where the router finds a session's node: sessionNode names the node (nil, no
 // session directory yet: every session not on this node is unknown), and the node
 // directory gives its listener's address.
-func locator(store fleet.Store, sessionNode func(ctx context.Context, ref string) (string, error)) func(ctx context.Context, ref string) (string, string, error) {
+//
+// A session this node placed a moment ago is found where it placed it (placed) before its
+// owner's directory entry is written: run's launch follows its stage at once.
+func locator(store fleet.Store, placed func(ref string) (string, string, bool), sessionNode func(ctx context.Context, ref string) (string, error)) func(ctx context.Context, ref string) (string, string, error) {
 	return func(ctx context.Context, ref string) (string, string, error) {
+		if node, addr, ok := placed(ref); ok {
+			return node, addr, nil
+		}
 		if sessionNode == nil {
 			return "", "", fmt.Errorf("session %q: %w", ref, errdefs.ErrNotFound)
 		}
@@ -171,9 +177,42 @@ func locator(store fleet.Store, sessionNode func(ctx context.Context, ref string
 	}
 }
 
+// nodeAddress is a node's listener address, from the node directory.
+func nodeAddress(store fleet.Store) func(ctx context.Context, node string) (string, error) {
+	return func(ctx context.Context, node string) (string, error) {
+		nodes, err := directory.List(ctx, store, "")
+		if err != nil {
+			return "", err
+		}
+		for _, n := range nodes {
+			if n.Node == node {
+				return n.Address, nil
+			}
+		}
+		return "", fmt.Errorf("node %q: %w", node, errdefs.ErrNotFound)
+	}
+}
+
+// openPlacing is a fleet node's Stage: sessions placed over the fleet's nodes and staged
+// through the router on the one chosen.
+func openPlacing(s fleetSettings, store *etcdstore.Store, staged *placement.Staged, rt *route.Router, sessions *session.Manager, log *slog.Logger) (*placement.Stager, error) {
+	placer, err := placement.New(placement.Config{Store: store, Self: s.node, Logger: log.With("part", "fleet-placement")})
+	if err != nil {
+		return nil, err
+	}
+	return placement.NewStager(placement.StagerConfig{
+		Placer: placer, Staged: staged, Forward: rt, Describe: describeStage(sessions),
+		FromNode: func(ctx context.Context) bool {
+			c, ok := remote.CallerFrom(ctx)
+			return ok && c.Via != ""
+		},
+		Logger: log.With("part", "fleet-placement"),
+	})
+}
+
 // openRouter is the router of calls about sessions on other nodes, or nil without a node
 // certificate (each node then serves its own sessions only).
-func openRouter(s fleetSettings, clientCA remote.Setting, store fleet.Store, sessionNode func(context.Context, string) (string, error), sessions *session.Manager, control config.Control, log *slog.Logger) (*route.Router, error) {
+func openRouter(s fleetSettings, clientCA remote.Setting, store fleet.Store, placed func(string) (string, string, bool), sessionNode func(context.Context, string) (string, error), sessions *session.Manager, control config.Control, log *slog.Logger) (*route.Router, error) {
 	tlsCfg, err := s.nodeTLS(clientCA)
 	if err != nil || tlsCfg == nil {
 		return nil, err
@@ -184,7 +223,8 @@ func openRouter(s fleetSettings, clientCA remote.Setting, store fleet.Store, ses
 			_, err := sessions.Get(ref)
 			return !errdefs.IsNotFound(err)
 		},
-		Locate:          locator(store, sessionNode),
+		Locate:          locator(store, placed, sessionNode),
+		NodeAddress:     nodeAddress(store),
 		TLS:             tlsCfg,
 		Caller:          server.ForwardedCaller(s.node),
 		MaxMessageBytes: max(control.WithDefaults().MaxRecvMessageBytes, control.WithDefaults().MaxSendMessageBytes),

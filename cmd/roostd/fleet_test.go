@@ -143,14 +143,21 @@ func TestLocator(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer reg.Stop(ctx)
-	if _, _, err := locator(st, nil)(ctx, "s-1"); !errdefs.IsNotFound(err) {
+	none := func(string) (string, string, bool) { return "", "", false }
+	if _, _, err := locator(st, none, nil)(ctx, "s-1"); !errdefs.IsNotFound(err) {
 		t.Errorf("no session directory: %v, want not found", err)
+	}
+	// A session this node placed a moment ago is found where it was placed, before any
+	// directory is read.
+	placed := func(ref string) (string, string, bool) { return "node-p", "127.0.0.1:9", ref == "s-p" }
+	if node, addr, err := locator(st, placed, nil)(ctx, "s-p"); node != "node-p" || addr != "127.0.0.1:9" || err != nil {
+		t.Errorf("a session placed here: %q %q %v", node, addr, err)
 	}
 	on := func(node string) func(context.Context, string) (string, error) {
 		return func(context.Context, string) (string, error) { return node, nil }
 	}
 	for {
-		node, addr, err := locator(st, on("node-b"))(ctx, "s-1")
+		node, addr, err := locator(st, none, on("node-b"))(ctx, "s-1")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -166,11 +173,11 @@ func TestLocator(t *testing.T) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	if node, addr, err := locator(st, on("node-z"))(ctx, "s-1"); node != "node-z" || addr != "" || err != nil {
+	if node, addr, err := locator(st, none, on("node-z"))(ctx, "s-1"); node != "node-z" || addr != "" || err != nil {
 		t.Errorf("a node the directory does not know: %q %q %v", node, addr, err)
 	}
 	st.Close()
-	if _, _, err := locator(st, on("node-b"))(ctx, "s-1"); err == nil || errdefs.IsNotFound(err) {
+	if _, _, err := locator(st, none, on("node-b"))(ctx, "s-1"); err == nil || errdefs.IsNotFound(err) {
 		t.Errorf("a directory that cannot be read: %v, want an error other than not found", err)
 	}
 }

@@ -27,6 +27,14 @@ func (d *daemon) router() server.Router {
 	return d.route
 }
 
+// placingOrNil is what the server's Placing is: the stager, or none.
+func (d *daemon) placingOrNil() server.Placing {
+	if d.placing == nil {
+		return nil
+	}
+	return d.placing
+}
+
 // serve runs roostd: its parts assembled, the control socket, the gRPC server, the remote
 // listener (when configured) and metrics over HTTP opened, and readiness told only once
 // recovery is done and the socket listens.
@@ -56,6 +64,7 @@ func serve(o *options, log *slog.Logger, sm *serviceManager, stopping *time.Time
 		Descriptors: d.fds,
 		Fleet:       d.fleet,
 		Route:       d.router(),
+		Placing:     d.placingOrNil(),
 		Peers:       &server.PeerPolicy{Group: d.group, Sessions: server.NewSessionProcs(d.init, d.cgs.Parents())}})
 
 	rem, err := openRemote(o, d, srv, log)

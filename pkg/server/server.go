@@ -242,7 +242,7 @@ func (s *sessionService) Stage(ctx context.Context, req *roostv1.StageRequest) (
 		return s.placing.Stage(ctx, req, s.stageHere)
 	}
 	if (req.GetNode() != "" && req.GetNode() != s.node) || req.GetPlacement() != nil {
-		return nil, fmt.Errorf("node %q: this roostd is a single host, no fleet node: stage without --node: %w", req.GetNode(), errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("node %q: this roostd places no sessions (a single host, or a fleet node without --fleet-node-cert): stage without --node, or on that node: %w", req.GetNode(), errdefs.ErrFailedPrecondition)
 	}
 	return s.stageHere(ctx, req)
 }

@@ -57,15 +57,22 @@ var routed = map[string]refOf{
 	roostv1.CapsuleService_Explain_FullMethodName: field((*roostv1.ExplainRequest).GetSession),
 }
 
+// byNode are the methods about one node of the fleet, by full name, each with how to read
+// the node's name from its request: served where they arrive when it names none or this
+// node, forwarded to that node's listener otherwise.
+var byNode = map[string]refOf{
+	// A node's events are in its own registry, numbered by it.
+	roostv1.SessionService_Events_FullMethodName: field((*roostv1.EventsRequest).GetNode),
+}
+
 // servedHere are the methods about no one session, or about this node: always served where
 // they arrive. A method in neither list is served here too, but a test holds every method
 // the server registers to one of them, so that a new one is classified when it is added.
 var servedHere = []string{
-	// Stage places nothing yet: a session is staged on the node that is asked.
+	// Stage is placed (pkg/fleet/placement), which forwards it through Router.Stage.
 	roostv1.SessionService_Stage_FullMethodName,
-	// This node's sessions, events and retention.
+	// This node's sessions and retention.
 	roostv1.SessionService_List_FullMethodName,
-	roostv1.SessionService_Events_FullMethodName,
 	roostv1.SessionService_Prune_FullMethodName,
 
 	// Each node has its own artifact store.

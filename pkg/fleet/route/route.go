@@ -40,6 +40,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
+	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/pkg/fleet"
 	"roost.dev/roost/pkg/remote"
 )
@@ -64,6 +65,10 @@ type Config struct {
 	// (empty when it has none). An errdefs.ErrNotFound error is a session the fleet does
 	// not know; any other, a directory that cannot be read.
 	Locate func(ctx context.Context, ref string) (node, address string, err error)
+	// NodeAddress is the address of a node's remote listener, by name, for the calls about
+	// one node (Events naming a node); nil forwards none of them. errdefs.ErrNotFound: no
+	// such node in the directory.
+	NodeAddress func(ctx context.Context, node string) (string, error)
 	// TLS is the client side of the node-to-node mTLS: this node's certificate and the CA
 	// the other nodes' listeners' certificates chain to.
 	TLS *tls.Config
@@ -93,6 +98,8 @@ type method struct {
 	ref                          refOf
 	in, out                      protoreflect.MessageType
 	clientStreams, serverStreams bool
+	// byNode: ref names a node, not a session.
+	byNode bool
 }
 
 // New checks cfg and returns a Router; it dials nothing until a call is forwarded.
@@ -121,6 +128,14 @@ func New(cfg Config) (*Router, error) {
 		if err != nil {
 			return nil, err
 		}
+		r.methods[name] = m
+	}
+	for name, ref := range byNode {
+		m, err := describe(name, ref)
+		if err != nil {
+			return nil, err
+		}
+		m.byNode = true
 		r.methods[name] = m
 	}
 	return r, nil
@@ -183,7 +198,7 @@ func (r *Router) UnaryInterceptor() grpc.UnaryServerInterceptor {
 			return handler(ctx, req)
 		}
 		ref, _ := m.ref(msg)
-		t, err := r.target(ctx, ref)
+		t, err := r.targetOf(ctx, m, ref)
 		if err != nil {
 			return nil, err
 		}
@@ -207,7 +222,7 @@ func (r *Router) StreamInterceptor() grpc.StreamServerInterceptor {
 			return handler(srv, &replayed{ServerStream: ss, err: err})
 		}
 		ref, _ := m.ref(first)
-		t, err := r.target(ss.Context(), ref)
+		t, err := r.targetOf(ss.Context(), m, ref)
 		if err != nil {
 			return err
 		}
@@ -250,6 +265,44 @@ type target struct {
 	// caller and role are who it is forwarded for.
 	caller string
 	role   remote.Role
+	// about says what the call is about when it is no session ("" for ref's session).
+	about string
+}
+
+func (r *Router) targetOf(ctx context.Context, m *method, ref string) (*target, error) {
+	if m.byNode {
+		return r.nodeTarget(ctx, ref)
+	}
+	return r.target(ctx, ref)
+}
+
+// nodeTarget is where a call about node goes; nil to serve it here.
+func (r *Router) nodeTarget(ctx context.Context, node string) (*target, error) {
+	if node == "" || node == r.cfg.Self {
+		return nil, nil
+	}
+	if forwardedHere(ctx) || r.cfg.NodeAddress == nil {
+		return nil, status.Errorf(codes.NotFound, "node %q: this is node %s", node, r.cfg.Self)
+	}
+	name, role, err := r.cfg.Caller(ctx)
+	if err != nil {
+		return nil, status.Errorf(codes.PermissionDenied, "node %s forwards a call to node %s only for a caller it knows: %v", r.cfg.Self, node, err)
+	}
+	if role != remote.Operator && role != remote.Reader {
+		return nil, status.Errorf(codes.NotFound, "node %q: this is node %s", node, r.cfg.Self)
+	}
+	addr, err := r.cfg.NodeAddress(ctx, node)
+	switch {
+	case errdefs.IsNotFound(err):
+		return nil, status.Errorf(codes.NotFound, "node %q is not in the fleet's directory (roostctl fleet nodes lists them)", node)
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		return nil, status.FromContextError(err).Err()
+	case err != nil:
+		return nil, status.Errorf(codes.Unavailable, "node %q: the fleet's directory cannot be read: %v", node, err)
+	case addr == "":
+		return nil, status.Errorf(codes.Unavailable, "node %s has no listener address in the fleet's directory (it serves no --listen-tcp)", node)
+	}
+	return &target{ref: "node " + node, about: "the events of node " + node, node: node, addr: addr, caller: name, role: role}, nil
 }
 
 func (r *Router) target(ctx context.Context, ref string) (*target, error) {
@@ -347,6 +400,29 @@ func (r *Router) conn(addr string) (*grpc.ClientConn, error) {
 	return c, nil
 }
 
+// Stage forwards a stage placed on node to its listener at address, for the caller of ctx
+// (placement.Forwarder): the chosen node stages it, and settles its reservation.
+func (r *Router) Stage(ctx context.Context, node, address string, req *roostv1.StageRequest) (*roostv1.StageResponse, error) {
+	name, role, err := r.cfg.Caller(ctx)
+	if err != nil {
+		return nil, status.Errorf(codes.PermissionDenied, "node %s places a stage on node %s only for a caller it knows: %v", r.cfg.Self, node, err)
+	}
+	if address == "" {
+		return nil, status.Errorf(codes.Unavailable, "node %s has no listener address in the fleet's directory", node)
+	}
+	t := &target{ref: "stage", about: "a session placed on node " + node, node: node, addr: address, caller: name, role: role}
+	c, err := r.conn(address)
+	if err != nil {
+		return nil, err
+	}
+	octx := r.outgoing(ctx, t)
+	resp, err := roostv1.NewSessionServiceClient(c).Stage(octx, req)
+	if err != nil {
+		return nil, r.failed(octx, t, err)
+	}
+	return resp, nil
+}
+
 func (r *Router) forwardUnary(ctx context.Context, t *target, m *method, req proto.Message) (any, error) {
 	c, err := r.conn(t.addr)
 	if err != nil {
@@ -440,6 +516,9 @@ func (r *Router) failed(octx context.Context, t *target, err error) error {
 		return err
 	}
 	r.log.Warn("a session's node does not answer a call forwarded to it", "session", t.ref, "node", t.node, "addr", t.addr, "err", st.Message())
+	if t.about != "" {
+		return status.Errorf(st.Code(), "%s: node %s (%s) does not answer: %s", t.about, t.node, t.addr, st.Message())
+	}
 	return status.Errorf(st.Code(), "session %q is on node %s (%s), which does not answer: %s", t.ref, t.node, t.addr, st.Message())
 }
 
