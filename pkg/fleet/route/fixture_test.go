@@ -81,6 +81,23 @@ func (s *services) Stop(ctx context.Context, req *roostv1.StopRequest) (*roostv1
 	return &roostv1.StopResponse{Session: &roostv1.Session{Id: req.GetId(), State: "exited", Detail: "stopped by " + s.node}}, nil
 }
 
+// Events sends two events of this node, numbered 1 and 2.
+func (s *services) Events(req *roostv1.EventsRequest, stream grpc.ServerStreamingServer[roostv1.EventsResponse]) error {
+	s.saw(stream.Context(), "Events", req.GetNode())
+	for seq := range uint64(2) {
+		if err := stream.Send(&roostv1.EventsResponse{Event: &roostv1.Event{Seq: seq + 1, Node: s.node, Type: "session.running"}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Stage stages here whatever it is sent, naming this node.
+func (s *services) Stage(ctx context.Context, req *roostv1.StageRequest) (*roostv1.StageResponse, error) {
+	s.saw(ctx, "Stage", req.GetNode())
+	return &roostv1.StageResponse{Session: &roostv1.Session{Id: "s-new", Node: s.node, Detail: req.GetCapsule()}}, nil
+}
+
 // Wait waits until its caller gives up.
 func (s *services) Wait(ctx context.Context, req *roostv1.WaitRequest) (*roostv1.WaitResponse, error) {
 	s.saw(ctx, "Wait", req.GetId())
@@ -220,7 +237,16 @@ func (c *cluster) start(t testing.TB, name string, roles remote.Roles) {
 			return c.sessions[ref] == name
 		},
 		Locate: c.locate,
-		TLS:    c.tls(t, name),
+		NodeAddress: func(_ context.Context, node string) (string, error) {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			addr, ok := c.addrs[node]
+			if !ok {
+				return "", fmt.Errorf("node %q: %w", node, errdefs.ErrNotFound)
+			}
+			return addr, nil
+		},
+		TLS: c.tls(t, name),
 		Caller: func(ctx context.Context) (string, remote.Role, error) {
 			if n.caller != nil {
 				return n.caller(ctx)

@@ -7,8 +7,8 @@ import (
 	"roost.dev/roost/pkg/server"
 )
 
-// Every method roostd's gRPC server registers is classified: routed to its session's node,
-// or served where it arrives. A method added to the API fails this until it is put in one
+// Every method roostd's gRPC server registers is classified: routed to its session's node
+// or to the node it names, or served where it arrives. A method added to the API fails this until it is put in one
 // of the two lists, so none is served on the wrong node by default without a word.
 func TestEveryMethodClassified(t *testing.T) {
 	srv := server.New(server.Config{})
@@ -17,7 +17,12 @@ func TestEveryMethodClassified(t *testing.T) {
 		for _, m := range info.Methods {
 			name := "/" + svc + "/" + m.Name
 			registered[name] = true
-			_, isRouted := routed[name]
+			_, bySession := routed[name]
+			_, toNode := byNode[name]
+			if bySession && toNode {
+				t.Errorf("%s is routed both by session and by node", name)
+			}
+			isRouted := bySession || toNode
 			here := slices.Contains(servedHere, name)
 			switch {
 			case isRouted && here:
@@ -33,6 +38,11 @@ func TestEveryMethodClassified(t *testing.T) {
 	for name := range routed {
 		if !registered[name] {
 			t.Errorf("routed %s is not a method the server registers", name)
+		}
+	}
+	for name := range byNode {
+		if !registered[name] {
+			t.Errorf("%s, routed by node, is not a method the server registers", name)
 		}
 	}
 	for _, name := range servedHere {

@@ -383,3 +383,64 @@ func waitGoroutines(t *testing.T, n int) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Events naming another node are that node's, forwarded as the caller; naming this node or
+// none, this node's; naming a node the directory does not know, not found.
+func TestForwardEventsByNode(t *testing.T) {
+	c := newCluster(t, "node-a", "node-b")
+	client := c.sessionClient(t, "node-a", "dashboard")
+	read := func(node string) ([]*roostv1.Event, error) {
+		stream, err := client.Events(testCtx(t), &roostv1.EventsRequest{Node: node})
+		if err != nil {
+			return nil, err
+		}
+		var evs []*roostv1.Event
+		for {
+			m, err := stream.Recv()
+			if err == io.EOF {
+				return evs, nil
+			}
+			if err != nil {
+				return evs, err
+			}
+			evs = append(evs, m.GetEvent())
+		}
+	}
+	for _, tc := range []struct{ ask, want string }{{"node-b", "node-b"}, {"node-a", "node-a"}, {"", "node-a"}} {
+		evs, err := read(tc.ask)
+		if err != nil || len(evs) != 2 || evs[0].GetNode() != tc.want || evs[1].GetSeq() != 2 {
+			t.Fatalf("Events of %q through node-a: %v %v; want node %s's two", tc.ask, evs, err, tc.want)
+		}
+	}
+	got := c.nodes["node-b"].svc.seen()
+	if len(got) != 1 || got[0].caller.CommonName != "dashboard" || got[0].caller.Via != "node-a" || got[0].caller.Role != remote.Reader {
+		t.Fatalf("node-b saw %+v; want dashboard's call as a reader, via node-a", got)
+	}
+	if _, err := read("node-z"); status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "node-z") {
+		t.Fatalf("Events of an unknown node: %v, want not found naming it", err)
+	}
+	c.nodes["node-b"].stop(t)
+	if _, err := read("node-b"); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "node node-b") {
+		t.Fatalf("Events of a node that is down: %v, want unavailable naming it", err)
+	}
+}
+
+// A stage placed on another node goes to it as the caller, and its answer comes back.
+func TestForwardStage(t *testing.T) {
+	c := newCluster(t, "node-a", "node-b")
+	ctx := metadata.NewIncomingContext(testCtx(t), nil)
+	r := c.nodes["node-a"].router
+	c.nodes["node-a"].caller = func(context.Context) (string, remote.Role, error) { return "ci-bot", remote.Operator, nil }
+	resp, err := r.Stage(ctx, "node-b", c.addrs["node-b"], &roostv1.StageRequest{Capsule: "/srv/c", Node: "node-b"})
+	if err != nil || resp.GetSession().GetNode() != "node-b" || resp.GetSession().GetDetail() != "/srv/c" {
+		t.Fatalf("Stage placed on node-b: %v %v", resp, err)
+	}
+	got := c.nodes["node-b"].svc.seen()
+	if len(got) != 1 || got[0].caller.CommonName != "ci-bot" || got[0].caller.Via != "node-a" || got[0].caller.Role != remote.Operator {
+		t.Fatalf("node-b saw %+v; want ci-bot's stage as an operator, via node-a", got)
+	}
+	c.nodes["node-b"].stop(t)
+	if _, err := r.Stage(ctx, "node-b", c.addrs["node-b"], &roostv1.StageRequest{Capsule: "/srv/c", Node: "node-b"}); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "placed on node node-b") {
+		t.Fatalf("Stage on a node that is down: %v, want unavailable naming it", err)
+	}
+}
