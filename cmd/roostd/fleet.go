@@ -20,6 +20,7 @@ import (
 	"roost.dev/roost/pkg/metrics"
 	"roost.dev/roost/pkg/server"
 	"roost.dev/roost/pkg/session"
+	"roost.dev/roost/pkg/session/store"
 	"roost.dev/roost/pkg/version"
 )
 
@@ -107,8 +108,9 @@ func openFleet(s fleetSettings, stateDir string, spend *ledger.Ledger, mtr *metr
 }
 
 // registerNode puts this node in the fleet's node directory, kept up to date from the
-// sessions and the warm pool. It does not wait for etcd. The returned func stops it: a
-// clean stop marks the entry stopped and revokes its lease, so the fleet sees at once that
+// sessions and the warm pool, and publishes its sessions in the session directory. It does
+// not wait for etcd. The returned func stops both: a clean stop writes the sessions as
+// they are, marks the entry stopped and revokes its lease, so the fleet sees at once that
 // the node went away on purpose (it is not cut off, and needs no forgetting), while what
 // it said stays listed until it starts again or is forgotten.
 func registerNode(s fleetSettings, store *etcdstore.Store, address string, catalog containment.Catalog, sessions *session.Manager, log *slog.Logger) (func(), error) {
@@ -139,11 +141,87 @@ func registerNode(s fleetSettings, store *etcdstore.Store, address string, catal
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", s.nodeNameSet, err)
 	}
+	stopPublishing, err := publishSessions(s, store, sessions, log)
+	if err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), fleetShutdownTimeout)
+		defer cancel()
+		_ = reg.Stop(ctx)
+		return nil, err
+	}
 	return func() {
+		stopPublishing()
 		ctx, cancel := context.WithTimeout(context.Background(), fleetShutdownTimeout)
 		defer cancel()
 		if err := reg.Stop(ctx); err != nil {
 			log.Warn("the node directory: this node's entry was not marked stopped; it is listed unreachable once its lease lapses", "err", err)
 		}
 	}, nil
+}
+
+// eventsRetryPause is how long the session directory's follower of the event log waits
+// before it follows again after the log failed it (compacted past it, say).
+const eventsRetryPause = time.Second
+
+// publishSessions keeps this node's sessions in the fleet's session directory: a round
+// after every event of the registry (each state change, stage and removal commits one),
+// bursts coalesced by the publisher. The returned func stops it after a last round.
+func publishSessions(s fleetSettings, etcd *etcdstore.Store, sessions *session.Manager, log *slog.Logger) (func(), error) {
+	pub, err := directory.PublishSessions(directory.SessionsConfig{
+		Store: etcd, Node: s.node, Logger: log.With("part", "fleet-sessions"),
+		List: func() ([]directory.Session, error) {
+			recs, err := sessions.List(true)
+			if err != nil {
+				return nil, err
+			}
+			out := make([]directory.Session, 0, len(recs))
+			for _, r := range recs {
+				out = append(out, directorySession(r))
+			}
+			return out, nil
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", s.nodeNameSet, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	followed := make(chan struct{})
+	go func() {
+		defer close(followed)
+		for ctx.Err() == nil {
+			// Replaying the kept events costs a nudge each, coalesced: the first round
+			// diffs everything anyway.
+			err := sessions.Events(ctx, sessions.OldestKeptEvent(), true, func(store.Event) error {
+				pub.Nudge()
+				return nil
+			})
+			if ctx.Err() != nil {
+				return
+			}
+			log.Debug("the session directory: following the event log again", "err", err)
+			pub.Nudge()
+			select {
+			case <-ctx.Done():
+			case <-time.After(eventsRetryPause):
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-followed
+		ctx, cancel := context.WithTimeout(context.Background(), fleetShutdownTimeout)
+		defer cancel()
+		if err := pub.Stop(ctx); err != nil {
+			log.Warn("the session directory: this node's sessions were not all written as they are; the fleet lists them as last written", "err", err)
+		}
+	}, nil
+}
+
+// directorySession is what the fleet's session directory says of a session.
+func directorySession(r *store.Record) directory.Session {
+	class := r.Achieved
+	if class == "" {
+		class = r.Declared
+	}
+	return directory.Session{ID: r.ID, Name: r.Name, State: string(r.State), Capsule: r.Capsule.Name + "@" + r.Capsule.Version, Class: class,
+		CreatedAt: r.CreatedAt, EndedAt: r.EndedAt}
 }
