@@ -128,7 +128,7 @@ func New(cfg Config) *Server {
 	}
 	opts = append(opts, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
 	srv := grpc.NewServer(opts...)
-	roostv1.RegisterSessionServiceServer(srv, &sessionService{m: cfg.Sessions, sendTimeout: limits.StreamSendTimeout()})
+	roostv1.RegisterSessionServiceServer(srv, &sessionService{m: cfg.Sessions, sendTimeout: limits.StreamSendTimeout(), fleetNode: cfg.Fleet})
 	roostv1.RegisterCapsuleServiceServer(srv, &capsuleService{m: cfg.Sessions})
 	roostv1.RegisterSystemServiceServer(srv, &systemService{cfg: cfg})
 	roostv1.RegisterArtifactServiceServer(srv, &artifactService{store: cfg.Artifacts})
@@ -180,6 +180,9 @@ type sessionService struct {
 	m *session.Manager
 	// sendTimeout is how long a follower's message may wait unread before the stream ends.
 	sendTimeout time.Duration
+	// fleetNode is the fleet this roostd is a node of, whose session directory ListFleet
+	// reads; nil when it is none.
+	fleetNode *Fleet
 }
 
 var _ roostv1.SessionServiceServer = (*sessionService)(nil)
