@@ -22,9 +22,10 @@ const (
 	// DefaultSessionsInterval is the least time between two write rounds: a node starting a
 	// thousand sessions a second writes their entries a few Txns at a time.
 	DefaultSessionsInterval = 250 * time.Millisecond
-	// resyncEvery is how often the publisher looks, unasked, whether its sessions changed:
-	// a change whose nudge was missed is written within it.
-	resyncEvery = 30 * time.Second
+	// DefaultResync is how often the publisher reads its entries again and looks, unasked,
+	// whether its sessions changed: a change whose nudge was missed, or an entry changed
+	// by another writer, is written within it.
+	DefaultResync = 30 * time.Second
 	// DefaultCallTimeout bounds each call to etcd, so a cut-off store is a failed round
 	// tried again, not a round hung.
 	DefaultCallTimeout = 10 * time.Second
@@ -43,9 +44,10 @@ type SessionsConfig struct {
 	List func() ([]Session, error)
 	// Interval is the least time between two write rounds (DefaultSessionsInterval when 0).
 	Interval time.Duration
-	// Timeout bounds each call to the store (DefaultCallTimeout when 0).
-	Timeout time.Duration
-	Logger  *slog.Logger
+	// Timeout bounds each call to the store (DefaultCallTimeout when 0); Resync is how
+	// often it reads its entries again unasked (DefaultResync when 0).
+	Timeout, Resync time.Duration
+	Logger          *slog.Logger
 }
 
 // PublisherStats count what a publisher did, for its tests and its logs.
@@ -101,8 +103,12 @@ func PublishSessions(cfg SessionsConfig) (*Publisher, error) {
 	if cfg.Store == nil || cfg.List == nil {
 		return nil, fmt.Errorf("session directory, node %s: a store and a list of sessions are needed: %w", cfg.Node, errdefs.ErrInvalidArgument)
 	}
-	if cfg.Interval < 0 || cfg.Timeout < 0 {
-		return nil, fmt.Errorf("session directory, node %s: interval %s, timeout %s: neither may be below 0: %w", cfg.Node, cfg.Interval, cfg.Timeout, errdefs.ErrInvalidArgument)
+	if cfg.Interval < 0 || cfg.Timeout < 0 || cfg.Resync < 0 {
+		return nil, fmt.Errorf("session directory, node %s: interval %s, timeout %s, resync %s: none may be below 0: %w",
+			cfg.Node, cfg.Interval, cfg.Timeout, cfg.Resync, errdefs.ErrInvalidArgument)
+	}
+	if cfg.Resync == 0 {
+		cfg.Resync = DefaultResync
 	}
 	if cfg.Interval == 0 {
 		cfg.Interval = DefaultSessionsInterval
@@ -158,7 +164,7 @@ func (p *Publisher) Stop(ctx context.Context) error {
 }
 
 func (p *Publisher) run(ctx context.Context) {
-	resync := time.NewTicker(resyncEvery)
+	resync := time.NewTicker(p.cfg.Resync)
 	defer resync.Stop()
 	var last time.Time
 	var retry <-chan time.Time
@@ -169,12 +175,10 @@ func (p *Publisher) run(ctx context.Context) {
 			return
 		case <-p.nudge:
 		case <-resync.C:
+			// What no event of this node says: its entries marked lost (it was forgotten
+			// while it ran), another node's entry of one of its ids gone. Read them again.
 			p.roundMu.Lock()
-			if len(p.foreign) > 0 {
-				// An entry of another node that held one of this node's ids may have
-				// gone (its node forgotten): read them again, and write this node's.
-				p.loaded = false
-			}
+			p.loaded = false
 			p.roundMu.Unlock()
 		case <-retry:
 		}

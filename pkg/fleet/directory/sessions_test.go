@@ -62,7 +62,8 @@ func session(node string, i int, state string) directory.Session {
 
 func publish(t *testing.T, st fleet.Store, node string, l *localSessions) *directory.Publisher {
 	t.Helper()
-	p, err := directory.PublishSessions(directory.SessionsConfig{Store: st, Node: node, List: l.list, Interval: 50 * time.Millisecond, Timeout: time.Second, Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
+	p, err := directory.PublishSessions(directory.SessionsConfig{Store: st, Node: node, List: l.list, Interval: 50 * time.Millisecond, Timeout: time.Second,
+		Resync: 300 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,7 +351,16 @@ func TestMarkLost(t *testing.T) {
 	if _, err := directory.MarkLost(ctx, st, "", "a/b"); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("MarkLost of a bad node name: %v", err)
 	}
-	_ = pd
+
+	// node-d is marked lost while it runs: it reads its entries again at its next resync
+	// and writes its sessions' state over the mark, with no event of its own.
+	if n, err := directory.MarkLost(ctx, st, "", "node-d"); err != nil || n != 1 {
+		t.Fatalf("MarkLost node-d: %d, %v", n, err)
+	}
+	waitSessions(t, st, "node-d's running session written over its mark", sameAs("node-d", ld))
+	if stats := pd.Stats(); stats.Puts != 2 {
+		t.Errorf("node-d's publisher: %+v; want its one session put twice (published, then over the mark)", stats)
+	}
 
 	// node-c was not gone for good after all.
 	pc = publish(t, st, "node-c", lc)
@@ -431,6 +441,7 @@ func TestPublishSessionsRefuses(t *testing.T) {
 		{Store: st, Node: "node-a"},
 		{Node: "node-a", List: list},
 		{Store: st, Node: "node-a", List: list, Interval: -time.Second},
+		{Store: st, Node: "node-a", List: list, Resync: -time.Second},
 	} {
 		p, err := directory.PublishSessions(cfg)
 		if err == nil {
