@@ -166,7 +166,9 @@ func (p *Publisher) Stop(ctx context.Context) error {
 func (p *Publisher) run(ctx context.Context) {
 	resync := time.NewTicker(p.cfg.Resync)
 	defer resync.Stop()
-	var last time.Time
+	// next is the earliest the next round may start: Interval after the last, or a pause
+	// after a failed one, whatever nudges come meanwhile.
+	var next time.Time
 	var retry <-chan time.Time
 	pause := p.cfg.Interval
 	for {
@@ -182,7 +184,7 @@ func (p *Publisher) run(ctx context.Context) {
 			p.roundMu.Unlock()
 		case <-retry:
 		}
-		if wait := time.Until(last.Add(p.cfg.Interval)); wait > 0 {
+		if wait := time.Until(next); wait > 0 {
 			select {
 			case <-ctx.Done():
 				return
@@ -194,7 +196,7 @@ func (p *Publisher) run(ctx context.Context) {
 		case <-p.nudge:
 		default:
 		}
-		last = time.Now()
+		started := time.Now()
 		retry = nil
 		err := p.roundRetrying(ctx)
 		switch {
@@ -202,9 +204,13 @@ func (p *Publisher) run(ctx context.Context) {
 			return
 		case err != nil:
 			p.log.Warn("the session directory: not up to date; trying again", "node", p.cfg.Node, "in", pause.String(), "err", err)
+			// From the failure's end: a round that waited out a cut store is not retried
+			// at once.
+			next = time.Now().Add(pause)
 			retry = time.After(pause)
 			pause = min(pause*2, maxRetryPause)
 		default:
+			next = started.Add(p.cfg.Interval)
 			pause = p.cfg.Interval
 		}
 	}
