@@ -59,9 +59,6 @@ type daemon struct {
 	staged *placement.Staged
 	// placing places sessions staged here over the fleet; nil without a router.
 	placing *placement.Stager
-	// sessionNode names the node holding a session, from the fleet's session directory;
-	// nil until there is one, so that only this node's sessions are found.
-	sessionNode func(ctx context.Context, ref string) (string, error)
 	// route carries calls about other nodes' sessions to them; nil when calls are not
 	// routed (a single host, or a node without --fleet-node-cert).
 	route    *route.Router
@@ -354,7 +351,7 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 			}
 			return d.placing.Placed(ref)
 		}
-		rt, err := openRouter(fleetCfg, rs.ClientCA, fleetStore, placed, d.sessionNode, sessions, cfg.Control, log)
+		rt, err := openRouter(fleetCfg, rs.ClientCA, fleetStore, placed, sessionNode(fleetStore), sessions, cfg.Control, log)
 		if err != nil {
 			return nil, err
 		}

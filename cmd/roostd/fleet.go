@@ -177,6 +177,18 @@ func locator(store fleet.Store, placed func(ref string) (string, string, bool), 
 	}
 }
 
+// sessionNode is the node holding a session, by the fleet's session directory (its full id
+// or its name).
+func sessionNode(store fleet.Store) func(ctx context.Context, ref string) (string, error) {
+	return func(ctx context.Context, ref string) (string, error) {
+		s, err := directory.LocateSession(ctx, store, "", ref)
+		if err != nil {
+			return "", err
+		}
+		return s.Node, nil
+	}
+}
+
 // nodeAddress is a node's listener address, from the node directory.
 func nodeAddress(store fleet.Store) func(ctx context.Context, node string) (string, error) {
 	return func(ctx context.Context, node string) (string, error) {
@@ -271,8 +283,9 @@ func openFleet(s fleetSettings, stateDir string, spend *ledger.Ledger, mtr *metr
 }
 
 // registerNode puts this node in the fleet's node directory, kept up to date from the
-// sessions and the warm pool. It does not wait for etcd. The returned func stops it: a
-// clean stop marks the entry stopped and revokes its lease, so the fleet sees at once that
+// sessions and the warm pool, and publishes its sessions in the session directory. It does
+// not wait for etcd. The returned func stops both: a clean stop writes the sessions as
+// they are, marks the entry stopped and revokes its lease, so the fleet sees at once that
 // the node went away on purpose (it is not cut off, and needs no forgetting), while what
 // it said stays listed until it starts again or is forgotten.
 //
@@ -308,7 +321,15 @@ func registerNode(s fleetSettings, store *etcdstore.Store, address string, catal
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", s.nodeNameSet, err)
 	}
+	stopPublishing, err := publishSessions(s, store, sessions, log)
+	if err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), fleetShutdownTimeout)
+		defer cancel()
+		_ = reg.Stop(ctx)
+		return nil, err
+	}
 	return func() {
+		stopPublishing()
 		ctx, cancel := context.WithTimeout(context.Background(), fleetShutdownTimeout)
 		defer cancel()
 		if err := reg.Stop(ctx); err != nil {
@@ -344,4 +365,72 @@ func describeStage(m *session.Manager) placement.Describe {
 		}
 		return need, nil
 	}
+}
+
+// eventsRetryPause is how long the session directory's follower of the event log waits
+// before it follows again after the log failed it (compacted past it, say).
+const eventsRetryPause = time.Second
+
+// publishSessions keeps this node's sessions in the fleet's session directory: a round
+// after every event of the registry (each state change, stage and removal commits one),
+// bursts coalesced by the publisher. The returned func stops it after a last round.
+func publishSessions(s fleetSettings, etcd *etcdstore.Store, sessions *session.Manager, log *slog.Logger) (func(), error) {
+	pub, err := directory.PublishSessions(directory.SessionsConfig{
+		Store: etcd, Node: s.node, Logger: log.With("part", "fleet-sessions"),
+		List: func() ([]directory.Session, error) {
+			recs, err := sessions.List(true)
+			if err != nil {
+				return nil, err
+			}
+			out := make([]directory.Session, 0, len(recs))
+			for _, r := range recs {
+				out = append(out, directorySession(r))
+			}
+			return out, nil
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", s.nodeNameSet, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	followed := make(chan struct{})
+	go func() {
+		defer close(followed)
+		for ctx.Err() == nil {
+			// Replaying the kept events costs a nudge each, coalesced: the first round
+			// diffs everything anyway.
+			err := sessions.Events(ctx, sessions.OldestKeptEvent(), true, func(sessionstore.Event) error {
+				pub.Nudge()
+				return nil
+			})
+			if ctx.Err() != nil {
+				return
+			}
+			log.Debug("the session directory: following the event log again", "err", err)
+			pub.Nudge()
+			select {
+			case <-ctx.Done():
+			case <-time.After(eventsRetryPause):
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-followed
+		ctx, cancel := context.WithTimeout(context.Background(), fleetShutdownTimeout)
+		defer cancel()
+		if err := pub.Stop(ctx); err != nil {
+			log.Warn("the session directory: this node's sessions were not all written as they are; the fleet lists them as last written", "err", err)
+		}
+	}, nil
+}
+
+// directorySession is what the fleet's session directory says of a session.
+func directorySession(r *sessionstore.Record) directory.Session {
+	class := r.Achieved
+	if class == "" {
+		class = r.Declared
+	}
+	return directory.Session{ID: r.ID, Name: r.Name, State: string(r.State), Capsule: r.Capsule.Name + "@" + r.Capsule.Version, Class: class,
+		CreatedAt: r.CreatedAt, EndedAt: r.EndedAt}
 }

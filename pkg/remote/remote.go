@@ -84,6 +84,7 @@ var readerMethods = []string{
 	"/roost.v1.SessionService/ListExecs",
 	"/roost.v1.SessionService/AttachExec",
 	"/roost.v1.SessionService/WaitExec",
+	"/roost.v1.SessionService/ListFleet",
 	"/roost.v1.FilesService/ReadFile",
 	"/roost.v1.FilesService/ListDir",
 	"/roost.v1.FilesService/StatFile",

@@ -31,7 +31,12 @@ type Fleet struct {
 }
 
 func (s *spendService) fleet(ctx context.Context) (*Fleet, context.Context, context.CancelFunc, error) {
-	f := s.fleetNode
+	return fleetCall(ctx, s.fleetNode)
+}
+
+// fleetCall is f with ctx bounded by its Timeout, or the error that says how to make this
+// roostd a fleet node when f is nil.
+func fleetCall(ctx context.Context, f *Fleet) (*Fleet, context.Context, context.CancelFunc, error) {
 	if f == nil {
 		return nil, nil, nil, fmt.Errorf("this roostd is no fleet node (start it with --fleet-etcd and --node-name, or fleet: in its config): %w", errdefs.ErrFailedPrecondition)
 	}
@@ -159,5 +164,12 @@ func (s *spendService) ForgetFleetNode(ctx context.Context, req *roostv1.ForgetF
 	if err != nil {
 		return nil, fmt.Errorf("node %s's blocks were written off (%d tokens), but: %w", req.GetNode(), got.WrittenOff, err)
 	}
-	return &roostv1.ForgetFleetNodeResponse{Node: got.Node, Days: got.Days, WrittenOff: got.WrittenOff, UnderUse: got.UnderUse, DirectoryEntryDeleted: deleted}, nil
+	// Forgetting again marks what this time could not: MarkLost marks only what is not.
+	lost, err := directory.MarkLost(ctx, f.Store, f.DirectoryPrefix, req.GetNode())
+	if err != nil {
+		return nil, fmt.Errorf("node %s's blocks were written off (%d tokens) and its node-directory entry deleted, but %d of its sessions were marked lost before: %w",
+			req.GetNode(), got.WrittenOff, lost, err)
+	}
+	return &roostv1.ForgetFleetNodeResponse{Node: got.Node, Days: got.Days, WrittenOff: got.WrittenOff, UnderUse: got.UnderUse, DirectoryEntryDeleted: deleted,
+		SessionsLost: int32(lost)}, nil
 }

@@ -152,7 +152,7 @@ func New(cfg Config) *Server {
 	}
 	opts = append(opts, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
 	srv := grpc.NewServer(opts...)
-	ss := &sessionService{m: cfg.Sessions, sendTimeout: limits.StreamSendTimeout(), placing: cfg.Placing}
+	ss := &sessionService{m: cfg.Sessions, sendTimeout: limits.StreamSendTimeout(), placing: cfg.Placing, fleetNode: cfg.Fleet}
 	if cfg.Fleet != nil {
 		ss.node = cfg.Fleet.Node
 	}
@@ -212,6 +212,9 @@ type sessionService struct {
 	// single host.
 	node    string
 	placing Placing
+	// fleetNode is the fleet this roostd is a node of, whose session directory ListFleet
+	// reads; nil when it is none.
+	fleetNode *Fleet
 }
 
 var _ roostv1.SessionServiceServer = (*sessionService)(nil)

@@ -431,6 +431,25 @@ done
 		}
 	}
 
+	// Every node's session is in the session directory, ended, on its node (node-1's written
+	// again after its SIGKILL, node-4's once it reached etcd again); ps --fleet through
+	// node-0 lists them with -a, and not without.
+	waitFor(t, "every node's session ended in the session directory", func() bool {
+		for i, id := range ids {
+			s, err := directory.LocateSession(ctx, store, "", id)
+			if err != nil || s.Node != fmt.Sprintf("node-%d", i) || s.State != "exited" || s.EndedAt.IsZero() {
+				return false
+			}
+		}
+		return true
+	})
+	if listed := nodes[0].ok("ps", "--fleet", "-a", "-q"); len(strings.Fields(listed)) != fleetNodes || !strings.Contains(listed, ids[fleetNodes-1]) {
+		t.Errorf("ps --fleet -a -q lists\n%s\nwant the %d sessions %v", listed, fleetNodes, ids)
+	}
+	if live := nodes[0].ok("ps", "--fleet"); strings.Contains(live, ids[0]) || !strings.HasPrefix(live, "SESSION ID") {
+		t.Errorf("ps --fleet, every session ended:\n%s", live)
+	}
+
 	// A node forgotten (as a lost one would be): its blocks are written off as spent, none
 	// goes back to the pool, and what it never spent is said.
 	before, err := fleet.ReadDay(ctx, store, "", today)
@@ -438,7 +457,7 @@ done
 		t.Fatal(err)
 	}
 	out := nodes[0].ok("fleet", "node", "forget", "--yes", "node-1")
-	if !strings.Contains(out, "forgot node-1: ") || !strings.Contains(out, "written off as spent") {
+	if !strings.Contains(out, "forgot node-1: ") || !strings.Contains(out, "written off as spent") || !strings.Contains(out, "marked 1 of node-1's sessions lost") {
 		t.Errorf("fleet node forget: %q", out)
 	}
 	after, err := fleet.ReadDay(ctx, store, "", today)

@@ -1,12 +1,16 @@
 // Package directory answers which roostd nodes are in the fleet, how each is reached and what
-// each can take: every node of the fleet registers an entry in etcd (its mTLS listener's
-// address, the containment classes it delivers, its capacity, its version) under a lease it
-// keeps alive, and anyone reading the fleet's etcd lists them, each reachable or not.
+// each can take, and which node holds each session: every node of the fleet registers an
+// entry in etcd (its mTLS listener's address, the containment classes it delivers, its
+// capacity, its version) under a lease it keeps alive, and publishes an entry for each of its
+// sessions; anyone reading the fleet's etcd lists them, each node reachable or not.
 //
 // The keys, under a prefix (DefaultPrefix unless configured):
 //
-//	nodes/<node>  the node's Entry, bound to its lease: present while the node is heard
-//	known/<node>  the same Entry, without a lease, written in the same Txn
+//	nodes/<node>    the node's Entry, bound to its lease: present while the node is heard
+//	known/<node>    the same Entry, without a lease, written in the same Txn
+//	sessions/<id>   a session's Session: its node, state, capsule; no lease, written only
+//	                by its node (a Publisher), or marked lost by MarkLost once the node is
+//	                forgotten
 //
 // The known/ key is the tombstone: when the lease lapses (the node cut off, its host down,
 // a pause longer than the TTL) nodes/<node> goes and known/<node> stays, so the node is

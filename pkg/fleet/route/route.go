@@ -326,6 +326,12 @@ func (r *Router) target(ctx context.Context, ref string) (*target, error) {
 	switch {
 	case errdefs.IsNotFound(err):
 		return nil, status.Errorf(codes.NotFound, "session %q is neither on node %s nor in the fleet's directory", ref, r.cfg.Self)
+	case errdefs.IsInvalidArgument(err):
+		// No full id or name: a short id or a prefix names a session of this node only.
+		return nil, status.Errorf(codes.NotFound, "session %q is not on node %s, and the fleet's directory is looked up by full id or name only: %v", ref, r.cfg.Self, err)
+	case errdefs.IsFailedPrecondition(err):
+		// A name on several nodes: the directory's error names them.
+		return nil, status.Errorf(codes.FailedPrecondition, "session %q is not on node %s: %v", ref, r.cfg.Self, err)
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		return nil, status.FromContextError(err).Err()
 	case err != nil:

@@ -1779,6 +1779,249 @@ func (x *ListResponse) GetSessions() []*Session {
 	return nil
 }
 
+type ListFleetRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every session, not only those staged or live (as ListRequest.all): a session whose
+	// entry says it has ended is listed only with all. One lost while live is listed
+	// without it, as lost.
+	All bool `protobuf:"varint,1,opt,name=all,proto3" json:"all,omitempty"`
+	// Only the sessions of these nodes; every node when empty.
+	Node          []string `protobuf:"bytes,2,rep,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFleetRequest) Reset() {
+	*x = ListFleetRequest{}
+	mi := &file_roost_v1_session_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFleetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFleetRequest) ProtoMessage() {}
+
+func (x *ListFleetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFleetRequest.ProtoReflect.Descriptor instead.
+func (*ListFleetRequest) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ListFleetRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+func (x *ListFleetRequest) GetNode() []string {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+type ListFleetResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Sessions []*FleetSession        `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	// The listed sessions' nodes the node directory does not hear now: their sessions are as
+	// they last wrote them.
+	UnreachableNodes []string `protobuf:"bytes,2,rep,name=unreachable_nodes,json=unreachableNodes,proto3" json:"unreachable_nodes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *ListFleetResponse) Reset() {
+	*x = ListFleetResponse{}
+	mi := &file_roost_v1_session_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFleetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFleetResponse) ProtoMessage() {}
+
+func (x *ListFleetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFleetResponse.ProtoReflect.Descriptor instead.
+func (*ListFleetResponse) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ListFleetResponse) GetSessions() []*FleetSession {
+	if x != nil {
+		return x.Sessions
+	}
+	return nil
+}
+
+func (x *ListFleetResponse) GetUnreachableNodes() []string {
+	if x != nil {
+		return x.UnreachableNodes
+	}
+	return nil
+}
+
+// FleetSession is a session as the fleet's session directory holds it.
+type FleetSession struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Unique on its node only.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Node string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	// Session.state as its node last wrote it, or "lost" once its node was forgotten.
+	State string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	// The capsule it was staged from, as name@version.
+	Capsule string `protobuf:"bytes,5,opt,name=capsule,proto3" json:"capsule,omitempty"`
+	// The containment class it runs under.
+	Class     string                 `protobuf:"bytes,6,opt,name=class,proto3" json:"class,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// Unset while it is live.
+	EndedAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	// Its node is heard now (its node-directory lease is live).
+	NodeReachable bool `protobuf:"varint,9,opt,name=node_reachable,json=nodeReachable,proto3" json:"node_reachable,omitempty"`
+	// When its node last wrote the entry.
+	UpdatedAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// The state before it was marked lost; set only when state is "lost".
+	LastState     string `protobuf:"bytes,11,opt,name=last_state,json=lastState,proto3" json:"last_state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FleetSession) Reset() {
+	*x = FleetSession{}
+	mi := &file_roost_v1_session_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FleetSession) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FleetSession) ProtoMessage() {}
+
+func (x *FleetSession) ProtoReflect() protoreflect.Message {
+	mi := &file_roost_v1_session_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FleetSession.ProtoReflect.Descriptor instead.
+func (*FleetSession) Descriptor() ([]byte, []int) {
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *FleetSession) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *FleetSession) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *FleetSession) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *FleetSession) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *FleetSession) GetCapsule() string {
+	if x != nil {
+		return x.Capsule
+	}
+	return ""
+}
+
+func (x *FleetSession) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *FleetSession) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *FleetSession) GetEndedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndedAt
+	}
+	return nil
+}
+
+func (x *FleetSession) GetNodeReachable() bool {
+	if x != nil {
+		return x.NodeReachable
+	}
+	return false
+}
+
+func (x *FleetSession) GetUpdatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return nil
+}
+
+func (x *FleetSession) GetLastState() string {
+	if x != nil {
+		return x.LastState
+	}
+	return ""
+}
+
 type WaitRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1788,7 +2031,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[21]
+	mi := &file_roost_v1_session_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1800,7 +2043,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[21]
+	mi := &file_roost_v1_session_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1813,7 +2056,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{21}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WaitRequest) GetId() string {
@@ -1832,7 +2075,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[22]
+	mi := &file_roost_v1_session_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1844,7 +2087,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[22]
+	mi := &file_roost_v1_session_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1857,7 +2100,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{22}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WaitResponse) GetSession() *Session {
@@ -1881,7 +2124,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[23]
+	mi := &file_roost_v1_session_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1893,7 +2136,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[23]
+	mi := &file_roost_v1_session_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1906,7 +2149,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{23}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StopRequest) GetId() string {
@@ -1939,7 +2182,7 @@ type StopResponse struct {
 
 func (x *StopResponse) Reset() {
 	*x = StopResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[24]
+	mi := &file_roost_v1_session_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1951,7 +2194,7 @@ func (x *StopResponse) String() string {
 func (*StopResponse) ProtoMessage() {}
 
 func (x *StopResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[24]
+	mi := &file_roost_v1_session_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1964,7 +2207,7 @@ func (x *StopResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopResponse.ProtoReflect.Descriptor instead.
 func (*StopResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{24}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StopResponse) GetSession() *Session {
@@ -1985,7 +2228,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[25]
+	mi := &file_roost_v1_session_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1997,7 +2240,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[25]
+	mi := &file_roost_v1_session_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2010,7 +2253,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{25}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *KillRequest) GetId() string {
@@ -2036,7 +2279,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[26]
+	mi := &file_roost_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2048,7 +2291,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[26]
+	mi := &file_roost_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2061,7 +2304,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{26}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *KillResponse) GetSession() *Session {
@@ -2080,7 +2323,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[27]
+	mi := &file_roost_v1_session_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2092,7 +2335,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[27]
+	mi := &file_roost_v1_session_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2105,7 +2348,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{27}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -2124,7 +2367,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[28]
+	mi := &file_roost_v1_session_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2136,7 +2379,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[28]
+	mi := &file_roost_v1_session_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2149,7 +2392,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{28}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PauseResponse) GetSession() *Session {
@@ -2168,7 +2411,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[29]
+	mi := &file_roost_v1_session_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2180,7 +2423,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[29]
+	mi := &file_roost_v1_session_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2193,7 +2436,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{29}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -2212,7 +2455,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[30]
+	mi := &file_roost_v1_session_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2224,7 +2467,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[30]
+	mi := &file_roost_v1_session_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2237,7 +2480,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{30}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ResumeResponse) GetSession() *Session {
@@ -2259,7 +2502,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[31]
+	mi := &file_roost_v1_session_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2271,7 +2514,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[31]
+	mi := &file_roost_v1_session_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2284,7 +2527,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{31}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RemoveRequest) GetId() string {
@@ -2309,7 +2552,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[32]
+	mi := &file_roost_v1_session_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2321,7 +2564,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[32]
+	mi := &file_roost_v1_session_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2334,7 +2577,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{32}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{35}
 }
 
 type LogsRequest struct {
@@ -2358,7 +2601,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[33]
+	mi := &file_roost_v1_session_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2370,7 +2613,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[33]
+	mi := &file_roost_v1_session_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2383,7 +2626,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{33}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *LogsRequest) GetId() string {
@@ -2454,7 +2697,7 @@ type LogsResponse struct {
 
 func (x *LogsResponse) Reset() {
 	*x = LogsResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[34]
+	mi := &file_roost_v1_session_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2466,7 +2709,7 @@ func (x *LogsResponse) String() string {
 func (*LogsResponse) ProtoMessage() {}
 
 func (x *LogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[34]
+	mi := &file_roost_v1_session_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2479,7 +2722,7 @@ func (x *LogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
 func (*LogsResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{34}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *LogsResponse) GetStream() string {
@@ -2529,7 +2772,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[35]
+	mi := &file_roost_v1_session_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2541,7 +2784,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[35]
+	mi := &file_roost_v1_session_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2554,7 +2797,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{35}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *EventsRequest) GetSince() uint64 {
@@ -2594,7 +2837,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[36]
+	mi := &file_roost_v1_session_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2606,7 +2849,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[36]
+	mi := &file_roost_v1_session_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2619,7 +2862,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{36}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *EventsResponse) GetEvent() *Event {
@@ -2641,7 +2884,7 @@ type PruneRequest struct {
 
 func (x *PruneRequest) Reset() {
 	*x = PruneRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[37]
+	mi := &file_roost_v1_session_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2653,7 +2896,7 @@ func (x *PruneRequest) String() string {
 func (*PruneRequest) ProtoMessage() {}
 
 func (x *PruneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[37]
+	mi := &file_roost_v1_session_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2666,7 +2909,7 @@ func (x *PruneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneRequest.ProtoReflect.Descriptor instead.
 func (*PruneRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{37}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *PruneRequest) GetUntil() *durationpb.Duration {
@@ -2700,7 +2943,7 @@ type PruneResponse struct {
 
 func (x *PruneResponse) Reset() {
 	*x = PruneResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[38]
+	mi := &file_roost_v1_session_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2712,7 +2955,7 @@ func (x *PruneResponse) String() string {
 func (*PruneResponse) ProtoMessage() {}
 
 func (x *PruneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[38]
+	mi := &file_roost_v1_session_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2725,7 +2968,7 @@ func (x *PruneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneResponse.ProtoReflect.Descriptor instead.
 func (*PruneResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{38}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *PruneResponse) GetRemoved() []*PrunedSession {
@@ -2779,7 +3022,7 @@ type PrunedSession struct {
 
 func (x *PrunedSession) Reset() {
 	*x = PrunedSession{}
-	mi := &file_roost_v1_session_proto_msgTypes[39]
+	mi := &file_roost_v1_session_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2791,7 +3034,7 @@ func (x *PrunedSession) String() string {
 func (*PrunedSession) ProtoMessage() {}
 
 func (x *PrunedSession) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[39]
+	mi := &file_roost_v1_session_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2804,7 +3047,7 @@ func (x *PrunedSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrunedSession.ProtoReflect.Descriptor instead.
 func (*PrunedSession) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{39}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *PrunedSession) GetId() string {
@@ -2873,7 +3116,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_roost_v1_session_proto_msgTypes[40]
+	mi := &file_roost_v1_session_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2885,7 +3128,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[40]
+	mi := &file_roost_v1_session_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2898,7 +3141,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{40}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Event) GetSeq() uint64 {
@@ -2979,7 +3222,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[41]
+	mi := &file_roost_v1_session_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2991,7 +3234,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[41]
+	mi := &file_roost_v1_session_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3004,7 +3247,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{41}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -3108,7 +3351,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_roost_v1_session_proto_msgTypes[42]
+	mi := &file_roost_v1_session_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3120,7 +3363,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[42]
+	mi := &file_roost_v1_session_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3133,7 +3376,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{42}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ExecStart) GetId() string {
@@ -3202,7 +3445,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_roost_v1_session_proto_msgTypes[43]
+	mi := &file_roost_v1_session_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3214,7 +3457,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[43]
+	mi := &file_roost_v1_session_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3227,7 +3470,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{43}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *TerminalSize) GetRows() uint32 {
@@ -3259,7 +3502,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[44]
+	mi := &file_roost_v1_session_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3271,7 +3514,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[44]
+	mi := &file_roost_v1_session_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3284,7 +3527,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{44}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
@@ -3372,7 +3615,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_roost_v1_session_proto_msgTypes[45]
+	mi := &file_roost_v1_session_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3384,7 +3627,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[45]
+	mi := &file_roost_v1_session_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3397,7 +3640,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{45}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ExecStarted) GetExecId() string {
@@ -3433,7 +3676,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_roost_v1_session_proto_msgTypes[46]
+	mi := &file_roost_v1_session_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3445,7 +3688,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[46]
+	mi := &file_roost_v1_session_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3458,7 +3701,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{46}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -3506,7 +3749,7 @@ type ExecInfo struct {
 
 func (x *ExecInfo) Reset() {
 	*x = ExecInfo{}
-	mi := &file_roost_v1_session_proto_msgTypes[47]
+	mi := &file_roost_v1_session_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3518,7 +3761,7 @@ func (x *ExecInfo) String() string {
 func (*ExecInfo) ProtoMessage() {}
 
 func (x *ExecInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[47]
+	mi := &file_roost_v1_session_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3531,7 +3774,7 @@ func (x *ExecInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecInfo.ProtoReflect.Descriptor instead.
 func (*ExecInfo) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{47}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ExecInfo) GetExecId() string {
@@ -3638,7 +3881,7 @@ type AttachExecRequest struct {
 
 func (x *AttachExecRequest) Reset() {
 	*x = AttachExecRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[48]
+	mi := &file_roost_v1_session_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3650,7 +3893,7 @@ func (x *AttachExecRequest) String() string {
 func (*AttachExecRequest) ProtoMessage() {}
 
 func (x *AttachExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[48]
+	mi := &file_roost_v1_session_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3663,7 +3906,7 @@ func (x *AttachExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachExecRequest.ProtoReflect.Descriptor instead.
 func (*AttachExecRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{48}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *AttachExecRequest) GetId() string {
@@ -3721,7 +3964,7 @@ type AttachExecResponse struct {
 
 func (x *AttachExecResponse) Reset() {
 	*x = AttachExecResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[49]
+	mi := &file_roost_v1_session_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3733,7 +3976,7 @@ func (x *AttachExecResponse) String() string {
 func (*AttachExecResponse) ProtoMessage() {}
 
 func (x *AttachExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[49]
+	mi := &file_roost_v1_session_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3746,7 +3989,7 @@ func (x *AttachExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachExecResponse.ProtoReflect.Descriptor instead.
 func (*AttachExecResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{49}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *AttachExecResponse) GetMsg() isAttachExecResponse_Msg {
@@ -3807,7 +4050,7 @@ type ExecOutput struct {
 
 func (x *ExecOutput) Reset() {
 	*x = ExecOutput{}
-	mi := &file_roost_v1_session_proto_msgTypes[50]
+	mi := &file_roost_v1_session_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3819,7 +4062,7 @@ func (x *ExecOutput) String() string {
 func (*ExecOutput) ProtoMessage() {}
 
 func (x *ExecOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[50]
+	mi := &file_roost_v1_session_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3832,7 +4075,7 @@ func (x *ExecOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecOutput.ProtoReflect.Descriptor instead.
 func (*ExecOutput) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{50}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ExecOutput) GetStream() string {
@@ -3866,7 +4109,7 @@ type WaitExecRequest struct {
 
 func (x *WaitExecRequest) Reset() {
 	*x = WaitExecRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[51]
+	mi := &file_roost_v1_session_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3878,7 +4121,7 @@ func (x *WaitExecRequest) String() string {
 func (*WaitExecRequest) ProtoMessage() {}
 
 func (x *WaitExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[51]
+	mi := &file_roost_v1_session_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3891,7 +4134,7 @@ func (x *WaitExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitExecRequest.ProtoReflect.Descriptor instead.
 func (*WaitExecRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{51}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *WaitExecRequest) GetId() string {
@@ -3917,7 +4160,7 @@ type WaitExecResponse struct {
 
 func (x *WaitExecResponse) Reset() {
 	*x = WaitExecResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[52]
+	mi := &file_roost_v1_session_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3929,7 +4172,7 @@ func (x *WaitExecResponse) String() string {
 func (*WaitExecResponse) ProtoMessage() {}
 
 func (x *WaitExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[52]
+	mi := &file_roost_v1_session_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3942,7 +4185,7 @@ func (x *WaitExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitExecResponse.ProtoReflect.Descriptor instead.
 func (*WaitExecResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{52}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *WaitExecResponse) GetExec() *ExecInfo {
@@ -3964,7 +4207,7 @@ type KillExecRequest struct {
 
 func (x *KillExecRequest) Reset() {
 	*x = KillExecRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[53]
+	mi := &file_roost_v1_session_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3976,7 +4219,7 @@ func (x *KillExecRequest) String() string {
 func (*KillExecRequest) ProtoMessage() {}
 
 func (x *KillExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[53]
+	mi := &file_roost_v1_session_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3989,7 +4232,7 @@ func (x *KillExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillExecRequest.ProtoReflect.Descriptor instead.
 func (*KillExecRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{53}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *KillExecRequest) GetId() string {
@@ -4022,7 +4265,7 @@ type KillExecResponse struct {
 
 func (x *KillExecResponse) Reset() {
 	*x = KillExecResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[54]
+	mi := &file_roost_v1_session_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4034,7 +4277,7 @@ func (x *KillExecResponse) String() string {
 func (*KillExecResponse) ProtoMessage() {}
 
 func (x *KillExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[54]
+	mi := &file_roost_v1_session_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4047,7 +4290,7 @@ func (x *KillExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillExecResponse.ProtoReflect.Descriptor instead.
 func (*KillExecResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{54}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *KillExecResponse) GetExec() *ExecInfo {
@@ -4066,7 +4309,7 @@ type ListExecsRequest struct {
 
 func (x *ListExecsRequest) Reset() {
 	*x = ListExecsRequest{}
-	mi := &file_roost_v1_session_proto_msgTypes[55]
+	mi := &file_roost_v1_session_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4078,7 +4321,7 @@ func (x *ListExecsRequest) String() string {
 func (*ListExecsRequest) ProtoMessage() {}
 
 func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[55]
+	mi := &file_roost_v1_session_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4091,7 +4334,7 @@ func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsRequest.ProtoReflect.Descriptor instead.
 func (*ListExecsRequest) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{55}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListExecsRequest) GetId() string {
@@ -4110,7 +4353,7 @@ type ListExecsResponse struct {
 
 func (x *ListExecsResponse) Reset() {
 	*x = ListExecsResponse{}
-	mi := &file_roost_v1_session_proto_msgTypes[56]
+	mi := &file_roost_v1_session_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4122,7 +4365,7 @@ func (x *ListExecsResponse) String() string {
 func (*ListExecsResponse) ProtoMessage() {}
 
 func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roost_v1_session_proto_msgTypes[56]
+	mi := &file_roost_v1_session_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4135,7 +4378,7 @@ func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsResponse.ProtoReflect.Descriptor instead.
 func (*ListExecsResponse) Descriptor() ([]byte, []int) {
-	return file_roost_v1_session_proto_rawDescGZIP(), []int{56}
+	return file_roost_v1_session_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListExecsResponse) GetExecs() []*ExecInfo {
@@ -4302,7 +4545,29 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x03all\x18\x01 \x01(\bR\x03all\x12\x14\n" +
 	"\x05label\x18\x02 \x03(\tR\x05label\"=\n" +
 	"\fListResponse\x12-\n" +
-	"\bsessions\x18\x01 \x03(\v2\x11.roost.v1.SessionR\bsessions\"\x1d\n" +
+	"\bsessions\x18\x01 \x03(\v2\x11.roost.v1.SessionR\bsessions\"8\n" +
+	"\x10ListFleetRequest\x12\x10\n" +
+	"\x03all\x18\x01 \x01(\bR\x03all\x12\x12\n" +
+	"\x04node\x18\x02 \x03(\tR\x04node\"t\n" +
+	"\x11ListFleetResponse\x122\n" +
+	"\bsessions\x18\x01 \x03(\v2\x16.roost.v1.FleetSessionR\bsessions\x12+\n" +
+	"\x11unreachable_nodes\x18\x02 \x03(\tR\x10unreachableNodes\"\xff\x02\n" +
+	"\fFleetSession\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12\x14\n" +
+	"\x05state\x18\x04 \x01(\tR\x05state\x12\x18\n" +
+	"\acapsule\x18\x05 \x01(\tR\acapsule\x12\x14\n" +
+	"\x05class\x18\x06 \x01(\tR\x05class\x129\n" +
+	"\n" +
+	"created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x125\n" +
+	"\bended_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x12%\n" +
+	"\x0enode_reachable\x18\t \x01(\bR\rnodeReachable\x129\n" +
+	"\n" +
+	"updated_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x1d\n" +
+	"\n" +
+	"last_state\x18\v \x01(\tR\tlastState\"\x1d\n" +
 	"\vWaitRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\";\n" +
 	"\fWaitResponse\x12+\n" +
@@ -4464,7 +4729,7 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"\x10ListExecsRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"=\n" +
 	"\x11ListExecsResponse\x12(\n" +
-	"\x05execs\x18\x01 \x03(\v2\x12.roost.v1.ExecInfoR\x05execs2\xcf\b\n" +
+	"\x05execs\x18\x01 \x03(\v2\x12.roost.v1.ExecInfoR\x05execs2\x95\t\n" +
 	"\x0eSessionService\x128\n" +
 	"\x05Stage\x12\x16.roost.v1.StageRequest\x1a\x17.roost.v1.StageResponse\x12;\n" +
 	"\x06Launch\x12\x17.roost.v1.LaunchRequest\x1a\x18.roost.v1.LaunchResponse\x122\n" +
@@ -4484,7 +4749,8 @@ const file_roost_v1_session_proto_rawDesc = "" +
 	"AttachExec\x12\x1b.roost.v1.AttachExecRequest\x1a\x1c.roost.v1.AttachExecResponse0\x01\x12A\n" +
 	"\bWaitExec\x12\x19.roost.v1.WaitExecRequest\x1a\x1a.roost.v1.WaitExecResponse\x12A\n" +
 	"\bKillExec\x12\x19.roost.v1.KillExecRequest\x1a\x1a.roost.v1.KillExecResponse\x12D\n" +
-	"\tListExecs\x12\x1a.roost.v1.ListExecsRequest\x1a\x1b.roost.v1.ListExecsResponseB*Z(roost.dev/roost/api/gen/roost/v1;roostv1b\x06proto3"
+	"\tListExecs\x12\x1a.roost.v1.ListExecsRequest\x1a\x1b.roost.v1.ListExecsResponse\x12D\n" +
+	"\tListFleet\x12\x1a.roost.v1.ListFleetRequest\x1a\x1b.roost.v1.ListFleetResponseB*Z(roost.dev/roost/api/gen/roost/v1;roostv1b\x06proto3"
 
 var (
 	file_roost_v1_session_proto_rawDescOnce sync.Once
@@ -4498,7 +4764,7 @@ func file_roost_v1_session_proto_rawDescGZIP() []byte {
 	return file_roost_v1_session_proto_rawDescData
 }
 
-var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_roost_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
 var file_roost_v1_session_proto_goTypes = []any{
 	(*Session)(nil),               // 0: roost.v1.Session
 	(*Placement)(nil),             // 1: roost.v1.Placement
@@ -4521,55 +4787,58 @@ var file_roost_v1_session_proto_goTypes = []any{
 	(*GetResponse)(nil),           // 18: roost.v1.GetResponse
 	(*ListRequest)(nil),           // 19: roost.v1.ListRequest
 	(*ListResponse)(nil),          // 20: roost.v1.ListResponse
-	(*WaitRequest)(nil),           // 21: roost.v1.WaitRequest
-	(*WaitResponse)(nil),          // 22: roost.v1.WaitResponse
-	(*StopRequest)(nil),           // 23: roost.v1.StopRequest
-	(*StopResponse)(nil),          // 24: roost.v1.StopResponse
-	(*KillRequest)(nil),           // 25: roost.v1.KillRequest
-	(*KillResponse)(nil),          // 26: roost.v1.KillResponse
-	(*PauseRequest)(nil),          // 27: roost.v1.PauseRequest
-	(*PauseResponse)(nil),         // 28: roost.v1.PauseResponse
-	(*ResumeRequest)(nil),         // 29: roost.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 30: roost.v1.ResumeResponse
-	(*RemoveRequest)(nil),         // 31: roost.v1.RemoveRequest
-	(*RemoveResponse)(nil),        // 32: roost.v1.RemoveResponse
-	(*LogsRequest)(nil),           // 33: roost.v1.LogsRequest
-	(*LogsResponse)(nil),          // 34: roost.v1.LogsResponse
-	(*EventsRequest)(nil),         // 35: roost.v1.EventsRequest
-	(*EventsResponse)(nil),        // 36: roost.v1.EventsResponse
-	(*PruneRequest)(nil),          // 37: roost.v1.PruneRequest
-	(*PruneResponse)(nil),         // 38: roost.v1.PruneResponse
-	(*PrunedSession)(nil),         // 39: roost.v1.PrunedSession
-	(*Event)(nil),                 // 40: roost.v1.Event
-	(*ExecRequest)(nil),           // 41: roost.v1.ExecRequest
-	(*ExecStart)(nil),             // 42: roost.v1.ExecStart
-	(*TerminalSize)(nil),          // 43: roost.v1.TerminalSize
-	(*ExecResponse)(nil),          // 44: roost.v1.ExecResponse
-	(*ExecStarted)(nil),           // 45: roost.v1.ExecStarted
-	(*ExecExit)(nil),              // 46: roost.v1.ExecExit
-	(*ExecInfo)(nil),              // 47: roost.v1.ExecInfo
-	(*AttachExecRequest)(nil),     // 48: roost.v1.AttachExecRequest
-	(*AttachExecResponse)(nil),    // 49: roost.v1.AttachExecResponse
-	(*ExecOutput)(nil),            // 50: roost.v1.ExecOutput
-	(*WaitExecRequest)(nil),       // 51: roost.v1.WaitExecRequest
-	(*WaitExecResponse)(nil),      // 52: roost.v1.WaitExecResponse
-	(*KillExecRequest)(nil),       // 53: roost.v1.KillExecRequest
-	(*KillExecResponse)(nil),      // 54: roost.v1.KillExecResponse
-	(*ListExecsRequest)(nil),      // 55: roost.v1.ListExecsRequest
-	(*ListExecsResponse)(nil),     // 56: roost.v1.ListExecsResponse
-	nil,                           // 57: roost.v1.Session.LabelsEntry
-	nil,                           // 58: roost.v1.StageRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 59: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 60: google.protobuf.Duration
+	(*ListFleetRequest)(nil),      // 21: roost.v1.ListFleetRequest
+	(*ListFleetResponse)(nil),     // 22: roost.v1.ListFleetResponse
+	(*FleetSession)(nil),          // 23: roost.v1.FleetSession
+	(*WaitRequest)(nil),           // 24: roost.v1.WaitRequest
+	(*WaitResponse)(nil),          // 25: roost.v1.WaitResponse
+	(*StopRequest)(nil),           // 26: roost.v1.StopRequest
+	(*StopResponse)(nil),          // 27: roost.v1.StopResponse
+	(*KillRequest)(nil),           // 28: roost.v1.KillRequest
+	(*KillResponse)(nil),          // 29: roost.v1.KillResponse
+	(*PauseRequest)(nil),          // 30: roost.v1.PauseRequest
+	(*PauseResponse)(nil),         // 31: roost.v1.PauseResponse
+	(*ResumeRequest)(nil),         // 32: roost.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 33: roost.v1.ResumeResponse
+	(*RemoveRequest)(nil),         // 34: roost.v1.RemoveRequest
+	(*RemoveResponse)(nil),        // 35: roost.v1.RemoveResponse
+	(*LogsRequest)(nil),           // 36: roost.v1.LogsRequest
+	(*LogsResponse)(nil),          // 37: roost.v1.LogsResponse
+	(*EventsRequest)(nil),         // 38: roost.v1.EventsRequest
+	(*EventsResponse)(nil),        // 39: roost.v1.EventsResponse
+	(*PruneRequest)(nil),          // 40: roost.v1.PruneRequest
+	(*PruneResponse)(nil),         // 41: roost.v1.PruneResponse
+	(*PrunedSession)(nil),         // 42: roost.v1.PrunedSession
+	(*Event)(nil),                 // 43: roost.v1.Event
+	(*ExecRequest)(nil),           // 44: roost.v1.ExecRequest
+	(*ExecStart)(nil),             // 45: roost.v1.ExecStart
+	(*TerminalSize)(nil),          // 46: roost.v1.TerminalSize
+	(*ExecResponse)(nil),          // 47: roost.v1.ExecResponse
+	(*ExecStarted)(nil),           // 48: roost.v1.ExecStarted
+	(*ExecExit)(nil),              // 49: roost.v1.ExecExit
+	(*ExecInfo)(nil),              // 50: roost.v1.ExecInfo
+	(*AttachExecRequest)(nil),     // 51: roost.v1.AttachExecRequest
+	(*AttachExecResponse)(nil),    // 52: roost.v1.AttachExecResponse
+	(*ExecOutput)(nil),            // 53: roost.v1.ExecOutput
+	(*WaitExecRequest)(nil),       // 54: roost.v1.WaitExecRequest
+	(*WaitExecResponse)(nil),      // 55: roost.v1.WaitExecResponse
+	(*KillExecRequest)(nil),       // 56: roost.v1.KillExecRequest
+	(*KillExecResponse)(nil),      // 57: roost.v1.KillExecResponse
+	(*ListExecsRequest)(nil),      // 58: roost.v1.ListExecsRequest
+	(*ListExecsResponse)(nil),     // 59: roost.v1.ListExecsResponse
+	nil,                           // 60: roost.v1.Session.LabelsEntry
+	nil,                           // 61: roost.v1.StageRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 62: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 63: google.protobuf.Duration
 }
 var file_roost_v1_session_proto_depIdxs = []int32{
 	10, // 0: roost.v1.Session.capsule:type_name -> roost.v1.CapsuleRef
 	11, // 1: roost.v1.Session.containment:type_name -> roost.v1.ContainmentState
-	59, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	59, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
-	59, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
+	62, // 2: roost.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	62, // 3: roost.v1.Session.started_at:type_name -> google.protobuf.Timestamp
+	62, // 4: roost.v1.Session.ended_at:type_name -> google.protobuf.Timestamp
 	12, // 5: roost.v1.Session.spend:type_name -> roost.v1.Spend
-	59, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
+	62, // 6: roost.v1.Session.deadline_at:type_name -> google.protobuf.Timestamp
 	9,  // 7: roost.v1.Session.usage:type_name -> roost.v1.Usage
 	8,  // 8: roost.v1.Session.identity:type_name -> roost.v1.Identity
 	7,  // 9: roost.v1.Session.stdout:type_name -> roost.v1.LogStats
@@ -4577,90 +4846,96 @@ var file_roost_v1_session_proto_depIdxs = []int32{
 	5,  // 11: roost.v1.Session.egress:type_name -> roost.v1.Egress
 	4,  // 12: roost.v1.Session.wasm:type_name -> roost.v1.WasmRun
 	3,  // 13: roost.v1.Session.exec_refused:type_name -> roost.v1.ExecRefusals
-	57, // 14: roost.v1.Session.labels:type_name -> roost.v1.Session.LabelsEntry
+	60, // 14: roost.v1.Session.labels:type_name -> roost.v1.Session.LabelsEntry
 	1,  // 15: roost.v1.Session.placement:type_name -> roost.v1.Placement
-	59, // 16: roost.v1.Placement.at:type_name -> google.protobuf.Timestamp
+	62, // 16: roost.v1.Placement.at:type_name -> google.protobuf.Timestamp
 	2,  // 17: roost.v1.Placement.candidates:type_name -> roost.v1.PlacementCandidate
 	6,  // 18: roost.v1.Egress.refused:type_name -> roost.v1.EgressRefusal
-	59, // 19: roost.v1.EgressRefusal.first:type_name -> google.protobuf.Timestamp
-	59, // 20: roost.v1.EgressRefusal.last:type_name -> google.protobuf.Timestamp
-	60, // 21: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
-	58, // 22: roost.v1.StageRequest.labels:type_name -> roost.v1.StageRequest.LabelsEntry
+	62, // 19: roost.v1.EgressRefusal.first:type_name -> google.protobuf.Timestamp
+	62, // 20: roost.v1.EgressRefusal.last:type_name -> google.protobuf.Timestamp
+	63, // 21: roost.v1.StageRequest.deadline:type_name -> google.protobuf.Duration
+	61, // 22: roost.v1.StageRequest.labels:type_name -> roost.v1.StageRequest.LabelsEntry
 	1,  // 23: roost.v1.StageRequest.placement:type_name -> roost.v1.Placement
 	0,  // 24: roost.v1.StageResponse.session:type_name -> roost.v1.Session
 	0,  // 25: roost.v1.LaunchResponse.session:type_name -> roost.v1.Session
 	0,  // 26: roost.v1.GetResponse.session:type_name -> roost.v1.Session
 	0,  // 27: roost.v1.ListResponse.sessions:type_name -> roost.v1.Session
-	0,  // 28: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
-	60, // 29: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
-	0,  // 30: roost.v1.StopResponse.session:type_name -> roost.v1.Session
-	0,  // 31: roost.v1.KillResponse.session:type_name -> roost.v1.Session
-	0,  // 32: roost.v1.PauseResponse.session:type_name -> roost.v1.Session
-	0,  // 33: roost.v1.ResumeResponse.session:type_name -> roost.v1.Session
-	59, // 34: roost.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
-	59, // 35: roost.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
-	40, // 36: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
-	60, // 37: roost.v1.PruneRequest.until:type_name -> google.protobuf.Duration
-	39, // 38: roost.v1.PruneResponse.removed:type_name -> roost.v1.PrunedSession
-	39, // 39: roost.v1.PruneResponse.kept:type_name -> roost.v1.PrunedSession
-	10, // 40: roost.v1.PrunedSession.capsule:type_name -> roost.v1.CapsuleRef
-	59, // 41: roost.v1.PrunedSession.ended_at:type_name -> google.protobuf.Timestamp
-	59, // 42: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
-	42, // 43: roost.v1.ExecRequest.start:type_name -> roost.v1.ExecStart
-	43, // 44: roost.v1.ExecRequest.resize:type_name -> roost.v1.TerminalSize
-	43, // 45: roost.v1.ExecStart.size:type_name -> roost.v1.TerminalSize
-	45, // 46: roost.v1.ExecResponse.started:type_name -> roost.v1.ExecStarted
-	46, // 47: roost.v1.ExecResponse.exit:type_name -> roost.v1.ExecExit
-	59, // 48: roost.v1.ExecInfo.started_at:type_name -> google.protobuf.Timestamp
-	59, // 49: roost.v1.ExecInfo.ended_at:type_name -> google.protobuf.Timestamp
-	7,  // 50: roost.v1.ExecInfo.stdout:type_name -> roost.v1.LogStats
-	7,  // 51: roost.v1.ExecInfo.stderr:type_name -> roost.v1.LogStats
-	50, // 52: roost.v1.AttachExecResponse.output:type_name -> roost.v1.ExecOutput
-	46, // 53: roost.v1.AttachExecResponse.exit:type_name -> roost.v1.ExecExit
-	47, // 54: roost.v1.WaitExecResponse.exec:type_name -> roost.v1.ExecInfo
-	47, // 55: roost.v1.KillExecResponse.exec:type_name -> roost.v1.ExecInfo
-	47, // 56: roost.v1.ListExecsResponse.execs:type_name -> roost.v1.ExecInfo
-	13, // 57: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
-	15, // 58: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
-	17, // 59: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
-	19, // 60: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
-	21, // 61: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
-	23, // 62: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
-	25, // 63: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
-	27, // 64: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
-	29, // 65: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
-	31, // 66: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
-	33, // 67: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
-	35, // 68: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
-	37, // 69: roost.v1.SessionService.Prune:input_type -> roost.v1.PruneRequest
-	41, // 70: roost.v1.SessionService.Exec:input_type -> roost.v1.ExecRequest
-	48, // 71: roost.v1.SessionService.AttachExec:input_type -> roost.v1.AttachExecRequest
-	51, // 72: roost.v1.SessionService.WaitExec:input_type -> roost.v1.WaitExecRequest
-	53, // 73: roost.v1.SessionService.KillExec:input_type -> roost.v1.KillExecRequest
-	55, // 74: roost.v1.SessionService.ListExecs:input_type -> roost.v1.ListExecsRequest
-	14, // 75: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
-	16, // 76: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
-	18, // 77: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
-	20, // 78: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
-	22, // 79: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
-	24, // 80: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
-	26, // 81: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
-	28, // 82: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
-	30, // 83: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
-	32, // 84: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
-	34, // 85: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
-	36, // 86: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
-	38, // 87: roost.v1.SessionService.Prune:output_type -> roost.v1.PruneResponse
-	44, // 88: roost.v1.SessionService.Exec:output_type -> roost.v1.ExecResponse
-	49, // 89: roost.v1.SessionService.AttachExec:output_type -> roost.v1.AttachExecResponse
-	52, // 90: roost.v1.SessionService.WaitExec:output_type -> roost.v1.WaitExecResponse
-	54, // 91: roost.v1.SessionService.KillExec:output_type -> roost.v1.KillExecResponse
-	56, // 92: roost.v1.SessionService.ListExecs:output_type -> roost.v1.ListExecsResponse
-	75, // [75:93] is the sub-list for method output_type
-	57, // [57:75] is the sub-list for method input_type
-	57, // [57:57] is the sub-list for extension type_name
-	57, // [57:57] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	23, // 28: roost.v1.ListFleetResponse.sessions:type_name -> roost.v1.FleetSession
+	62, // 29: roost.v1.FleetSession.created_at:type_name -> google.protobuf.Timestamp
+	62, // 30: roost.v1.FleetSession.ended_at:type_name -> google.protobuf.Timestamp
+	62, // 31: roost.v1.FleetSession.updated_at:type_name -> google.protobuf.Timestamp
+	0,  // 32: roost.v1.WaitResponse.session:type_name -> roost.v1.Session
+	63, // 33: roost.v1.StopRequest.grace:type_name -> google.protobuf.Duration
+	0,  // 34: roost.v1.StopResponse.session:type_name -> roost.v1.Session
+	0,  // 35: roost.v1.KillResponse.session:type_name -> roost.v1.Session
+	0,  // 36: roost.v1.PauseResponse.session:type_name -> roost.v1.Session
+	0,  // 37: roost.v1.ResumeResponse.session:type_name -> roost.v1.Session
+	62, // 38: roost.v1.LogsRequest.since:type_name -> google.protobuf.Timestamp
+	62, // 39: roost.v1.LogsResponse.time:type_name -> google.protobuf.Timestamp
+	43, // 40: roost.v1.EventsResponse.event:type_name -> roost.v1.Event
+	63, // 41: roost.v1.PruneRequest.until:type_name -> google.protobuf.Duration
+	42, // 42: roost.v1.PruneResponse.removed:type_name -> roost.v1.PrunedSession
+	42, // 43: roost.v1.PruneResponse.kept:type_name -> roost.v1.PrunedSession
+	10, // 44: roost.v1.PrunedSession.capsule:type_name -> roost.v1.CapsuleRef
+	62, // 45: roost.v1.PrunedSession.ended_at:type_name -> google.protobuf.Timestamp
+	62, // 46: roost.v1.Event.time:type_name -> google.protobuf.Timestamp
+	45, // 47: roost.v1.ExecRequest.start:type_name -> roost.v1.ExecStart
+	46, // 48: roost.v1.ExecRequest.resize:type_name -> roost.v1.TerminalSize
+	46, // 49: roost.v1.ExecStart.size:type_name -> roost.v1.TerminalSize
+	48, // 50: roost.v1.ExecResponse.started:type_name -> roost.v1.ExecStarted
+	49, // 51: roost.v1.ExecResponse.exit:type_name -> roost.v1.ExecExit
+	62, // 52: roost.v1.ExecInfo.started_at:type_name -> google.protobuf.Timestamp
+	62, // 53: roost.v1.ExecInfo.ended_at:type_name -> google.protobuf.Timestamp
+	7,  // 54: roost.v1.ExecInfo.stdout:type_name -> roost.v1.LogStats
+	7,  // 55: roost.v1.ExecInfo.stderr:type_name -> roost.v1.LogStats
+	53, // 56: roost.v1.AttachExecResponse.output:type_name -> roost.v1.ExecOutput
+	49, // 57: roost.v1.AttachExecResponse.exit:type_name -> roost.v1.ExecExit
+	50, // 58: roost.v1.WaitExecResponse.exec:type_name -> roost.v1.ExecInfo
+	50, // 59: roost.v1.KillExecResponse.exec:type_name -> roost.v1.ExecInfo
+	50, // 60: roost.v1.ListExecsResponse.execs:type_name -> roost.v1.ExecInfo
+	13, // 61: roost.v1.SessionService.Stage:input_type -> roost.v1.StageRequest
+	15, // 62: roost.v1.SessionService.Launch:input_type -> roost.v1.LaunchRequest
+	17, // 63: roost.v1.SessionService.Get:input_type -> roost.v1.GetRequest
+	19, // 64: roost.v1.SessionService.List:input_type -> roost.v1.ListRequest
+	24, // 65: roost.v1.SessionService.Wait:input_type -> roost.v1.WaitRequest
+	26, // 66: roost.v1.SessionService.Stop:input_type -> roost.v1.StopRequest
+	28, // 67: roost.v1.SessionService.Kill:input_type -> roost.v1.KillRequest
+	30, // 68: roost.v1.SessionService.Pause:input_type -> roost.v1.PauseRequest
+	32, // 69: roost.v1.SessionService.Resume:input_type -> roost.v1.ResumeRequest
+	34, // 70: roost.v1.SessionService.Remove:input_type -> roost.v1.RemoveRequest
+	36, // 71: roost.v1.SessionService.Logs:input_type -> roost.v1.LogsRequest
+	38, // 72: roost.v1.SessionService.Events:input_type -> roost.v1.EventsRequest
+	40, // 73: roost.v1.SessionService.Prune:input_type -> roost.v1.PruneRequest
+	44, // 74: roost.v1.SessionService.Exec:input_type -> roost.v1.ExecRequest
+	51, // 75: roost.v1.SessionService.AttachExec:input_type -> roost.v1.AttachExecRequest
+	54, // 76: roost.v1.SessionService.WaitExec:input_type -> roost.v1.WaitExecRequest
+	56, // 77: roost.v1.SessionService.KillExec:input_type -> roost.v1.KillExecRequest
+	58, // 78: roost.v1.SessionService.ListExecs:input_type -> roost.v1.ListExecsRequest
+	21, // 79: roost.v1.SessionService.ListFleet:input_type -> roost.v1.ListFleetRequest
+	14, // 80: roost.v1.SessionService.Stage:output_type -> roost.v1.StageResponse
+	16, // 81: roost.v1.SessionService.Launch:output_type -> roost.v1.LaunchResponse
+	18, // 82: roost.v1.SessionService.Get:output_type -> roost.v1.GetResponse
+	20, // 83: roost.v1.SessionService.List:output_type -> roost.v1.ListResponse
+	25, // 84: roost.v1.SessionService.Wait:output_type -> roost.v1.WaitResponse
+	27, // 85: roost.v1.SessionService.Stop:output_type -> roost.v1.StopResponse
+	29, // 86: roost.v1.SessionService.Kill:output_type -> roost.v1.KillResponse
+	31, // 87: roost.v1.SessionService.Pause:output_type -> roost.v1.PauseResponse
+	33, // 88: roost.v1.SessionService.Resume:output_type -> roost.v1.ResumeResponse
+	35, // 89: roost.v1.SessionService.Remove:output_type -> roost.v1.RemoveResponse
+	37, // 90: roost.v1.SessionService.Logs:output_type -> roost.v1.LogsResponse
+	39, // 91: roost.v1.SessionService.Events:output_type -> roost.v1.EventsResponse
+	41, // 92: roost.v1.SessionService.Prune:output_type -> roost.v1.PruneResponse
+	47, // 93: roost.v1.SessionService.Exec:output_type -> roost.v1.ExecResponse
+	52, // 94: roost.v1.SessionService.AttachExec:output_type -> roost.v1.AttachExecResponse
+	55, // 95: roost.v1.SessionService.WaitExec:output_type -> roost.v1.WaitExecResponse
+	57, // 96: roost.v1.SessionService.KillExec:output_type -> roost.v1.KillExecResponse
+	59, // 97: roost.v1.SessionService.ListExecs:output_type -> roost.v1.ListExecsResponse
+	22, // 98: roost.v1.SessionService.ListFleet:output_type -> roost.v1.ListFleetResponse
+	80, // [80:99] is the sub-list for method output_type
+	61, // [61:80] is the sub-list for method input_type
+	61, // [61:61] is the sub-list for extension type_name
+	61, // [61:61] is the sub-list for extension extendee
+	0,  // [0:61] is the sub-list for field type_name
 }
 
 func init() { file_roost_v1_session_proto_init() }
@@ -4669,23 +4944,23 @@ func file_roost_v1_session_proto_init() {
 		return
 	}
 	file_roost_v1_session_proto_msgTypes[0].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[33].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[40].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[41].OneofWrappers = []any{
+	file_roost_v1_session_proto_msgTypes[36].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[43].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[44].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_roost_v1_session_proto_msgTypes[44].OneofWrappers = []any{
+	file_roost_v1_session_proto_msgTypes[47].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_roost_v1_session_proto_msgTypes[47].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[48].OneofWrappers = []any{}
-	file_roost_v1_session_proto_msgTypes[49].OneofWrappers = []any{
+	file_roost_v1_session_proto_msgTypes[50].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[51].OneofWrappers = []any{}
+	file_roost_v1_session_proto_msgTypes[52].OneofWrappers = []any{
 		(*AttachExecResponse_Output)(nil),
 		(*AttachExecResponse_Exit)(nil),
 	}
@@ -4695,7 +4970,7 @@ func file_roost_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roost_v1_session_proto_rawDesc), len(file_roost_v1_session_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   59,
+			NumMessages:   62,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -37,6 +37,7 @@ const (
 	SessionService_WaitExec_FullMethodName   = "/roost.v1.SessionService/WaitExec"
 	SessionService_KillExec_FullMethodName   = "/roost.v1.SessionService/KillExec"
 	SessionService_ListExecs_FullMethodName  = "/roost.v1.SessionService/ListExecs"
+	SessionService_ListFleet_FullMethodName  = "/roost.v1.SessionService/ListFleet"
 )
 
 // SessionServiceClient is the client API for SessionService service.
@@ -101,6 +102,10 @@ type SessionServiceClient interface {
 	KillExec(ctx context.Context, in *KillExecRequest, opts ...grpc.CallOption) (*KillExecResponse, error)
 	// ListExecs returns a session's detached execs, live and ended, oldest first.
 	ListExecs(ctx context.Context, in *ListExecsRequest, opts ...grpc.CallOption) (*ListExecsResponse, error)
+	// ListFleet lists the sessions of every node of the fleet as the fleet's session
+	// directory holds them (each as its node last wrote it), by node, then creation. A
+	// roostd that is no fleet node answers FAILED_PRECONDITION.
+	ListFleet(ctx context.Context, in *ListFleetRequest, opts ...grpc.CallOption) (*ListFleetResponse, error)
 }
 
 type sessionServiceClient struct {
@@ -321,6 +326,16 @@ func (c *sessionServiceClient) ListExecs(ctx context.Context, in *ListExecsReque
 	return out, nil
 }
 
+func (c *sessionServiceClient) ListFleet(ctx context.Context, in *ListFleetRequest, opts ...grpc.CallOption) (*ListFleetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListFleetResponse)
+	err := c.cc.Invoke(ctx, SessionService_ListFleet_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionServiceServer is the server API for SessionService service.
 // All implementations must embed UnimplementedSessionServiceServer
 // for forward compatibility.
@@ -383,6 +398,10 @@ type SessionServiceServer interface {
 	KillExec(context.Context, *KillExecRequest) (*KillExecResponse, error)
 	// ListExecs returns a session's detached execs, live and ended, oldest first.
 	ListExecs(context.Context, *ListExecsRequest) (*ListExecsResponse, error)
+	// ListFleet lists the sessions of every node of the fleet as the fleet's session
+	// directory holds them (each as its node last wrote it), by node, then creation. A
+	// roostd that is no fleet node answers FAILED_PRECONDITION.
+	ListFleet(context.Context, *ListFleetRequest) (*ListFleetResponse, error)
 	mustEmbedUnimplementedSessionServiceServer()
 }
 
@@ -446,6 +465,9 @@ func (UnimplementedSessionServiceServer) KillExec(context.Context, *KillExecRequ
 }
 func (UnimplementedSessionServiceServer) ListExecs(context.Context, *ListExecsRequest) (*ListExecsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListExecs not implemented")
+}
+func (UnimplementedSessionServiceServer) ListFleet(context.Context, *ListFleetRequest) (*ListFleetResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListFleet not implemented")
 }
 func (UnimplementedSessionServiceServer) mustEmbedUnimplementedSessionServiceServer() {}
 func (UnimplementedSessionServiceServer) testEmbeddedByValue()                        {}
@@ -760,6 +782,24 @@ func _SessionService_ListExecs_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionService_ListFleet_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListFleetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).ListFleet(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_ListFleet_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).ListFleet(ctx, req.(*ListFleetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SessionService_ServiceDesc is the grpc.ServiceDesc for SessionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -822,6 +862,10 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListExecs",
 			Handler:    _SessionService_ListExecs_Handler,
+		},
+		{
+			MethodName: "ListFleet",
+			Handler:    _SessionService_ListFleet_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

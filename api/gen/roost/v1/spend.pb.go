@@ -1474,8 +1474,10 @@ type ForgetFleetNodeResponse struct {
 	UnderUse int64 `protobuf:"varint,4,opt,name=under_use,json=underUse,proto3" json:"under_use,omitempty"`
 	// The node's node-directory entry was deleted (false: it had none).
 	DirectoryEntryDeleted bool `protobuf:"varint,5,opt,name=directory_entry_deleted,json=directoryEntryDeleted,proto3" json:"directory_entry_deleted,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// How many of its sessions' entries in the session directory were marked lost now.
+	SessionsLost  int32 `protobuf:"varint,6,opt,name=sessions_lost,json=sessionsLost,proto3" json:"sessions_lost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ForgetFleetNodeResponse) Reset() {
@@ -1541,6 +1543,13 @@ func (x *ForgetFleetNodeResponse) GetDirectoryEntryDeleted() bool {
 		return x.DirectoryEntryDeleted
 	}
 	return false
+}
+
+func (x *ForgetFleetNodeResponse) GetSessionsLost() int32 {
+	if x != nil {
+		return x.SessionsLost
+	}
+	return 0
 }
 
 var File_roost_v1_spend_proto protoreflect.FileDescriptor
@@ -1663,14 +1672,15 @@ const file_roost_v1_spend_proto_rawDesc = "" +
 	"\apending\x18\x06 \x01(\x05R\apending\x12 \n" +
 	"\vunreachable\x18\a \x01(\bR\vunreachable\",\n" +
 	"\x16ForgetFleetNodeRequest\x12\x12\n" +
-	"\x04node\x18\x01 \x01(\tR\x04node\"\x9d\x02\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\"\xc2\x02\n" +
 	"\x17ForgetFleetNodeResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12?\n" +
 	"\x04days\x18\x02 \x03(\v2+.roost.v1.ForgetFleetNodeResponse.DaysEntryR\x04days\x12\x1f\n" +
 	"\vwritten_off\x18\x03 \x01(\x03R\n" +
 	"writtenOff\x12\x1b\n" +
 	"\tunder_use\x18\x04 \x01(\x03R\bunderUse\x126\n" +
-	"\x17directory_entry_deleted\x18\x05 \x01(\bR\x15directoryEntryDeleted\x1a7\n" +
+	"\x17directory_entry_deleted\x18\x05 \x01(\bR\x15directoryEntryDeleted\x12#\n" +
+	"\rsessions_lost\x18\x06 \x01(\x05R\fsessionsLost\x1a7\n" +
 	"\tDaysEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x012\xab\x04\n" +

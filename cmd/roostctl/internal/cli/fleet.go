@@ -198,9 +198,10 @@ func (a *app) fleetForgetCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "forget NODE",
 		Short: "Write a lost node's blocks off as spent, say the under-use, drop it from the directory",
-		Long: `forget writes off as spent every block NODE holds, on every day it holds any, and
-deletes its node-directory entry: for a node that is gone (its host lost, its state
-directory with it). Nothing it held goes back
+		Long: `forget writes off as spent every block NODE holds, on every day it holds any,
+deletes its node-directory entry and marks its sessions lost in the session directory
+(ps --fleet lists them lost, with the state they were in): for a node that is gone (its
+host lost, its state directory with it). Nothing it held goes back
 to the pool, since nothing says it no longer spends (a lease lapsing says only that it
 cannot be heard); the fleet ceiling is never overshot for it. What of the written-off
 tokens the node never spent is the under-use: tokens the fleet cannot spend that day.
@@ -251,6 +252,9 @@ On a terminal it asks first; --yes does not.`,
 			fmt.Fprintf(out, "forgot %s: %d tokens written off as spent, of which at most %d it never spent (under-use)\n", resp.GetNode(), resp.GetWrittenOff(), resp.GetUnderUse())
 			if resp.GetDirectoryEntryDeleted() {
 				fmt.Fprintf(out, "deleted %s's node-directory entry\n", resp.GetNode())
+			}
+			if n := resp.GetSessionsLost(); n > 0 {
+				fmt.Fprintf(out, "marked %d of %s's sessions lost in the session directory\n", n, resp.GetNode())
 			}
 			return nil
 		},

@@ -33,7 +33,7 @@ var sessionStates = []string{"staged", "launching", "running", "paused", "stoppi
 var psFilterKeys = []string{"capsule", "label", "name", "parent", "state", "status"}
 
 func (a *app) psCommand() *cobra.Command {
-	var all, asJSON, quiet, tree, noTrunc bool
+	var all, asJSON, quiet, tree, noTrunc, fleet bool
 	var format string
 	var filters []string
 	cmd := &cobra.Command{
@@ -65,14 +65,34 @@ filters narrow it each (every one must match, as docker's):
 same); --format '{{.id}}' prints a Go template over each of those objects, one line each
 (keys are snake_case: {{.capsule.name}}, {{.state}}; {{short .id}} is the short id,
 {{json .}} the object, {{index .labels "team"}} one label, empty where it is not set).
--q prints full ids only. Every format lists newest first.`,
+-q prints full ids only. Every format lists newest first.
+
+--fleet lists the sessions of every node of the fleet instead, from the fleet's session
+directory in etcd, which each node keeps up to date (within a fraction of a second of each
+change, when it reaches etcd): by node, then oldest first, with full ids. A node that is
+not heard now (cut off from etcd, stopped or down) is said on stderr, and its sessions are
+listed as it last wrote them; a session of a node forgotten with fleet node forget is
+"lost", with the state it was in. --fleet takes --all, --json and --quiet; it needs a
+roostd that is a fleet node.`,
 		Example: `  roostctl ps
   roostctl ps --all --filter state=exited,capsule=hello
   roostctl ps --filter 'name=build-*' --format '{{.id}} {{.name}} {{.state}}'
   roostctl ps --all --filter label=team=a --format '{{.id}} {{index .labels "run"}}'
-  roostctl stop $(roostctl ps -q --filter capsule=agent@0.2.0)`,
+  roostctl stop $(roostctl ps -q --filter capsule=agent@0.2.0)
+  roostctl ps --fleet --all`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if fleet {
+				for _, flag := range []string{"tree", "no-trunc", "filter"} {
+					if cmd.Flags().Changed(flag) {
+						return usageError{fmt.Errorf("--fleet and --%s: --fleet takes --all, --json and --quiet only", flag)}
+					}
+				}
+				if cmd.Flags().Changed("format") && format != "json" {
+					return usageError{fmt.Errorf("--fleet and --format %q: --fleet prints a table, or JSON with --json", format)}
+				}
+				return a.psFleet(cmd, all, asJSON || format == "json", quiet)
+			}
 			if asJSON {
 				if cmd.Flags().Changed("format") && format != "json" {
 					return usageError{fmt.Errorf("--json and --format %q: give one (--json is --format json)", format)}
@@ -156,6 +176,7 @@ same); --format '{{.id}}' prints a Go template over each of those objects, one l
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print full session ids only")
 	cmd.Flags().BoolVar(&tree, "tree", false, "list children under their parents")
 	cmd.Flags().BoolVar(&noTrunc, "no-trunc", false, "show full session ids")
+	cmd.Flags().BoolVar(&fleet, "fleet", false, "list the sessions of every node of the fleet, from its session directory")
 	cmd.Flags().StringVar(&format, "format", "", "print `FORMAT`: table (the default), json, or a Go template such as '{{.id}}'")
 	cmd.Flags().StringArrayVar(&filters, "filter", nil, "select sessions by `KEY=VALUE` (repeatable, comma-separated); keys: "+strings.Join(psFilterKeys, ", "))
 	return cmd
@@ -469,4 +490,38 @@ func asTree(list []*roostv1.Session) ([]*roostv1.Session, []string) {
 		walk(r, "", "")
 	}
 	return rows, prefixes
+}
+
+// psFleet prints the fleet's sessions as the session directory holds them.
+func (a *app) psFleet(cmd *cobra.Command, all, asJSON, quiet bool) error {
+	c, err := a.sessions()
+	if err != nil {
+		return err
+	}
+	resp, err := c.ListFleet(cmd.Context(), &roostv1.ListFleetRequest{All: all})
+	if err != nil {
+		return err
+	}
+	for _, n := range resp.GetUnreachableNodes() {
+		fmt.Fprintf(cmd.ErrOrStderr(), "node %s is unreachable: its sessions are as it last wrote them\n", n)
+	}
+	out := cmd.OutOrStdout()
+	switch {
+	case quiet:
+		for _, s := range resp.GetSessions() {
+			fmt.Fprintln(out, s.GetId())
+		}
+		return nil
+	case asJSON:
+		return printJSONList(out, resp.GetSessions())
+	}
+	table := [][]string{{"SESSION ID", "NAME", "NODE", "STATE", "CAPSULE", "CREATED"}}
+	for _, s := range resp.GetSessions() {
+		state := s.GetState()
+		if s.GetLastState() != "" {
+			state += " (was " + s.GetLastState() + ")"
+		}
+		table = append(table, []string{s.GetId(), orDash(s.GetName()), s.GetNode(), state, s.GetCapsule(), ago(s.GetCreatedAt())})
+	}
+	return writeTable(out, table)
 }

@@ -108,6 +108,11 @@ class SessionServiceStub(object):
                 request_serializer=roost_dot_v1_dot_session__pb2.ListExecsRequest.SerializeToString,
                 response_deserializer=roost_dot_v1_dot_session__pb2.ListExecsResponse.FromString,
                 )
+        self.ListFleet = channel.unary_unary(
+                '/roost.v1.SessionService/ListFleet',
+                request_serializer=roost_dot_v1_dot_session__pb2.ListFleetRequest.SerializeToString,
+                response_deserializer=roost_dot_v1_dot_session__pb2.ListFleetResponse.FromString,
+                )
 
 
 class SessionServiceServicer(object):
@@ -260,6 +265,15 @@ class SessionServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListFleet(self, request, context):
+        """ListFleet lists the sessions of every node of the fleet as the fleet's session
+        directory holds them (each as its node last wrote it), by node, then creation. A
+        roostd that is no fleet node answers FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -352,6 +366,11 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.ListExecs,
                     request_deserializer=roost_dot_v1_dot_session__pb2.ListExecsRequest.FromString,
                     response_serializer=roost_dot_v1_dot_session__pb2.ListExecsResponse.SerializeToString,
+            ),
+            'ListFleet': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListFleet,
+                    request_deserializer=roost_dot_v1_dot_session__pb2.ListFleetRequest.FromString,
+                    response_serializer=roost_dot_v1_dot_session__pb2.ListFleetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -670,5 +689,22 @@ class SessionService(object):
         return grpc.experimental.unary_unary(request, target, '/roost.v1.SessionService/ListExecs',
             roost_dot_v1_dot_session__pb2.ListExecsRequest.SerializeToString,
             roost_dot_v1_dot_session__pb2.ListExecsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListFleet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/roost.v1.SessionService/ListFleet',
+            roost_dot_v1_dot_session__pb2.ListFleetRequest.SerializeToString,
+            roost_dot_v1_dot_session__pb2.ListFleetResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file roost/v1/session.proto.
  */
 export const file_roost_v1_session: GenFile = /*@__PURE__*/
-  fileDesc("ChZyb29zdC92MS9zZXNzaW9uLnByb3RvEghyb29zdC52MSKrBwoHU2Vzc2lvbhIKCgJpZBgBIAEoCRIlCgdjYXBzdWxlGAIgASgLMhQucm9vc3QudjEuQ2Fwc3VsZVJlZhINCgVzdGF0ZRgDIAEoCRITCgtleGl0X3N0YXR1cxgEIAEoCRIWCglleGl0X2NvZGUYBSABKAVIAIgBARIvCgtjb250YWlubWVudBgGIAEoCzIaLnJvb3N0LnYxLkNvbnRhaW5tZW50U3RhdGUSEQoJcGFyZW50X2lkGAcgASgJEg8KB3dvcmtkaXIYCCABKAkSEwoLcmVjb3Jkc19kaXIYCSABKAkSLgoKY3JlYXRlZF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKc3RhcnRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEh4KBXNwZW5kGA0gASgLMg8ucm9vc3QudjEuU3BlbmQSDgoGZGV0YWlsGA4gASgJEi8KC2RlYWRsaW5lX2F0GA8gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBILCgNwaWQYECABKAUSDwoHY29tbWFuZBgRIAMoCRIeCgV1c2FnZRgSIAEoCzIPLnJvb3N0LnYxLlVzYWdlEiQKCGlkZW50aXR5GBMgASgLMhIucm9vc3QudjEuSWRlbnRpdHkSIgoGc3Rkb3V0GBQgASgLMhIucm9vc3QudjEuTG9nU3RhdHMSIgoGc3RkZXJyGBUgASgLMhIucm9vc3QudjEuTG9nU3RhdHMSIAoGZWdyZXNzGBYgASgLMhAucm9vc3QudjEuRWdyZXNzEh8KBHdhc20YFyABKAsyES5yb29zdC52MS5XYXNtUnVuEgwKBG5hbWUYGCABKAkSDAoEd2FybRgZIAEoCBIsCgxleGVjX3JlZnVzZWQYGiABKAsyFi5yb29zdC52MS5FeGVjUmVmdXNhbHMSGgoSbWVtb3J5X2xpbWl0X2J5dGVzGBsgASgDEi0KBmxhYmVscxgcIAMoCzIdLnJvb3N0LnYxLlNlc3Npb24uTGFiZWxzRW50cnkSFwoPc2Vzc2lvbl93b3JrZGlyGB0gASgJGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCDAoKX2V4aXRfY29kZSIzCgxFeGVjUmVmdXNhbHMSDQoFY291bnQYASABKAMSFAoMcmVjZW50X3BhdGhzGAIgAygJIkkKB1dhc21SdW4SDgoGbW9kdWxlGAEgASgJEg4KBnNoYTI1NhgCIAEoCRIPCgdydW50aW1lGAMgASgJEg0KBWNhY2hlGAQgASgJIqEBCgZFZ3Jlc3MSEwoLY29ubmVjdGlvbnMYASABKAMSDgoGZGVuaWVkGAIgASgDEhAKCGJ5dGVzX3VwGAMgASgDEhIKCmJ5dGVzX2Rvd24YBCABKAMSDgoGYWN0aXZlGAUgASgFEhIKCnVzZWRfYnl0ZXMYBiABKAMSKAoHcmVmdXNlZBgHIAMoCzIXLnJvb3N0LnYxLkVncmVzc1JlZnVzYWwivgEKDUVncmVzc1JlZnVzYWwSDAoEaG9zdBgBIAEoCRIMCgRwb3J0GAIgASgFEg4KBnJlYXNvbhgDIAEoCRINCgVjb3VudBgEIAEoAxIpCgVmaXJzdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKAoEbGFzdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGZGV0YWlsGAcgASgJEg0KBXByb3RvGAggASgJImEKCExvZ1N0YXRzEhUKDXdyaXR0ZW5fYnl0ZXMYASABKAMSFQoNZHJvcHBlZF9ieXRlcxgCIAEoAxIRCgltYXhfYnl0ZXMYAyABKAMSFAoMZmFpbGVkX2J5dGVzGAQgASgDIkUKCElkZW50aXR5EgsKA3VpZBgBIAEoDRILCgNnaWQYAiABKA0SDAoEc2l6ZRgDIAEoDRIRCglob3N0X3Jvb3QYBCABKAgiogEKBVVzYWdlEhQKDG1lbW9yeV9ieXRlcxgBIAEoAxIZChFtZW1vcnlfcGVha19ieXRlcxgCIAEoAxITCgtjcHVfc2Vjb25kcxgDIAEoARIMCgRwaWRzGAQgASgDEhoKEm1lbW9yeV9saW1pdF9ieXRlcxgFIAEoAxISCgpwaWRzX2xpbWl0GAYgASgDEhUKDXdvcmtkaXJfYnl0ZXMYByABKAMiWAoKQ2Fwc3VsZVJlZhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAkSDgoGc2hhMjU2GAMgASgJEg4KBnNvdXJjZRgEIAEoCRILCgNkaXIYBSABKAkiNgoQQ29udGFpbm1lbnRTdGF0ZRIQCghkZWNsYXJlZBgBIAEoCRIQCghhY2hpZXZlZBgCIAEoCSJECgVTcGVuZBIOCgZ0b2tlbnMYASABKAMSFAoMaW5wdXRfdG9rZW5zGAIgASgDEhUKDW91dHB1dF90b2tlbnMYAyABKAMi+QEKDFN0YWdlUmVxdWVzdBIPCgdjYXBzdWxlGAEgASgJEg8KB3dvcmtkaXIYAiABKAkSKwoIZGVhZGxpbmUYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEwoLY29udGFpbm1lbnQYBCABKAkSDAoEbmFtZRgFIAEoCRIUCgxtZW1vcnlfYnl0ZXMYBiABKAMSMgoGbGFiZWxzGAcgAygLMiIucm9vc3QudjEuU3RhZ2VSZXF1ZXN0LkxhYmVsc0VudHJ5Gi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiMwoNU3RhZ2VSZXNwb25zZRIiCgdzZXNzaW9uGAEgASgLMhEucm9vc3QudjEuU2Vzc2lvbiIbCg1MYXVuY2hSZXF1ZXN0EgoKAmlkGAEgASgJIjQKDkxhdW5jaFJlc3BvbnNlEiIKB3Nlc3Npb24YASABKAsyES5yb29zdC52MS5TZXNzaW9uIhgKCkdldFJlcXVlc3QSCgoCaWQYASABKAkiMQoLR2V0UmVzcG9uc2USIgoHc2Vzc2lvbhgBIAEoCzIRLnJvb3N0LnYxLlNlc3Npb24iKQoLTGlzdFJlcXVlc3QSCwoDYWxsGAEgASgIEg0KBWxhYmVsGAIgAygJIjMKDExpc3RSZXNwb25zZRIjCghzZXNzaW9ucxgBIAMoCzIRLnJvb3N0LnYxLlNlc3Npb24iGQoLV2FpdFJlcXVlc3QSCgoCaWQYASABKAkiMgoMV2FpdFJlc3BvbnNlEiIKB3Nlc3Npb24YASABKAsyES5yb29zdC52MS5TZXNzaW9uIlMKC1N0b3BSZXF1ZXN0EgoKAmlkGAEgASgJEigKBWdyYWNlGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBnJlYXNvbhgDIAEoCSIyCgxTdG9wUmVzcG9uc2USIgoHc2Vzc2lvbhgBIAEoCzIRLnJvb3N0LnYxLlNlc3Npb24iKQoLS2lsbFJlcXVlc3QSCgoCaWQYASABKAkSDgoGc2lnbmFsGAIgASgJIjIKDEtpbGxSZXNwb25zZRIiCgdzZXNzaW9uGAEgASgLMhEucm9vc3QudjEuU2Vzc2lvbiIaCgxQYXVzZVJlcXVlc3QSCgoCaWQYASABKAkiMwoNUGF1c2VSZXNwb25zZRIiCgdzZXNzaW9uGAEgASgLMhEucm9vc3QudjEuU2Vzc2lvbiIbCg1SZXN1bWVSZXF1ZXN0EgoKAmlkGAEgASgJIjQKDlJlc3VtZVJlc3BvbnNlEiIKB3Nlc3Npb24YASABKAsyES5yb29zdC52MS5TZXNzaW9uIioKDVJlbW92ZVJlcXVlc3QSCgoCaWQYASABKAkSDQoFZm9yY2UYAiABKAgiEAoOUmVtb3ZlUmVzcG9uc2UisgEKC0xvZ3NSZXF1ZXN0EgoKAmlkGAEgASgJEg4KBmZvbGxvdxgCIAEoCBISCgp0aW1lc3RhbXBzGAMgASgIEhEKBHRhaWwYBCABKANIAIgBARIpCgVzaW5jZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFQoNc3Rkb3V0X29mZnNldBgGIAEoAxIVCg1zdGRlcnJfb2Zmc2V0GAcgASgDQgcKBV90YWlsImYKDExvZ3NSZXNwb25zZRIOCgZzdHJlYW0YASABKAkSDAoEZGF0YRgCIAEoDBIoCgR0aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZvZmZzZXQYBCABKAMiSAoNRXZlbnRzUmVxdWVzdBINCgVzaW5jZRgBIAEoBBIOCgZmb2xsb3cYAiABKAgSGAoQZnJvbV9vbGRlc3Rfa2VwdBgDIAEoCCIwCg5FdmVudHNSZXNwb25zZRIeCgVldmVudBgBIAEoCzIPLnJvb3N0LnYxLkV2ZW50IkkKDFBydW5lUmVxdWVzdBIoCgV1bnRpbBgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIPCgdkcnlfcnVuGAIgASgIIpoBCg1QcnVuZVJlc3BvbnNlEigKB3JlbW92ZWQYASADKAsyFy5yb29zdC52MS5QcnVuZWRTZXNzaW9uEiUKBGtlcHQYAiADKAsyFy5yb29zdC52MS5QcnVuZWRTZXNzaW9uEg0KBWJ5dGVzGAMgASgDEhgKEGV2ZW50c19jb21wYWN0ZWQYBCABKAMSDwoHZHJ5X3J1bhgFIAEoCCKqAQoNUHJ1bmVkU2Vzc2lvbhIKCgJpZBgBIAEoCRIlCgdjYXBzdWxlGAIgASgLMhQucm9vc3QudjEuQ2Fwc3VsZVJlZhIsCghlbmRlZF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLZXhpdF9zdGF0dXMYBCABKAkSDQoFYnl0ZXMYBSABKAMSFAoMa2VwdF9iZWNhdXNlGAYgASgJIroBCgVFdmVudBILCgNzZXEYASABKAQSKAoEdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDAoEdHlwZRgDIAEoCRISCgpzZXNzaW9uX2lkGAQgASgJEg0KBXN0YXRlGAUgASgJEhMKC2V4aXRfc3RhdHVzGAYgASgJEhYKCWV4aXRfY29kZRgHIAEoBUgAiAEBEg4KBmRldGFpbBgIIAEoCUIMCgpfZXhpdF9jb2RlIowBCgtFeGVjUmVxdWVzdBIkCgVzdGFydBgBIAEoCzITLnJvb3N0LnYxLkV4ZWNTdGFydEgAEg8KBXN0ZGluGAIgASgMSAASFQoLY2xvc2Vfc3RkaW4YAyABKAhIABIoCgZyZXNpemUYBCABKAsyFi5yb29zdC52MS5UZXJtaW5hbFNpemVIAEIFCgNtc2cilAEKCUV4ZWNTdGFydBIKCgJpZBgBIAEoCRIPCgdjb21tYW5kGAIgAygJEg0KBXN0ZGluGAMgASgIEgsKA3R0eRgEIAEoCBIkCgRzaXplGAUgASgLMhYucm9vc3QudjEuVGVybWluYWxTaXplEgsKA2VudhgGIAMoCRILCgNjd2QYByABKAkSDgoGZGV0YWNoGAggASgIIioKDFRlcm1pbmFsU2l6ZRIMCgRyb3dzGAEgASgNEgwKBGNvbHMYAiABKA0ihwEKDEV4ZWNSZXNwb25zZRIoCgdzdGFydGVkGAEgASgLMhUucm9vc3QudjEuRXhlY1N0YXJ0ZWRIABIQCgZzdGRvdXQYAiABKAxIABIQCgZzdGRlcnIYAyABKAxIABIiCgRleGl0GAQgASgLMhIucm9vc3QudjEuRXhlY0V4aXRIAEIFCgNtc2ciPQoLRXhlY1N0YXJ0ZWQSDwoHZXhlY19pZBgBIAEoCRILCgNwaWQYAiABKAUSEAoIZGV0YWNoZWQYAyABKAgiLQoIRXhlY0V4aXQSEQoJZXhpdF9jb2RlGAEgASgFEg4KBmRldGFpbBgCIAEoCSLBAgoIRXhlY0luZm8SDwoHZXhlY19pZBgBIAEoCRIPCgdjb21tYW5kGAIgAygJEg0KBXN0YXRlGAMgASgJEi4KCnN0YXJ0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCglleGl0X2NvZGUYBiABKAVIAIgBARIOCgZzaWduYWwYByABKAkSDgoGZGV0YWlsGAggASgJEgsKA3BpZBgJIAEoBRIiCgZzdGRvdXQYCiABKAsyEi5yb29zdC52MS5Mb2dTdGF0cxIiCgZzdGRlcnIYCyABKAsyEi5yb29zdC52MS5Mb2dTdGF0cxILCgN0dHkYDCABKAhCDAoKX2V4aXRfY29kZSKKAQoRQXR0YWNoRXhlY1JlcXVlc3QSCgoCaWQYASABKAkSDwoHZXhlY19pZBgCIAEoCRIOCgZmb2xsb3cYAyABKAgSEQoEdGFpbBgEIAEoA0gAiAEBEhUKDXN0ZG91dF9vZmZzZXQYBSABKAMSFQoNc3RkZXJyX29mZnNldBgGIAEoA0IHCgVfdGFpbCJnChJBdHRhY2hFeGVjUmVzcG9uc2USJgoGb3V0cHV0GAEgASgLMhQucm9vc3QudjEuRXhlY091dHB1dEgAEiIKBGV4aXQYAiABKAsyEi5yb29zdC52MS5FeGVjRXhpdEgAQgUKA21zZyI6CgpFeGVjT3V0cHV0Eg4KBnN0cmVhbRgBIAEoCRIMCgRkYXRhGAIgASgMEg4KBm9mZnNldBgDIAEoAyIuCg9XYWl0RXhlY1JlcXVlc3QSCgoCaWQYASABKAkSDwoHZXhlY19pZBgCIAEoCSI0ChBXYWl0RXhlY1Jlc3BvbnNlEiAKBGV4ZWMYASABKAsyEi5yb29zdC52MS5FeGVjSW5mbyI+Cg9LaWxsRXhlY1JlcXVlc3QSCgoCaWQYASABKAkSDwoHZXhlY19pZBgCIAEoCRIOCgZzaWduYWwYAyABKAkiNAoQS2lsbEV4ZWNSZXNwb25zZRIgCgRleGVjGAEgASgLMhIucm9vc3QudjEuRXhlY0luZm8iHgoQTGlzdEV4ZWNzUmVxdWVzdBIKCgJpZBgBIAEoCSI2ChFMaXN0RXhlY3NSZXNwb25zZRIhCgVleGVjcxgBIAMoCzISLnJvb3N0LnYxLkV4ZWNJbmZvMs8ICg5TZXNzaW9uU2VydmljZRI4CgVTdGFnZRIWLnJvb3N0LnYxLlN0YWdlUmVxdWVzdBoXLnJvb3N0LnYxLlN0YWdlUmVzcG9uc2USOwoGTGF1bmNoEhcucm9vc3QudjEuTGF1bmNoUmVxdWVzdBoYLnJvb3N0LnYxLkxhdW5jaFJlc3BvbnNlEjIKA0dldBIULnJvb3N0LnYxLkdldFJlcXVlc3QaFS5yb29zdC52MS5HZXRSZXNwb25zZRI1CgRMaXN0EhUucm9vc3QudjEuTGlzdFJlcXVlc3QaFi5yb29zdC52MS5MaXN0UmVzcG9uc2USNQoEV2FpdBIVLnJvb3N0LnYxLldhaXRSZXF1ZXN0GhYucm9vc3QudjEuV2FpdFJlc3BvbnNlEjUKBFN0b3ASFS5yb29zdC52MS5TdG9wUmVxdWVzdBoWLnJvb3N0LnYxLlN0b3BSZXNwb25zZRI1CgRLaWxsEhUucm9vc3QudjEuS2lsbFJlcXVlc3QaFi5yb29zdC52MS5LaWxsUmVzcG9uc2USOAoFUGF1c2USFi5yb29zdC52MS5QYXVzZVJlcXVlc3QaFy5yb29zdC52MS5QYXVzZVJlc3BvbnNlEjsKBlJlc3VtZRIXLnJvb3N0LnYxLlJlc3VtZVJlcXVlc3QaGC5yb29zdC52MS5SZXN1bWVSZXNwb25zZRI7CgZSZW1vdmUSFy5yb29zdC52MS5SZW1vdmVSZXF1ZXN0Ghgucm9vc3QudjEuUmVtb3ZlUmVzcG9uc2USNwoETG9ncxIVLnJvb3N0LnYxLkxvZ3NSZXF1ZXN0GhYucm9vc3QudjEuTG9nc1Jlc3BvbnNlMAESPQoGRXZlbnRzEhcucm9vc3QudjEuRXZlbnRzUmVxdWVzdBoYLnJvb3N0LnYxLkV2ZW50c1Jlc3BvbnNlMAESOAoFUHJ1bmUSFi5yb29zdC52MS5QcnVuZVJlcXVlc3QaFy5yb29zdC52MS5QcnVuZVJlc3BvbnNlEjkKBEV4ZWMSFS5yb29zdC52MS5FeGVjUmVxdWVzdBoWLnJvb3N0LnYxLkV4ZWNSZXNwb25zZSgBMAESSQoKQXR0YWNoRXhlYxIbLnJvb3N0LnYxLkF0dGFjaEV4ZWNSZXF1ZXN0Ghwucm9vc3QudjEuQXR0YWNoRXhlY1Jlc3BvbnNlMAESQQoIV2FpdEV4ZWMSGS5yb29zdC52MS5XYWl0RXhlY1JlcXVlc3QaGi5yb29zdC52MS5XYWl0RXhlY1Jlc3BvbnNlEkEKCEtpbGxFeGVjEhkucm9vc3QudjEuS2lsbEV4ZWNSZXF1ZXN0Ghoucm9vc3QudjEuS2lsbEV4ZWNSZXNwb25zZRJECglMaXN0RXhlY3MSGi5yb29zdC52MS5MaXN0RXhlY3NSZXF1ZXN0Ghsucm9vc3QudjEuTGlzdEV4ZWNzUmVzcG9uc2VCKloocm9vc3QuZGV2L3Jvb3N0L2FwaS9nZW4vcm9vc3QvdjE7cm9vc3R2MWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChZyb29zdC92MS9zZXNzaW9uLnByb3RvEghyb29zdC52MSLhBwoHU2Vzc2lvbhIKCgJpZBgBIAEoCRIlCgdjYXBzdWxlGAIgASgLMhQucm9vc3QudjEuQ2Fwc3VsZVJlZhINCgVzdGF0ZRgDIAEoCRITCgtleGl0X3N0YXR1cxgEIAEoCRIWCglleGl0X2NvZGUYBSABKAVIAIgBARIvCgtjb250YWlubWVudBgGIAEoCzIaLnJvb3N0LnYxLkNvbnRhaW5tZW50U3RhdGUSEQoJcGFyZW50X2lkGAcgASgJEg8KB3dvcmtkaXIYCCABKAkSEwoLcmVjb3Jkc19kaXIYCSABKAkSLgoKY3JlYXRlZF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKc3RhcnRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEh4KBXNwZW5kGA0gASgLMg8ucm9vc3QudjEuU3BlbmQSDgoGZGV0YWlsGA4gASgJEi8KC2RlYWRsaW5lX2F0GA8gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBILCgNwaWQYECABKAUSDwoHY29tbWFuZBgRIAMoCRIeCgV1c2FnZRgSIAEoCzIPLnJvb3N0LnYxLlVzYWdlEiQKCGlkZW50aXR5GBMgASgLMhIucm9vc3QudjEuSWRlbnRpdHkSIgoGc3Rkb3V0GBQgASgLMhIucm9vc3QudjEuTG9nU3RhdHMSIgoGc3RkZXJyGBUgASgLMhIucm9vc3QudjEuTG9nU3RhdHMSIAoGZWdyZXNzGBYgASgLMhAucm9vc3QudjEuRWdyZXNzEh8KBHdhc20YFyABKAsyES5yb29zdC52MS5XYXNtUnVuEgwKBG5hbWUYGCABKAkSDAoEd2FybRgZIAEoCBIsCgxleGVjX3JlZnVzZWQYGiABKAsyFi5yb29zdC52MS5FeGVjUmVmdXNhbHMSGgoSbWVtb3J5X2xpbWl0X2J5dGVzGBsgASgDEi0KBmxhYmVscxgcIAMoCzIdLnJvb3N0LnYxLlNlc3Npb24uTGFiZWxzRW50cnkSFwoPc2Vzc2lvbl93b3JrZGlyGB0gASgJEgwKBG5vZGUYHiABKAkSJgoJcGxhY2VtZW50GB8gASgLMhMucm9vc3QudjEuUGxhY2VtZW50Gi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCDAoKX2V4aXRfY29kZSKnAQoJUGxhY2VtZW50EgwKBG5vZGUYASABKAkSDQoFZW50cnkYAiABKAkSJgoCYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBnJlYXNvbhgEIAEoCRIwCgpjYW5kaWRhdGVzGAUgAygLMhwucm9vc3QudjEuUGxhY2VtZW50Q2FuZGlkYXRlEhMKC3Jlc2VydmF0aW9uGAYgASgJIp4BChJQbGFjZW1lbnRDYW5kaWRhdGUSDAoEbm9kZRgBIAEoCRIPCgdydW5uaW5nGAIgASgFEhEKCWluX2ZsaWdodBgDIAEoBRILCgNtYXgYBCABKAUSDAoEY3B1cxgFIAEoBRIMCgR3YXJtGAYgASgIEg0KBXNjb3JlGAcgASgBEg0KBWRyYXduGAggASgIEg8KB3JlZnVzZWQYCSABKAkiMwoMRXhlY1JlZnVzYWxzEg0KBWNvdW50GAEgASgDEhQKDHJlY2VudF9wYXRocxgCIAMoCSJJCgdXYXNtUnVuEg4KBm1vZHVsZRgBIAEoCRIOCgZzaGEyNTYYAiABKAkSDwoHcnVudGltZRgDIAEoCRINCgVjYWNoZRgEIAEoCSKhAQoGRWdyZXNzEhMKC2Nvbm5lY3Rpb25zGAEgASgDEg4KBmRlbmllZBgCIAEoAxIQCghieXRlc191cBgDIAEoAxISCgpieXRlc19kb3duGAQgASgDEg4KBmFjdGl2ZRgFIAEoBRISCgp1c2VkX2J5dGVzGAYgASgDEigKB3JlZnVzZWQYByADKAsyFy5yb29zdC52MS5FZ3Jlc3NSZWZ1c2FsIr4BCg1FZ3Jlc3NSZWZ1c2FsEgwKBGhvc3QYASABKAkSDAoEcG9ydBgCIAEoBRIOCgZyZWFzb24YAyABKAkSDQoFY291bnQYBCABKAMSKQoFZmlyc3QYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKBGxhc3QYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBmRldGFpbBgHIAEoCRINCgVwcm90bxgIIAEoCSJhCghMb2dTdGF0cxIVCg13cml0dGVuX2J5dGVzGAEgASgDEhUKDWRyb3BwZWRfYnl0ZXMYAiABKAMSEQoJbWF4X2J5dGVzGAMgASgDEhQKDGZhaWxlZF9ieXRlcxgEIAEoAyJFCghJZGVudGl0eRILCgN1aWQYASABKA0SCwoDZ2lkGAIgASgNEgwKBHNpemUYAyABKA0SEQoJaG9zdF9yb290GAQgASgIIqIBCgVVc2FnZRIUCgxtZW1vcnlfYnl0ZXMYASABKAMSGQoRbWVtb3J5X3BlYWtfYnl0ZXMYAiABKAMSEwoLY3B1X3NlY29uZHMYAyABKAESDAoEcGlkcxgEIAEoAxIaChJtZW1vcnlfbGltaXRfYnl0ZXMYBSABKAMSEgoKcGlkc19saW1pdBgGIAEoAxIVCg13b3JrZGlyX2J5dGVzGAcgASgDIlgKCkNhcHN1bGVSZWYSDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgJEg4KBnNoYTI1NhgDIAEoCRIOCgZzb3VyY2UYBCABKAkSCwoDZGlyGAUgASgJIjYKEENvbnRhaW5tZW50U3RhdGUSEAoIZGVjbGFyZWQYASABKAkSEAoIYWNoaWV2ZWQYAiABKAkiRAoFU3BlbmQSDgoGdG9rZW5zGAEgASgDEhQKDGlucHV0X3Rva2VucxgCIAEoAxIVCg1vdXRwdXRfdG9rZW5zGAMgASgDIq8CCgxTdGFnZVJlcXVlc3QSDwoHY2Fwc3VsZRgBIAEoCRIPCgd3b3JrZGlyGAIgASgJEisKCGRlYWRsaW5lGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhMKC2NvbnRhaW5tZW50GAQgASgJEgwKBG5hbWUYBSABKAkSFAoMbWVtb3J5X2J5dGVzGAYgASgDEjIKBmxhYmVscxgHIAMoCzIiLnJvb3N0LnYxLlN0YWdlUmVxdWVzdC5MYWJlbHNFbnRyeRIMCgRub2RlGAggASgJEiYKCXBsYWNlbWVudBgJIAEoCzITLnJvb3N0LnYxLlBsYWNlbWVudBotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjMKDVN0YWdlUmVzcG9uc2USIgoHc2Vzc2lvbhgBIAEoCzIRLnJvb3N0LnYxLlNlc3Npb24iGwoNTGF1bmNoUmVxdWVzdBIKCgJpZBgBIAEoCSI0Cg5MYXVuY2hSZXNwb25zZRIiCgdzZXNzaW9uGAEgASgLMhEucm9vc3QudjEuU2Vzc2lvbiIYCgpHZXRSZXF1ZXN0EgoKAmlkGAEgASgJIjEKC0dldFJlc3BvbnNlEiIKB3Nlc3Npb24YASABKAsyES5yb29zdC52MS5TZXNzaW9uIikKC0xpc3RSZXF1ZXN0EgsKA2FsbBgBIAEoCBINCgVsYWJlbBgCIAMoCSIzCgxMaXN0UmVzcG9uc2USIwoIc2Vzc2lvbnMYASADKAsyES5yb29zdC52MS5TZXNzaW9uIi0KEExpc3RGbGVldFJlcXVlc3QSCwoDYWxsGAEgASgIEgwKBG5vZGUYAiADKAkiWAoRTGlzdEZsZWV0UmVzcG9uc2USKAoIc2Vzc2lvbnMYASADKAsyFi5yb29zdC52MS5GbGVldFNlc3Npb24SGQoRdW5yZWFjaGFibGVfbm9kZXMYAiADKAkinwIKDEZsZWV0U2Vzc2lvbhIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEgwKBG5vZGUYAyABKAkSDQoFc3RhdGUYBCABKAkSDwoHY2Fwc3VsZRgFIAEoCRINCgVjbGFzcxgGIAEoCRIuCgpjcmVhdGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFgoObm9kZV9yZWFjaGFibGUYCSABKAgSLgoKdXBkYXRlZF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKbGFzdF9zdGF0ZRgLIAEoCSIZCgtXYWl0UmVxdWVzdBIKCgJpZBgBIAEoCSIyCgxXYWl0UmVzcG9uc2USIgoHc2Vzc2lvbhgBIAEoCzIRLnJvb3N0LnYxLlNlc3Npb24iUwoLU3RvcFJlcXVlc3QSCgoCaWQYASABKAkSKAoFZ3JhY2UYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGcmVhc29uGAMgASgJIjIKDFN0b3BSZXNwb25zZRIiCgdzZXNzaW9uGAEgASgLMhEucm9vc3QudjEuU2Vzc2lvbiIpCgtLaWxsUmVxdWVzdBIKCgJpZBgBIAEoCRIOCgZzaWduYWwYAiABKAkiMgoMS2lsbFJlc3BvbnNlEiIKB3Nlc3Npb24YASABKAsyES5yb29zdC52MS5TZXNzaW9uIhoKDFBhdXNlUmVxdWVzdBIKCgJpZBgBIAEoCSIzCg1QYXVzZVJlc3BvbnNlEiIKB3Nlc3Npb24YASABKAsyES5yb29zdC52MS5TZXNzaW9uIhsKDVJlc3VtZVJlcXVlc3QSCgoCaWQYASABKAkiNAoOUmVzdW1lUmVzcG9uc2USIgoHc2Vzc2lvbhgBIAEoCzIRLnJvb3N0LnYxLlNlc3Npb24iKgoNUmVtb3ZlUmVxdWVzdBIKCgJpZBgBIAEoCRINCgVmb3JjZRgCIAEoCCIQCg5SZW1vdmVSZXNwb25zZSKyAQoLTG9nc1JlcXVlc3QSCgoCaWQYASABKAkSDgoGZm9sbG93GAIgASgIEhIKCnRpbWVzdGFtcHMYAyABKAgSEQoEdGFpbBgEIAEoA0gAiAEBEikKBXNpbmNlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1zdGRvdXRfb2Zmc2V0GAYgASgDEhUKDXN0ZGVycl9vZmZzZXQYByABKANCBwoFX3RhaWwiZgoMTG9nc1Jlc3BvbnNlEg4KBnN0cmVhbRgBIAEoCRIMCgRkYXRhGAIgASgMEigKBHRpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBm9mZnNldBgEIAEoAyJWCg1FdmVudHNSZXF1ZXN0Eg0KBXNpbmNlGAEgASgEEg4KBmZvbGxvdxgCIAEoCBIYChBmcm9tX29sZGVzdF9rZXB0GAMgASgIEgwKBG5vZGUYBCABKAkiMAoORXZlbnRzUmVzcG9uc2USHgoFZXZlbnQYASABKAsyDy5yb29zdC52MS5FdmVudCJJCgxQcnVuZVJlcXVlc3QSKAoFdW50aWwYASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDwoHZHJ5X3J1bhgCIAEoCCKaAQoNUHJ1bmVSZXNwb25zZRIoCgdyZW1vdmVkGAEgAygLMhcucm9vc3QudjEuUHJ1bmVkU2Vzc2lvbhIlCgRrZXB0GAIgAygLMhcucm9vc3QudjEuUHJ1bmVkU2Vzc2lvbhINCgVieXRlcxgDIAEoAxIYChBldmVudHNfY29tcGFjdGVkGAQgASgDEg8KB2RyeV9ydW4YBSABKAgiqgEKDVBydW5lZFNlc3Npb24SCgoCaWQYASABKAkSJQoHY2Fwc3VsZRgCIAEoCzIULnJvb3N0LnYxLkNhcHN1bGVSZWYSLAoIZW5kZWRfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC2V4aXRfc3RhdHVzGAQgASgJEg0KBWJ5dGVzGAUgASgDEhQKDGtlcHRfYmVjYXVzZRgGIAEoCSLIAQoFRXZlbnQSCwoDc2VxGAEgASgEEigKBHRpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEgwKBHR5cGUYAyABKAkSEgoKc2Vzc2lvbl9pZBgEIAEoCRINCgVzdGF0ZRgFIAEoCRITCgtleGl0X3N0YXR1cxgGIAEoCRIWCglleGl0X2NvZGUYByABKAVIAIgBARIOCgZkZXRhaWwYCCABKAkSDAoEbm9kZRgJIAEoCUIMCgpfZXhpdF9jb2RlIowBCgtFeGVjUmVxdWVzdBIkCgVzdGFydBgBIAEoCzITLnJvb3N0LnYxLkV4ZWNTdGFydEgAEg8KBXN0ZGluGAIgASgMSAASFQoLY2xvc2Vfc3RkaW4YAyABKAhIABIoCgZyZXNpemUYBCABKAsyFi5yb29zdC52MS5UZXJtaW5hbFNpemVIAEIFCgNtc2cilAEKCUV4ZWNTdGFydBIKCgJpZBgBIAEoCRIPCgdjb21tYW5kGAIgAygJEg0KBXN0ZGluGAMgASgIEgsKA3R0eRgEIAEoCBIkCgRzaXplGAUgASgLMhYucm9vc3QudjEuVGVybWluYWxTaXplEgsKA2VudhgGIAMoCRILCgNjd2QYByABKAkSDgoGZGV0YWNoGAggASgIIioKDFRlcm1pbmFsU2l6ZRIMCgRyb3dzGAEgASgNEgwKBGNvbHMYAiABKA0ihwEKDEV4ZWNSZXNwb25zZRIoCgdzdGFydGVkGAEgASgLMhUucm9vc3QudjEuRXhlY1N0YXJ0ZWRIABIQCgZzdGRvdXQYAiABKAxIABIQCgZzdGRlcnIYAyABKAxIABIiCgRleGl0GAQgASgLMhIucm9vc3QudjEuRXhlY0V4aXRIAEIFCgNtc2ciPQoLRXhlY1N0YXJ0ZWQSDwoHZXhlY19pZBgBIAEoCRILCgNwaWQYAiABKAUSEAoIZGV0YWNoZWQYAyABKAgiLQoIRXhlY0V4aXQSEQoJZXhpdF9jb2RlGAEgASgFEg4KBmRldGFpbBgCIAEoCSLBAgoIRXhlY0luZm8SDwoHZXhlY19pZBgBIAEoCRIPCgdjb21tYW5kGAIgAygJEg0KBXN0YXRlGAMgASgJEi4KCnN0YXJ0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCglleGl0X2NvZGUYBiABKAVIAIgBARIOCgZzaWduYWwYByABKAkSDgoGZGV0YWlsGAggASgJEgsKA3BpZBgJIAEoBRIiCgZzdGRvdXQYCiABKAsyEi5yb29zdC52MS5Mb2dTdGF0cxIiCgZzdGRlcnIYCyABKAsyEi5yb29zdC52MS5Mb2dTdGF0cxILCgN0dHkYDCABKAhCDAoKX2V4aXRfY29kZSKKAQoRQXR0YWNoRXhlY1JlcXVlc3QSCgoCaWQYASABKAkSDwoHZXhlY19pZBgCIAEoCRIOCgZmb2xsb3cYAyABKAgSEQoEdGFpbBgEIAEoA0gAiAEBEhUKDXN0ZG91dF9vZmZzZXQYBSABKAMSFQoNc3RkZXJyX29mZnNldBgGIAEoA0IHCgVfdGFpbCJnChJBdHRhY2hFeGVjUmVzcG9uc2USJgoGb3V0cHV0GAEgASgLMhQucm9vc3QudjEuRXhlY091dHB1dEgAEiIKBGV4aXQYAiABKAsyEi5yb29zdC52MS5FeGVjRXhpdEgAQgUKA21zZyI6CgpFeGVjT3V0cHV0Eg4KBnN0cmVhbRgBIAEoCRIMCgRkYXRhGAIgASgMEg4KBm9mZnNldBgDIAEoAyIuCg9XYWl0RXhlY1JlcXVlc3QSCgoCaWQYASABKAkSDwoHZXhlY19pZBgCIAEoCSI0ChBXYWl0RXhlY1Jlc3BvbnNlEiAKBGV4ZWMYASABKAsyEi5yb29zdC52MS5FeGVjSW5mbyI+Cg9LaWxsRXhlY1JlcXVlc3QSCgoCaWQYASABKAkSDwoHZXhlY19pZBgCIAEoCRIOCgZzaWduYWwYAyABKAkiNAoQS2lsbEV4ZWNSZXNwb25zZRIgCgRleGVjGAEgASgLMhIucm9vc3QudjEuRXhlY0luZm8iHgoQTGlzdEV4ZWNzUmVxdWVzdBIKCgJpZBgBIAEoCSI2ChFMaXN0RXhlY3NSZXNwb25zZRIhCgVleGVjcxgBIAMoCzISLnJvb3N0LnYxLkV4ZWNJbmZvMpUJCg5TZXNzaW9uU2VydmljZRI4CgVTdGFnZRIWLnJvb3N0LnYxLlN0YWdlUmVxdWVzdBoXLnJvb3N0LnYxLlN0YWdlUmVzcG9uc2USOwoGTGF1bmNoEhcucm9vc3QudjEuTGF1bmNoUmVxdWVzdBoYLnJvb3N0LnYxLkxhdW5jaFJlc3BvbnNlEjIKA0dldBIULnJvb3N0LnYxLkdldFJlcXVlc3QaFS5yb29zdC52MS5HZXRSZXNwb25zZRI1CgRMaXN0EhUucm9vc3QudjEuTGlzdFJlcXVlc3QaFi5yb29zdC52MS5MaXN0UmVzcG9uc2USNQoEV2FpdBIVLnJvb3N0LnYxLldhaXRSZXF1ZXN0GhYucm9vc3QudjEuV2FpdFJlc3BvbnNlEjUKBFN0b3ASFS5yb29zdC52MS5TdG9wUmVxdWVzdBoWLnJvb3N0LnYxLlN0b3BSZXNwb25zZRI1CgRLaWxsEhUucm9vc3QudjEuS2lsbFJlcXVlc3QaFi5yb29zdC52MS5LaWxsUmVzcG9uc2USOAoFUGF1c2USFi5yb29zdC52MS5QYXVzZVJlcXVlc3QaFy5yb29zdC52MS5QYXVzZVJlc3BvbnNlEjsKBlJlc3VtZRIXLnJvb3N0LnYxLlJlc3VtZVJlcXVlc3QaGC5yb29zdC52MS5SZXN1bWVSZXNwb25zZRI7CgZSZW1vdmUSFy5yb29zdC52MS5SZW1vdmVSZXF1ZXN0Ghgucm9vc3QudjEuUmVtb3ZlUmVzcG9uc2USNwoETG9ncxIVLnJvb3N0LnYxLkxvZ3NSZXF1ZXN0GhYucm9vc3QudjEuTG9nc1Jlc3BvbnNlMAESPQoGRXZlbnRzEhcucm9vc3QudjEuRXZlbnRzUmVxdWVzdBoYLnJvb3N0LnYxLkV2ZW50c1Jlc3BvbnNlMAESOAoFUHJ1bmUSFi5yb29zdC52MS5QcnVuZVJlcXVlc3QaFy5yb29zdC52MS5QcnVuZVJlc3BvbnNlEjkKBEV4ZWMSFS5yb29zdC52MS5FeGVjUmVxdWVzdBoWLnJvb3N0LnYxLkV4ZWNSZXNwb25zZSgBMAESSQoKQXR0YWNoRXhlYxIbLnJvb3N0LnYxLkF0dGFjaEV4ZWNSZXF1ZXN0Ghwucm9vc3QudjEuQXR0YWNoRXhlY1Jlc3BvbnNlMAESQQoIV2FpdEV4ZWMSGS5yb29zdC52MS5XYWl0RXhlY1JlcXVlc3QaGi5yb29zdC52MS5XYWl0RXhlY1Jlc3BvbnNlEkEKCEtpbGxFeGVjEhkucm9vc3QudjEuS2lsbEV4ZWNSZXF1ZXN0Ghoucm9vc3QudjEuS2lsbEV4ZWNSZXNwb25zZRJECglMaXN0RXhlY3MSGi5yb29zdC52MS5MaXN0RXhlY3NSZXF1ZXN0Ghsucm9vc3QudjEuTGlzdEV4ZWNzUmVzcG9uc2USRAoJTGlzdEZsZWV0Ehoucm9vc3QudjEuTGlzdEZsZWV0UmVxdWVzdBobLnJvb3N0LnYxLkxpc3RGbGVldFJlc3BvbnNlQipaKHJvb3N0LmRldi9yb29zdC9hcGkvZ2VuL3Jvb3N0L3YxO3Jvb3N0djFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Session is one session's record. `roostctl inspect --json` prints exactly this message.
@@ -216,6 +216,21 @@ export type Session = Message<"roost.v1.Session"> & {
    * @generated from field: string session_workdir = 29;
    */
   sessionWorkdir: string;
+
+  /**
+   * The fleet node the session is on (its roostd's --node-name); empty on a single host.
+   *
+   * @generated from field: string node = 30;
+   */
+  node: string;
+
+  /**
+   * How the session's node was chosen, when roost placed it (run|stage without --node on a
+   * fleet node); absent for a session staged where it was asked to be.
+   *
+   * @generated from field: roost.v1.Placement placement = 31;
+   */
+  placement?: Placement | undefined;
 };
 
 /**
@@ -224,6 +239,129 @@ export type Session = Message<"roost.v1.Session"> & {
  */
 export const SessionSchema: GenMessage<Session> = /*@__PURE__*/
   messageDesc(file_roost_v1_session, 0);
+
+/**
+ * Placement is where a session was placed in the fleet, and why: every node placement
+ * looked at, with what it read of it, and the one chosen.
+ *
+ * @generated from message roost.v1.Placement
+ */
+export type Placement = Message<"roost.v1.Placement"> & {
+  /**
+   * The node chosen, and the entry node that chose it (the one the stage was sent to).
+   *
+   * @generated from field: string node = 1;
+   */
+  node: string;
+
+  /**
+   * @generated from field: string entry = 2;
+   */
+  entry: string;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp at = 3;
+   */
+  at?: Timestamp | undefined;
+
+  /**
+   * How the node was chosen: pinned, a warm sandbox of the session's shape, best of K by
+   * free room.
+   *
+   * @generated from field: string reason = 4;
+   */
+  reason: string;
+
+  /**
+   * @generated from field: repeated roost.v1.PlacementCandidate candidates = 5;
+   */
+  candidates: PlacementCandidate[];
+
+  /**
+   * The etcd key of the reservation that counted the placement until the node's own
+   * directory entry did. Set by the entry node as it forwards the stage; the node settles it.
+   *
+   * @generated from field: string reservation = 6;
+   */
+  reservation: string;
+};
+
+/**
+ * Describes the message roost.v1.Placement.
+ * Use `create(PlacementSchema)` to create a new message.
+ */
+export const PlacementSchema: GenMessage<Placement> = /*@__PURE__*/
+  messageDesc(file_roost_v1_session, 1);
+
+/**
+ * PlacementCandidate is one node as placement read it.
+ *
+ * @generated from message roost.v1.PlacementCandidate
+ */
+export type PlacementCandidate = Message<"roost.v1.PlacementCandidate"> & {
+  /**
+   * @generated from field: string node = 1;
+   */
+  node: string;
+
+  /**
+   * Sessions its directory entry counts (not ended), placements in flight to it, the most it
+   * takes (0: no bound but its CPUs), its CPUs.
+   *
+   * @generated from field: int32 running = 2;
+   */
+  running: number;
+
+  /**
+   * @generated from field: int32 in_flight = 3;
+   */
+  inFlight: number;
+
+  /**
+   * @generated from field: int32 max = 4;
+   */
+  max: number;
+
+  /**
+   * @generated from field: int32 cpus = 5;
+   */
+  cpus: number;
+
+  /**
+   * It holds a warm sandbox of the session's shape.
+   *
+   * @generated from field: bool warm = 6;
+   */
+  warm: boolean;
+
+  /**
+   * Its free share: (max − running − in flight)/max, or 1/(1 + load per CPU) with no bound.
+   *
+   * @generated from field: double score = 7;
+   */
+  score: number;
+
+  /**
+   * Among the K drawn, the best of which was chosen.
+   *
+   * @generated from field: bool drawn = 8;
+   */
+  drawn: boolean;
+
+  /**
+   * Why it was no candidate (unreachable, stopped, no listener, the class, full); empty for one.
+   *
+   * @generated from field: string refused = 9;
+   */
+  refused: string;
+};
+
+/**
+ * Describes the message roost.v1.PlacementCandidate.
+ * Use `create(PlacementCandidateSchema)` to create a new message.
+ */
+export const PlacementCandidateSchema: GenMessage<PlacementCandidate> = /*@__PURE__*/
+  messageDesc(file_roost_v1_session, 2);
 
 /**
  * ExecRefusals counts the execs a session's exec allowlist refused: a program not on it, a
@@ -254,7 +392,7 @@ export type ExecRefusals = Message<"roost.v1.ExecRefusals"> & {
  * Use `create(ExecRefusalsSchema)` to create a new message.
  */
 export const ExecRefusalsSchema: GenMessage<ExecRefusals> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 1);
+  messageDesc(file_roost_v1_session, 3);
 
 /**
  * WasmRun is a WASM session's module, as roost's runner runs it.
@@ -296,7 +434,7 @@ export type WasmRun = Message<"roost.v1.WasmRun"> & {
  * Use `create(WasmRunSchema)` to create a new message.
  */
 export const WasmRunSchema: GenMessage<WasmRun> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 2);
+  messageDesc(file_roost_v1_session, 4);
 
 /**
  * Egress counts what a session's egress proxy did over the session's whole life.
@@ -356,7 +494,7 @@ export type Egress = Message<"roost.v1.Egress"> & {
  * Use `create(EgressSchema)` to create a new message.
  */
 export const EgressSchema: GenMessage<Egress> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 3);
+  messageDesc(file_roost_v1_session, 5);
 
 /**
  * EgressRefusal counts a session's refused connections to one host and port for one reason.
@@ -416,7 +554,7 @@ export type EgressRefusal = Message<"roost.v1.EgressRefusal"> & {
  * Use `create(EgressRefusalSchema)` to create a new message.
  */
 export const EgressRefusalSchema: GenMessage<EgressRefusal> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 4);
+  messageDesc(file_roost_v1_session, 6);
 
 /**
  * LogStats counts one output stream of a session. The records keep its first bytes (an
@@ -460,7 +598,7 @@ export type LogStats = Message<"roost.v1.LogStats"> & {
  * Use `create(LogStatsSchema)` to create a new message.
  */
 export const LogStatsSchema: GenMessage<LogStats> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 5);
+  messageDesc(file_roost_v1_session, 7);
 
 /**
  * Identity is who a session's processes are on the host.
@@ -502,7 +640,7 @@ export type Identity = Message<"roost.v1.Identity"> & {
  * Use `create(IdentitySchema)` to create a new message.
  */
 export const IdentitySchema: GenMessage<Identity> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 6);
+  messageDesc(file_roost_v1_session, 8);
 
 /**
  * Usage is a live session's consumption, read from its cgroup.
@@ -557,7 +695,7 @@ export type Usage = Message<"roost.v1.Usage"> & {
  * Use `create(UsageSchema)` to create a new message.
  */
 export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 7);
+  messageDesc(file_roost_v1_session, 9);
 
 /**
  * CapsuleRef names what a session runs.
@@ -602,7 +740,7 @@ export type CapsuleRef = Message<"roost.v1.CapsuleRef"> & {
  * Use `create(CapsuleRefSchema)` to create a new message.
  */
 export const CapsuleRefSchema: GenMessage<CapsuleRef> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 8);
+  messageDesc(file_roost_v1_session, 10);
 
 /**
  * ContainmentState is what a session asked for and what it got.
@@ -630,7 +768,7 @@ export type ContainmentState = Message<"roost.v1.ContainmentState"> & {
  * Use `create(ContainmentStateSchema)` to create a new message.
  */
 export const ContainmentStateSchema: GenMessage<ContainmentState> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 9);
+  messageDesc(file_roost_v1_session, 11);
 
 /**
  * Spend is what a session has used.
@@ -663,7 +801,7 @@ export type Spend = Message<"roost.v1.Spend"> & {
  * Use `create(SpendSchema)` to create a new message.
  */
 export const SpendSchema: GenMessage<Spend> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 10);
+  messageDesc(file_roost_v1_session, 12);
 
 /**
  * @generated from message roost.v1.StageRequest
@@ -728,6 +866,23 @@ export type StageRequest = Message<"roost.v1.StageRequest"> & {
    * @generated from field: map<string, string> labels = 7;
    */
   labels: { [key: string]: string };
+
+  /**
+   * The fleet node to stage on, by name (roostctl run|stage --node); empty places the
+   * session (a fleet node picks one: the class it needs, health, a warm sandbox of its
+   * shape, then free room). On a single host it must be empty.
+   *
+   * @generated from field: string node = 8;
+   */
+  node: string;
+
+  /**
+   * Set only by the entry node that placed the session, as it forwards the stage to the
+   * chosen node; refused from any other caller.
+   *
+   * @generated from field: roost.v1.Placement placement = 9;
+   */
+  placement?: Placement | undefined;
 };
 
 /**
@@ -735,7 +890,7 @@ export type StageRequest = Message<"roost.v1.StageRequest"> & {
  * Use `create(StageRequestSchema)` to create a new message.
  */
 export const StageRequestSchema: GenMessage<StageRequest> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 11);
+  messageDesc(file_roost_v1_session, 13);
 
 /**
  * @generated from message roost.v1.StageResponse
@@ -752,7 +907,7 @@ export type StageResponse = Message<"roost.v1.StageResponse"> & {
  * Use `create(StageResponseSchema)` to create a new message.
  */
 export const StageResponseSchema: GenMessage<StageResponse> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 12);
+  messageDesc(file_roost_v1_session, 14);
 
 /**
  * @generated from message roost.v1.LaunchRequest
@@ -769,7 +924,7 @@ export type LaunchRequest = Message<"roost.v1.LaunchRequest"> & {
  * Use `create(LaunchRequestSchema)` to create a new message.
  */
 export const LaunchRequestSchema: GenMessage<LaunchRequest> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 13);
+  messageDesc(file_roost_v1_session, 15);
 
 /**
  * @generated from message roost.v1.LaunchResponse
@@ -786,7 +941,7 @@ export type LaunchResponse = Message<"roost.v1.LaunchResponse"> & {
  * Use `create(LaunchResponseSchema)` to create a new message.
  */
 export const LaunchResponseSchema: GenMessage<LaunchResponse> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 14);
+  messageDesc(file_roost_v1_session, 16);
 
 /**
  * @generated from message roost.v1.GetRequest
@@ -803,7 +958,7 @@ export type GetRequest = Message<"roost.v1.GetRequest"> & {
  * Use `create(GetRequestSchema)` to create a new message.
  */
 export const GetRequestSchema: GenMessage<GetRequest> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 15);
+  messageDesc(file_roost_v1_session, 17);
 
 /**
  * @generated from message roost.v1.GetResponse
@@ -820,7 +975,7 @@ export type GetResponse = Message<"roost.v1.GetResponse"> & {
  * Use `create(GetResponseSchema)` to create a new message.
  */
 export const GetResponseSchema: GenMessage<GetResponse> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 16);
+  messageDesc(file_roost_v1_session, 18);
 
 /**
  * @generated from message roost.v1.ListRequest
@@ -849,7 +1004,7 @@ export type ListRequest = Message<"roost.v1.ListRequest"> & {
  * Use `create(ListRequestSchema)` to create a new message.
  */
 export const ListRequestSchema: GenMessage<ListRequest> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 17);
+  messageDesc(file_roost_v1_session, 19);
 
 /**
  * @generated from message roost.v1.ListResponse
@@ -866,7 +1021,145 @@ export type ListResponse = Message<"roost.v1.ListResponse"> & {
  * Use `create(ListResponseSchema)` to create a new message.
  */
 export const ListResponseSchema: GenMessage<ListResponse> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 18);
+  messageDesc(file_roost_v1_session, 20);
+
+/**
+ * @generated from message roost.v1.ListFleetRequest
+ */
+export type ListFleetRequest = Message<"roost.v1.ListFleetRequest"> & {
+  /**
+   * Every session, not only those staged or live (as ListRequest.all): a session whose
+   * entry says it has ended is listed only with all. One lost while live is listed
+   * without it, as lost.
+   *
+   * @generated from field: bool all = 1;
+   */
+  all: boolean;
+
+  /**
+   * Only the sessions of these nodes; every node when empty.
+   *
+   * @generated from field: repeated string node = 2;
+   */
+  node: string[];
+};
+
+/**
+ * Describes the message roost.v1.ListFleetRequest.
+ * Use `create(ListFleetRequestSchema)` to create a new message.
+ */
+export const ListFleetRequestSchema: GenMessage<ListFleetRequest> = /*@__PURE__*/
+  messageDesc(file_roost_v1_session, 21);
+
+/**
+ * @generated from message roost.v1.ListFleetResponse
+ */
+export type ListFleetResponse = Message<"roost.v1.ListFleetResponse"> & {
+  /**
+   * @generated from field: repeated roost.v1.FleetSession sessions = 1;
+   */
+  sessions: FleetSession[];
+
+  /**
+   * The listed sessions' nodes the node directory does not hear now: their sessions are as
+   * they last wrote them.
+   *
+   * @generated from field: repeated string unreachable_nodes = 2;
+   */
+  unreachableNodes: string[];
+};
+
+/**
+ * Describes the message roost.v1.ListFleetResponse.
+ * Use `create(ListFleetResponseSchema)` to create a new message.
+ */
+export const ListFleetResponseSchema: GenMessage<ListFleetResponse> = /*@__PURE__*/
+  messageDesc(file_roost_v1_session, 22);
+
+/**
+ * FleetSession is a session as the fleet's session directory holds it.
+ *
+ * @generated from message roost.v1.FleetSession
+ */
+export type FleetSession = Message<"roost.v1.FleetSession"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * Unique on its node only.
+   *
+   * @generated from field: string name = 2;
+   */
+  name: string;
+
+  /**
+   * @generated from field: string node = 3;
+   */
+  node: string;
+
+  /**
+   * Session.state as its node last wrote it, or "lost" once its node was forgotten.
+   *
+   * @generated from field: string state = 4;
+   */
+  state: string;
+
+  /**
+   * The capsule it was staged from, as name@version.
+   *
+   * @generated from field: string capsule = 5;
+   */
+  capsule: string;
+
+  /**
+   * The containment class it runs under.
+   *
+   * @generated from field: string class = 6;
+   */
+  class: string;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp created_at = 7;
+   */
+  createdAt?: Timestamp | undefined;
+
+  /**
+   * Unset while it is live.
+   *
+   * @generated from field: google.protobuf.Timestamp ended_at = 8;
+   */
+  endedAt?: Timestamp | undefined;
+
+  /**
+   * Its node is heard now (its node-directory lease is live).
+   *
+   * @generated from field: bool node_reachable = 9;
+   */
+  nodeReachable: boolean;
+
+  /**
+   * When its node last wrote the entry.
+   *
+   * @generated from field: google.protobuf.Timestamp updated_at = 10;
+   */
+  updatedAt?: Timestamp | undefined;
+
+  /**
+   * The state before it was marked lost; set only when state is "lost".
+   *
+   * @generated from field: string last_state = 11;
+   */
+  lastState: string;
+};
+
+/**
+ * Describes the message roost.v1.FleetSession.
+ * Use `create(FleetSessionSchema)` to create a new message.
+ */
+export const FleetSessionSchema: GenMessage<FleetSession> = /*@__PURE__*/
+  messageDesc(file_roost_v1_session, 23);
 
 /**
  * @generated from message roost.v1.WaitRequest
@@ -883,7 +1176,7 @@ export type WaitRequest = Message<"roost.v1.WaitRequest"> & {
  * Use `create(WaitRequestSchema)` to create a new message.
  */
 export const WaitRequestSchema: GenMessage<WaitRequest> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 19);
+  messageDesc(file_roost_v1_session, 24);
 
 /**
  * @generated from message roost.v1.WaitResponse
@@ -900,7 +1193,7 @@ export type WaitResponse = Message<"roost.v1.WaitResponse"> & {
  * Use `create(WaitResponseSchema)` to create a new message.
  */
 export const WaitResponseSchema: GenMessage<WaitResponse> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 20);
+  messageDesc(file_roost_v1_session, 25);
 
 /**
  * @generated from message roost.v1.StopRequest
@@ -932,7 +1225,7 @@ export type StopRequest = Message<"roost.v1.StopRequest"> & {
  * Use `create(StopRequestSchema)` to create a new message.
  */
 export const StopRequestSchema: GenMessage<StopRequest> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 21);
+  messageDesc(file_roost_v1_session, 26);
 
 /**
  * @generated from message roost.v1.StopResponse
@@ -949,7 +1242,7 @@ export type StopResponse = Message<"roost.v1.StopResponse"> & {
  * Use `create(StopResponseSchema)` to create a new message.
  */
 export const StopResponseSchema: GenMessage<StopResponse> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 22);
+  messageDesc(file_roost_v1_session, 27);
 
 /**
  * @generated from message roost.v1.KillRequest
@@ -973,7 +1266,7 @@ export type KillRequest = Message<"roost.v1.KillRequest"> & {
  * Use `create(KillRequestSchema)` to create a new message.
  */
 export const KillRequestSchema: GenMessage<KillRequest> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 23);
+  messageDesc(file_roost_v1_session, 28);
 
 /**
  * @generated from message roost.v1.KillResponse
@@ -990,7 +1283,7 @@ export type KillResponse = Message<"roost.v1.KillResponse"> & {
  * Use `create(KillResponseSchema)` to create a new message.
  */
 export const KillResponseSchema: GenMessage<KillResponse> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 24);
+  messageDesc(file_roost_v1_session, 29);
 
 /**
  * @generated from message roost.v1.PauseRequest
@@ -1007,7 +1300,7 @@ export type PauseRequest = Message<"roost.v1.PauseRequest"> & {
  * Use `create(PauseRequestSchema)` to create a new message.
  */
 export const PauseRequestSchema: GenMessage<PauseRequest> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 25);
+  messageDesc(file_roost_v1_session, 30);
 
 /**
  * @generated from message roost.v1.PauseResponse
@@ -1024,7 +1317,7 @@ export type PauseResponse = Message<"roost.v1.PauseResponse"> & {
  * Use `create(PauseResponseSchema)` to create a new message.
  */
 export const PauseResponseSchema: GenMessage<PauseResponse> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 26);
+  messageDesc(file_roost_v1_session, 31);
 
 /**
  * @generated from message roost.v1.ResumeRequest
@@ -1041,7 +1334,7 @@ export type ResumeRequest = Message<"roost.v1.ResumeRequest"> & {
  * Use `create(ResumeRequestSchema)` to create a new message.
  */
 export const ResumeRequestSchema: GenMessage<ResumeRequest> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 27);
+  messageDesc(file_roost_v1_session, 32);
 
 /**
  * @generated from message roost.v1.ResumeResponse
@@ -1058,7 +1351,7 @@ export type ResumeResponse = Message<"roost.v1.ResumeResponse"> & {
  * Use `create(ResumeResponseSchema)` to create a new message.
  */
 export const ResumeResponseSchema: GenMessage<ResumeResponse> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 28);
+  messageDesc(file_roost_v1_session, 33);
 
 /**
  * @generated from message roost.v1.RemoveRequest
@@ -1083,7 +1376,7 @@ export type RemoveRequest = Message<"roost.v1.RemoveRequest"> & {
  * Use `create(RemoveRequestSchema)` to create a new message.
  */
 export const RemoveRequestSchema: GenMessage<RemoveRequest> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 29);
+  messageDesc(file_roost_v1_session, 34);
 
 /**
  * @generated from message roost.v1.RemoveResponse
@@ -1096,7 +1389,7 @@ export type RemoveResponse = Message<"roost.v1.RemoveResponse"> & {
  * Use `create(RemoveResponseSchema)` to create a new message.
  */
 export const RemoveResponseSchema: GenMessage<RemoveResponse> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 30);
+  messageDesc(file_roost_v1_session, 35);
 
 /**
  * @generated from message roost.v1.LogsRequest
@@ -1153,7 +1446,7 @@ export type LogsRequest = Message<"roost.v1.LogsRequest"> & {
  * Use `create(LogsRequestSchema)` to create a new message.
  */
 export const LogsRequestSchema: GenMessage<LogsRequest> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 31);
+  messageDesc(file_roost_v1_session, 36);
 
 /**
  * @generated from message roost.v1.LogsResponse
@@ -1195,7 +1488,7 @@ export type LogsResponse = Message<"roost.v1.LogsResponse"> & {
  * Use `create(LogsResponseSchema)` to create a new message.
  */
 export const LogsResponseSchema: GenMessage<LogsResponse> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 32);
+  messageDesc(file_roost_v1_session, 37);
 
 /**
  * @generated from message roost.v1.EventsRequest
@@ -1222,6 +1515,15 @@ export type EventsRequest = Message<"roost.v1.EventsRequest"> & {
    * @generated from field: bool from_oldest_kept = 3;
    */
   fromOldestKept: boolean;
+
+  /**
+   * On a fleet node: the events of this node of the fleet, by name, each node's with its
+   * own sequence numbers (roostctl events --fleet opens one stream per node); the call is
+   * routed there. Empty: this node's.
+   *
+   * @generated from field: string node = 4;
+   */
+  node: string;
 };
 
 /**
@@ -1229,7 +1531,7 @@ export type EventsRequest = Message<"roost.v1.EventsRequest"> & {
  * Use `create(EventsRequestSchema)` to create a new message.
  */
 export const EventsRequestSchema: GenMessage<EventsRequest> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 33);
+  messageDesc(file_roost_v1_session, 38);
 
 /**
  * @generated from message roost.v1.EventsResponse
@@ -1246,7 +1548,7 @@ export type EventsResponse = Message<"roost.v1.EventsResponse"> & {
  * Use `create(EventsResponseSchema)` to create a new message.
  */
 export const EventsResponseSchema: GenMessage<EventsResponse> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 34);
+  messageDesc(file_roost_v1_session, 39);
 
 /**
  * @generated from message roost.v1.PruneRequest
@@ -1272,7 +1574,7 @@ export type PruneRequest = Message<"roost.v1.PruneRequest"> & {
  * Use `create(PruneRequestSchema)` to create a new message.
  */
 export const PruneRequestSchema: GenMessage<PruneRequest> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 35);
+  messageDesc(file_roost_v1_session, 40);
 
 /**
  * @generated from message roost.v1.PruneResponse
@@ -1317,7 +1619,7 @@ export type PruneResponse = Message<"roost.v1.PruneResponse"> & {
  * Use `create(PruneResponseSchema)` to create a new message.
  */
 export const PruneResponseSchema: GenMessage<PruneResponse> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 36);
+  messageDesc(file_roost_v1_session, 41);
 
 /**
  * PrunedSession is one ended session Prune removed or kept.
@@ -1363,7 +1665,7 @@ export type PrunedSession = Message<"roost.v1.PrunedSession"> & {
  * Use `create(PrunedSessionSchema)` to create a new message.
  */
 export const PrunedSessionSchema: GenMessage<PrunedSession> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 37);
+  messageDesc(file_roost_v1_session, 42);
 
 /**
  * Event is one committed change to the registry. Sequence numbers are dense, start at 1 and
@@ -1416,6 +1718,14 @@ export type Event = Message<"roost.v1.Event"> & {
    * @generated from field: string detail = 8;
    */
   detail: string;
+
+  /**
+   * The fleet node whose registry holds the event; empty on a single host. A fleet's
+   * events are keyed by node and seq.
+   *
+   * @generated from field: string node = 9;
+   */
+  node: string;
 };
 
 /**
@@ -1423,7 +1733,7 @@ export type Event = Message<"roost.v1.Event"> & {
  * Use `create(EventSchema)` to create a new message.
  */
 export const EventSchema: GenMessage<Event> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 38);
+  messageDesc(file_roost_v1_session, 43);
 
 /**
  * @generated from message roost.v1.ExecRequest
@@ -1466,7 +1776,7 @@ export type ExecRequest = Message<"roost.v1.ExecRequest"> & {
  * Use `create(ExecRequestSchema)` to create a new message.
  */
 export const ExecRequestSchema: GenMessage<ExecRequest> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 39);
+  messageDesc(file_roost_v1_session, 44);
 
 /**
  * ExecStart names the session and the command. Only the first request carries one.
@@ -1539,7 +1849,7 @@ export type ExecStart = Message<"roost.v1.ExecStart"> & {
  * Use `create(ExecStartSchema)` to create a new message.
  */
 export const ExecStartSchema: GenMessage<ExecStart> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 40);
+  messageDesc(file_roost_v1_session, 45);
 
 /**
  * @generated from message roost.v1.TerminalSize
@@ -1561,7 +1871,7 @@ export type TerminalSize = Message<"roost.v1.TerminalSize"> & {
  * Use `create(TerminalSizeSchema)` to create a new message.
  */
 export const TerminalSizeSchema: GenMessage<TerminalSize> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 41);
+  messageDesc(file_roost_v1_session, 46);
 
 /**
  * @generated from message roost.v1.ExecResponse
@@ -1602,7 +1912,7 @@ export type ExecResponse = Message<"roost.v1.ExecResponse"> & {
  * Use `create(ExecResponseSchema)` to create a new message.
  */
 export const ExecResponseSchema: GenMessage<ExecResponse> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 42);
+  messageDesc(file_roost_v1_session, 47);
 
 /**
  * @generated from message roost.v1.ExecStarted
@@ -1635,7 +1945,7 @@ export type ExecStarted = Message<"roost.v1.ExecStarted"> & {
  * Use `create(ExecStartedSchema)` to create a new message.
  */
 export const ExecStartedSchema: GenMessage<ExecStarted> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 43);
+  messageDesc(file_roost_v1_session, 48);
 
 /**
  * @generated from message roost.v1.ExecExit
@@ -1661,7 +1971,7 @@ export type ExecExit = Message<"roost.v1.ExecExit"> & {
  * Use `create(ExecExitSchema)` to create a new message.
  */
 export const ExecExitSchema: GenMessage<ExecExit> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 44);
+  messageDesc(file_roost_v1_session, 49);
 
 /**
  * ExecInfo is one detached exec of a session.
@@ -1753,7 +2063,7 @@ export type ExecInfo = Message<"roost.v1.ExecInfo"> & {
  * Use `create(ExecInfoSchema)` to create a new message.
  */
 export const ExecInfoSchema: GenMessage<ExecInfo> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 45);
+  messageDesc(file_roost_v1_session, 50);
 
 /**
  * @generated from message roost.v1.AttachExecRequest
@@ -1805,7 +2115,7 @@ export type AttachExecRequest = Message<"roost.v1.AttachExecRequest"> & {
  * Use `create(AttachExecRequestSchema)` to create a new message.
  */
 export const AttachExecRequestSchema: GenMessage<AttachExecRequest> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 46);
+  messageDesc(file_roost_v1_session, 51);
 
 /**
  * @generated from message roost.v1.AttachExecResponse
@@ -1836,7 +2146,7 @@ export type AttachExecResponse = Message<"roost.v1.AttachExecResponse"> & {
  * Use `create(AttachExecResponseSchema)` to create a new message.
  */
 export const AttachExecResponseSchema: GenMessage<AttachExecResponse> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 47);
+  messageDesc(file_roost_v1_session, 52);
 
 /**
  * ExecOutput is a piece of one of a detached exec's streams.
@@ -1871,7 +2181,7 @@ export type ExecOutput = Message<"roost.v1.ExecOutput"> & {
  * Use `create(ExecOutputSchema)` to create a new message.
  */
 export const ExecOutputSchema: GenMessage<ExecOutput> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 48);
+  messageDesc(file_roost_v1_session, 53);
 
 /**
  * @generated from message roost.v1.WaitExecRequest
@@ -1893,7 +2203,7 @@ export type WaitExecRequest = Message<"roost.v1.WaitExecRequest"> & {
  * Use `create(WaitExecRequestSchema)` to create a new message.
  */
 export const WaitExecRequestSchema: GenMessage<WaitExecRequest> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 49);
+  messageDesc(file_roost_v1_session, 54);
 
 /**
  * @generated from message roost.v1.WaitExecResponse
@@ -1910,7 +2220,7 @@ export type WaitExecResponse = Message<"roost.v1.WaitExecResponse"> & {
  * Use `create(WaitExecResponseSchema)` to create a new message.
  */
 export const WaitExecResponseSchema: GenMessage<WaitExecResponse> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 50);
+  messageDesc(file_roost_v1_session, 55);
 
 /**
  * @generated from message roost.v1.KillExecRequest
@@ -1939,7 +2249,7 @@ export type KillExecRequest = Message<"roost.v1.KillExecRequest"> & {
  * Use `create(KillExecRequestSchema)` to create a new message.
  */
 export const KillExecRequestSchema: GenMessage<KillExecRequest> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 51);
+  messageDesc(file_roost_v1_session, 56);
 
 /**
  * @generated from message roost.v1.KillExecResponse
@@ -1956,7 +2266,7 @@ export type KillExecResponse = Message<"roost.v1.KillExecResponse"> & {
  * Use `create(KillExecResponseSchema)` to create a new message.
  */
 export const KillExecResponseSchema: GenMessage<KillExecResponse> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 52);
+  messageDesc(file_roost_v1_session, 57);
 
 /**
  * @generated from message roost.v1.ListExecsRequest
@@ -1973,7 +2283,7 @@ export type ListExecsRequest = Message<"roost.v1.ListExecsRequest"> & {
  * Use `create(ListExecsRequestSchema)` to create a new message.
  */
 export const ListExecsRequestSchema: GenMessage<ListExecsRequest> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 53);
+  messageDesc(file_roost_v1_session, 58);
 
 /**
  * @generated from message roost.v1.ListExecsResponse
@@ -1990,7 +2300,7 @@ export type ListExecsResponse = Message<"roost.v1.ListExecsResponse"> & {
  * Use `create(ListExecsResponseSchema)` to create a new message.
  */
 export const ListExecsResponseSchema: GenMessage<ListExecsResponse> = /*@__PURE__*/
-  messageDesc(file_roost_v1_session, 54);
+  messageDesc(file_roost_v1_session, 59);
 
 /**
  * SessionService is the operator's control of sessions: one run each of one capsule.
@@ -2197,6 +2507,18 @@ export const SessionService: GenService<{
     methodKind: "unary";
     input: typeof ListExecsRequestSchema;
     output: typeof ListExecsResponseSchema;
+  },
+  /**
+   * ListFleet lists the sessions of every node of the fleet as the fleet's session
+   * directory holds them (each as its node last wrote it), by node, then creation. A
+   * roostd that is no fleet node answers FAILED_PRECONDITION.
+   *
+   * @generated from rpc roost.v1.SessionService.ListFleet
+   */
+  listFleet: {
+    methodKind: "unary";
+    input: typeof ListFleetRequestSchema;
+    output: typeof ListFleetResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_roost_v1_session, 0);
