@@ -108,7 +108,8 @@ func TestFleetRouting(t *testing.T) {
 		name := fmt.Sprintf("node-%d", i)
 		nodes[i] = newDaemon(t, "--config", cfg, "--fleet-etcd", strings.Join(clients, ","), "--node-name", name,
 			"--fleet-node-cert", filepath.Join(tlsDir, name+".pem"), "--fleet-node-key", filepath.Join(tlsDir, name+"-key.pem"))
-		via[i] = fleetClient{t: t, addr: addrs[i], tlsDir: tlsDir, cert: "ops"}
+		// certs init names the first client's files client.pem and client-key.pem.
+		via[i] = fleetClient{t: t, addr: addrs[i], tlsDir: tlsDir, cert: "client"}
 	}
 	// Every node is in the directory, reachable, before the first placement.
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
@@ -253,8 +254,18 @@ func TestFleetRouting(t *testing.T) {
 	if res.code != 69 || !strings.Contains(res.stderr, "node-3") {
 		t.Fatalf("inspect of %s on a killed node-3 through node-1: exit %d: %s", victim, res.code, res.stderr)
 	}
+	// Back, it answers again, and its sessions outlived it (they run under roost-init).
 	nodes[3].start()
-	if out := via[1].ok("inspect", "--json", victim); !strings.Contains(out, `"node": "node-3"`) {
-		t.Fatalf("inspect of %s once node-3 is back: %s", victim, out)
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		res := via[1].ctl("inspect", "--json", victim)
+		if res.code == 0 {
+			if !strings.Contains(res.stdout, `"node": "node-3"`) || !strings.Contains(res.stdout, `"state": "running"`) {
+				t.Fatalf("inspect of %s once node-3 is back: %s", victim, res.stdout)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("inspect of %s through node-1 once node-3 is back: exit %d: %s", victim, res.code, res.stderr)
+		}
 	}
 }

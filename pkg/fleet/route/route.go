@@ -30,6 +30,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -394,6 +395,10 @@ func (r *Router) conn(addr string) (*grpc.ClientConn, error) {
 		grpc.WithTransportCredentials(credentials.NewTLS(r.cfg.TLS.Clone())),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: pingAfter, Timeout: pingTimeout}),
 		grpc.WithStatsHandler(answers{}),
+		// A node that restarts is back within seconds: calls about its sessions must not
+		// wait out gRPC's default backoff (up to 2 minutes) of a connection that failed.
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+			MinConnectTimeout: 5 * time.Second}),
 	}
 	if n := r.cfg.MaxMessageBytes; n > 0 {
 		opts = append(opts, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(n), grpc.MaxCallSendMsgSize(n)))
@@ -521,6 +526,12 @@ func (r *Router) failed(octx context.Context, t *target, err error) error {
 	if answered(octx) || (st.Code() != codes.Unavailable && st.Code() != codes.DeadlineExceeded) {
 		return err
 	}
+	// The next call dials again at once rather than after the connection's backoff.
+	r.mu.Lock()
+	if c := r.conns[t.addr]; c != nil {
+		c.ResetConnectBackoff()
+	}
+	r.mu.Unlock()
 	r.log.Warn("a session's node does not answer a call forwarded to it", "session", t.ref, "node", t.node, "addr", t.addr, "err", st.Message())
 	if t.about != "" {
 		return status.Errorf(st.Code(), "%s: node %s (%s) does not answer: %s", t.about, t.node, t.addr, st.Message())
