@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -9,11 +10,17 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
 	"roost.dev/roost/internal/testenv"
+	"roost.dev/roost/pkg/fleet/etcdstore"
 )
+
 
 // routedNodes and routedSessions size TestFleetRouting as the issue asks: five nodes, 200
 // sessions started through one of them; routedMax is each node's bound (its id pool's
@@ -73,7 +80,7 @@ type fleetSession struct {
 // sessions' calls refused as unavailable, naming it.
 func TestFleetRouting(t *testing.T) {
 	testenv.NeedRoot(t, "roostd runs sessions as root")
-	_, clients := etcdProcs(t)
+	etcds, clients := etcdProcs(t)
 	tlsDir := t.TempDir()
 	argv := []string{"certs", "init", tlsDir, "--server-name", "127.0.0.1", "--client", "ops:operator", "--client", "viewer:reader"}
 	for i := range routedNodes {
@@ -106,8 +113,13 @@ func TestFleetRouting(t *testing.T) {
 			0x50000000+i*0x01000000, routedMax+1, addrs[i], filepath.Join(tlsDir, "server.pem"), filepath.Join(tlsDir, "server-key.pem"),
 			filepath.Join(tlsDir, "ca.pem"), table.String()), 0o600)
 		name := fmt.Sprintf("node-%d", i)
-		nodes[i] = newDaemon(t, "--config", cfg, "--fleet-etcd", strings.Join(clients, ","), "--node-name", name,
-			"--fleet-node-cert", filepath.Join(tlsDir, name+".pem"), "--fleet-node-key", filepath.Join(tlsDir, name+"-key.pem"))
+		args := []string{"--config", cfg, "--fleet-etcd", strings.Join(clients, ","), "--node-name", name,
+			"--fleet-node-cert", filepath.Join(tlsDir, name+".pem"), "--fleet-node-key", filepath.Join(tlsDir, name+"-key.pem")}
+		if i == routedNodes-1 {
+			// The one node with a sandbox made ahead: placement prefers it for a sealed capsule.
+			args = append(args, "--warm-pool", "1")
+		}
+		nodes[i] = newDaemon(t, args...)
 		// certs init names the first client's files client.pem and client-key.pem.
 		via[i] = fleetClient{t: t, addr: addrs[i], tlsDir: tlsDir, cert: "client"}
 	}
@@ -245,6 +257,180 @@ func TestFleetRouting(t *testing.T) {
 	}
 	if res := viewer.ctl("stop", victim); res.code == 0 || !strings.Contains(res.stderr, "reader") {
 		t.Fatalf("a reader's stop of %s through node-2: exit %d: %s", victim, res.code, res.stderr)
+	}
+
+	// A sealed capsule goes to the node holding a warm sandbox of its shape, and starts in it.
+	sealedOne := capsule(t, "routed-sealed", `echo warm`, sealedCaps("echo", "", 60))
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if strings.Contains(via[0].ok("fleet", "nodes", "--json"), `"a default capsule": 1`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node-4's warm sandbox is not in the directory:\n%s", via[0].ok("fleet", "nodes", "--json"))
+		}
+	}
+	warmID := strings.TrimSpace(via[0].ok("run", "--detach", sealedOne))
+	var warm struct {
+		Node      string `json:"node"`
+		Warm      bool   `json:"warm"`
+		Placement struct {
+			Reason string `json:"reason"`
+		} `json:"placement"`
+	}
+	if err := json.Unmarshal([]byte(via[2].ok("inspect", "--json", warmID)), &warm); err != nil {
+		t.Fatal(err)
+	}
+	if warm.Node != "node-4" || !warm.Warm || !strings.Contains(warm.Placement.Reason, "warm") {
+		t.Fatalf("a sealed session placed on %s (warm %t, %q); want node-4's warm sandbox", warm.Node, warm.Warm, warm.Placement.Reason)
+	}
+
+	// events --fleet --follow through node-0 outlives node-0's SIGKILL and restart: it
+	// resumes each node after its last event, sees what comes after, and repeats nothing.
+	follower := exec.Command(filepath.Join(binDir, "roostctl"), "--server", "https://"+addrs[0], "--tls-ca", filepath.Join(tlsDir, "ca.pem"),
+		"--tls-cert", filepath.Join(tlsDir, "client.pem"), "--tls-key", filepath.Join(tlsDir, "client-key.pem"), "events", "--fleet", "--follow", "--json")
+	followed := &lockedBuffer{}
+	follower.Stdout, follower.Stderr = followed, &lockedBuffer{}
+	if err := follower.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { follower.Process.Kill(); follower.Wait() }()
+	waitFor(t, "the fleet follower to print every node's events", func() bool {
+		for i := range routedNodes {
+			if !strings.Contains(followed.String(), fmt.Sprintf(`"node":"node-%d"`, i)) {
+				return false
+			}
+		}
+		return true
+	})
+	nodes[0].kill9()
+	nodes[0].start()
+	after := strings.TrimSpace(via[1].ok("run", "--detach", "--node", "node-2", caps))
+	waitFor(t, "the follower to print an event of a session started after the entry node's restart", func() bool {
+		return strings.Contains(followed.String(), after)
+	})
+	type keyed struct {
+		Node string `json:"node"`
+		Seq  string `json:"seq"`
+	}
+	printed := map[keyed]int{}
+	for line := range strings.Lines(followed.String()) {
+		var k keyed
+		if err := json.Unmarshal([]byte(line), &k); err != nil {
+			t.Fatalf("follower line %q: %v", line, err)
+		}
+		if printed[k]++; printed[k] > 1 {
+			t.Fatalf("the follower printed node %s's event %s twice", k.Node, k.Seq)
+		}
+	}
+
+	// node-1, the entry node of a burst of placements, SIGKILLed in the middle of it: every
+	// run either returned its session or failed saying why; every session returned is in
+	// the directory once; the reservations it held lapse.
+	burst := make([]result, 16)
+	var bwg sync.WaitGroup
+	for i := range burst {
+		bwg.Go(func() { burst[i] = via[1].ctl("run", "--detach", caps) })
+	}
+	time.Sleep(300 * time.Millisecond)
+	nodes[1].kill9()
+	bwg.Wait()
+	nodes[1].start()
+	var survived []string
+	for i, r := range burst {
+		switch {
+		case r.code == 0:
+			survived = append(survived, strings.TrimSpace(r.stdout))
+		case r.code == 69 || strings.Contains(r.stderr, "roostctl:"):
+		default:
+			t.Fatalf("run %d of the burst: exit %d without a word: %q", i, r.code, r.stderr)
+		}
+	}
+	t.Logf("of %d placements through node-1 when it was SIGKILLed, %d returned their session", len(burst), len(survived))
+	waitFor(t, "every session the burst returned to be in the directory once", func() bool {
+		listed = nil
+		if err := json.Unmarshal([]byte(via[2].ok("ps", "--fleet", "-a", "--json")), &listed); err != nil {
+			t.Fatal(err)
+		}
+		count := map[string]int{}
+		for _, s := range listed {
+			count[s.ID]++
+		}
+		for _, id := range survived {
+			if count[id] != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	etcd, err := etcdstore.New(etcdstore.Config{Endpoints: clients, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer etcd.Close()
+	waitFor(t, "the reservations of the killed entry node to lapse", func() bool {
+		kvs, _, err := etcd.Get(context.Background(), "/roost/v1/placement/", true)
+		if err != nil {
+			return false
+		}
+		for _, kv := range kvs {
+			if strings.Contains(kv.Key, "/res/") {
+				return false
+			}
+		}
+		return true
+	})
+
+	// The etcd leader SIGKILLed while calls are routed: each is answered, or refused as
+	// unavailable saying why, and they are answered again once another member leads.
+	cli, err := clientv3.New(clientv3.Config{Endpoints: clients, Logger: zap.NewNop(), DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	leader := -1
+	for i, ep := range clients {
+		short, c := context.WithTimeout(context.Background(), 5*time.Second)
+		st, err := cli.Status(short, ep)
+		c()
+		if err == nil && st.Leader == st.Header.MemberId {
+			leader = i
+		}
+	}
+	if leader < 0 {
+		t.Fatal("no etcd member leads")
+	}
+	var routedIDs []string
+	for _, id := range ids {
+		if o := owner[id]; o != "node-2" && o != "node-3" && len(routedIDs) < 10 {
+			if res := via[2].ctl("inspect", id); res.code == 0 {
+				routedIDs = append(routedIDs, id)
+			}
+		}
+	}
+	answered, refused := 0, 0
+	killed := false
+	for i := 0; i < 60 || refused > 0 && i < 300; i++ {
+		if i == 5 {
+			etcds[leader].Process.Signal(syscall.SIGKILL)
+			etcds[leader].Wait()
+			killed = true
+		}
+		res := via[2].ctl("inspect", routedIDs[i%len(routedIDs)])
+		switch {
+		case res.code == 0:
+			answered++
+			if killed && i > 60 {
+				break
+			}
+		case res.code == 69:
+			refused++
+		default:
+			t.Fatalf("a routed inspect with the etcd leader killed: exit %d: %s", res.code, res.stderr)
+		}
+	}
+	t.Logf("with etcd e%d, the leader, SIGKILLed: %d routed calls answered, %d refused as unavailable", leader, answered, refused)
+	if res := via[2].ctl("inspect", routedIDs[0]); res.code != 0 {
+		t.Fatalf("a routed inspect once another etcd member leads: exit %d: %s", res.code, res.stderr)
 	}
 
 	// node-3 SIGKILLed: a call about its session, through another node, is refused as
