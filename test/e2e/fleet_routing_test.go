@@ -308,6 +308,10 @@ func TestFleetRouting(t *testing.T) {
 	waitFor(t, "the follower to print an event of a session started after the entry node's restart", func() bool {
 		return strings.Contains(followed.String(), after)
 	})
+	// Its trace says where it was placed and why.
+	if !strings.Contains(followed.String(), `"detail":"placed on node-2 by node-1: pinned (--node)"`) {
+		t.Fatalf("no staged event of %s says its placement:\n%s", after, followed.String())
+	}
 	type keyed struct {
 		Node string `json:"node"`
 		Seq  string `json:"seq"`

@@ -348,6 +348,11 @@ func (t *Tx) write(rec *Record, b *bolt.Bucket, event string) error {
 		return err
 	}
 	ev := Event{Type: event, SessionID: rec.ID, State: rec.State, ExitStatus: rec.ExitStatus, Detail: rec.Detail}
+	if p := rec.Placement; event == EventStaged && p != nil && ev.Detail == "" {
+		// The session's trace says where the fleet placed it, and why; its record keeps
+		// every candidate.
+		ev.Detail = fmt.Sprintf("placed on %s by %s: %s", p.Node, p.Entry, p.Reason)
+	}
 	if rec.ExitCode != nil {
 		code := *rec.ExitCode
 		ev.ExitCode = &code
