@@ -26,6 +26,7 @@ chmod 711 "$tmp"
 pids=()
 cleanup() {
 	set +e
+	[ -n "${get_id:-}" ] && ROOST_SOCKET=$tmp/cold.sock ./bin/roostctl kill "$get_id" >/dev/null 2>&1
 	for pid in "${pids[@]}"; do
 		kill -TERM "$pid" 2>/dev/null
 		wait "$pid" 2>/dev/null
@@ -124,18 +125,21 @@ timed() { # timed PATH CMD...
 
 echo "== warming up"
 for n in cold warm; do
-	ROOST_SOCKET=${sock[$n]} ./bin/roostctl run "$capsule" >/dev/null
+	ROOST_SOCKET=${sock[$n]} ./bin/roostctl run --node "$n" "$capsule" >/dev/null
 	remote entry run --node "$n" "$capsule" >/dev/null
 done
-get_id=$(ROOST_SOCKET=${sock[cold]} ./bin/roostctl run -d "$capsule")
+# The session Get asks for runs through the whole bench; the rest are removed as they end.
+mkdir -p "$tmp/sleeper"
+printf 'name: bench-sleep\nversion: 0.1.0\nrun:\n  command: ["/bin/sleep", "3600"]\n' >"$tmp/sleeper/capsule.yaml"
+get_id=$(ROOST_SOCKET=${sock[cold]} ./bin/roostctl run -d --node cold "$tmp/sleeper")
 
 echo "== $N interleaved runs of each path"
 for i in $(seq "$N"); do
-	timed cold-socket env ROOST_SOCKET="${sock[cold]}" ./bin/roostctl run "$capsule"
+	timed cold-socket env ROOST_SOCKET="${sock[cold]}" ./bin/roostctl run --node cold "$capsule"
 	timed cold-owner-tcp remote cold run --node cold "$capsule"
 	timed cold-via-entry remote entry run --node cold "$capsule"
 	settle
-	timed warm-socket env ROOST_SOCKET="${sock[warm]}" ./bin/roostctl run "$capsule"
+	timed warm-socket env ROOST_SOCKET="${sock[warm]}" ./bin/roostctl run --node warm "$capsule"
 	settle
 	timed warm-owner-tcp remote warm run --node warm "$capsule"
 	settle
@@ -144,7 +148,7 @@ for i in $(seq "$N"); do
 	timed get-via-entry remote entry inspect "$get_id"
 	# Ended sessions go, so no registry grows over the run.
 	for n in cold warm; do
-		ROOST_SOCKET=${sock[$n]} ./bin/roostctl ps -a -q --filter status=exited 2>/dev/null | grep -v "^$get_id" |
+		ROOST_SOCKET=${sock[$n]} ./bin/roostctl ps -q --filter status=exited 2>/dev/null |
 			xargs -r env ROOST_SOCKET="${sock[$n]}" ./bin/roostctl rm >/dev/null 2>&1 || true
 	done
 done

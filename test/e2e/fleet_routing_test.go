@@ -195,6 +195,29 @@ func TestFleetRouting(t *testing.T) {
 	}
 	t.Logf("sessions per node: %v", per)
 
+	// Every one of them, asked of node-4: its record, from its own node.
+	var iwg sync.WaitGroup
+	next := make(chan string)
+	for range 8 {
+		iwg.Go(func() {
+			for id := range next {
+				var s fleetSession
+				res := via[4].ctl("inspect", "--json", id)
+				if res.code != 0 || json.Unmarshal([]byte(res.stdout), &s) != nil || s.Node != owner[id] || s.State != "running" {
+					t.Errorf("inspect %s through node-4: exit %d, %+v: %s; want running on %s", id, res.code, s, res.stderr, owner[id])
+				}
+			}
+		})
+	}
+	for _, id := range ids {
+		next <- id
+	}
+	close(next)
+	iwg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+
 	// One session of each node, driven through a node that is neither its owner nor the
 	// entry node.
 	seen := map[string]bool{}
@@ -233,7 +256,28 @@ func TestFleetRouting(t *testing.T) {
 		if out := c.ok("logs", id); !strings.Contains(out, "started") {
 			t.Fatalf("logs of %s through node-%d: %q", id, k, out)
 		}
+		// A follower of its logs, through the same node, ends when the session does.
+		argv := []string{"--server", "https://" + c.addr, "--tls-ca", filepath.Join(tlsDir, "ca.pem"), "--tls-cert", filepath.Join(tlsDir, "client.pem"),
+			"--tls-key", filepath.Join(tlsDir, "client-key.pem"), "logs", "-f", id}
+		follow := exec.Command(filepath.Join(binDir, "roostctl"), argv...)
+		var fout strings.Builder
+		follow.Stdout = &fout
+		if err := follow.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
 		c.ok("stop", id)
+		ended := make(chan error, 1)
+		go func() { ended <- follow.Wait() }()
+		select {
+		case err := <-ended:
+			if err != nil || !strings.Contains(fout.String(), "started") {
+				t.Fatalf("logs -f of %s through node-%d: %v, %q", id, k, err, fout.String())
+			}
+		case <-time.After(30 * time.Second):
+			follow.Process.Kill()
+			t.Fatalf("logs -f of %s through node-%d did not end with the session", id, k)
+		}
 		c.ok("rm", id)
 		if res := c.ctl("inspect", id); res.code == 0 {
 			t.Fatalf("inspect of %s after rm through node-%d succeeded: %s", id, k, res.stdout)

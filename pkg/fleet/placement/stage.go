@@ -38,8 +38,8 @@ type StagerConfig struct {
 }
 
 // Stager is a fleet node's Stage: a request placed by another node is staged here, its
-// reservation settled; any other is placed, then staged here or forwarded to the node
-// chosen. It remembers where it placed recent sessions, so that calls that follow a stage
+// reservation settled; one pinned to this node is staged here; any other is placed, then
+// staged here or forwarded to the node chosen. It remembers where it placed recent sessions, so that calls that follow a stage
 // at once (run's launch) are routed before the owner's session directory entry is written.
 type Stager struct {
 	cfg  StagerConfig
@@ -72,6 +72,11 @@ func NewStager(cfg StagerConfig) (*Stager, error) {
 func (s *Stager) Stage(ctx context.Context, req *roostv1.StageRequest, local func(context.Context, *roostv1.StageRequest) (*roostv1.StageResponse, error)) (*roostv1.StageResponse, error) {
 	if p := req.GetPlacement(); p != nil {
 		return s.stagePlaced(ctx, req, local)
+	}
+	if req.GetNode() == s.self {
+		// Pinned where it is asked: nothing to choose, and no reservation to take, as for
+		// a session staged on a node directly; the node's id pool is its bound.
+		return local(ctx, req)
 	}
 	need, err := s.cfg.Describe(req)
 	if err != nil {
