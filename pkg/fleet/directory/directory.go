@@ -137,14 +137,21 @@ func decode(kv fleet.KV) (Entry, error) {
 	return e, nil
 }
 
-// List reads every node the directory knows of, at one revision, by name. A node with a
+// List reads every node the directory knows of, by name. A node with a
 // live entry is listed from it, reachable; one with only its known/ entry, unreachable (or
 // stopped, as its entry says).
 func List(ctx context.Context, st fleet.Store, prefix string) ([]Node, error) {
 	k := keysOf(prefix)
-	kvs, _, err := st.Get(ctx, k.prefix, true)
-	if err != nil {
-		return nil, fmt.Errorf("reading the node directory: %w", err)
+	// The tombstones first, then the live entries: a node whose lease lapses between the
+	// two reads is listed unreachable, one registering between them reachable. Not the
+	// whole prefix, which holds every session's entry too.
+	var kvs []fleet.KV
+	for _, kind := range []string{"known/", "nodes/"} {
+		got, _, err := st.Get(ctx, k.prefix+kind, true)
+		if err != nil {
+			return nil, fmt.Errorf("reading the node directory: %w", err)
+		}
+		kvs = append(kvs, got...)
 	}
 	byName := map[string]*Node{}
 	for _, kv := range kvs {
