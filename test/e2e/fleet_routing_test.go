@@ -21,7 +21,6 @@ import (
 	"roost.dev/roost/pkg/fleet/etcdstore"
 )
 
-
 // routedNodes and routedSessions size TestFleetRouting as the issue asks: five nodes, 200
 // sessions started through one of them; routedMax is each node's bound (its id pool's
 // slots less one), so the 200 must spread over at least five.
