@@ -340,7 +340,7 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 			return nil, err
 		}
 		d.staged = placement.NewStaged(fleetCfg.node, "")
-		stop, err := registerNode(fleetCfg, fleetStore, rs.Listen.Value, catalog, sessions, pool.Slots, d.staged, log)
+		stop, publish, err := registerNode(fleetCfg, fleetStore, rs.Listen.Value, catalog, sessions, pool.Slots, d.staged, log)
 		if err != nil {
 			return nil, err
 		}
@@ -360,7 +360,7 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 			d.release = append(d.release, func() { _ = rt.Close() })
 			// Placement forwards through the router: without a node certificate each node
 			// stages where it is asked.
-			if d.placing, err = openPlacing(fleetCfg, fleetStore, d.staged, rt, sessions, log); err != nil {
+			if d.placing, err = openPlacing(fleetCfg, fleetStore, d.staged, publish, rt, sessions, log); err != nil {
 				return nil, err
 			}
 		}

@@ -207,13 +207,13 @@ func nodeAddress(store fleet.Store) func(ctx context.Context, node string) (stri
 
 // openPlacing is a fleet node's Stage: sessions placed over the fleet's nodes and staged
 // through the router on the one chosen.
-func openPlacing(s fleetSettings, store *etcdstore.Store, staged *placement.Staged, rt *route.Router, sessions *session.Manager, log *slog.Logger) (*placement.Stager, error) {
+func openPlacing(s fleetSettings, store *etcdstore.Store, staged *placement.Staged, publish func(context.Context) error, rt *route.Router, sessions *session.Manager, log *slog.Logger) (*placement.Stager, error) {
 	placer, err := placement.New(placement.Config{Store: store, Self: s.node, Logger: log.With("part", "fleet-placement")})
 	if err != nil {
 		return nil, err
 	}
 	return placement.NewStager(placement.StagerConfig{
-		Placer: placer, Staged: staged, Forward: rt, Describe: describeStage(sessions),
+		Placer: placer, Staged: staged, Forward: rt, Describe: describeStage(sessions), Publish: publish,
 		FromNode: func(ctx context.Context) bool {
 			c, ok := remote.CallerFrom(ctx)
 			return ok && c.Via != ""
@@ -292,7 +292,9 @@ func openFleet(s fleetSettings, stateDir string, spend *ledger.Ledger, mtr *metr
 // The entry counts staged sessions with the running ones (they hold their ids, and are
 // about to run) and says the most the node takes, its id pool's slots less the rehearsals'
 // one; its writes settle the reservations of the sessions placed here (staged).
-func registerNode(s fleetSettings, store *etcdstore.Store, address string, catalog containment.Catalog, sessions *session.Manager, slots uint32, staged *placement.Staged, log *slog.Logger) (func(), error) {
+//
+// The second func writes this node's sessions to the session directory now.
+func registerNode(s fleetSettings, store *etcdstore.Store, address string, catalog containment.Catalog, sessions *session.Manager, slots uint32, staged *placement.Staged, log *slog.Logger) (func(), func(context.Context) error, error) {
 	var classes []string
 	for _, c := range catalog.Delivers() {
 		classes = append(classes, c.String())
@@ -319,14 +321,14 @@ func registerNode(s fleetSettings, store *etcdstore.Store, address string, catal
 		Logger: log.With("part", "fleet-directory"),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", s.nodeNameSet, err)
+		return nil, nil, fmt.Errorf("%s: %w", s.nodeNameSet, err)
 	}
-	stopPublishing, err := publishSessions(s, store, sessions, log)
+	stopPublishing, pub, err := publishSessions(s, store, sessions, log)
 	if err != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), fleetShutdownTimeout)
 		defer cancel()
 		_ = reg.Stop(ctx)
-		return nil, err
+		return nil, nil, err
 	}
 	return func() {
 		stopPublishing()
@@ -335,7 +337,7 @@ func registerNode(s fleetSettings, store *etcdstore.Store, address string, catal
 		if err := reg.Stop(ctx); err != nil {
 			log.Warn("the node directory: this node's entry was not marked stopped; it is listed unreachable once its lease lapses", "err", err)
 		}
-	}, nil
+	}, pub.Flush, nil
 }
 
 // describeStage is what placement reads of a stage request on the entry node: the capsule's
@@ -374,7 +376,7 @@ const eventsRetryPause = time.Second
 // publishSessions keeps this node's sessions in the fleet's session directory: a round
 // after every event of the registry (each state change, stage and removal commits one),
 // bursts coalesced by the publisher. The returned func stops it after a last round.
-func publishSessions(s fleetSettings, etcd *etcdstore.Store, sessions *session.Manager, log *slog.Logger) (func(), error) {
+func publishSessions(s fleetSettings, etcd *etcdstore.Store, sessions *session.Manager, log *slog.Logger) (func(), *directory.Publisher, error) {
 	pub, err := directory.PublishSessions(directory.SessionsConfig{
 		Store: etcd, Node: s.node, Logger: log.With("part", "fleet-sessions"),
 		List: func() ([]directory.Session, error) {
@@ -390,7 +392,7 @@ func publishSessions(s fleetSettings, etcd *etcdstore.Store, sessions *session.M
 		},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", s.nodeNameSet, err)
+		return nil, nil, fmt.Errorf("%s: %w", s.nodeNameSet, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	followed := make(chan struct{})
@@ -422,7 +424,7 @@ func publishSessions(s fleetSettings, etcd *etcdstore.Store, sessions *session.M
 		if err := pub.Stop(ctx); err != nil {
 			log.Warn("the session directory: this node's sessions were not all written as they are; the fleet lists them as last written", "err", err)
 		}
-	}, nil
+	}, pub, nil
 }
 
 // directorySession is what the fleet's session directory says of a session.

@@ -141,6 +141,11 @@ func (p *Publisher) Nudge() {
 	}
 }
 
+// Flush runs a round now, under ctx, and returns once it wrote (or why it did not): a
+// session staged before the call is in the directory when it returns nil. A stage placed
+// here waits on it, so that every node finds the session by the time its client has its id.
+func (p *Publisher) Flush(ctx context.Context) error { return p.roundRetrying(ctx) }
+
 // Stats are the publisher's counts so far.
 func (p *Publisher) Stats() PublisherStats {
 	p.statsMu.Lock()

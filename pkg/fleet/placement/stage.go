@@ -34,7 +34,11 @@ type StagerConfig struct {
 	// FromNode says whether a call came from another node of the fleet, forwarding: only
 	// such a call may carry a placement.
 	FromNode func(ctx context.Context) bool
-	Logger   *slog.Logger
+	// Publish, when set, writes this node's sessions to the session directory now: a
+	// session placed here is in it before its stage is answered, so that any node finds it
+	// by the time its client has its id. Its failure is logged; the directory catches up.
+	Publish func(ctx context.Context) error
+	Logger  *slog.Logger
 }
 
 // Stager is a fleet node's Stage: a request placed by another node is staged here, its
@@ -52,6 +56,9 @@ type Stager struct {
 }
 
 type placed struct{ node, address string }
+
+// publishWithin bounds how long a placed stage waits for its session's directory entry.
+const publishWithin = 2 * time.Second
 
 // recentPlacements bounds what Placed remembers.
 const recentPlacements = 4096
@@ -131,6 +138,13 @@ func (s *Stager) stagePlaced(ctx context.Context, req *roostv1.StageRequest, loc
 		return nil, err
 	}
 	s.cfg.Staged.Add(p.GetReservation())
+	if s.cfg.Publish != nil {
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishWithin)
+		if err := s.cfg.Publish(pctx); err != nil {
+			s.log.Warn("placement: a session placed here is not in the session directory yet; it is once etcd takes it", "session", resp.GetSession().GetId(), "err", err)
+		}
+		cancel()
+	}
 	return resp, nil
 }
 
