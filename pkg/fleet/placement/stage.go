@@ -78,7 +78,7 @@ func NewStager(cfg StagerConfig) (*Stager, error) {
 // Stage places req and stages it: here through local, or on the node chosen.
 func (s *Stager) Stage(ctx context.Context, req *roostv1.StageRequest, local func(context.Context, *roostv1.StageRequest) (*roostv1.StageResponse, error)) (*roostv1.StageResponse, error) {
 	if p := req.GetPlacement(); p != nil {
-		return s.stagePlaced(ctx, req, local)
+		return s.stagePlaced(ctx, req, local, false)
 	}
 	if req.GetNode() == s.self {
 		// Pinned where it is asked: nothing to choose, and no reservation to take, as for
@@ -99,7 +99,7 @@ func (s *Stager) Stage(ctx context.Context, req *roostv1.StageRequest, local fun
 	fwd.Placement = decisionProto(d)
 	var resp *roostv1.StageResponse
 	if d.Node == s.self {
-		resp, err = s.stagePlaced(ctx, fwd, local)
+		resp, err = s.stagePlaced(ctx, fwd, local, true)
 	} else {
 		resp, err = s.cfg.Forward.Stage(ctx, d.Node, d.Address, fwd)
 		if err != nil {
@@ -119,12 +119,12 @@ func (s *Stager) Stage(ctx context.Context, req *roostv1.StageRequest, local fun
 	return resp, nil
 }
 
-// stagePlaced stages here a request carrying its placement, and lists its reservation for
-// this node's directory entry to settle.
-func (s *Stager) stagePlaced(ctx context.Context, req *roostv1.StageRequest, local func(context.Context, *roostv1.StageRequest) (*roostv1.StageResponse, error)) (*roostv1.StageResponse, error) {
+// stagePlaced stages here a request carrying its placement (made here when ours), and lists
+// its reservation for this node's directory entry to settle.
+func (s *Stager) stagePlaced(ctx context.Context, req *roostv1.StageRequest, local func(context.Context, *roostv1.StageRequest) (*roostv1.StageResponse, error), ours bool) (*roostv1.StageResponse, error) {
 	p := req.GetPlacement()
-	// A placement this node made itself is checked as one from another node would be.
-	if p.GetEntry() != s.self && !s.cfg.FromNode(ctx) {
+	// Otherwise checked as one from another node would be, whatever entry it names.
+	if !ours && !s.cfg.FromNode(ctx) {
 		return nil, fmt.Errorf("placement: only a node of the fleet forwarding a stage may say how it was placed: %w", errdefs.ErrPermissionDenied)
 	}
 	if p.GetNode() != s.self || req.GetNode() != s.self {

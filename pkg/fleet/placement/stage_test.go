@@ -79,6 +79,12 @@ func TestStager(t *testing.T) {
 	if _, err := target.Stage(ctx, sent, local); !errdefs.IsPermissionDenied(err) {
 		t.Fatalf("a placement from a client that is no node: %v, want permission denied", err)
 	}
+	// Nor may it pass for one the node made itself.
+	posing := placementOf(sent)
+	posing.Placement.Entry = "other"
+	if _, err := target.Stage(ctx, posing, local); !errdefs.IsPermissionDenied(err) {
+		t.Fatalf("a placement naming the node itself as its entry, from a client that is no node: %v, want permission denied", err)
+	}
 	fromNode = true
 	forged := placementOf(sent)
 	forged.Placement.Reservation = "/roost/v1/nodes/other"
