@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"path"
@@ -34,6 +35,7 @@ var psFilterKeys = []string{"capsule", "label", "name", "parent", "state", "stat
 
 func (a *app) psCommand() *cobra.Command {
 	var all, asJSON, quiet, tree, noTrunc, fleet bool
+	var nodes []string
 	var format string
 	var filters []string
 	cmd := &cobra.Command{
@@ -72,8 +74,8 @@ directory in etcd, which each node keeps up to date (within a fraction of a seco
 change, when it reaches etcd): by node, then oldest first, with full ids. A node that is
 not heard now (cut off from etcd, stopped or down) is said on stderr, and its sessions are
 listed as it last wrote them; a session of a node forgotten with fleet node forget is
-"lost", with the state it was in. --fleet takes --all, --json and --quiet; it needs a
-roostd that is a fleet node.`,
+"lost", with the state it was in. --fleet takes --all, --json, --quiet and --node NAME
+(repeatable: only those nodes' sessions); it needs a roostd that is a fleet node.`,
 		Example: `  roostctl ps
   roostctl ps --all --filter state=exited,capsule=hello
   roostctl ps --filter 'name=build-*' --format '{{.id}} {{.name}} {{.state}}'
@@ -91,7 +93,10 @@ roostd that is a fleet node.`,
 				if cmd.Flags().Changed("format") && format != "json" {
 					return usageError{fmt.Errorf("--fleet and --format %q: --fleet prints a table, or JSON with --json", format)}
 				}
-				return a.psFleet(cmd, all, asJSON || format == "json", quiet)
+				return a.psFleet(cmd, all, asJSON || format == "json", quiet, nodes)
+			}
+			if len(nodes) > 0 {
+				return usageError{errors.New("--node: only with --fleet (without it, ps lists the node asked)")}
 			}
 			if asJSON {
 				if cmd.Flags().Changed("format") && format != "json" {
@@ -177,6 +182,7 @@ roostd that is a fleet node.`,
 	cmd.Flags().BoolVar(&tree, "tree", false, "list children under their parents")
 	cmd.Flags().BoolVar(&noTrunc, "no-trunc", false, "show full session ids")
 	cmd.Flags().BoolVar(&fleet, "fleet", false, "list the sessions of every node of the fleet, from its session directory")
+	cmd.Flags().StringArrayVar(&nodes, "node", nil, "with --fleet: only the sessions of node `NAME` (repeatable)")
 	cmd.Flags().StringVar(&format, "format", "", "print `FORMAT`: table (the default), json, or a Go template such as '{{.id}}'")
 	cmd.Flags().StringArrayVar(&filters, "filter", nil, "select sessions by `KEY=VALUE` (repeatable, comma-separated); keys: "+strings.Join(psFilterKeys, ", "))
 	return cmd
@@ -493,12 +499,12 @@ func asTree(list []*roostv1.Session) ([]*roostv1.Session, []string) {
 }
 
 // psFleet prints the fleet's sessions as the session directory holds them.
-func (a *app) psFleet(cmd *cobra.Command, all, asJSON, quiet bool) error {
+func (a *app) psFleet(cmd *cobra.Command, all, asJSON, quiet bool, nodes []string) error {
 	c, err := a.sessions()
 	if err != nil {
 		return err
 	}
-	resp, err := c.ListFleet(cmd.Context(), &roostv1.ListFleetRequest{All: all})
+	resp, err := c.ListFleet(cmd.Context(), &roostv1.ListFleetRequest{All: all, Node: nodes})
 	if err != nil {
 		return err
 	}

@@ -115,6 +115,12 @@ func TestPsFleetShowsSessionDirectory(t *testing.T) {
 	if err != nil || quiet != "ses_0001aaaaaaaaaaaa\nses_0002aaaaaaaaaaaa\nses_0003bbbbbbbbbbbb\n" {
 		t.Errorf("ps --fleet -a -q: %q, %v", quiet, err)
 	}
+	if only, _, err := run("ps", "--fleet", "-a", "-q", "--node", "node-b"); err != nil || only != "ses_0003bbbbbbbbbbbb\n" {
+		t.Errorf("ps --fleet -a -q --node node-b: %q, %v", only, err)
+	}
+	if _, _, err := run("ps", "--node", "node-b"); !errors.As(err, new(usageError)) || !strings.Contains(err.Error(), "only with --fleet") {
+		t.Errorf("ps --node without --fleet: %v, want a usage error", err)
+	}
 	raw, _, err := run("ps", "--fleet", "--json")
 	if err != nil {
 		t.Fatal(err)
