@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -95,12 +94,7 @@ func TestFleetRouting(t *testing.T) {
 	}
 	addrs := make([]string, routedNodes)
 	for i := range addrs {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addrs[i] = l.Addr().String()
-		l.Close()
+		addrs[i] = freePort(t)
 	}
 	nodes := make([]*daemon, routedNodes)
 	via := make([]fleetClient, routedNodes)

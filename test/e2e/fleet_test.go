@@ -201,12 +201,7 @@ func TestFleet(t *testing.T) {
 	certsInit(t, tlsDir, "dashboard:reader")
 	addrs := make([]string, fleetNodes)
 	for i := range addrs {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addrs[i] = l.Addr().String()
-		l.Close()
+		addrs[i] = freePort(t)
 	}
 	nodes := make([]*daemon, fleetNodes)
 	fakes := make([]*fakellm.Server, fleetNodes)
