@@ -229,6 +229,7 @@ func openRouter(s fleetSettings, clientCA remote.Setting, store fleet.Store, pla
 	if err != nil || tlsCfg == nil {
 		return nil, err
 	}
+	limits := control.WithDefaults()
 	r, err := route.New(route.Config{
 		Self: s.node,
 		Local: func(ref string) bool {
@@ -239,7 +240,8 @@ func openRouter(s fleetSettings, clientCA remote.Setting, store fleet.Store, pla
 		NodeAddress:     nodeAddress(store),
 		TLS:             tlsCfg,
 		Caller:          server.ForwardedCaller(s.node),
-		MaxMessageBytes: max(control.WithDefaults().MaxRecvMessageBytes, control.WithDefaults().MaxSendMessageBytes),
+		MaxMessageBytes: max(limits.MaxRecvMessageBytes, limits.MaxSendMessageBytes),
+		SendTimeout:     limits.StreamSendTimeout(),
 		Logger:          log.With("part", "fleet-route"),
 	})
 	if err != nil {

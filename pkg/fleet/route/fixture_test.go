@@ -109,6 +109,16 @@ func (s *services) Wait(ctx context.Context, req *roostv1.WaitRequest) (*roostv1
 // Logs sends three chunks; following, it then waits, idle, until its client goes.
 func (s *services) Logs(req *roostv1.LogsRequest, stream grpc.ServerStreamingServer[roostv1.LogsResponse]) error {
 	s.saw(stream.Context(), "Logs", req.GetId())
+	if req.GetId() == "s-b-flood" {
+		// As fast as it goes, until its stream ends: a session writing without pause.
+		chunk := make([]byte, 256<<10)
+		for {
+			if err := stream.Send(&roostv1.LogsResponse{Stream: "stdout", Data: chunk}); err != nil {
+				s.ended <- "Logs"
+				return err
+			}
+		}
+	}
 	for i := range 3 {
 		if err := stream.Send(&roostv1.LogsResponse{Stream: "stdout", Data: fmt.Appendf(nil, "%s line %d\n", s.node, i), Offset: int64(i)}); err != nil {
 			return err
@@ -246,7 +256,8 @@ func (c *cluster) start(t testing.TB, name string, roles remote.Roles) {
 			}
 			return addr, nil
 		},
-		TLS: c.tls(t, name),
+		TLS:         c.tls(t, name),
+		SendTimeout: 500 * time.Millisecond,
 		Caller: func(ctx context.Context) (string, remote.Role, error) {
 			if n.caller != nil {
 				return n.caller(ctx)

@@ -71,9 +71,10 @@ var byNode = map[string]refOf{
 var servedHere = []string{
 	// Stage is placed (pkg/fleet/placement), which forwards it through Router.Stage.
 	roostv1.SessionService_Stage_FullMethodName,
-	// This node's sessions and retention.
+	// This node's sessions and retention; the fleet's, as this node reads etcd.
 	roostv1.SessionService_List_FullMethodName,
 	roostv1.SessionService_Prune_FullMethodName,
+	roostv1.SessionService_ListFleet_FullMethodName,
 
 	// Each node has its own artifact store.
 	roostv1.ArtifactService_Push_FullMethodName,

@@ -79,7 +79,11 @@ type Config struct {
 	Caller func(ctx context.Context) (name string, role remote.Role, err error)
 	// MaxMessageBytes bounds a message each way on a forwarded call; 0 for gRPC's default.
 	MaxMessageBytes int
-	Logger          *slog.Logger
+	// SendTimeout ends a forwarded stream whose client leaves a message unread this long
+	// (control.stream_send_timeout_seconds, as the node's own streams); 0 waits as long as
+	// the client stays connected.
+	SendTimeout time.Duration
+	Logger      *slog.Logger
 }
 
 // Router carries calls about sessions to the nodes that hold them.
@@ -513,9 +517,30 @@ func (r *Router) forwardStream(ss grpc.ServerStream, t *target, m *method, first
 			r.logForwarded(t, m, err)
 			return r.failed(octx, t, err)
 		}
-		if err := ss.SendMsg(out); err != nil {
+		if err := r.send(ss, cancel, out); err != nil {
 			return err
 		}
+	}
+}
+
+// send sends m to the forwarded stream's client, ending the call (cancel, then the error)
+// when the client leaves it unread for SendTimeout: a reader that does not read must not
+// hold this node's stream, the owner's, nor the goroutines between them. The send that
+// waits returns once gRPC ends the stream, as the handler returns.
+func (r *Router) send(ss grpc.ServerStream, cancel context.CancelFunc, m proto.Message) error {
+	if r.cfg.SendTimeout <= 0 {
+		return ss.SendMsg(m)
+	}
+	sent := make(chan error, 1)
+	go func() { sent <- ss.SendMsg(m) }()
+	t := time.NewTimer(r.cfg.SendTimeout)
+	defer t.Stop()
+	select {
+	case err := <-sent:
+		return err
+	case <-t.C:
+		cancel()
+		return status.Errorf(codes.ResourceExhausted, "the client left a message unread for %s (control.stream_send_timeout_seconds): roostd ended the forwarded stream rather than hold it for a reader that does not read", r.cfg.SendTimeout)
 	}
 }
 

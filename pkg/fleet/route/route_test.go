@@ -444,3 +444,41 @@ func TestForwardStage(t *testing.T) {
 		t.Fatalf("Stage on a node that is down: %v, want unavailable naming it", err)
 	}
 }
+
+// A client that stops reading a forwarded stream does not hold it, nor the owner's, nor
+// the goroutines between: the entry node ends the stream once a message waits unread for
+// its send timeout, and the owner's ends with it.
+func TestForwardedStreamUnreadEnds(t *testing.T) {
+	c := newCluster(t, "node-a", "node-b")
+	c.place("s-b-flood", "node-b")
+	client := c.sessionClient(t, "node-a", "ci-bot")
+	// The connection to node-b, kept once made, is made first.
+	if _, err := client.Get(testCtx(t), &roostv1.GetRequest{Id: "s-b-flood"}); err != nil {
+		t.Fatal(err)
+	}
+	before := runtime.NumGoroutine()
+	stream, err := client.Logs(testCtx(t), &roostv1.LogsRequest{Id: "s-b-flood", Follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	// Not another Recv: the windows fill, and the entry's send waits.
+	select {
+	case m := <-c.nodes["node-b"].svc.ended:
+		if m != "Logs" {
+			t.Fatalf("node-b ended %s, want Logs", m)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a forwarded stream its client stopped reading was held open")
+	}
+	var err2 error
+	for err2 == nil {
+		_, err2 = stream.Recv()
+	}
+	if status.Code(err2) != codes.ResourceExhausted || !strings.Contains(err2.Error(), "unread") {
+		t.Fatalf("the unread stream ended with %v, want resource exhausted saying it was unread", err2)
+	}
+	waitGoroutines(t, before)
+}
