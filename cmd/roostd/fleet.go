@@ -317,7 +317,8 @@ func registerNode(s fleetSettings, store *etcdstore.Store, address string, catal
 					live += n
 				}
 			}
-			return directory.Capacity{CPUs: cpus, MemoryBytes: memory, SessionsRunning: live, MaxSessions: int(slots) - 1, Warm: st.WarmByShape}
+			used := st.Ranges["held"] + st.Ranges[string(sessionstore.RangeFreed)] + st.Ranges[string(sessionstore.RangeQuarantined)]
+			return directory.Capacity{CPUs: cpus, MemoryBytes: memory, SessionsRunning: live, MaxSessions: int(slots) - 1, SlotsUsed: used, Warm: st.WarmByShape}
 		},
 		Settle: staged.Settle,
 		Logger: log.With("part", "fleet-directory"),

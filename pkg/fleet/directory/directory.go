@@ -83,6 +83,10 @@ type Capacity struct {
 	// the one rehearsals hold); 0 when it says nothing, which placement reads as no bound
 	// but its CPUs.
 	MaxSessions int `json:"max_sessions,omitempty"`
+	// SlotsUsed is how many of those MaxSessions are taken: the id ranges held by sessions
+	// not removed (ended ones keep theirs until rm) and by warm sandboxes, and those
+	// awaiting their sweep. It, not SessionsRunning, is what the node refuses a stage by.
+	SlotsUsed int `json:"slots_used,omitempty"`
 	// Warm counts sandboxes made ahead and waiting for a session, per shape (roostd
 	// --warm-pool, --warm-pool-capsule); absent without a warm pool.
 	Warm map[string]int `json:"warm,omitempty"`

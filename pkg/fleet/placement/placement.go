@@ -130,8 +130,9 @@ type Need struct {
 // Candidate is one node as placement saw it.
 type Candidate struct {
 	Node string `json:"node"`
-	// Running is what its entry says runs there; InFlight the reservations on it its entry
-	// does not count yet; Max its MaxSessions (0: unbounded but by its CPUs).
+	// Running is what its entry counts against its bound: the id ranges it holds (sessions
+	// not removed, ended ones included, and warm sandboxes) when it has a bound, else the
+	// sessions not ended; InFlight the reservations on it its entry does not count yet; Max its MaxSessions (0: unbounded but by its CPUs).
 	Running  int `json:"running"`
 	InFlight int `json:"in_flight"`
 	Max      int `json:"max,omitempty"`
@@ -232,6 +233,11 @@ func (p *Placer) try(ctx context.Context, need Need) (Decision, error) {
 		}
 		pinnedSeen = true
 		c := Candidate{Node: n.Node, Running: n.Capacity.SessionsRunning, InFlight: inFlight[n.Node], Max: n.Capacity.MaxSessions, CPUs: n.Capacity.CPUs}
+		if c.Max > 0 {
+			// What the node refuses a stage by: its id ranges, which ended sessions hold
+			// until removed.
+			c.Running = max(c.Running, n.Capacity.SlotsUsed)
+		}
 		for _, s := range need.Shapes {
 			if n.Capacity.Warm[s] > 0 {
 				c.Warm = true

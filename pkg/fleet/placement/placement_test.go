@@ -37,6 +37,7 @@ func open(t *testing.T, endpoints []string) *etcdstore.Store {
 type node struct {
 	name    string
 	running atomic.Int64
+	slots   atomic.Int64
 	max     int
 	classes []string
 	warm    map[string]int
@@ -64,7 +65,7 @@ func register(t *testing.T, st directory.Store, n *node) *node {
 	r, err := directory.Register(directory.Config{
 		Store: st, Node: n.name, Address: "127.0.0.1:7443", Classes: n.classes, StartedAt: time.Now(), Version: "v0.0.0-test",
 		Capacity: func() directory.Capacity {
-			return directory.Capacity{CPUs: 2, SessionsRunning: int(n.running.Load()), MaxSessions: n.max, Warm: n.warm}
+			return directory.Capacity{CPUs: 2, SessionsRunning: int(n.running.Load()), MaxSessions: n.max, SlotsUsed: int(n.slots.Load()), Warm: n.warm}
 		},
 		Settle: n.staged.Settle,
 		TTL:    2 * time.Second, Interval: 50 * time.Millisecond,
@@ -349,5 +350,26 @@ func TestUnreachableNodeIsNotPlacedOn(t *testing.T) {
 	_, err = p.Place(ctx, placement.Need{Node: "gone"})
 	if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "gone: unreachable") {
 		t.Fatalf("pinned to an unreachable node: %v, want unavailable naming it", err)
+	}
+}
+
+// Ended sessions keep their id ranges until removed: a node whose ranges are all held is
+// full, however few of its sessions run.
+func TestEndedSessionsHoldTheirSlots(t *testing.T) {
+	c := etcdtest.Start(t, etcdtest.Options{Members: 1})
+	st := open(t, c.Endpoints())
+	n := register(t, st, &node{name: "target", max: 3})
+	n.slots.Store(3)
+	waitListed(t, st, n)
+	deadline := time.Now().Add(giveUp)
+	for {
+		_, err := newPlacer(t, st, "entry", 1).Place(context.Background(), placement.Need{})
+		if errdefs.IsResourceExhausted(err) && strings.Contains(err.Error(), "full (3 of 3") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a node with every slot held by ended sessions: %v, want full", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
