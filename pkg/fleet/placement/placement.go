@@ -125,6 +125,9 @@ type Need struct {
 	Shapes []string
 	// Node pins it: only this node is a candidate.
 	Node string
+	// Refused are nodes that refused this session already, each with its word: no longer
+	// candidates.
+	Refused map[string]string
 }
 
 // Candidate is one node as placement saw it.
@@ -245,6 +248,8 @@ func (p *Placer) try(ctx context.Context, need Need) (Decision, error) {
 		}
 		used := c.Running + c.InFlight
 		switch {
+		case need.Refused[n.Node] != "":
+			c.Refused = "refused it: " + need.Refused[n.Node]
 		case !n.Reachable:
 			c.Refused = "unreachable (its lease lapsed)"
 		case n.State != directory.StateUp:

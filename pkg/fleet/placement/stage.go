@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -90,32 +92,59 @@ func (s *Stager) Stage(ctx context.Context, req *roostv1.StageRequest, local fun
 		return nil, err
 	}
 	need.Node = req.GetNode()
-	d, err := s.cfg.Placer.Place(ctx, need)
-	if err != nil {
-		return nil, err
-	}
-	fwd := cloneStage(req)
-	fwd.Node = d.Node
-	fwd.Placement = decisionProto(d)
+	var d Decision
 	var resp *roostv1.StageResponse
-	if d.Node == s.self {
-		resp, err = s.stagePlaced(ctx, fwd, local, true)
-	} else {
-		resp, err = s.cfg.Forward.Stage(ctx, d.Node, d.Address, fwd)
+	for attempt := 1; ; attempt++ {
+		d, err = s.cfg.Placer.Place(ctx, need)
 		if err != nil {
-			err = fmt.Errorf("placed on node %s (%s): %w", d.Node, d.Reason, err)
+			return nil, err
 		}
-	}
-	if err != nil {
+		resp, err = s.stageOn(ctx, d, req, local)
+		if err == nil {
+			break
+		}
 		// Refused there, or not known to be staged: the reservation goes now, or with its
 		// lease if this cannot reach etcd (a stage that did land is counted by its node).
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		s.cfg.Placer.Release(rctx, &d)
 		cancel()
-		return nil, err
+		// A node out of room by its own count (its directory entry behind, or sessions
+		// started on it directly) leaves the others; a pinned stage has no other.
+		if need.Node != "" || attempt == maxAttempts || !outOfRoom(err) {
+			return nil, err
+		}
+		if need.Refused == nil {
+			need.Refused = map[string]string{}
+		}
+		need.Refused[d.Node] = err.Error()
+		s.log.Info("placement: the node chosen refused the session for want of room; placing it again", "node", d.Node, "err", err)
 	}
 	s.remember(resp.GetSession().GetId(), d.Node, d.Address)
 	s.log.Info("placed a session", "session", resp.GetSession().GetId(), "node", d.Node, "reason", d.Reason)
+	return resp, nil
+}
+
+// outOfRoom: the node refused the stage for want of room (its id pool, its disk), as its
+// status says from afar or its error here.
+func outOfRoom(err error) bool {
+	return errdefs.IsResourceExhausted(err) || status.Code(err) == codes.ResourceExhausted
+}
+
+// maxAttempts bounds how many nodes one stage is tried on when each refuses it for room.
+const maxAttempts = 3
+
+// stageOn stages req on the node d chose: here, or forwarded.
+func (s *Stager) stageOn(ctx context.Context, d Decision, req *roostv1.StageRequest, local func(context.Context, *roostv1.StageRequest) (*roostv1.StageResponse, error)) (*roostv1.StageResponse, error) {
+	fwd := cloneStage(req)
+	fwd.Node = d.Node
+	fwd.Placement = decisionProto(d)
+	if d.Node == s.self {
+		return s.stagePlaced(ctx, fwd, local, true)
+	}
+	resp, err := s.cfg.Forward.Stage(ctx, d.Node, d.Address, fwd)
+	if err != nil {
+		return nil, fmt.Errorf("placed on node %s (%s): %w", d.Node, d.Reason, err)
+	}
 	return resp, nil
 }
 

@@ -3,10 +3,13 @@ package placement_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/containerd/errdefs"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/internal/etcdtest"
@@ -17,12 +20,18 @@ import (
 type forwarded struct {
 	reqs []*roostv1.StageRequest
 	err  error
+	// full are nodes that refuse every stage for want of room, as a node whose id pool is
+	// taken answers.
+	full map[string]bool
 }
 
 func (f *forwarded) Stage(_ context.Context, node, address string, req *roostv1.StageRequest) (*roostv1.StageResponse, error) {
 	f.reqs = append(f.reqs, req)
 	if f.err != nil {
 		return nil, f.err
+	}
+	if f.full[node] {
+		return nil, status.Errorf(codes.ResourceExhausted, "node %s: every id range is held", node)
 	}
 	return &roostv1.StageResponse{Session: &roostv1.Session{Id: "ses_" + node, Node: node}}, nil
 }
@@ -131,4 +140,50 @@ func placementOf(req *roostv1.StageRequest) *roostv1.StageRequest {
 	p := req.GetPlacement()
 	return &roostv1.StageRequest{Capsule: req.GetCapsule(), Node: req.GetNode(),
 		Placement: &roostv1.Placement{Node: p.GetNode(), Entry: p.GetEntry(), Reservation: p.GetReservation()}}
+}
+
+// A node that refuses the stage for want of room, though its entry said it had some, leaves
+// the next node to take it; the decision says why the first one is no candidate. A pinned
+// stage is not moved.
+func TestStagerTriesAnotherNodeWhenFull(t *testing.T) {
+	c := etcdtest.Start(t, etcdtest.Options{Members: 1})
+	st := open(t, c.Endpoints())
+	a := register(t, st, &node{name: "a", max: 10})
+	b := register(t, st, &node{name: "b", max: 10})
+	a.running.Store(0)
+	b.running.Store(5) // a is always the better draw
+	waitListed(t, st, a, b)
+	fwd := &forwarded{full: map[string]bool{"a": true}}
+	entry, err := placement.NewStager(placement.StagerConfig{
+		Placer: newPlacer(t, st, "entry", 1), Staged: placement.NewStaged("entry", ""), Forward: fwd,
+		Describe: func(*roostv1.StageRequest) (placement.Need, error) { return placement.Need{}, nil },
+		FromNode: func(context.Context) bool { return false },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := func(context.Context, *roostv1.StageRequest) (*roostv1.StageResponse, error) {
+		t.Fatal("staged on the entry node, which is in no directory")
+		return nil, nil
+	}
+	resp, err := entry.Stage(context.Background(), &roostv1.StageRequest{Capsule: "/c"}, local)
+	if err != nil || resp.GetSession().GetNode() != "b" {
+		t.Fatalf("with a full of its own count: %v %v, want the session on b", resp, err)
+	}
+	if len(fwd.reqs) != 2 || fwd.reqs[0].GetNode() != "a" {
+		t.Fatalf("stages sent: %v; want a, then b", fwd.reqs)
+	}
+	var saw bool
+	for _, c := range fwd.reqs[1].GetPlacement().GetCandidates() {
+		if c.GetNode() == "a" && strings.Contains(c.GetRefused(), "refused it") && strings.Contains(c.GetRefused(), "every id range is held") {
+			saw = true
+		}
+	}
+	if !saw {
+		t.Fatalf("the second decision does not say a refused it: %v", fwd.reqs[1].GetPlacement().GetCandidates())
+	}
+	fwd.reqs = nil
+	if _, err := entry.Stage(context.Background(), &roostv1.StageRequest{Capsule: "/c", Node: "a"}, local); status.Code(err) != codes.ResourceExhausted || len(fwd.reqs) != 1 {
+		t.Fatalf("pinned to a full node: %v after %d stages, want its refusal after one", err, len(fwd.reqs))
+	}
 }
