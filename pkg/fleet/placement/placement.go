@@ -49,6 +49,8 @@ const (
 	DefaultK = 3
 	// DefaultTTL bounds how long a reservation outlives an entry node that died placing.
 	DefaultTTL = 15 * time.Second
+	// DefaultTimeout bounds one placement's calls to the store.
+	DefaultTimeout = 3 * time.Second
 	// retries bounds how often a reservation is tried again after another placement on the
 	// same node won the fence.
 	retries = 8
@@ -70,9 +72,11 @@ type Config struct {
 	// Self is the entry node's name, which reservations carry.
 	Self string
 	// K is how many candidates are drawn (DefaultK when 0); TTL a reservation's lease
-	// (DefaultTTL when 0).
-	K   int
-	TTL time.Duration
+	// (DefaultTTL when 0); Timeout bounds a placement's calls to the store (DefaultTimeout
+	// when 0), so that a node cut off from etcd says so soon.
+	K       int
+	TTL     time.Duration
+	Timeout time.Duration
 	// Intn draws a number in [0, n) (math/rand/v2 when nil): a test seeds it.
 	Intn   func(n int) int
 	Logger *slog.Logger
@@ -102,6 +106,9 @@ func New(cfg Config) (*Placer, error) {
 	}
 	if cfg.TTL <= 0 {
 		cfg.TTL = DefaultTTL
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
 	}
 	if cfg.Intn == nil {
 		cfg.Intn = mrand.IntN
@@ -192,7 +199,12 @@ func delivers(classes []string, need string) bool {
 // Place chooses a node for a session needing need and reserves room on it. The caller
 // stages the session there, passing the reservation's key, which the node settles (Staged);
 // if the node refuses the session, the caller Releases the decision.
+//
+// An error that is the store's (etcd cut off, no leader, its timeout) wraps ErrStore: the
+// caller may stage where it is asked instead.
 func (p *Placer) Place(ctx context.Context, need Need) (Decision, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
 	var lastErr error
 	for range retries {
 		d, err := p.try(ctx, need)
@@ -206,14 +218,23 @@ func (p *Placer) Place(ctx context.Context, need Need) (Decision, error) {
 
 var errFenced = fmt.Errorf("another placement reserved on the node first: %w", errdefs.ErrAborted)
 
+// ErrStore marks a placement that failed because the fleet's store could not be read or
+// written, not for anything the nodes said.
+var ErrStore = errors.New("the fleet's etcd did not answer")
+
+// storeErr is err, a store call's, marked ErrStore.
+func storeErr(what string, err error) error {
+	return fmt.Errorf("placement: %s: %w: %w", what, ErrStore, err)
+}
+
 func (p *Placer) try(ctx context.Context, need Need) (Decision, error) {
 	nodes, err := directory.List(ctx, p.cfg.Store, p.cfg.Prefix)
 	if err != nil {
-		return Decision{}, fmt.Errorf("placement: %w", err)
+		return Decision{}, storeErr("reading the node directory", err)
 	}
 	kvs, _, err := p.cfg.Store.Get(ctx, p.all(), true)
 	if err != nil {
-		return Decision{}, fmt.Errorf("placement: reading the placements in flight: %w", err)
+		return Decision{}, storeErr("reading the placements in flight", err)
 	}
 	inFlight := map[string]int{}
 	fenceRev := map[string]int64{}
@@ -281,7 +302,7 @@ func (p *Placer) try(ctx context.Context, need Need) (Decision, error) {
 
 	lease, err := p.leaseFor(ctx)
 	if err != nil {
-		return d, fmt.Errorf("placement: a lease for the reservation: %w", err)
+		return d, storeErr("a lease for the reservation", err)
 	}
 	id, err := newID()
 	if err != nil {
@@ -298,7 +319,7 @@ func (p *Placer) try(ctx context.Context, need Need) (Decision, error) {
 	if err != nil {
 		// Ambiguous: the reservation may stand. It lapses with its lease if so; placing
 		// on a reading that may be stale is what the fence is there to refuse.
-		return d, fmt.Errorf("placement: reserving room on node %s: %w", chosen, err)
+		return d, storeErr("reserving room on node "+chosen, err)
 	}
 	if !applied {
 		return d, errFenced

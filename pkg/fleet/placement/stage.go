@@ -2,6 +2,7 @@ package placement
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -96,6 +97,12 @@ func (s *Stager) Stage(ctx context.Context, req *roostv1.StageRequest, local fun
 	var resp *roostv1.StageResponse
 	for attempt := 1; ; attempt++ {
 		d, err = s.cfg.Placer.Place(ctx, need)
+		if errors.Is(err, ErrStore) && need.Node == "" && attempt == 1 {
+			// Cut off from etcd, this node still serves its own: the session is staged
+			// where it was asked, as a local call, and the directory learns of it later.
+			s.log.Warn("placement: the fleet's etcd does not answer; staging the session here", "err", err)
+			return local(ctx, req)
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -13,6 +13,7 @@ import (
 
 	roostv1 "roost.dev/roost/api/gen/roost/v1"
 	"roost.dev/roost/internal/etcdtest"
+	"roost.dev/roost/pkg/fleet/etcdstore"
 	"roost.dev/roost/pkg/fleet/placement"
 )
 
@@ -185,5 +186,43 @@ func TestStagerTriesAnotherNodeWhenFull(t *testing.T) {
 	fwd.reqs = nil
 	if _, err := entry.Stage(context.Background(), &roostv1.StageRequest{Capsule: "/c", Node: "a"}, local); status.Code(err) != codes.ResourceExhausted || len(fwd.reqs) != 1 {
 		t.Fatalf("pinned to a full node: %v after %d stages, want its refusal after one", err, len(fwd.reqs))
+	}
+}
+
+// A node cut off from etcd stages a session it cannot place where it is asked, soon; one
+// pinned to another node is refused, saying etcd does not answer.
+func TestStagerCutOffStagesHere(t *testing.T) {
+	c := etcdtest.Start(t, etcdtest.Options{Members: 1})
+	link := c.Link()
+	st, err := etcdstore.New(etcdstore.Config{Endpoints: link.Endpoints(), DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	p, err := placement.New(placement.Config{Store: st, Self: "entry", Timeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry, err := placement.NewStager(placement.StagerConfig{
+		Placer: p, Staged: placement.NewStaged("entry", ""), Forward: &forwarded{},
+		Describe: func(*roostv1.StageRequest) (placement.Need, error) { return placement.Need{}, nil },
+		FromNode: func(context.Context) bool { return false },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	link.Blackhole()
+	defer link.Heal()
+	var here int
+	local := func(_ context.Context, req *roostv1.StageRequest) (*roostv1.StageResponse, error) {
+		here++
+		return &roostv1.StageResponse{Session: &roostv1.Session{Id: "ses_here"}}, nil
+	}
+	resp, err := entry.Stage(context.Background(), &roostv1.StageRequest{Capsule: "/c"}, local)
+	if err != nil || here != 1 || resp.GetSession().GetId() != "ses_here" {
+		t.Fatalf("cut off from etcd: %v %v (staged here %d), want the session staged here", resp, err, here)
+	}
+	if _, err := entry.Stage(context.Background(), &roostv1.StageRequest{Capsule: "/c", Node: "other"}, local); !errors.Is(err, placement.ErrStore) || here != 1 {
+		t.Fatalf("cut off from etcd, pinned to another node: %v (staged here %d), want the store's error", err, here)
 	}
 }
