@@ -351,7 +351,7 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 			}
 			return d.placing.Placed(ref)
 		}
-		rt, err := openRouter(fleetCfg, rs.ClientCA, fleetStore, placed, sessionNode(fleetStore), sessions, cfg.Control, log)
+		rt, err := openRouter(fleetCfg, rs.ClientCA, fleetStore, placed, sessionNode(fleetStore), sessions, cfg.Control, mtr, log)
 		if err != nil {
 			return nil, err
 		}
@@ -360,7 +360,7 @@ func assemble(o *options, log *slog.Logger, sm *serviceManager) (*daemon, error)
 			d.release = append(d.release, func() { _ = rt.Close() })
 			// Placement forwards through the router: without a node certificate each node
 			// stages where it is asked.
-			if d.placing, err = openPlacing(fleetCfg, fleetStore, d.staged, publish, rt, sessions, log); err != nil {
+			if d.placing, err = openPlacing(fleetCfg, fleetStore, d.staged, publish, rt, sessions, mtr, log); err != nil {
 				return nil, err
 			}
 		}

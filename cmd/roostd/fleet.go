@@ -207,13 +207,13 @@ func nodeAddress(store fleet.Store) func(ctx context.Context, node string) (stri
 
 // openPlacing is a fleet node's Stage: sessions placed over the fleet's nodes and staged
 // through the router on the one chosen.
-func openPlacing(s fleetSettings, store *etcdstore.Store, staged *placement.Staged, publish func(context.Context) error, rt *route.Router, sessions *session.Manager, log *slog.Logger) (*placement.Stager, error) {
+func openPlacing(s fleetSettings, store *etcdstore.Store, staged *placement.Staged, publish func(context.Context) error, rt *route.Router, sessions *session.Manager, mtr *metrics.Metrics, log *slog.Logger) (*placement.Stager, error) {
 	placer, err := placement.New(placement.Config{Store: store, Self: s.node, Logger: log.With("part", "fleet-placement")})
 	if err != nil {
 		return nil, err
 	}
 	return placement.NewStager(placement.StagerConfig{
-		Placer: placer, Staged: staged, Forward: rt, Describe: describeStage(sessions), Publish: publish,
+		Placer: placer, Staged: staged, Forward: rt, Describe: describeStage(sessions), Publish: publish, Observe: mtr.WatchPlacements(),
 		FromNode: func(ctx context.Context) bool {
 			c, ok := remote.CallerFrom(ctx)
 			return ok && c.Via != ""
@@ -224,7 +224,7 @@ func openPlacing(s fleetSettings, store *etcdstore.Store, staged *placement.Stag
 
 // openRouter is the router of calls about sessions on other nodes, or nil without a node
 // certificate (each node then serves its own sessions only).
-func openRouter(s fleetSettings, clientCA remote.Setting, store fleet.Store, placed func(string) (string, string, bool), sessionNode func(context.Context, string) (string, error), sessions *session.Manager, control config.Control, log *slog.Logger) (*route.Router, error) {
+func openRouter(s fleetSettings, clientCA remote.Setting, store fleet.Store, placed func(string) (string, string, bool), sessionNode func(context.Context, string) (string, error), sessions *session.Manager, control config.Control, mtr *metrics.Metrics, log *slog.Logger) (*route.Router, error) {
 	tlsCfg, err := s.nodeTLS(clientCA)
 	if err != nil || tlsCfg == nil {
 		return nil, err
@@ -242,6 +242,7 @@ func openRouter(s fleetSettings, clientCA remote.Setting, store fleet.Store, pla
 		Caller:          server.ForwardedCaller(s.node),
 		MaxMessageBytes: max(limits.MaxRecvMessageBytes, limits.MaxSendMessageBytes),
 		SendTimeout:     limits.StreamSendTimeout(),
+		Observe:         mtr.WatchForwarded(),
 		Logger:          log.With("part", "fleet-route"),
 	})
 	if err != nil {

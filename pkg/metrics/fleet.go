@@ -83,3 +83,34 @@ func (s *FleetStore) Txn(ctx context.Context, cmps []fleet.Cmp, then []fleet.Op)
 	s.txn.Observe(time.Since(start).Seconds())
 	return applied, err
 }
+
+// Placement results roost_fleet_placements_total counts, as pkg/fleet/placement's Stager
+// reports them.
+var PlacementResults = []string{"here", "forwarded", "refused", "retried", "unplaced"}
+
+// WatchPlacements registers roost_fleet_placements_total and returns what a Stager calls
+// with each result: here (placed on this node), forwarded (on another), refused (no node
+// could take it, or the one chosen refused), retried (a node refused it for want of room
+// and the next was tried), unplaced (etcd did not answer; staged here as a local call).
+func (m *Metrics) WatchPlacements() func(result string) {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "roost_fleet_placements_total",
+		Help: "Sessions this node placed over the fleet, by result: here, forwarded (to another node), refused, retried (a node refused for want of room; the next was tried), unplaced (the fleet's etcd did not answer; staged here).",
+	}, []string{"result"})
+	for _, r := range PlacementResults {
+		c.WithLabelValues(r)
+	}
+	m.registry.MustRegister(c)
+	return func(result string) { c.WithLabelValues(result).Inc() }
+}
+
+// WatchForwarded registers roost_fleet_forwarded_calls_total and returns what a Router
+// calls with the code each forwarded call ended with.
+func (m *Metrics) WatchForwarded() func(code string) {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "roost_fleet_forwarded_calls_total",
+		Help: "Calls about sessions on other nodes that this node forwarded to them, by the gRPC code they ended with (Unavailable, from the router, when the owner did not answer).",
+	}, []string{"code"})
+	m.registry.MustRegister(c)
+	return func(code string) { c.WithLabelValues(code).Inc() }
+}

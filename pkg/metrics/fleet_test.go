@@ -53,3 +53,29 @@ func TestFleetMetrics(t *testing.T) {
 		t.Errorf("a block was taken, none counted:\n%s", out)
 	}
 }
+
+// Placements are counted by result, every result there from the first scrape; forwarded
+// calls by the code they ended with.
+func TestPlacementAndForwardedMetrics(t *testing.T) {
+	m := New(nil, func() map[string]int { return nil })
+	placed := m.WatchPlacements()
+	forwarded := m.WatchForwarded()
+	out := scrape(t, m)
+	for _, r := range PlacementResults {
+		if want := `roost_fleet_placements_total{result="` + r + `"} 0`; !strings.Contains(out, want) {
+			t.Errorf("no %s before any placement in:\n%s", want, out)
+		}
+	}
+	placed("forwarded")
+	placed("forwarded")
+	placed("unplaced")
+	forwarded("OK")
+	forwarded("Unavailable")
+	out = scrape(t, m)
+	for _, want := range []string{`roost_fleet_placements_total{result="forwarded"} 2`, `roost_fleet_placements_total{result="unplaced"} 1`,
+		`roost_fleet_placements_total{result="here"} 0`, `roost_fleet_forwarded_calls_total{code="OK"} 1`, `roost_fleet_forwarded_calls_total{code="Unavailable"} 1`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %s in:\n%s", want, out)
+		}
+	}
+}

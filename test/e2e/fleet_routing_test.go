@@ -187,6 +187,15 @@ func TestFleetRouting(t *testing.T) {
 		}
 	}
 	t.Logf("sessions per node: %v", per)
+	// node-0 counts what it placed: all 200, most forwarded to the other four.
+	var here, forwarded int
+	for line := range strings.Lines(scrape(t, nodes[0])) {
+		fmt.Sscanf(line, `roost_fleet_placements_total{result="here"} %d`, &here)
+		fmt.Sscanf(line, `roost_fleet_placements_total{result="forwarded"} %d`, &forwarded)
+	}
+	if here != per["node-0"] || here+forwarded != routedSessions {
+		t.Fatalf("node-0's metrics count %d placed here and %d forwarded; it placed %d here of %d", here, forwarded, per["node-0"], routedSessions)
+	}
 
 	// Every one of them, asked of node-4: its record, from its own node.
 	var iwg sync.WaitGroup

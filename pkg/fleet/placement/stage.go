@@ -37,6 +37,8 @@ type StagerConfig struct {
 	// FromNode says whether a call came from another node of the fleet, forwarding: only
 	// such a call may carry a placement.
 	FromNode func(ctx context.Context) bool
+	// Observe, when set, is told each placement's result (pkg/metrics' PlacementResults).
+	Observe func(result string)
 	// Publish, when set, writes this node's sessions to the session directory now: a
 	// session placed here is in it before its stage is answered, so that any node finds it
 	// by the time its client has its id. Its failure is logged; the directory catches up.
@@ -75,6 +77,9 @@ func NewStager(cfg StagerConfig) (*Stager, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Observe == nil {
+		cfg.Observe = func(string) {}
+	}
 	return &Stager{cfg: cfg, self: cfg.Placer.cfg.Self, log: log, placed: map[string]placed{}}, nil
 }
 
@@ -101,9 +106,11 @@ func (s *Stager) Stage(ctx context.Context, req *roostv1.StageRequest, local fun
 			// Cut off from etcd, this node still serves its own: the session is staged
 			// where it was asked, as a local call, and the directory learns of it later.
 			s.log.Warn("placement: the fleet's etcd does not answer; staging the session here", "err", err)
+			s.cfg.Observe("unplaced")
 			return local(ctx, req)
 		}
 		if err != nil {
+			s.cfg.Observe("refused")
 			return nil, err
 		}
 		resp, err = s.stageOn(ctx, d, req, local)
@@ -118,13 +125,20 @@ func (s *Stager) Stage(ctx context.Context, req *roostv1.StageRequest, local fun
 		// A node out of room by its own count (its directory entry behind, or sessions
 		// started on it directly) leaves the others; a pinned stage has no other.
 		if need.Node != "" || attempt == maxAttempts || !outOfRoom(err) {
+			s.cfg.Observe("refused")
 			return nil, err
 		}
+		s.cfg.Observe("retried")
 		if need.Refused == nil {
 			need.Refused = map[string]string{}
 		}
 		need.Refused[d.Node] = err.Error()
 		s.log.Info("placement: the node chosen refused the session for want of room; placing it again", "node", d.Node, "err", err)
+	}
+	if d.Node == s.self {
+		s.cfg.Observe("here")
+	} else {
+		s.cfg.Observe("forwarded")
 	}
 	s.remember(resp.GetSession().GetId(), d.Node, d.Address)
 	s.log.Info("placed a session", "session", resp.GetSession().GetId(), "node", d.Node, "reason", d.Reason)

@@ -79,6 +79,8 @@ type Config struct {
 	Caller func(ctx context.Context) (name string, role remote.Role, err error)
 	// MaxMessageBytes bounds a message each way on a forwarded call; 0 for gRPC's default.
 	MaxMessageBytes int
+	// Observe, when set, is told the code each forwarded call ended with.
+	Observe func(code string)
 	// SendTimeout ends a forwarded stream whose client leaves a message unread this long
 	// (control.stream_send_timeout_seconds, as the node's own streams); 0 waits as long as
 	// the client stays connected.
@@ -122,6 +124,9 @@ func New(cfg Config) (*Router, error) {
 	}
 	if cfg.Caller == nil {
 		cfg.Caller = RemoteCaller
+	}
+	if cfg.Observe == nil {
+		cfg.Observe = func(string) {}
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -518,6 +523,7 @@ func (r *Router) forwardStream(ss grpc.ServerStream, t *target, m *method, first
 			return r.failed(octx, t, err)
 		}
 		if err := r.send(ss, cancel, out); err != nil {
+			r.logForwarded(t, m, err)
 			return err
 		}
 	}
@@ -565,6 +571,7 @@ func (r *Router) failed(octx context.Context, t *target, err error) error {
 }
 
 func (r *Router) logForwarded(t *target, m *method, err error) {
+	r.cfg.Observe(status.Code(err).String())
 	r.log.Debug("forwarded a call to the session's node", "method", m.name, "session", t.ref, "node", t.node, "caller", t.caller, "role", t.role, "code", status.Code(err).String())
 }
 
