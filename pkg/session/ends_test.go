@@ -24,6 +24,11 @@ func TestSessionEndHeardOnce(t *testing.T) {
 	if failed.ExitStatus != store.StatusError || timed.ExitStatus != store.StatusDeadlineReached {
 		t.Fatalf("ends: %s, %s", failed.ExitStatus, timed.ExitStatus)
 	}
+	// Heard once the end commits, which is also what wakes Wait: a moment after Wait
+	// returns, not before.
+	for deadline := time.Now().Add(10 * time.Second); len(obs.endsSeen()) < 2 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if got, want := obs.endsSeen(), []string{"advisory/error", "advisory/deadline_reached"}; !slices.Equal(got, want) {
 		t.Fatalf("ends heard: %q, want %q", got, want)
 	}
@@ -42,6 +47,9 @@ func TestSessionEndHeardOnce(t *testing.T) {
 	m2, obs2 := openManager(t, state)
 	if got, _ := m2.Get(quick.ID); got.State != store.Exited || got.ExitStatus != store.StatusOK {
 		t.Fatalf("quick after restart: %+v", got)
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(obs2.endsSeen()) < 1 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
 	}
 	if got, want := obs2.endsSeen(), []string{"advisory/ok"}; !slices.Equal(got, want) {
 		t.Fatalf("ends the second daemon heard: %q, want %q", got, want)
