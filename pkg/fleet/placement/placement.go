@@ -228,13 +228,16 @@ func storeErr(what string, err error) error {
 }
 
 func (p *Placer) try(ctx context.Context, need Need) (Decision, error) {
-	nodes, err := directory.List(ctx, p.cfg.Store, p.cfg.Prefix)
-	if err != nil {
-		return Decision{}, storeErr("reading the node directory", err)
-	}
+	// The placements in flight first, then the nodes: a node that settles a reservation
+	// between the two reads (its count up, the reservation gone, in one Txn) is then
+	// counted twice, never not at all.
 	kvs, _, err := p.cfg.Store.Get(ctx, p.all(), true)
 	if err != nil {
 		return Decision{}, storeErr("reading the placements in flight", err)
+	}
+	nodes, err := directory.List(ctx, p.cfg.Store, p.cfg.Prefix)
+	if err != nil {
+		return Decision{}, storeErr("reading the node directory", err)
 	}
 	inFlight := map[string]int{}
 	fenceRev := map[string]int64{}

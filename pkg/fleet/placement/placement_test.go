@@ -109,6 +109,28 @@ func waitListed(t *testing.T, st *etcdstore.Store, nodes ...*node) {
 	}
 }
 
+// waitSettled waits until no reservation is left: every node's entry counts what it staged.
+func waitSettled(t *testing.T, st *etcdstore.Store) {
+	t.Helper()
+	deadline := time.Now().Add(giveUp)
+	for {
+		kvs, _, err := st.Get(context.Background(), directory.DefaultPrefix+"placement/", true)
+		left := 0
+		for _, kv := range kvs {
+			if strings.Contains(kv.Key, "/res/") {
+				left++
+			}
+		}
+		if err == nil && left == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("reservations not settled: %d left, %v", left, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func newPlacer(t *testing.T, st placement.Store, self string, seed uint64) *placement.Placer {
 	t.Helper()
 	r := rand.New(rand.NewPCG(seed, seed))
@@ -146,6 +168,9 @@ func TestSpreadsAndFillsToTheBound(t *testing.T) {
 			t.Fatalf("placement %d saw %d candidates, want 3: %+v", i, got, d.Candidates)
 		}
 		nodes[d.Node].stage(t, d)
+		// Until the node's entry counts it, the session and its reservation both count:
+		// a node looks full a moment early, never late.
+		waitSettled(t, st)
 	}
 	for name, n := range nodes {
 		if got := n.running.Load(); got != 4 {
@@ -371,5 +396,39 @@ func TestEndedSessionsHoldTheirSlots(t *testing.T) {
 			t.Fatalf("a node with every slot held by ended sessions: %v, want full", err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Placements while the nodes settle the ones before (their entries written between a
+// placement's reads) never overfill a node: a reservation and the count it turned into may
+// both be seen, never neither. Refused as full a moment early, a placement is tried again.
+func TestNeverOverfillsWhileNodesSettle(t *testing.T) {
+	c := etcdtest.Start(t, etcdtest.Options{Members: 1})
+	st := open(t, c.Endpoints())
+	nodes := map[string]*node{}
+	for _, name := range []string{"a", "b", "c"} {
+		nodes[name] = register(t, st, &node{name: name, max: 4})
+	}
+	waitListed(t, st, nodes["a"], nodes["b"], nodes["c"])
+	p := newPlacer(t, st, "entry", 7)
+	placed := 0
+	for deadline := time.Now().Add(giveUp); placed < 12; {
+		d, err := p.Place(context.Background(), placement.Need{})
+		switch {
+		case err == nil:
+			n := nodes[d.Node]
+			n.stage(t, d)
+			placed++
+			if got := n.running.Load(); got > 4 {
+				t.Fatalf("node %s holds %d sessions, past its bound of 4", d.Node, got)
+			}
+		case errdefs.IsResourceExhausted(err):
+			time.Sleep(5 * time.Millisecond)
+		default:
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 12 placed", placed)
+		}
 	}
 }
