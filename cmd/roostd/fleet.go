@@ -152,6 +152,7 @@ func (s fleetSettings) nodeTLS(clientCA remote.Setting) (*tls.Config, error) {
 // A session this node placed a moment ago is found where it placed it (placed) before its
 // owner's directory entry is written: run's launch follows its stage at once.
 func locator(store fleet.Store, placed func(ref string) (string, string, bool), sessionNode func(ctx context.Context, ref string) (string, error)) func(ctx context.Context, ref string) (string, string, error) {
+	address := nodeAddress(store)
 	return func(ctx context.Context, ref string) (string, string, error) {
 		if node, addr, ok := placed(ref); ok {
 			return node, addr, nil
@@ -163,17 +164,12 @@ func locator(store fleet.Store, placed func(ref string) (string, string, bool), 
 		if err != nil {
 			return "", "", err
 		}
-		nodes, err := directory.List(ctx, store, "")
-		if err != nil {
-			return "", "", err
+		addr, err := address(ctx, node)
+		if errdefs.IsNotFound(err) {
+			// A node the node directory has not heard of: no address to forward to.
+			return node, "", nil
 		}
-		for _, n := range nodes {
-			if n.Node == node {
-				return node, n.Address, nil
-			}
-		}
-		// A node the node directory has not heard of: no address to forward to.
-		return node, "", nil
+		return node, addr, err
 	}
 }
 
@@ -189,19 +185,11 @@ func sessionNode(store fleet.Store) func(ctx context.Context, ref string) (strin
 	}
 }
 
-// nodeAddress is a node's listener address, from the node directory.
+// nodeAddress is a node's listener address, from its node directory entry alone.
 func nodeAddress(store fleet.Store) func(ctx context.Context, node string) (string, error) {
 	return func(ctx context.Context, node string) (string, error) {
-		nodes, err := directory.List(ctx, store, "")
-		if err != nil {
-			return "", err
-		}
-		for _, n := range nodes {
-			if n.Node == node {
-				return n.Address, nil
-			}
-		}
-		return "", fmt.Errorf("node %q: %w", node, errdefs.ErrNotFound)
+		n, err := directory.Lookup(ctx, store, "", node)
+		return n.Address, err
 	}
 }
 

@@ -188,6 +188,28 @@ func List(ctx context.Context, st fleet.Store, prefix string) ([]Node, error) {
 	return out, nil
 }
 
+// Lookup reads one node's entry: its live one when its lease holds (Reachable), else its
+// known/ one; errdefs.ErrNotFound when the directory has neither. Two key reads, where List
+// reads every node.
+func Lookup(ctx context.Context, st fleet.Store, prefix, node string) (Node, error) {
+	k := keysOf(prefix)
+	for _, key := range []string{k.live(node), k.known(node)} {
+		kvs, _, err := st.Get(ctx, key, false)
+		if err != nil {
+			return Node{}, fmt.Errorf("reading node %s's directory entry: %w", node, err)
+		}
+		if len(kvs) == 0 {
+			continue
+		}
+		e, err := decode(kvs[0])
+		if err != nil {
+			return Node{}, err
+		}
+		return Node{Entry: e, Reachable: key == k.live(node)}, nil
+	}
+	return Node{}, fmt.Errorf("node %q is not in the fleet's directory: %w", node, errdefs.ErrNotFound)
+}
+
 // Forget deletes a node's entries, live and known, and says whether there were any. A node
 // still running registers again at its next write (its lease gone, it grants another).
 func Forget(ctx context.Context, st fleet.Store, prefix, node string) (bool, error) {

@@ -156,7 +156,7 @@ const maxAttempts = 3
 
 // stageOn stages req on the node d chose: here, or forwarded.
 func (s *Stager) stageOn(ctx context.Context, d Decision, req *roostv1.StageRequest, local func(context.Context, *roostv1.StageRequest) (*roostv1.StageResponse, error)) (*roostv1.StageResponse, error) {
-	fwd := cloneStage(req)
+	fwd := proto.CloneOf(req)
 	fwd.Node = d.Node
 	fwd.Placement = decisionProto(d)
 	if d.Node == s.self {
@@ -220,10 +220,6 @@ func (s *Stager) Placed(id string) (node, address string, ok bool) {
 	defer s.mu.Unlock()
 	p, ok := s.placed[id]
 	return p.node, p.address, ok
-}
-
-func cloneStage(req *roostv1.StageRequest) *roostv1.StageRequest {
-	return proto.CloneOf(req)
 }
 
 func decisionProto(d Decision) *roostv1.Placement {
