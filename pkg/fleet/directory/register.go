@@ -24,6 +24,8 @@ const (
 	// the least time between two of its writes: a node starting a thousand sessions a
 	// second still writes its entry at most once in it.
 	DefaultInterval = 2 * time.Second
+	// settleEvery is how soon a write settles placements' reservations (Config.Settle).
+	settleEvery = 100 * time.Millisecond
 )
 
 // Store is what registering needs of the fleet's etcd: its keys, and leases for them.
@@ -193,8 +195,15 @@ func (r *Registrant) registerOnce(ctx context.Context) error {
 	}
 	r.setLease(lease)
 	r.log.Info("the node directory: registered", "node", r.cfg.Node, "lease", fmt.Sprintf("%x", lease), "address", r.cfg.Address)
-	tick := time.NewTicker(r.cfg.Interval)
+	// Reservations to settle are written within settleEvery, not at the next Interval: until
+	// they are, a placed session counts twice and a node looks full early.
+	every := r.cfg.Interval
+	if r.cfg.Settle != nil {
+		every = min(every, settleEvery)
+	}
+	tick := time.NewTicker(every)
 	defer tick.Stop()
+	written := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -209,8 +218,12 @@ func (r *Registrant) registerOnce(ctx context.Context) error {
 		if r.cfg.Settle != nil {
 			settle, done = r.cfg.Settle()
 		}
+		if len(settle) == 0 && time.Since(written) < r.cfg.Interval {
+			// Nothing to settle, and written within Interval: not even the capacity is read.
+			continue
+		}
 		e := r.entry(StateUp)
-		if same(e, last) && len(settle) == 0 {
+		if len(settle) == 0 && same(e, last) {
 			done(false)
 			continue
 		}
@@ -218,7 +231,7 @@ func (r *Registrant) registerOnce(ctx context.Context) error {
 		done(err == nil)
 		switch {
 		case err == nil:
-			last = e
+			last, written = e, time.Now()
 		case errdefs.IsNotFound(err):
 			// The lease lapsed before its keep-alive said so.
 			r.log.Warn("the node directory: lease gone; registering again", "node", r.cfg.Node, "err", err)
