@@ -51,9 +51,11 @@ const (
 	DefaultTTL = 15 * time.Second
 	// DefaultTimeout bounds one placement's calls to the store.
 	DefaultTimeout = 3 * time.Second
-	// retries bounds how often a reservation is tried again after another placement on the
-	// same node won the fence.
-	retries = 8
+	// firstPause and lastPause bound the random pause before a reservation is tried again
+	// after another entry node's won the fence: it doubles from the first to the last, so
+	// entry nodes that collided draw apart, and tries go on till the placement's Timeout.
+	firstPause = 2 * time.Millisecond
+	lastPause  = 100 * time.Millisecond
 )
 
 // Store is what placement needs of the fleet's etcd: its keys, and leases for reservations.
@@ -88,6 +90,11 @@ type Placer struct {
 	prefix string
 	log    *slog.Logger
 
+	// turn is held by the placement of this entry reading and reserving: two of its own
+	// would read the same fence and one lose it, so they take turns and only placements
+	// from other entry nodes contend.
+	turn chan struct{}
+
 	mu        sync.Mutex
 	lease     int64
 	leaseFrom time.Time
@@ -121,7 +128,7 @@ func New(cfg Config) (*Placer, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Placer{cfg: cfg, prefix: prefix, log: log}, nil
+	return &Placer{cfg: cfg, prefix: prefix, log: log, turn: make(chan struct{}, 1)}, nil
 }
 
 // Need is what a session needs of its node.
@@ -205,15 +212,32 @@ func delivers(classes []string, need string) bool {
 func (p *Placer) Place(ctx context.Context, need Need) (Decision, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
-	var lastErr error
-	for range retries {
-		d, err := p.try(ctx, need)
+	pause := firstPause
+	for tries := 1; ; tries++ {
+		d, err := p.tryInTurn(ctx, need)
 		if !errors.Is(err, errFenced) {
 			return d, err
 		}
-		lastErr = err
+		t := time.NewTimer(time.Duration(p.cfg.Intn(int(pause)) + 1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Decision{}, fmt.Errorf("placement: %d tries in %s lost the race for their node to other entry nodes: %w", tries, p.cfg.Timeout, err)
+		case <-t.C:
+		}
+		pause = min(2*pause, lastPause)
 	}
-	return Decision{}, fmt.Errorf("placement: %d placements in a row lost the race for their node: %w", retries, lastErr)
+}
+
+// tryInTurn is one try, in this entry's turn.
+func (p *Placer) tryInTurn(ctx context.Context, need Need) (Decision, error) {
+	select {
+	case p.turn <- struct{}{}:
+	case <-ctx.Done():
+		return Decision{}, storeErr("waiting for this node's placements before it", ctx.Err())
+	}
+	defer func() { <-p.turn }()
+	return p.try(ctx, need)
 }
 
 var errFenced = fmt.Errorf("another placement reserved on the node first: %w", errdefs.ErrAborted)

@@ -432,3 +432,45 @@ func TestNeverOverfillsWhileNodesSettle(t *testing.T) {
 		}
 	}
 }
+
+// Many placements at once, from one entry node and from several, all land while there is
+// room: placements that lose the fence to another try again (after a short random pause,
+// till their deadline) rather than failing because the best node drew many of them.
+// CI once saw 8 concurrent placements on one entry give up after 8 fenced tries in a row.
+func TestConcurrentPlacementsAllLand(t *testing.T) {
+	c := etcdtest.Start(t, etcdtest.Options{Members: 1})
+	st := open(t, c.Endpoints())
+	nodes := map[string]*node{}
+	var all []*node
+	for _, name := range []string{"n0", "n1", "n2", "n3", "n4"} {
+		nodes[name] = register(t, st, &node{name: name, max: 100})
+		all = append(all, nodes[name])
+	}
+	waitListed(t, st, all...)
+	placers := []*placement.Placer{newPlacer(t, st, "n0", 1), newPlacer(t, st, "n1", 2), newPlacer(t, st, "n2", 3)}
+	const perEntry = 32
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for e, p := range placers {
+		for i := range perEntry {
+			wg.Go(func() {
+				d, err := p.Place(context.Background(), placement.Need{})
+				if err != nil {
+					t.Errorf("entry %d placement %d: %v", e, i, err)
+					return
+				}
+				mu.Lock()
+				nodes[d.Node].stage(t, d)
+				mu.Unlock()
+			})
+		}
+	}
+	wg.Wait()
+	total := 0
+	for _, n := range all {
+		total += int(n.running.Load())
+	}
+	if want := len(placers) * perEntry; total != want {
+		t.Fatalf("%d sessions staged, want %d", total, want)
+	}
+}
