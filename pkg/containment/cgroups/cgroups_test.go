@@ -234,3 +234,32 @@ func TestCgroupsEnterLeaf(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A claimed sandbox's note becomes its session's in one rename: the session's place is the
+// sandbox's cgroup, and the sandbox has no note left to remove it by. Without a note to move,
+// the session is noted at the sandbox's place all the same.
+func TestMoveNote(t *testing.T) {
+	c, err := New(Config{Parent: "/roost-never", StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Note("warm-1", c.PlaceOf("warm-1")); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range [][2]string{{"warm-1", "ses_a"}, {"warm-2", "ses_b"}} {
+		if err := c.Move(m[0], m[1]); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := c.noted(m[0]); ok {
+			t.Errorf("%s is still noted after its move to %s", m[0], m[1])
+		}
+		p, ok := c.noted(m[1])
+		if !ok || p != c.PlaceOf(m[0]) {
+			t.Errorf("%s noted at %+v (%v), want %s's place %+v", m[1], p, ok, m[0], c.PlaceOf(m[0]))
+		}
+	}
+	held, err := c.Held()
+	if err != nil || !slices.Equal(held, []string{"ses_a", "ses_b"}) {
+		t.Errorf("held %v, %v; want ses_a and ses_b", held, err)
+	}
+}

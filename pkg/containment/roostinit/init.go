@@ -112,6 +112,7 @@ func initMain() int {
 	if warm {
 		var err error
 		if sigs, err = setUp(recordsFD); err == nil {
+			premake(recordsFD)
 			if pipes, err = newPump(); err == nil {
 				early, err = spawnExec(pipes, "", false, nil)
 			}

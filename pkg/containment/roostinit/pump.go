@@ -117,6 +117,24 @@ func (p *logPump) begin(dirfd int, maxBytes int64) error {
 	return nil
 }
 
+// premake makes, empty, the files a session's start opens in the records directory dirfd:
+// a sandbox made ahead does it before its session exists, so that the claim allocates no
+// inode, which on a filesystem without a journal (ext4 skips every recently deleted inode
+// looking for a free one) costs more than the write. The start opens them as it would have
+// made them (a head appended to, an index and the temporary files truncated); what fails
+// here is left for the start to make.
+func premake(dirfd int) {
+	for _, name := range []string{
+		records.HeadFile(records.StdoutStream), records.TimesFile(records.HeadFile(records.StdoutStream)),
+		records.HeadFile(records.StderrStream), records.TimesFile(records.HeadFile(records.StderrStream)),
+		records.LogsFile + ".tmp", InitFile + ".tmp",
+	} {
+		if fd, err := unix.Openat(dirfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600); err == nil {
+			unix.Close(fd)
+		}
+	}
+}
+
 func (p *logPump) closeSinks() {
 	for _, s := range p.sinks {
 		if s != nil {
@@ -306,6 +324,9 @@ func (s *logSink) openHead() error {
 func (s *logSink) openIndex(name string, share int64) {
 	s.idx, s.idxSize = nil, 0
 	if share < records.MinTimedShare {
+		// One made ahead (premake) for a share this small is not kept: a file has an
+		// index only where its entries are written.
+		_ = unix.Unlinkat(s.dir, records.TimesFile(name), 0)
 		return
 	}
 	fd, err := unix.Openat(s.dir, records.TimesFile(name), unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)

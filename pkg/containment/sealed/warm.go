@@ -397,15 +397,15 @@ func (r *Runtime) StartWarm(ctx context.Context, sb *Sandbox, spec containment.S
 	// From here the container is the session's: whatever fails, Release of the session
 	// finds and ends it.
 	cg := r.Cgroups()
-	if err := cg.Note(id, cg.PlaceOf(sb.ID)); err != nil {
+	if err := cg.Move(sb.ID, id); err != nil {
 		_ = r.Discard(sb)
 		return nil, err
 	}
 	if err := os.Rename(filepath.Join(r.containers, sb.ID), filepath.Join(r.containers, id)); err != nil {
+		_ = cg.Move(id, sb.ID)
 		_ = r.Discard(sb)
 		return nil, fmt.Errorf("claiming sandbox %s: %w", sb.ID, err)
 	}
-	_ = cg.Forget(sb.ID)
 	defer func() {
 		if retErr != nil {
 			if sb.proc != nil {

@@ -24,6 +24,7 @@ import (
 	"roost.dev/roost/pkg/containment"
 	"roost.dev/roost/pkg/containment/sealed"
 	"roost.dev/roost/pkg/manifest"
+	rec "roost.dev/roost/pkg/records"
 )
 
 // Runtime makes sandboxes ahead of their sessions (see sealed.Sandbox).
@@ -262,6 +263,13 @@ func (p *Pool) make(ctx context.Context, shape sealed.WarmShape) (_ *sealed.Sand
 	if err := os.Chmod(records, 0o711); err != nil {
 		return nil, err
 	}
+	// The session's trace, empty until the claim's first line: made here, its inode is
+	// not allocated on the claim's path (see sealed.Runtime.StartWarm).
+	trace, err := os.OpenFile(filepath.Join(records, rec.TraceFile), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	trace.Close()
 	netns := ""
 	if p.netns != nil {
 		if netns, err = p.netns.Pin(id); err != nil {
