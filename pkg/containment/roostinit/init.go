@@ -212,6 +212,7 @@ func initMain() int {
 	}
 	writeReport(report, Report{Ref: &ref})
 	report.Close()
+	premakeEnd(recordsFD)
 
 	go func() {
 		for sig := range sigs {

@@ -124,11 +124,17 @@ func (p *logPump) begin(dirfd int, maxBytes int64) error {
 // made them (a head appended to, an index and the temporary files truncated); what fails
 // here is left for the start to make.
 func premake(dirfd int) {
-	for _, name := range []string{
-		records.HeadFile(records.StdoutStream), records.TimesFile(records.HeadFile(records.StdoutStream)),
+	premakeFiles(dirfd, records.HeadFile(records.StdoutStream), records.TimesFile(records.HeadFile(records.StdoutStream)),
 		records.HeadFile(records.StderrStream), records.TimesFile(records.HeadFile(records.StderrStream)),
-		records.LogsFile + ".tmp", InitFile + ".tmp",
-	} {
+		records.LogsFile+".tmp", InitFile+".tmp")
+}
+
+// premakeEnd makes, empty, the temporary files of the session's end records while its
+// program runs, for the same reason: its end then allocates no inode before exit.json.
+func premakeEnd(dirfd int) { premakeFiles(dirfd, records.LogsFile+".tmp", ExitFile+".tmp") }
+
+func premakeFiles(dirfd int, names ...string) {
+	for _, name := range names {
 		if fd, err := unix.Openat(dirfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600); err == nil {
 			unix.Close(fd)
 		}
