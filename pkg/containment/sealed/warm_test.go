@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"roost.dev/roost/internal/cgtest"
 	"roost.dev/roost/pkg/containment"
@@ -47,6 +50,22 @@ func runIn(t *testing.T, rt *sealed.Runtime, sb *sealed.Sandbox, s containment.S
 	info := testkit.WaitDone(t, p)
 	t.Cleanup(func() { _ = rt.Release(s.SessionID) })
 	return info, testkit.ReadFile(t, filepath.Join(s.RecordsDir, "stdout.log"))
+}
+
+// inodes are the inode numbers of the regular files in dir, by name.
+func inodes(t *testing.T, dir string) map[string]uint64 {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]uint64{}
+	for _, e := range entries {
+		if info, err := e.Info(); err == nil && info.Mode().IsRegular() {
+			out[e.Name()] = info.Sys().(*syscall.Stat_t).Ino
+		}
+	}
+	return out
 }
 
 // idNumbers are what differs between two containers of the same shape: their host uid
@@ -91,14 +110,24 @@ func TestWarmStartMatchesCold(t *testing.T) {
 			if err := rt.Fits(shape, testkit.Policy(t, tc.caps), false); err != nil {
 				t.Fatalf("Fits: %v", err)
 			}
-			var outs, limits [2]string
+			var outs, limits, files [2]string
 			for i, warm := range []bool{false, true} {
 				var sb *sealed.Sandbox
 				records := ""
 				ids := kit.IDs()
+				var premade map[string]uint64
 				if warm {
 					sb = kit.Prepare(t, rt, shape, tc.name)
 					records, ids = sb.Records, sb.IDs
+					// roost-init makes them as it sets up, after Prepare returns.
+					for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+						if premade = inodes(t, sb.Records); premade["stderr.log.times"] != 0 && premade["init.json.tmp"] != 0 {
+							break
+						}
+						if time.Now().After(deadline) {
+							t.Fatalf("the sandbox's records directory holds %v, not the files its session opens", premade)
+						}
+					}
 				}
 				id := "ses_warm_" + tc.name + map[bool]string{false: "_cold", true: "_warm"}[warm]
 				s := kit.SealedSpec(t, id, tc.caps, inspectScript)
@@ -126,6 +155,15 @@ func TestWarmStartMatchesCold(t *testing.T) {
 					t.Fatalf("warm %v: exit %+v\n%s", warm, info, out)
 				}
 				outs[i] = idNumbers.ReplaceAllString(out, "$1=N")
+				after := inodes(t, s.RecordsDir)
+				files[i] = strings.Join(slices.Sorted(maps.Keys(after)), " ")
+				// The claim opened the files the sandbox made for it: it made none of
+				// them on its path (see roostinit's premake).
+				for _, name := range []string{"stdout.log", "stdout.log.times", "stderr.log", "stderr.log.times"} {
+					if warm && (premade[name] == 0 || after[name] != premade[name]) {
+						t.Errorf("%s: inode %d after the claim, %d made with the sandbox", name, after[name], premade[name])
+					}
+				}
 				// Its cgroup's limits, which a claim sets (or finds set, when they are the
 				// sandbox's), are what a container made for it has.
 				place := s.SessionID
@@ -138,6 +176,9 @@ func TestWarmStartMatchesCold(t *testing.T) {
 				if left, _ := filepath.Glob(filepath.Join(state, "roots", sealed.WarmPrefix+"*")); len(left) > 0 {
 					t.Errorf("a sandbox's root is left after its claim: %v", left)
 				}
+			}
+			if files[0] != files[1] {
+				t.Errorf("the warm session's records are not the cold one's:\n--- cold\n%s\n--- warm\n%s", files[0], files[1])
 			}
 			if limits[0] == "" || limits[0] != limits[1] {
 				t.Errorf("the warm session's cgroup limits differ from the cold one's:\n--- cold\n%s--- warm\n%s", limits[0], limits[1])
