@@ -58,14 +58,7 @@ fi
 # The capsule: /usr/bin/true, sealed, every other grant at its default.
 capsule=$tmp/capsule
 mkdir -p "$capsule" "$tmp/work" "$tmp/bundles" "$tmp/runc"
-cat >"$capsule/capsule.yaml" <<'EOF'
-name: bench-true
-version: 0.1.0
-run:
-  command: ["/usr/bin/true"]
-capabilities:
-  containment: sealed
-EOF
+cp bench/capsules/true/capsule.yaml "$capsule/"
 
 echo "== starting roostd, and a second one with --warm-pool $WARM_POOL"
 mkdir -p "$tmp/state" "$tmp/warm"

@@ -44,14 +44,7 @@ trap cleanup EXIT
 [ -n "${KEEP:-}" ] && trap - EXIT
 
 mkdir -p "$tmp/cap"
-cat >"$tmp/cap/capsule.yaml" <<'EOF'
-name: bench-true
-version: 0.1.0
-run:
-  command: ["/usr/bin/true"]
-capabilities:
-  containment: sealed
-EOF
+cp "$repo/bench/capsules/true/capsule.yaml" "$tmp/cap/"
 (cd "$repo" && go build -o "$tmp/apirun" ./bench/apirun)
 
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }

@@ -43,14 +43,7 @@ run:
 capabilities:
   containment: sealed
 YAML
-cat >"$tmp/true/capsule.yaml" <<'YAML'
-name: bench-true
-version: 0.1.0
-run:
-  command: ["/usr/bin/true"]
-capabilities:
-  containment: sealed
-YAML
+cp bench/capsules/true/capsule.yaml "$tmp/true/"
 
 echo "== starting roostd"
 mkdir -p "$tmp/state"
