@@ -287,6 +287,13 @@ func TestBudgetSurvivesRestartPastTraceCap(t *testing.T) {
 	if code, n := e.get(200000); code != http.StatusOK || n != 200000 {
 		t.Fatalf("the download within the budget: %d, %d bytes", code, n)
 	}
+	// A connection counts once the proxy has ended it, which may be just after the client
+	// read its last byte: the checkpoint below is of 21 ended ones.
+	for deadline := time.Now().Add(10 * time.Second); s.Totals().Connections < 21; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy ended %d of the 21 connections", s.Totals().Connections)
+		}
+	}
 	used := s.Totals().Used
 	lines, _ := e.trace()
 	var traced int64
