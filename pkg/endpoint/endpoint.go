@@ -314,7 +314,10 @@ func (e *Endpoints) Move(from, to string) error {
 		return fmt.Errorf("pinning the network namespace of %s for %s: %w", from, to, err)
 	}
 	if err := unix.Mount(fdPath(ns), dst, "", unix.MS_BIND, ""); err != nil {
-		_ = os.Remove(dst)
+		// Pinned for from again, as it was: what discards the sandbox finds it there.
+		if unix.Rename(dst, src) == nil {
+			_ = unix.Mount(fdPath(ns), src, "", unix.MS_BIND, "")
+		}
 		return fmt.Errorf("pinning the network namespace of %s for %s: %w", from, to, err)
 	}
 	return nil

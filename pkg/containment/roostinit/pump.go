@@ -126,12 +126,12 @@ func (p *logPump) begin(dirfd int, maxBytes int64) error {
 func premake(dirfd int) {
 	premakeFiles(dirfd, records.HeadFile(records.StdoutStream), records.TimesFile(records.HeadFile(records.StdoutStream)),
 		records.HeadFile(records.StderrStream), records.TimesFile(records.HeadFile(records.StderrStream)),
-		records.LogsFile+".tmp", InitFile+".tmp")
+		tmpName(records.LogsFile), tmpName(InitFile))
 }
 
 // premakeEnd makes, empty, the temporary files of the session's end records while its
 // program runs, for the same reason: its end then allocates no inode before exit.json.
-func premakeEnd(dirfd int) { premakeFiles(dirfd, records.LogsFile+".tmp", ExitFile+".tmp") }
+func premakeEnd(dirfd int) { premakeFiles(dirfd, tmpName(records.LogsFile), tmpName(ExitFile)) }
 
 func premakeFiles(dirfd int, names ...string) {
 	for _, name := range names {

@@ -188,12 +188,15 @@ func writeJSONAtomically(dirfd int, name string, v any) error {
 	return writeJSON(dirfd, name, v, false)
 }
 
+// tmpName is the temporary file writeJSON renames to name.
+func tmpName(name string) string { return name + ".tmp" }
+
 func writeJSON(dirfd int, name string, v any, sync bool) error {
 	data, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	tmp := name + ".tmp"
+	tmp := tmpName(name)
 	fd, err := unix.Openat(dirfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("%s: %w", tmp, err)

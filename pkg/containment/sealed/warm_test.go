@@ -312,3 +312,49 @@ func cgroupFiles(place string) string {
 	}
 	return b.String()
 }
+
+// A warm session's records directory holds, while its program runs, files roost-init made
+// for it ahead (the end records' temporary files among them): the program cannot reach
+// them through roost-init's descriptors to forge its end. Controls: the program reads its own
+// descriptors and writes its own /tmp, and its real exit is what is recorded.
+func TestWarmRecordsOutOfReach(t *testing.T) {
+	testkit.NeedRoot(t)
+	rt, err := kit.NewSealedRuntime(testkit.ReachableDir(t), kit.Init(t), kit.IDs(), kit.Sealer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const caps = "capabilities: {containment: sealed, shell: {allow: [ls, cat]}}"
+	script := testkit.TryScript + `for f in /proc/1/fd/*; do
+  ls "$f/" >/dev/null 2>&1 && echo "READ dir $f"
+  for name in exit.json.tmp exit.json logs.json.tmp init.json.tmp; do
+    (echo '{"code":0,"forged":true}' > "$f/$name") 2>/dev/null && echo "WROTE $f/$name"
+  done
+done
+try own-fd0 ls -L /proc/$$/fd/0
+try own-tmp sh -c 'echo x > /tmp/x'
+try init-fd0 ls -L /proc/1/fd/0
+exit 3`
+	sb := kit.Prepare(t, rt, sealed.DefaultWarmShape(), "forge")
+	s := kit.SealedSpec(t, "ses_warm_forge", caps, script)
+	testkit.ClaimSandbox(t, &s, sb.IDs, sb.Records)
+	s.Home = filepath.Join(testkit.ReachableDir(t), "home")
+	if err := os.Mkdir(s.Home, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(s.Home, int(sb.IDs.First), int(sb.IDs.First)); err != nil {
+		t.Fatal(err)
+	}
+	info, out := runIn(t, rt, sb, s)
+	if strings.Contains(out, "READ") || strings.Contains(out, "WROTE") {
+		t.Fatalf("the records directory was reachable from the warm session:\n%s", out)
+	}
+	testkit.ExpectAllowed(t, out, "own-fd0", "own-tmp")
+	testkit.ExpectDenied(t, out, syscall.EACCES, "init-fd0")
+	if info.Code != 3 || info.StartError != "" {
+		t.Errorf("the session's end is %+v, want its own exit 3", info)
+	}
+	exit := testkit.ReadFile(t, filepath.Join(s.RecordsDir, "exit.json"))
+	if strings.Contains(exit, "forged") {
+		t.Errorf("exit.json is the program's: %s", exit)
+	}
+}
